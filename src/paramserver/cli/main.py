@@ -1,0 +1,40 @@
+"""The `paramserver` command: builds the argument parser from the subcommand modules and dispatches."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module here exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
+COMMAND_MODULES = (
+    "paramserver.cli.zipline_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paramserver",
+        description="A parameter server for data-parallel deep learning on heterogeneous clusters.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
