@@ -8,6 +8,8 @@ import sys
 
 # Each module here exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
 COMMAND_MODULES = (
+    "paramserver.cli.demo_cmd",
+    "paramserver.cli.roles",
     "paramserver.cli.zipline_cmd",
 )
 

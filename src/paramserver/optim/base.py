@@ -1,0 +1,41 @@
+"""Server update rules: pure functions of (params, update, state, staleness) on a flat shard."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Union
+
+import torch
+
+# Where an update lands in the shard: a contiguous slice (dense/range push) or key indices (sparse).
+Index = Union[slice, torch.Tensor]
+
+
+def add_at(target: torch.Tensor, index: Index, values: torch.Tensor, alpha: float) -> None:
+    """target[index] += alpha * values, accumulating repeated sparse keys."""
+    if isinstance(index, slice):
+        target[index].add_(values, alpha=alpha)
+    else:
+        target.index_add_(0, index, values, alpha=alpha)
+
+
+class UpdateRule(ABC):
+    """One optimizer on one shard. `state` holds per-key tensors sized like the shard."""
+
+    name: ClassVar[str] = "?"
+
+    def __init__(self, lr: float):
+        if not lr > 0:
+            raise ValueError(f"learning rate must be > 0, got {lr}")
+        self.lr = lr
+
+    def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}
+
+    @abstractmethod
+    def apply(self, params: torch.Tensor, index: Index, grad: torch.Tensor,
+              state: dict[str, torch.Tensor], staleness: int, scale: float = 1.0) -> None:
+        """Update params[index] in place from `grad` (already averaged and scaled by the caller's weight)."""
+
+    def options(self) -> dict:
+        return {"lr": self.lr}

@@ -1,0 +1,141 @@
+"""Sync-policy interface: events in, decisions out; a pure state machine with the time inside events."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Union
+
+ApplyMode = Literal["arrival", "round"]
+
+
+# ---- events: what the coordinator (or the simulator) tells a policy -----------------------------
+
+@dataclass(frozen=True)
+class Joined:
+    """Worker `worker` registered and waits for its first release."""
+
+    worker: int
+    now: float
+
+
+@dataclass(frozen=True)
+class Left:
+    """Worker `worker` is gone: finished (`reason="done"`) or declared dead."""
+
+    worker: int
+    now: float
+    reason: str = "done"
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """Worker `worker` finished step `step`: its push is acknowledged by every shard."""
+
+    worker: int
+    step: int
+    now: float
+    batch_size: int
+    compute_time: float
+    # Exogenous load readings of the worker's host (cpu percent, free memory fraction), for
+    # predictors that use them; None when the worker did not measure them.
+    cpu_load: float | None = None
+    free_mem: float | None = None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes; policies with timed decisions may act."""
+
+    now: float
+
+
+Event = Union[Joined, Left, Pushed, Tick]
+
+
+# ---- decisions: what a policy asks the runtime to do --------------------------------------------
+
+@dataclass(frozen=True)
+class Release:
+    """Let `worker` start step `step` with `batch_size` samples, not before time `not_before`."""
+
+    worker: int
+    step: int
+    batch_size: int
+    not_before: float | None = None
+
+
+@dataclass(frozen=True)
+class ApplyRound:
+    """Servers apply the batch-weighted average of the pushes of round `step` (round mode only)."""
+
+    step: int
+    contributors: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something worth recording in the event log (a barrier plan, a batch re-tune...)."""
+
+    kind: str
+    data: dict = field(default_factory=dict)
+
+
+Decision = Union[Release, ApplyRound, Note]
+
+
+class PolicyError(ValueError):
+    """An event that contradicts the policy's state (e.g. a push for a step never released)."""
+
+
+class SyncPolicy(ABC):
+    """Base of every synchronization model.
+
+    `apply_mode` tells servers whether to apply a push on arrival or to aggregate rounds and
+    wait for an ApplyRound decision. Subclasses keep all their state in plain attributes so
+    that the live coordinator and the simulator drive the very same object.
+    """
+
+    name: ClassVar[str] = "?"
+    apply_mode: ClassVar[ApplyMode] = "arrival"
+
+    def __init__(self, batch_size: int):
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.batch_size = batch_size
+        self.active: set[int] = set()
+
+    def handle(self, event: Event) -> list[Decision]:
+        if isinstance(event, Joined):
+            if event.worker in self.active:
+                raise PolicyError(f"worker {event.worker} joined twice")
+            self.active.add(event.worker)
+            return self.on_joined(event)
+        if isinstance(event, Left):
+            if event.worker not in self.active:
+                return []
+            self.active.discard(event.worker)
+            return self.on_left(event)
+        if isinstance(event, Pushed):
+            if event.worker not in self.active:
+                raise PolicyError(f"push from unknown or departed worker {event.worker}")
+            return self.on_pushed(event)
+        if isinstance(event, Tick):
+            return self.on_tick(event)
+        raise PolicyError(f"unknown event {event!r}")
+
+    @abstractmethod
+    def on_joined(self, event: Joined) -> list[Decision]: ...
+
+    @abstractmethod
+    def on_left(self, event: Left) -> list[Decision]: ...
+
+    @abstractmethod
+    def on_pushed(self, event: Pushed) -> list[Decision]: ...
+
+    def on_tick(self, event: Tick) -> list[Decision]:
+        return []
+
+    def next_deadline(self) -> float | None:
+        """Earliest time at which a Tick could produce a decision; None if no timer is needed."""
+        return None

@@ -1,0 +1,57 @@
+"""Bulk Synchronous Parallel: every active worker pushes step k, the round is applied, all go on."""
+
+from __future__ import annotations
+
+from paramserver.policies.base import (
+    ApplyRound, Decision, Joined, Left, PolicyError, Pushed, Release, SyncPolicy,
+)
+
+
+class BSP(SyncPolicy):
+    """Rounds: servers aggregate the pushes of round k and apply them once all active workers are in."""
+
+    name = "bsp"
+    apply_mode = "round"
+
+    def __init__(self, batch_size: int):
+        super().__init__(batch_size)
+        self.round = 0
+        self.done: set[int] = set()
+
+    def batch_for(self, worker: int) -> int:
+        """Batch size of `worker` in the next round; LB-BSP overrides this."""
+        return self.batch_size
+
+    def on_joined(self, event: Joined) -> list[Decision]:
+        # A newcomer joins the round in progress; the round now also waits for it.
+        return [Release(event.worker, self.round, self.batch_for(event.worker))]
+
+    def on_left(self, event: Left) -> list[Decision]:
+        self.done.discard(event.worker)
+        return self._maybe_close_round()
+
+    def on_pushed(self, event: Pushed) -> list[Decision]:
+        if event.step != self.round:
+            raise PolicyError(
+                f"worker {event.worker} pushed step {event.step} during round {self.round}")
+        if event.worker in self.done:
+            raise PolicyError(f"worker {event.worker} pushed round {self.round} twice")
+        self.done.add(event.worker)
+        self.observe(event)
+        return self._maybe_close_round()
+
+    def observe(self, event: Pushed) -> None:
+        """Hook for subclasses that learn from each push (LB-BSP's speed predictors)."""
+
+    def _maybe_close_round(self) -> list[Decision]:
+        if not self.done or not self.active <= self.done:
+            return []
+        decisions: list[Decision] = [ApplyRound(self.round, tuple(sorted(self.done)))]
+        self.round += 1
+        self.done = set()
+        self.before_release()
+        decisions += [Release(w, self.round, self.batch_for(w)) for w in sorted(self.active)]
+        return decisions
+
+    def before_release(self) -> None:
+        """Hook run once per round before the releases are issued."""

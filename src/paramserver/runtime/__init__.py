@@ -1,0 +1,1 @@
+"""The live system: coordinator, shard servers, worker client and the local launcher."""

@@ -1,0 +1,312 @@
+"""Coordinator process: membership, key-range map, clocks, heartbeats, and the sync policy's host."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from paramserver.keyspace import split_balanced
+from paramserver.policies import (
+    ApplyRound, Joined, Left, Note, PolicyError, Pushed, Release, make_policy,
+)
+from paramserver.runtime import rpc
+from paramserver.transport import bind_router, new_context
+from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Member:
+    """A registered server or worker, keyed by the `src` it chose."""
+
+    rank: int
+    ident: bytes
+    addr: str = ""
+    last_seen: float = 0.0
+    waiting_rid: int | None = None  # a start/clock request awaiting its release
+    ready: Release | None = None  # a release decided before the worker asked for it
+    started: bool = False
+    steps: int = 0
+
+
+@dataclass
+class Roster:
+    servers: dict[str, Member] = field(default_factory=dict)
+    workers: dict[str, Member] = field(default_factory=dict)
+    gone: dict[str, str] = field(default_factory=dict)  # src -> why
+
+
+class Coordinator:
+    """Hosts the policy: turns messages into policy events and policy decisions into messages."""
+
+    def __init__(self, job: dict, host: str = "127.0.0.1", port: int = 0,
+                 address_file: str | None = None, events_path: str | None = None):
+        self.job = job
+        self.host, self.port = host, port
+        self.address_file = address_file
+        self.events = open(events_path, "a", buffering=1) if events_path else None
+        sync = job["sync"]
+        self.policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
+        self.ranges = split_balanced(job["num_keys"], job["servers"])
+        self.roster = Roster()
+        self.timers: list[tuple[float, int, Release]] = []
+        self.timer_seq = 0
+        self.rounds_applied = 0
+        self.barrier_open = False
+        self.t0 = time.monotonic()
+        self.hb_timeout = float(job.get("heartbeat_timeout", 5.0))
+        self.start_timeout = float(job.get("start_timeout", 120.0))
+        self.pending_workers: list[tuple[bytes, Message]] = []
+        self.finished = False
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def run(self) -> int:
+        ctx = new_context()
+        self.sock, addr = bind_router(ctx, self.host, self.port)
+        if self.address_file:
+            with open(self.address_file + ".tmp", "w") as f:
+                f.write(addr)
+            os.replace(self.address_file + ".tmp", self.address_file)
+        log.info("coordinator at %s, policy %s", addr, self.policy.name)
+        self.record("start", address=addr, policy=self.policy.name)
+        try:
+            self._loop()
+        finally:
+            self._shutdown_servers("job finished" if self.finished else "coordinator stopping")
+            self.sock.close(0)
+            ctx.term()
+            if self.events:
+                self.events.close()
+        return 0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def record(self, kind: str, **data) -> None:
+        if self.events:
+            self.events.write(json.dumps({"t": round(self.now(), 6), "event": kind, **data}) + "\n")
+
+    def _loop(self) -> None:
+        while not self.finished:
+            timeout = self._poll_timeout()
+            if self.sock.poll(timeout * 1000):
+                self._drain()
+            self._fire_timers()
+            self._check_liveness()
+            self._check_start_barrier()
+
+    def _poll_timeout(self) -> float:
+        wait = 0.2
+        if self.timers:
+            wait = min(wait, max(0.0, self.timers[0][0] - self.now()))
+        return wait
+
+    def _drain(self) -> None:
+        for _ in range(512):
+            try:
+                ident, msg, frames = rpc.recv_nowait(self.sock, routed=True)
+            except zmq.Again:
+                return
+            if isinstance(msg, WireError):
+                rpc.refuse(self.sock, ident, msg, "coord", frames)
+                continue
+            try:
+                self._dispatch(ident, msg)
+            except (PolicyError, ValueError, KeyError, TypeError) as exc:
+                log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
+                self._reply(ident, msg, Message("error", {"msg": str(exc), "code": "refused"}))
+
+    def _dispatch(self, ident: bytes, msg: Message) -> None:
+        handler = getattr(self, f"_on_{msg.op}", None)
+        if handler is None:
+            raise ValueError(f"op {msg.op!r} is not served by the coordinator")
+        member = self.roster.workers.get(msg.src) or self.roster.servers.get(msg.src)
+        if member is not None:
+            member.last_seen = time.monotonic()
+        handler(ident, msg)
+
+    def _reply(self, ident: bytes, request: Message, reply: Message) -> None:
+        reply.rid, reply.src = request.rid, "coord"
+        rpc.send(self.sock, reply, ident)
+
+    # ---- registration ---------------------------------------------------------------------------
+    def _on_register(self, ident: bytes, msg: Message) -> None:
+        role = msg["role"]
+        if role == "server":
+            self._register_server(ident, msg)
+        elif role == "worker":
+            if len(self.roster.servers) < self.job["servers"]:
+                self.pending_workers.append((ident, msg))  # answered once every shard is up
+            else:
+                self._register_worker(ident, msg)
+        else:
+            raise ValueError(f"unknown role {role!r}; known: server, worker")
+
+    def _register_server(self, ident: bytes, msg: Message) -> None:
+        if "addr" not in msg.fields:
+            raise ValueError("a server must register with its address")
+        taken = {m.rank for m in self.roster.servers.values()}
+        free = [r for r in range(self.job["servers"]) if r not in taken]
+        if not free:
+            raise ValueError(f"all {self.job['servers']} server ranks are taken")
+        rank = free[0]
+        src = f"s{rank}"
+        self.roster.servers[src] = Member(rank, ident, msg["addr"], time.monotonic())
+        shard = self.ranges[rank]
+        job = {"shard_range": [shard.lo, shard.hi], "dtype": self.job["dtype"],
+               "apply_mode": self.policy.apply_mode, "optimizer": self.job["optimizer"],
+               "heartbeat_interval": self.job.get("heartbeat_interval", 1.0)}
+        self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
+        self.record("server_joined", rank=rank, addr=msg["addr"])
+        if len(self.roster.servers) == self.job["servers"]:
+            for pending in self.pending_workers:
+                self._register_worker(*pending)
+            self.pending_workers = []
+
+    def shard_map(self) -> list[list]:
+        by_rank = sorted(self.roster.servers.values(), key=lambda m: m.rank)
+        return [[m.rank, m.addr, self.ranges[m.rank].lo, self.ranges[m.rank].hi] for m in by_rank]
+
+    def _register_worker(self, ident: bytes, msg: Message) -> None:
+        if msg.src in self.roster.workers:
+            raise ValueError(f"worker id {msg.src!r} is already registered")
+        taken = {m.rank for m in self.roster.workers.values()}
+        rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        self.roster.workers[msg.src] = Member(rank, ident, last_seen=time.monotonic())
+        job = {k: v for k, v in self.job.items() if k not in ("sync",)}
+        job.update(shards=self.shard_map(), apply_mode=self.policy.apply_mode,
+                   sync=self.policy.name)
+        self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
+        self.record("worker_registered", worker=rank, src=msg.src)
+
+    def _worker(self, src: str) -> Member:
+        member = self.roster.workers.get(src)
+        if member is None:
+            why = self.roster.gone.get(src, "never registered")
+            raise ValueError(f"unknown worker {src!r} ({why})")
+        return member
+
+    # ---- the step protocol ----------------------------------------------------------------------
+    def _on_start(self, ident: bytes, msg: Message) -> None:
+        member = self._worker(msg.src)
+        member.ident, member.waiting_rid, member.started = ident, msg.rid, True
+        if member.ready is not None:
+            ready, member.ready = member.ready, None
+            self._deliver(ready)
+        elif self.barrier_open:
+            self._apply(self.policy.handle(Joined(member.rank, self.now())))
+
+    def _check_start_barrier(self) -> None:
+        if self.barrier_open:
+            return
+        started = [m for m in self.roster.workers.values() if m.started]
+        expected = self.job["workers"]
+        late = self.now() > self.start_timeout and started
+        if len(started) >= expected or late:
+            if late and len(started) < expected:
+                log.warning("only %d of %d workers started within %.0f s; going on with them",
+                            len(started), expected, self.start_timeout)
+            self.barrier_open = True
+            self.record("barrier_open", workers=len(started))
+            for m in sorted(started, key=lambda m: m.rank):
+                self._apply(self.policy.handle(Joined(m.rank, self.now())))
+
+    def _on_clock(self, ident: bytes, msg: Message) -> None:
+        member = self._worker(msg.src)
+        member.ident, member.waiting_rid = ident, msg.rid
+        member.steps = msg["step"] + 1
+        event = Pushed(member.rank, msg["step"], self.now(), msg["batch"],
+                       float(msg["compute_time"]), msg.get("cpu_load"), msg.get("free_mem"))
+        self._apply(self.policy.handle(event))
+
+    def _on_heartbeat(self, ident: bytes, msg: Message) -> None:
+        return None  # _dispatch already refreshed last_seen
+
+    def _on_bye(self, ident: bytes, msg: Message) -> None:
+        member = self._worker(msg.src)
+        self._reply(ident, msg, Message("ok"))
+        self._drop_worker(msg.src, member, msg.get("reason", "done"))
+
+    def _on_status(self, ident: bytes, msg: Message) -> None:
+        state = {"policy": self.policy.name, "rounds_applied": self.rounds_applied,
+                 "workers": {s: {"rank": m.rank, "steps": m.steps}
+                             for s, m in self.roster.workers.items()},
+                 "servers": {s: {"rank": m.rank, "addr": m.addr}
+                             for s, m in self.roster.servers.items()},
+                 "gone": dict(self.roster.gone)}
+        self._reply(ident, msg, Message("state", {"state": state}))
+
+    def _on_ok(self, ident: bytes, msg: Message) -> None:
+        return None
+
+    def _on_error(self, ident: bytes, msg: Message) -> None:
+        log.warning("%s reported an error: %s", msg.src, msg["msg"])
+
+    # ---- decisions -> messages ------------------------------------------------------------------
+    def _apply(self, decisions) -> None:
+        for d in decisions:
+            if isinstance(d, Release):
+                if d.not_before is not None and d.not_before > self.now():
+                    self.timer_seq += 1
+                    heapq.heappush(self.timers, (d.not_before, self.timer_seq, d))
+                else:
+                    self._deliver(d)
+            elif isinstance(d, ApplyRound):
+                self._apply_round(d)
+            elif isinstance(d, Note):
+                self.record(d.kind, **d.data)
+
+    def _apply_round(self, d: ApplyRound) -> None:
+        for m in self.roster.servers.values():
+            rpc.send(self.sock, Message("apply_round", {"step": d.step,
+                                                        "contributors": list(d.contributors)},
+                                        src="coord"), m.ident)
+        self.rounds_applied += 1
+        self.record("apply_round", step=d.step, contributors=list(d.contributors))
+
+    def _deliver(self, d: Release) -> None:
+        member = next((m for m in self.roster.workers.values() if m.rank == d.worker), None)
+        if member is None:
+            return  # released after it left: nothing to tell
+        if member.waiting_rid is None:
+            member.ready = d
+            return
+        min_version = self.rounds_applied if self.policy.apply_mode == "round" else 0
+        reply = Message("release", {"step": d.step, "batch": d.batch_size,
+                                    "min_version": min_version}, rid=member.waiting_rid,
+                        src="coord")
+        member.waiting_rid = None
+        rpc.send(self.sock, reply, member.ident)
+
+    def _fire_timers(self) -> None:
+        while self.timers and self.timers[0][0] <= self.now():
+            self._deliver(heapq.heappop(self.timers)[2])
+
+    # ---- liveness -------------------------------------------------------------------------------
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for src, member in list(self.roster.workers.items()):
+            if now - member.last_seen > self.hb_timeout:
+                log.warning("worker %s (rank %d) silent for %.1f s: declared dead", src,
+                            member.rank, now - member.last_seen)
+                self._drop_worker(src, member, "dead")
+
+    def _drop_worker(self, src: str, member: Member, reason: str) -> None:
+        del self.roster.workers[src]
+        self.roster.gone[src] = reason
+        self.record("worker_left", worker=member.rank, reason=reason)
+        if member.started and self.barrier_open:
+            self._apply(self.policy.handle(Left(member.rank, self.now(), reason)))
+        if self.barrier_open and not self.roster.workers:
+            self.finished = True
+
+    def _shutdown_servers(self, reason: str) -> None:
+        for m in self.roster.servers.values():
+            rpc.send(self.sock, Message("shutdown", {"reason": reason}, src="coord"), m.ident)

@@ -1,0 +1,162 @@
+"""Local launcher: the coordinator, S servers and N workers as child processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel kills it if the launcher dies (no orphans)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+class LaunchError(RuntimeError):
+    """The job could not start or a vital process died."""
+
+
+@dataclass
+class Child:
+    role: str
+    index: int
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.role if self.role == "coordinator" else f"{self.role} {self.index}"
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalCluster:
+    """Starts and supervises one job's processes; `run()` returns when the job is over."""
+
+    job: dict
+    run_dir: Path
+    host: str = "127.0.0.1"
+    startup_timeout: float = 60.0
+    job_timeout: float | None = None
+    env: dict | None = None
+    children: list[Child] = field(default_factory=list)
+    address: str = ""
+
+    def _spawn(self, role: str, index: int, args: list[str]) -> Child:
+        log_path = self.run_dir / "logs" / f"{role}-{index}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env or {})}
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "paramserver", role, *args],
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_die_with_parent, env=env)
+        child = Child(role, index, proc, log_path)
+        self.children.append(child)
+        return child
+
+    def start(self, spawn_workers: bool = True) -> str:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        job_path = self.run_dir / "job.json"
+        job_path.write_text(json.dumps(self.job, indent=2))
+        addr_file = self.run_dir / "coordinator.addr"
+        addr_file.unlink(missing_ok=True)
+        coord = self._spawn("coordinator", 0, [
+            "--job", str(job_path), "--bind", self.host, "--address-file", str(addr_file),
+            "--events", str(self.run_dir / "events.jsonl")])
+        deadline = time.monotonic() + self.startup_timeout
+        while not addr_file.exists():
+            if coord.proc.poll() is not None:
+                raise LaunchError(f"coordinator exited with {coord.proc.returncode} at start:\n"
+                                  f"{coord.tail()}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"coordinator did not publish its address within "
+                                  f"{self.startup_timeout:.0f} s")
+            time.sleep(0.02)
+        self.address = addr_file.read_text().strip()
+        for s in range(self.job["servers"]):
+            self._spawn("server", s, ["--join", self.address, "--bind", self.host])
+        if spawn_workers:
+            for w in range(self.job["workers"]):
+                self.add_worker(w)
+        return self.address
+
+    def add_worker(self, index: int) -> Child:
+        return self._spawn("worker", index, ["--join", self.address,
+                                             "--result-dir", str(self.run_dir / "results")])
+
+    def _vital_failure(self) -> Child | None:
+        """A dead coordinator or server ends the job; dead workers are the policy's business."""
+        for c in self.children:
+            code = c.proc.poll()
+            if code not in (None, 0) and c.role in ("coordinator", "server"):
+                return c
+        return None
+
+    def wait(self, poll: float = 0.05, on_tick=None) -> None:
+        coord = self.children[0]
+        deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
+        while coord.proc.poll() is None:
+            failed = self._vital_failure()
+            if failed is not None:
+                raise LaunchError(f"{failed.name} died with exit code {failed.proc.returncode}:\n"
+                                  f"{failed.tail()}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
+            if on_tick is not None:
+                on_tick()
+            time.sleep(poll)
+        if coord.proc.returncode != 0:
+            raise LaunchError(f"coordinator exited with {coord.proc.returncode}:\n{coord.tail()}")
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Ask every child to stop, then kill the ones that do not; always reaps them all."""
+        for c in self.children:
+            if c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for c in self.children:
+            try:
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait(timeout=5)
+
+    def finish(self, grace: float = 15.0) -> None:
+        """After the coordinator is done: let servers and workers exit on their own, then reap."""
+        deadline = time.monotonic() + grace
+        for c in self.children:
+            try:
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.stop(grace=2.0)
+
+    def run(self, on_tick=None) -> None:
+        try:
+            self.start()
+            self.wait(on_tick=on_tick)
+            self.finish()
+        finally:
+            self.stop()
+
+    def worker_results(self) -> list[dict]:
+        out = []
+        for path in sorted((self.run_dir / "results").glob("worker-*.json")):
+            out.append(json.loads(path.read_text()))
+        return sorted(out, key=lambda r: r.get("rank", 0))

@@ -1,0 +1,55 @@
+"""Messages over sockets: encode/decode around the transport, errors turned into values."""
+
+from __future__ import annotations
+
+import logging
+
+import msgpack
+import zmq
+
+from paramserver.transport import recv_frames, send_frames
+from paramserver.wire import Message, WireError, decode, encode, reply_error
+
+log = logging.getLogger(__name__)
+
+
+def send(sock: zmq.Socket, msg: Message, identity: bytes | None = None) -> None:
+    send_frames(sock, encode(msg), identity)
+
+
+def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError, list]:
+    """One message from `sock`: (peer, decoded message or the WireError, raw frames)."""
+    identity, frames = recv_frames(sock, routed)
+    try:
+        return identity, decode(frames), frames
+    except WireError as exc:
+        return identity, exc, frames
+
+
+def refuse(sock: zmq.Socket, identity: bytes | None, error: WireError, src: str,
+           frames: list) -> None:
+    """Answer a malformed request with an error; the request id is recovered when possible."""
+    rid = 0
+    try:
+        head = msgpack.unpackb(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        if isinstance(head, dict) and isinstance(head.get("rid"), int) and head["rid"] >= 0:
+            rid = head["rid"]
+    except Exception:  # the header itself may be the garbage
+        pass
+    log.warning("refused a bad frame from %r: %s", identity, error)
+    send(sock, reply_error(rid, src, str(error)), identity)
+
+
+class RemoteError(RuntimeError):
+    """A peer answered a request with an error reply."""
+
+
+def recv_nowait(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError, list]:
+    """Like recv, but raises zmq.Again at once when nothing is queued."""
+    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+    identity = frames[0].bytes if routed else None
+    body = frames[1:] if routed else frames
+    try:
+        return identity, decode(body), body
+    except WireError as exc:
+        return identity, exc, body

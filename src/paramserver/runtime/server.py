@@ -1,0 +1,238 @@
+"""Shard server process: serves push/pull for one key range and applies rounds on command."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+import zmq
+
+from paramserver.keyspace import KeyRange
+from paramserver.optim import make_rule
+from paramserver.runtime import rpc
+from paramserver.runtime.shard_store import ShardStore, StoreError
+from paramserver.transport import bind_router, connect_dealer, new_context
+from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
+
+WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status")
+
+
+class ServerNode:
+    """One shard: a ROUTER for workers, a DEALER to the coordinator, one thread, no blocking."""
+
+    def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
+                 pull_timeout: float = 60.0, register_timeout: float = 60.0):
+        self.join, self.host, self.port = join, host, port
+        self.pull_timeout = pull_timeout
+        self.register_timeout = register_timeout
+        self.src = "server"
+        self.pending_pulls: list[tuple[float, bytes, Message]] = []
+        self.running = True
+        self.store: ShardStore | None = None
+
+    # ---- setup ----------------------------------------------------------------------------------
+    def _register(self, addr: str) -> dict:
+        rpc.send(self.coord, Message("register", {"role": "server", "addr": addr}, src=self.src))
+        if not self.coord.poll(int(self.register_timeout * 1000)):
+            raise TimeoutError(f"coordinator at {self.join} did not answer registration within "
+                               f"{self.register_timeout:.0f} s")
+        _, msg, _ = rpc.recv(self.coord, routed=False)
+        if isinstance(msg, WireError) or msg.op != "welcome":
+            raise RuntimeError(f"coordinator refused registration: {getattr(msg, 'fields', msg)}")
+        return msg
+
+    def _build_store(self, welcome: Message) -> None:
+        job = welcome["job"]
+        self.rank = welcome["rank"]
+        self.src = f"s{self.rank}"
+        lo, hi = job["shard_range"]
+        opt = job["optimizer"]
+        rule = make_rule(opt["name"], opt["lr"], **opt.get("options", {}))
+        self.store = ShardStore(KeyRange(lo, hi), job["dtype"], rule, job["apply_mode"])
+        # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
+        torch.set_num_threads(int(job.get("server_threads", 1)))
+        self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
+
+    def run(self) -> int:
+        ctx = new_context()
+        self.router, addr = bind_router(ctx, self.host, self.port)
+        self.coord = connect_dealer(ctx, self.join)
+        try:
+            self._build_store(self._register(addr))
+            log.info("server %s serving keys [%d, %d) at %s", self.src, self.store.range.lo,
+                     self.store.range.hi, addr)
+            self._loop()
+            return 0
+        finally:
+            self.router.close(0)
+            self.coord.close(0)
+            ctx.term()
+
+    # ---- main loop ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.coord, zmq.POLLIN)
+        next_beat = 0.0
+        while self.running:
+            now = time.monotonic()
+            if now >= next_beat:
+                rpc.send(self.coord, Message("heartbeat", src=self.src))
+                next_beat = now + self.heartbeat_interval
+            timeout = max(0.0, min(next_beat, self._next_pull_deadline()) - now)
+            for sock, _ in poller.poll(timeout * 1000):
+                self._drain(sock)
+            self._expire_pulls(time.monotonic())
+
+    def _drain(self, sock) -> None:
+        routed = sock is self.router
+        # Bounded batch per wake-up so that the coordinator's commands are never starved.
+        for _ in range(256):
+            try:
+                ident, msg, frames = rpc.recv_nowait(sock, routed)
+            except zmq.Again:
+                return
+            if isinstance(msg, WireError):
+                rpc.refuse(sock, ident, msg, self.src, frames)
+                continue
+            try:
+                self._dispatch(sock, ident, msg, routed)
+            except (StoreError, ValueError, KeyError, TypeError) as exc:
+                rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
+                                       rid=msg.rid, src=self.src), ident)
+
+    def _dispatch(self, sock, ident, msg: Message, from_worker: bool) -> None:
+        if from_worker and msg.op not in WORKER_OPS:
+            raise ValueError(f"op {msg.op!r} is not served by a parameter server")
+        handler = getattr(self, f"_on_{msg.op}", None)
+        if handler is None:
+            raise ValueError(f"op {msg.op!r} is not served by a parameter server")
+        reply = handler(msg, ident)
+        if reply is not None:
+            reply.rid, reply.src = msg.rid, self.src
+            rpc.send(sock, reply, ident)
+
+    # ---- handlers -------------------------------------------------------------------------------
+    def _on_init(self, msg: Message, ident) -> Message:
+        lo, hi = msg["range"]
+        self._need_arrays(msg, 1)
+        took = self.store.init(lo, hi, msg.arrays[0])
+        self._serve_pulls()
+        return Message("ack", {"version": self.store.version, "staleness": 0 if took else -1})
+
+    def _tags(self, msg: Message) -> dict:
+        return {"step": msg["step"], "batch": msg["batch"], "base_version": msg["version"],
+                "scale": float(msg.get("scale", 1.0))}
+
+    def _on_push(self, msg: Message, ident) -> Message:
+        self._need_init()
+        self._need_arrays(msg, 1)
+        lo, hi = msg["range"]
+        res = self.store.push_dense(msg.src, lo, hi, msg.arrays[0], **self._tags(msg))
+        self._serve_pulls()
+        return Message("ack", {"version": res.version, "staleness": res.staleness})
+
+    def _on_push_sparse(self, msg: Message, ident) -> Message:
+        self._need_init()
+        self._need_arrays(msg, 2)
+        keys, values = msg.arrays
+        if keys.dtype != np.int64:
+            raise StoreError("sparse keys must be int64")
+        res = self.store.push_sparse(msg.src, keys, values, **self._tags(msg))
+        self._serve_pulls()
+        return Message("ack", {"version": res.version, "staleness": res.staleness})
+
+    def _on_pull(self, msg: Message, ident) -> Message | None:
+        lo, hi = msg["range"]
+        self.store.local(lo, hi)  # refuse a bad range now, not when the pull is finally served
+        return self._pull_or_wait(msg, ident)
+
+    def _on_pull_keys(self, msg: Message, ident) -> Message | None:
+        self._need_arrays(msg, 1)
+        if msg.arrays[0].dtype != np.int64:
+            raise StoreError("keys must be int64")
+        self.store.local_keys(msg.arrays[0])
+        return self._pull_or_wait(msg, ident)
+
+    def _on_apply_round(self, msg: Message, ident) -> Message:
+        self.store.apply_round(msg["step"])
+        self._serve_pulls()
+        return Message("ok")
+
+    def _on_status(self, msg: Message, ident) -> Message:
+        st = self.store
+        return Message("state", {"state": {
+            "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
+            "initialized": st.initialized, "updates_applied": st.updates_applied,
+            "pending_pulls": len(self.pending_pulls)}})
+
+    def _on_shutdown(self, msg: Message, ident) -> None:
+        self.running = False
+
+    def _on_ok(self, msg: Message, ident) -> None:
+        return None
+
+    def _on_error(self, msg: Message, ident) -> None:
+        log.warning("coordinator reported: %s", msg["msg"])
+
+    # ---- pulls that wait for a version ----------------------------------------------------------
+    def _ready(self, msg: Message) -> bool:
+        return self.store.initialized and self.store.version >= msg.get("min_version", 0)
+
+    def _pull_or_wait(self, msg: Message, ident) -> Message | None:
+        if self._ready(msg):
+            return self._answer_pull(msg)
+        self.pending_pulls.append((time.monotonic() + self.pull_timeout, ident, msg))
+        return None
+
+    def _answer_pull(self, msg: Message) -> Message:
+        if msg.op == "pull":
+            lo, hi = msg["range"]
+            data = self.store.read(lo, hi)
+            fields = {"version": self.store.version, "range": [lo, hi]}
+        else:
+            data = self.store.read_keys(msg.arrays[0])
+            fields = {"version": self.store.version}
+        return Message("values", fields, [data.numpy()])
+
+    def _serve_pulls(self) -> None:
+        if not self.pending_pulls:
+            return
+        waiting = []
+        for deadline, ident, msg in self.pending_pulls:
+            if self._ready(msg):
+                reply = self._answer_pull(msg)
+                reply.rid, reply.src = msg.rid, self.src
+                rpc.send(self.router, reply, ident)
+            else:
+                waiting.append((deadline, ident, msg))
+        self.pending_pulls = waiting
+
+    def _next_pull_deadline(self) -> float:
+        return min((d for d, _, _ in self.pending_pulls), default=float("inf"))
+
+    def _expire_pulls(self, now: float) -> None:
+        expired = [p for p in self.pending_pulls if p[0] <= now]
+        if not expired:
+            return
+        self.pending_pulls = [p for p in self.pending_pulls if p[0] > now]
+        for _, ident, msg in expired:
+            what = ("initial values" if not self.store.initialized
+                    else f"version {msg.get('min_version', 0)} (at {self.store.version})")
+            rpc.send(self.router, Message("error", {
+                "msg": f"server {self.src} waited {self.pull_timeout:.0f} s for {what}",
+                "code": "timeout"}, rid=msg.rid, src=self.src), ident)
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def _need_init(self) -> None:
+        if not self.store.initialized:
+            raise StoreError("shard not initialized: a worker must init before pushing")
+
+    @staticmethod
+    def _need_arrays(msg: Message, count: int) -> None:
+        if len(msg.arrays) != count:
+            raise StoreError(f"op {msg.op!r} needs {count} array frame(s), got {len(msg.arrays)}")

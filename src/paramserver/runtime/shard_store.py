@@ -1,0 +1,134 @@
+"""One shard's state: values, version, optimizer state and the round aggregate; no sockets."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from paramserver.keyspace import KeyRange
+from paramserver.optim import UpdateRule, add_at
+
+# Frames from the wire are read-only buffers. torch warns when it wraps one because it cannot
+# promise not to write; the store only ever reads through these views.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class StoreError(ValueError):
+    """A request this shard cannot serve (outside its range, wrong dtype, wrong round...)."""
+
+
+@dataclass
+class PushResult:
+    version: int
+    staleness: int
+
+
+class ShardStore:
+    """Keys [lo, hi) of the flat vector, updated on arrival or per round by one update rule."""
+
+    def __init__(self, key_range: KeyRange, dtype: str, rule: UpdateRule, apply_mode: str):
+        if apply_mode not in ("arrival", "round"):
+            raise ValueError(f"unknown apply mode {apply_mode!r}")
+        self.range = key_range
+        self.dtype = np.dtype(dtype)
+        self.values = torch.zeros(key_range.size, dtype=getattr(torch, dtype))
+        self.rule = rule
+        self.state = rule.init_state(self.values)
+        self.apply_mode = apply_mode
+        self.version = 0
+        self.initialized = False
+        self.updates_applied = 0
+        # Round mode: the running sum of batch-weighted pushes of the current round only.
+        self.round_step: int | None = None
+        self.round_sum: torch.Tensor | None = None
+        self.round_batches: dict[str, int] = {}
+
+    # ---- reads and writes of raw values ---------------------------------------------------------
+    def local(self, lo: int, hi: int) -> slice:
+        part = KeyRange(lo, hi)
+        if not self.range.contains(part):
+            raise StoreError(f"keys [{lo}, {hi}) are outside this shard's [{self.range.lo}, "
+                             f"{self.range.hi})")
+        return slice(lo - self.range.lo, hi - self.range.lo)
+
+    def local_keys(self, keys: np.ndarray) -> torch.Tensor:
+        if keys.size and (keys.min() < self.range.lo or keys.max() >= self.range.hi):
+            raise StoreError(f"sparse keys outside this shard's [{self.range.lo}, {self.range.hi})")
+        return torch.from_numpy(keys - self.range.lo)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        if array.dtype != self.dtype:
+            raise StoreError(f"values have dtype {array.dtype}, this shard holds {self.dtype}")
+        return torch.from_numpy(array)
+
+    def init(self, lo: int, hi: int, array: np.ndarray) -> bool:
+        """Set initial values once; later inits are ignored. Returns whether this one took effect."""
+        if self.initialized:
+            return False
+        index = self.local(lo, hi)
+        if array.size != hi - lo:
+            raise StoreError(f"init of [{lo}, {hi}) carries {array.size} values")
+        self.values[index] = self._tensor(array)
+        self.initialized = index.start == 0 and index.stop == self.range.size or self.initialized
+        return True
+
+    def read(self, lo: int, hi: int) -> torch.Tensor:
+        """A private copy: replies are sent zero-copy and must not change under the sender."""
+        return self.values[self.local(lo, hi)].clone()
+
+    def read_keys(self, keys: np.ndarray) -> torch.Tensor:
+        return self.values[self.local_keys(keys)]
+
+    # ---- updates --------------------------------------------------------------------------------
+    def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
+             base_version: int, scale: float) -> PushResult:
+        staleness = max(self.version - base_version, 0)
+        if self.apply_mode == "arrival":
+            self.rule.apply(self.values, index, grad, self.state, staleness, scale)
+            self.version += 1
+            self.updates_applied += 1
+        else:
+            self._accumulate(worker, index, grad, step, batch, scale)
+        return PushResult(self.version, staleness)
+
+    def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, **tags) -> PushResult:
+        index = self.local(lo, hi)
+        if array.size != hi - lo:
+            raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
+        return self.push(worker, index, self._tensor(array), **tags)
+
+    def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, **tags) -> PushResult:
+        if keys.size != array.size:
+            raise StoreError(f"sparse push has {keys.size} keys but {array.size} values")
+        return self.push(worker, self.local_keys(keys), self._tensor(array), **tags)
+
+    def _accumulate(self, worker, index, grad, step, batch, scale) -> None:
+        if self.round_step is None:
+            self.round_step = step
+            if self.round_sum is None:  # kept across rounds: fresh memory would page-fault
+                self.round_sum = torch.zeros_like(self.values)
+        elif step != self.round_step:
+            raise StoreError(f"push for step {step} while round {self.round_step} is open")
+        weight = batch * scale
+        add_at(self.round_sum, index, grad, weight)
+        # A worker's batch counts once per round even when it pushes in several pieces.
+        self.round_batches.setdefault(worker, batch)
+
+    def apply_round(self, step: int) -> bool:
+        """Apply the batch-weighted average of round `step`. False if nothing was pushed for it."""
+        if self.round_step is None:
+            self.version += 1  # an empty round still advances the clock that pulls wait on
+            return False
+        if step != self.round_step:
+            raise StoreError(f"asked to apply round {step} but round {self.round_step} is open")
+        total = sum(self.round_batches.values())
+        self.round_sum.div_(max(total, 1))
+        self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, 1.0)
+        self.version += 1
+        self.updates_applied += 1
+        self.round_sum.zero_()
+        self.round_step, self.round_batches = None, {}
+        return True

@@ -1,0 +1,317 @@
+"""KVWorker: the worker-side client of the parameter server (push, pull, ranges, sparse, clock).
+
+Usage::
+
+    kv = KVWorker("tcp://127.0.0.1:5555")      # registers; kv.rank, kv.num_keys, kv.job
+    kv.init(initial_values)                      # rank 0 sets them; others' inits are ignored
+    release = kv.start()                         # wait for the policy to release step 0
+    params = kv.pull(min_version=release.min_version)
+    kv.push(grad, step=release.step, batch=release.batch_size)
+    release = kv.clock(release.step, batch=..., compute_time=...)
+    kv.close()
+
+Requests are sliced across shards and their replies reassembled. `push_async`/`pull_async`
+return a Handle; `kv.wait(handle)` finishes it (like ps-lite's timestamps). A buffer passed to
+an async push is sent zero-copy: do not modify it before the handle is waited on.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from paramserver.keyspace import KeyRange
+from paramserver.runtime import rpc
+from paramserver.runtime.rpc import RemoteError
+from paramserver.transport import connect_dealer, new_context
+from paramserver.wire import Message, WireError
+
+
+@dataclass(frozen=True)
+class Release:
+    """Permission to run one step: which step, with how many samples, and which version to pull."""
+
+    step: int
+    batch_size: int
+    min_version: int
+    stop: bool = False
+
+
+@dataclass
+class Shard:
+    rank: int
+    addr: str
+    range: KeyRange
+    sock: zmq.Socket
+    version: int = 0  # the version this worker last pulled from the shard
+
+
+@dataclass
+class Handle:
+    """An outstanding request: its per-shard request ids and how to assemble the replies."""
+
+    kind: str
+    parts: list[tuple[int, int, slice]] = field(default_factory=list)  # (shard, rid, out slice)
+    out: np.ndarray | None = None
+    done: bool = False
+    result: object = None
+
+
+def _as_array(values, dtype: np.dtype) -> np.ndarray:
+    if hasattr(values, "detach"):  # torch tensor, without importing torch here
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.dtype != dtype:
+        raise ValueError(f"values have dtype {arr.dtype}; this job's parameters are {dtype}")
+    return np.ascontiguousarray(arr.reshape(-1))
+
+
+class KVWorker:
+    """Client of one job: a DEALER per shard, one to the coordinator, and a heartbeat thread."""
+
+    def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
+                 heartbeat: bool = True, src: str | None = None):
+        self.timeout, self.release_timeout = timeout, release_timeout
+        self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
+        self.ctx = new_context()
+        self.coord = connect_dealer(self.ctx, join)
+        self.join = join
+        self._rid = 0
+        self._inbox: dict[int, Message] = {}
+        welcome = self._call_coord(Message("register", {"role": "worker"}), self.timeout)
+        self.rank: int = welcome["rank"]
+        self.job: dict = welcome["job"]
+        self.num_keys: int = self.job["num_keys"]
+        self.dtype = np.dtype(self.job["dtype"])
+        self.shards = [Shard(r, a, KeyRange(lo, hi), connect_dealer(self.ctx, a))
+                       for r, a, lo, hi in self.job["shards"]]
+        self._starts = np.array([s.range.lo for s in self.shards], dtype=np.int64)
+        self._stop_beat = threading.Event()
+        self._beat = None
+        if heartbeat:
+            self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                          args=(float(self.job.get("heartbeat_interval", 1.0)),))
+            self._beat.start()
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _next_rid(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def _heartbeat(self, interval: float) -> None:
+        sock = connect_dealer(self.ctx, self.join)
+        try:
+            while not self._stop_beat.wait(interval):
+                rpc.send(sock, Message("heartbeat", src=self.src))
+        finally:
+            sock.close(0)
+
+    def _call_coord(self, msg: Message, timeout: float) -> Message:
+        msg.rid, msg.src = self._next_rid(), self.src
+        rpc.send(self.coord, msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.coord.poll(left * 1000):
+                raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
+                                   f"within {timeout:.0f} s")
+            _, reply, _ = rpc.recv(self.coord, routed=False)
+            if isinstance(reply, WireError):
+                raise RemoteError(f"coordinator sent a bad frame: {reply}")
+            if reply.rid != msg.rid:
+                continue  # a late answer to an earlier, timed-out request
+            if reply.op == "error":
+                raise RemoteError(f"coordinator refused {msg.op!r}: {reply['msg']}")
+            return reply
+
+    def _send(self, shard: int, msg: Message) -> int:
+        msg.rid, msg.src = self._next_rid(), self.src
+        rpc.send(self.shards[shard].sock, msg)
+        return msg.rid
+
+    def _collect(self, parts: list[tuple[int, int, slice]], what: str) -> dict[int, Message]:
+        """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
+        want = {rid: shard for shard, rid, _ in parts}
+        deadline = time.monotonic() + self.timeout
+        poller = zmq.Poller()
+        for shard in set(want.values()):
+            poller.register(self.shards[shard].sock, zmq.POLLIN)
+        while not all(rid in self._inbox for rid in want):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted({want[r] for r in want if r not in self._inbox})
+                names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
+                raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
+            for sock, _ in poller.poll(left * 1000):
+                _, reply, _ = rpc.recv(sock, routed=False)
+                if isinstance(reply, WireError):
+                    raise RemoteError(f"a server sent a bad frame: {reply}")
+                self._inbox[reply.rid] = reply
+        replies = {rid: self._inbox.pop(rid) for rid in want}
+        for rid, reply in replies.items():
+            if reply.op == "error":
+                raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
+        return replies
+
+    def _pieces(self, key_range: KeyRange):
+        """(shard index, piece range, slice into the request) for each shard the range touches."""
+        for i, shard in enumerate(self.shards):
+            part = shard.range.intersect(key_range)
+            if part is not None:
+                yield i, part, slice(part.lo - key_range.lo, part.hi - key_range.lo)
+
+    def _full(self, keys: KeyRange | tuple[int, int] | None) -> KeyRange:
+        r = KeyRange(0, self.num_keys) if keys is None else KeyRange(*keys) if isinstance(
+            keys, tuple) else keys
+        if r.hi > self.num_keys:
+            raise ValueError(f"key range [{r.lo}, {r.hi}) exceeds the {self.num_keys} keys")
+        return r
+
+    # ---- the KV API -----------------------------------------------------------------------------
+    def init(self, values, keys: KeyRange | tuple[int, int] | None = None) -> bool:
+        """Offer initial values; the first offer per shard wins. True if ours was taken."""
+        r = self._full(keys)
+        arr = _as_array(values, self.dtype)
+        parts = [(i, self._send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
+                 for i, p, sl in self._pieces(r)]
+        replies = self._collect(parts, "init")
+        return all(m.get("staleness", 0) >= 0 for m in replies.values())
+
+    def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
+                   batch: int, scale: float = 1.0) -> Handle:
+        """Send a dense gradient for a key range (default: all keys); returns at once."""
+        r = self._full(keys)
+        arr = _as_array(values, self.dtype)
+        if arr.size != r.size:
+            raise ValueError(f"{arr.size} values for {r.size} keys")
+        handle = Handle("push")
+        for i, p, sl in self._pieces(r):
+            fields = {"range": [p.lo, p.hi], "step": step, "version": self.shards[i].version,
+                      "batch": batch, "scale": float(scale)}
+            handle.parts.append((i, self._send(i, Message("push", fields, [arr[sl]])), sl))
+        return handle
+
+    def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0) -> int:
+        """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
+        return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale))
+
+    def push_sparse_async(self, keys, values, *, step: int, batch: int,
+                          scale: float = 1.0) -> Handle:
+        """Send (keys, values) pairs; repeated keys add up on the server."""
+        k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
+        v = _as_array(values, self.dtype)
+        if k.size != v.size:
+            raise ValueError(f"{k.size} keys but {v.size} values")
+        if k.size and (k.min() < 0 or k.max() >= self.num_keys):
+            raise ValueError(f"sparse keys must lie in [0, {self.num_keys})")
+        order = None if k.size < 2 or np.all(k[1:] >= k[:-1]) else np.argsort(k, kind="stable")
+        if order is not None:
+            k, v = k[order], v[order]
+        cuts = np.searchsorted(k, self._starts[1:], side="left")
+        handle = Handle("push")
+        for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, k.size])):
+            if a == b:
+                continue
+            fields = {"step": step, "version": self.shards[i].version, "batch": batch,
+                      "scale": float(scale)}
+            msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
+            handle.parts.append((i, self._send(i, msg), slice(a, b)))
+        return handle
+
+    def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0) -> int:
+        return self.wait(self.push_sparse_async(keys, values, step=step, batch=batch, scale=scale))
+
+    def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
+                   out: np.ndarray | None = None, min_version: int = 0) -> Handle:
+        """Ask for a key range (default: all); servers answer once they reach `min_version`."""
+        r = self._full(keys)
+        if out is None:
+            out = np.empty(r.size, dtype=self.dtype)
+        elif out.size != r.size or out.dtype != self.dtype:
+            raise ValueError(f"out must hold {r.size} values of {self.dtype}")
+        handle = Handle("pull", out=out)
+        for i, p, sl in self._pieces(r):
+            fields = {"range": [p.lo, p.hi], "min_version": min_version}
+            handle.parts.append((i, self._send(i, Message("pull", fields)), sl))
+        return handle
+
+    def pull(self, keys=None, out: np.ndarray | None = None, min_version: int = 0) -> np.ndarray:
+        """Blocking pull; returns the values (written into `out` when given)."""
+        return self.wait(self.pull_async(keys, out, min_version))
+
+    def pull_keys(self, keys, min_version: int = 0) -> np.ndarray:
+        """Values of arbitrary keys, in the order given."""
+        k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        owner = np.searchsorted(self._starts, k, side="right") - 1
+        if k.size and (k.min() < 0 or k.max() >= self.num_keys):
+            raise ValueError(f"keys must lie in [0, {self.num_keys})")
+        handle = Handle("pull_keys", out=np.empty(k.size, dtype=self.dtype))
+        for i in np.unique(owner):
+            idx = np.flatnonzero(owner == i)
+            msg = Message("pull_keys", {"min_version": min_version}, [np.ascontiguousarray(k[idx])])
+            handle.parts.append((int(i), self._send(int(i), msg), idx))
+        return self.wait(handle)
+
+    def wait(self, handle: Handle):
+        """Finish an async request: a push returns its max staleness, a pull its values."""
+        if handle.done:
+            return handle.result
+        replies = self._collect(handle.parts, handle.kind)
+        if handle.kind == "push":
+            handle.result = max((m.get("staleness", 0) for m in replies.values()), default=0)
+        else:
+            for shard, rid, sl in handle.parts:
+                reply = replies[rid]
+                handle.out[sl] = reply.arrays[0]
+                self.shards[shard].version = reply["version"]
+            handle.result = handle.out
+        handle.done = True
+        return handle.result
+
+    @property
+    def version(self) -> int:
+        """The smallest shard version this worker has pulled."""
+        return min(s.version for s in self.shards)
+
+    # ---- the step protocol ----------------------------------------------------------------------
+    def _release(self, reply: Message) -> Release:
+        return Release(reply["step"], reply["batch"], reply["min_version"],
+                       bool(reply.get("stop", False)))
+
+    def start(self) -> Release:
+        """Tell the coordinator this worker is ready; blocks until the policy releases step 0."""
+        return self._release(self._call_coord(Message("start"), self.release_timeout))
+
+    def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
+              free_mem: float | None = None) -> Release:
+        """Report step `step` done (its pushes acknowledged); blocks until the next release."""
+        fields = {"step": step, "batch": batch, "compute_time": float(compute_time)}
+        if cpu_load is not None:
+            fields["cpu_load"] = float(cpu_load)
+        if free_mem is not None:
+            fields["free_mem"] = float(free_mem)
+        return self._release(self._call_coord(Message("clock", fields), self.release_timeout))
+
+    def bye(self, reason: str = "done") -> None:
+        self._call_coord(Message("bye", {"reason": reason}), self.timeout)
+
+    def close(self) -> None:
+        self._stop_beat.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5)
+        for s in self.shards:
+            s.sock.close(0)
+        self.coord.close(0)
+        self.ctx.term()
+
+    def __enter__(self) -> "KVWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,8 @@
+"""Transport: frames <-> sockets; opaque bytes, no knowledge of the protocol."""
+
+from paramserver.transport.zmq_sockets import (
+    DEFAULT_HWM, bind_router, connect_dealer, new_context, recv_frames, send_frames,
+)
+
+__all__ = ["DEFAULT_HWM", "bind_router", "connect_dealer", "new_context", "recv_frames",
+           "send_frames"]

@@ -1,0 +1,151 @@
+"""Messages <-> ZeroMQ frames: a msgpack header plus raw tensor frames; every field validated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+
+from paramserver.wire.protocol import (
+    DTYPES, MAX_ELEMENTS, NONNEG, OPS, PROTOCOL_VERSION, RANGE, SCHEMAS,
+)
+
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class WireError(ValueError):
+    """A frame that does not follow the protocol; the text says what is wrong."""
+
+
+@dataclass
+class Message:
+    """One protocol message: op, request id, sender, header fields and tensor payloads."""
+
+    op: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    arrays: list[np.ndarray] = field(default_factory=list)
+    rid: int = 0
+    src: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def encode(msg: Message) -> list:
+    """Frames for `msg`: header bytes, then each array's buffer (not copied)."""
+    header = {"v": PROTOCOL_VERSION, "op": msg.op, "rid": msg.rid, "src": msg.src, **msg.fields}
+    if msg.arrays:
+        header["arrays"] = [[str(a.dtype), int(a.size)] for a in msg.arrays]
+    frames: list = [msgpack.packb(header, use_bin_type=True)]
+    for a in msg.arrays:
+        frames.append(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return frames
+
+
+def decode(frames: Sequence) -> Message:
+    """Parse and validate frames; raises WireError on anything malformed."""
+    if not frames:
+        raise WireError("empty message")
+    header = _unpack_header(_buffer(frames[0]))
+    header.pop("v")
+    op = header.pop("op")
+    rid, src = header.pop("rid"), header.pop("src")
+    specs = header.pop("arrays", [])
+    _check_fields(op, header)
+    arrays = _decode_arrays(specs, frames[1:])
+    return Message(op=op, fields=header, arrays=arrays, rid=rid, src=src)
+
+
+def reply_error(request_rid: int, src: str, text: str, code: str = "bad_request") -> Message:
+    return Message("error", {"msg": text, "code": code}, rid=request_rid, src=src)
+
+
+def _buffer(frame) -> memoryview:
+    buf = getattr(frame, "buffer", frame)
+    try:
+        return memoryview(buf)
+    except TypeError:
+        raise WireError(f"frame of type {type(frame).__name__} is not a buffer") from None
+
+
+def _unpack_header(raw: memoryview) -> dict:
+    if raw.nbytes > MAX_HEADER_BYTES:
+        raise WireError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0,
+                                 max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise WireError(f"header is not valid msgpack: {type(exc).__name__}") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a map")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {version!r} not supported; this peer speaks "
+                        f"version {PROTOCOL_VERSION}")
+    op = header.get("op")
+    if op not in OPS:
+        raise WireError(f"unknown op {op!r}")
+    if not _is_int(header.get("rid")) or header["rid"] < 0:
+        raise WireError("rid must be a non-negative integer")
+    if not isinstance(header.get("src"), str) or len(header["src"]) > 128:
+        raise WireError("src must be a string of at most 128 characters")
+    return header
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_value(name: str, kind, value) -> None:
+    if kind == RANGE:
+        ok = (isinstance(value, (list, tuple)) and len(value) == 2
+              and all(_is_int(x) and 0 <= x < 1 << 62 for x in value) and value[0] <= value[1])
+        if not ok:
+            raise WireError(f"field {name!r} must be [lo, hi] with 0 <= lo <= hi, got {value!r}")
+        return
+    if kind == NONNEG:
+        if not _is_int(value) or value < 0:
+            raise WireError(f"field {name!r} must be a non-negative integer, got {value!r}")
+        return
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise WireError(f"field {name!r} has type bool")
+    if not isinstance(value, kinds):
+        raise WireError(f"field {name!r} has type {type(value).__name__}")
+    if isinstance(value, float) and value != value:
+        raise WireError(f"field {name!r} is NaN")
+
+
+def _check_fields(op: str, fields: dict) -> None:
+    schema = SCHEMAS[op]
+    for name, (kind, required) in schema.items():
+        if name not in fields:
+            if required:
+                raise WireError(f"op {op!r} needs field {name!r}")
+            continue
+        _check_value(name, kind, fields[name])
+    unknown = set(fields) - set(schema)
+    if unknown:
+        raise WireError(f"op {op!r} has unknown fields {sorted(unknown)}")
+
+
+def _decode_arrays(specs, frames: Sequence) -> list[np.ndarray]:
+    if not isinstance(specs, list) or len(specs) != len(frames):
+        raise WireError(f"header announces {len(specs) if isinstance(specs, list) else '?'} "
+                        f"arrays but {len(frames)} frames follow")
+    arrays = []
+    for i, (spec, frame) in enumerate(zip(specs, frames)):
+        if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES
+                or not _is_int(spec[1]) or not 0 <= spec[1] <= MAX_ELEMENTS):
+            raise WireError(f"array {i}: bad spec {spec!r} (want [dtype in {DTYPES}, count])")
+        dtype = np.dtype(spec[0])
+        buf = _buffer(frame)
+        if buf.nbytes != spec[1] * dtype.itemsize:
+            raise WireError(f"array {i}: {buf.nbytes} bytes, expected {spec[1]} x {dtype}")
+        arrays.append(np.frombuffer(buf, dtype=dtype))
+    return arrays

@@ -1,0 +1,54 @@
+"""Protocol version, operation names and the header schema of every operation."""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = 1
+
+# Tensor frames may only carry these dtypes; keys are always int64.
+DTYPES = ("float32", "float64", "int64")
+MAX_ELEMENTS = 1 << 31
+
+INT, FLOAT, STR, BOOL, LIST, DICT = int, (int, float), str, bool, (list, tuple), dict
+RANGE = "range"  # [lo, hi) of non-negative ints
+NONNEG = "nonneg"  # non-negative int
+
+
+def _f(kind, required=True):
+    return (kind, required)
+
+
+# op -> {field: (kind, required)}; every header also has v, op, rid, src (checked in the codec).
+SCHEMAS: dict[str, dict[str, tuple]] = {
+    # worker -> server
+    "init": {"range": _f(RANGE)},
+    "push": {"range": _f(RANGE), "step": _f(NONNEG), "version": _f(NONNEG),
+             "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False)},
+    "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
+                    "scale": _f(FLOAT, False)},
+    "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False)},
+    "pull_keys": {"min_version": _f(NONNEG, False)},
+    # server -> worker
+    "ack": {"version": _f(NONNEG), "staleness": _f(INT, False)},
+    "values": {"version": _f(NONNEG), "range": _f(RANGE, False)},
+    # anyone -> coordinator
+    "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False)},
+    "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
+              "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False)},
+    "start": {},
+    "heartbeat": {},
+    "bye": {"reason": _f(STR, False)},
+    "status": {},
+    "report": {"record": _f(DICT)},
+    # coordinator -> others
+    "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
+    "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
+                "stop": _f(BOOL, False)},
+    "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
+    "shutdown": {"reason": _f(STR, False)},
+    "state": {"state": _f(DICT)},
+    # either direction
+    "ok": {},
+    "error": {"msg": _f(STR), "code": _f(STR, False)},
+}
+
+OPS = frozenset(SCHEMAS)

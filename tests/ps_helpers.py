@@ -1,0 +1,85 @@
+"""Helpers for the runtime tests: a real job (coordinator + shards) and worker processes."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import numpy as np
+
+from paramserver.runtime.launcher import LocalCluster
+from paramserver.runtime.worker_client import KVWorker
+
+CTX = mp.get_context("spawn")
+
+
+def make_job(num_keys: int, servers: int, workers: int, sync: str = "asp",
+             dtype: str = "float64", lr: float = 1.0, optimizer: str = "sgd", **extra) -> dict:
+    job = {"num_keys": num_keys, "dtype": dtype, "servers": servers, "workers": workers,
+           "batch_size": 1, "sync": {"name": sync}, "optimizer": {"name": optimizer, "lr": lr},
+           "heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
+    job.update(extra)
+    return job
+
+
+@contextlib.contextmanager
+def running_job(tmp_path: Path, job: dict):
+    """Coordinator and shard servers as real processes; workers are the test's business."""
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120)
+    try:
+        cluster.start(spawn_workers=False)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def known_gradient(rank: int, step: int, num_keys: int, dtype) -> np.ndarray:
+    """Integer-valued, distinct per (rank, step), so sums are exact in float32 and float64."""
+    keys = np.arange(num_keys)
+    return ((keys * 7 + rank * 13 + step * 3) % 11 - 5).astype(dtype)
+
+
+def push_known(addr: str, steps: int, init: np.ndarray | None, out_dir: str,
+               batch_of_rank=None, final_version: int = 0) -> None:
+    """Worker body: init (rank 0), then `steps` of pull/push/clock with known gradients.
+
+    The final pull waits for shard version `final_version` (under ASP: every push applied).
+    """
+    kv = KVWorker(addr)
+    try:
+        if init is not None and kv.rank == 0:
+            kv.init(init)
+        release = kv.start()
+        batch = 1 if batch_of_rank is None else batch_of_rank[kv.rank]
+        for _ in range(steps):
+            kv.pull(min_version=release.min_version)
+            grad = known_gradient(kv.rank, release.step, kv.num_keys, kv.dtype)
+            kv.push(grad, step=release.step, batch=batch)
+            release = kv.clock(release.step, batch=batch, compute_time=0.0)
+        final = kv.pull(min_version=max(release.min_version, final_version))
+        np.save(Path(out_dir) / f"final-{kv.rank}.npy", final)
+        kv.bye()
+    finally:
+        kv.close()
+
+
+def start_workers(target, n: int, *args) -> list:
+    procs = [CTX.Process(target=target, args=args, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def join_all(procs, timeout: float = 120.0) -> list[int | None]:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    codes = []
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+        codes.append(p.exitcode)
+    return codes

@@ -1,0 +1,96 @@
+"""ShardStore: exact update arithmetic on arrival and per round, ranges, sparse keys, momentum."""
+
+import numpy as np
+import pytest
+import torch
+
+from paramserver.keyspace import KeyRange
+from paramserver.optim import make_rule
+from paramserver.runtime.shard_store import ShardStore, StoreError
+
+
+def store(mode="arrival", lo=10, hi=20, rule="sgd", lr=1.0, **opts):
+    s = ShardStore(KeyRange(lo, hi), "float64", make_rule(rule, lr, **opts), mode)
+    s.init(lo, hi, np.arange(lo, hi, dtype=np.float64))
+    return s
+
+
+TAGS = dict(step=0, batch=1, base_version=0, scale=1.0)
+
+
+def test_arrival_applies_each_push_and_counts_staleness():
+    s = store(lr=0.5)
+    s.push_dense("a", 10, 20, np.ones(10), **TAGS)
+    res = s.push_dense("b", 12, 14, np.full(2, 4.0), **TAGS)
+    expected = np.arange(10, 20) - 0.5
+    expected[2:4] -= 2.0
+    np.testing.assert_array_equal(s.read(10, 20).numpy(), expected)
+    assert res.staleness == 1 and s.version == 2
+
+
+def test_round_mode_applies_the_batch_weighted_average_once():
+    s = store("round")
+    s.push_dense("a", 10, 20, np.full(10, 1.0), step=0, batch=1, base_version=0, scale=1.0)
+    s.push_dense("b", 10, 20, np.full(10, 4.0), step=0, batch=3, base_version=0, scale=1.0)
+    np.testing.assert_array_equal(s.read(10, 20).numpy(), np.arange(10, 20))  # nothing yet
+    s.apply_round(0)
+    np.testing.assert_allclose(s.read(10, 20).numpy(), np.arange(10, 20) - (1 + 12) / 4)
+    assert s.version == 1
+
+
+def test_round_counts_a_workers_batch_once_across_pieces():
+    s = store("round")
+    s.push_dense("a", 10, 15, np.full(5, 2.0), step=0, batch=2, base_version=0, scale=1.0)
+    s.push_dense("a", 15, 20, np.full(5, 2.0), step=0, batch=2, base_version=0, scale=1.0)
+    s.apply_round(0)
+    np.testing.assert_allclose(s.read(10, 20).numpy(), np.arange(10, 20) - 2.0)
+
+
+def test_round_refuses_a_push_of_another_step():
+    s = store("round")
+    s.push_dense("a", 10, 20, np.ones(10), step=3, batch=1, base_version=0, scale=1.0)
+    with pytest.raises(StoreError, match="round 3"):
+        s.push_dense("b", 10, 20, np.ones(10), step=4, batch=1, base_version=0, scale=1.0)
+
+
+def test_sparse_push_accumulates_repeated_keys():
+    s = store()
+    s.push_sparse("a", np.array([11, 11, 19], dtype=np.int64), np.array([1.0, 2.0, 5.0]), **TAGS)
+    expected = np.arange(10, 20, dtype=np.float64)
+    expected[1] -= 3
+    expected[9] -= 5
+    np.testing.assert_array_equal(s.read(10, 20).numpy(), expected)
+
+
+def test_out_of_range_and_wrong_dtype_are_refused():
+    s = store()
+    with pytest.raises(StoreError, match="outside"):
+        s.push_dense("a", 5, 15, np.ones(10), **TAGS)
+    with pytest.raises(StoreError, match="outside"):
+        s.push_sparse("a", np.array([20], dtype=np.int64), np.ones(1), **TAGS)
+    with pytest.raises(StoreError, match="dtype"):
+        s.push_dense("a", 10, 20, np.ones(10, dtype=np.float32), **TAGS)
+    with pytest.raises(StoreError, match="carries"):
+        s.push_dense("a", 10, 20, np.ones(9), **TAGS)
+
+
+def test_init_only_once():
+    s = store()
+    assert not s.init(10, 20, np.zeros(10))
+    np.testing.assert_array_equal(s.read(10, 20).numpy(), np.arange(10, 20))
+
+
+def test_momentum_dense_and_sparse_agree_with_a_reference():
+    dense, sparse = store(rule="momentum", lr=0.1, momentum=0.5), store(rule="momentum", lr=0.1,
+                                                                          momentum=0.5)
+    ref_p, ref_b = np.arange(10, 20, dtype=np.float64), np.zeros(10)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        g = rng.normal(size=10)
+        dense.push_dense("a", 10, 20, g, **TAGS)
+        sparse.push_sparse("a", np.arange(10, 20, dtype=np.int64), g, **TAGS)
+        ref_b = 0.5 * ref_b + g
+        ref_p = ref_p - 0.1 * ref_b
+    np.testing.assert_allclose(dense.read(10, 20).numpy(), ref_p)
+    np.testing.assert_allclose(sparse.read(10, 20).numpy(), ref_p)
+    assert torch.is_tensor(dense.state["momentum"])
