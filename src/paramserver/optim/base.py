@@ -34,8 +34,14 @@ class UpdateRule(ABC):
 
     @abstractmethod
     def apply(self, params: torch.Tensor, index: Index, grad: torch.Tensor,
-              state: dict[str, torch.Tensor], staleness: int, scale: float = 1.0) -> None:
-        """Update params[index] in place from `grad` (already averaged and scaled by the caller's weight)."""
+              state: dict[str, torch.Tensor], staleness: int, scale: float = 1.0,
+              worker: str = "") -> None:
+        """Update params[index] in place from `grad`.
+
+        `staleness` is the server version at arrival minus the version the gradient was computed
+        from; `scale` is the policy's weight for this update; `worker` names the pusher, for rules
+        that keep per-worker state ("" for an aggregated round).
+        """
 
     def options(self) -> dict:
         return {"lr": self.lr}

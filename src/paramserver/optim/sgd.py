@@ -12,7 +12,7 @@ class SGD(UpdateRule):
 
     name = "sgd"
 
-    def apply(self, params, index, grad, state, staleness, scale=1.0):
+    def apply(self, params, index, grad, state, staleness, scale=1.0, worker=""):
         add_at(params, index, grad, -self.lr * scale)
 
 
@@ -30,7 +30,7 @@ class MomentumSGD(UpdateRule):
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"momentum": torch.zeros_like(params)}
 
-    def apply(self, params, index: Index, grad, state, staleness, scale=1.0):
+    def apply(self, params, index: Index, grad, state, staleness, scale=1.0, worker=""):
         buf = state["momentum"]
         if isinstance(index, slice):
             view = buf[index]

@@ -57,12 +57,16 @@ Event = Union[Joined, Left, Pushed, Tick]
 
 @dataclass(frozen=True)
 class Release:
-    """Let `worker` start step `step` with `batch_size` samples, not before time `not_before`."""
+    """Let `worker` start step `step` with `batch_size` samples, not before time `not_before`.
+
+    `scale` multiplies the worker's next update on the server (R2SP's batch-ratio scaling).
+    """
 
     worker: int
     step: int
     batch_size: int
     not_before: float | None = None
+    scale: float = 1.0
 
 
 @dataclass(frozen=True)

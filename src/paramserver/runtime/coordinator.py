@@ -279,9 +279,10 @@ class Coordinator:
             member.ready = d
             return
         min_version = self.rounds_applied if self.policy.apply_mode == "round" else 0
-        reply = Message("release", {"step": d.step, "batch": d.batch_size,
-                                    "min_version": min_version}, rid=member.waiting_rid,
-                        src="coord")
+        fields = {"step": d.step, "batch": d.batch_size, "min_version": min_version}
+        if d.scale != 1.0:
+            fields["scale"] = float(d.scale)
+        reply = Message("release", fields, rid=member.waiting_rid, src="coord")
         member.waiting_rid = None
         rpc.send(self.sock, reply, member.ident)
 

@@ -87,7 +87,7 @@ class ShardStore:
              base_version: int, scale: float) -> PushResult:
         staleness = max(self.version - base_version, 0)
         if self.apply_mode == "arrival":
-            self.rule.apply(self.values, index, grad, self.state, staleness, scale)
+            self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
             self.version += 1
             self.updates_applied += 1
         else:

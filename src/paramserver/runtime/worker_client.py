@@ -41,6 +41,7 @@ class Release:
     batch_size: int
     min_version: int
     stop: bool = False
+    scale: float = 1.0  # weight the policy gives this step's update (pass it to push)
 
 
 @dataclass
@@ -282,7 +283,7 @@ class KVWorker:
     # ---- the step protocol ----------------------------------------------------------------------
     def _release(self, reply: Message) -> Release:
         return Release(reply["step"], reply["batch"], reply["min_version"],
-                       bool(reply.get("stop", False)))
+                       bool(reply.get("stop", False)), float(reply.get("scale", 1.0)))
 
     def start(self) -> Release:
         """Tell the coordinator this worker is ready; blocks until the policy releases step 0."""

@@ -42,7 +42,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
-                "stop": _f(BOOL, False)},
+                "stop": _f(BOOL, False), "scale": _f(FLOAT, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
     "state": {"state": _f(DICT)},
