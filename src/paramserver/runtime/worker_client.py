@@ -90,7 +90,8 @@ class KVWorker:
         self.job: dict = welcome["job"]
         self.num_keys: int = self.job["num_keys"]
         self.dtype = np.dtype(self.job["dtype"])
-        self.shards = [Shard(r, a, KeyRange(lo, hi), connect_dealer(self.ctx, a))
+        self.shards = [Shard(r, a, KeyRange(lo, hi),
+                             connect_dealer(self.ctx, a, send_timeout=self.timeout))
                        for r, a, lo, hi in self.job["shards"]]
         self._starts = np.array([s.range.lo for s in self.shards], dtype=np.int64)
         self._stop_beat = threading.Event()
@@ -133,7 +134,12 @@ class KVWorker:
 
     def _send(self, shard: int, msg: Message) -> int:
         msg.rid, msg.src = self._next_rid(), self.src
-        rpc.send(self.shards[shard].sock, msg)
+        try:
+            rpc.send(self.shards[shard].sock, msg)
+        except zmq.Again:
+            s = self.shards[shard]
+            raise TimeoutError(f"server {s.rank} at {s.addr} accepted no {msg.op!r} for "
+                               f"{self.timeout:.0f} s (its queue is full)") from None
         return msg.rid
 
     def _collect(self, parts: list[tuple[int, int, slice]], what: str) -> dict[int, Message]:

@@ -43,9 +43,12 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
 
 
 def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
-                   hwm: int = DEFAULT_HWM) -> zmq.Socket:
+                   hwm: int = DEFAULT_HWM, send_timeout: float | None = None) -> zmq.Socket:
+    """Connect a DEALER; with `send_timeout` (s) a send to a full, unread queue raises zmq.Again."""
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, hwm)
+    if send_timeout is not None:
+        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(addr)
