@@ -1,0 +1,92 @@
+"""The Dataset value every loader returns, and its split of the training set into worker shards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from paramserver.data.sampler import BatchSampler
+
+
+@dataclass(frozen=True)
+class Split:
+    """Features X (float32; images (N, C, H, W), vectors (N, D)) and int64 labels y."""
+
+    X: torch.Tensor
+    y: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.X.dtype != torch.float32 or self.y.dtype != torch.int64:
+            raise TypeError(f"expected float32 X and int64 y, got {self.X.dtype}, {self.y.dtype}")
+        if self.y.ndim != 1 or len(self.X) != len(self.y):
+            raise ValueError(f"X {tuple(self.X.shape)} and y {tuple(self.y.shape)} do not match")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A classification dataset: train and test splits plus what a model needs to know."""
+
+    name: str
+    train: Split
+    test: Split
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        if self.train.X.shape[1:] != self.test.X.shape[1:]:
+            raise ValueError("train and test samples have different shapes")
+        for split in (self.train, self.test):
+            if len(split) and not (0 <= int(split.y.min()) and int(split.y.max()) < self.num_classes):
+                raise ValueError(f"labels outside [0, {self.num_classes})")
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one sample: (C, H, W) for images, (D,) for feature vectors."""
+        return tuple(self.train.X.shape[1:])
+
+    def shard_indices(self, rank: int, num_workers: int, seed: int = 0) -> np.ndarray:
+        """Training-set indices of worker `rank`'s shard; all ranks must pass the same seed."""
+        n = len(self.train)
+        if num_workers < 1 or not 0 <= rank < num_workers:
+            raise ValueError(f"rank {rank} is not in [0, {num_workers})")
+        if num_workers > n:
+            raise ValueError(f"{n} training samples cannot be shared by {num_workers} workers")
+        # One shared permutation cut into near-equal contiguous pieces: disjoint and covering.
+        perm = np.random.default_rng(seed).permutation(n)
+        bounds = np.linspace(0, n, num_workers + 1).round().astype(np.int64)
+        return np.sort(perm[bounds[rank]:bounds[rank + 1]])
+
+    def shard(self, rank: int, num_workers: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X, y) of worker `rank`'s disjoint shard of the training split."""
+        index = torch.from_numpy(self.shard_indices(rank, num_workers, seed))
+        return self.train.X.index_select(0, index), self.train.y.index_select(0, index)
+
+    def sampler(self, rank: int, num_workers: int, seed: int = 0) -> BatchSampler:
+        """A BatchSampler over worker `rank`'s shard; its shuffling stream differs per rank."""
+        X, y = self.shard(rank, num_workers, seed)
+        stream = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+        return BatchSampler(X, y, seed=stream)
+
+    def describe(self) -> dict:
+        """A JSON-ready summary for run logs."""
+        return {"dataset": self.name, "train": len(self.train), "test": len(self.test),
+                "input_shape": list(self.input_shape), "num_classes": self.num_classes}
+
+
+def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Scale all arrays by the training set's global mean and std (one scalar each: image-safe)."""
+    mean, std = float(train.mean()), float(train.std()) or 1.0
+    return [((a - mean) / std).astype(np.float32) for a in (train, *others)]
+
+
+def make_dataset(name: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
+                 y_test: np.ndarray, num_classes: int) -> Dataset:
+    """Wrap numpy arrays as a Dataset (float32 features, int64 labels)."""
+    def split(X: np.ndarray, y: np.ndarray) -> Split:
+        return Split(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)),
+                     torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)))
+    return Dataset(name, split(X_train, y_train), split(X_test, y_test), int(num_classes))

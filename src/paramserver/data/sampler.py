@@ -1,0 +1,59 @@
+"""Batches of a caller-chosen, changing size drawn from one worker's shard, reshuffled per epoch."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class BatchSampler:
+    """Draws batches without replacement within an epoch; a new permutation starts each epoch.
+
+    The batch size is given per call because sync policies (LB-BSP, R2SP) change it every step.
+    A batch that crosses an epoch boundary takes the epoch's remaining samples and fills up from
+    the next permutation, so every batch has exactly the requested size and every sample is seen
+    once per epoch. A batch larger than the shard spans several epochs (samples then repeat).
+    Deterministic given (shard, seed).
+    """
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor, seed: int = 0):
+        if len(X) != len(y):
+            raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+        if len(X) == 0:
+            raise ValueError("cannot sample batches from an empty shard")
+        self.X, self.y = X, y
+        self._rng = np.random.default_rng(seed)
+        self._perm = self._rng.permutation(len(X))
+        self._pos = 0
+        self.epochs_done = 0
+        self.samples_drawn = 0
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    @property
+    def epoch(self) -> float:
+        """Epochs completed so far, fractional (samples drawn / shard size)."""
+        return self.samples_drawn / len(self.X)
+
+    def next_indices(self, batch_size: int) -> np.ndarray:
+        """Indices into the shard of the next `batch_size` samples."""
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        parts, need = [], int(batch_size)
+        while need:
+            take = min(need, len(self._perm) - self._pos)
+            parts.append(self._perm[self._pos:self._pos + take])
+            self._pos += take
+            need -= take
+            if self._pos == len(self._perm):
+                self._perm = self._rng.permutation(len(self.X))
+                self._pos = 0
+                self.epochs_done += 1
+        self.samples_drawn += int(batch_size)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next (X, y) batch of exactly `batch_size` samples (copies, safe to modify)."""
+        index = torch.from_numpy(self.next_indices(batch_size))
+        return self.X.index_select(0, index), self.y.index_select(0, index)
