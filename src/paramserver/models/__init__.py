@@ -1,0 +1,47 @@
+"""Models by name (`--model NAME`), built deterministically from a seed, and their key space."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from torch import nn
+
+from paramserver.models.keyspace import Layer, ModelKeys
+from paramserver.models.nets import cnn, logreg, mlp
+from paramserver.registry import Registry
+
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
+MODELS.register("mlp")(mlp)
+MODELS.register("cnn")(cnn)
+MODELS.register("logreg")(logreg)
+DEFAULT_MODEL = "mlp"
+
+
+def model_options(name: str) -> list[str]:
+    """The keyword options the model registered as `name` accepts."""
+    params = inspect.signature(MODELS.get(name)).parameters
+    return [p for p in params if p not in ("input_shape", "num_classes")]
+
+
+def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
+                dtype: torch.dtype = torch.float32, **options) -> nn.Module:
+    """Build model `name` for samples of `input_shape`; same seed, same initial weights.
+
+    The global torch RNG is left as it was, so building a model never perturbs other streams.
+    """
+    factory = MODELS.get(name)
+    unknown = sorted(set(options) - set(model_options(name)))
+    if unknown:
+        raise ValueError(f"model {name!r} has no option(s) {', '.join(unknown)}; "
+                         f"accepted: {', '.join(model_options(name)) or '(none)'}")
+    if int(num_classes) < 2:
+        raise ValueError(f"need at least 2 classes, got {num_classes}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = factory(tuple(int(d) for d in input_shape), int(num_classes), **options)
+    return model.to(dtype)
+
+
+__all__ = ["DEFAULT_MODEL", "Layer", "MODELS", "ModelKeys", "build_model", "model_options"]
