@@ -10,6 +10,7 @@ import sys
 COMMAND_MODULES = (
     "paramserver.cli.demo_cmd",
     "paramserver.cli.roles",
+    "paramserver.cli.train_cmd",
     "paramserver.cli.zipline_cmd",
 )
 

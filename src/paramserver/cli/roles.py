@@ -28,7 +28,8 @@ def _run_coordinator(args) -> int:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return 2
     _warn_if_public(args.bind)
-    return Coordinator(job, args.bind, args.port, args.address_file, args.events).run()
+    return Coordinator(job, args.bind, args.port, args.address_file, args.events,
+                       args.metrics).run()
 
 
 def _run_server(args) -> int:
@@ -44,6 +45,12 @@ def _run_worker(args) -> int:
     return run_worker(args.join, args.result_dir)
 
 
+def _run_evaluator(args) -> int:
+    _setup_logging("evaluator")
+    from paramserver.runtime.evaluator import run_evaluator
+    return run_evaluator(args.join, args.interval)
+
+
 def register(sub) -> None:
     p = sub.add_parser("coordinator", help="run the coordinator of a job",
                        description="Run the coordinator: membership, key ranges, clocks and the "
@@ -53,6 +60,7 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
     p.add_argument("--address-file", help="write the bound address here once listening")
     p.add_argument("--events", help="append coordinator events (JSONL) to this file")
+    p.add_argument("--metrics", help="append the job's metrics (JSONL) to this file")
     p.set_defaults(func=_run_coordinator)
 
     p = sub.add_parser("server", help="run one parameter-server shard",
@@ -67,3 +75,12 @@ def register(sub) -> None:
     p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
     p.add_argument("--result-dir", help="write this worker's result JSON here")
     p.set_defaults(func=_run_worker)
+
+    p = sub.add_parser("evaluator", help="run the test-set evaluator of a training job",
+                       description="Join as an observer: pull the parameters periodically, "
+                                   "evaluate them on the test split and report to the metrics "
+                                   "log; a last evaluation follows the end of training.")
+    p.add_argument("--join", required=True, help="coordinator address")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between evaluations (default 1)")
+    p.set_defaults(func=_run_evaluator)

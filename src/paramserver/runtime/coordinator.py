@@ -40,6 +40,7 @@ class Member:
 class Roster:
     servers: dict[str, Member] = field(default_factory=dict)
     workers: dict[str, Member] = field(default_factory=dict)
+    observers: dict[str, Member] = field(default_factory=dict)  # evaluators: read, never push
     gone: dict[str, str] = field(default_factory=dict)  # src -> why
 
 
@@ -47,11 +48,17 @@ class Coordinator:
     """Hosts the policy: turns messages into policy events and policy decisions into messages."""
 
     def __init__(self, job: dict, host: str = "127.0.0.1", port: int = 0,
-                 address_file: str | None = None, events_path: str | None = None):
+                 address_file: str | None = None, events_path: str | None = None,
+                 metrics_path: str | None = None):
         self.job = job
         self.host, self.port = host, port
         self.address_file = address_file
         self.events = open(events_path, "a", buffering=1) if events_path else None
+        self.metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
+        self.samples_done = 0
+        self.t_start: float | None = None  # when the start barrier opened: t = 0 of the metrics
+        self.stopping = False
+        self.workers_done_at: float | None = None
         sync = job["sync"]
         self.policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
         self.ranges = split_balanced(job["num_keys"], job["servers"])
@@ -82,8 +89,9 @@ class Coordinator:
             self._shutdown_servers("job finished" if self.finished else "coordinator stopping")
             self.sock.close(0)
             ctx.term()
-            if self.events:
-                self.events.close()
+            for f in (self.events, self.metrics):
+                if f:
+                    f.close()
         return 0
 
     def now(self) -> float:
@@ -93,6 +101,12 @@ class Coordinator:
         if self.events:
             self.events.write(json.dumps({"t": round(self.now(), 6), "event": kind, **data}) + "\n")
 
+    def metric(self, record: dict, age: float = 0.0) -> None:
+        """One line of metrics.jsonl, stamped with seconds since the start barrier opened."""
+        if self.metrics and self.t_start is not None:
+            t = time.monotonic() - self.t_start - age
+            self.metrics.write(json.dumps({"t": round(t, 6), **record}) + "\n")
+
     def _loop(self) -> None:
         while not self.finished:
             timeout = self._poll_timeout()
@@ -101,6 +115,28 @@ class Coordinator:
             self._fire_timers()
             self._check_liveness()
             self._check_start_barrier()
+            self._check_budget()
+            self._check_finished()
+
+    def _check_budget(self) -> None:
+        """Past the sample or time budget, every release tells its worker to stop."""
+        if self.stopping or self.t_start is None:
+            return
+        max_samples, max_seconds = self.job.get("max_samples"), self.job.get("max_seconds")
+        if (max_samples and self.samples_done >= max_samples) or (
+                max_seconds and time.monotonic() - self.t_start >= max_seconds):
+            self.stopping = True
+            self.record("budget_reached", samples=self.samples_done)
+
+    def _check_finished(self) -> None:
+        if not self.barrier_open or self.roster.workers:
+            return
+        if self.workers_done_at is None:
+            self.workers_done_at = time.monotonic()
+        # Observers get a last look at the final parameters, within a bounded grace period.
+        grace = float(self.job.get("observer_grace", 30.0))
+        if not self.roster.observers or time.monotonic() - self.workers_done_at > grace:
+            self.finished = True
 
     def _poll_timeout(self) -> float:
         wait = 0.2
@@ -127,7 +163,8 @@ class Coordinator:
         handler = getattr(self, f"_on_{msg.op}", None)
         if handler is None:
             raise ValueError(f"op {msg.op!r} is not served by the coordinator")
-        member = self.roster.workers.get(msg.src) or self.roster.servers.get(msg.src)
+        member = (self.roster.workers.get(msg.src) or self.roster.servers.get(msg.src)
+                  or self.roster.observers.get(msg.src))
         if member is not None:
             member.last_seen = time.monotonic()
         handler(ident, msg)
@@ -141,13 +178,13 @@ class Coordinator:
         role = msg["role"]
         if role == "server":
             self._register_server(ident, msg)
-        elif role == "worker":
+        elif role in ("worker", "observer"):
             if len(self.roster.servers) < self.job["servers"]:
                 self.pending_workers.append((ident, msg))  # answered once every shard is up
             else:
                 self._register_worker(ident, msg)
         else:
-            raise ValueError(f"unknown role {role!r}; known: server, worker")
+            raise ValueError(f"unknown role {role!r}; known: server, worker, observer")
 
     def _register_server(self, ident: bytes, msg: Message) -> None:
         if "addr" not in msg.fields:
@@ -175,16 +212,17 @@ class Coordinator:
         return [[m.rank, m.addr, self.ranges[m.rank].lo, self.ranges[m.rank].hi] for m in by_rank]
 
     def _register_worker(self, ident: bytes, msg: Message) -> None:
-        if msg.src in self.roster.workers:
-            raise ValueError(f"worker id {msg.src!r} is already registered")
-        taken = {m.rank for m in self.roster.workers.values()}
+        group = self.roster.observers if msg["role"] == "observer" else self.roster.workers
+        if msg.src in self.roster.workers or msg.src in self.roster.observers:
+            raise ValueError(f"id {msg.src!r} is already registered")
+        taken = {m.rank for m in group.values()}
         rank = next(r for r in range(len(taken) + 1) if r not in taken)
-        self.roster.workers[msg.src] = Member(rank, ident, last_seen=time.monotonic())
+        group[msg.src] = Member(rank, ident, last_seen=time.monotonic())
         job = {k: v for k, v in self.job.items() if k not in ("sync",)}
         job.update(shards=self.shard_map(), apply_mode=self.policy.apply_mode,
                    sync=self.policy.name)
         self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
-        self.record("worker_registered", worker=rank, src=msg.src)
+        self.record(f"{msg['role']}_registered", rank=rank, src=msg.src)
 
     def _worker(self, src: str) -> Member:
         member = self.roster.workers.get(src)
@@ -214,6 +252,7 @@ class Coordinator:
                 log.warning("only %d of %d workers started within %.0f s; going on with them",
                             len(started), expected, self.start_timeout)
             self.barrier_open = True
+            self.t_start = time.monotonic()
             self.record("barrier_open", workers=len(started))
             for m in sorted(started, key=lambda m: m.rank):
                 self._apply(self.policy.handle(Joined(m.rank, self.now())))
@@ -222,6 +261,10 @@ class Coordinator:
         member = self._worker(msg.src)
         member.ident, member.waiting_rid = ident, msg.rid
         member.steps = msg["step"] + 1
+        self.samples_done += msg["batch"]
+        if "record" in msg.fields:
+            self.metric({"kind": "step", "worker": member.rank, "step": msg["step"],
+                         "batch": msg["batch"], **msg["record"]})
         event = Pushed(member.rank, msg["step"], self.now(), msg["batch"],
                        float(msg["compute_time"]), msg.get("cpu_load"), msg.get("free_mem"))
         self._apply(self.policy.handle(event))
@@ -230,12 +273,26 @@ class Coordinator:
         return None  # _dispatch already refreshed last_seen
 
     def _on_bye(self, ident: bytes, msg: Message) -> None:
+        if msg.src in self.roster.observers:
+            del self.roster.observers[msg.src]
+            self._reply(ident, msg, Message("ok"))
+            return
         member = self._worker(msg.src)
         self._reply(ident, msg, Message("ok"))
         self._drop_worker(msg.src, member, msg.get("reason", "done"))
 
+    def _on_report(self, ident: bytes, msg: Message) -> None:
+        record = dict(msg["record"])
+        age = record.pop("age_s", 0.0)
+        self.metric(record, age=float(age) if isinstance(age, (int, float)) else 0.0)
+        self._reply(ident, msg, Message("ok"))
+
     def _on_status(self, ident: bytes, msg: Message) -> None:
         state = {"policy": self.policy.name, "rounds_applied": self.rounds_applied,
+                 "samples_done": self.samples_done, "stopping": self.stopping,
+                 "started": self.barrier_open,
+                 "workers_done": self.barrier_open and not self.roster.workers,
+                 "elapsed_s": 0.0 if self.t_start is None else time.monotonic() - self.t_start,
                  "workers": {s: {"rank": m.rank, "steps": m.steps}
                              for s, m in self.roster.workers.items()},
                  "servers": {s: {"rank": m.rank, "addr": m.addr}
@@ -280,6 +337,8 @@ class Coordinator:
             return
         min_version = self.rounds_applied if self.policy.apply_mode == "round" else 0
         fields = {"step": d.step, "batch": d.batch_size, "min_version": min_version}
+        if self.stopping:
+            fields["stop"] = True
         if d.scale != 1.0:
             fields["scale"] = float(d.scale)
         reply = Message("release", fields, rid=member.waiting_rid, src="coord")
@@ -293,6 +352,10 @@ class Coordinator:
     # ---- liveness -------------------------------------------------------------------------------
     def _check_liveness(self) -> None:
         now = time.monotonic()
+        for src, member in list(self.roster.observers.items()):
+            if now - member.last_seen > self.hb_timeout:
+                log.warning("observer %s silent for %.1f s: dropped", src, now - member.last_seen)
+                del self.roster.observers[src]
         for src, member in list(self.roster.workers.items()):
             if now - member.last_seen > self.hb_timeout:
                 log.warning("worker %s (rank %d) silent for %.1f s: declared dead", src,
@@ -303,10 +366,9 @@ class Coordinator:
         del self.roster.workers[src]
         self.roster.gone[src] = reason
         self.record("worker_left", worker=member.rank, reason=reason)
+        self.metric({"kind": "left", "worker": member.rank, "reason": reason})
         if member.started and self.barrier_open:
             self._apply(self.policy.handle(Left(member.rank, self.now(), reason)))
-        if self.barrier_open and not self.roster.workers:
-            self.finished = True
 
     def _shutdown_servers(self, reason: str) -> None:
         for m in self.roster.servers.values():

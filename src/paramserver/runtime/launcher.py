@@ -78,7 +78,8 @@ class LocalCluster:
         addr_file.unlink(missing_ok=True)
         coord = self._spawn("coordinator", 0, [
             "--job", str(job_path), "--bind", self.host, "--address-file", str(addr_file),
-            "--events", str(self.run_dir / "events.jsonl")])
+            "--events", str(self.run_dir / "events.jsonl"),
+            "--metrics", str(self.run_dir / "metrics.jsonl")])
         deadline = time.monotonic() + self.startup_timeout
         while not addr_file.exists():
             if coord.proc.poll() is not None:
@@ -94,6 +95,9 @@ class LocalCluster:
         if spawn_workers:
             for w in range(self.job["workers"]):
                 self.add_worker(w)
+            if self.job.get("eval_interval"):
+                self._spawn("evaluator", 0, ["--join", self.address, "--interval",
+                                             str(self.job["eval_interval"])])
         return self.address
 
     def add_worker(self, index: int) -> Child:

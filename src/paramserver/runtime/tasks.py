@@ -10,6 +10,7 @@ from paramserver.registry import Registry
 # Tasks are imported lazily so that a worker only loads what its task needs (torch is heavy).
 TASKS: Registry[str] = Registry("worker task")
 TASKS.register("demo")("paramserver.runtime.demo_task:run")
+TASKS.register("train")("paramserver.runtime.train_task:run")
 
 
 def load_task(name: str) -> Callable:

@@ -77,7 +77,7 @@ class KVWorker:
     """Client of one job: a DEALER per shard, one to the coordinator, and a heartbeat thread."""
 
     def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
-                 heartbeat: bool = True, src: str | None = None):
+                 heartbeat: bool = True, src: str | None = None, role: str = "worker"):
         self.timeout, self.release_timeout = timeout, release_timeout
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         self.ctx = new_context()
@@ -85,7 +85,8 @@ class KVWorker:
         self.join = join
         self._rid = 0
         self._inbox: dict[int, Message] = {}
-        welcome = self._call_coord(Message("register", {"role": "worker"}), self.timeout)
+        # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
+        welcome = self._call_coord(Message("register", {"role": role}), self.timeout)
         self.rank: int = welcome["rank"]
         self.job: dict = welcome["job"]
         self.num_keys: int = self.job["num_keys"]
@@ -296,14 +297,27 @@ class KVWorker:
         return self._release(self._call_coord(Message("start"), self.release_timeout))
 
     def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
-              free_mem: float | None = None) -> Release:
-        """Report step `step` done (its pushes acknowledged); blocks until the next release."""
+              free_mem: float | None = None, record: dict | None = None) -> Release:
+        """Report step `step` done (its pushes acknowledged); blocks until the next release.
+
+        `record` (a flat dict) rides along into the job's metrics log at no extra round trip.
+        """
         fields = {"step": step, "batch": batch, "compute_time": float(compute_time)}
+        if record:
+            fields["record"] = record
         if cpu_load is not None:
             fields["cpu_load"] = float(cpu_load)
         if free_mem is not None:
             fields["free_mem"] = float(free_mem)
         return self._release(self._call_coord(Message("clock", fields), self.release_timeout))
+
+    def status(self) -> dict:
+        """The coordinator's view of the job (samples done, members, whether workers are done)."""
+        return self._call_coord(Message("status"), self.timeout)["state"]
+
+    def report(self, record: dict) -> None:
+        """Send one metrics record (a flat dict) to the coordinator's metrics log."""
+        self._call_coord(Message("report", {"record": record}), self.timeout)
 
     def bye(self, reason: str = "done") -> None:
         self._call_coord(Message("bye", {"reason": reason}), self.timeout)

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 
 from paramserver.wire.protocol import (
-    DTYPES, MAX_ELEMENTS, NONNEG, OPS, PROTOCOL_VERSION, RANGE, SCHEMAS,
+    DTYPES, MAX_ELEMENTS, MAX_RECORD_FIELDS, NONNEG, OPS, PROTOCOL_VERSION, RANGE, RECORD, SCHEMAS,
 )
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -107,6 +107,15 @@ def _check_value(name: str, kind, value) -> None:
               and all(_is_int(x) and 0 <= x < 1 << 62 for x in value) and value[0] <= value[1])
         if not ok:
             raise WireError(f"field {name!r} must be [lo, hi] with 0 <= lo <= hi, got {value!r}")
+        return
+    if kind == RECORD:
+        ok = (isinstance(value, dict) and len(value) <= MAX_RECORD_FIELDS
+              and all(isinstance(k, str) and len(k) <= 64 for k in value)
+              and all(v is None or isinstance(v, (int, float, str)) and
+                      (not isinstance(v, str) or len(v) <= 256) for v in value.values()))
+        if not ok:
+            raise WireError(f"field {name!r} must be a flat map of at most {MAX_RECORD_FIELDS} "
+                            f"str -> number/str/None entries")
         return
     if kind == NONNEG:
         if not _is_int(value) or value < 0:

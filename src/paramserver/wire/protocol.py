@@ -11,6 +11,8 @@ MAX_ELEMENTS = 1 << 31
 INT, FLOAT, STR, BOOL, LIST, DICT = int, (int, float), str, bool, (list, tuple), dict
 RANGE = "range"  # [lo, hi) of non-negative ints
 NONNEG = "nonneg"  # non-negative int
+RECORD = "record"  # flat map of str -> number/str/bool/None, for metrics lines
+MAX_RECORD_FIELDS = 64
 
 
 def _f(kind, required=True):
@@ -33,12 +35,13 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # anyone -> coordinator
     "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False)},
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
-              "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False)},
+              "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
+              "record": _f(RECORD, False)},
     "start": {},
     "heartbeat": {},
     "bye": {"reason": _f(STR, False)},
     "status": {},
-    "report": {"record": _f(DICT)},
+    "report": {"record": _f(RECORD)},
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),

@@ -1,0 +1,168 @@
+"""`paramserver train`: one training job on this machine, with a progress bar and a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from paramserver.config import TrainConfig
+from paramserver.data import DATASETS
+from paramserver.metrics import read_records, summarize
+from paramserver.models import MODELS
+from paramserver.optim import UPDATE_RULES, make_rule
+from paramserver.policies import SYNC_POLICIES, make_policy
+from paramserver.runtime.launcher import LaunchError, LocalCluster
+from paramserver.runtime.progress import JobProgress
+from paramserver.stragglers import DEVICE_TIME_HELP, STRAGGLER_HELP
+
+EPILOG = f"""--straggler SPEC
+{STRAGGLER_HELP}
+
+--device-time SPEC
+{DEVICE_TIME_HELP}"""
+
+
+def parse_options(pairs: list[str] | None, what: str) -> dict:
+    """KEY=VALUE pairs into a dict, numbers and booleans converted."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{what} option {pair!r} is not KEY=VALUE")
+        out[key] = json.loads(raw) if raw.lower() in ("true", "false", "null") or _is_number(
+            raw) else raw
+    return out
+
+
+def _is_number(raw: str) -> bool:
+    try:
+        float(raw)
+        return True
+    except ValueError:
+        return False
+
+
+def add_training_args(p) -> None:
+    """The options shared by `train` and `compare`."""
+    d = TrainConfig()
+    p.add_argument("--workers", type=int, default=d.workers, help=f"workers (default {d.workers})")
+    p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
+    p.add_argument("--model", default=d.model, help=f"{', '.join(MODELS.names())} (default {d.model})")
+    p.add_argument("--dataset", default=d.dataset,
+                   help=f"{', '.join(DATASETS.names())} (default {d.dataset})")
+    p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
+    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE",
+                   help="dataset option, e.g. samples=20000 for synthetic (repeatable)")
+    p.add_argument("--epochs", type=float, default=d.epochs,
+                   help=f"passes over the training set, all workers together (default {d.epochs:g})")
+    p.add_argument("--steps", type=int, help="steps per worker instead of --epochs")
+    p.add_argument("--max-seconds", type=float, help="stop after this much training time")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help=f"samples per worker step (default {d.batch_size})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument("--optimizer", default=d.optimizer,
+                   help=f"server update rule: {', '.join(UPDATE_RULES.names())} (default {d.optimizer})")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
+                   help="update-rule option, e.g. momentum=0.9 (repeatable)")
+    p.add_argument("--straggler", default=d.straggler,
+                   help="slowness injected per worker, e.g. 1:3 (default none; grammar below)")
+    p.add_argument("--device-time", default=d.device_time,
+                   help="emulated compute time per sample, e.g. 2ms (default off; see below)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help=f"torch threads per worker (default {d.threads}: workers share the cores)")
+    p.add_argument("--eval-interval", type=float, default=d.eval_interval,
+                   help=f"seconds between test evaluations (default {d.eval_interval:g})")
+    p.add_argument("--dtype", default=d.dtype, help="float32 or float64 parameters")
+    p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout,
+                   help=f"seconds of silence before a worker is declared dead "
+                        f"(default {d.heartbeat_timeout:g})")
+
+
+def config_from_args(args, sync: str) -> TrainConfig:
+    return TrainConfig(
+        sync=sync, sync_options=parse_options(getattr(args, "sync_opt", None), "sync"),
+        workers=args.workers, servers=args.servers, model=args.model, dataset=args.dataset,
+        data_dir=args.data_dir, dataset_options=parse_options(args.dataset_opt, "dataset"),
+        epochs=args.epochs, steps=args.steps, max_seconds=args.max_seconds,
+        batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+        optimizer_options=parse_options(args.optimizer_opt, "optimizer"),
+        straggler=args.straggler, device_time=args.device_time, seed=args.seed,
+        threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
+        heartbeat_timeout=args.heartbeat_timeout)
+
+
+def prepare_job(cfg: TrainConfig) -> dict:
+    """Check every name and option here, before any process starts; returns the job."""
+    from paramserver.runtime.pacing import Pacer
+    from paramserver.runtime.train_task import build
+    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
+    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
+    Pacer(0, cfg.straggler, cfg.device_time).straggler.check_workers(cfg.workers)
+    job = cfg.to_job(0, 0)
+    ds, _, keys = build(job["task"], cfg.dtype)
+    job = cfg.to_job(keys.num_keys, len(ds.train))
+    return job
+
+
+def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
+                 timeout: float | None = None) -> dict:
+    """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir."""
+    job = prepare_job(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
+                                                    indent=2))
+    cluster = LocalCluster(job, run_dir, job_timeout=timeout)
+    label = f"{cfg.sync} x{cfg.workers}"
+    with JobProgress(run_dir / "metrics.jsonl", job["max_samples"], label, quiet) as bar:
+        cluster.run(on_tick=bar.tick)
+    summary = summarize(read_records(run_dir / "metrics.jsonl"),
+                        {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def print_summary(s: dict, run_dir: Path) -> None:
+    acc = s["final_test_accuracy"]
+    tta = ", ".join(f"{k}: {'-' if v is None else f'{v:.1f}s'}"
+                    for k, v in s["time_to_accuracy"].items())
+    print(f"{s['sync']}: {s['steps']} steps in {s['wall_time_s']:.1f} s, final test accuracy "
+          f"{'-' if acc is None else f'{acc:.4f}'}, mean wait {s['mean_wait_fraction']:.1%}")
+    print(f"  time to accuracy: {tta}")
+    print(f"  run folder: {run_dir}")
+
+
+def _run(args) -> int:
+    try:
+        cfg = config_from_args(args, args.sync)
+        run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.sync}")
+        summary = run_training(cfg, run_dir, quiet=args.quiet, timeout=args.timeout)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"paramserver train: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"paramserver train: the job failed: {exc}", file=sys.stderr)
+        return 1
+    print_summary(summary, run_dir)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a model through the parameter server on this machine",
+                       description="Start a coordinator, shard servers, workers and an evaluator "
+                                   "on 127.0.0.1 and train. Writes config.json, metrics.jsonl, "
+                                   "events.jsonl and summary.json into the run folder.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sync", default="bsp",
+                   help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default bsp)")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
+                   help="sync-policy option, e.g. staleness=3 (repeatable)")
+    add_training_args(p)
+    p.add_argument("--out", help="run folder (default runs/<time>-<sync>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="give up if the job has not finished after this many seconds")
+    p.set_defaults(func=_run)

@@ -1,0 +1,73 @@
+"""Training-job configuration: one dataclass with the defaults, turned into the job description."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TrainConfig:
+    """Everything `paramserver train` needs; the defaults are the default job."""
+
+    sync: str = "bsp"
+    sync_options: dict = field(default_factory=dict)
+    workers: int = 4
+    servers: int = 1
+    model: str = "mlp"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    dataset_options: dict = field(default_factory=dict)
+    epochs: float = 30.0
+    steps: int | None = None  # per worker; overrides epochs when given
+    max_seconds: float | None = None
+    batch_size: int = 32
+    lr: float = 0.1
+    optimizer: str = "sgd"
+    optimizer_options: dict = field(default_factory=dict)
+    straggler: str = "none"
+    device_time: str = "off"
+    seed: int = 0
+    threads: int = 1
+    eval_interval: float = 1.0
+    dtype: str = "float32"
+    heartbeat_timeout: float = 5.0
+
+    def validate(self) -> None:
+        """Fail early, with the field named, on values no run could use."""
+        checks = [("workers", self.workers >= 1), ("servers", self.servers >= 1),
+                  ("batch_size", self.batch_size >= 1), ("lr", self.lr > 0),
+                  ("epochs", self.epochs > 0), ("threads", self.threads >= 1),
+                  ("eval_interval", self.eval_interval > 0),
+                  ("steps", self.steps is None or self.steps >= 1),
+                  ("dtype", self.dtype in ("float32", "float64"))]
+        bad = [name for name, ok in checks if not ok]
+        if bad:
+            raise ValueError(f"invalid value for {', '.join(bad)}: "
+                             + ", ".join(f"{b}={getattr(self, b)!r}" for b in bad))
+
+    def max_samples(self, train_size: int) -> int:
+        """The sample budget all workers share: the same work under every sync policy."""
+        if self.steps is not None:
+            return self.steps * self.batch_size * self.workers
+        return int(self.epochs * train_size)
+
+    def to_job(self, num_keys: int, train_size: int) -> dict:
+        """The job description handed to the coordinator, servers and workers."""
+        self.validate()
+        return {
+            "num_keys": num_keys, "dtype": self.dtype, "servers": self.servers,
+            "workers": self.workers, "batch_size": self.batch_size,
+            "sync": {"name": self.sync, "options": dict(self.sync_options)},
+            "optimizer": {"name": self.optimizer, "lr": self.lr,
+                          "options": dict(self.optimizer_options)},
+            "max_samples": self.max_samples(train_size), "max_seconds": self.max_seconds,
+            "heartbeat_interval": min(1.0, self.heartbeat_timeout / 4),
+            "heartbeat_timeout": self.heartbeat_timeout, "eval_interval": self.eval_interval,
+            "task": {"name": "train", "model": self.model, "dataset": self.dataset,
+                     "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
+                     "seed": self.seed, "straggler": self.straggler,
+                     "device_time": self.device_time, "threads": self.threads},
+        }
+
+    def as_dict(self) -> dict:
+        return asdict(self)

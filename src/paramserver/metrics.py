@@ -1,0 +1,84 @@
+"""Run summaries from metrics records: one pure function shared by live runs and the simulator."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+DEFAULT_TARGETS = (0.8, 0.9, 0.95, 0.97, 0.98)
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """All JSON lines of a metrics file; a torn last line (a crash mid-write) is skipped."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def _per_worker(steps: list[dict]) -> dict[int, dict]:
+    acc: dict[int, dict] = defaultdict(lambda: defaultdict(float))
+    for r in steps:
+        w = acc[r["worker"]]
+        w["steps"] += 1
+        w["samples"] += r.get("batch", 0)
+        for key in ("compute_s", "real_compute_s", "wait_s", "pull_s", "push_s", "staleness",
+                    "push_bytes", "pull_bytes"):
+            w[key] += r.get(key, 0) or 0
+    out = {}
+    for worker, w in sorted(acc.items()):
+        busy = w["compute_s"] + w["wait_s"] + w["pull_s"] + w["push_s"]
+        out[worker] = {"steps": int(w["steps"]), "samples": int(w["samples"]),
+                       "compute_s": w["compute_s"], "wait_s": w["wait_s"],
+                       "comm_s": w["pull_s"] + w["push_s"],
+                       "wait_fraction": w["wait_s"] / busy if busy else 0.0,
+                       "mean_staleness": w["staleness"] / w["steps"],
+                       "bytes": int(w["push_bytes"] + w["pull_bytes"])}
+    return out
+
+
+def time_to_accuracy(evals: list[dict], targets=DEFAULT_TARGETS) -> dict[str, float | None]:
+    """Seconds until the test accuracy first reached each target; None where it never did."""
+    out = {}
+    for target in targets:
+        hit = next((e["t"] for e in evals if e["accuracy"] >= target), None)
+        out[f"{target:g}"] = None if hit is None else round(hit, 4)
+    return out
+
+
+def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
+    """The summary.json of one run, from its metrics records and job description."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["t"])
+    workers = _per_worker(steps)
+    task = job.get("task", {})
+    compute = sum(r.get("compute_s", 0) for r in steps)
+    real = sum(r.get("real_compute_s", 0) for r in steps)
+    wall = max((r["t"] for r in records), default=0.0)
+    apply_mode = job.get("apply_mode", "arrival")
+    rounds = max((r["step"] for r in steps), default=-1) + 1
+    return {
+        "sync": job.get("sync", {}).get("name"), "workers": job.get("workers"),
+        "servers": job.get("servers"), "model": task.get("model"), "dataset": task.get("dataset"),
+        "optimizer": job.get("optimizer", {}).get("name"), "lr": job.get("optimizer", {}).get("lr"),
+        "batch_size": job.get("batch_size"), "straggler": task.get("straggler", "none"),
+        "device_time": task.get("device_time", "off"),
+        "steps": len(steps), "samples": sum(r.get("batch", 0) for r in steps),
+        "wall_time_s": round(wall, 4),
+        "final_test_accuracy": evals[-1]["accuracy"] if evals else None,
+        "best_test_accuracy": max((e["accuracy"] for e in evals), default=None),
+        "time_to_accuracy": time_to_accuracy(evals, targets),
+        "mean_wait_fraction": (sum(w["wait_fraction"] for w in workers.values()) / len(workers)
+                               if workers else 0.0),
+        "updates_applied": rounds if apply_mode == "round" else len(steps),
+        "mean_staleness": (sum(r.get("staleness", 0) for r in steps) / len(steps)
+                           if steps else 0.0),
+        "real_compute_share": real / compute if compute else None,
+        "steps_per_s": len(steps) / wall if wall else 0.0,
+        "per_worker": {str(k): v for k, v in workers.items()},
+    }

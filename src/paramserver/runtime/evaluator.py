@@ -1,0 +1,61 @@
+"""Evaluator process: pulls the parameters now and then and scores them on the test split."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+from torch import nn
+
+from paramserver.runtime.train_task import build
+from paramserver.runtime.worker_client import KVWorker
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 4096):
+    """(accuracy, mean cross-entropy) of `model` on (X, y)."""
+    correct, loss_sum = 0, 0.0
+    for i in range(0, len(y), chunk):
+        out = model(X[i:i + chunk])
+        loss_sum += float(nn.functional.cross_entropy(out, y[i:i + chunk], reduction="sum"))
+        correct += int((out.argmax(1) == y[i:i + chunk]).sum())
+    return correct / max(len(y), 1), loss_sum / max(len(y), 1)
+
+
+def run_evaluator(join: str, interval: float = 1.0) -> int:
+    """Evaluate every `interval` seconds while the job trains, and once more after it ends."""
+    try:
+        os.nice(5)  # yield the CPU to the workers: evaluation must not slow training down
+    except OSError:
+        pass
+    torch.set_num_threads(1)
+    kv = KVWorker(join, role="observer")
+    try:
+        task = kv.job.get("task", {})
+        ds, model, keys = build(task, kv.job["dtype"])
+        X, y = ds.test.X.to(keys.dtype), ds.test.y
+        flat = keys.new_buffer()
+        while True:
+            state = kv.status()
+            if not state["started"]:
+                time.sleep(min(interval, 0.2))
+                continue
+            t_pull = time.monotonic()
+            kv.pull(out=flat.numpy())
+            keys.load_flat(model, flat)
+            accuracy, loss = evaluate(model, X, y)
+            final = bool(state["workers_done"])
+            kv.report({"kind": "eval", "accuracy": round(accuracy, 6), "test_loss": round(loss, 6),
+                       "samples": state["samples_done"], "version": kv.version, "final": final,
+                       "age_s": time.monotonic() - t_pull})
+            if final:
+                break
+            time.sleep(max(0.0, interval - (time.monotonic() - t_pull)))
+        kv.bye()
+    finally:
+        kv.close()
+    return 0

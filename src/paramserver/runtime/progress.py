@@ -1,0 +1,79 @@
+"""Live view of a running job: follows metrics.jsonl and shows steps, accuracy and wait share."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class MetricsTail:
+    """Reads the lines appended to a metrics file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, ""
+        self.samples = self.steps = 0
+        self.wait = self.busy = 0.0
+        self.accuracy: float | None = None
+
+    def poll(self) -> None:
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return
+        lines = (self.partial + chunk).split("\n")
+        self.partial = lines.pop()  # an unfinished last line waits for the next poll
+        for line in lines:
+            if line:
+                self._take(json.loads(line))
+
+    def _take(self, r: dict) -> None:
+        if r.get("kind") == "step":
+            self.steps += 1
+            self.samples += r.get("batch", 0)
+            self.wait += r.get("wait_s", 0.0)
+            self.busy += (r.get("wait_s", 0.0) + r.get("compute_s", 0.0) + r.get("pull_s", 0.0)
+                          + r.get("push_s", 0.0))
+        elif r.get("kind") == "eval":
+            self.accuracy = r["accuracy"]
+
+    def describe(self) -> str:
+        acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
+        share = self.wait / self.busy if self.busy else 0.0
+        return f"steps {self.steps:6d}  test acc {acc}  wait {share:5.1%}"
+
+
+class JobProgress:
+    """A rich progress bar over the job's sample budget; silent when `quiet`."""
+
+    def __init__(self, metrics_path: Path, total_samples: int, label: str, quiet: bool = False):
+        self.tail = MetricsTail(metrics_path)
+        self.quiet = quiet
+        self.progress = None if quiet else Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), transient=False)
+        self.total = total_samples
+        self.label = label
+        self.task = None
+
+    def __enter__(self):
+        if self.progress is not None:
+            self.progress.start()
+            self.task = self.progress.add_task(self.label, total=self.total, info="starting")
+        return self
+
+    def tick(self) -> None:
+        if self.progress is None:
+            return
+        self.tail.poll()
+        self.progress.update(self.task, completed=min(self.tail.samples, self.total),
+                             info=self.tail.describe())
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.tick()
+            self.progress.stop()

@@ -1,0 +1,101 @@
+"""The training task: a worker's loop of pull, forward/backward on its shard, push, clock."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import psutil
+import torch
+from torch import nn
+
+from paramserver.data import load_dataset
+from paramserver.models import ModelKeys, build_model
+from paramserver.runtime.flat_binding import bind_to_flat, grads_are_bound
+from paramserver.runtime.pacing import Pacer
+from paramserver.runtime.worker_client import KVWorker
+
+
+def build(task: dict, dtype: str):
+    """Dataset, model and key space exactly as every process of the job builds them."""
+    ds = load_dataset(task.get("dataset", "digits"), task.get("data_dir"),
+                      seed=int(task.get("seed", 0)), **task.get("dataset_options", {}))
+    model = build_model(task.get("model", "mlp"), ds.input_shape, ds.num_classes,
+                        seed=int(task.get("seed", 0)), **task.get("model_options", {}))
+    model = model.to(getattr(torch, dtype))
+    return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
+
+
+def _host_load() -> tuple[float, float]:
+    """CPU percent since the last call and free-memory fraction, for load-aware predictors."""
+    mem = psutil.virtual_memory()
+    return psutil.cpu_percent(interval=None), mem.available / mem.total
+
+
+class StepLoop:
+    """One worker's training state; `step()` runs one released step and returns its record."""
+
+    def __init__(self, kv: KVWorker, task: dict):
+        self.kv, self.task = kv, task
+        torch.set_num_threads(int(task.get("threads", 1)))
+        self.ds, self.model, self.keys = build(task, kv.job["dtype"])
+        self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
+        bind_to_flat(self.model, self.keys, self.params, self.grads)
+        self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
+        self.sampler = self.ds.sampler(kv.rank, int(kv.job["workers"]),
+                                       seed=int(task.get("seed", 0)))
+        self.pacer = Pacer(kv.rank, task.get("straggler", "none"), task.get("device_time", "off"))
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.t0 = time.monotonic()
+        self.nbytes = self.keys.num_keys * self.params.element_size()
+        _host_load()
+
+    def compute(self, batch: int) -> float:
+        """Forward and backward on the next batch; gradients land in the flat buffer."""
+        xb, yb = self.sampler.next_batch(batch)
+        self.grads.zero_()
+        loss = self.loss_fn(self.model(xb.to(self.params.dtype)), yb)
+        loss.backward()
+        if not grads_are_bound(self.model, self.grads):  # never expected; keeps pushes right
+            self.keys.flatten_grads(self.model, self.grads)
+            bind_to_flat(self.model, self.keys, self.params, self.grads)
+        return float(loss.detach())
+
+    def step(self, release, wait_s: float) -> tuple[dict, float]:
+        """Run the released step; returns (metrics record, modelled compute seconds)."""
+        kv, t_a = self.kv, time.perf_counter()
+        kv.pull(out=self.params_np, min_version=release.min_version)
+        t_b = time.perf_counter()
+        loss = self.compute(release.batch_size)
+        real = time.perf_counter() - t_b
+        compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
+                                             release.batch_size, real)
+        t_c = time.perf_counter()
+        staleness = kv.push(self.grads_np, step=release.step, batch=release.batch_size,
+                            scale=release.scale)
+        t_d = time.perf_counter()
+        record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
+                  "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
+                  "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
+                  "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
+                  "staleness": int(staleness), "factor": round(factor, 4),
+                  "epoch": round(self.sampler.epoch, 4)}
+        return record, compute
+
+
+def run(kv: KVWorker, task: dict) -> dict:
+    """Train until the coordinator's release says stop; returns this worker's totals."""
+    loop = StepLoop(kv, task)
+    if kv.rank == 0:
+        kv.init(loop.params_np)
+    t_wait = time.perf_counter()
+    release = kv.start()
+    wait_s, steps = time.perf_counter() - t_wait, 0
+    while not release.stop:
+        record, compute = loop.step(release, wait_s)
+        cpu, free = _host_load()
+        t_wait = time.perf_counter()
+        release = kv.clock(release.step, release.batch_size, compute, cpu, free, record)
+        wait_s, steps = time.perf_counter() - t_wait, steps + 1
+    return {"rank": kv.rank, "steps": steps, "samples": loop.sampler.samples_drawn,
+            "epochs": round(loop.sampler.epoch, 3)}
