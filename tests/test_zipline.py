@@ -126,6 +126,7 @@ def test_types_follow_input():
     ([[[1, 2]]], "1-D"),
     ("12", "sequence"),
     ([[0, 2**62]], "overflow"),
+    (np.array([[2**63]], dtype=np.uint64), "too large"),
 ])
 def test_bad_input_raises_clear_error(bad, message):
     for name in VARIANTS:

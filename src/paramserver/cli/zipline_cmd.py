@@ -66,8 +66,8 @@ def _summary(plan, workers: list[int], args, seconds: float) -> str:
     idx = np.asarray(plan.sync_index)
     return (f"ZipLine ({args.variant}): {len(workers)} workers -> spread {plan.spread} "
             f"(window {plan.low} .. barrier {plan.barrier})\n"
-            f"sync after predicted push #min {idx.min()} / median {int(np.median(idx))} / "
-            f"max {idx.max()}; search took {seconds * 1e3:.2f} ms")
+            f"sync_index (predicted push per worker): min {idx.min()}, "
+            f"median {np.median(idx):g}, max {idx.max()}; search took {seconds * 1e3:.2f} ms")
 
 
 def run(args: argparse.Namespace) -> int:

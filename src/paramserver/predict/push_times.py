@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from paramserver.registry import Registry
+
 
 class PredictInputError(ValueError):
     """Raised for histories a predictor cannot use (too short, unsorted, non-finite, bad R)."""
@@ -97,16 +99,12 @@ def median(history, lookahead: int, k: int = 5) -> np.ndarray:
     return _extrapolate(values[offsets[1:] - 1].astype(np.float64), est, lookahead)
 
 
-PREDICTORS: dict[str, Callable[..., np.ndarray]] = {
-    "last_interval": last_interval,
-    "ema": ema,
-    "median": median,
-}
+PREDICTORS: Registry[Callable[..., np.ndarray]] = Registry("push-time predictor")
+PREDICTORS.register("last_interval")(last_interval)
+PREDICTORS.register("ema")(ema)
+PREDICTORS.register("median")(median)
 
 
 def get_predictor(name: str) -> Callable[..., np.ndarray]:
     """Look a predictor up by name; an unknown name fails with the list of known ones."""
-    try:
-        return PREDICTORS[name]
-    except KeyError:
-        raise ValueError(f"unknown predictor {name!r}; known: {', '.join(PREDICTORS)}") from None
+    return PREDICTORS.get(name)

@@ -19,7 +19,7 @@ Rule (every variant returns the same SyncPlan):
 - worker i synchronizes at sync_index[i] = its LAST predicted push at or before the barrier
   (it lies inside [low, barrier]; the last one leaves the worker the least idle time).
 
-Variants (VARIANTS maps name -> function(PushTimes) -> (spread, barrier)):
+Variants (the VARIANTS registry maps name -> function(PushTimes) -> (spread, barrier)):
 - "zipline-vec" (default): numpy running-maximum formulation, O(N log N), N = sum of lengths;
 - "zipline": merged-timeline sweep, Z an ordered set (heap) keeping each worker's newest point;
 - "zipline-opt": ZipLine that skips the search when the new point has the leftmost's colour;
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from paramserver.registry import Registry
 from paramserver.zipline import basic, heap_baseline, opt, opt_bs, vectorized
 from paramserver.zipline.plan import SyncPlan, make_plan
 from paramserver.zipline.validate import PushTimes, ZiplineInputError, validate
@@ -38,23 +39,18 @@ from paramserver.zipline.validate import PushTimes, ZiplineInputError, validate
 __all__ = ["DEFAULT_VARIANT", "VARIANTS", "PushTimes", "SyncPlan", "ZiplineInputError",
            "get_variant", "search", "validate"]
 
-VARIANTS: dict[str, Callable[[PushTimes], tuple]] = {
-    "zipline-vec": vectorized.find_window,
-    "zipline": basic.find_window,
-    "zipline-opt": opt.find_window,
-    "zipline-opt-bs": opt_bs.find_window,
-    "heap": heap_baseline.find_window,
-}
+VARIANTS: Registry[Callable[[PushTimes], tuple]] = Registry("ZipLine variant")
+VARIANTS.register("zipline-vec")(vectorized.find_window)
+VARIANTS.register("zipline")(basic.find_window)
+VARIANTS.register("zipline-opt")(opt.find_window)
+VARIANTS.register("zipline-opt-bs")(opt_bs.find_window)
+VARIANTS.register("heap")(heap_baseline.find_window)
 DEFAULT_VARIANT = "zipline-vec"
 
 
 def get_variant(name: str) -> Callable[[PushTimes], tuple]:
     """Look a variant up by name; an unknown name fails with the list of known ones."""
-    try:
-        return VARIANTS[name]
-    except KeyError:
-        known = ", ".join(VARIANTS)
-        raise ValueError(f"unknown ZipLine variant {name!r}; known: {known}") from None
+    return VARIANTS.get(name)
 
 
 def search(times, variant: str = DEFAULT_VARIANT) -> SyncPlan:

@@ -44,6 +44,8 @@ class PushTimes:
 def _numeric(arr: np.ndarray, where: str) -> np.ndarray:
     kind = arr.dtype.kind
     if kind in "iu":
+        if kind == "u" and arr.size and int(arr.max()) >= _INT_LIMIT:
+            raise ZiplineInputError(f"{where}: integer push times too large for int64 arithmetic")
         return arr.astype(np.int64, copy=False)
     if kind == "f":
         return arr.astype(np.float64, copy=False)
