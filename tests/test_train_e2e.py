@@ -1,0 +1,75 @@
+"""`paramserver train` end to end: real processes, real PyTorch, the run folder's files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paramserver.metrics import read_records
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bsp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train") / "bsp"
+    proc = run_cli("train", "--sync", "bsp", "--workers", "3", "--epochs", "12", "--lr", "0.2",
+                   "--eval-interval", "0.5", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, proc
+
+
+def test_bsp_training_learns_digits(bsp_run):
+    out, proc = bsp_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_test_accuracy"] >= 0.9
+    assert summary["best_test_accuracy"] >= summary["final_test_accuracy"]
+    assert "final test accuracy" in proc.stdout
+
+
+def test_summary_has_the_documented_fields_and_consistent_counts(bsp_run):
+    out, _ = bsp_run
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("sync", "workers", "servers", "model", "dataset", "steps", "wall_time_s",
+                "final_test_accuracy", "best_test_accuracy", "time_to_accuracy",
+                "mean_wait_fraction", "updates_applied"):
+        assert key in s, key
+    records = read_records(out / "metrics.jsonl")
+    steps = [r for r in records if r["kind"] == "step"]
+    assert s["steps"] == len(steps)
+    # BSP: every worker ran every round, and each round was applied once.
+    per_worker = {w: sum(1 for r in steps if r["worker"] == w) for w in range(3)}
+    assert len(set(per_worker.values())) == 1
+    assert s["updates_applied"] == per_worker[0]
+    assert all(r["staleness"] == 0 for r in steps)
+    assert s["samples"] >= 12 * 1437 * 0.99  # the sample budget was spent
+
+
+def test_metrics_lines_carry_the_step_schema(bsp_run):
+    out, _ = bsp_run
+    records = read_records(out / "metrics.jsonl")
+    step = next(r for r in records if r["kind"] == "step")
+    for key in ("t", "worker", "step", "batch", "loss", "compute_s", "wait_s", "pull_s", "push_s",
+                "pull_bytes", "push_bytes", "staleness"):
+        assert key in step, key
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(evals) >= 2 and evals[-1]["final"] is True
+    assert all(0 <= e["accuracy"] <= 1 for e in evals)
+    config = json.loads((out / "config.json").read_text())
+    assert config["job"]["workers"] == 3
+
+
+def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
+    for args, fragment in [(["--sync", "nope"], "unknown sync policy"),
+                           (["--model", "resnet9000"], "unknown model"),
+                           (["--straggler", "7:3"], "names worker"),
+                           (["--dataset", "mnist", "--data-dir", str(tmp_path)], "train-images"),
+                           (["--device-time", "fast"], "device-time")]:
+        proc = run_cli("train", *args, "--out", str(tmp_path / "x"), "--quiet", timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert fragment in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
