@@ -1,0 +1,210 @@
+"""Push+pull throughput of the whole stack against message size, beside raw baselines.
+
+Measured side by side in one run (this machine is shared and noisy, so compare ratios):
+  memcpy      numpy copy of the payload, twice (the floor of any push+pull)
+  socket      raw TCP loopback: send N bytes, receive N bytes back into a reused buffer
+  zmq         bare ZeroMQ DEALER/ROUTER, zero-copy frames, echo of N bytes
+  stack       paramserver: KVWorker push (SGD applied on the server) then pull, 1 shard
+  stack x4    the same with 4 worker processes at once (time per worker step)
+  sock 1way   raw TCP: N bytes one way, an 8-byte ack back
+  push        paramserver push alone (the server applies SGD before acking)
+
+Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from paramserver.runtime.launcher import LocalCluster
+from paramserver.runtime.worker_client import KVWorker
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 3_730_000, 16 << 20, 64 << 20]
+CTX = mp.get_context("spawn")
+
+
+def iterations(nbytes: int) -> int:
+    return int(min(500, max(5, 200e6 / nbytes / 4)))
+
+
+def timed(fn, n: int, repeats: int) -> float:
+    """Median seconds per call over `repeats` batches of `n` calls."""
+    fn()  # warm-up: connections, page faults
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n)
+    return statistics.median(samples)
+
+
+def bench_memcpy(nbytes: int, repeats: int) -> float:
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+
+    def step():
+        np.copyto(dst, src)
+        np.copyto(src, dst)
+    return timed(step, iterations(nbytes), repeats)
+
+
+def _socket_echo(port_q, nbytes_max):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    buf = bytearray(nbytes_max)
+    while True:
+        head = conn.recv(8, socket.MSG_WAITALL)
+        if len(head) < 8:
+            return
+        n = int.from_bytes(head, "little")
+        one_way, n = n >> 62, n & ((1 << 62) - 1)
+        view, got = memoryview(buf)[:n], 0
+        while got < n:
+            got += conn.recv_into(view[got:], n - got)
+        conn.sendall(b"ackackac" if one_way else view)
+
+
+def bench_socket(nbytes: int, repeats: int, one_way: bool = False) -> float:
+    q = CTX.Queue()
+    proc = CTX.Process(target=_socket_echo, args=(q, nbytes), daemon=True)
+    proc.start()
+    cli = socket.create_connection(("127.0.0.1", q.get(timeout=30)))
+    cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload, back = np.ones(nbytes, np.uint8), bytearray(nbytes)
+
+    want = 8 if one_way else nbytes
+
+    def step():
+        cli.sendall((nbytes | (int(one_way) << 62)).to_bytes(8, "little"))
+        cli.sendall(payload)
+        view, got = memoryview(back), 0
+        while got < want:
+            got += cli.recv_into(view[got:], want - got)
+    try:
+        return timed(step, iterations(nbytes), repeats)
+    finally:
+        cli.close()
+        proc.join(5)
+        proc.kill()
+
+
+def _zmq_echo(addr_q):
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    addr_q.put(port)
+    while True:
+        frames = router.recv_multipart(copy=False)
+        if len(frames[1]) == 0:
+            return
+        router.send_multipart(frames, copy=False)
+
+
+def bench_zmq(nbytes: int, repeats: int) -> float:
+    q = CTX.Queue()
+    proc = CTX.Process(target=_zmq_echo, args=(q,), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
+    payload = np.ones(nbytes, np.uint8)
+
+    def step():
+        dealer.send(payload, copy=False)
+        dealer.recv(copy=False)
+    try:
+        return timed(step, iterations(nbytes), repeats)
+    finally:
+        dealer.send(b"")
+        proc.join(5)
+        proc.kill()
+        dealer.close(0)
+        ctx.term()
+
+
+def _stack_worker(addr, nbytes, repeats, out_q, push_only):
+    kv = KVWorker(addr)
+    grad = np.full(kv.num_keys, 1e-6, np.float32)
+    out = np.empty(kv.num_keys, np.float32)
+    kv.pull(out=out)
+
+    def step():
+        kv.push(grad, step=0, batch=1)
+        if not push_only:
+            kv.pull(out=out)
+    out_q.put(timed(step, iterations(nbytes), repeats))
+    kv.close()
+
+
+def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False) -> float:
+    num_keys = nbytes // 4
+    job = {"num_keys": num_keys, "dtype": "float32", "servers": 1, "workers": workers,
+           "batch_size": 1, "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1.0},
+           "heartbeat_timeout": 60.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(job, Path(tmp))
+        try:
+            cluster.start(spawn_workers=False)
+            init = KVWorker(cluster.address)
+            init.init(np.zeros(num_keys, np.float32))
+            q = CTX.Queue()
+            procs = [CTX.Process(target=_stack_worker, args=(cluster.address, nbytes, repeats, q,
+                                                                push_only))
+                     for _ in range(workers)]
+            for p in procs:
+                p.start()
+            per_step = [q.get(timeout=600) for _ in procs]
+            for p in procs:
+                p.join(30)
+            init.close()
+            return statistics.median(per_step)
+        finally:
+            cluster.stop()
+
+
+def fmt(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} KB"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    sizes = [64 << 10, 3_730_000, 64 << 20] if args.quick else SIZES
+    repeats = 3 if args.quick else args.repeats
+    print(f"{'size':>9} {'memcpy':>9} {'socket':>9} {'zmq':>9} {'stack':>9} {'stack x4':>9}  "
+          f"{'stack/zmq':>9} {'MB/s stack':>10} {'sock 1way':>9} {'push':>9} {'push/sock':>9}")
+    for nbytes in sizes:
+        t = {"memcpy": bench_memcpy(nbytes, repeats), "socket": bench_socket(nbytes, repeats),
+             "zmq": bench_zmq(nbytes, repeats), "stack": bench_stack(nbytes, repeats, 1),
+             "stack4": bench_stack(nbytes, repeats, 4),
+             "socket1": bench_socket(nbytes, repeats, one_way=True),
+             "push": bench_stack(nbytes, repeats, 1, push_only=True)}
+        ms = {k: v * 1e3 for k, v in t.items()}
+        print(f"{fmt(nbytes):>9} {ms['memcpy']:8.3f}m {ms['socket']:8.3f}m {ms['zmq']:8.3f}m "
+              f"{ms['stack']:8.3f}m {ms['stack4']:8.3f}m  {t['stack'] / t['zmq']:9.2f} "
+              f"{2 * nbytes / t['stack'] / 1e6:10.0f} {ms['socket1']:8.3f}m {ms['push']:8.3f}m "
+              f"{t['socket1'] / t['push']:9.2f}",
+              flush=True)
+    print("times: medians in ms per push+pull round trip; 'stack x4' per worker with 4 workers "
+          "sharing one server; 'sock 1way' sends N bytes and gets an 8-byte ack; 'push' is a "
+          "stack push alone (SGD applied); push/sock is push throughput relative to the socket")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
