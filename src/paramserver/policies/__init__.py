@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from paramserver.options import option_help
 from paramserver.policies.asp import ASP
 from paramserver.policies.base import (
     ApplyRound, Decision, Event, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy, Tick,
 )
 from paramserver.policies.bsp import BSP
+from paramserver.policies.ebsp import ElasticBSP
+from paramserver.policies.lbbsp import LBBSP
+from paramserver.policies.r2sp import R2SP
+from paramserver.policies.ssp import SSP
 from paramserver.registry import Registry
 
 SYNC_POLICIES: Registry[type[SyncPolicy]] = Registry("sync policy")
 SYNC_POLICIES.register("bsp")(BSP)
 SYNC_POLICIES.register("asp")(ASP)
+SYNC_POLICIES.register("ssp")(SSP)
+SYNC_POLICIES.register("ebsp")(ElasticBSP)
+SYNC_POLICIES.register("r2sp")(R2SP)
+SYNC_POLICIES.register("lbbsp")(LBBSP)
 
 
 def make_policy(name: str, batch_size: int, **options) -> SyncPolicy:
@@ -23,7 +32,13 @@ def make_policy(name: str, batch_size: int, **options) -> SyncPolicy:
         raise ValueError(f"bad options for sync policy {name!r}: {exc}") from None
 
 
+def policy_options(name: str) -> dict:
+    """name -> (default, help) of the options the policy registered as `name` takes."""
+    return option_help(SYNC_POLICIES.get(name))
+
+
 __all__ = [
-    "ASP", "BSP", "ApplyRound", "Decision", "Event", "Joined", "Left", "Note", "PolicyError",
-    "Pushed", "Release", "SYNC_POLICIES", "SyncPolicy", "Tick", "make_policy",
+    "ASP", "BSP", "LBBSP", "R2SP", "SSP", "ApplyRound", "Decision", "ElasticBSP", "Event",
+    "Joined", "Left", "Note", "PolicyError", "Pushed", "Release", "SYNC_POLICIES", "SyncPolicy",
+    "Tick", "make_policy", "policy_options",
 ]

@@ -1,0 +1,55 @@
+"""Keyword options as frozen dataclasses: defaults and help texts a CLI can list (stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, field, fields
+from typing import Any, ClassVar
+
+
+def opt(default: Any, help: str) -> Any:
+    """A dataclass field with a default and a one-line help text."""
+    return field(default=default, metadata={"help": help})
+
+
+def describe(options_cls: type | None) -> dict[str, tuple[Any, str]]:
+    """name -> (default, help) for every field of an options dataclass, in declaration order."""
+    if options_cls is None:
+        return {}
+    out = {}
+    for f in fields(options_cls):
+        default = None if f.default is MISSING else f.default
+        out[f.name] = (default, f.metadata.get("help", ""))
+    return out
+
+
+def check_choice(name: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
+                *, lo_open: bool = False) -> None:
+    """Raise ValueError unless lo <= value <= hi (lo < value if lo_open)."""
+    too_low = lo is not None and (value <= lo if lo_open else value < lo)
+    if too_low or (hi is not None and value > hi):
+        lo_txt = "-inf" if lo is None else f"{lo}"
+        hi_txt = "inf" if hi is None else f"{hi}"
+        bracket = "(" if lo_open else "["
+        raise ValueError(f"{name} must be in {bracket}{lo_txt}, {hi_txt}]; got {value!r}")
+
+
+class Configurable:
+    """Mixin for classes built from keyword options: `Options` names their frozen dataclass."""
+
+    Options: ClassVar[type | None] = None
+
+    @classmethod
+    def option_help(cls) -> dict[str, tuple[Any, str]]:
+        """name -> (default, help) of every keyword option the constructor takes."""
+        return describe(cls.Options)
+
+
+def option_help(cls: type) -> dict[str, tuple[Any, str]]:
+    """Options of any registered class; {} for classes that take none (e.g. BSP, ASP)."""
+    helper = getattr(cls, "option_help", None)
+    return helper() if callable(helper) else {}
