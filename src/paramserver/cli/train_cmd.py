@@ -45,9 +45,9 @@ def _is_number(raw: str) -> bool:
         return False
 
 
-def add_training_args(p) -> None:
-    """The options shared by `train` and `compare`."""
-    d = TrainConfig()
+def add_training_args(p, d: TrainConfig | None = None) -> None:
+    """The options shared by `train` and `compare`; `d` holds the defaults shown and used."""
+    d = d or TrainConfig()
     p.add_argument("--workers", type=int, default=d.workers, help=f"workers (default {d.workers})")
     p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model, help=f"{', '.join(MODELS.names())} (default {d.model})")
@@ -68,9 +68,11 @@ def add_training_args(p) -> None:
     p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
     p.add_argument("--straggler", default=d.straggler,
-                   help="slowness injected per worker, e.g. 1:3 (default none; grammar below)")
+                   help=f"slowness injected per worker, e.g. 1:3 (default {d.straggler}; "
+                        f"grammar below)")
     p.add_argument("--device-time", default=d.device_time,
-                   help="emulated compute time per sample, e.g. 2ms (default off; see below)")
+                   help=f"emulated compute time per sample, e.g. 2ms (default {d.device_time}; "
+                        f"see below)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads per worker (default {d.threads}: workers share the cores)")

@@ -1,0 +1,135 @@
+"""`paramserver compare`: the same training under each sync policy and scenario, then a report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, parse_options
+from paramserver.config import TrainConfig
+from paramserver.policies import SYNC_POLICIES
+from paramserver.runtime.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
+from paramserver.runtime.launcher import LaunchError
+
+# The default comparison: short on this machine, yet the straggler and the policies' answers
+# to it dominate the timing (emulated device time), see the notes written into compare.json.
+DEFAULTS = TrainConfig(epochs=12.0, device_time="0.5ms", lr=0.1, eval_interval=0.5)
+NOTES = [
+    "Timing uses emulated device time: a step lasts batch x cost-per-sample x straggler factor "
+    "(a sleep topping up the real compute), as on a cluster where each worker has its own "
+    "accelerator; the real-compute share says how faithful a run is.",
+    "Every policy gets the same sample budget (epochs x training-set size), so the accuracy "
+    "columns compare what each policy makes of the same amount of gradient computation.",
+]
+
+
+def policy_sync_options(pairs: list[str] | None) -> dict[str, dict]:
+    """POLICY.KEY=VALUE pairs into {policy: {key: value}}."""
+    out: dict[str, dict] = {}
+    for pair in pairs or []:
+        head, sep, _ = pair.partition("=")
+        policy, dot, key = head.partition(".")
+        if not (sep and dot and key):
+            raise ValueError(f"--sync-opt {pair!r} is not POLICY.KEY=VALUE")
+        out.setdefault(policy, {}).update(parse_options([f"{key}={pair.split('=', 1)[1]}"], "sync"))
+    return out
+
+
+def _policies(arg: str | None) -> list[str]:
+    names = SYNC_POLICIES.names() if not arg else [p.strip() for p in arg.split(",") if p.strip()]
+    for name in names:
+        SYNC_POLICIES.get(name)  # unknown names fail with the known ones listed
+    return names
+
+
+def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) -> None:
+    plan = {"scenarios": {k: {"straggler": s, "description": d} for k, (s, d) in scenarios.items()},
+            "policies": policies, "repeats": args.repeats, "target_accuracy": args.target,
+            "single_reference": not args.no_single, "config": base.as_dict(), "notes": NOTES,
+            "runs": done, "command": " ".join(sys.argv)}
+    (out / "compare.json").write_text(json.dumps(plan, indent=2))
+
+
+def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
+    from paramserver.cli.train_cmd import run_training
+    done: list[dict] = []
+    for i, run in enumerate(runs, 1):
+        label = f"[{i}/{len(runs)}] {run.scenario} / {run.policy} / rep {run.repeat}"
+        console.print(f"{label} ...")
+        t0 = time.perf_counter()
+        try:
+            s = run_training(run.config, run.folder, quiet=args.quiet, timeout=args.run_timeout)
+        except LaunchError as exc:
+            console.print(f"  [red]failed[/red]: {str(exc).splitlines()[0]}")
+            done.append({"folder": str(run.folder), "ok": False, "error": str(exc)[:500]})
+            continue
+        finally:
+            _write_plan(out, args, base, scenarios, policies, done)
+        tta = s["time_to_accuracy"].get(f"{args.target:g}")
+        console.print(f"  acc {s['final_test_accuracy']:.4f}, time to {args.target:g}: "
+                      f"{'not reached' if tta is None else f'{tta:.1f} s'}, wait "
+                      f"{s['mean_wait_fraction']:.0%} ({time.perf_counter() - t0:.0f} s)")
+        done.append({"folder": str(run.folder), "ok": True})
+        _write_plan(out, args, base, scenarios, policies, done)
+    return done
+
+
+def _run(args) -> int:
+    console = Console(stderr=False, quiet=False)
+    try:
+        policies = _policies(args.sync)
+        scenarios = parse_scenarios(args.scenario)
+        base = config_from_args(args, "bsp")
+        base.validate()
+        out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")
+        runs = plan_runs(base, policies, scenarios, args.repeats, out, single=not args.no_single,
+                         policy_options=policy_sync_options(args.sync_opt))
+    except ValueError as exc:
+        print(f"paramserver compare: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    console.print(f"comparing {', '.join(policies)}{' + single-process reference' if not args.no_single else ''}"
+                  f" on {', '.join(scenarios)}, {args.repeats} repeat(s): {len(runs)} runs into {out}")
+    code = 0
+    try:
+        _run_all(runs, out, args, base, scenarios, policies, console)
+    except KeyboardInterrupt:
+        console.print("interrupted: the finished runs are kept; drawing the report from them")
+        code = 130
+    except ValueError as exc:
+        print(f"paramserver compare: {exc}", file=sys.stderr)
+        return 2
+    from paramserver.report import build_report
+    report = build_report(out)
+    console.print(f"report: {report}")
+    return code
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "compare", help="train under each sync policy side by side and write a report",
+        description="Run the same training under several sync policies (default: all) and "
+                    "straggler scenarios, with repeats, plus a single-process reference at the "
+                    "same global batch; write every run's logs and report.html into one folder. "
+                    f"Built-in scenarios: {', '.join(f'{k} ({v[1]})' for k, v in SCENARIOS.items())}.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sync", help=f"comma-separated policies (default all: "
+                                  f"{','.join(SYNC_POLICIES.names())})")
+    p.add_argument("--sync-opt", action="append", metavar="POLICY.KEY=VALUE",
+                   help="a policy option, e.g. ssp.staleness=2 (repeatable)")
+    p.add_argument("--scenario", action="append", metavar="NAME|NAME=SPEC",
+                   help="straggler scenario (repeatable; default one-slow)")
+    p.add_argument("--repeats", type=int, default=1, help="repeats per run, seeds seed..seed+k-1")
+    p.add_argument("--target", type=float, default=0.95, help="target test accuracy (default 0.95)")
+    p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
+    add_training_args(p, DEFAULTS)
+    p.add_argument("--out", help="output folder (default runs/<time>-compare)")
+    p.add_argument("--quiet", action="store_true", help="no per-run progress bar")
+    p.add_argument("--run-timeout", type=float, default=900.0,
+                   help="give up on one run after this many seconds (default 900)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,43 @@
+"""The comparison plan: which runs, in which folders, with which settings."""
+
+import pytest
+
+from paramserver.config import TrainConfig
+from paramserver.runtime.compare_plan import (
+    SCENARIOS, SINGLE, parse_scenarios, plan_runs, single_reference,
+)
+from paramserver.cli.compare_cmd import policy_sync_options
+
+
+def test_plan_covers_every_scenario_policy_and_repeat_once(tmp_path):
+    base = TrainConfig(workers=4, batch_size=16, seed=7)
+    scenarios = parse_scenarios(["one-slow", "fast=0:2"])
+    runs = plan_runs(base, ["bsp", "asp"], scenarios, 2, tmp_path,
+                     policy_options={"asp": {"x": 1}})
+    keys = {(r.scenario, r.policy, r.repeat) for r in runs}
+    assert len(runs) == len(keys) == 2 * 2 * 3
+    assert {r.folder for r in runs} == {tmp_path / "runs" / s / p / f"rep-{k}" for s, p, k in keys}
+    for r in runs:
+        assert r.config.seed == 7 + r.repeat
+        if r.policy != SINGLE:
+            assert r.config.sync == r.policy
+            assert r.config.straggler == scenarios[r.scenario][0]
+    assert next(r for r in runs if r.policy == "asp").config.sync_options == {"x": 1}
+
+
+def test_single_reference_has_the_global_batch_and_no_straggler():
+    ref = single_reference(TrainConfig(workers=4, batch_size=16, straggler="1:3", sync="asp"))
+    assert (ref.workers, ref.batch_size, ref.straggler, ref.sync) == (1, 64, "none", "bsp")
+
+
+def test_unknown_scenario_lists_the_known_ones():
+    with pytest.raises(ValueError, match="one-slow"):
+        parse_scenarios(["nope"])
+    assert parse_scenarios(None) == {"one-slow": SCENARIOS["one-slow"]}
+
+
+def test_policy_options_parse_and_refuse_bad_pairs():
+    assert policy_sync_options(["ssp.staleness=2", "ebsp.predictor=ema"]) == {
+        "ssp": {"staleness": 2}, "ebsp": {"predictor": "ema"}}
+    with pytest.raises(ValueError, match="POLICY.KEY=VALUE"):
+        policy_sync_options(["staleness=2"])
