@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from paramserver.optim.adagrad_global import AdaGradGlobal
 from paramserver.optim.base import Index, UpdateRule, add_at
+from paramserver.optim.direction_distance import DirectionDistance
 from paramserver.optim.sgd import SGD, MomentumSGD
+from paramserver.optim.staleness import ConSGD, DynSGD, StalenessAware
+from paramserver.options import option_help
 from paramserver.registry import Registry
 
 UPDATE_RULES: Registry[type[UpdateRule]] = Registry("optimizer")
 UPDATE_RULES.register("sgd")(SGD)
 UPDATE_RULES.register("momentum")(MomentumSGD)
+UPDATE_RULES.register("consgd")(ConSGD)
+UPDATE_RULES.register("dynsgd")(DynSGD)
+UPDATE_RULES.register("staleness-aware")(StalenessAware)
+UPDATE_RULES.register("adagrad-global")(AdaGradGlobal)
+UPDATE_RULES.register("direction-distance")(DirectionDistance)
 
 
 def make_rule(name: str, lr: float, **options) -> UpdateRule:
@@ -20,4 +29,11 @@ def make_rule(name: str, lr: float, **options) -> UpdateRule:
         raise ValueError(f"bad options for optimizer {name!r}: {exc}") from None
 
 
-__all__ = ["Index", "MomentumSGD", "SGD", "UPDATE_RULES", "UpdateRule", "add_at", "make_rule"]
+def rule_options(name: str) -> dict:
+    """name -> (default, help) of the options (besides lr) the rule registered as `name` takes."""
+    return option_help(UPDATE_RULES.get(name))
+
+
+__all__ = ["AdaGradGlobal", "ConSGD", "DirectionDistance", "DynSGD", "Index", "MomentumSGD",
+           "SGD", "StalenessAware", "UPDATE_RULES", "UpdateRule", "add_at", "make_rule",
+           "rule_options"]
