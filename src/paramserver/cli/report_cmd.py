@@ -1,0 +1,32 @@
+"""`paramserver report DIR`: the comparison report (report.html + figures) from run folders."""
+
+from __future__ import annotations
+
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="write report.html and figures from run folders",
+        description="Read the run folders under DIR (a `paramserver compare` folder, a folder of "
+                    "run folders, or one run folder) and write DIR/report.html, a self-contained "
+                    "page with the time-to-accuracy table and figures, plus DIR/figures/*.png.")
+    p.add_argument("dir", metavar="DIR", help="folder with the runs")
+    p.add_argument("--target", type=float, metavar="ACC",
+                   help="target test accuracy, e.g. 0.9 (default: the plan's, else 0.95)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    # Imported here so `paramserver --help` does not pay for matplotlib.
+    from paramserver.report import ReportError, build_report
+    if args.target is not None and not 0 < args.target <= 1:
+        print(f"error: --target must be in (0, 1], got {args.target}", file=sys.stderr)
+        return 2
+    try:
+        page = build_report(args.dir, target=args.target)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(page)
+    return 0

@@ -1,0 +1,27 @@
+"""Comparison reports from run folders: table, figures and a self-contained report.html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paramserver.report.collect import Collection, ReportError, Run, collect
+from paramserver.report.figures import draw_all
+from paramserver.report.html import render_report
+from paramserver.report.table import Row, table_rows
+
+
+def build_report(directory: str | Path, target: float | None = None) -> Path:
+    """Write DIR/report.html and DIR/figures/*.png from the runs under DIR; returns the page."""
+    directory = Path(directory)
+    c = collect(directory)
+    if target is not None:
+        # An explicit target overrides the plan's; the plan itself is left untouched on disk.
+        c.plan = {**(c.plan or {}), "target_accuracy": target}
+    rows = table_rows(c)
+    figures = draw_all(c, rows, directory / "figures")
+    page = directory / "report.html"
+    page.write_text(render_report(c, rows, figures), encoding="utf-8")
+    return page
+
+
+__all__ = ["Collection", "ReportError", "Row", "Run", "build_report", "collect", "table_rows"]

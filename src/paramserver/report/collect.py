@@ -1,0 +1,191 @@
+"""Find run folders under a directory and load what the report needs from each (logs only)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paramserver.metrics import read_records, summarize, time_to_accuracy
+
+DEFAULT_TARGET = 0.95
+SINGLE = "single"  # the folder name of the one-worker reference runs in a compare folder
+_REP = re.compile(r"rep-(\d+)$")
+
+
+class ReportError(Exception):
+    """The folder cannot give a report at all (missing, or no runs in it)."""
+
+
+@dataclass
+class Run:
+    """One run folder: its place in the plan, its summary and the series the figures draw."""
+
+    path: Path
+    scenario: str
+    policy: str
+    repeat: int
+    summary: dict
+    evals: list[dict]  # eval records sorted by time
+    staleness: list[int]  # one entry per step record
+    train_time: float  # t of the last step record: the final evaluation can come much later
+    recomputed: bool = False  # summary.json was missing or unreadable
+
+    @property
+    def global_batch(self) -> int:
+        # The single reference runs one worker with the whole global batch, so this holds for both.
+        s = self.summary
+        return max(1, int(s.get("batch_size") or 1) * int(s.get("workers") or 1))
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples per second of training, not of wall time: the wait for the last evaluation
+        says nothing about how fast a policy trains."""
+        time = self.train_time or self.summary.get("wall_time_s") or 0.0
+        return (self.summary.get("samples") or 0) / time if time else 0.0
+
+    def time_to(self, target: float) -> float | None:
+        """Seconds until the test accuracy first reached target (the summary's value if any)."""
+        key = f"{target:g}"
+        known = self.summary.get("time_to_accuracy") or {}
+        if key in known:
+            return known[key]
+        return time_to_accuracy(self.evals, (target,))[key]
+
+
+@dataclass
+class Collection:
+    """Every readable run under a folder, the compare plan (if any) and what went wrong."""
+
+    root: Path
+    plan: dict | None
+    runs: list[Run]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def target(self) -> float:
+        return float((self.plan or {}).get("target_accuracy") or DEFAULT_TARGET)
+
+    def scenarios(self) -> list[str]:
+        planned = list(((self.plan or {}).get("scenarios") or {}).keys())
+        seen = [r.scenario for r in self.runs]
+        return [s for s in planned if s in seen] + sorted(set(seen) - set(planned))
+
+    def policies(self, scenario: str | None = None) -> list[str]:
+        """Policies in plan order, then any others found, the single reference last."""
+        found = {r.policy for r in self.runs if scenario is None or r.scenario == scenario}
+        planned = [p for p in (self.plan or {}).get("policies", []) if p in found]
+        rest = sorted(found - set(planned) - {SINGLE})
+        return planned + rest + ([SINGLE] if SINGLE in found else [])
+
+    def select(self, scenario: str, policy: str) -> list[Run]:
+        return sorted((r for r in self.runs if r.scenario == scenario and r.policy == policy),
+                      key=lambda r: r.repeat)
+
+
+def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
+             warnings: list[str]) -> Run:
+    """Read one run folder; the summary is recomputed from metrics.jsonl if summary.json fails."""
+    records = read_records(path / "metrics.jsonl")
+    if not records:
+        raise ValueError("metrics.jsonl holds no records")
+    summary, recomputed = _read_json(path / "summary.json"), False
+    if not isinstance(summary, dict) or "wall_time_s" not in summary:
+        config = _read_json(path / "config.json") or {}
+        summary, recomputed = summarize(records, config.get("job") or {}), True
+        warnings.append(f"{path}: summary.json missing or unreadable; "
+                        "recomputed from metrics.jsonl")
+    evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["t"])
+    for e in evals:
+        float(e["accuracy"]), float(e["t"])  # fail here, not in a figure, on a malformed record
+    steps = [r for r in records if r.get("kind") == "step"]
+    stale = [int(r.get("staleness") or 0) for r in steps]
+    train_time = max((float(r["t"]) for r in steps), default=0.0)
+    return Run(path, scenario, policy or summary.get("sync") or "unknown", repeat, summary, evals,
+               stale, train_time, recomputed)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _try_load(path: Path, scenario: str, policy: str | None, repeat: int,
+              warnings: list[str]) -> Run | None:
+    # One bad run must not sink the report: any failure becomes a warning.
+    try:
+        return load_run(path, scenario, policy, repeat, warnings)
+    except Exception as exc:  # noqa: BLE001 - anything a damaged file can raise
+        warnings.append(f"skipped {path}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _compare_runs(root: Path, warnings: list[str]) -> list[tuple]:
+    """(path, scenario, policy, repeat) of the runs/<scenario>/<policy>/rep-<k>/ folders."""
+    found = []
+    for rep in sorted((root / "runs").glob("*/*/rep-*")):
+        match = _REP.search(rep.name)
+        if not rep.is_dir() or not match:
+            continue
+        if not (rep / "metrics.jsonl").exists():
+            warnings.append(f"skipped {rep}: no metrics.jsonl (the run did not start?)")
+            continue
+        found.append((rep, rep.parent.parent.name, rep.parent.name, int(match.group(1))))
+    return found
+
+
+def _plain_runs(root: Path) -> list[tuple]:
+    """Run folders anywhere under root, grouped by their summary's sync, a scenario per setting."""
+    paths = sorted(p.parent for p in root.rglob("metrics.jsonl"))
+    settings = {p: _setting(p) for p in paths}
+    one_setting = len(set(settings.values())) <= 1
+    counts: dict[tuple, int] = {}
+    found = []
+    for p in paths:
+        scenario = "runs" if one_setting else settings[p]
+        # A one-worker reference run says "bsp" in its summary; its folder name says what it is.
+        policy = SINGLE if SINGLE in p.relative_to(root).parts else (
+            (_read_json(p / "summary.json") or {}).get("sync") or _config_sync(p))
+        key = (scenario, policy)
+        counts[key] = counts.get(key, -1) + 1
+        found.append((p, scenario, policy, counts[key]))
+    return found
+
+
+def _setting(path: Path) -> str:
+    cfg = (_read_json(path / "config.json") or {}).get("config") or {}
+    summary = _read_json(path / "summary.json") or {}
+    straggler = summary.get("straggler", cfg.get("straggler", "none"))
+    device = summary.get("device_time", cfg.get("device_time", "off"))
+    return f"straggler {straggler}, device time {device}"
+
+
+def _config_sync(path: Path) -> str | None:
+    return ((_read_json(path / "config.json") or {}).get("config") or {}).get("sync")
+
+
+def collect(root: str | Path) -> Collection:
+    """All runs under root: a compare folder, a folder of run folders, or one run folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"no such folder: {root}")
+    warnings: list[str] = []
+    plan = None
+    if (root / "compare.json").exists():
+        plan = _read_json(root / "compare.json")
+        if not isinstance(plan, dict):
+            warnings.append(f"{root / 'compare.json'} is unreadable; the plan is not shown")
+            plan = None
+        found = _compare_runs(root, warnings)
+    elif (root / "metrics.jsonl").exists():
+        found = [(root, "run", None, 0)]
+    else:
+        found = _plain_runs(root)
+    runs = [r for r in (_try_load(*f, warnings) for f in found) if r is not None]
+    if not runs:
+        raise ReportError(f"no readable runs under {root}"
+                          + (f" ({len(warnings)} skipped)" if warnings else ""))
+    return Collection(root, plan, runs, warnings)

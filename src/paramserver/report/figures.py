@@ -1,0 +1,190 @@
+"""The report's PNG figures, drawn with matplotlib's Agg canvas from the series in series.py."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from paramserver.report import series
+from paramserver.report.collect import Collection
+from paramserver.report.series import policy_color
+from paramserver.report.table import Row
+
+# Stacked-bar parts of the per-worker breakdown: dark to light, so "waiting" stands out as pale.
+_PARTS = (("compute", "#3b5b92"), ("communication", "#8fb0d9"), ("waiting", "#f2c14e"))
+KINDS = ("accuracy_time", "accuracy_steps", "breakdown", "staleness", "throughput", "tta")
+
+
+@dataclass
+class FigureFile:
+    scenario: str
+    kind: str
+    path: Path
+
+
+def _canvas(width: float = 10.0, height: float = 4.4, ncols: int = 1):
+    # No pyplot: no global figure state, and Agg regardless of the user's backend.
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, axes
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_accuracy(data: dict, scenario: str, target: float, x: str, path: Path) -> Path:
+    """Test accuracy against wall time or steps: thin lines per repeat, thick median."""
+    fig, (ax,) = _canvas()
+    for policy, d in data.items():
+        color, dashed = policy_color(policy), "--" if policy == "single" else "-"
+        if len(d["repeats"]) > 1:
+            for xs, ys in d["repeats"]:
+                ax.plot(xs, ys, color=color, lw=0.8, alpha=0.4, ls=dashed, marker=".", ms=4,
+                        drawstyle="steps-post")
+        xs, ys = d["median"]
+        label = policy + (f" (median of {len(d['repeats'])})" if len(d["repeats"]) > 1 else "")
+        # Markers: short runs have few evaluations, and a single one draws no line at all.
+        ax.plot(xs, ys, color=color, lw=2.2, ls=dashed, label=label, drawstyle="steps-post",
+                marker="o" if len(d["repeats"]) == 1 else None, ms=4)
+    ax.axhline(target, color="black", lw=0.8, ls=":", label=f"target {100 * target:g}%")
+    ax.set_xlabel("wall time since start (s)" if x == "time" else "steps (samples / global batch)")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(_accuracy_floor(data), 1.0)
+    ax.set_title(f"{scenario}: test accuracy against {'wall time' if x == 'time' else 'steps'}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=9)
+    return _save(fig, path)
+
+
+def _accuracy_floor(data: dict) -> float:
+    # Early evaluations near chance squash the interesting top; start just below the median's
+    # first value but never above 0.5 so the rise stays visible.
+    firsts = [d["median"][1][0] for d in data.values() if len(d["median"][1])]
+    return max(0.0, min([0.5] + [f - 0.05 for f in firsts]))
+
+
+def plot_breakdown(data: dict, scenario: str, path: Path) -> Path:
+    """Per-worker seconds of compute, communication and waiting; one bar group per policy."""
+    bars = sum(len(workers) + 1 for workers in data.values())
+    fig, (ax,) = _canvas(width=min(14.0, max(10.0, 2.5 + 0.4 * bars)))
+    pos, ticks, labels, centers = 0.0, [], [], []
+    for policy, workers in data.items():
+        start = pos
+        for worker, parts in workers.items():
+            bottom = 0.0
+            for (name, color), value in zip(_PARTS, parts):
+                ax.bar(pos, value, bottom=bottom, color=color, width=0.8,
+                       edgecolor=policy_color(policy), linewidth=1.2,
+                       label=name if not ticks else None)
+                bottom += value
+            ticks.append(pos), labels.append(f"w{worker}")
+            pos += 1
+        centers.append(((start + pos - 1) / 2, policy))
+        pos += 1  # a gap between policies
+    ax.set_xticks(ticks, labels, fontsize=8)
+    for center, policy in centers:
+        ax.annotate(policy, (center, 0), xytext=(0, -22), textcoords="offset points",
+                    xycoords=("data", "axes fraction"), ha="center", va="top",
+                    fontsize=10, fontweight="bold", color=policy_color(policy))
+    ax.set_ylabel("seconds per worker (mean over repeats)")
+    ax.set_title(f"{scenario}: where each worker's time went")
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never on a bar
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_staleness(data: dict, scenario: str, path: Path) -> Path:
+    """One small histogram per policy: fraction of steps at each staleness."""
+    fig, axes = _canvas(width=min(14.0, max(10.0, 2.6 * len(data))), height=3.4,
+                        ncols=max(1, len(data)))
+    top = max((max(f) for _, f in data.values() if f), default=1.0)
+    right = max([3] + [max(v) for v, _ in data.values() if v]) + 0.6  # one x scale for all
+    for ax, (policy, (values, fractions)) in zip(axes, data.items()):
+        ax.bar(values, fractions, width=0.85, color=policy_color(policy))
+        ax.set_title(policy, color=policy_color(policy), fontweight="bold")
+        ax.set_xlabel("staleness (versions)")
+        ax.set_xlim(-0.6, right)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, top * 1.1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("fraction of steps")
+    fig.suptitle(f"{scenario}: staleness of the pushed gradients")
+    return _save(fig, path)
+
+
+def plot_throughput(data: dict, scenario: str, path: Path) -> Path:
+    """Samples per second per policy: median bar, one dot per repeat."""
+    fig, (ax,) = _canvas(width=min(10.0, 1.3 * len(data) + 3))
+    for i, (policy, d) in enumerate(data.items()):
+        ax.bar(i, d["median"], color=policy_color(policy), width=0.65)
+        ax.plot([i] * len(d["repeats"]), d["repeats"], "o", color="black", ms=3.5)
+        ax.annotate(f"{d['median']:.0f}", (i, max(d["repeats"])), xytext=(0, 4),
+                    textcoords="offset points", ha="center", fontsize=9)
+    ax.set_xticks(range(len(data)), list(data))
+    ax.set_ylabel("samples / s of training (all workers)")
+    ax.set_title(f"{scenario}: training throughput (bar: median, dots: repeats)")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_tta(bars: list[dict], scenario: str, target: float, path: Path) -> Path:
+    """Time to target per policy: median bar, min–max whisker, speedup over BSP on top."""
+    fig, (ax,) = _canvas(width=min(10.0, 1.3 * len(bars) + 3))
+    top = max((b["max"] for b in bars if b["max"] is not None), default=1.0)
+    for i, b in enumerate(bars):
+        if b["median"] is None:
+            ax.annotate(f"not reached\n({b['reached']}/{b['repeats']})", (i, 0), xytext=(0, 4),
+                        textcoords="offset points", ha="center", fontsize=9, color="#a00")
+            continue
+        err = [[b["median"] - b["min"]], [b["max"] - b["median"]]]
+        ax.bar(i, b["median"], yerr=err, capsize=5, color=policy_color(b["policy"]), width=0.65)
+        note = "" if b["speedup"] is None else f"×{b['speedup']:.2f} vs BSP"
+        ax.annotate(f"{b['median']:.1f} s\n{note}", (i, b["max"]), xytext=(0, 4),
+                    textcoords="offset points", ha="center", fontsize=9)
+    ax.set_xticks(range(len(bars)), [b["policy"] for b in bars])
+    ax.set_ylim(0, top * 1.3)
+    ax.set_ylabel(f"seconds to {100 * target:g}% test accuracy")
+    ax.set_title(f"{scenario}: time to {100 * target:g}% accuracy (median, min–max)")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "scenario"
+
+
+def draw_all(collection: Collection, rows: list[Row], outdir: Path) -> list[FigureFile]:
+    """Every figure of every scenario into outdir; returns them in reading order."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    target, out = collection.target, []
+    for scenario in collection.scenarios():
+        def path(kind):
+            return outdir / f"{kind}-{slug(scenario)}.png"
+        drawn = {
+            "accuracy_time": lambda p: plot_accuracy(series.accuracy_series(
+                collection, scenario, "time"), scenario, target, "time", p),
+            "accuracy_steps": lambda p: plot_accuracy(series.accuracy_series(
+                collection, scenario, "steps"), scenario, target, "steps", p),
+            "breakdown": lambda p: plot_breakdown(series.breakdown_series(collection, scenario),
+                                                  scenario, p),
+            "staleness": lambda p: plot_staleness(series.staleness_series(collection, scenario),
+                                                  scenario, p),
+            "throughput": lambda p: plot_throughput(series.throughput_series(collection, scenario),
+                                                    scenario, p),
+            "tta": lambda p: plot_tta(series.tta_series(rows, scenario), scenario, target, p),
+        }
+        for kind in KINDS:
+            # A figure that cannot be drawn is reported, not fatal: the table still stands.
+            try:
+                out.append(FigureFile(scenario, kind, drawn[kind](path(kind))))
+            except Exception as exc:  # noqa: BLE001
+                collection.warnings.append(f"figure {kind} of {scenario} failed: {exc!r}")
+    return out

@@ -1,0 +1,164 @@
+"""report.html: one self-contained page (inline CSS, PNGs as data URIs) that opens offline."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from paramserver.report.collect import SINGLE, Collection
+from paramserver.report.figures import FigureFile
+from paramserver.report.table import Row, fmt_pct, render_table
+
+CAPTIONS = {
+    "accuracy_time": "Test accuracy against wall time. Read the horizontal distance between "
+                     "lines at the dotted target: that is the time a policy saves or loses. Thin "
+                     "lines are single repeats, thick lines their median; the dashed grey line is "
+                     "one worker doing the same global batch.",
+    "accuracy_steps": "Test accuracy against steps (samples processed / global batch). This "
+                      "removes speed: a policy below BSP here loses accuracy per sample to stale "
+                      "or smaller updates; one that only wins in the wall-time figure wins by "
+                      "waiting less.",
+    "breakdown": "Seconds each worker spent computing, communicating (pull + push) and waiting "
+                 "for a release, averaged over repeats. Tall yellow parts on the fast workers "
+                 "mean they idle for a straggler; a policy that shrinks them uses the cluster "
+                 "better.",
+    "staleness": "How many updates the servers applied between a worker's pull and its push. "
+                 "BSP is all zero; mass to the right means gradients computed on older "
+                 "parameters, which costs accuracy per step.",
+    "throughput": "Samples processed per second of training by all workers together, up to the "
+                  "last step (bar: median, dots: repeats). Higher means less idle time, not "
+                  "necessarily faster learning: compare with the step figure above.",
+    "tta": "Seconds until the test accuracy first reached the target: bar is the median over "
+           "repeats, the whisker spans min to max, the label gives the speedup over BSP "
+           "(median BSP time / median policy time). This is the number to compare.",
+}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:1100px;padding:0 1.5em;color:#222;line-height:1.45}
+h1{margin-bottom:.2em}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
+.sub{color:#666}table{border-collapse:collapse;margin:.8em 0;font-size:.92em}
+td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
+table.tta td:not(:first-child),table.share td{text-align:right}
+tr.scenario th{background:#eef2f8}tr.reference td{color:#555;font-style:italic}
+tr.missed td{background:#fff4f4}.warn li{color:#8a3b00}
+figure{margin:1.2em 0 2em}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#444;max-width:62em;font-size:.95em}code{background:#f4f4f4;padding:0 .2em}
+"""
+
+
+def data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _kv_table(items) -> str:
+    return ("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in items)
+            + "</table>")
+
+
+def plan_section(c: Collection) -> str:
+    """What was run: the compare plan, or the settings the runs themselves recorded."""
+    out = ["<h2>Plan and settings</h2>"]
+    plan = c.plan or {}
+    if plan.get("scenarios"):
+        out.append("<table><tr><th>scenario</th><th>straggler</th><th>description</th></tr>")
+        for name, s in plan["scenarios"].items():
+            s = s if isinstance(s, dict) else {}
+            out.append(f"<tr><td>{_e(name)}</td><td><code>{_e(s.get('straggler', ''))}</code>"
+                       f"</td><td>{_e(s.get('description', ''))}</td></tr>")
+        out.append("</table>")
+    out.append(_kv_table([
+        ("policies", ", ".join(c.policies()) + ("" if SINGLE not in c.policies() else
+                                                "  (single = one worker, same global batch)")),
+        ("repeats", plan.get("repeats", _max_repeats(c))),
+        ("target accuracy", f"{100 * c.target:g}%"), ("runs read", len(c.runs))]))
+    config = plan.get("config") or _recorded_settings(c)
+    if config:
+        out.append("<p>Training settings shared by every run:</p>")
+        out.append(_kv_table((k, json.dumps(v) if isinstance(v, (dict, list)) else v)
+                             for k, v in config.items()))
+    return "\n".join(out)
+
+
+def _max_repeats(c: Collection) -> int:
+    return max(r.repeat for r in c.runs) + 1
+
+
+def _recorded_settings(c: Collection) -> dict:
+    keys = ("workers", "servers", "model", "dataset", "optimizer", "lr", "batch_size",
+            "straggler", "device_time")
+    out = {}
+    for key in keys:
+        values = sorted({str(r.summary.get(key)) for r in c.runs if r.policy != SINGLE})
+        out[key] = values[0] if len(values) == 1 else "varies: " + ", ".join(values)
+    return out
+
+
+def notes_section(c: Collection) -> str:
+    notes = (c.plan or {}).get("notes") or []
+    if not notes:
+        return ""
+    return "<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
+
+
+def warnings_section(c: Collection, rows: list[Row]) -> str:
+    """Skipped runs, recomputed summaries, and every run that never reached the target."""
+    items = list(c.warnings)
+    items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) never reached "
+              f"{100 * c.target:g}% (best {fmt_pct(r.summary.get('best_test_accuracy'))})"
+              for r in c.runs if r.time_to(c.target) is None]
+    if rows and not any(r.policy == "bsp" for r in rows):
+        items.append("no BSP runs: speedups cannot be computed")
+    if not items:
+        return "<h2>Warnings</h2><p>None: every run was read and reached the target.</p>"
+    return ("<h2>Warnings</h2><ul class='warn'>" + "".join(f"<li>{_e(i)}</li>" for i in items)
+            + "</ul>")
+
+
+def fidelity_section(rows: list[Row]) -> str:
+    """How much of the modelled compute time was real computation rather than emulated sleep."""
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    share = {(r.scenario, r.policy): fmt_pct(r.real_compute_share) for r in rows}
+    head = "".join(f"<th>{_e(p)}</th>" for p in policies)
+    body = "".join(f"<tr><th>{_e(s)}</th>" + "".join(
+        f"<td>{share.get((s, p), '')}</td>" for p in policies) + "</tr>"
+        for s in dict.fromkeys(r.scenario for r in rows))
+    return ("<h2>Real-compute share</h2><p>Real forward + backward time divided by the modelled "
+            "compute time (median over repeats). 100% means every second of compute was real "
+            "work; with emulated device time (<code>--device-time</code>) or a straggler factor "
+            "the rest was slept, so timing differences come from the model of the device, not "
+            "from PyTorch. Low shares are fine for comparing policies; they are not a "
+            "measurement of the real hardware.</p>"
+            f"<table class='share'><tr><th>scenario</th>{head}</tr>{body}</table>")
+
+
+def figures_section(c: Collection, figures: list[FigureFile]) -> str:
+    out = ["<h2>Figures</h2>"]
+    for scenario in c.scenarios():
+        out.append(f"<h3>Scenario {_e(scenario)}</h3>")
+        for f in (f for f in figures if f.scenario == scenario):
+            out.append(f"<figure id='{_e(f.kind)}-{_e(scenario)}'><img alt='{_e(f.kind)} "
+                       f"{_e(scenario)}' src='{data_uri(f.path)}'>"
+                       f"<figcaption>{_e(CAPTIONS[f.kind])}</figcaption></figure>")
+    return "\n".join(out)
+
+
+def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> str:
+    """The whole page as one string."""
+    body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
+            f"<code>{_e(c.root)}</code>; everything below is drawn from their log files.</p>",
+            plan_section(c), notes_section(c), warnings_section(c, rows),
+            f"<h2>Time to {100 * c.target:g}% test accuracy</h2>",
+            "<p>Median and min–max over repeats; a repeat that never reached the target counts "
+            "as slower than any that did. Speedup = median BSP time / median policy time. "
+            "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
+            render_table(rows, c.target), fidelity_section(rows), figures_section(c, figures)]
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"
+            + "\n".join(b for b in body if b) + "\n</body></html>\n")

@@ -1,0 +1,99 @@
+"""The numbers each figure plots, computed from the runs: pure, so tests can check them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import median
+
+import numpy as np
+
+from paramserver.report.collect import SINGLE, Collection, Run
+from paramserver.report.table import Row
+
+# Fixed colours, so a policy looks the same in every figure and every report.
+_COLORS = {"bsp": "#1f77b4", "asp": "#d62728", "ssp": "#2ca02c", "ebsp": "#9467bd",
+           "r2sp": "#ff7f0e", "lbbsp": "#17becf", SINGLE: "#555555"}
+_SPARE = ["#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78"]
+
+
+def policy_color(policy: str) -> str:
+    if policy in _COLORS:
+        return _COLORS[policy]
+    return _SPARE[sum(map(ord, policy)) % len(_SPARE)]  # stable across runs, unlike hash()
+
+
+def run_curve(run: Run, x: str) -> tuple[list[float], list[float]]:
+    """Test accuracy of one run against wall time ("time") or global steps ("steps")."""
+    if x == "time":
+        xs = [e["t"] for e in run.evals]
+    else:
+        xs = [e.get("samples", 0) / run.global_batch for e in run.evals]
+    return xs, [e["accuracy"] for e in run.evals]
+
+
+def median_curve(curves: list[tuple], points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Pointwise median of step curves (each holds its last value) where every curve exists."""
+    curves = [(np.asarray(x, float), np.asarray(y, float)) for x, y in curves if len(x)]
+    if not curves:
+        return np.array([]), np.array([])
+    if len(curves) == 1:
+        return curves[0]
+    start = max(x[0] for x, _ in curves)
+    grid = np.linspace(start, max(x[-1] for x, _ in curves), points)
+    values = [y[np.searchsorted(x, grid, side="right") - 1] for x, y in curves]
+    return grid, np.median(values, axis=0)
+
+
+def accuracy_series(collection: Collection, scenario: str, x: str) -> dict[str, dict]:
+    """policy -> {"repeats": [(xs, ys)], "median": (xs, ys)} for the accuracy figures."""
+    out = {}
+    for policy in collection.policies(scenario):
+        curves = [run_curve(r, x) for r in collection.select(scenario, policy)]
+        out[policy] = {"repeats": curves, "median": median_curve(curves)}
+    return out
+
+
+def breakdown_series(collection: Collection, scenario: str) -> dict[str, dict[str, tuple]]:
+    """policy -> worker -> (compute_s, comm_s, wait_s), mean over repeats, from the summaries."""
+    out = {}
+    for policy in collection.policies(scenario):
+        if policy == SINGLE:
+            continue
+        sums: dict[str, list] = {}
+        runs = collection.select(scenario, policy)
+        for run in runs:
+            for worker, w in (run.summary.get("per_worker") or {}).items():
+                acc = sums.setdefault(worker, [0.0, 0.0, 0.0])
+                for i, key in enumerate(("compute_s", "comm_s", "wait_s")):
+                    acc[i] += (w.get(key) or 0.0) / len(runs)
+        out[policy] = {w: tuple(v) for w, v in sorted(sums.items(), key=lambda kv: int(kv[0]))}
+    return out
+
+
+def staleness_series(collection: Collection, scenario: str) -> dict[str, tuple[list, list]]:
+    """policy -> (staleness values, fraction of steps with that staleness), repeats pooled."""
+    out = {}
+    for policy in collection.policies(scenario):
+        if policy == SINGLE:
+            continue
+        counts = Counter(s for r in collection.select(scenario, policy) for s in r.staleness)
+        total = sum(counts.values()) or 1
+        values = sorted(counts)
+        out[policy] = (values, [counts[v] / total for v in values])
+    return out
+
+
+def throughput_series(collection: Collection, scenario: str) -> dict[str, dict]:
+    """policy -> {"repeats": samples/s of each repeat, "median": their median}."""
+    out = {}
+    for policy in collection.policies(scenario):
+        values = [r.samples_per_s for r in collection.select(scenario, policy)]
+        out[policy] = {"repeats": values, "median": median(values)}
+    return out
+
+
+def tta_series(rows: list[Row], scenario: str) -> list[dict]:
+    """The time-to-target bars: straight from the table rows, so the two cannot disagree."""
+    return [{"policy": r.policy, "median": r.tta_median, "min": r.tta_min, "max": r.tta_max,
+             "speedup": r.speedup, "reached": r.reached, "repeats": r.repeats}
+            for r in rows if r.scenario == scenario]

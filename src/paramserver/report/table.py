@@ -1,0 +1,117 @@
+"""The time-to-target-accuracy table: one row per scenario and policy, over repeats."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from statistics import mean, median
+
+from paramserver.report.collect import SINGLE, Collection, Run
+
+BASELINE = "bsp"  # speedups are against this policy in the same scenario
+
+
+@dataclass
+class Row:
+    """One policy in one scenario, aggregated over its repeats."""
+
+    scenario: str
+    policy: str
+    repeats: int
+    reached: int  # repeats that reached the target
+    tta_median: float | None  # None: the median repeat never reached the target
+    tta_min: float | None  # over the repeats that reached it
+    tta_max: float | None
+    final_accuracy: float | None
+    best_accuracy: float | None
+    wait_fraction: float
+    staleness: float
+    samples_per_s: float
+    real_compute_share: float | None
+    speedup: float | None = None  # median BSP time / median time of this policy
+
+    @property
+    def reference(self) -> bool:
+        return self.policy == SINGLE
+
+
+def _median_or_none(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return median(values) if values else None
+
+
+def policy_row(scenario: str, policy: str, runs: list[Run], target: float) -> Row:
+    """Aggregate the repeats of one policy; a repeat that never reached the target counts as
+    infinitely slow, so the median is "not reached" once half of them missed it."""
+    times = [run.time_to(target) for run in runs]
+    reached = sorted(t for t in times if t is not None)
+    mid = median([math.inf if t is None else t for t in times])
+    s = [run.summary for run in runs]
+    return Row(
+        scenario=scenario, policy=policy, repeats=len(runs), reached=len(reached),
+        tta_median=None if math.isinf(mid) else mid,
+        tta_min=reached[0] if reached else None, tta_max=reached[-1] if reached else None,
+        final_accuracy=_median_or_none(x.get("final_test_accuracy") for x in s),
+        best_accuracy=_median_or_none(x.get("best_test_accuracy") for x in s),
+        wait_fraction=mean(x.get("mean_wait_fraction") or 0.0 for x in s),
+        staleness=mean(x.get("mean_staleness") or 0.0 for x in s),
+        samples_per_s=median(run.samples_per_s for run in runs),
+        real_compute_share=_median_or_none(x.get("real_compute_share") for x in s))
+
+
+def table_rows(collection: Collection, target: float | None = None) -> list[Row]:
+    """Rows of every scenario in order, the single-process reference last in each."""
+    target = collection.target if target is None else target
+    rows = []
+    for scenario in collection.scenarios():
+        group = [policy_row(scenario, p, collection.select(scenario, p), target)
+                 for p in collection.policies(scenario)]
+        base = next((r.tta_median for r in group if r.policy == BASELINE), None)
+        for row in group:
+            if base is not None and row.tta_median:
+                row.speedup = base / row.tta_median
+        rows.extend(group)
+    return rows
+
+
+def fmt_seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _cells(row: Row) -> list[str]:
+    spread = ("–" if row.tta_min is None else f"{row.tta_min:.2f}" if row.tta_min == row.tta_max
+              else f"{row.tta_min:.2f}–{row.tta_max:.2f}")
+    name = f"{row.policy} (1 worker, reference)" if row.reference else row.policy
+    return [name, f"{row.reached}/{row.repeats}", fmt_seconds(row.tta_median), spread,
+            "–" if row.speedup is None else f"×{row.speedup:.2f}",
+            fmt_pct(row.final_accuracy), fmt_pct(row.best_accuracy), fmt_pct(row.wait_fraction),
+            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}"]
+
+
+HEADERS = ["policy", "repeats reaching target", "time to target (s, median)", "min–max (s)",
+           "speedup vs BSP", "final acc.", "best acc.", "wait fraction", "mean staleness",
+           "samples/s (training)"]
+
+
+def render_table(rows: list[Row], target: float) -> str:
+    """The rows as one HTML table, a header row per scenario."""
+    out = ["<table class='tta'>",
+           "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS) + "</tr></thead>",
+           "<tbody>"]
+    scenario = None
+    for row in rows:
+        if row.scenario != scenario:
+            scenario = row.scenario
+            out.append(f"<tr class='scenario'><th colspan='{len(HEADERS)}'>scenario "
+                       f"{html.escape(scenario)} — target accuracy {100 * target:g}%</th></tr>")
+        cls = " class='reference'" if row.reference else (
+            " class='missed'" if row.tta_median is None else "")
+        out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row))
+                   + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)

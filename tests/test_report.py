@@ -1,0 +1,243 @@
+"""`paramserver report`: table, figures and report.html from hand-written run folders."""
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from paramserver.cli.main import main
+from paramserver.metrics import summarize
+from paramserver.report import build_report, collect, table_rows
+from paramserver.report import figures, series
+from paramserver.report.figures import KINDS
+from paramserver.report.html import render_report
+
+TARGET = 0.9
+BATCH, WORKERS = 10, 2
+
+# Time to 0.9 per repeat (None: never): medians by hand below.
+PLAN_TTA = {"bsp": [2.0, 4.0, 3.0], "asp": [1.0, 1.5, None], "ssp": [None, None, 1.0],
+            "single": [6.0]}
+
+
+def job(sync: str, workers: int = WORKERS, batch: int = BATCH) -> dict:
+    return {"sync": {"name": sync}, "workers": workers, "servers": 1, "batch_size": batch,
+            "apply_mode": "round" if sync == "bsp" else "arrival",
+            "optimizer": {"name": "sgd", "lr": 0.1},
+            "task": {"model": "mlp", "dataset": "digits", "straggler": "1:3",
+                     "device_time": "1ms"}}
+
+
+def step(t, worker, n, staleness=0, compute=0.1, wait=0.05, batch=BATCH):
+    return {"t": t, "kind": "step", "worker": worker, "step": n, "batch": batch, "loss": 1.0,
+            "compute_s": compute, "real_compute_s": compute / 2, "wait_s": wait, "pull_s": 0.01,
+            "push_s": 0.02, "pull_bytes": 100, "push_bytes": 100, "staleness": staleness}
+
+
+def records_for(tta: float | None, staleness: int, workers: int = WORKERS,
+                batch: int = BATCH) -> list[dict]:
+    """Four steps per worker (the last at t=5.0), evals at t=0.5, tta (0.9) and 8.0."""
+    recs = [step(1.0 + n + 0.1 * w, w, n, staleness=staleness * w, batch=batch)
+            for n in range(4) for w in range(workers)]
+    recs[-1]["t"] = 5.0
+    evals = [(0.5, 0.4)] + ([(tta, 0.92)] if tta is not None else []) + [
+        (8.0, 0.95 if tta is not None else 0.8)]
+    recs += [{"t": t, "kind": "eval", "accuracy": a, "test_loss": 1 - a,
+              "samples": int(t * 10), "version": 0, "final": t == 8.0} for t, a in evals]
+    return recs
+
+
+def write_run(path: Path, records: list[dict], job_: dict, summary: bool = True) -> None:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"config": {}, "job": job_}))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "events.jsonl").write_text("")
+    if summary:
+        (path / "summary.json").write_text(json.dumps(summarize(records, job_)))
+
+
+def make_compare(root: Path, plan_tta=PLAN_TTA) -> Path:
+    plan = {"scenarios": {"one-slow": {"straggler": "1:3", "description": "worker 1 is 3x slower"}},
+            "policies": ["bsp", "asp", "ssp"], "repeats": 3, "target_accuracy": TARGET,
+            "config": {"workers": WORKERS, "batch_size": BATCH},
+            "notes": ["digits saturates fast; use mnist to see accuracy differences"]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "compare.json").write_text(json.dumps(plan))
+    for policy, ttas in plan_tta.items():
+        for k, tta in enumerate(ttas):
+            single = policy == "single"
+            recs = records_for(tta, staleness=0 if policy in ("bsp", "single") else k + 1,
+                               workers=1 if single else WORKERS,
+                               batch=BATCH * WORKERS if single else BATCH)
+            write_run(root / "runs" / "one-slow" / policy / f"rep-{k}", recs,
+                      job("bsp" if single else policy, 1 if single else WORKERS))
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = make_compare(tmp_path_factory.mktemp("report") / "cmp")
+    page = build_report(root)
+    return root, page
+
+
+def rows_by_policy(root):
+    return {r.policy: r for r in table_rows(collect(root))}
+
+
+def test_table_medians_spreads_and_speedups_match_hand_values(built):
+    rows = rows_by_policy(built[0])
+    assert list(rows) == ["bsp", "asp", "ssp", "single"]
+    bsp, asp, ssp, single = rows.values()
+    assert (bsp.tta_median, bsp.tta_min, bsp.tta_max, bsp.reached) == (3.0, 2.0, 4.0, 3)
+    assert bsp.speedup == pytest.approx(1.0)
+    # A repeat that never reached the target counts as infinitely slow: median of 1, 1.5, inf.
+    assert (asp.tta_median, asp.tta_min, asp.tta_max, asp.reached) == (1.5, 1.0, 1.5, 2)
+    assert asp.speedup == pytest.approx(3.0 / 1.5)
+    assert ssp.tta_median is None and ssp.speedup is None and ssp.reached == 1
+    assert single.reference and single.tta_median == 6.0 and single.speedup == pytest.approx(0.5)
+    assert asp.final_accuracy == pytest.approx(0.95)  # median of 0.95, 0.95, 0.8
+    assert ssp.final_accuracy == pytest.approx(0.8) and ssp.best_accuracy == pytest.approx(0.8)
+    # Staleness of repeat k is (k + 1) * worker: means 0.5, 1.0, 1.5 -> 1.0.
+    assert asp.staleness == pytest.approx(1.0) and bsp.staleness == 0
+    # wait / (compute + wait + pull + push) = 0.05 / 0.18 for every worker.
+    assert bsp.wait_fraction == pytest.approx(0.05 / 0.18)
+    assert bsp.samples_per_s == pytest.approx(8 * BATCH / 5.0)  # last step at t = 5
+    assert bsp.real_compute_share == pytest.approx(0.5)
+
+
+def test_time_to_a_target_the_summary_lacks_comes_from_the_evaluations(built):
+    c = collect(built[0])
+    run = c.select("one-slow", "bsp")[0]  # evals: 0.4 at 0.5 s, 0.92 at 2 s, 0.95 at 8 s
+    assert "0.93" not in run.summary["time_to_accuracy"]
+    assert run.time_to(0.93) == 8.0 and run.time_to(0.92) == 2.0 and run.time_to(0.99) is None
+    assert rows_by_policy(built[0])["bsp"].tta_median == 3.0
+    assert {r.policy: r.tta_median for r in table_rows(c, 0.93)}["bsp"] == 8.0
+
+
+def test_missing_summary_is_recomputed_from_metrics(tmp_path):
+    root = make_compare(tmp_path / "cmp", {"bsp": [2.0], "asp": [1.0]})
+    (root / "runs/one-slow/asp/rep-0/summary.json").unlink()
+    c = collect(root)
+    run = c.select("one-slow", "asp")[0]
+    assert run.recomputed and run.summary["steps"] == 8 and run.summary["sync"] == "asp"
+    assert run.time_to(TARGET) == 1.0
+    assert any("recomputed" in w and "asp" in w for w in c.warnings)
+    assert rows_by_policy(root)["asp"].speedup == pytest.approx(2.0)
+
+
+def test_a_corrupt_run_is_skipped_with_a_warning_in_the_report(tmp_path):
+    root = make_compare(tmp_path / "cmp", {"bsp": [2.0, 3.0], "asp": [1.0]})
+    bad = root / "runs/one-slow/bsp/rep-1"
+    (bad / "summary.json").unlink()
+    (bad / "metrics.jsonl").write_bytes(b"\x00\xff garbage \xfe\n")
+    (root / "runs/one-slow/asp/rep-7").mkdir()  # a run that never started
+    c = collect(root)
+    page = render_report(c, table_rows(c), [])  # figures are not the point here, and cost time
+    assert [r.repeat for r in c.select("one-slow", "bsp")] == [0]
+    assert sum(str(bad) in w and "skipped" in w for w in c.warnings) == 1
+    assert any("rep-7" in w for w in c.warnings)
+    assert f"skipped {bad}" in page and "rep-7" in page
+
+
+def test_every_figure_is_written_and_not_empty(built):
+    root, _ = built
+    for kind in KINDS:
+        png = root / "figures" / f"{kind}-one-slow.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, kind
+
+
+def test_report_embeds_every_figure_and_references_nothing_outside(built):
+    root, page = built
+    text = page.read_text()
+    uris = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
+    embedded = {base64.b64decode(u) for u in uris}
+    for png in (root / "figures").glob("*.png"):
+        assert png.read_bytes() in embedded, png.name
+    assert len(uris) == len(KINDS)
+    assert not re.search(r"https?:", text, re.I)
+    assert "<link" not in text and "<script" not in text and "@import" not in text
+    assert "digits saturates fast" in text and "worker 1 is 3x slower" in text
+    assert "never reached 90%" in text  # the asp and ssp repeats that missed
+
+
+def test_time_to_target_bars_are_the_table_values(built, monkeypatch):
+    root, _ = built
+    c = collect(root)
+    rows = table_rows(c)
+    bars = series.tta_series(rows, "one-slow")
+    assert [(b["policy"], b["median"]) for b in bars] == [
+        ("bsp", 3.0), ("asp", 1.5), ("ssp", None), ("single", 6.0)]
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    figures.plot_tta(bars, "one-slow", TARGET, root / "unused.png")
+    heights = [p.get_height() for p in drawn[0].axes[0].patches]
+    assert heights == [3.0, 1.5, 6.0]  # ssp never reached: no bar, a "not reached" label
+    labels = [t.get_text() for t in drawn[0].axes[0].texts]
+    assert "×2.00 vs BSP" in labels[1] and labels[2].startswith("not reached")
+
+
+def test_other_figures_plot_the_summaries_and_logs(built):
+    c = collect(built[0])
+    rows = {r.policy: r for r in table_rows(c)}
+    tput = series.throughput_series(c, "one-slow")
+    assert all(tput[p]["median"] == pytest.approx(rows[p].samples_per_s) for p in rows)
+    parts = series.breakdown_series(c, "one-slow")
+    assert "single" not in parts and list(parts["bsp"]) == ["0", "1"]
+    assert parts["bsp"]["0"] == pytest.approx((0.4, 0.12, 0.2))  # 4 steps of the step() record
+    values, fractions = series.staleness_series(c, "one-slow")["asp"]
+    assert values == [0, 1, 2, 3] and fractions == pytest.approx([0.5, 1 / 6, 1 / 6, 1 / 6])
+    acc = series.accuracy_series(c, "one-slow", "steps")
+    first = c.select("one-slow", "bsp")[0]
+    assert acc["bsp"]["repeats"][0] == ([e["samples"] / 20 for e in first.evals],
+                                        [e["accuracy"] for e in first.evals])
+
+
+def test_median_curve_holds_each_curve_at_its_last_value():
+    xs, ys = series.median_curve([([0, 2], [0.1, 0.9]), ([0, 1], [0.3, 0.5]),
+                                  ([0, 4], [0.2, 0.6])], points=5)
+    assert list(xs) == [0, 1, 2, 3, 4]
+    assert list(ys) == pytest.approx([0.2, 0.2, 0.5, 0.5, 0.6])
+
+
+def test_plain_folders_group_by_sync_and_one_run_folder_is_one_run(tmp_path):
+    for name, sync, tta in (("a", "bsp", 2.0), ("b", "asp", 1.0), ("c", "bsp", 4.0)):
+        write_run(tmp_path / "runs" / name, records_for(tta, 0), job(sync))
+    c = collect(tmp_path / "runs")
+    assert c.scenarios() == ["runs"] and c.policies() == ["asp", "bsp"]
+    assert c.target == 0.95  # no plan: the default target
+    assert {r.policy: r.speedup for r in table_rows(c, TARGET)}["asp"] == pytest.approx(3.0)
+    single = collect(tmp_path / "runs" / "a")
+    assert [(r.scenario, r.policy) for r in single.runs] == [("run", "bsp")]
+
+
+def test_cli_prints_the_page_and_fails_in_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "no such folder" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no readable runs" in capsys.readouterr().err
+    write_run(tmp_path / "one", records_for(2.0, 0), job("bsp"))
+    assert main(["report", str(tmp_path / "one"), "--target", "0.5"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "one" / "report.html")
+
+
+# CI setup: apt-get update && apt-get install -y chromium   (Debian package)
+@pytest.mark.skipif(not shutil.which("chromium"), reason="chromium is not installed "
+                    "(apt-get install -y chromium) so report.html is not rendered")
+def test_report_renders_in_headless_chromium(built, tmp_path):
+    _, page = built
+    shot = tmp_path / "report.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
+                    f"--screenshot={shot}", "--window-size=1400,3000", page.as_uri()],
+                   capture_output=True, timeout=120, check=False)
+    assert shot.exists() and shot.stat().st_size > 50_000
