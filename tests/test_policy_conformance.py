@@ -39,6 +39,7 @@ CONFIGS: dict[str, list[dict]] = {
              {"warmup": 3, "strict": True}],
     "lbbsp": [{}, {"predictor": "median", "min_batch": 4, "max_batch": 12},
               {"predictor": "last", "min_batch": 9}],
+    "dssp": [{}, {"staleness": 0, "r_max": 2}, {"staleness": 1, "r_max": 0}],
 }
 
 
@@ -118,15 +119,21 @@ class RoundMonitor(Monitor):
 
 
 class SSPMonitor(Monitor):
-    """At a release for step c every live worker has completed step c - s - 1."""
+    """At a release for step c every live worker has completed step c - s - 1 (DSSP: s + r_max)."""
+
+    dynamic = False
 
     def on_decision(self, driver, d):
         if isinstance(d, Release):
-            s = self.kw.get("staleness", 3)
+            s = self.kw.get("staleness", 3) + self.kw.get("r_max", 4 if self.dynamic else 0)
             for j in driver.live_workers():
                 pos = driver.position(j)
                 assert pos is None or pos >= d.step - s, (
                     f"worker {d.worker} released for step {d.step} while {j} has done {pos}")
+
+
+class DSSPMonitor(SSPMonitor):
+    dynamic = True
 
 
 class R2SPMonitor(Monitor):
@@ -240,7 +247,7 @@ class EBSPMonitor(Monitor):
                                for r in trace.releases), (w, plan, note)
 
 
-MONITORS = {"bsp": RoundMonitor, "ssp": SSPMonitor, "r2sp": R2SPMonitor,
+MONITORS = {"bsp": RoundMonitor, "ssp": SSPMonitor, "dssp": DSSPMonitor, "r2sp": R2SPMonitor,
             "lbbsp": LBBSPMonitor, "ebsp": EBSPMonitor}
 
 
@@ -316,7 +323,7 @@ def test_options_are_listed_with_defaults_and_bad_ones_refused(name):
 @pytest.mark.parametrize("name,bad", [
     ("ssp", {"staleness": -1}), ("ebsp", {"lookahead": 0}), ("ebsp", {"predictor": "x"}),
     ("ebsp", {"variant": "x"}), ("r2sp", {"gap_ratio": -0.1}), ("r2sp", {"ema": 0}),
-    ("lbbsp", {"predictor": "x"}), ("lbbsp", {"max_batch": 4, "min_batch": 5}),
+    ("lbbsp", {"predictor": "x"}), ("dssp", {"r_max": -1}), ("lbbsp", {"max_batch": 4, "min_batch": 5}),
 ])
 def test_bad_option_values_fail_clearly(name, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -381,6 +388,26 @@ def test_ssp_clock_table_is_a_window_independent_of_the_number_of_workers():
 @given(workers=worker_scripts(), s=st.integers(0, 4))
 def test_ssp_bound_holds_for_any_staleness(workers, s):
     run_checked("ssp", {"staleness": s}, workers)
+
+
+def test_dssp_lets_a_fast_worker_fill_the_wait_for_the_slowest():
+    p = make_policy("dssp", BATCH, staleness=1, r_max=3)
+    for w in (0, 1):
+        p.handle(Joined(w, 0.0))
+    assert p.handle(Pushed(0, 0, 1.0, BATCH, 1.0)) == [Release(0, 1, BATCH)]
+    assert p.handle(Pushed(0, 1, 2.0, BATCH, 1.0)) == []  # slowest not timed yet: plain SSP
+    out = p.handle(Pushed(1, 0, 4.0, BATCH, 4.0))  # steps: fast 1 s, slow 4 s
+    assert out == [Release(0, 2, BATCH), Release(1, 1, BATCH)]
+    # Fast worker 2 ahead at t=5; the slowest pushes next at 4 + 4 = 8: r* = 3 extra steps.
+    for step, now in ((2, 5.0), (3, 6.0), (4, 7.0)):
+        assert p.handle(Pushed(0, step, now, BATCH, 1.0)) == [Release(0, step + 1, BATCH)]
+    assert p.handle(Pushed(0, 5, 8.0, BATCH, 1.0)) == []  # 5 ahead > s + r_max
+    assert p.handle(Pushed(1, 1, 8.0, BATCH, 4.0)) == [Release(0, 6, BATCH), Release(1, 2, BATCH)]
+    ssp = make_policy("ssp", BATCH, staleness=1)
+    for w in (0, 1):
+        ssp.handle(Joined(w, 0.0))
+    ssp.handle(Pushed(0, 0, 1.0, BATCH, 1.0))
+    assert ssp.handle(Pushed(0, 1, 2.0, BATCH, 1.0)) == []
 
 
 # ---- R2SP ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from paramserver.policies.base import (
     ApplyRound, Decision, Event, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy, Tick,
 )
 from paramserver.policies.bsp import BSP
+from paramserver.policies.dssp import DSSP
 from paramserver.policies.ebsp import ElasticBSP
 from paramserver.policies.lbbsp import LBBSP
 from paramserver.policies.r2sp import R2SP
@@ -21,6 +22,7 @@ SYNC_POLICIES.register("ssp")(SSP)
 SYNC_POLICIES.register("ebsp")(ElasticBSP)
 SYNC_POLICIES.register("r2sp")(R2SP)
 SYNC_POLICIES.register("lbbsp")(LBBSP)
+SYNC_POLICIES.register("dssp")(DSSP)
 
 
 def make_policy(name: str, batch_size: int, **options) -> SyncPolicy:
@@ -38,7 +40,7 @@ def policy_options(name: str) -> dict:
 
 
 __all__ = [
-    "ASP", "BSP", "LBBSP", "R2SP", "SSP", "ApplyRound", "Decision", "ElasticBSP", "Event",
+    "ASP", "BSP", "DSSP", "LBBSP", "R2SP", "SSP", "ApplyRound", "Decision", "ElasticBSP", "Event",
     "Joined", "Left", "Note", "PolicyError", "Pushed", "Release", "SYNC_POLICIES", "SyncPolicy",
     "Tick", "make_policy", "policy_options",
 ]

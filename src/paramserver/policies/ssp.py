@@ -63,9 +63,17 @@ class SSP(SyncPolicy, Configurable):
         super().__init__(batch_size)
         self.options = SSPOptions(staleness=staleness)
         self.s = staleness
-        self.window = ClockWindow(staleness + 2)
+        self.window = ClockWindow(self.max_ahead() + 2)
         self.clock: dict[int, int] = {}  # each member's own position (the coordinator has it too)
-        self.blocked: set[int] = set()  # all of them at clock low + s + 1
+        self.blocked: set[int] = set()
+
+    def max_ahead(self) -> int:
+        """The most steps any worker may ever be ahead of the slowest (sizes the window)."""
+        return self.s
+
+    def may_run(self, worker: int, clock: int, now: float) -> bool:
+        """May `worker`, having completed `clock` steps, start its next one? (DSSP overrides.)"""
+        return clock - self.window.low <= self.s
 
     def on_joined(self, event: Joined) -> list[Decision]:
         start = self.window.low
@@ -76,7 +84,7 @@ class SSP(SyncPolicy, Configurable):
     def on_left(self, event: Left) -> list[Decision]:
         self.window.add(self.clock.pop(event.worker), -1)
         self.blocked.discard(event.worker)
-        return self._unblock(self.window.advance())
+        return self._unblock(self.window.advance(), event.now)
 
     def on_pushed(self, event: Pushed) -> list[Decision]:
         w, c = event.worker, self.clock[event.worker]
@@ -86,16 +94,18 @@ class SSP(SyncPolicy, Configurable):
         self.window.add(c, -1)
         self.window.add(c + 1, 1)
         self.clock[w] = c + 1
-        out = self._unblock(self.window.advance())
-        if c + 1 - self.window.low <= self.s:
+        out = self._unblock(self.window.advance(), event.now)
+        if self.may_run(w, c + 1, event.now):
             out.append(Release(w, c + 1, self.batch_size))
         else:
             self.blocked.add(w)
         return out
 
-    def _unblock(self, moved: int) -> list[Decision]:
-        # Blocked workers all wait at clock low + s + 1 (old low): any move frees all of them.
+    def _unblock(self, moved: int, now: float) -> list[Decision]:
+        # Only a move of the slowest can change anyone's answer. Under plain SSP the blocked
+        # all wait at clock low + s + 1 (old low), so any move frees every one of them.
         if not moved or not self.blocked:
             return []
-        freed, self.blocked = sorted(self.blocked), set()
+        freed = [w for w in sorted(self.blocked) if self.may_run(w, self.clock[w], now)]
+        self.blocked.difference_update(freed)
         return [Release(w, self.clock[w], self.batch_size) for w in freed]
