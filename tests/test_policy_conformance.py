@@ -323,7 +323,8 @@ def test_options_are_listed_with_defaults_and_bad_ones_refused(name):
 @pytest.mark.parametrize("name,bad", [
     ("ssp", {"staleness": -1}), ("ebsp", {"lookahead": 0}), ("ebsp", {"predictor": "x"}),
     ("ebsp", {"variant": "x"}), ("r2sp", {"gap_ratio": -0.1}), ("r2sp", {"ema": 0}),
-    ("lbbsp", {"predictor": "x"}), ("dssp", {"r_max": -1}), ("lbbsp", {"max_batch": 4, "min_batch": 5}),
+    ("lbbsp", {"predictor": "x"}), ("dssp", {"r_max": -1}),
+    ("lbbsp", {"max_batch": 4, "min_batch": 5}),
 ])
 def test_bad_option_values_fail_clearly(name, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):

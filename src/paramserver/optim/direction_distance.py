@@ -70,7 +70,10 @@ class DirectionDistance(UpdateRule, Configurable):
         if int(state["dd/pushes"]) % self.opts.refresh == 0:
             self._recompute(state)
         dirsum = float(torch.linalg.vector_norm(state["dd/dirsum"]))
-        t = float(torch.linalg.vector_norm(state["dd/sum"])) / dirsum if dirsum > self.opts.eps else norm / alpha
+        if dirsum > self.opts.eps:
+            t = float(torch.linalg.vector_norm(state["dd/sum"])) / dirsum
+        else:  # the directions cancel out: t is undefined, take the plain step
+            t = norm / alpha
         step = -self.lr * scale * t * alpha / norm
         if isinstance(keys, slice):
             params[keys].add_(values, alpha=step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -17,13 +18,12 @@ def proportional_shares(total: int, weights: Sequence[float], lo: int, hi: int) 
     and hi/w_i; find the segment where it crosses `total` and solve the linear piece.
     """
     cuts = sorted({b / w for w in weights if w > 0 for b in (lo, hi)})
-    prev = 0.0
-    for cut in cuts:
-        if _clamped_sum(cut, weights, lo, hi) >= total:
-            break
-        prev = cut
-    else:
+    # Binary search for the first breakpoint whose sum reaches the total: O(n log n).
+    k = bisect.bisect_left(range(len(cuts)), True,
+                           key=lambda i: _clamped_sum(cuts[i], weights, lo, hi) >= total)
+    if k == len(cuts):
         raise ValueError("total unreachable within the bounds")  # callers check beforehand
+    prev, cut = (cuts[k - 1] if k else 0.0), cuts[k]
     mid = (prev + cut) / 2
     free = [w for w in weights if lo < mid * w < hi]
     pinned = sum(min(max(mid * w, lo), hi) for w in weights if not lo < mid * w < hi)

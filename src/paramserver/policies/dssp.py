@@ -28,9 +28,9 @@ class DSSP(SSP):
     predicted pushes; the fast worker, run r more steps, would push at now + r * its step
     time; r* in [0, r_max] puts that closest to t_slow (ties to fewer steps), so it waits
     least without drifting further than needed. Workers with no completed step yet give
-    r* = 0 (plain SSP). So a release for step c still promises that every
-    worker completed step c - s - r_max - 1. Finding the slowest costs O(N), once per worker
-    and window move; the clock table stays a window of s + r_max + 2 counters.
+    r* = 0 (plain SSP). So a release for step c still promises that every worker completed
+    step c - s - r_max - 1. Finding the slowest costs O(N) once per window move (t_slow is
+    then kept for that window); the clock table stays a window of s + r_max + 2 counters.
     """
 
     name = "dssp"
@@ -44,6 +44,7 @@ class DSSP(SSP):
         self.released_at: dict[int, float] = {}
         self.step_time: dict[int, float] = {}  # release -> push: a step without the waiting
         self.grant: dict[int, tuple[int, int]] = {}  # worker -> (low when granted, r*)
+        self.slow_eta: tuple[int, float | None] = (-1, None)  # (low, t_slow) for that low
 
     def max_ahead(self) -> int:
         return self.s + self.r_max
@@ -60,11 +61,20 @@ class DSSP(SSP):
             self.grant[worker] = (self.window.low, extra)
         return ahead <= self.s + extra
 
+    def _t_slow(self) -> float | None:
+        """When the slowest should all have pushed: found in O(N), once per window move."""
+        if self.slow_eta[0] != self.window.low:
+            slowest = [j for j, c in self.clock.items() if c == self.window.low]
+            eta = None
+            if all(j in self.step_time for j in slowest):
+                eta = max(self.released_at[j] + self.step_time[j] for j in slowest)
+            self.slow_eta = (self.window.low, eta)
+        return self.slow_eta[1]
+
     def _extra(self, worker: int, now: float) -> int:
-        slowest = [j for j, c in self.clock.items() if c == self.window.low]
-        if worker not in self.step_time or any(j not in self.step_time for j in slowest):
+        t_slow = self._t_slow()
+        if worker not in self.step_time or t_slow is None:
             return 0
-        t_slow = max(self.released_at[j] + self.step_time[j] for j in slowest)
         step = self.step_time[worker]
         return min(range(self.r_max + 1), key=lambda r: (abs(now + r * step - t_slow), r))
 

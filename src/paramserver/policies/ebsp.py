@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from paramserver import zipline
 from paramserver.options import Configurable, check_choice, check_range, opt
-from paramserver.policies.base import Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy
+from paramserver.policies.base import (
+    Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy,
+)
 from paramserver.predict import get_predictor
 
 # Option names users type -> push-time predictors of paramserver.predict.
@@ -56,7 +59,8 @@ class ElasticBSP(SyncPolicy, Configurable):
         self.options = EBSPOptions(lookahead, predictor, variant)
         self.predict = get_predictor(PREDICTOR_NAMES[predictor])
         self.planned = False
-        self.times: dict[int, list[float]] = {}  # push times since the last barrier
+        self.times: dict[int, deque[float]] = {}  # push times since the last barrier
+        self.unmonitored: set[int] = set()  # fewer than two pushes since the barrier
         self.last_step: dict[int, int] = {}  # -1 before its first push
         self.sync_step: dict[int, int] = {}  # planned: hold the worker after this step
         self.held: set[int] = set()
@@ -64,10 +68,11 @@ class ElasticBSP(SyncPolicy, Configurable):
 
     def on_joined(self, event: Joined) -> list[Decision]:
         w = event.worker
-        self.times[w], self.last_step[w] = [], -1
+        self.times[w], self.last_step[w] = deque(maxlen=HISTORY_CAP), -1
         if self.planned:
             self.held.add(w)
             return []
+        self.unmonitored.add(w)
         return [Release(w, 0, self.batch_size)]
 
     def on_left(self, event: Left) -> list[Decision]:
@@ -75,6 +80,7 @@ class ElasticBSP(SyncPolicy, Configurable):
         for table in (self.times, self.last_step, self.sync_step):
             table.pop(w, None)
         self.held.discard(w)
+        self.unmonitored.discard(w)
         if not self.active:
             self._restart()
             return []
@@ -85,10 +91,13 @@ class ElasticBSP(SyncPolicy, Configurable):
     def on_pushed(self, event: Pushed) -> list[Decision]:
         w = event.worker
         if event.step != self.last_step[w] + 1 or w in self.held:
+            held = " (it is held)" if w in self.held else ""
             raise PolicyError(f"worker {w} pushed step {event.step}; expected "
-                              f"{self.last_step[w] + 1}" + (" (it is held)" if w in self.held else ""))
+                              f"{self.last_step[w] + 1}{held}")
         self.last_step[w] = event.step
-        self.times[w] = (self.times[w] + [event.now])[-HISTORY_CAP:]
+        self.times[w].append(event.now)
+        if len(self.times[w]) >= 2:
+            self.unmonitored.discard(w)
         if not self.planned:
             out = self._maybe_plan(event.now, waiting=w)
         else:
@@ -100,9 +109,9 @@ class ElasticBSP(SyncPolicy, Configurable):
 
     # ---- phases ---------------------------------------------------------------------------------
     def _maybe_plan(self, now: float, waiting: int | None) -> list[Decision]:
-        workers = sorted(self.active)
-        if any(len(self.times[w]) < 2 for w in workers):
+        if self.unmonitored:
             return []
+        workers = sorted(self.active)
         offsets = [0 if w == waiting else 1 for w in workers]
         plan = self._search([self.times[w] for w in workers], offsets)
         self.sync_step = {w: self.last_step[w] + i + off
@@ -120,7 +129,7 @@ class ElasticBSP(SyncPolicy, Configurable):
         return zipline.search(rows, variant=self.options.variant)
 
     def _maybe_barrier(self, now: float) -> list[Decision]:
-        if not self.active <= self.held:
+        if len(self.held) < len(self.active):  # held is a subset of active: O(1) per push
             return []
         released = sorted(self.held)
         self.barriers += 1
@@ -134,4 +143,5 @@ class ElasticBSP(SyncPolicy, Configurable):
         self.planned = False
         self.held = set()
         self.sync_step = {}
-        self.times = {w: [] for w in self.active}
+        self.times = {w: deque(maxlen=HISTORY_CAP) for w in self.active}
+        self.unmonitored = set(self.active)

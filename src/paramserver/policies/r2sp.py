@@ -6,7 +6,9 @@ import bisect
 from dataclasses import dataclass
 
 from paramserver.options import Configurable, check_range, opt
-from paramserver.policies.base import Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy
+from paramserver.policies.base import (
+    Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy,
+)
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,13 @@ class R2SP(SyncPolicy, Configurable):
     comes no sooner than r*T/N after the previous one. T is an EMA of the iteration time,
     measured as the interval between a worker's consecutive pushes; N the active workers.
 
-    Between two permissions of a worker every other worker gets at most one, so a worker's
-    read misses at most the N-1 updates of the others' turns; with steady step times each
-    update is N-1 versions stale at most (see the conformance tests for what is checked).
+    Between two permissions of a worker every other worker gets at most one. Here a worker
+    pushes as soon as its step is computed (before asking for its turn), so update staleness
+    (versions applied between its read and its push) is <= N-1 when step times are steady,
+    but a worker whose step outlasts a whole rotation can see another push twice: <= 2(N-1).
+    `strict` restores <= N-1 always by holding a permission until everyone who read before
+    the holder's push has pushed too; that serializes steady workers pairwise (about half
+    the throughput in the driver), so it is off by default.
 
     Heterogeneous mode: worker i's update is scaled by batch_i / base_batch and its batch is
     re-tuned at each permission as b' = b + v_i * blocking_i (v_i = batch / compute time, in

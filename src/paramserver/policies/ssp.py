@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paramserver.options import Configurable, check_range, opt
-from paramserver.policies.base import Decision, Joined, Left, PolicyError, Pushed, Release, SyncPolicy
+from paramserver.policies.base import (
+    Decision, Joined, Left, PolicyError, Pushed, Release, SyncPolicy,
+)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ class NARXSpeed(SpeedPredictor):
                  train_window: int = 48, min_samples: int = 8, seed: int = 0,
                  fallback: str = "ema"):
         if delays < 1 or hidden < 1 or steps < 0 or train_window < 2 or min_samples < 1:
-            raise ValueError("narx needs delays, hidden, train_window, min_samples >= 1, steps >= 0")
+            raise ValueError("narx needs delays, hidden, train_window, min_samples >= 1 "
+                             "and steps >= 0")
         if fallback not in ("last", "ema"):
             raise ValueError(f"fallback must be last or ema, got {fallback!r}")
         self.k, self.steps, self.min_samples = delays, steps, min_samples
