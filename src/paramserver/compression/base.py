@@ -1,0 +1,136 @@
+"""The compressor skeleton: input checks, error feedback / momentum state, selection, stats."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from paramserver.compression.feedback import make_feedback
+from paramserver.compression.sparse import Sparse
+from paramserver.options import Configurable, check_range, describe, opt
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class FeedbackOptions:
+    error_feedback: bool = opt(True, "keep the unsent part in a local residual and add it to the "
+                                     "next gradient (False: drop it)")
+    momentum: float = opt(0.0, "DGC momentum correction factor m in [0, 1): u = m*u + g, "
+                               "residual += u, clear both where sent (0 = off; needs "
+                               "error_feedback)")
+
+    def __post_init__(self):
+        if not isinstance(self.error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False; got {self.error_feedback!r}")
+        check_range("momentum", self.momentum, 0.0, None)
+        if self.momentum >= 1:
+            raise ValueError(f"momentum must be in [0, 1); got {self.momentum!r}")
+        if self.momentum > 0 and not self.error_feedback:
+            # DGC's correction is a rule for accumulating the residual; with no residual the
+            # velocity would silently become one (u keeps every unsent gradient).
+            raise ValueError("momentum > 0 needs error_feedback=True")
+
+
+@dataclass(frozen=True)
+class CompressStats:
+    """The last compress call (step, size, sent, threshold) and totals since reset."""
+
+    step: int = 0
+    size: int = 0
+    sent: int = 0
+    threshold: float = 0.0
+    restarted: bool = False
+    total_sent: int = 0
+    total_size: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return self.sent / self.size if self.size else 0.0
+
+    @property
+    def total_fraction(self) -> float:
+        return self.total_sent / self.total_size if self.total_size else 0.0
+
+
+class Selection(NamedTuple):
+    keys: torch.Tensor        # sorted int64 positions
+    threshold: float          # the magnitude cut that produced them
+    restarted: bool = False   # dynamic: the carried threshold kept nothing
+
+
+def as_flat(grad) -> torch.Tensor:
+    """A 1-D float32/float64 tensor view of `grad` (a torch tensor or numpy array)."""
+    g = torch.as_tensor(grad).detach()
+    if g.dim() != 1 or g.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"grad must be a 1-D float32 or float64 tensor; got {g.dim()}-D "
+                         f"{g.dtype}")
+    return g
+
+
+class Compressor(Configurable):
+    """compress(grad) -> Sparse. Subclasses choose what to send in `_select`."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = FeedbackOptions
+
+    def __init__(self, **options):
+        known = describe(self.Options)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)} for compressor "
+                             f"{self.name!r}; known: {', '.join(known)}")
+        self.opts = self.Options(**options)
+        self.feedback = make_feedback(self.opts.error_feedback, self.opts.momentum)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the residual, velocity, carried threshold and stats."""
+        self.feedback.reset()
+        self._size, self._dtype, self._mag = None, None, None
+        self.stats = CompressStats()
+
+    def options(self) -> dict:
+        return asdict(self.opts)
+
+    def compress(self, grad) -> Sparse:
+        g = self._check(as_flat(grad))
+        cand = self.feedback.add(g)
+        mag = torch.abs(cand, out=self._mag)  # reused buffer: fresh pages cost ~a pass
+        sel = self._select(cand, mag)
+        values = cand[sel.keys]  # a gather: a copy, safe from the residual reset below
+        self.feedback.sent(sel.keys)
+        self._record(g.numel(), sel.keys.numel(), sel.threshold, sel.restarted)
+        return Sparse(sel.keys.numpy(), values.numpy(), g.numel())
+
+    def _select(self, cand: torch.Tensor, mag: torch.Tensor) -> Selection:
+        raise NotImplementedError
+
+    def _check(self, g: torch.Tensor) -> torch.Tensor:
+        if self._size is None:
+            self._size, self._dtype = g.numel(), g.dtype
+            self._mag = torch.empty_like(g)
+        elif (g.numel(), g.dtype) != (self._size, self._dtype):
+            raise ValueError(f"grad changed from {self._size} x {self._dtype} to {g.numel()} x "
+                             f"{g.dtype}; call reset() first")
+        return g
+
+    def _record(self, size: int, sent: int, threshold: float, restarted: bool = False) -> None:
+        s = self.stats
+        self.stats = CompressStats(s.step + 1, size, sent, float(threshold), restarted,
+                                   s.total_sent + sent, s.total_size + size)
+
+    @property
+    def residual(self) -> torch.Tensor:
+        """The unsent accumulation (live; do not modify). Zeros without error feedback."""
+        r = self.feedback.residual
+        if r is None:
+            return torch.zeros(self._size or 0, dtype=self._dtype or torch.float32)
+        return r
+
+    @property
+    def state(self) -> dict:
+        """residual, velocity (DGC momentum; None when off) and any carried threshold."""
+        return {"residual": self.residual, "velocity": self.feedback.velocity}
