@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import random
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -25,7 +24,7 @@ from paramserver.policies import (
     policy_options,
 )
 from paramserver.policies.batch_split import split_batch
-from paramserver.policies.driver import Driver, DriverError, VirtualWorker
+from paramserver.policies.driver import Driver, VirtualWorker
 from paramserver.runtime.shard_store import ShardStore
 
 BATCH = 8
@@ -543,3 +542,10 @@ def test_ebsp_newcomer_after_the_plan_waits_for_the_barrier():
     assert p.handle(Joined(2, 6.5)) == []  # held until the barrier
     decisions = p.handle(Left(0, 7.0)) + p.handle(Left(1, 7.0))
     assert Release(2, 0, BATCH) in decisions and not p.planned
+
+
+def test_integer_options_refuse_floats_and_bools_with_the_option_named():
+    with pytest.raises(ValueError, match="staleness must be an integer"):
+        make_policy("ssp", BATCH, staleness=1.5)
+    with pytest.raises(ValueError, match="lookahead must be an integer"):
+        make_policy("ebsp", BATCH, lookahead=True)

@@ -27,6 +27,13 @@ def check_choice(name: str, value: Any, choices) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
+def check_int(name: str, value: Any, lo: int | None = None) -> None:
+    """Raise ValueError unless `value` is an int (not a bool) and >= lo."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer; got {value!r}")
+    check_range(name, value, lo)
+
+
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
                 *, lo_open: bool = False) -> None:
     """Raise ValueError unless lo <= value <= hi (lo < value if lo_open)."""

@@ -8,7 +8,7 @@ import torch
 
 from paramserver.optim.adagrad_global import merge_keys
 from paramserver.optim.base import Index, UpdateRule
-from paramserver.options import Configurable, check_choice, check_range, opt
+from paramserver.options import Configurable, check_choice, check_int, check_range, opt
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class DirectionDistanceOptions:
 
     def __post_init__(self):
         check_choice("alpha", self.alpha, ("equal", "staleness"))
-        check_range("refresh", self.refresh, 1)
+        check_int("refresh", self.refresh, 1)
         check_range("eps", self.eps, 0, lo_open=True)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paramserver.options import check_range, opt
+from paramserver.options import check_int, opt
 from paramserver.policies.base import Decision, Joined, Left, Pushed, Release
 from paramserver.policies.ssp import SSP
 
@@ -15,8 +15,8 @@ class DSSPOptions:
     r_max: int = opt(4, "most extra steps beyond s a fast worker may be granted")
 
     def __post_init__(self):
-        check_range("staleness", self.staleness, 0)
-        check_range("r_max", self.r_max, 0)
+        check_int("staleness", self.staleness, 0)
+        check_int("r_max", self.r_max, 0)
 
 
 class DSSP(SSP):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paramserver import zipline
-from paramserver.options import Configurable, check_choice, check_range, opt
+from paramserver.options import Configurable, check_choice, check_int, opt
 from paramserver.policies.base import (
     Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy,
 )
@@ -26,7 +26,7 @@ class EBSPOptions:
     variant: str = opt(zipline.DEFAULT_VARIANT, "ZipLine variant (all give the same answer)")
 
     def __post_init__(self):
-        check_range("lookahead", self.lookahead, 1)
+        check_int("lookahead", self.lookahead, 1)
         check_choice("predictor", self.predictor, PREDICTOR_NAMES)
         zipline.get_variant(self.variant)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paramserver.options import Configurable, check_choice, check_range, opt
+from paramserver.options import Configurable, check_choice, check_int, check_range, opt
 from paramserver.policies.base import ApplyRound, Decision, Joined, Left, Note, Pushed
 from paramserver.policies.batch_split import split_batch
 from paramserver.policies.bsp import BSP
@@ -21,11 +21,11 @@ class LBBSPOptions:
 
     def __post_init__(self):
         check_choice("predictor", self.predictor, SPEED_PREDICTORS)
-        check_range("min_batch", self.min_batch, 1)
+        check_int("min_batch", self.min_batch, 1)
         if self.max_batch is not None:
-            check_range("max_batch", self.max_batch, self.min_batch)
+            check_int("max_batch", self.max_batch, self.min_batch)
         check_range("alpha", self.alpha, 0, 1, lo_open=True)
-        check_range("window", self.window, 1)
+        check_int("window", self.window, 1)
 
     def predictor_kwargs(self) -> dict:
         return {"ema": {"alpha": self.alpha}, "median": {"window": self.window}}.get(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from paramserver.options import Configurable, check_range, opt
+from paramserver.options import Configurable, check_int, check_range, opt
 from paramserver.policies.base import (
     Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy,
 )
@@ -27,12 +27,12 @@ class R2SPOptions:
     def __post_init__(self):
         check_range("gap_ratio", self.gap_ratio, 0)
         check_range("ema", self.ema, 0, 1, lo_open=True)
-        check_range("warmup", self.warmup, 0)
-        check_range("min_batch", self.min_batch, 1)
+        check_int("warmup", self.warmup, 0)
+        check_int("min_batch", self.min_batch, 1)
         if self.base_batch is not None:
-            check_range("base_batch", self.base_batch, 1)
+            check_int("base_batch", self.base_batch, 1)
         if self.max_batch is not None:
-            check_range("max_batch", self.max_batch, self.min_batch)
+            check_int("max_batch", self.max_batch, self.min_batch)
 
 
 class Rotation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paramserver.options import Configurable, check_range, opt
+from paramserver.options import Configurable, check_int, opt
 from paramserver.policies.base import (
     Decision, Joined, Left, PolicyError, Pushed, Release, SyncPolicy,
 )
@@ -15,7 +15,7 @@ class SSPOptions:
     staleness: int = opt(3, "steps a worker may run ahead of the slowest (0 = lockstep, like BSP)")
 
     def __post_init__(self):
-        check_range("staleness", self.staleness, 0)
+        check_int("staleness", self.staleness, 0)
 
 
 class ClockWindow:
