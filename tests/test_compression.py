@@ -11,6 +11,7 @@ from paramserver.compression import (COMPRESSORS, KEY_ENCODINGS, EncodedKeys, Sp
                                      compressor_options, decode_keys, densify, encode_keys,
                                      make_compressor, select)
 from paramserver.compression.encoding import encoded_sizes, varint_decode, varint_encode
+from paramserver.compression.std import population_std
 from paramserver.registry import UnknownNameError
 
 SCHEMES = ["none", "topk", "std", "dynamic"]
@@ -129,6 +130,15 @@ def test_std_matches_reference(kind, k):
         assert abs(s.density - {1: 0.317, 2: 0.0455, 3: 0.0027}[k]) < 0.02
     if kind == "zeros":
         assert s.nnz == 0 and s.values.dtype == np.float64
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_population_std_is_accurate_with_and_without_a_large_mean(offset, dtype):
+    x = (np.random.default_rng(2).standard_t(3, 300_000) + offset).astype(dtype)
+    rel = 1e-12 if dtype == np.float64 else 1e-5
+    assert population_std(torch.from_numpy(x)) == pytest.approx(np.std(x.astype(np.float64)),
+                                                                rel=rel)
 
 
 def ref_dynamic(grads, start, k):

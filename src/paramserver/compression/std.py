@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,12 +21,30 @@ class StdOptions(FeedbackOptions):
         check_range("k", self.k, 0.0, None, lo_open=True)
 
 
+# 256 kB of float32: the chunk's second reduction reads it from cache, so RAM is read once.
+CHUNK = 1 << 16
+
+
+def population_std(x: torch.Tensor) -> float:
+    """std with ddof 0 (like np.std) from chunked sum and BLAS dot, combined in float64.
+
+    torch.std_mean (Welford) measured 15-75x slower on one thread (e.g. 3.5 vs 0.24 ms at
+    0.6M); a single float32 dot drifts (8e-4 relative at 25M), 64K chunks keep it near 1e-7.
+    """
+    n = x.numel()
+    s = q = 0.0
+    for chunk in x.split(CHUNK):
+        s += chunk.sum().item()
+        q += torch.dot(chunk, chunk).item()
+    mean, meansq = s / n, q / n
+    if mean * mean > 0.25 * meansq:  # E[x^2] - mean^2 would cancel away bits: use Welford
+        return torch.std_mean(x, correction=0)[0].item()
+    return math.sqrt(max(meansq - mean * mean, 0.0))
+
+
 def std_threshold(cand: torch.Tensor, k: float) -> float:
-    """k * population std (ddof 0, like np.std) of the candidate vector, one Welford pass."""
-    if cand.numel() == 0:
-        return 0.0
-    std, _ = torch.std_mean(cand, correction=0)
-    return k * std.item()
+    """k * population std of the candidate vector (0 for an empty one)."""
+    return k * population_std(cand) if cand.numel() else 0.0
 
 
 class StdThreshold(Compressor):
