@@ -1,0 +1,164 @@
+"""One simulated run: configuration, the pieces it needs, and its run folder (config, logs, summary)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from paramserver.policies import make_policy
+from paramserver.sim.compute import parse_compute
+from paramserver.sim.engine import Engine, Network
+from paramserver.sim.records import RunWriter
+from paramserver.sim.summary import summarize_run
+from paramserver.sim.units import parse_bandwidth, parse_duration, parse_size
+from paramserver.stragglers import parse_straggler
+
+
+@dataclass
+class SimConfig:
+    """Everything `paramserver simulate` needs; the defaults are the default simulation."""
+
+    sync: str = "bsp"
+    sync_options: dict = field(default_factory=dict)
+    workers: int = 1000
+    steps: int = 100  # per worker
+    batch_size: int = 32
+    compute: str = "const:2ms"
+    straggler: str = "none"
+    bandwidth: str = "10Gbit/s"
+    latency: str = "50us"
+    servers: int = 1
+    model: str = "mlp"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    dataset_options: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)
+    param_bytes: str | None = None  # overrides the model's size, e.g. 100MB
+    dtype: str = "float32"
+    seed: int = 0
+    train: bool = False
+    lr: float = 0.1
+    optimizer: str = "sgd"
+    optimizer_options: dict = field(default_factory=dict)
+    eval_interval: float = 1.0  # virtual seconds, --train only
+    threads: int = 1
+
+    def validate(self) -> None:
+        checks = [("workers", self.workers >= 1), ("steps", self.steps >= 1),
+                  ("batch_size", self.batch_size >= 1), ("servers", self.servers >= 1),
+                  ("lr", self.lr > 0), ("eval_interval", self.eval_interval > 0),
+                  ("dtype", self.dtype in ("float32", "float64"))]
+        bad = [name for name, ok in checks if not ok]
+        if bad:
+            raise ValueError("invalid value for " + ", ".join(f"{b}={getattr(self, b)!r}"
+                                                              for b in bad))
+
+    def task(self) -> dict:
+        return {"name": "sim", "model": self.model, "dataset": self.dataset,
+                "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
+                "model_options": dict(self.model_options), "seed": self.seed,
+                "straggler": self.straggler, "device_time": f"sim {self.compute}"}
+
+
+def _build_task(cfg: SimConfig):
+    """Dataset, model and key space, as every process of a live job builds them."""
+    from paramserver.runtime.train_task import build  # torch and sklearn: only when needed
+    return build(cfg.task(), cfg.dtype)
+
+
+class Simulation:
+    """Builds the engine for `cfg`, writes into `run_dir`; advance() in chunks, then close()."""
+
+    def __init__(self, cfg: SimConfig, run_dir: str | Path):
+        cfg.validate()
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
+        straggler = parse_straggler(cfg.straggler, cfg.seed)
+        straggler.check_workers(cfg.workers)
+        cost = parse_compute(cfg.compute).bind(cfg.workers, cfg.steps, cfg.seed)
+        built = _build_task(cfg) if cfg.train or cfg.param_bytes is None else None
+        itemsize = 4 if cfg.dtype == "float32" else 8
+        num_keys = built[2].num_keys if built else None
+        nbytes = parse_size(cfg.param_bytes, "--param-bytes") if cfg.param_bytes else (
+            num_keys * itemsize)
+        self.network = Network(nbytes, parse_bandwidth(cfg.bandwidth),
+                               parse_duration(cfg.latency, "latency"), cfg.servers)
+        self.job = self._job(num_keys, nbytes)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(
+            {"config": asdict(cfg), "job": self.job}, indent=2))
+        (self.run_dir / "job.json").write_text(json.dumps(self.job, indent=2))
+        self.writer = RunWriter(self.run_dir, round(nbytes))
+        self.trainer = self._trainer(built) if cfg.train else None
+        self.engine = Engine(self.policy, cfg.workers, cfg.steps, cost, self.network,
+                             sink=self.writer, trainer=self.trainer,
+                             straggler=None if cfg.straggler.strip() in ("", "none") else straggler)
+        self.writer.event(0.0, "start", {"policy": self.policy.name, "simulated": True})
+
+    def _job(self, num_keys, nbytes) -> dict:
+        cfg = self.cfg
+        job = {"num_keys": num_keys, "dtype": cfg.dtype, "servers": cfg.servers,
+               "workers": cfg.workers, "batch_size": cfg.batch_size,
+               "sync": {"name": cfg.sync, "options": dict(cfg.sync_options)},
+               "apply_mode": self.policy.apply_mode, "task": cfg.task(), "simulated": True,
+               "sim": {"steps": cfg.steps, "compute": cfg.compute, "bandwidth": cfg.bandwidth,
+                       "latency": cfg.latency, "model_bytes": nbytes, "train": cfg.train}}
+        if cfg.train:
+            job["optimizer"] = {"name": cfg.optimizer, "lr": cfg.lr,
+                                "options": dict(cfg.optimizer_options)}
+            job["eval_interval"] = cfg.eval_interval
+        return job
+
+    def _trainer(self, built):
+        import torch
+
+        from paramserver.sim.train import Trainer
+        torch.set_num_threads(self.cfg.threads)
+        ds, model, keys = built
+        return Trainer(ds, model, keys, self.cfg.workers, self.policy.apply_mode,
+                       lr=self.cfg.lr, optimizer=self.cfg.optimizer,
+                       optimizer_options=self.cfg.optimizer_options,
+                       eval_interval=self.cfg.eval_interval, seed=self.cfg.seed,
+                       sink=self.writer)
+
+    def advance(self, max_events: int | None = None) -> bool:
+        """Run up to `max_events` more events; True once every worker has finished."""
+        return self.engine.run(max_events)
+
+    def close(self, complete: bool, extra: dict | None = None) -> dict:
+        """Flush the logs, write summary.json (also for an interrupted run) and return it."""
+        self.writer.close()
+        e = self.engine
+        summary = summarize_run(self.run_dir / "metrics.jsonl", self.job, self.cfg.workers,
+                                self.cfg.steps)
+        summary["simulator"] = {
+            "complete": complete, "events": e.events, "virtual_time_s": round(e.now, 6),
+            "steps": e.steps_done, "rounds_applied": e.rounds,
+            "transfer_s": self.network.transfer_time, "model_bytes": self.network.model_bytes,
+            **(self.trainer.stats() if self.trainer else {}), **(extra or {})}
+        (self.run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+        return summary
+
+
+def _finite(obj):
+    """JSON has no inf/nan: they become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def simulate(cfg: SimConfig, run_dir: str | Path) -> dict:
+    """Run `cfg` to the end in `run_dir`; returns the summary."""
+    sim = Simulation(cfg, run_dir)
+    try:
+        sim.advance()
+    except BaseException:
+        sim.close(complete=False)
+        raise
+    return sim.close(complete=True)

@@ -1,0 +1,68 @@
+"""summary.json of a simulated run through metrics.summarize, in worker groups when the log is huge."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from paramserver.metrics import summarize
+
+# summarize() holds every record as a dict (~1 KB each); past this many step records the
+# workers are summarized group by group and the groups merged, so 10M steps fit in memory.
+MAX_RECORDS_IN_MEMORY = 1_000_000
+_WORKER = re.compile(r'"worker": (\d+)')
+
+
+def _read(path: Path, keep=None) -> list[dict]:
+    """Records of `path`; with `keep`, only those whose worker it accepts (plus worker-less ones)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if keep is not None:
+                m = _WORKER.search(line)
+                if m and not keep(int(m[1])):
+                    continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line (interrupted run)
+    return out
+
+
+def summarize_run(metrics_path: str | Path, job: dict, workers: int, steps: int,
+                  max_records: int = MAX_RECORDS_IN_MEMORY) -> dict:
+    """summarize() of the whole log; `workers` x `steps` bounds the step records to expect."""
+    path = Path(metrics_path)
+    if workers * steps <= max_records:
+        return summarize(_read(path), job)
+    per_group = max(1, max_records // steps)
+    parts = [summarize(_read(path, lambda w, lo=lo: lo <= w < lo + per_group), job)
+             for lo in range(0, workers, per_group)]
+    return merge(parts, job)
+
+
+def merge(parts: list[dict], job: dict) -> dict:
+    """One summary from summaries of disjoint worker groups that saw the same evaluations."""
+    out = dict(parts[0])
+    per_worker = {}
+    for p in parts:
+        per_worker.update(p["per_worker"])
+    steps = sum(p["steps"] for p in parts)
+    wall = max(p["wall_time_s"] for p in parts)
+    compute = sum(w["compute_s"] for w in per_worker.values())
+    real = sum((p["real_compute_share"] or 0) * sum(w["compute_s"] for w in p["per_worker"].values())
+               for p in parts)
+    ordered = sorted(per_worker.items(), key=lambda kv: int(kv[0]))
+    out.update(
+        steps=steps, samples=sum(p["samples"] for p in parts), wall_time_s=wall,
+        mean_wait_fraction=(sum(w["wait_fraction"] for _, w in ordered) / len(ordered)
+                            if ordered else 0.0),
+        updates_applied=(max(p["updates_applied"] for p in parts)
+                         if job.get("apply_mode") == "round" else steps),
+        mean_staleness=(sum(p["mean_staleness"] * p["steps"] for p in parts) / steps
+                        if steps else 0.0),
+        real_compute_share=real / compute if compute else None,
+        steps_per_s=steps / wall if wall else 0.0,
+        per_worker=dict(ordered))
+    return out
