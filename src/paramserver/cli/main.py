@@ -11,6 +11,7 @@ COMMAND_MODULES = (
     "paramserver.cli.demo_cmd",
     "paramserver.cli.report_cmd",
     "paramserver.cli.roles",
+    "paramserver.cli.simulate_cmd",
     "paramserver.cli.train_cmd",
     "paramserver.cli.zipline_cmd",
 )

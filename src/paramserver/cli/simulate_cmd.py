@@ -1,0 +1,163 @@
+"""`paramserver simulate`: a sync policy with thousands of virtual workers, in virtual time."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from paramserver.cli.train_cmd import parse_options
+from paramserver.policies import SYNC_POLICIES
+from paramserver.sim import COMPUTE_HELP, SimConfig, SimError, Simulation
+from paramserver.stragglers import STRAGGLER_HELP
+
+EPILOG = f"""--compute SPEC
+{COMPUTE_HELP}
+
+--straggler SPEC (applied on top of --compute, at the virtual time a step starts computing)
+{STRAGGLER_HELP}
+
+Communication: each pull and push holds a server link (one per direction, FIFO) for
+model bytes / servers / bandwidth seconds; every message also takes --latency one way.
+Writes config.json, job.json, metrics.jsonl, events.jsonl and summary.json like a live run."""
+
+CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C promptly)
+
+
+def add_sim_args(p) -> None:
+    d = SimConfig()
+    p.add_argument("--sync", default=d.sync,
+                   help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default {d.sync})")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
+                   help="sync-policy option, e.g. staleness=3 (repeatable)")
+    p.add_argument("--workers", type=int, default=d.workers, help=f"virtual workers (default {d.workers})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"steps per worker (default {d.steps})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help=f"samples per worker step (default {d.batch_size})")
+    p.add_argument("--compute", default=d.compute,
+                   help=f"compute-time model (default {d.compute}; grammar below)")
+    p.add_argument("--straggler", default=d.straggler,
+                   help="slowness on top of --compute, same grammar as train (default none)")
+    p.add_argument("--bandwidth", default=d.bandwidth,
+                   help=f"per server link and direction, e.g. 10Gbit/s, 1.25GB/s, inf "
+                        f"(default {d.bandwidth})")
+    p.add_argument("--latency", default=d.latency,
+                   help=f"one-way latency per message, e.g. 50us, 1ms, 0 (default {d.latency})")
+    p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
+    p.add_argument("--model", default=d.model, help=f"model for the byte count and --train "
+                                                    f"(default {d.model})")
+    p.add_argument("--model-opt", action="append", metavar="KEY=VALUE",
+                   help="model option, e.g. hidden=64 (repeatable)")
+    p.add_argument("--dataset", default=d.dataset, help=f"dataset (default {d.dataset})")
+    p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
+    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE",
+                   help="dataset option, e.g. samples=50000 for synthetic (repeatable)")
+    p.add_argument("--param-bytes", help="model size for the transfers, e.g. 100MB (default: "
+                                         "the size of --model, built once)")
+    p.add_argument("--dtype", default=d.dtype, help="float32 or float64 parameters")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+
+
+def add_train_args(p) -> None:
+    d = SimConfig()
+    p.add_argument("--train", action="store_true",
+                   help="train --model for real on the simulated schedule (one process)")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument("--optimizer", default=d.optimizer, help=f"server update rule (default "
+                                                            f"{d.optimizer})")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
+                   help="update-rule option, e.g. momentum=0.9 (repeatable)")
+    p.add_argument("--eval-interval", type=float, default=d.eval_interval,
+                   help=f"virtual seconds between test evaluations (default {d.eval_interval:g})")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads for --train")
+
+
+def config_from_args(args) -> SimConfig:
+    return SimConfig(
+        sync=args.sync, sync_options=parse_options(args.sync_opt, "sync"), workers=args.workers,
+        steps=args.steps, batch_size=args.batch_size, compute=args.compute,
+        straggler=args.straggler, bandwidth=args.bandwidth, latency=args.latency,
+        servers=args.servers, model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+        dataset_options=parse_options(args.dataset_opt, "dataset"),
+        model_options=parse_options(args.model_opt, "model"), param_bytes=args.param_bytes,
+        dtype=args.dtype, seed=args.seed, train=args.train, lr=args.lr,
+        optimizer=args.optimizer, optimizer_options=parse_options(args.optimizer_opt, "optimizer"),
+        eval_interval=args.eval_interval, threads=args.threads)
+
+
+def drive(sim: Simulation, quiet: bool) -> tuple[bool, float]:
+    """Run to the end or to Ctrl-C, with a progress bar; returns (complete, wall seconds)."""
+    engine, total = sim.engine, sim.engine.total_steps
+    bar = None if quiet else Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), transient=False)
+    t0, done = time.perf_counter(), False
+    try:
+        if bar is not None:
+            bar.start()
+            task = bar.add_task(f"{sim.cfg.sync} x{sim.cfg.workers} (sim)", total=total, info="")
+        while not done:
+            done = sim.advance(CHUNK)
+            if bar is not None:
+                rate = engine.events / max(time.perf_counter() - t0, 1e-9)
+                bar.update(task, completed=engine.steps_done,
+                           info=f"virtual {engine.now:9.2f} s  {rate:9,.0f} events/s")
+    except KeyboardInterrupt:
+        print("interrupted: keeping what was simulated so far", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return done, time.perf_counter() - t0
+
+
+def print_summary(s: dict, run_dir: Path) -> None:
+    sim = s["simulator"]
+    state = "" if sim["complete"] else " (interrupted)"
+    print(f"{s['sync']} x{s['workers']}{state}: {s['steps']} steps in {s['wall_time_s']:.3f} "
+          f"virtual s, {s['steps_per_s']:.1f} steps/s, {s['samples'] / max(s['wall_time_s'], 1e-12):.0f} "
+          f"samples/s")
+    print(f"  mean wait {s['mean_wait_fraction']:.1%}, mean staleness {s['mean_staleness']:.2f}, "
+          f"updates applied {s['updates_applied']}")
+    if s.get("final_test_accuracy") is not None:
+        tta = ", ".join(f"{k}: {'-' if v is None else f'{v:.2f}s'}"
+                        for k, v in s["time_to_accuracy"].items())
+        print(f"  final test accuracy {s['final_test_accuracy']:.4f}; time to accuracy: {tta}")
+    print(f"  simulator: {sim['events']} events in {sim['wall_s']:.2f} s "
+          f"({sim['events_per_s']:,.0f} events/s)")
+    print(f"  run folder: {run_dir}")
+
+
+def _run(args) -> int:
+    try:
+        cfg = config_from_args(args)
+        run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-sim-{cfg.sync}")
+        sim = Simulation(cfg, run_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"paramserver simulate: {exc}", file=sys.stderr)
+        return 2
+    try:
+        complete, wall = drive(sim, args.quiet)
+    except SimError as exc:
+        sim.close(complete=False)
+        print(f"paramserver simulate: the policy broke the protocol: {exc}", file=sys.stderr)
+        return 1
+    extra = {"wall_s": round(wall, 3), "events_per_s": round(sim.engine.events / max(wall, 1e-9))}
+    print_summary(sim.close(complete, extra), run_dir)
+    return 0 if complete else 130
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a sync policy with many virtual workers",
+                       description="Drive the live sync policies with virtual workers in virtual "
+                                   "time (discrete events): compute-time models, stragglers and "
+                                   "server link contention; optionally train a small model on "
+                                   "the simulated schedule.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sim_args(p)
+    add_train_args(p)
+    p.add_argument("--out", help="run folder (default runs/<time>-sim-<sync>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
