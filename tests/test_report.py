@@ -15,7 +15,7 @@ from paramserver.metrics import summarize
 from paramserver.report import build_report, collect, table_rows
 from paramserver.report import figures, series
 from paramserver.report.figures import KINDS
-from paramserver.report.html import render_report
+from paramserver.report.html import coverage_warnings, render_report
 
 TARGET = 0.9
 BATCH, WORKERS = 10, 2
@@ -137,12 +137,17 @@ def test_a_corrupt_run_is_skipped_with_a_warning_in_the_report(tmp_path):
     (bad / "summary.json").unlink()
     (bad / "metrics.jsonl").write_bytes(b"\x00\xff garbage \xfe\n")
     (root / "runs/one-slow/asp/rep-7").mkdir()  # a run that never started
+    plan = json.loads((root / "compare.json").read_text())
+    plan["runs"] = [{"folder": str(root / "runs/one-slow/asp/rep-7"), "ok": False,
+                     "error": "LaunchError: worker 2 exited"}]
+    (root / "compare.json").write_text(json.dumps(plan))
     c = collect(root)
     page = render_report(c, table_rows(c), [])  # figures are not the point here, and cost time
     assert [r.repeat for r in c.select("one-slow", "bsp")] == [0]
     assert sum(str(bad) in w and "skipped" in w for w in c.warnings) == 1
     assert any("rep-7" in w for w in c.warnings)
     assert f"skipped {bad}" in page and "rep-7" in page
+    assert "LaunchError: worker 2 exited" in page
 
 
 def test_every_figure_is_written_and_not_empty(built):
@@ -200,9 +205,27 @@ def test_other_figures_plot_the_summaries_and_logs(built):
 
 def test_median_curve_holds_each_curve_at_its_last_value():
     xs, ys = series.median_curve([([0, 2], [0.1, 0.9]), ([0, 1], [0.3, 0.5]),
-                                  ([0, 4], [0.2, 0.6])], points=5)
-    assert list(xs) == [0, 1, 2, 3, 4]
-    assert list(ys) == pytest.approx([0.2, 0.2, 0.5, 0.5, 0.6])
+                                  ([0, 4], [0.2, 0.6])])
+    assert list(xs) == [0, 1, 2, 4]
+    assert list(ys) == pytest.approx([0.2, 0.2, 0.5, 0.6])
+    # Curves that start apart: the median starts where the last one starts.
+    xs, ys = series.median_curve([([7.0], [0.95]), ([12.0], [0.91])])
+    assert list(xs) == [12.0] and list(ys) == pytest.approx([0.93])
+
+
+def test_runs_evaluated_too_rarely_are_flagged(tmp_path):
+    dense = [step(0.1 * n, 0, n) for n in range(50)] + [
+        {"t": 0.5 * k, "kind": "eval", "accuracy": 0.5 + 0.05 * k, "samples": 50 * k}
+        for k in range(1, 11)]
+    sparse = [step(0.1 * n, 0, n) for n in range(50)] + [
+        {"t": 12.0, "kind": "eval", "accuracy": 0.96, "samples": 500}]
+    write_run(tmp_path / "bsp", dense, job("bsp", workers=1))
+    write_run(tmp_path / "asp", sparse, job("asp", workers=1))
+    c = collect(tmp_path)
+    flagged = coverage_warnings(c)
+    assert len(flagged) == 1 and flagged[0].startswith("asp in runs: 0 evaluation(s)")
+    assert "7.1 s after the last step" in flagged[0]
+    assert c.select("runs", "asp")[0].samples_per_s == pytest.approx(500 / 4.9)
 
 
 def test_plain_folders_group_by_sync_and_one_run_folder_is_one_run(tmp_path):

@@ -45,6 +45,15 @@ class Run:
         time = self.train_time or self.summary.get("wall_time_s") or 0.0
         return (self.summary.get("samples") or 0) / time if time else 0.0
 
+    @property
+    def evals_in_training(self) -> int:
+        return sum(1 for e in self.evals if e["t"] <= self.train_time)
+
+    @property
+    def eval_lag(self) -> float:
+        """Seconds from the last step to the last evaluation."""
+        return max(0.0, self.evals[-1]["t"] - self.train_time) if self.evals else 0.0
+
     def time_to(self, target: float) -> float | None:
         """Seconds until the test accuracy first reached target (the summary's value if any)."""
         key = f"{target:g}"
@@ -180,6 +189,9 @@ def collect(root: str | Path) -> Collection:
             warnings.append(f"{root / 'compare.json'} is unreadable; the plan is not shown")
             plan = None
         found = _compare_runs(root, warnings)
+        warnings += [f"run failed: {r.get('folder')}: {r.get('error', 'no reason given')}"
+                     for r in (plan or {}).get("runs") or [] if isinstance(r, dict)
+                     and r.get("ok") is False]
     elif (root / "metrics.jsonl").exists():
         found = [(root, "run", None, 0)]
     else:

@@ -17,7 +17,8 @@ from paramserver.report.table import Row
 
 # Stacked-bar parts of the per-worker breakdown: dark to light, so "waiting" stands out as pale.
 _PARTS = (("compute", "#3b5b92"), ("communication", "#8fb0d9"), ("waiting", "#f2c14e"))
-KINDS = ("accuracy_time", "accuracy_steps", "breakdown", "staleness", "throughput", "tta")
+# Reading order: the headline number first, then the curves behind it, then the causes.
+KINDS = ("tta", "accuracy_time", "accuracy_steps", "throughput", "breakdown", "staleness")
 
 
 @dataclass
@@ -47,17 +48,18 @@ def plot_accuracy(data: dict, scenario: str, target: float, x: str, path: Path) 
         color, dashed = policy_color(policy), "--" if policy == "single" else "-"
         if len(d["repeats"]) > 1:
             for xs, ys in d["repeats"]:
-                ax.plot(xs, ys, color=color, lw=0.8, alpha=0.4, ls=dashed, marker=".", ms=4,
+                ax.plot(xs, ys, color=color, lw=0.8, alpha=0.45, ls=dashed, marker="o", ms=3,
                         drawstyle="steps-post")
         xs, ys = d["median"]
         label = policy + (f" (median of {len(d['repeats'])})" if len(d["repeats"]) > 1 else "")
         # Markers: short runs have few evaluations, and a single one draws no line at all.
         ax.plot(xs, ys, color=color, lw=2.2, ls=dashed, label=label, drawstyle="steps-post",
-                marker="o" if len(d["repeats"]) == 1 else None, ms=4)
+                marker="o" if len(xs) < 30 else None, ms=5)
     ax.axhline(target, color="black", lw=0.8, ls=":", label=f"target {100 * target:g}%")
     ax.set_xlabel("wall time since start (s)" if x == "time" else "steps (samples / global batch)")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(_accuracy_floor(data), 1.0)
+    ax.set_xlim(left=0)  # every run starts at 0, even where its first evaluation came late
     ax.set_title(f"{scenario}: test accuracy against {'wall time' if x == 'time' else 'steps'}")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
@@ -109,7 +111,8 @@ def plot_staleness(data: dict, scenario: str, path: Path) -> Path:
     right = max([3] + [max(v) for v, _ in data.values() if v]) + 0.6  # one x scale for all
     for ax, (policy, (values, fractions)) in zip(axes, data.items()):
         ax.bar(values, fractions, width=0.85, color=policy_color(policy))
-        ax.set_title(policy, color=policy_color(policy), fontweight="bold")
+        mean = sum(v * f for v, f in zip(values, fractions))
+        ax.set_title(f"{policy} (mean {mean:.2f})", color=policy_color(policy), fontweight="bold")
         ax.set_xlabel("staleness (versions)")
         ax.set_xlim(-0.6, right)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -141,7 +144,7 @@ def plot_tta(bars: list[dict], scenario: str, target: float, path: Path) -> Path
     top = max((b["max"] for b in bars if b["max"] is not None), default=1.0)
     for i, b in enumerate(bars):
         if b["median"] is None:
-            ax.annotate(f"not reached\n({b['reached']}/{b['repeats']})", (i, 0), xytext=(0, 4),
+            ax.annotate(f"not reached\n({b['reached']}/{b['repeats']})", (i, 0), xytext=(0, 8),
                         textcoords="offset points", ha="center", fontsize=9, color="#a00")
             continue
         err = [[b["median"] - b["min"]], [b["max"] - b["median"]]]

@@ -6,6 +6,7 @@ import base64
 import html
 import json
 from pathlib import Path
+from statistics import median
 
 from paramserver.report.collect import SINGLE, Collection
 from paramserver.report.figures import FigureFile
@@ -41,6 +42,7 @@ max-width:1100px;padding:0 1.5em;color:#222;line-height:1.45}
 h1{margin-bottom:.2em}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
 .sub{color:#666}table{border-collapse:collapse;margin:.8em 0;font-size:.92em}
 td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
+table.tta td{white-space:nowrap}
 table.tta td:not(:first-child),table.share td{text-align:right}
 tr.scenario th{background:#eef2f8}tr.reference td{color:#555;font-style:italic}
 tr.missed td{background:#fff4f4}.warn li{color:#8a3b00}
@@ -78,11 +80,15 @@ def plan_section(c: Collection) -> str:
                                                 "  (single = one worker, same global batch)")),
         ("repeats", plan.get("repeats", _max_repeats(c))),
         ("target accuracy", f"{100 * c.target:g}%"), ("runs read", len(c.runs))]))
-    config = plan.get("config") or _recorded_settings(c)
+    config = dict(plan.get("config") or _recorded_settings(c))
+    if plan.get("config"):
+        # The plan's config is the template; these two are set per run by policy and scenario.
+        for key in ("sync", "straggler"):
+            config.pop(key, None)
     if config:
         out.append("<p>Training settings shared by every run:</p>")
-        out.append(_kv_table((k, json.dumps(v) if isinstance(v, (dict, list)) else v)
-                             for k, v in config.items()))
+        out.append(_kv_table((k, "–" if v is None else json.dumps(v) if isinstance(
+            v, (dict, list)) else v) for k, v in config.items()))
     return "\n".join(out)
 
 
@@ -102,6 +108,7 @@ def _recorded_settings(c: Collection) -> dict:
 
 def notes_section(c: Collection) -> str:
     notes = (c.plan or {}).get("notes") or []
+    notes = [notes] if isinstance(notes, str) else notes
     if not notes:
         return ""
     return "<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
@@ -113,12 +120,31 @@ def warnings_section(c: Collection, rows: list[Row]) -> str:
     items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) never reached "
               f"{100 * c.target:g}% (best {fmt_pct(r.summary.get('best_test_accuracy'))})"
               for r in c.runs if r.time_to(c.target) is None]
+    items += coverage_warnings(c)
     if rows and not any(r.policy == "bsp" for r in rows):
         items.append("no BSP runs: speedups cannot be computed")
     if not items:
         return "<h2>Warnings</h2><p>None: every run was read and reached the target.</p>"
     return ("<h2>Warnings</h2><ul class='warn'>" + "".join(f"<li>{_e(i)}</li>" for i in items)
             + "</ul>")
+
+
+def coverage_warnings(c: Collection) -> list[str]:
+    """Policies whose accuracy was hardly sampled while they trained: their time to target is
+    then the evaluator's timing, not the policy's."""
+    out = []
+    for scenario in c.scenarios():
+        for policy in c.policies(scenario):
+            runs = c.select(scenario, policy)
+            during = median(r.evals_in_training for r in runs)
+            lag = median(r.eval_lag for r in runs)
+            train = median(r.train_time for r in runs)
+            if during < 3 or lag > max(1.0, 0.25 * train):
+                out.append(f"{policy} in {scenario}: {during:g} evaluation(s) during training "
+                           f"and the last one {lag:.1f} s after the last step (medians; training "
+                           f"took {train:.1f} s): its accuracy curve is coarse and its time to "
+                           "target partly measures the evaluator, not the policy")
+    return out
 
 
 def fidelity_section(rows: list[Row]) -> str:
@@ -138,12 +164,17 @@ def fidelity_section(rows: list[Row]) -> str:
             f"<table class='share'><tr><th>scenario</th>{head}</tr>{body}</table>")
 
 
+def _anchor(scenario: str) -> str:
+    return "scenario-" + "".join(ch if ch.isalnum() else "-" for ch in scenario)
+
+
 def figures_section(c: Collection, figures: list[FigureFile]) -> str:
-    out = ["<h2>Figures</h2>"]
+    out = ["<h2>Figures</h2><p>Per scenario: " + ", ".join(
+        f"<a href='#{_anchor(s)}'>{_e(s)}</a>" for s in c.scenarios()) + "</p>"]
     for scenario in c.scenarios():
-        out.append(f"<h3>Scenario {_e(scenario)}</h3>")
+        out.append(f"<h3 id='{_anchor(scenario)}'>Scenario {_e(scenario)}</h3>")
         for f in (f for f in figures if f.scenario == scenario):
-            out.append(f"<figure id='{_e(f.kind)}-{_e(scenario)}'><img alt='{_e(f.kind)} "
+            out.append(f"<figure><img alt='{_e(f.kind)} "
                        f"{_e(scenario)}' src='{data_uri(f.path)}'>"
                        f"<figcaption>{_e(CAPTIONS[f.kind])}</figcaption></figure>")
     return "\n".join(out)

@@ -31,15 +31,16 @@ def run_curve(run: Run, x: str) -> tuple[list[float], list[float]]:
     return xs, [e["accuracy"] for e in run.evals]
 
 
-def median_curve(curves: list[tuple], points: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """Pointwise median of step curves (each holds its last value) where every curve exists."""
+def median_curve(curves: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """Pointwise median of step curves (each holds its last value) where every curve exists,
+    evaluated at every curve's points: exact, and few points when evaluations were few."""
     curves = [(np.asarray(x, float), np.asarray(y, float)) for x, y in curves if len(x)]
     if not curves:
         return np.array([]), np.array([])
     if len(curves) == 1:
         return curves[0]
     start = max(x[0] for x, _ in curves)
-    grid = np.linspace(start, max(x[-1] for x, _ in curves), points)
+    grid = np.unique(np.concatenate([x[x >= start] for x, _ in curves]))
     values = [y[np.searchsorted(x, grid, side="right") - 1] for x, y in curves]
     return grid, np.median(values, axis=0)
 

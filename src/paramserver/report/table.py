@@ -86,7 +86,7 @@ def fmt_pct(value: float | None) -> str:
 def _cells(row: Row) -> list[str]:
     spread = ("–" if row.tta_min is None else f"{row.tta_min:.2f}" if row.tta_min == row.tta_max
               else f"{row.tta_min:.2f}–{row.tta_max:.2f}")
-    name = f"{row.policy} (1 worker, reference)" if row.reference else row.policy
+    name = f"{row.policy} (reference)" if row.reference else row.policy
     return [name, f"{row.reached}/{row.repeats}", fmt_seconds(row.tta_median), spread,
             "–" if row.speedup is None else f"×{row.speedup:.2f}",
             fmt_pct(row.final_accuracy), fmt_pct(row.best_accuracy), fmt_pct(row.wait_fraction),
