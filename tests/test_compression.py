@@ -1,4 +1,4 @@
-"""Gradient compressors: exact selection against numpy references, error feedback, DGC, encodings."""
+"""Gradient compressors: selection vs numpy references, error feedback, DGC, key encodings."""
 
 import numpy as np
 import pytest
@@ -49,7 +49,7 @@ def test_unknown_option_lists_known_ones():
     ("topk", {"fraction": 0}), ("topk", {"fraction": 1.5}), ("topk", {"method": "fast"}),
     ("std", {"k": 0}), ("dynamic", {"start": "max"}), ("std", {"momentum": 1.0}),
     ("topk", {"momentum": -0.1}), ("topk", {"momentum": 0.9, "error_feedback": False}),
-    ("std", {"error_feedback": "yes"}),
+    ("std", {"error_feedback": "yes"}), ("dynamic", {"min_fraction": 1.5}),
 ])
 def test_bad_option_values_fail(name, options):
     with pytest.raises(ValueError):
@@ -141,7 +141,7 @@ def test_population_std_is_accurate_with_and_without_a_large_mean(offset, dtype)
                                                                 rel=rel)
 
 
-def ref_dynamic(grads, start, k):
+def ref_dynamic(grads, start, k, min_fraction=0.0):
     """The documented rule, written out in numpy; no error feedback."""
     t, out = None, []
     for x in grads:
@@ -149,7 +149,7 @@ def ref_dynamic(grads, start, k):
         first = k * np.std(x) if start == "std" else a.mean()
         use = first if t is None else t
         keys = np.flatnonzero(a > use)
-        if keys.size == 0 and t is not None:
+        if keys.size < max(1, np.ceil(min_fraction * x.size)) and t is not None:
             use = first
             keys = np.flatnonzero(a > use)
         if keys.size:
@@ -171,6 +171,17 @@ def test_dynamic_matches_reference_with_restart_and_zero_steps(start):
         restarts.append(c.stats.restarted)
     # The scale drop at step 5 restarts; the all-zero step sends nothing and keeps t.
     assert restarts[4] and not restarts[1] and c.state["threshold"] is not None
+
+
+def test_dynamic_min_fraction_restarts_before_the_threshold_starves():
+    rng = np.random.default_rng(9)
+    grads = [rng.standard_normal(4000) for _ in range(15)]
+    c = make_compressor("dynamic", min_fraction=0.02, error_feedback=False)
+    for x, (keys, _) in zip(grads, ref_dynamic(grads, "std", 1.0, min_fraction=0.02)):
+        s = c.compress(torch.from_numpy(x))
+        np.testing.assert_array_equal(s.keys, keys)
+        assert s.density >= 0.02
+    assert c.stats.total_fraction > 0.05
 
 
 def test_dynamic_threshold_ratchets_up_while_the_scale_holds():
