@@ -58,7 +58,7 @@ class CompressStats:
 class Selection(NamedTuple):
     keys: torch.Tensor        # sorted int64 positions
     threshold: float          # the magnitude cut that produced them
-    restarted: bool = False   # dynamic: the carried threshold kept nothing
+    restarted: bool = False   # dynamic: the carried threshold kept too few
 
 
 def as_flat(grad) -> torch.Tensor:
