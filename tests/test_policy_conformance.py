@@ -291,13 +291,7 @@ def test_scripted_churn_no_deadlock(name, kw):
     run_checked(name, kw, lone)
 
 
-def _refusal_params():
-    # asp.py (not part of this change) releases whatever step it is told was pushed.
-    xfail = pytest.mark.xfail(strict=True, reason="ASP does not check push steps")
-    return [pytest.param(n, marks=xfail) if n == "asp" else n for n in SYNC_POLICIES.names()]
-
-
-@pytest.mark.parametrize("name", _refusal_params())
+@pytest.mark.parametrize("name", SYNC_POLICIES.names())
 def test_every_policy_refuses_pushes_for_steps_it_did_not_release(name):
     p = make_policy(name, BATCH)
     first = p.handle(Joined(0, 0.0))

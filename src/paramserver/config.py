@@ -31,6 +31,9 @@ class TrainConfig:
     eval_interval: float = 1.0
     dtype: str = "float32"
     heartbeat_timeout: float = 5.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
+    checkpoint_seconds: float | None = None
 
     def validate(self) -> None:
         """Fail early, with the field named, on values no run could use."""
@@ -39,7 +42,10 @@ class TrainConfig:
                   ("epochs", self.epochs > 0), ("threads", self.threads >= 1),
                   ("eval_interval", self.eval_interval > 0),
                   ("steps", self.steps is None or self.steps >= 1),
-                  ("dtype", self.dtype in ("float32", "float64"))]
+                  ("dtype", self.dtype in ("float32", "float64")),
+                  ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1),
+                  ("checkpoint_seconds",
+                   self.checkpoint_seconds is None or self.checkpoint_seconds > 0)]
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise ValueError(f"invalid value for {', '.join(bad)}: "
@@ -63,6 +69,9 @@ class TrainConfig:
             "max_samples": self.max_samples(train_size), "max_seconds": self.max_seconds,
             "heartbeat_interval": min(1.0, self.heartbeat_timeout / 4),
             "heartbeat_timeout": self.heartbeat_timeout, "eval_interval": self.eval_interval,
+            "checkpoint": None if not self.checkpoint_dir else {
+                "dir": self.checkpoint_dir, "every": self.checkpoint_every,
+                "seconds": self.checkpoint_seconds},
             "task": {"name": "train", "model": self.model, "dataset": self.dataset,
                      "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
                      "seed": self.seed, "straggler": self.straggler,

@@ -28,8 +28,11 @@ def _run_coordinator(args) -> int:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return 2
     _warn_if_public(args.bind)
-    return Coordinator(job, args.bind, args.port, args.address_file, args.events,
-                       args.metrics).run()
+    coordinator = Coordinator(job, args.bind, args.port, args.address_file, args.events,
+                              args.metrics)
+    if "torch" in sys.modules:  # a predictor (NARX) loaded torch: one thread, no idle spinning
+        sys.modules["torch"].set_num_threads(1)
+    return coordinator.run()
 
 
 def _run_server(args) -> int:

@@ -15,6 +15,7 @@ from paramserver.models import MODELS
 from paramserver.optim import UPDATE_RULES, make_rule
 from paramserver.policies import SYNC_POLICIES, make_policy
 from paramserver.runtime.launcher import LaunchError, LocalCluster
+from paramserver.runtime.checkpoint import latest
 from paramserver.runtime.progress import JobProgress
 from paramserver.stragglers import DEVICE_TIME_HELP, STRAGGLER_HELP
 
@@ -82,6 +83,10 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
+    p.add_argument("--checkpoint-every", type=int,
+                   help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
+    p.add_argument("--checkpoint-seconds", type=float, help="checkpoint every N seconds")
 
 
 def config_from_args(args, sync: str) -> TrainConfig:
@@ -94,7 +99,8 @@ def config_from_args(args, sync: str) -> TrainConfig:
         optimizer_options=parse_options(args.optimizer_opt, "optimizer"),
         straggler=args.straggler, device_time=args.device_time, seed=args.seed,
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
-        heartbeat_timeout=args.heartbeat_timeout)
+        heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
 def prepare_job(cfg: TrainConfig) -> dict:
@@ -111,9 +117,14 @@ def prepare_job(cfg: TrainConfig) -> dict:
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
-                 timeout: float | None = None) -> dict:
-    """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir."""
+                 timeout: float | None = None, resume: dict | None = None) -> dict:
+    """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir.
+
+    `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint.
+    """
     job = prepare_job(cfg)
+    if resume:
+        job["resume"] = resume
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
                                                     indent=2))
@@ -137,11 +148,39 @@ def print_summary(s: dict, run_dir: Path) -> None:
     print(f"  run folder: {run_dir}")
 
 
+BUDGET_OPTIONS = ("epochs", "steps", "max_seconds")
+
+
+def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
+    """The saved configuration of run folder `args.resume`, its budget extended from the CLI."""
+    run_dir = Path(args.resume)
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())["config"]
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        raise ValueError(f"cannot resume {run_dir}: no readable config.json ({exc})") from None
+    for name in BUDGET_OPTIONS:  # a budget given on the command line replaces the saved one
+        if getattr(args, name) != parser_defaults.get(name):
+            saved[name] = getattr(args, name)
+    cfg = TrainConfig(**saved)
+    tag = latest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
+    if tag is None:
+        raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
+                         f"(was it run with --checkpoint-dir?)")
+    return cfg, run_dir, {"dir": cfg.checkpoint_dir, "tag": tag}
+
+
 def _run(args) -> int:
     try:
-        cfg = config_from_args(args, args.sync)
-        run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.sync}")
-        summary = run_training(cfg, run_dir, quiet=args.quiet, timeout=args.timeout)
+        resume = None
+        if args.resume:
+            cfg, run_dir, resume = resume_plan(args, args.parser_defaults)
+        else:
+            cfg = config_from_args(args, args.sync)
+            run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.sync}")
+            if cfg.checkpoint_dir is None and (cfg.checkpoint_every or cfg.checkpoint_seconds):
+                cfg.checkpoint_dir = str(run_dir / "checkpoints")
+        summary = run_training(cfg, run_dir, quiet=args.quiet, timeout=args.timeout,
+                               resume=resume)
     except (ValueError, FileNotFoundError) as exc:
         print(f"paramserver train: {exc}", file=sys.stderr)
         return 2
@@ -164,7 +203,10 @@ def register(sub) -> None:
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
     add_training_args(p)
     p.add_argument("--out", help="run folder (default runs/<time>-<sync>)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its latest checkpoint (its saved "
+                        "settings; --epochs/--steps/--max-seconds given here extend the budget)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="give up if the job has not finished after this many seconds")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, parser_defaults={n: p.get_default(n) for n in BUDGET_OPTIONS})

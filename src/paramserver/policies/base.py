@@ -143,3 +143,10 @@ class SyncPolicy(ABC):
     def next_deadline(self) -> float | None:
         """Earliest time at which a Tick could produce a decision; None if no timer is needed."""
         return None
+
+    def resume_state(self) -> dict:
+        """JSON-ready state a checkpoint keeps so a resumed job goes on where it stopped."""
+        return {}
+
+    def resume(self, state: dict) -> None:
+        """Restore what `resume_state` returned (before any worker joins)."""

@@ -53,5 +53,11 @@ class BSP(SyncPolicy):
         decisions += [Release(w, self.round, self.batch_for(w)) for w in sorted(self.active)]
         return decisions
 
+    def resume_state(self) -> dict:
+        return {"round": self.round}
+
+    def resume(self, state: dict) -> None:
+        self.round = int(state.get("round", 0))
+
     def before_release(self) -> None:
         """Hook run once per round before the releases are issued."""

@@ -13,9 +13,10 @@ import zmq
 
 from paramserver.keyspace import split_balanced
 from paramserver.policies import (
-    ApplyRound, Joined, Left, Note, PolicyError, Pushed, Release, make_policy,
+    ApplyRound, Joined, Left, Note, PolicyError, Pushed, Release, Tick, make_policy,
 )
 from paramserver.runtime import rpc
+from paramserver.runtime.checkpoint_keeper import CheckpointKeeper, load_coordinator_state
 from paramserver.transport import bind_router, new_context
 from paramserver.wire import Message, WireError
 
@@ -59,6 +60,9 @@ class Coordinator:
         self.t_start: float | None = None  # when the start barrier opened: t = 0 of the metrics
         self.stopping = False
         self.workers_done_at: float | None = None
+        self.worker_samples: dict[int, int] = {}
+        self.steps_done = 0
+        self.elapsed_before = 0.0
         sync = job["sync"]
         self.policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
         self.ranges = split_balanced(job["num_keys"], job["servers"])
@@ -72,6 +76,11 @@ class Coordinator:
         self.start_timeout = float(job.get("start_timeout", 120.0))
         self.pending_workers: list[tuple[bytes, Message]] = []
         self.finished = False
+        ckpt = job.get("checkpoint") or {}
+        self.keeper = CheckpointKeeper(ckpt.get("dir"), ckpt.get("every"), ckpt.get("seconds"))
+        self.final_checkpoint = False
+        if job.get("resume"):
+            self._resume(job["resume"])
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -113,6 +122,7 @@ class Coordinator:
             if self.sock.poll(timeout * 1000):
                 self._drain()
             self._fire_timers()
+            self._tick_policy()
             self._check_liveness()
             self._check_start_barrier()
             self._check_budget()
@@ -133,6 +143,14 @@ class Coordinator:
             return
         if self.workers_done_at is None:
             self.workers_done_at = time.monotonic()
+        if self.keeper.enabled and not self.final_checkpoint:
+            # The last checkpoint holds the final parameters: a resumed job starts from them.
+            if self.keeper.pending_tag is None:
+                self._maybe_checkpoint(final=True)
+                self.final_checkpoint = True
+            return
+        if self.keeper.pending_tag is not None and time.monotonic() - self.workers_done_at < 60:
+            return
         # Observers get a last look at the final parameters, within a bounded grace period.
         grace = float(self.job.get("observer_grace", 30.0))
         if not self.roster.observers or time.monotonic() - self.workers_done_at > grace:
@@ -142,7 +160,15 @@ class Coordinator:
         wait = 0.2
         if self.timers:
             wait = min(wait, max(0.0, self.timers[0][0] - self.now()))
+        deadline = self.policy.next_deadline()
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - self.now()))
         return wait
+
+    def _tick_policy(self) -> None:
+        deadline = self.policy.next_deadline()
+        if deadline is not None and deadline <= self.now() and self.barrier_open:
+            self._apply(self.policy.handle(Tick(self.now())))
 
     def _drain(self) -> None:
         for _ in range(512):
@@ -200,6 +226,8 @@ class Coordinator:
         job = {"shard_range": [shard.lo, shard.hi], "dtype": self.job["dtype"],
                "apply_mode": self.policy.apply_mode, "optimizer": self.job["optimizer"],
                "heartbeat_interval": self.job.get("heartbeat_interval", 1.0)}
+        if self.job.get("resume"):
+            job["restore"] = dict(self.job["resume"], version_floor=self._progress())
         self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
         self.record("server_joined", rank=rank, addr=msg["addr"])
         if len(self.roster.servers) == self.job["servers"]:
@@ -220,7 +248,7 @@ class Coordinator:
         group[msg.src] = Member(rank, ident, last_seen=time.monotonic())
         job = {k: v for k, v in self.job.items() if k not in ("sync",)}
         job.update(shards=self.shard_map(), apply_mode=self.policy.apply_mode,
-                   sync=self.policy.name)
+                   sync=self.policy.name, resume_samples=self.worker_samples.get(rank, 0))
         self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
         self.record(f"{msg['role']}_registered", rank=rank, src=msg.src)
 
@@ -252,7 +280,8 @@ class Coordinator:
                 log.warning("only %d of %d workers started within %.0f s; going on with them",
                             len(started), expected, self.start_timeout)
             self.barrier_open = True
-            self.t_start = time.monotonic()
+            # A resumed job's clock goes on from where the checkpoint left it.
+            self.t_start = time.monotonic() - self.elapsed_before
             self.record("barrier_open", workers=len(started))
             for m in sorted(started, key=lambda m: m.rank):
                 self._apply(self.policy.handle(Joined(m.rank, self.now())))
@@ -262,12 +291,16 @@ class Coordinator:
         member.ident, member.waiting_rid = ident, msg.rid
         member.steps = msg["step"] + 1
         self.samples_done += msg["batch"]
+        self.steps_done += 1
+        self._check_budget()  # before the policy releases anyone: the last step is this one
+        self.worker_samples[member.rank] = self.worker_samples.get(member.rank, 0) + msg["batch"]
         if "record" in msg.fields:
             self.metric({"kind": "step", "worker": member.rank, "step": msg["step"],
                          "batch": msg["batch"], **msg["record"]})
         event = Pushed(member.rank, msg["step"], self.now(), msg["batch"],
                        float(msg["compute_time"]), msg.get("cpu_load"), msg.get("free_mem"))
         self._apply(self.policy.handle(event))
+        self._maybe_checkpoint()
 
     def _on_heartbeat(self, ident: bytes, msg: Message) -> None:
         return None  # _dispatch already refreshed last_seen
@@ -349,6 +382,43 @@ class Coordinator:
         while self.timers and self.timers[0][0] <= self.now():
             self._deliver(heapq.heappop(self.timers)[2])
 
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _resume(self, resume: dict) -> None:
+        state = load_coordinator_state(resume["dir"], resume["tag"])
+        self.rounds_applied = state["rounds_applied"]
+        self.samples_done = state["samples_done"]
+        self.steps_done = state["steps_done"]
+        self.worker_samples = {int(k): v for k, v in state["worker_samples"].items()}
+        self.policy.resume(state["policy"])
+        self.keeper.last_count = self._progress()
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        log.info("resuming from checkpoint %s: %d samples done", resume["tag"], self.samples_done)
+
+    def _progress(self) -> int:
+        return self.rounds_applied if self.policy.apply_mode == "round" else self.steps_done
+
+    def _maybe_checkpoint(self, final: bool = False) -> None:
+        count = self._progress()
+        if not (final or self.keeper.due(count)) or self.keeper.pending_tag is not None:
+            return
+        tag = f"{count:09d}"
+        self.keeper.begin(tag, [m.rank for m in self.roster.servers.values()], count)
+        for m in self.roster.servers.values():
+            rpc.send(self.sock, Message("checkpoint", {"tag": tag, "dir": str(self.keeper.root)},
+                                        src="coord"), m.ident)
+
+    def _on_saved(self, ident: bytes, msg: Message) -> None:
+        member = self.roster.servers.get(msg.src)
+        if member is None or not self.keeper.saved(member.rank, msg["tag"]):
+            return
+        state = {"rounds_applied": self.rounds_applied, "samples_done": self.samples_done,
+                 "steps_done": self.steps_done, "policy": self.policy.resume_state(),
+                 "worker_samples": {str(k): v for k, v in self.worker_samples.items()},
+                 "sync": self.policy.name, "num_keys": self.job["num_keys"],
+                 "elapsed_s": time.monotonic() - (self.t_start or time.monotonic())}
+        tag = self.keeper.complete(state)
+        self.record("checkpoint", tag=tag, samples=self.samples_done)
+
     # ---- liveness -------------------------------------------------------------------------------
     def _check_liveness(self) -> None:
         now = time.monotonic()
@@ -366,6 +436,9 @@ class Coordinator:
         del self.roster.workers[src]
         self.roster.gone[src] = reason
         self.record("worker_left", worker=member.rank, reason=reason)
+        # A release still held for not_before must not reach a newcomer that takes this rank.
+        self.timers = [t for t in self.timers if t[2].worker != member.rank]
+        heapq.heapify(self.timers)
         self.metric({"kind": "left", "worker": member.rank, "reason": reason})
         if member.started and self.barrier_open:
             self._apply(self.policy.handle(Left(member.rank, self.now(), reason)))

@@ -12,6 +12,7 @@ import zmq
 from paramserver.keyspace import KeyRange
 from paramserver.optim import make_rule
 from paramserver.runtime import rpc
+from paramserver.runtime.shard_checkpoint import restore_shard, save_shard
 from paramserver.runtime.shard_store import ShardStore, StoreError
 from paramserver.transport import bind_router, connect_dealer, new_context
 from paramserver.wire import Message, WireError
@@ -55,6 +56,13 @@ class ServerNode:
         self.store = ShardStore(KeyRange(lo, hi), job["dtype"], rule, job["apply_mode"])
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(int(job.get("server_threads", 1)))
+        self.lost_updates = 0
+        if job.get("restore"):
+            r = job["restore"]
+            self.lost_updates = restore_shard(self.store, r["dir"], r["tag"], self.rank,
+                                              int(r.get("version_floor", 0)))
+            log.info("restored shard %d from checkpoint %s (%d updates lost)", self.rank,
+                     r["tag"], self.lost_updates)
         self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
 
     def run(self) -> int:
@@ -168,7 +176,12 @@ class ServerNode:
         return Message("state", {"state": {
             "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
             "initialized": st.initialized, "updates_applied": st.updates_applied,
+            "lost_updates": self.lost_updates,
             "pending_pulls": len(self.pending_pulls)}})
+
+    def _on_checkpoint(self, msg: Message, ident) -> Message:
+        save_shard(self.store, msg["dir"], msg["tag"], self.rank)
+        return Message("saved", {"tag": msg["tag"], "version": self.store.version})
 
     def _on_shutdown(self, msg: Message, ident) -> None:
         self.running = False

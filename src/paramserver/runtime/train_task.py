@@ -44,11 +44,19 @@ class StepLoop:
         self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
         self.sampler = self.ds.sampler(kv.rank, int(kv.job["workers"]),
                                        seed=int(task.get("seed", 0)))
+        self._skip(int(kv.job.get("resume_samples", 0)))
         self.pacer = Pacer(kv.rank, task.get("straggler", "none"), task.get("device_time", "off"))
         self.loss_fn = nn.CrossEntropyLoss()
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         _host_load()
+
+    def _skip(self, samples: int) -> None:
+        """A resumed worker draws the batches it drew before, so its data order goes on alike."""
+        while samples > 0:
+            take = min(samples, 1 << 16)
+            self.sampler.next_indices(take)
+            samples -= take
 
     def compute(self, batch: int) -> float:
         """Forward and backward on the next batch; gradients land in the flat buffer."""

@@ -48,6 +48,9 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
+    "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
+    # server -> coordinator
+    "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
     "state": {"state": _f(DICT)},
     # either direction
     "ok": {},
