@@ -37,25 +37,31 @@ def summarize_run(metrics_path: str | Path, job: dict, workers: int, steps: int,
     if workers * steps <= max_records:
         return summarize(_read(path), job)
     per_group = max(1, max_records // steps)
-    parts = [summarize(_read(path, lambda w, lo=lo: lo <= w < lo + per_group), job)
-             for lo in range(0, workers, per_group)]
-    return merge(parts, job)
+    parts, wall = [], 0.0
+    for lo in range(0, workers, per_group):
+        records = _read(path, lambda w, lo=lo: lo <= w < lo + per_group)
+        wall = max([wall] + [r["t"] for r in records])
+        parts.append(summarize(records, job))
+        del records
+    return merge(parts, job, wall)
 
 
-def merge(parts: list[dict], job: dict) -> dict:
-    """One summary from summaries of disjoint worker groups that saw the same evaluations."""
+def merge(parts: list[dict], job: dict, wall: float) -> dict:
+    """One summary from summaries of disjoint worker groups that saw the same evaluations.
+
+    `wall` is the largest `t` of all records (the parts only keep it rounded).
+    """
     out = dict(parts[0])
     per_worker = {}
     for p in parts:
         per_worker.update(p["per_worker"])
     steps = sum(p["steps"] for p in parts)
-    wall = max(p["wall_time_s"] for p in parts)
     compute = sum(w["compute_s"] for w in per_worker.values())
     real = sum((p["real_compute_share"] or 0) * sum(w["compute_s"] for w in p["per_worker"].values())
                for p in parts)
     ordered = sorted(per_worker.items(), key=lambda kv: int(kv[0]))
     out.update(
-        steps=steps, samples=sum(p["samples"] for p in parts), wall_time_s=wall,
+        steps=steps, samples=sum(p["samples"] for p in parts), wall_time_s=round(wall, 4),
         mean_wait_fraction=(sum(w["wait_fraction"] for _, w in ordered) / len(ordered)
                             if ordered else 0.0),
         updates_applied=(max(p["updates_applied"] for p in parts)
