@@ -219,9 +219,9 @@ def test_runs_evaluated_too_rarely_are_flagged(tmp_path):
         for k in range(1, 11)]
     sparse = [step(0.1 * n, 0, n) for n in range(50)] + [
         {"t": 12.0, "kind": "eval", "accuracy": 0.96, "samples": 500}]
-    write_run(tmp_path / "bsp", dense, job("bsp", workers=1))
-    write_run(tmp_path / "asp", sparse, job("asp", workers=1))
-    c = collect(tmp_path)
+    write_run(tmp_path / "runs" / "bsp", dense, job("bsp", workers=1))
+    write_run(tmp_path / "runs" / "asp", sparse, job("asp", workers=1))
+    c = collect(tmp_path / "runs")
     flagged = coverage_warnings(c)
     assert len(flagged) == 1 and flagged[0].startswith("asp in runs: 0 evaluation(s)")
     assert "7.1 s after the last step" in flagged[0]
@@ -232,7 +232,7 @@ def test_plain_folders_group_by_sync_and_one_run_folder_is_one_run(tmp_path):
     for name, sync, tta in (("a", "bsp", 2.0), ("b", "asp", 1.0), ("c", "bsp", 4.0)):
         write_run(tmp_path / "runs" / name, records_for(tta, 0), job(sync))
     c = collect(tmp_path / "runs")
-    assert c.scenarios() == ["runs"] and c.policies() == ["asp", "bsp"]
+    assert c.scenarios() == ["runs"] and c.policies() == ["bsp", "asp"]  # named after the folder
     assert c.target == 0.95  # no plan: the default target
     assert {r.policy: r.speedup for r in table_rows(c, TARGET)}["asp"] == pytest.approx(3.0)
     single = collect(tmp_path / "runs" / "a")

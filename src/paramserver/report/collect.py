@@ -12,6 +12,8 @@ from paramserver.metrics import read_records, summarize, time_to_accuracy
 DEFAULT_TARGET = 0.95
 SINGLE = "single"  # the folder name of the one-worker reference runs in a compare folder
 _REP = re.compile(r"rep-(\d+)$")
+# Without a plan, policies appear in this order: the BSP baseline first, as in compare's default.
+KNOWN_ORDER = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp")
 
 
 class ReportError(Exception):
@@ -84,7 +86,7 @@ class Collection:
     def policies(self, scenario: str | None = None) -> list[str]:
         """Policies in plan order, then any others found, the single reference last."""
         found = {r.policy for r in self.runs if scenario is None or r.scenario == scenario}
-        planned = [p for p in (self.plan or {}).get("policies", []) if p in found]
+        planned = [p for p in (self.plan or {}).get("policies") or KNOWN_ORDER if p in found]
         rest = sorted(found - set(planned) - {SINGLE})
         return planned + rest + ([SINGLE] if SINGLE in found else [])
 
@@ -154,7 +156,7 @@ def _plain_runs(root: Path) -> list[tuple]:
     counts: dict[tuple, int] = {}
     found = []
     for p in paths:
-        scenario = "runs" if one_setting else settings[p]
+        scenario = root.name if one_setting else settings[p]
         # A one-worker reference run says "bsp" in its summary; its folder name says what it is.
         policy = SINGLE if SINGLE in p.relative_to(root).parts else (
             (_read_json(p / "summary.json") or {}).get("sync") or _config_sync(p))

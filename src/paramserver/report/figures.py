@@ -150,9 +150,10 @@ def plot_tta(bars: list[dict], scenario: str, target: float, path: Path) -> Path
         err = [[b["median"] - b["min"]], [b["max"] - b["median"]]]
         ax.bar(i, b["median"], yerr=err, capsize=5, color=policy_color(b["policy"]), width=0.65)
         note = "" if b["speedup"] is None else f"×{b['speedup']:.2f} vs BSP"
-        ax.annotate(f"{b['median']:.1f} s\n{note}", (i, b["max"]), xytext=(0, 4),
+        ax.annotate(f"{b['median']:.1f} s\n{note}".strip(), (i, b["max"]), xytext=(0, 4),
                     textcoords="offset points", ha="center", fontsize=9)
     ax.set_xticks(range(len(bars)), [b["policy"] for b in bars])
+    ax.set_xlim(-0.7, len(bars) - 0.3)  # room for a "not reached" label at either end
     ax.set_ylim(0, top * 1.3)
     ax.set_ylabel(f"seconds to {100 * target:g}% test accuracy")
     ax.set_title(f"{scenario}: time to {100 * target:g}% accuracy (median, min–max)")

@@ -160,7 +160,7 @@ def fidelity_section(rows: list[Row]) -> str:
             "work; with emulated device time (<code>--device-time</code>) or a straggler factor "
             "the rest was slept, so timing differences come from the model of the device, not "
             "from PyTorch. Low shares are fine for comparing policies; they are not a "
-            "measurement of the real hardware.</p>"
+            "measurement of the real hardware. Simulated runs compute nothing for real: 0%.</p>"
             f"<table class='share'><tr><th>scenario</th>{head}</tr>{body}</table>")
 
 
