@@ -10,6 +10,7 @@ import sys
 COMMAND_MODULES = (
     "paramserver.cli.compare_cmd",
     "paramserver.cli.demo_cmd",
+    "paramserver.cli.launch_cmd",
     "paramserver.cli.report_cmd",
     "paramserver.cli.roles",
     "paramserver.cli.simulate_cmd",

@@ -65,7 +65,9 @@ class Coordinator:
         self.elapsed_before = 0.0
         sync = job["sync"]
         self.policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
-        self.ranges = split_balanced(job["num_keys"], job["servers"])
+        # num_keys 0: the first worker to register tells it (a user's own model, `launch`).
+        self.ranges = split_balanced(job["num_keys"], job["servers"]) if job["num_keys"] else None
+        self.pending_servers: list[tuple[bytes, Message]] = []
         self.roster = Roster()
         self.timers: list[tuple[float, int, Release]] = []
         self.timer_seq = 0
@@ -202,8 +204,13 @@ class Coordinator:
     # ---- registration ---------------------------------------------------------------------------
     def _on_register(self, ident: bytes, msg: Message) -> None:
         role = msg["role"]
+        if role == "worker" and self.ranges is None and msg.get("num_keys"):
+            self._set_key_space(msg["num_keys"])
         if role == "server":
-            self._register_server(ident, msg)
+            if self.ranges is None:
+                self.pending_servers.append((ident, msg))  # answered once the key space is known
+            else:
+                self._register_server(ident, msg)
         elif role in ("worker", "observer"):
             if len(self.roster.servers) < self.job["servers"]:
                 self.pending_workers.append((ident, msg))  # answered once every shard is up
@@ -211,6 +218,14 @@ class Coordinator:
                 self._register_worker(ident, msg)
         else:
             raise ValueError(f"unknown role {role!r}; known: server, worker, observer")
+
+    def _set_key_space(self, num_keys: int) -> None:
+        self.job["num_keys"] = num_keys
+        self.ranges = split_balanced(num_keys, self.job["servers"])
+        self.record("key_space", num_keys=num_keys)
+        pending, self.pending_servers = self.pending_servers, []
+        for server in pending:
+            self._register_server(*server)
 
     def _register_server(self, ident: bytes, msg: Message) -> None:
         if "addr" not in msg.fields:
@@ -240,6 +255,9 @@ class Coordinator:
         return [[m.rank, m.addr, self.ranges[m.rank].lo, self.ranges[m.rank].hi] for m in by_rank]
 
     def _register_worker(self, ident: bytes, msg: Message) -> None:
+        if msg.get("num_keys") and msg["num_keys"] != self.job["num_keys"]:
+            raise ValueError(f"worker has {msg['num_keys']} parameters, the job "
+                             f"{self.job['num_keys']}: not the same model")
         group = self.roster.observers if msg["role"] == "observer" else self.roster.workers
         if msg.src in self.roster.workers or msg.src in self.roster.observers:
             raise ValueError(f"id {msg.src!r} is already registered")
@@ -261,6 +279,10 @@ class Coordinator:
 
     # ---- the step protocol ----------------------------------------------------------------------
     def _on_start(self, ident: bytes, msg: Message) -> None:
+        if msg.src in self.roster.observers:  # an evaluator is ready: training may begin
+            self.roster.observers[msg.src].started = True
+            self._reply(ident, msg, Message("ok"))
+            return
         member = self._worker(msg.src)
         member.ident, member.waiting_rid, member.started = ident, msg.rid, True
         if member.ready is not None:
@@ -274,8 +296,11 @@ class Coordinator:
             return
         started = [m for m in self.roster.workers.values() if m.started]
         expected = self.job["workers"]
+        # The evaluator must be ready too, or the first seconds of training go unmeasured.
+        evaluator_ready = not self.job.get("eval_interval") or any(
+            m.started for m in self.roster.observers.values())
         late = self.now() > self.start_timeout and started
-        if len(started) >= expected or late:
+        if (len(started) >= expected and evaluator_ready) or late:
             if late and len(started) < expected:
                 log.warning("only %d of %d workers started within %.0f s; going on with them",
                             len(started), expected, self.start_timeout)

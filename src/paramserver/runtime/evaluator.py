@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
@@ -28,10 +27,6 @@ def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 40
 
 def run_evaluator(join: str, interval: float = 1.0) -> int:
     """Evaluate every `interval` seconds while the job trains, and once more after it ends."""
-    try:
-        os.nice(5)  # yield the CPU to the workers: evaluation must not slow training down
-    except OSError:
-        pass
     torch.set_num_threads(1)
     kv = KVWorker(join, role="observer")
     try:
@@ -39,6 +34,7 @@ def run_evaluator(join: str, interval: float = 1.0) -> int:
         ds, model, keys = build(task, kv.job["dtype"])
         X, y = ds.test.X.to(keys.dtype), ds.test.y
         flat = keys.new_buffer()
+        kv.start()  # ready: the coordinator holds the start of training until now
         while True:
             state = kv.status()
             if not state["started"]:

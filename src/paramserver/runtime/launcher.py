@@ -55,15 +55,18 @@ class LocalCluster:
     startup_timeout: float = 60.0
     job_timeout: float | None = None
     env: dict | None = None
+    worker_cmd: list[str] | None = None  # a user's own script instead of `paramserver worker`
     children: list[Child] = field(default_factory=list)
     address: str = ""
 
-    def _spawn(self, role: str, index: int, args: list[str]) -> Child:
+    def _spawn(self, role: str, index: int, args: list[str],
+               command: list[str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(self.env or {})}
+        env = {**os.environ, **(self.env or {}), "PARAMSERVER_JOIN": self.address}
+        command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "paramserver", role, *args],
+            proc = subprocess.Popen(command,
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=_die_with_parent, env=env)
         child = Child(role, index, proc, log_path)
@@ -101,6 +104,8 @@ class LocalCluster:
         return self.address
 
     def add_worker(self, index: int) -> Child:
+        if self.worker_cmd:
+            return self._spawn("worker", index, [], command=self.worker_cmd)
         return self._spawn("worker", index, ["--join", self.address,
                                              "--result-dir", str(self.run_dir / "results")])
 

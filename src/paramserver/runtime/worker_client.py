@@ -77,7 +77,8 @@ class KVWorker:
     """Client of one job: a DEALER per shard, one to the coordinator, and a heartbeat thread."""
 
     def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
-                 heartbeat: bool = True, src: str | None = None, role: str = "worker"):
+                 heartbeat: bool = True, src: str | None = None, role: str = "worker",
+                 num_keys: int | None = None):
         self.timeout, self.release_timeout = timeout, release_timeout
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         self.ctx = new_context()
@@ -86,7 +87,9 @@ class KVWorker:
         self._rid = 0
         self._inbox: dict[int, Message] = {}
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
-        welcome = self._call_coord(Message("register", {"role": role}), self.timeout)
+        # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
+        fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
+        welcome = self._call_coord(Message("register", fields), self.timeout)
         self.rank: int = welcome["rank"]
         self.job: dict = welcome["job"]
         self.num_keys: int = self.job["num_keys"]
@@ -292,9 +295,13 @@ class KVWorker:
         return Release(reply["step"], reply["batch"], reply["min_version"],
                        bool(reply.get("stop", False)), float(reply.get("scale", 1.0)))
 
-    def start(self) -> Release:
-        """Tell the coordinator this worker is ready; blocks until the policy releases step 0."""
-        return self._release(self._call_coord(Message("start"), self.release_timeout))
+    def start(self) -> Release | None:
+        """Tell the coordinator this worker is ready; blocks until the policy releases step 0.
+
+        An observer's start returns None at once: it only marks it ready.
+        """
+        reply = self._call_coord(Message("start"), self.release_timeout)
+        return None if reply.op == "ok" else self._release(reply)
 
     def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
               free_mem: float | None = None, record: dict | None = None) -> Release:

@@ -33,7 +33,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "ack": {"version": _f(NONNEG), "staleness": _f(INT, False)},
     "values": {"version": _f(NONNEG), "range": _f(RANGE, False)},
     # anyone -> coordinator
-    "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False)},
+    "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False),
+                 "num_keys": _f(NONNEG, False)},
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
               "record": _f(RECORD, False)},

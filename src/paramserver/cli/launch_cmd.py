@@ -1,0 +1,92 @@
+"""`paramserver launch -- CMD`: a job for your own training script, run once per worker."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from paramserver.cli.train_cmd import parse_options
+from paramserver.metrics import read_records
+from paramserver.optim import UPDATE_RULES, make_rule
+from paramserver.policies import SYNC_POLICIES, make_policy
+from paramserver.runtime.launcher import LaunchError, LocalCluster
+
+
+def build_job(args) -> dict:
+    """The job description; its key space comes from the first worker's model."""
+    sync_opts = parse_options(args.sync_opt, "sync")
+    opt_opts = parse_options(args.optimizer_opt, "optimizer")
+    make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
+    make_rule(args.optimizer, args.lr, **opt_opts)
+    return {"num_keys": 0, "dtype": args.dtype, "servers": args.servers,
+            "workers": args.workers, "batch_size": args.batch_size,
+            "sync": {"name": args.sync, "options": sync_opts},
+            "optimizer": {"name": args.optimizer, "lr": args.lr, "options": opt_opts},
+            "max_samples": args.steps * args.batch_size * args.workers if args.steps else None,
+            "max_seconds": args.max_seconds, "heartbeat_interval": 0.5,
+            "heartbeat_timeout": args.heartbeat_timeout, "task": {"name": "external"}}
+
+
+def _failed_workers(cluster: LocalCluster) -> list[str]:
+    return [f"{c.name} exited with {c.proc.returncode}:\n{c.tail()}" for c in cluster.children
+            if c.role == "worker" and c.proc.returncode not in (0, None)]
+
+
+def _run(args) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("paramserver launch: give the worker command after --, e.g. "
+              "paramserver launch -- python train.py", file=sys.stderr)
+        return 2
+    try:
+        job = build_job(args)
+    except ValueError as exc:
+        print(f"paramserver launch: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
+    cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command)
+    try:
+        cluster.run()
+    except LaunchError as exc:
+        print(f"paramserver launch: the job failed: {exc}", file=sys.stderr)
+        return 1
+    failures = _failed_workers(cluster)
+    steps = sum(1 for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "step")
+    print(f"launch: {args.workers} workers ran {' '.join(command)}; {steps} steps, "
+          f"logs in {run_dir}")
+    for failure in failures:
+        print(f"paramserver launch: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "launch", help="run your own training script as the workers of a local job",
+        description="Start a coordinator and shard servers on 127.0.0.1, then run COMMAND once "
+                    "per worker with PARAMSERVER_JOIN set; in the script, "
+                    "paramserver.DistributedOptimizer(model) joins the job (see README).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--sync", default="bsp", help=f"{', '.join(SYNC_POLICIES.names())} (default bsp)")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", help="sync-policy option")
+    p.add_argument("--optimizer", default="sgd",
+                   help=f"server update rule: {', '.join(UPDATE_RULES.names())} (default sgd)")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
+                   help="update-rule option, e.g. momentum=0.9")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="batch size the policy starts from (default 32)")
+    p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
+    p.add_argument("--max-seconds", type=float, help="stop after this much training time")
+    p.add_argument("--dtype", default="float32", help="float32 (default) or float64")
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                   help="seconds of silence before a worker is declared dead (default 10)")
+    p.add_argument("--out", help="run folder (default runs/<time>-launch-<sync>)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many s")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
+    p.set_defaults(func=_run)
