@@ -1,14 +1,16 @@
 """The discrete-event simulator: timing by hand, policy structure, staleness, replay, logs, CLI."""
 
+import ast
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 
 from paramserver.cli.main import main
 from paramserver.metrics import read_records, summarize
-from paramserver.policies import SYNC_POLICIES, make_policy
+from paramserver.policies import SYNC_POLICIES, Release, make_policy
 from paramserver.sim import (
     ComputeSpecError, Engine, Network, NullSink, SimConfig, SimError, Simulation, parse_compute,
     simulate,
@@ -172,6 +174,34 @@ def test_a_policy_that_breaks_the_protocol_is_reported():
         engine.run()
 
 
+def test_timed_decisions_come_from_ticks_at_the_policys_deadline():
+    class Delayed(type(make_policy("asp", 1))):
+        """Releases each next step 5 ms after the push, from a Tick."""
+
+        pending: list
+
+        def on_pushed(self, event):
+            super().on_pushed(event)
+            self.pending = getattr(self, "pending", []) + [(event.now + 0.005, event.worker,
+                                                             event.step + 1)]
+            return []
+
+        def next_deadline(self):
+            return min(self.pending)[0] if getattr(self, "pending", None) else None
+
+        def on_tick(self, event):
+            due = [p for p in self.pending if p[0] <= event.now]
+            self.pending = [p for p in self.pending if p[0] > event.now]
+            return [Release(w, step, self.batch_size) for _, w, step in due]
+
+    sink = Capture()
+    engine = Engine(Delayed(10), 3, 4, parse_compute("classes:0.34=1,0.66=2").bind(3, 4),
+                    Network(), sink)
+    engine.run()
+    assert len(sink.steps) == 12
+    assert all(r["wait_s"] == pytest.approx(0.0 if r["step"] == 0 else 0.005) for r in sink.steps)
+
+
 def test_a_deadlock_is_reported():
     class Stuck(type(make_policy("asp", 1))):
         def on_pushed(self, event):
@@ -234,6 +264,17 @@ def test_summary_in_worker_groups_equals_the_direct_summary(tmp_path):
         assert grouped[key] == direct[key], key
     for key in ("mean_wait_fraction", "mean_staleness", "steps_per_s"):
         assert grouped[key] == pytest.approx(direct[key]), key
+
+
+def test_the_engine_reads_no_clock_and_does_no_io():
+    import paramserver.sim as sim
+    for name in ("engine.py", "compute.py", "units.py", "trace.py"):
+        tree = ast.parse((Path(sim.__file__).parent / name).read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not {n.split(".")[0] for n in names} & {"time", "threading", "socket", "zmq",
+                                                       "pickle", "subprocess", "datetime"}, name
+        assert not [n for n in names if n.startswith(("paramserver.runtime", "paramserver.cli"))]
 
 
 # ---- grammars -----------------------------------------------------------------------------------
