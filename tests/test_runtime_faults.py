@@ -94,7 +94,11 @@ def test_sigkilled_worker_is_dropped_and_bsp_goes_on(tmp_path):
                  for _ in range(3)]
         for p in procs:
             p.start()
-        time.sleep(2.0)
+        events = tmp_path / "run" / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while events.read_text().count("apply_round") < 5:  # kill mid-run, not at start-up
+            assert time.monotonic() < deadline, "the job made no progress"
+            time.sleep(0.05)
         os.kill(procs[0].pid, signal.SIGKILL)
         t_kill = time.monotonic()
         codes = join_all(procs[1:], timeout=60)

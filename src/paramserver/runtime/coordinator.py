@@ -63,6 +63,7 @@ class Coordinator:
         self.worker_samples: dict[int, int] = {}
         self.steps_done = 0
         self.elapsed_before = 0.0
+        self.lost_before_start = 0  # workers that died before training began: not waited for
         sync = job["sync"]
         self.policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
         # num_keys 0: the first worker to register tells it (a user's own model, `launch`).
@@ -295,7 +296,7 @@ class Coordinator:
         if self.barrier_open:
             return
         started = [m for m in self.roster.workers.values() if m.started]
-        expected = self.job["workers"]
+        expected = self.job["workers"] - self.lost_before_start
         # The evaluator must be ready too, or the first seconds of training go unmeasured.
         evaluator_ready = not self.job.get("eval_interval") or any(
             m.started for m in self.roster.observers.values())
@@ -467,6 +468,8 @@ class Coordinator:
         self.metric({"kind": "left", "worker": member.rank, "reason": reason})
         if member.started and self.barrier_open:
             self._apply(self.policy.handle(Left(member.rank, self.now(), reason)))
+        elif not self.barrier_open:
+            self.lost_before_start += 1
 
     def _shutdown_servers(self, reason: str) -> None:
         for m in self.roster.servers.values():
