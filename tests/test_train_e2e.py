@@ -73,3 +73,19 @@ def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert fragment in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_topk_pruned_pushes_carry_one_percent_and_still_learn(tmp_path):
+    out = tmp_path / "topk"
+    proc = run_cli("train", "--sync", "bsp", "--workers", "2", "--servers", "2", "--epochs", "8",
+                   "--compress", "topk", "--compress-opt", "fraction=0.01", "--out", str(out),
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = json.loads((out / "config.json").read_text())
+    num_keys = config["job"]["num_keys"]
+    steps = [r for r in read_records(out / "metrics.jsonl") if r["kind"] == "step"]
+    expected = round(0.01 * num_keys) * (8 + 4)  # int64 key + float32 value per kept entry
+    assert all(r["push_bytes"] == expected for r in steps)
+    assert all(r["pull_bytes"] == num_keys * 4 for r in steps)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_test_accuracy"] >= 0.85

@@ -31,6 +31,8 @@ class TrainConfig:
     eval_interval: float = 1.0
     dtype: str = "float32"
     heartbeat_timeout: float = 5.0
+    compress: str = "none"
+    compress_options: dict = field(default_factory=dict)
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
     checkpoint_seconds: float | None = None
@@ -75,7 +77,8 @@ class TrainConfig:
             "task": {"name": "train", "model": self.model, "dataset": self.dataset,
                      "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
                      "seed": self.seed, "straggler": self.straggler,
-                     "device_time": self.device_time, "threads": self.threads},
+                     "device_time": self.device_time, "threads": self.threads,
+                     "compress": self.compress, "compress_options": dict(self.compress_options)},
         }
 
     def as_dict(self) -> dict:

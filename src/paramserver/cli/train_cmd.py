@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from paramserver.config import TrainConfig
+from paramserver.compression import COMPRESSORS, make_compressor
 from paramserver.data import DATASETS
 from paramserver.metrics import read_records, summarize
 from paramserver.models import MODELS
@@ -68,6 +69,11 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help=f"server update rule: {', '.join(UPDATE_RULES.names())} (default {d.optimizer})")
     p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
+    p.add_argument("--compress", default=d.compress,
+                   help=f"gradient pruning: {', '.join(COMPRESSORS.names())} (default {d.compress})")
+    p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE",
+                   help="pruning option, e.g. fraction=0.01, k=2, error_feedback=false "
+                        "(repeatable)")
     p.add_argument("--straggler", default=d.straggler,
                    help=f"slowness injected per worker, e.g. 1:3 (default {d.straggler}; "
                         f"grammar below)")
@@ -98,6 +104,7 @@ def config_from_args(args, sync: str) -> TrainConfig:
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
         optimizer_options=parse_options(args.optimizer_opt, "optimizer"),
         straggler=args.straggler, device_time=args.device_time, seed=args.seed,
+        compress=args.compress, compress_options=parse_options(args.compress_opt, "compress"),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
@@ -109,6 +116,7 @@ def prepare_job(cfg: TrainConfig) -> dict:
     from paramserver.runtime.train_task import build
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
+    make_compressor(cfg.compress, **cfg.compress_options)
     Pacer(0, cfg.straggler, cfg.device_time).straggler.check_workers(cfg.workers)
     job = cfg.to_job(0, 0)
     ds, _, keys = build(job["task"], cfg.dtype)

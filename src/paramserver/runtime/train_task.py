@@ -9,6 +9,7 @@ import psutil
 import torch
 from torch import nn
 
+from paramserver.compression import make_compressor
 from paramserver.data import load_dataset
 from paramserver.models import ModelKeys, build_model
 from paramserver.runtime.flat_binding import bind_to_flat, grads_are_bound
@@ -47,6 +48,8 @@ class StepLoop:
         self._skip(int(kv.job.get("resume_samples", 0)))
         self.pacer = Pacer(kv.rank, task.get("straggler", "none"), task.get("device_time", "off"))
         self.loss_fn = nn.CrossEntropyLoss()
+        self.compressor = make_compressor(task.get("compress", "none"),
+                                          **task.get("compress_options", {}))
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         _host_load()
@@ -79,16 +82,24 @@ class StepLoop:
         compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
                                              release.batch_size, real)
         t_c = time.perf_counter()
-        staleness = kv.push(self.grads_np, step=release.step, batch=release.batch_size,
-                            scale=release.scale)
+        staleness, push_bytes = self.push(release)
         t_d = time.perf_counter()
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
-                  "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
+                  "pull_bytes": self.nbytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4)}
         return record, compute
+
+
+    def push(self, release) -> tuple[int, int]:
+        """Push this step's gradient, pruned by the compressor; (staleness, bytes sent)."""
+        tags = {"step": release.step, "batch": release.batch_size, "scale": release.scale}
+        sparse = self.compressor.compress(self.grads)
+        if sparse.is_dense:
+            return self.kv.push(self.grads_np, **tags), self.nbytes
+        return self.kv.push_sparse(sparse.keys, sparse.values, **tags), sparse.nbytes
 
 
 def run(kv: KVWorker, task: dict) -> dict:

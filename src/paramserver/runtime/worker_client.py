@@ -227,8 +227,8 @@ class KVWorker:
         cuts = np.searchsorted(k, self._starts[1:], side="left")
         handle = Handle("push")
         for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, k.size])):
-            if a == b:
-                continue
+            # Every shard hears from the worker, even with no keys for it: in round mode the
+            # shard counts the worker's batch in the round's average.
             fields = {"step": step, "version": self.shards[i].version, "batch": batch,
                       "scale": float(scale)}
             msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
