@@ -303,7 +303,8 @@ def test_units():
     assert parse_size("45MB") == 45e6 and parse_size("1KiB") == 1024
     assert parse_bandwidth("10Gbit/s") == pytest.approx(1.25e9)
     assert parse_bandwidth("800Mbps") == pytest.approx(1e8)
-    assert parse_bandwidth("1.25GB/s") == pytest.approx(1.25e9) and parse_bandwidth("inf") == math.inf
+    assert parse_bandwidth("1.25GB/s") == pytest.approx(1.25e9)
+    assert parse_bandwidth("inf") == math.inf
     for bad, fn in (("2", parse_duration), ("fast", parse_bandwidth), ("3 apples", parse_size)):
         with pytest.raises(UnitError):
             fn(bad)

@@ -33,8 +33,10 @@ def add_sim_args(p) -> None:
                    help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default {d.sync})")
     p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
-    p.add_argument("--workers", type=int, default=d.workers, help=f"virtual workers (default {d.workers})")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"steps per worker (default {d.steps})")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help=f"virtual workers (default {d.workers})")
+    p.add_argument("--steps", type=int, default=d.steps,
+                   help=f"steps per worker (default {d.steps})")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--compute", default=d.compute,
@@ -116,9 +118,9 @@ def drive(sim: Simulation, quiet: bool) -> tuple[bool, float]:
 def print_summary(s: dict, run_dir: Path) -> None:
     sim = s["simulator"]
     state = "" if sim["complete"] else " (interrupted)"
+    samples_per_s = s["samples"] / s["wall_time_s"] if s["wall_time_s"] else 0.0
     print(f"{s['sync']} x{s['workers']}{state}: {s['steps']} steps in {s['wall_time_s']:.3f} "
-          f"virtual s, {s['steps_per_s']:.1f} steps/s, {s['samples'] / max(s['wall_time_s'], 1e-12):.0f} "
-          f"samples/s")
+          f"virtual s, {s['steps_per_s']:.1f} steps/s, {samples_per_s:.0f} samples/s")
     print(f"  mean wait {s['mean_wait_fraction']:.1%}, mean staleness {s['mean_staleness']:.2f}, "
           f"updates applied {s['updates_applied']}")
     if s.get("final_test_accuracy") is not None:

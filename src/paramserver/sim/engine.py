@@ -21,7 +21,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from paramserver.policies.base import ApplyRound, Joined, Left, Note, Pushed, Release, SyncPolicy, Tick
+from paramserver.policies.base import (
+    ApplyRound, Joined, Left, Note, Pushed, Release, SyncPolicy, Tick,
+)
 
 READ, COMPUTED, APPLIED, CLOCK, LEAVE, TICK = range(6)
 WAITING, RELEASED, BUSY, GONE = range(4)

@@ -4,30 +4,42 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from pathlib import Path
 
 from paramserver.metrics import summarize
 
-# summarize() holds every record as a dict (~1 KB each); past this many step records the
-# workers are summarized group by group and the groups merged, so 10M steps fit in memory.
-MAX_RECORDS_IN_MEMORY = 1_000_000
+# summarize() holds every record as a dict (~1.5 KB each); past this many step records the
+# log is split by worker group in one pass, each group summarized alone and the parts merged.
+MAX_RECORDS_IN_MEMORY = 250_000
 _WORKER = re.compile(r'"worker": (\d+)')
 
 
-def _read(path: Path, keep=None) -> list[dict]:
-    """Records of `path`; with `keep`, only those whose worker it accepts (plus worker-less ones)."""
+def _read(path: Path) -> list[dict]:
     out = []
     with open(path) as f:
         for line in f:
-            if keep is not None:
-                m = _WORKER.search(line)
-                if m and not keep(int(m[1])):
-                    continue
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a torn last line (interrupted run)
     return out
+
+
+def _split(path: Path, folder: Path, per_group: int, groups: int) -> list[Path]:
+    """Copy each line into its worker group's file; worker-less lines (evals) into all of them."""
+    paths = [folder / f"group-{g}.jsonl" for g in range(groups)]
+    files = [open(p, "w") for p in paths]
+    try:
+        with open(path) as f:
+            for line in f:
+                m = _WORKER.search(line)
+                for out in files if m is None else (files[int(m[1]) // per_group],):
+                    out.write(line)
+    finally:
+        for out in files:
+            out.close()
+    return paths
 
 
 def summarize_run(metrics_path: str | Path, job: dict, workers: int, steps: int,
@@ -38,11 +50,12 @@ def summarize_run(metrics_path: str | Path, job: dict, workers: int, steps: int,
         return summarize(_read(path), job)
     per_group = max(1, max_records // steps)
     parts, wall = [], 0.0
-    for lo in range(0, workers, per_group):
-        records = _read(path, lambda w, lo=lo: lo <= w < lo + per_group)
-        wall = max([wall] + [r["t"] for r in records])
-        parts.append(summarize(records, job))
-        del records
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        for group in _split(path, Path(tmp), per_group, -(-workers // per_group)):
+            records = _read(group)
+            wall = max([wall] + [r["t"] for r in records])
+            parts.append(summarize(records, job))
+            del records
     return merge(parts, job, wall)
 
 
@@ -57,8 +70,8 @@ def merge(parts: list[dict], job: dict, wall: float) -> dict:
         per_worker.update(p["per_worker"])
     steps = sum(p["steps"] for p in parts)
     compute = sum(w["compute_s"] for w in per_worker.values())
-    real = sum((p["real_compute_share"] or 0) * sum(w["compute_s"] for w in p["per_worker"].values())
-               for p in parts)
+    real = sum((p["real_compute_share"] or 0)
+               * sum(w["compute_s"] for w in p["per_worker"].values()) for p in parts)
     ordered = sorted(per_worker.items(), key=lambda kv: int(kv[0]))
     out.update(
         steps=steps, samples=sum(p["samples"] for p in parts), wall_time_s=round(wall, 4),
