@@ -153,10 +153,10 @@ def _run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a sync policy with many virtual workers",
-                       description="Drive the live sync policies with virtual workers in virtual "
-                                   "time (discrete events): compute-time models, stragglers and "
-                                   "server link contention; optionally train a small model on "
-                                   "the simulated schedule.",
+                       description="Drive the live sync policies with virtual workers in "
+                                   "virtual time (discrete events):\ncompute-time models, "
+                                   "stragglers and server link contention; optionally train a "
+                                   "small\nmodel on the simulated schedule.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sim_args(p)
     add_train_args(p)
