@@ -33,6 +33,7 @@ class TrainConfig:
     heartbeat_timeout: float = 5.0
     compress: str = "none"
     compress_options: dict = field(default_factory=dict)
+    restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
     checkpoint_seconds: float | None = None

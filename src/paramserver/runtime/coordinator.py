@@ -69,6 +69,7 @@ class Coordinator:
         # num_keys 0: the first worker to register tells it (a user's own model, `launch`).
         self.ranges = split_balanced(job["num_keys"], job["servers"]) if job["num_keys"] else None
         self.pending_servers: list[tuple[bytes, Message]] = []
+        self.rank_waiters: list[tuple[bytes, Message]] = []
         self.roster = Roster()
         self.timers: list[tuple[float, int, Release]] = []
         self.timer_seq = 0
@@ -264,6 +265,11 @@ class Coordinator:
             raise ValueError(f"id {msg.src!r} is already registered")
         taken = {m.rank for m in group.values()}
         rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        if group is self.roster.workers and rank >= self.job["workers"]:
+            # A replacement for a worker not yet declared dead: it gets that rank (and its
+            # data shard) once the old one is dropped.
+            self.rank_waiters.append((ident, msg))
+            return
         group[msg.src] = Member(rank, ident, last_seen=time.monotonic())
         job = {k: v for k, v in self.job.items() if k not in ("sync",)}
         job.update(shards=self.shard_map(), apply_mode=self.policy.apply_mode,
@@ -470,6 +476,8 @@ class Coordinator:
             self._apply(self.policy.handle(Left(member.rank, self.now(), reason)))
         elif not self.barrier_open:
             self.lost_before_start += 1
+        if self.rank_waiters:
+            self._register_worker(*self.rank_waiters.pop(0))
 
     def _shutdown_servers(self, reason: str) -> None:
         for m in self.roster.servers.values():

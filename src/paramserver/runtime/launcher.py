@@ -33,6 +33,7 @@ class Child:
     index: int
     proc: subprocess.Popen
     log_path: Path
+    replaced: bool = False
 
     @property
     def name(self) -> str:
@@ -56,6 +57,8 @@ class LocalCluster:
     job_timeout: float | None = None
     env: dict | None = None
     worker_cmd: list[str] | None = None  # a user's own script instead of `paramserver worker`
+    restart_workers: int = 0  # how many dead workers to replace over the job's life
+    restarts: int = 0
     children: list[Child] = field(default_factory=list)
     address: str = ""
 
@@ -127,11 +130,21 @@ class LocalCluster:
                                   f"{failed.tail()}")
             if deadline is not None and time.monotonic() > deadline:
                 raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
+            self._replace_dead_workers()
             if on_tick is not None:
                 on_tick()
             time.sleep(poll)
         if coord.proc.returncode != 0:
             raise LaunchError(f"coordinator exited with {coord.proc.returncode}:\n{coord.tail()}")
+
+    def _replace_dead_workers(self) -> None:
+        """Start a new worker for each one that died, while the restart budget lasts."""
+        for c in list(self.children):
+            if (c.role == "worker" and not c.replaced and c.proc.poll() not in (None, 0)
+                    and self.restarts < self.restart_workers):
+                c.replaced = True
+                self.restarts += 1
+                self.add_worker(c.index)
 
     def stop(self, grace: float = 5.0) -> None:
         """Ask every child to stop, then kill the ones that do not; always reaps them all."""

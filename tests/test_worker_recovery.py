@@ -1,0 +1,36 @@
+"""A worker SIGKILLed mid-run is replaced: the newcomer takes its rank and shard and trains on."""
+
+import os
+import signal
+
+from paramserver.cli.train_cmd import prepare_job
+from paramserver.config import TrainConfig
+from paramserver.metrics import read_records
+from paramserver.runtime.launcher import LocalCluster
+
+
+def test_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
+    cfg = TrainConfig(sync="bsp", workers=3, epochs=12, heartbeat_timeout=2.0, device_time="2ms",
+                      eval_interval=1.0, restart_workers=1)
+    job = prepare_job(cfg)
+    cluster = LocalCluster(job, tmp_path, job_timeout=300, restart_workers=1)
+    events = tmp_path / "events.jsonl"
+    killed = []
+
+    def kill_once():
+        if killed or not events.exists() or events.read_text().count("apply_round") < 20:
+            return
+        victim = next(c for c in cluster.children if c.role == "worker" and c.index == 1)
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        killed.append(victim.proc.pid)
+
+    cluster.run(on_tick=kill_once)
+    assert killed and cluster.restarts == 1
+    records = read_records(tmp_path / "metrics.jsonl")
+    left = [i for i, r in enumerate(records) if r["kind"] == "left" and r["reason"] == "dead"]
+    assert len(left) == 1
+    dead_rank = records[left[0]]["worker"]
+    later = [r for r in records[left[0]:] if r["kind"] == "step" and r["worker"] == dead_rank]
+    assert later, "the replacement never trained"
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert evals[-1]["accuracy"] >= 0.9
