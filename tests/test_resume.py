@@ -9,7 +9,7 @@ import numpy as np
 from paramserver.runtime.checkpoint import latest, read_part
 
 COMMON = ["--sync", "bsp", "--workers", "2", "--dtype", "float64", "--batch-size", "16",
-          "--eval-interval", "5", "--quiet", "--seed", "3"]
+          "--eval-interval", "0", "--quiet", "--seed", "3"]
 
 
 def train(*args, timeout=300):

@@ -28,7 +28,7 @@ class TrainConfig:
     device_time: str = "off"
     seed: int = 0
     threads: int = 1
-    eval_interval: float = 1.0
+    eval_interval: float = 1.0  # 0: no evaluator process
     dtype: str = "float32"
     heartbeat_timeout: float = 5.0
     compress: str = "none"
@@ -43,7 +43,7 @@ class TrainConfig:
         checks = [("workers", self.workers >= 1), ("servers", self.servers >= 1),
                   ("batch_size", self.batch_size >= 1), ("lr", self.lr > 0),
                   ("epochs", self.epochs > 0), ("threads", self.threads >= 1),
-                  ("eval_interval", self.eval_interval > 0),
+                  ("eval_interval", self.eval_interval >= 0),
                   ("steps", self.steps is None or self.steps >= 1),
                   ("dtype", self.dtype in ("float32", "float64")),
                   ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1),

@@ -84,7 +84,8 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads per worker (default {d.threads}: workers share the cores)")
     p.add_argument("--eval-interval", type=float, default=d.eval_interval,
-                   help=f"seconds between test evaluations (default {d.eval_interval:g})")
+                   help=f"seconds between test evaluations; 0 runs no evaluator "
+                        f"(default {d.eval_interval:g})")
     p.add_argument("--dtype", default=d.dtype, help="float32 or float64 parameters")
     p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "

@@ -35,22 +35,22 @@ def run_evaluator(join: str, interval: float = 1.0) -> int:
         X, y = ds.test.X.to(keys.dtype), ds.test.y
         flat = keys.new_buffer()
         kv.start()  # ready: the coordinator holds the start of training until now
+        last = -float("inf")
         while True:
             state = kv.status()
-            if not state["started"]:
-                time.sleep(min(interval, 0.2))
+            final = bool(state["workers_done"])
+            if not state["started"] or (not final and time.monotonic() - last < interval):
+                time.sleep(min(interval, 0.1))  # poll often: the final evaluation is prompt
                 continue
-            t_pull = time.monotonic()
+            last = time.monotonic()
             kv.pull(out=flat.numpy())
             keys.load_flat(model, flat)
             accuracy, loss = evaluate(model, X, y)
-            final = bool(state["workers_done"])
             kv.report({"kind": "eval", "accuracy": round(accuracy, 6), "test_loss": round(loss, 6),
                        "samples": state["samples_done"], "version": kv.version, "final": final,
-                       "age_s": time.monotonic() - t_pull})
+                       "age_s": time.monotonic() - last})
             if final:
                 break
-            time.sleep(max(0.0, interval - (time.monotonic() - t_pull)))
         kv.bye()
     finally:
         kv.close()
