@@ -88,7 +88,7 @@ def _unpack_header(raw: memoryview) -> dict:
         raise WireError(f"protocol version {version!r} not supported; this peer speaks "
                         f"version {PROTOCOL_VERSION}")
     op = header.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise WireError(f"unknown op {op!r}")
     if not _is_int(header.get("rid")) or header["rid"] < 0:
         raise WireError("rid must be a non-negative integer")
