@@ -22,6 +22,13 @@ EPILOG = f"""--compute SPEC
 
 Communication: each pull and push holds a server link (one per direction, FIFO) for
 model bytes / servers / bandwidth seconds; every message also takes --latency one way.
+--comm trace:RUN replays instead each worker's recorded pull_s and push_s, step by step, from
+a live run's folder (or metrics.jsonl), plus the step time no field records and the wait
+before the start barrier; --latency is then each coordinator message's (release, clock).
+`paramserver.sim.replay` builds the whole mirror of a live run (benchmarks/replay_check.py).
+
+The end: --steps per worker, or --max-samples shared by all workers as in a live job: the
+clock that reaches the budget is the last one released to go on; later releases say stop.
 Writes config.json, job.json, metrics.jsonl, events.jsonl and summary.json like a live run."""
 
 CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C promptly)
@@ -35,8 +42,10 @@ def add_sim_args(p) -> None:
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
     p.add_argument("--workers", type=int, default=d.workers,
                    help=f"virtual workers (default {d.workers})")
-    p.add_argument("--steps", type=int, default=d.steps,
-                   help=f"steps per worker (default {d.steps})")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"steps per worker (default {d.steps}, none with --max-samples)")
+    p.add_argument("--max-samples", type=int, default=None,
+                   help="sample budget shared by all workers, as a live job's (default none)")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--compute", default=d.compute,
@@ -48,6 +57,11 @@ def add_sim_args(p) -> None:
                         f"(default {d.bandwidth})")
     p.add_argument("--latency", default=d.latency,
                    help=f"one-way latency per message, e.g. 50us, 1ms, 0 (default {d.latency})")
+    p.add_argument("--comm", default=None, metavar="trace:RUN",
+                   help="replay a live run's pull/push times instead of the link model")
+    p.add_argument("--comm-opt", action="append", metavar="KEY=VALUE",
+                   help="with --comm: residual=false drops the unrecorded step time, "
+                        "start_waits=false the pre-barrier waits (repeatable)")
     p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model, help=f"model for the byte count and --train "
                                                     f"(default {d.model})")
@@ -78,10 +92,14 @@ def add_train_args(p) -> None:
 
 
 def config_from_args(args) -> SimConfig:
+    steps = args.steps if args.steps is not None else (
+        None if args.max_samples else SimConfig().steps)
     return SimConfig(
         sync=args.sync, sync_options=parse_options(args.sync_opt, "sync"), workers=args.workers,
-        steps=args.steps, batch_size=args.batch_size, compute=args.compute,
-        straggler=args.straggler, bandwidth=args.bandwidth, latency=args.latency,
+        steps=steps, max_samples=args.max_samples, batch_size=args.batch_size,
+        compute=args.compute, straggler=args.straggler, bandwidth=args.bandwidth,
+        latency=args.latency, comm=args.comm,
+        comm_options=parse_options(args.comm_opt, "comm"),
         servers=args.servers, model=args.model, dataset=args.dataset, data_dir=args.data_dir,
         dataset_options=parse_options(args.dataset_opt, "dataset"),
         model_options=parse_options(args.model_opt, "model"), param_bytes=args.param_bytes,
@@ -93,6 +111,9 @@ def config_from_args(args) -> SimConfig:
 def drive(sim: Simulation, quiet: bool) -> tuple[bool, float]:
     """Run to the end or to Ctrl-C, with a progress bar; returns (complete, wall seconds)."""
     engine, total = sim.engine, sim.engine.total_steps
+    by_samples = total is None  # a sample budget: progress in samples
+    if by_samples:
+        total = sim.cfg.max_samples
     bar = None if quiet else Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), transient=False)
@@ -105,7 +126,7 @@ def drive(sim: Simulation, quiet: bool) -> tuple[bool, float]:
             done = sim.advance(CHUNK)
             if bar is not None:
                 rate = engine.events / max(time.perf_counter() - t0, 1e-9)
-                bar.update(task, completed=engine.steps_done,
+                bar.update(task, completed=engine.samples if by_samples else engine.steps_done,
                            info=f"virtual {engine.now:9.2f} s  {rate:9,.0f} events/s")
     except KeyboardInterrupt:
         print("interrupted: keeping what was simulated so far", file=sys.stderr)

@@ -12,6 +12,15 @@ Each worker step is the live protocol, message by message (L = one-way latency):
 Symmetric shards see the same requests in the same order, so one queue per direction stands
 for all S servers. Versions count applied pushes (arrival mode) or applied rounds (round mode),
 exactly as the servers count them. No clocks, threads or I/O: records go to a sink.
+
+Replayed communication (`comm`, see sim.trace.CommReplay) replaces the links: each step's pull
+and push take the times a live run recorded for that worker and step, the worker's unrecorded
+time per step (sleep overshoot, bookkeeping) follows its compute, and the coordinator's messages
+take comm.release_latency (release -> worker) and comm.clock_latency (clock -> coordinator).
+
+The end: `steps` per worker, or a sample budget shared by all workers (`max_samples`), checked
+as the live coordinator does: when a clock brings the count to the budget, before the policy
+hears of that push; every release delivered from then on tells its worker to stop.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from paramserver.policies.base import (
     ApplyRound, Joined, Left, Note, Pushed, Release, SyncPolicy, Tick,
 )
 
-READ, COMPUTED, APPLIED, CLOCK, LEAVE, TICK = range(6)
+READ, COMPUTED, APPLIED, CLOCK, LEAVE, TICK, DELIVER = range(7)
 WAITING, RELEASED, BUSY, GONE = range(4)
 
 
@@ -71,13 +80,23 @@ class Engine:
 
     cost(worker, step, batch) -> seconds; straggler: an object with factor(worker, step, t) or
     None; trainer: optional, gets pull / push / apply_round / advance calls (see sim.train).
+    max_samples: a budget shared by all workers (steps may then be None: no per-worker cap).
+    comm: replayed communication times instead of `network` (see the module doc).
     """
 
-    def __init__(self, policy: SyncPolicy, workers: int, steps: int, cost, network: Network,
-                 sink=None, straggler=None, trainer=None):
-        if workers < 1 or steps < 1:
-            raise ValueError(f"need workers >= 1 and steps >= 1, got {workers}, {steps}")
-        self.policy, self.n, self.steps, self.cost = policy, workers, steps, cost
+    def __init__(self, policy: SyncPolicy, workers: int, steps: int | None, cost,
+                 network: Network, sink=None, straggler=None, trainer=None,
+                 max_samples: int | None = None, comm=None):
+        if steps is None and not max_samples:
+            raise ValueError("need steps per worker or a sample budget (max_samples)")
+        if workers < 1 or (steps is not None and steps < 1) or (max_samples or 1) < 1:
+            raise ValueError(f"need workers >= 1, steps >= 1 and max_samples >= 1, got "
+                             f"{workers}, {steps}, {max_samples}")
+        self.policy, self.n, self.cost = policy, workers, cost
+        self.steps = math.inf if steps is None else steps
+        self.max_samples = max_samples or math.inf
+        self.stopping = False
+        self.comm = comm
         self.net, self.sink = network, sink or NullSink()
         self.straggler, self.trainer = straggler, trainer
         self.round_mode = policy.apply_mode == "round"
@@ -95,7 +114,16 @@ class Engine:
         self.push_from, self.push_s = [0.0] * workers, [0.0] * workers
         self.compute_s, self.factor, self.stale = [0.0] * workers, [1.0] * workers, z[:]
         self.handlers = (self._read, self._computed, self._applied, self._clock, self._leave,
-                         self._tick)
+                         self._tick, self._deliver)
+        # Delays from a release's delivery to the pull reaching the server (READ), and to the
+        # worker's goodbye reaching the coordinator (LEAVE).
+        self.to_read = self.to_leave = 2 * self.L
+        if comm is not None:
+            self.handlers = (self._read_replay, self._computed_replay, self._applied_replay,
+                             self._clock, self._leave, self._tick, self._deliver)
+            self.to_read = comm.release_latency
+            self.to_leave = comm.release_latency + comm.clock_latency
+            self.wait_from = [-comm.start_wait(w) for w in range(workers)]
         self.started = False
 
     # ---- driving --------------------------------------------------------------------------------
@@ -129,8 +157,9 @@ class Engine:
         return True
 
     @property
-    def total_steps(self) -> int:
-        return self.n * self.steps
+    def total_steps(self) -> int | None:
+        """Steps of the whole run when fixed (steps per worker), None under a sample budget."""
+        return None if self.steps == math.inf else self.n * self.steps
 
     def _at(self, t: float, kind: int, w: int, push=heapq.heappush) -> None:
         push(self.queue, (t, next(self._seq), kind, w))
@@ -182,16 +211,63 @@ class Engine:
         else:
             self._clock(t, w)
 
+    # ---- the worker's step with replayed communication ----------------------------------------
+    def _read_replay(self, t: float, w: int) -> None:
+        """The release reached the worker: the pull (its recorded time), then the compute."""
+        self.wait_s[w] = t - self.wait_from[w]
+        if self.version < self.min_version[w]:
+            raise SimError(f"t={t}: worker {w} pulls version {self.version} < min_version "
+                           f"{self.min_version[w]}")
+        self.pulled[w] = self.version
+        if self.trainer is not None:
+            self.trainer.pull(w, self.version)
+        step, batch, comm = self.step[w], self.batch[w], self.comm
+        self.pull_s[w] = p = comm.pull(w, step)
+        got = t + p
+        f = 1.0 if self.straggler is None else self.straggler.factor(w, step, got)
+        self.factor[w] = f
+        self.compute_s[w] = c = self.cost(w, step, batch) * f
+        self.status[w] = BUSY
+        busy = c + comm.overhead(w, step)
+        self._at(got + (busy if busy > 0 else 0.0), COMPUTED, w)
+
+    def _computed_replay(self, t: float, w: int) -> None:
+        self.push_from[w] = t
+        self._at(t + self.comm.push(w, self.step[w]), APPLIED, w)
+
+    def _applied_replay(self, t: float, w: int) -> None:
+        """Pushed and acknowledged; the clock takes comm.clock_latency to the coordinator."""
+        v = self.version
+        self.stale[w] = v - self.pulled[w] if v > self.pulled[w] else 0
+        if self.trainer is not None:
+            self.trainer.push(w, self)
+        if not self.round_mode:
+            self.version = v + 1
+        self.push_s[w] = t - self.push_from[w]
+        self.wait_from[w] = t
+        lat = self.comm.clock_latency
+        if lat:
+            self._at(t + lat, CLOCK, w)
+        else:
+            self._clock(t, w)
+
     def _clock(self, t: float, w: int) -> None:
         """The clock reaches the coordinator: the record is written and the policy told."""
         step, batch, c = self.step[w], self.batch[w], self.compute_s[w]
         extra = None if self.trainer is None else self.trainer.record(w)
+        if self.comm is not None:
+            real = self.comm.real(w, step)
+            if real is not None:
+                extra = {"real_compute_s": round(min(real, c), 6), **(extra or {})}
         self.sink.step(t, w, step, batch, c, self.wait_s[w], self.pull_s[w], self.push_s[w],
                        self.stale[w], self.factor[w], extra)
         self.done[w] += 1
         self.steps_done += 1
         self.samples += batch
         self.status[w] = WAITING
+        if self.samples >= self.max_samples and not self.stopping:
+            self.stopping = True  # before the policy hears of it: this was the last step
+            self.sink.event(t, "budget_reached", {"samples": self.samples})
         self._handle(Pushed(w, step, t, batch, c))
 
     def _leave(self, t: float, w: int) -> None:
@@ -235,11 +311,17 @@ class Engine:
         self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
         self.min_version[w] = self.version if self.round_mode else 0
         nb = d.not_before
-        held = self.now if nb is None or nb < self.now else nb
-        if self.done[w] >= self.steps:
-            self._at(held + 2 * self.L, LEAVE, w)  # the release says stop; the bye goes back
+        if nb is not None and nb > self.now:
+            self._at(nb, DELIVER, w)  # held by the coordinator until not_before
         else:
-            self._at(held + 2 * self.L, READ, w)
+            self._deliver(self.now, w)
+
+    def _deliver(self, t: float, w: int) -> None:
+        """The release leaves the coordinator; it says stop past the budget or the last step."""
+        if self.stopping or self.done[w] >= self.steps:
+            self._at(t + self.to_leave, LEAVE, w)  # the release says stop; the bye goes back
+        else:
+            self._at(t + self.to_read, READ, w)
 
     def _apply_round(self, d: ApplyRound) -> None:
         if not self.round_mode:

@@ -12,6 +12,7 @@ from paramserver.sim.compute import parse_compute
 from paramserver.sim.engine import Engine, Network
 from paramserver.sim.records import RunWriter
 from paramserver.sim.summary import summarize_run
+from paramserver.sim.trace import CommReplay, TraceError
 from paramserver.sim.units import parse_bandwidth, parse_duration, parse_size
 from paramserver.stragglers import parse_straggler
 
@@ -23,12 +24,15 @@ class SimConfig:
     sync: str = "bsp"
     sync_options: dict = field(default_factory=dict)
     workers: int = 1000
-    steps: int = 100  # per worker
+    steps: int | None = 100  # per worker; None: until the sample budget is spent
+    max_samples: int | None = None  # a budget shared by all workers, as in a live job
     batch_size: int = 32
     compute: str = "const:2ms"
     straggler: str = "none"
     bandwidth: str = "10Gbit/s"
-    latency: str = "50us"
+    latency: str = "50us"  # one-way, per message; with comm: each coordinator message
+    comm: str | None = None  # trace:RUN replays a live run's pull/push times (see CommReplay)
+    comm_options: dict = field(default_factory=dict)  # residual, start_waits (bools)
     servers: int = 1
     model: str = "mlp"
     dataset: str = "digits"
@@ -46,7 +50,10 @@ class SimConfig:
     threads: int = 1
 
     def validate(self) -> None:
-        checks = [("workers", self.workers >= 1), ("steps", self.steps >= 1),
+        checks = [("workers", self.workers >= 1),
+                  ("steps", self.steps >= 1 if self.steps is not None else bool(self.max_samples)),
+                  ("max_samples", self.max_samples is None or self.max_samples >= 1),
+                  ("comm", self.comm is None or self.comm.startswith("trace:")),
                   ("batch_size", self.batch_size >= 1), ("servers", self.servers >= 1),
                   ("lr", self.lr > 0), ("eval_interval", self.eval_interval > 0),
                   ("dtype", self.dtype in ("float32", "float64"))]
@@ -60,6 +67,12 @@ class SimConfig:
                 "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
                 "model_options": dict(self.model_options), "seed": self.seed,
                 "straggler": self.straggler, "device_time": f"sim {self.compute}"}
+
+    def steps_hint(self) -> int:
+        """Steps per worker: fixed, or the budget's share (what sizes per-step draws)."""
+        if self.steps is not None:
+            return self.steps
+        return max(1, -(-self.max_samples // (self.batch_size * self.workers)))
 
 
 def _build_task(cfg: SimConfig):
@@ -77,7 +90,7 @@ class Simulation:
         self.policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
         straggler = parse_straggler(cfg.straggler, cfg.seed)
         straggler.check_workers(cfg.workers)
-        cost = parse_compute(cfg.compute).bind(cfg.workers, cfg.steps, cfg.seed)
+        cost = parse_compute(cfg.compute).bind(cfg.workers, cfg.steps_hint(), cfg.seed)
         built = _build_task(cfg) if cfg.train or cfg.param_bytes is None else None
         itemsize = 4 if cfg.dtype == "float32" else 8
         num_keys = built[2].num_keys if built else None
@@ -85,6 +98,7 @@ class Simulation:
             num_keys * itemsize)
         self.network = Network(nbytes, parse_bandwidth(cfg.bandwidth),
                                parse_duration(cfg.latency, "latency"), cfg.servers)
+        self.comm = self._comm()
         self.job = self._job(num_keys, nbytes)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(
@@ -94,8 +108,25 @@ class Simulation:
         self.trainer = self._trainer(built) if cfg.train else None
         self.engine = Engine(self.policy, cfg.workers, cfg.steps, cost, self.network,
                              sink=self.writer, trainer=self.trainer,
-                             straggler=None if cfg.straggler.strip() in ("", "none") else straggler)
+                             straggler=None if cfg.straggler.strip() in ("", "none") else straggler,
+                             max_samples=cfg.max_samples, comm=self.comm)
         self.writer.event(0.0, "start", {"policy": self.policy.name, "simulated": True})
+
+    def _comm(self) -> CommReplay | None:
+        """trace:RUN: the run's recorded pull/push times; --latency for each coordinator message."""
+        cfg = self.cfg
+        if cfg.comm is None:
+            return None
+        unknown = set(cfg.comm_options) - {"residual", "start_waits"}
+        if unknown:
+            raise ValueError(f"unknown comm option(s) {', '.join(sorted(unknown))}; known: "
+                             f"residual, start_waits")
+        latency = parse_duration(cfg.latency, "latency")
+        try:
+            return CommReplay(cfg.comm.removeprefix("trace:"), latency, latency,
+                              **{k: bool(v) for k, v in cfg.comm_options.items()})
+        except TraceError as exc:
+            raise ValueError(f"bad --comm {cfg.comm!r}: {exc}") from None
 
     def _job(self, num_keys, nbytes) -> dict:
         cfg = self.cfg
@@ -103,8 +134,10 @@ class Simulation:
                "workers": cfg.workers, "batch_size": cfg.batch_size,
                "sync": {"name": cfg.sync, "options": dict(cfg.sync_options)},
                "apply_mode": self.policy.apply_mode, "task": cfg.task(), "simulated": True,
+               "max_samples": cfg.max_samples,
                "sim": {"steps": cfg.steps, "compute": cfg.compute, "bandwidth": cfg.bandwidth,
-                       "latency": cfg.latency, "model_bytes": nbytes, "train": cfg.train}}
+                       "latency": cfg.latency, "model_bytes": nbytes, "train": cfg.train,
+                       "comm": cfg.comm, "comm_options": dict(cfg.comm_options)}}
         if cfg.train:
             job["optimizer"] = {"name": cfg.optimizer, "lr": cfg.lr,
                                 "options": dict(cfg.optimizer_options)}
@@ -132,10 +165,10 @@ class Simulation:
         self.writer.close()
         e = self.engine
         summary = summarize_run(self.run_dir / "metrics.jsonl", self.job, self.cfg.workers,
-                                self.cfg.steps)
+                                self.cfg.steps_hint())
         summary["simulator"] = {
             "complete": complete, "events": e.events, "virtual_time_s": round(e.now, 6),
-            "steps": e.steps_done, "rounds_applied": e.rounds,
+            "steps": e.steps_done, "rounds_applied": e.rounds, "budget_reached": e.stopping,
             "transfer_s": self.network.transfer_time, "model_bytes": self.network.model_bytes,
             **(self.trainer.stats() if self.trainer else {}), **(extra or {})}
         (self.run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
