@@ -23,14 +23,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paramserver.sim.replay import load_run, mirror_config, replay, timing
+from paramserver.policies import SYNC_POLICIES
+from paramserver.sim.replay import load_run, mirror_config, replan_check, replay, timing
 from paramserver.sim.run import simulate
 
 KEYS = ("wall_s", "throughput", "wait_fraction")
 
 
 def run_folders(root: Path) -> list[Path]:
-    found = sorted(p.parent for p in root.glob("runs/*/*/rep-*/metrics.jsonl"))
+    order = {name: i for i, name in enumerate(SYNC_POLICIES.names())}
+    found = sorted((p.parent for p in root.glob("runs/*/*/rep-*/metrics.jsonl")),
+                   key=lambda f: (f.parent.parent.name, order.get(f.parent.name, 99), f.name))
     return [f for f in found if f.parent.name != "single"] or (
         [root] if (root / "metrics.jsonl").exists() else [])
 
@@ -72,6 +75,13 @@ def print_table(results: list[dict], tol: float) -> bool:
         problems = r["log_check"]["live"] + r["log_check"]["sim"]
         for p in problems:
             print(f"         note: {p}")
+        if r["policy"] == "ebsp":
+            c = replan_check(load_run(r["folder"]))
+            if "searched_index" in c:
+                print(f"         note: searching again from the live records' own times gives "
+                      f"plan {c['same_before_first_difference'] + 1} as {c['searched_index']} "
+                      f"(spread {c['searched_spread'] * 1e3:.3f} ms), the coordinator made "
+                      f"{c['recorded_index']} ({c['recorded_spread'] * 1e3:.3f} ms)")
     return ok
 
 

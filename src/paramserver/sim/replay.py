@@ -80,14 +80,19 @@ class DecisionLog:
                 if r["trigger"] == ("push", k[0], k[1] - 1) and not r["delayed"]}
 
 
-def decision_log(run: RunFolder, workers: int | None = None) -> DecisionLog:
-    """Re-run the run's policy over its joins, clocks and departures (coordinator order)."""
+def decision_log(run: RunFolder, workers: int | None = None,
+                 recorded_plans: bool = True) -> DecisionLog:
+    """Re-run the run's policy over its joins, clocks and departures (coordinator order).
+
+    recorded_plans=False lets ElasticBSP search its plans again from the records' times.
+    """
     job = run.job
     sync = job["sync"]
     policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
     budget = job.get("max_samples") or math.inf
     log, samples = DecisionLog(), 0
-    _follow_recorded_plans(policy, run, log)
+    if recorded_plans:
+        _follow_recorded_plans(policy, run, log)
 
     def handle(event, trigger) -> None:
         for d in policy.handle(event):
@@ -225,6 +230,24 @@ def compare_decisions(live: DecisionLog, sim: DecisionLog, live_run: RunFolder,
                                               max(len(order[0]), len(order[1])))
         headline = ("grant order (worker ids)", out["grant_order_agreement"])
     out["headline"], out["agreement"] = headline
+    return out
+
+
+def replan_check(run: RunFolder) -> dict:
+    """ElasticBSP: do the records' own times give the recorded plans when searched again?"""
+    log = decision_log(run, recorded_plans=False)
+    searched = [d for k, d in log.notes if k == "ebsp_plan"]
+    recorded = run.event_list("ebsp_plan")
+    same = 0
+    for a, b in zip(searched, recorded):
+        if _plan(a) != _plan(b):
+            break
+        same += 1
+    out = {"recorded": len(recorded), "same_before_first_difference": same}
+    if same < min(len(searched), len(recorded)):
+        a, b = searched[same], recorded[same]
+        out.update(searched_index=a["sync_index"], searched_spread=a["spread"],
+                   recorded_index=b["sync_index"], recorded_spread=b["spread"])
     return out
 
 
