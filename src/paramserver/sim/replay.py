@@ -150,12 +150,13 @@ def check_log(run: RunFolder, log: DecisionLog) -> list[str]:
     if len(rounds) != len(log.rounds) or any(
             e["step"] != s or tuple(e["contributors"]) != c for e, (s, c) in zip(rounds, log.rounds)):
         problems.append(f"rounds: recorded {len(rounds)}, re-run {len(log.rounds)}")
-    for kind in ("ebsp_plan", "ebsp_barrier", "r2sp_rotation"):
+    keys = {"ebsp_plan": _plan, "ebsp_barrier": lambda d: d["workers"],
+            "r2sp_rotation": lambda d: d["first"],
+            "lbbsp_batches": lambda d: (d["round"], d["workers"], d["batch"])}
+    for kind, key in keys.items():
         recorded = run.event_list(kind)
         rerun = [d for k, d in log.notes if k == kind]
-        same = (lambda a, b: _plan(a) == _plan(b)) if kind == "ebsp_plan" else (
-            lambda a, b: a.get("workers", a.get("first")) == b.get("workers", b.get("first")))
-        if len(recorded) != len(rerun) or not all(same(a, b) for a, b in zip(recorded, rerun)):
+        if len(recorded) != len(rerun) or any(key(a) != key(b) for a, b in zip(recorded, rerun)):
             problems.append(f"{kind}: recorded {len(recorded)}, re-run {len(rerun)}")
     return problems
 
