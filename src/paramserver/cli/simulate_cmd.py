@@ -27,8 +27,8 @@ a live run's folder (or metrics.jsonl), plus the step time no field records and 
 before the start barrier; --latency is then each coordinator message's (release, clock).
 `paramserver.sim.replay` builds the whole mirror of a live run (benchmarks/replay_check.py).
 
-The end: --steps per worker, or --max-samples shared by all workers as in a live job: the
-clock that reaches the budget is the last one released to go on; later releases say stop.
+The end: --steps per worker, or --max-samples shared by all workers as in a live job: from
+the clock that reaches the budget on, every release says stop (steps under way finish).
 Writes config.json, job.json, metrics.jsonl, events.jsonl and summary.json like a live run."""
 
 CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C promptly)
