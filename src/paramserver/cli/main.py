@@ -19,19 +19,26 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Role processes are started by launchers with the role first; they skip the other commands'
+# imports (torch among them), which cost seconds of CPU per process on a small machine.
+ROLE_COMMANDS = frozenset({"coordinator", "server", "worker", "evaluator"})
+
+
+def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paramserver",
         description="A parameter server for data-parallel deep learning on heterogeneous clusters.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    role_only = bool(argv) and argv[0] in ROLE_COMMANDS
+    parser = build_parser(("paramserver.cli.roles",) if role_only else COMMAND_MODULES)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -41,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `paramserver ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
