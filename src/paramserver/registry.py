@@ -34,6 +34,14 @@ class Registry(Generic[T]):
             known = ", ".join(self._entries) or "(none)"
             raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
+    def create(self, name: str, *args, **options):
+        """Build entry `name`; keyword options it does not take fail naming the entry."""
+        factory = self.get(name)
+        try:
+            return factory(*args, **options)
+        except TypeError as exc:
+            raise ValueError(f"bad options for {self.kind} {name!r}: {exc}") from None
+
     def names(self) -> list[str]:
         return list(self._entries)
 

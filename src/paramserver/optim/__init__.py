@@ -22,11 +22,7 @@ UPDATE_RULES.register("direction-distance")(DirectionDistance)
 
 def make_rule(name: str, lr: float, **options) -> UpdateRule:
     """Build the update rule registered as `name`; bad options fail with a clear error."""
-    cls = UPDATE_RULES.get(name)
-    try:
-        return cls(lr=lr, **options)
-    except TypeError as exc:
-        raise ValueError(f"bad options for optimizer {name!r}: {exc}") from None
+    return UPDATE_RULES.create(name, lr=lr, **options)
 
 
 def rule_options(name: str) -> dict:

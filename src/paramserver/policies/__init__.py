@@ -27,11 +27,7 @@ SYNC_POLICIES.register("dssp")(DSSP)
 
 def make_policy(name: str, batch_size: int, **options) -> SyncPolicy:
     """Build the policy registered as `name`; unknown names and options fail with a clear error."""
-    cls = SYNC_POLICIES.get(name)
-    try:
-        return cls(batch_size=batch_size, **options)
-    except TypeError as exc:
-        raise ValueError(f"bad options for sync policy {name!r}: {exc}") from None
+    return SYNC_POLICIES.create(name, batch_size=batch_size, **options)
 
 
 def policy_options(name: str) -> dict:
