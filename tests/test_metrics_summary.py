@@ -1,0 +1,55 @@
+"""summarize(): the summary.json numbers from hand-written records."""
+
+import json
+
+import pytest
+
+from paramserver.metrics import read_records, summarize, time_to_accuracy
+
+JOB = {"sync": {"name": "bsp"}, "workers": 2, "servers": 1, "batch_size": 8,
+       "optimizer": {"name": "sgd", "lr": 0.1}, "task": {"model": "mlp", "dataset": "digits"},
+       "apply_mode": "round"}
+
+
+def step(t, worker, step_no, compute, wait, pull=0.0, push=0.0, staleness=0, real=None):
+    return {"t": t, "kind": "step", "worker": worker, "step": step_no, "batch": 8,
+            "compute_s": compute, "real_compute_s": compute if real is None else real,
+            "wait_s": wait, "pull_s": pull, "push_s": push, "staleness": staleness,
+            "push_bytes": 100, "pull_bytes": 100}
+
+
+RECORDS = [
+    step(1.0, 0, 0, 1.0, 0.0), step(1.0, 1, 0, 0.5, 0.5, real=0.25),
+    {"t": 1.2, "kind": "eval", "accuracy": 0.5},
+    step(2.0, 0, 1, 1.0, 0.0, staleness=2), step(2.0, 1, 1, 0.5, 0.5, real=0.25),
+    {"t": 2.5, "kind": "eval", "accuracy": 0.92},
+    {"t": 3.0, "kind": "eval", "accuracy": 0.9, "final": True},
+]
+
+
+def test_summary_numbers_match_a_hand_computation():
+    s = summarize(RECORDS, JOB)
+    assert (s["steps"], s["samples"], s["wall_time_s"]) == (4, 32, 3.0)
+    assert s["final_test_accuracy"] == 0.9 and s["best_test_accuracy"] == 0.92
+    assert s["time_to_accuracy"]["0.9"] == 2.5 and s["time_to_accuracy"]["0.95"] is None
+    # worker 0 never waits; worker 1 waits half of each step: mean of 0 and 0.5
+    assert s["mean_wait_fraction"] == pytest.approx(0.25)
+    assert s["updates_applied"] == 2  # round mode: rounds, not pushes
+    assert s["mean_staleness"] == pytest.approx(0.5)
+    assert s["real_compute_share"] == pytest.approx(2.5 / 3.0)
+    assert s["per_worker"]["1"]["wait_s"] == pytest.approx(1.0)
+
+
+def test_arrival_mode_counts_every_push_as_an_update():
+    assert summarize(RECORDS, {**JOB, "apply_mode": "arrival"})["updates_applied"] == 4
+
+
+def test_time_to_accuracy_is_the_first_crossing():
+    evals = [{"t": 1, "accuracy": 0.96}, {"t": 2, "accuracy": 0.5}, {"t": 3, "accuracy": 0.97}]
+    assert time_to_accuracy(evals, (0.95, 0.97, 0.99)) == {"0.95": 1, "0.97": 3, "0.99": None}
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in RECORDS) + '\n{"t": 4, "kind": "st')
+    assert len(read_records(path)) == len(RECORDS)
