@@ -158,7 +158,7 @@ def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False
         cluster = LocalCluster(job, Path(tmp))
         try:
             cluster.start(spawn_workers=False)
-            init = KVWorker(cluster.address)
+            init = KVWorker(cluster.address, role="observer")  # not one of the job's workers
             init.init(np.zeros(num_keys, np.float32))
             q = CTX.Queue()
             procs = [CTX.Process(target=_stack_worker, args=(cluster.address, nbytes, repeats, q,

@@ -13,8 +13,10 @@ from paramserver.wire import Message, WireError, decode, encode, reply_error
 log = logging.getLogger(__name__)
 
 
-def send(sock: zmq.Socket, msg: Message, identity: bytes | None = None) -> None:
-    send_frames(sock, encode(msg), identity)
+def send(sock: zmq.Socket, msg: Message, identity: bytes | None = None,
+         track: bool = False) -> zmq.MessageTracker | None:
+    """Send `msg`; with `track`, the tracker of its zero-copy frames (see send_frames)."""
+    return send_frames(sock, encode(msg), identity, track)
 
 
 def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError, list]:

@@ -14,7 +14,7 @@ from paramserver.optim import make_rule
 from paramserver.runtime import rpc
 from paramserver.runtime.shard_checkpoint import restore_shard, save_shard
 from paramserver.runtime.shard_store import ShardStore, StoreError
-from paramserver.transport import bind_router, connect_dealer, new_context
+from paramserver.transport import bind_router, connect_dealer, keep_freed_memory, new_context
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,12 @@ class ServerNode:
     """One shard: a ROUTER for workers, a DEALER to the coordinator, one thread, no blocking."""
 
     def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
-                 pull_timeout: float = 60.0, register_timeout: float = 60.0):
+                 pull_timeout: float = 60.0, register_timeout: float = 60.0,
+                 reuse_memory: bool = True):
         self.join, self.host, self.port = join, host, port
+        # A server process receives large frames all day: let their memory be reused (see
+        # keep_freed_memory) rather than page-faulted in afresh for every push.
+        self.reuse_memory = reuse_memory
         self.pull_timeout = pull_timeout
         self.register_timeout = register_timeout
         self.src = "server"
@@ -66,6 +70,8 @@ class ServerNode:
         self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
 
     def run(self) -> int:
+        if self.reuse_memory:
+            keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
         self.router, addr = bind_router(ctx, self.host, self.port)
         self.coord = connect_dealer(ctx, self.join)
@@ -154,17 +160,17 @@ class ServerNode:
         self._serve_pulls()
         return Message("ack", {"version": res.version, "staleness": res.staleness})
 
-    def _on_pull(self, msg: Message, ident) -> Message | None:
+    def _on_pull(self, msg: Message, ident) -> None:
         lo, hi = msg["range"]
         self.store.local(lo, hi)  # refuse a bad range now, not when the pull is finally served
-        return self._pull_or_wait(msg, ident)
+        self._pull_or_wait(msg, ident)
 
-    def _on_pull_keys(self, msg: Message, ident) -> Message | None:
+    def _on_pull_keys(self, msg: Message, ident) -> None:
         self._need_arrays(msg, 1)
         if msg.arrays[0].dtype != np.int64:
             raise StoreError("keys must be int64")
         self.store.local_keys(msg.arrays[0])
-        return self._pull_or_wait(msg, ident)
+        self._pull_or_wait(msg, ident)
 
     def _on_apply_round(self, msg: Message, ident) -> Message:
         self.store.apply_round(msg["step"])
@@ -196,21 +202,26 @@ class ServerNode:
     def _ready(self, msg: Message) -> bool:
         return self.store.initialized and self.store.version >= msg.get("min_version", 0)
 
-    def _pull_or_wait(self, msg: Message, ident) -> Message | None:
+    def _pull_or_wait(self, msg: Message, ident) -> None:
         if self._ready(msg):
-            return self._answer_pull(msg)
-        self.pending_pulls.append((time.monotonic() + self.pull_timeout, ident, msg))
-        return None
+            self._answer_pull(msg, ident)
+        else:
+            self.pending_pulls.append((time.monotonic() + self.pull_timeout, ident, msg))
 
-    def _answer_pull(self, msg: Message) -> Message:
+    def _answer_pull(self, msg: Message, ident) -> None:
+        """Reply with the values. A range is sent straight from the store's buffer, no copy:
+        the store gets the send's tracker and copies on write if it must change them earlier."""
         if msg.op == "pull":
             lo, hi = msg["range"]
-            data = self.store.read(lo, hi)
+            data = self.store.read(lo, hi, shared=True)
             fields = {"version": self.store.version, "range": [lo, hi]}
         else:
-            data = self.store.read_keys(msg.arrays[0])
+            data = self.store.read_keys(msg.arrays[0])  # gathered: already a private copy
             fields = {"version": self.store.version}
-        return Message("values", fields, [data.numpy()])
+        reply = Message("values", fields, [data.numpy()], rid=msg.rid, src=self.src)
+        tracker = rpc.send(self.router, reply, ident, track=msg.op == "pull")
+        if tracker is not None:
+            self.store.lend(tracker)
 
     def _serve_pulls(self) -> None:
         if not self.pending_pulls:
@@ -218,9 +229,7 @@ class ServerNode:
         waiting = []
         for deadline, ident, msg in self.pending_pulls:
             if self._ready(msg):
-                reply = self._answer_pull(msg)
-                reply.rid, reply.src = msg.rid, self.src
-                rpc.send(self.router, reply, ident)
+                self._answer_pull(msg, ident)
             else:
                 waiting.append((deadline, ident, msg))
         self.pending_pulls = waiting

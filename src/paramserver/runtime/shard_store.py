@@ -45,6 +45,11 @@ class ShardStore:
         self.round_step: int | None = None
         self.round_sum: torch.Tensor | None = None
         self.round_batches: dict[str, int] = {}
+        # Replies still being sent from views of `values` (see read(shared=True) and lend()),
+        # and older value buffers that replies in flight may still read.
+        self._loans: list = []
+        self._retired: list[tuple[torch.Tensor, list]] = []
+        self.copies_on_write = 0
 
     # ---- reads and writes of raw values ---------------------------------------------------------
     def local(self, lo: int, hi: int) -> slice:
@@ -71,13 +76,48 @@ class ShardStore:
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"init of [{lo}, {hi}) carries {array.size} values")
+        self._writable()
         self.values[index] = self._tensor(array)
         self.initialized = index.start == 0 and index.stop == self.range.size or self.initialized
         return True
 
-    def read(self, lo: int, hi: int) -> torch.Tensor:
-        """A private copy: replies are sent zero-copy and must not change under the sender."""
-        return self.values[self.local(lo, hi)].clone()
+    def read(self, lo: int, hi: int, shared: bool = False) -> torch.Tensor:
+        """A private copy of keys [lo, hi); with `shared`, a view of the live values instead.
+
+        Replies are sent zero-copy and must not change under the sender: whoever sends a shared
+        view must lend() the store its tracker, so the next update does not write under it.
+        """
+        view = self.values[self.local(lo, hi)]
+        return view if shared else view.clone()
+
+    def lend(self, loan) -> None:
+        """A reply reads the current values until `loan.done` (a zmq MessageTracker, say)."""
+        if not loan.done:
+            self._loans.append(loan)
+
+    def _writable(self) -> None:
+        """Before values change in place: if a reply may still be reading them, copy on write.
+
+        The new values go into a retired buffer no reply reads any more (or a new one); the old
+        buffer stays with the replies in flight, which hold their own reference to it.
+        """
+        if not self._loans:
+            return
+        self._loans = [loan for loan in self._loans if not loan.done]
+        if not self._loans:
+            return
+        fresh = None
+        for i, (buf, loans) in enumerate(self._retired):
+            if all(loan.done for loan in loans):
+                fresh = self._retired.pop(i)[0]
+                break
+        if fresh is None:
+            fresh = torch.empty_like(self.values)
+        fresh.copy_(self.values)
+        self._retired.append((self.values, self._loans))
+        del self._retired[:-2]  # the replies keep older buffers alive; we need not
+        self.values, self._loans = fresh, []
+        self.copies_on_write += 1
 
     def read_keys(self, keys: np.ndarray) -> torch.Tensor:
         return self.values[self.local_keys(keys)]
@@ -87,6 +127,7 @@ class ShardStore:
              base_version: int, scale: float) -> PushResult:
         staleness = max(self.version - base_version, 0)
         if self.apply_mode == "arrival":
+            self._writable()
             self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
             self.version += 1
             self.updates_applied += 1
@@ -126,6 +167,7 @@ class ShardStore:
             raise StoreError(f"asked to apply round {step} but round {self.round_step} is open")
         total = sum(self.round_batches.values())
         self.round_sum.div_(max(total, 1))
+        self._writable()
         self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, 1.0)
         self.version += 1
         self.updates_applied += 1
