@@ -48,7 +48,7 @@ class Coordinator(MembershipMixin, CheckpointMixin):
         # num_keys 0: the first worker to register tells it (a user's own model, `launch`).
         self.ranges = split_balanced(job["num_keys"], job["servers"]) if job["num_keys"] else None
         self.pending_servers: list[tuple[bytes, Message]] = []
-        self.rank_waiters: list[tuple[bytes, Message]] = []
+        self.rank_waiters: list[tuple[bytes, Message, float]] = []
         self.roster = Roster()
         self.timers: list[tuple[float, int, Release]] = []
         self.timer_seq = 0

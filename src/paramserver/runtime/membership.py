@@ -105,9 +105,10 @@ class MembershipMixin:
         taken = {m.rank for m in group.values()}
         rank = next(r for r in range(len(taken) + 1) if r not in taken)
         if group is self.roster.workers and rank >= self.job["workers"]:
-            # A replacement for a worker not yet declared dead: it gets that rank (and its
-            # data shard) once the old one is dropped.
-            self.rank_waiters.append((ident, msg))
+            # Maybe a replacement for a worker not yet declared dead: it gets that rank (and
+            # its data shard) once the old one is dropped; else it is refused after a while.
+            deadline = time.monotonic() + 2 * self.hb_timeout
+            self.rank_waiters.append((ident, msg, deadline))
             return
         group[msg.src] = Member(rank, ident, last_seen=time.monotonic())
         job = {k: v for k, v in self.job.items() if k not in ("sync",)}
@@ -115,6 +116,13 @@ class MembershipMixin:
                    sync=self.policy.name, resume_samples=self.worker_samples.get(rank, 0))
         self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
         self.record(f"{msg['role']}_registered", rank=rank, src=msg.src)
+
+    def _expire_rank_waiters(self, now: float) -> None:
+        for ident, msg, deadline in [w for w in self.rank_waiters if w[2] <= now]:
+            self._reply(ident, msg, Message("error", {
+                "msg": f"all {self.job['workers']} worker ranks of this job are taken",
+                "code": "refused"}))
+        self.rank_waiters = [w for w in self.rank_waiters if w[2] > now]
 
     def _worker(self, src: str) -> Member:
         member = self.roster.workers.get(src)
@@ -126,6 +134,7 @@ class MembershipMixin:
     # ---- liveness -------------------------------------------------------------------------------
     def _check_liveness(self) -> None:
         now = time.monotonic()
+        self._expire_rank_waiters(now)
         for src, member in list(self.roster.observers.items()):
             if now - member.last_seen > self.hb_timeout:
                 log.warning("observer %s silent for %.1f s: dropped", src, now - member.last_seen)
@@ -149,4 +158,4 @@ class MembershipMixin:
         elif not self.barrier_open:
             self.lost_before_start += 1
         if self.rank_waiters:
-            self._register_worker(*self.rank_waiters.pop(0))
+            self._register_worker(*self.rank_waiters.pop(0)[:2])
