@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from pathlib import Path
 
-from paramserver.metrics import summarize
+from paramserver.metrics import read_records as _read, summarize
 
 # summarize() holds every record as a dict (~1.5 KB each); past this many step records the
 # log is split by worker group in one pass, each group summarized alone and the parts merged.
 MAX_RECORDS_IN_MEMORY = 250_000
 _WORKER = re.compile(r'"worker": (\d+)')
-
-
-def _read(path: Path) -> list[dict]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line (interrupted run)
-    return out
 
 
 def _split(path: Path, folder: Path, per_group: int, groups: int) -> list[Path]:
