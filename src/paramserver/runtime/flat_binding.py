@@ -28,3 +28,21 @@ def grads_are_bound(model: nn.Module, grads: torch.Tensor) -> bool:
     lo = grads.data_ptr()
     hi = lo + grads.numel() * grads.element_size()
     return all(p.grad is not None and lo <= p.grad.data_ptr() < hi for p in model.parameters())
+
+
+class GradsBoundCheck:
+    """grads_are_bound(model, grads) cheap enough for every step: the parameter list and the
+    buffer's address range are taken once (walking the module tree costs more than the check)."""
+
+    def __init__(self, model: nn.Module, grads: torch.Tensor):
+        self.params = list(model.parameters())
+        self.lo = grads.data_ptr()
+        self.hi = self.lo + grads.numel() * grads.element_size()
+
+    def __call__(self) -> bool:
+        lo, hi = self.lo, self.hi
+        for p in self.params:
+            g = p.grad
+            if g is None or not lo <= g.data_ptr() < hi:
+                return False
+        return True

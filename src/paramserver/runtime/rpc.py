@@ -7,10 +7,11 @@ import logging
 import msgpack
 import zmq
 
-from paramserver.transport import recv_frames, send_frames
+from paramserver.transport import recv_all, recv_frames, send_frames
 from paramserver.wire import Message, WireError, decode, encode, reply_error
 
 log = logging.getLogger(__name__)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 def send(sock: zmq.Socket, msg: Message, identity: bytes | None = None,
@@ -48,7 +49,7 @@ class RemoteError(RuntimeError):
 
 def recv_nowait(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError, list]:
     """Like recv, but raises zmq.Again at once when nothing is queued."""
-    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+    frames = recv_all(sock, _NOBLOCK)
     identity = frames[0].bytes if routed else None
     body = frames[1:] if routed else frames
     try:

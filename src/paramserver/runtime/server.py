@@ -36,6 +36,7 @@ class ServerNode:
         self.register_timeout = register_timeout
         self.src = "server"
         self.pending_pulls: list[tuple[float, bytes, Message]] = []
+        self._handlers: dict = {}
         self.running = True
         self.store: ShardStore | None = None
 
@@ -122,7 +123,9 @@ class ServerNode:
     def _dispatch(self, sock, ident, msg: Message, from_worker: bool) -> None:
         if from_worker and msg.op not in WORKER_OPS:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
-        handler = getattr(self, f"_on_{msg.op}", None)
+        handler = self._handlers.get(msg.op)
+        if handler is None:
+            handler = self._handlers[msg.op] = getattr(self, f"_on_{msg.op}", None)
         if handler is None:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
         reply = handler(msg, ident)

@@ -12,7 +12,7 @@ from torch import nn
 from paramserver.compression import make_compressor
 from paramserver.data import load_dataset
 from paramserver.models import ModelKeys, build_model
-from paramserver.runtime.flat_binding import bind_to_flat, grads_are_bound
+from paramserver.runtime.flat_binding import GradsBoundCheck, bind_to_flat
 from paramserver.runtime.pacing import Pacer
 from paramserver.runtime.worker_client import KVWorker
 
@@ -27,10 +27,24 @@ def build(task: dict, dtype: str):
     return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
 
 
-def _host_load() -> tuple[float, float]:
-    """CPU percent since the last call and free-memory fraction, for load-aware predictors."""
-    mem = psutil.virtual_memory()
-    return psutil.cpu_percent(interval=None), mem.available / mem.total
+class HostLoad:
+    """CPU percent and free-memory fraction for load-aware predictors, sampled at most every
+    `interval` seconds: two psutil calls cost ~0.1 ms (more with cold caches), a real share of a
+    few-ms step. cpu_percent covers the time since its previous sample either way."""
+
+    def __init__(self, interval: float = 0.1):
+        self.interval = interval
+        self.next_at = 0.0
+        self.last = (0.0, 1.0)
+        psutil.cpu_percent(interval=None)  # starts the cpu_percent window
+
+    def __call__(self) -> tuple[float, float]:
+        now = time.monotonic()
+        if now >= self.next_at:
+            mem = psutil.virtual_memory()
+            self.last = (psutil.cpu_percent(interval=None), mem.available / mem.total)
+            self.next_at = now + self.interval
+        return self.last
 
 
 class StepLoop:
@@ -50,9 +64,11 @@ class StepLoop:
         self.loss_fn = nn.CrossEntropyLoss()
         self.compressor = make_compressor(task.get("compress", "none"),
                                           **task.get("compress_options", {}))
+        self.dense = self.compressor.name == "none"  # the identity: push the buffer as is
+        self.grads_bound = GradsBoundCheck(self.model, self.grads)
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
-        _host_load()
+        self.host_load = HostLoad()
 
     def _skip(self, samples: int) -> None:
         """A resumed worker draws the batches it drew before, so its data order goes on alike."""
@@ -67,7 +83,7 @@ class StepLoop:
         self.grads.zero_()
         loss = self.loss_fn(self.model(xb.to(self.params.dtype)), yb)
         loss.backward()
-        if not grads_are_bound(self.model, self.grads):  # never expected; keeps pushes right
+        if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
             bind_to_flat(self.model, self.keys, self.params, self.grads)
         return float(loss.detach())
@@ -96,6 +112,8 @@ class StepLoop:
     def push(self, release) -> tuple[int, int]:
         """Push this step's gradient, pruned by the compressor; (staleness, bytes sent)."""
         tags = {"step": release.step, "batch": release.batch_size, "scale": release.scale}
+        if self.dense:
+            return self.kv.push(self.grads_np, **tags), self.nbytes
         sparse = self.compressor.compress(self.grads)
         if sparse.is_dense:
             return self.kv.push(self.grads_np, **tags), self.nbytes
@@ -112,7 +130,7 @@ def run(kv: KVWorker, task: dict) -> dict:
     wait_s, steps = time.perf_counter() - t_wait, 0
     while not release.stop:
         record, compute = loop.step(release, wait_s)
-        cpu, free = _host_load()
+        cpu, free = loop.host_load()
         t_wait = time.perf_counter()
         release = kv.clock(release.step, release.batch_size, compute, cpu, free, record)
         wait_s, steps = time.perf_counter() - t_wait, steps + 1

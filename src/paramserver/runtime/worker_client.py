@@ -98,6 +98,11 @@ class KVWorker:
                              connect_dealer(self.ctx, a, send_timeout=self.timeout))
                        for r, a, lo, hi in self.job["shards"]]
         self._starts = np.array([s.range.lo for s in self.shards], dtype=np.int64)
+        self._poller = zmq.Poller()
+        for s in self.shards:
+            self._poller.register(s.sock, zmq.POLLIN)
+        everything = KeyRange(0, self.num_keys)
+        self._all_pieces = list(self._pieces(everything))  # the common request, worked out once
         self._stop_beat = threading.Event()
         self._beat = None
         if heartbeat:
@@ -150,9 +155,8 @@ class KVWorker:
         """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
         want = {rid: shard for shard, rid, _ in parts}
         deadline = time.monotonic() + self.timeout
-        poller = zmq.Poller()
-        for shard in set(want.values()):
-            poller.register(self.shards[shard].sock, zmq.POLLIN)
+        # Polling every shard (one poller, built once) is as good: other replies go to the inbox.
+        poller = self._poller
         while not all(rid in self._inbox for rid in want):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -172,6 +176,9 @@ class KVWorker:
 
     def _pieces(self, key_range: KeyRange):
         """(shard index, piece range, slice into the request) for each shard the range touches."""
+        if key_range.lo == 0 and key_range.hi == self.num_keys and hasattr(self, "_all_pieces"):
+            yield from self._all_pieces
+            return
         for i, shard in enumerate(self.shards):
             part = shard.range.intersect(key_range)
             if part is not None:

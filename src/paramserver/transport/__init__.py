@@ -1,9 +1,9 @@
 """Transport: frames <-> sockets; opaque bytes, no knowledge of the protocol."""
 
 from paramserver.transport.zmq_sockets import (
-    DEFAULT_HWM, bind_router, connect_dealer, keep_freed_memory, new_context, recv_frames,
-    send_frames,
+    DEFAULT_HWM, bind_router, connect_dealer, keep_freed_memory, new_context, recv_all,
+    recv_frames, send_frames,
 )
 
 __all__ = ["DEFAULT_HWM", "bind_router", "connect_dealer", "keep_freed_memory", "new_context",
-           "recv_frames", "send_frames"]
+           "recv_all", "recv_frames", "send_frames"]
