@@ -4,10 +4,13 @@ Measured side by side in one run (this machine is shared and noisy, so compare r
   memcpy      numpy copy of the payload, twice (the floor of any push+pull)
   socket      raw TCP loopback: send N bytes, receive N bytes back into a reused buffer
   zmq         bare ZeroMQ DEALER/ROUTER, zero-copy frames, echo of N bytes
-  stack       paramserver: KVWorker push (SGD applied on the server) then pull, 1 shard
-  stack x4    the same with 4 worker processes at once (time per worker step)
+  stack       paramserver: KVWorker push (SGD applied on the server) then pull, 1 shard; on one
+              host the gradient (KVWorker.shared_buffer) and the shard's values are read in
+              place through shared memory (transport.shm), ZeroMQ carries the messages
+  stack tcp   the same with shared memory off (PARAMSERVER_SHM=0): every byte through TCP
+  stack x4    `stack` with 4 worker processes at once (time per worker step)
   sock 1way   raw TCP: N bytes one way, an 8-byte ack back
-  push        paramserver push alone (the server applies SGD before acking)
+  push        paramserver push alone (the server applies SGD before acking); push tcp: no shm
 
 Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
 """
@@ -135,9 +138,10 @@ def bench_zmq(nbytes: int, repeats: int) -> float:
         ctx.term()
 
 
-def _stack_worker(addr, nbytes, repeats, out_q, push_only):
-    kv = KVWorker(addr)
-    grad = np.full(kv.num_keys, 1e-6, np.float32)
+def _stack_worker(addr, nbytes, repeats, out_q, push_only, shared):
+    kv = KVWorker(addr, shared_memory=shared)
+    grad = kv.shared_buffer()  # shared memory with a server on this host, else a plain array
+    grad[:] = 1e-6
     out = np.empty(kv.num_keys, np.float32)
     kv.pull(out=out)
 
@@ -149,20 +153,22 @@ def _stack_worker(addr, nbytes, repeats, out_q, push_only):
     kv.close()
 
 
-def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False) -> float:
+def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False,
+                shared: bool = True) -> float:
     num_keys = nbytes // 4
     job = {"num_keys": num_keys, "dtype": "float32", "servers": 1, "workers": workers,
            "batch_size": 1, "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1.0},
            "heartbeat_timeout": 60.0}
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(job, Path(tmp))
+        cluster = LocalCluster(job, Path(tmp), env=None if shared else {"PARAMSERVER_SHM": "0"})
         try:
             cluster.start(spawn_workers=False)
-            init = KVWorker(cluster.address, role="observer")  # not one of the job's workers
+            init = KVWorker(cluster.address, role="observer",  # not one of the job's workers
+                            shared_memory=shared)
             init.init(np.zeros(num_keys, np.float32))
             q = CTX.Queue()
             procs = [CTX.Process(target=_stack_worker, args=(cluster.address, nbytes, repeats, q,
-                                                                push_only))
+                                                                push_only, shared))
                      for _ in range(workers)]
             for p in procs:
                 p.start()
@@ -186,23 +192,29 @@ def main() -> int:
     args = parser.parse_args()
     sizes = [64 << 10, 3_730_000, 64 << 20] if args.quick else SIZES
     repeats = 3 if args.quick else args.repeats
-    print(f"{'size':>9} {'memcpy':>9} {'socket':>9} {'zmq':>9} {'stack':>9} {'stack x4':>9}  "
-          f"{'stack/zmq':>9} {'MB/s stack':>10} {'sock 1way':>9} {'push':>9} {'push/sock':>9}")
+    print(f"{'size':>9} {'memcpy':>9} {'socket':>9} {'zmq':>9} {'stack':>9} {'stack tcp':>9} "
+          f"{'stack x4':>9}  {'stack/zmq':>9} {'tcp/zmq':>7} {'MB/s stack':>10} "
+          f"{'sock 1way':>9} {'push':>9} {'push tcp':>9} {'push/sock':>9} {'tcp/sock':>8}")
     for nbytes in sizes:
         t = {"memcpy": bench_memcpy(nbytes, repeats), "socket": bench_socket(nbytes, repeats),
              "zmq": bench_zmq(nbytes, repeats), "stack": bench_stack(nbytes, repeats, 1),
+             "stack_tcp": bench_stack(nbytes, repeats, 1, shared=False),
              "stack4": bench_stack(nbytes, repeats, 4),
              "socket1": bench_socket(nbytes, repeats, one_way=True),
-             "push": bench_stack(nbytes, repeats, 1, push_only=True)}
+             "push": bench_stack(nbytes, repeats, 1, push_only=True),
+             "push_tcp": bench_stack(nbytes, repeats, 1, push_only=True, shared=False)}
         ms = {k: v * 1e3 for k, v in t.items()}
         print(f"{fmt(nbytes):>9} {ms['memcpy']:8.3f}m {ms['socket']:8.3f}m {ms['zmq']:8.3f}m "
-              f"{ms['stack']:8.3f}m {ms['stack4']:8.3f}m  {t['stack'] / t['zmq']:9.2f} "
+              f"{ms['stack']:8.3f}m {ms['stack_tcp']:8.3f}m {ms['stack4']:8.3f}m  "
+              f"{t['stack'] / t['zmq']:9.2f} {t['stack_tcp'] / t['zmq']:7.2f} "
               f"{2 * nbytes / t['stack'] / 1e6:10.0f} {ms['socket1']:8.3f}m {ms['push']:8.3f}m "
-              f"{t['socket1'] / t['push']:9.2f}",
+              f"{ms['push_tcp']:8.3f}m {t['socket1'] / t['push']:9.2f} "
+              f"{t['socket1'] / t['push_tcp']:8.2f}",
               flush=True)
     print("times: medians in ms per push+pull round trip; 'stack x4' per worker with 4 workers "
           "sharing one server; 'sock 1way' sends N bytes and gets an 8-byte ack; 'push' is a "
-          "stack push alone (SGD applied); push/sock is push throughput relative to the socket")
+          "stack push alone (SGD applied); push/sock is push throughput relative to the socket; "
+          "'tcp' columns: shared memory off, every byte through the sockets")
     return 0
 
 

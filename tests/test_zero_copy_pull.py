@@ -56,7 +56,7 @@ def test_retired_buffers_are_reused_once_their_replies_are_done():
         s.push_dense("a", 0, 8, np.ones(8), **TAGS)
         loans[-1].done = i % 2 == 1
     np.testing.assert_array_equal(s.read(0, 8).numpy(), np.arange(8) - 2.0)
-    assert len(s._retired) <= 2
+    assert len(s._retired) <= 3
 
 
 def test_round_apply_and_momentum_state_follow_the_copy():

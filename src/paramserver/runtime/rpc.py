@@ -7,7 +7,7 @@ import logging
 import msgpack
 import zmq
 
-from paramserver.transport import recv_all, recv_frames, send_frames
+from paramserver.transport import recv_message, send_frames
 from paramserver.wire import Message, WireError, decode, encode, reply_error
 
 log = logging.getLogger(__name__)
@@ -20,9 +20,14 @@ def send(sock: zmq.Socket, msg: Message, identity: bytes | None = None,
     return send_frames(sock, encode(msg), identity, track)
 
 
-def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError, list]:
-    """One message from `sock`: (peer, decoded message or the WireError, raw frames)."""
-    identity, frames = recv_frames(sock, routed)
+def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError | None, list]:
+    """One message from `sock`: (peer, decoded message or the WireError, raw frames).
+
+    The message is None when what arrived was for the transport alone (a shared-memory
+    handshake, answered already): poll again."""
+    identity, frames = recv_message(sock, routed)
+    if frames is None:
+        return identity, None, []
     try:
         return identity, decode(frames), frames
     except WireError as exc:
@@ -48,10 +53,12 @@ class RemoteError(RuntimeError):
 
 
 def recv_nowait(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError, list]:
-    """Like recv, but raises zmq.Again at once when nothing is queued."""
-    frames = recv_all(sock, _NOBLOCK)
-    identity = frames[0].bytes if routed else None
-    body = frames[1:] if routed else frames
+    """Like recv, but raises zmq.Again at once when nothing is queued (transport-level
+    messages are handled and skipped)."""
+    while True:
+        identity, body = recv_message(sock, routed, _NOBLOCK)
+        if body is not None:
+            break
     try:
         return identity, decode(body), body
     except WireError as exc:

@@ -14,7 +14,7 @@ from paramserver.optim import make_rule
 from paramserver.runtime import rpc
 from paramserver.runtime.shard_checkpoint import restore_shard, save_shard
 from paramserver.runtime.shard_store import ShardStore, StoreError
-from paramserver.transport import bind_router, connect_dealer, keep_freed_memory, new_context
+from paramserver.transport import bind_router, connect_dealer, keep_freed_memory, new_context, shm
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -27,11 +27,14 @@ class ServerNode:
 
     def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
                  pull_timeout: float = 60.0, register_timeout: float = 60.0,
-                 reuse_memory: bool = True):
+                 reuse_memory: bool = True, shared_memory: bool | None = None):
         self.join, self.host, self.port = join, host, port
         # A server process receives large frames all day: let their memory be reused (see
         # keep_freed_memory) rather than page-faulted in afresh for every push.
         self.reuse_memory = reuse_memory
+        # Workers on this host may read pull replies in place and have pushes read from theirs
+        # (transport.shm); None: when serving loopback only and PARAMSERVER_SHM is not 0.
+        self.shared_memory = shared_memory
         self.pull_timeout = pull_timeout
         self.register_timeout = register_timeout
         self.src = "server"
@@ -47,7 +50,7 @@ class ServerNode:
             raise TimeoutError(f"coordinator at {self.join} did not answer registration within "
                                f"{self.register_timeout:.0f} s")
         _, msg, _ = rpc.recv(self.coord, routed=False)
-        if isinstance(msg, WireError) or msg.op != "welcome":
+        if msg is None or isinstance(msg, WireError) or msg.op != "welcome":
             raise RuntimeError(f"coordinator refused registration: {getattr(msg, 'fields', msg)}")
         return msg
 
@@ -58,7 +61,8 @@ class ServerNode:
         lo, hi = job["shard_range"]
         opt = job["optimizer"]
         rule = make_rule(opt["name"], opt["lr"], **opt.get("options", {}))
-        self.store = ShardStore(KeyRange(lo, hi), job["dtype"], rule, job["apply_mode"])
+        self.store = ShardStore(KeyRange(lo, hi), job["dtype"], rule, job["apply_mode"],
+                                alloc=self._shared_values(hi - lo, job["dtype"]))
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(int(job.get("server_threads", 1)))
         self.lost_updates = 0
@@ -70,11 +74,28 @@ class ServerNode:
                      r["tag"], self.lost_updates)
         self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
 
+    # Values plus spares for copy-on-write while workers still read replies in place.
+    SHARED_BUFFERS = 4
+
+    def _shared_values(self, size: int, dtype: str):
+        """An allocator of value buffers in a shared arena, for workers on this host to read
+        pull replies from in place (transport.shm); None when not serving loopback only."""
+        wanted = shm.enabled() if self.shared_memory is None else self.shared_memory
+        if not (wanted and shm.local_address(self.addr)):
+            return None
+        try:
+            arena = shm.Arena(self.SHARED_BUFFERS * (size * np.dtype(dtype).itemsize + 64))
+        except OSError:
+            return None
+        shm.serve_shared(self.router, arena)
+        return lambda: arena.alloc(size, dtype)
+
     def run(self) -> int:
         if self.reuse_memory:
             keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
         self.router, addr = bind_router(ctx, self.host, self.port)
+        self.addr = addr
         self.coord = connect_dealer(ctx, self.join)
         try:
             self._build_store(self._register(addr))

@@ -29,12 +29,17 @@ class PushResult:
 class ShardStore:
     """Keys [lo, hi) of the flat vector, updated on arrival or per round by one update rule."""
 
-    def __init__(self, key_range: KeyRange, dtype: str, rule: UpdateRule, apply_mode: str):
+    def __init__(self, key_range: KeyRange, dtype: str, rule: UpdateRule, apply_mode: str,
+                 alloc=None):
+        """`alloc()`, when given, returns a zeroed array for the shard's values (or None): the
+        server puts them in memory that pull replies can be read from in place (shared memory)."""
         if apply_mode not in ("arrival", "round"):
             raise ValueError(f"unknown apply mode {apply_mode!r}")
         self.range = key_range
         self.dtype = np.dtype(dtype)
-        self.values = torch.zeros(key_range.size, dtype=getattr(torch, dtype))
+        self._alloc = alloc
+        self.values = self._new_buffer() if alloc else torch.zeros(
+            key_range.size, dtype=getattr(torch, dtype))
         self.rule = rule
         self.state = rule.init_state(self.values)
         self.apply_mode = apply_mode
@@ -112,15 +117,21 @@ class ShardStore:
                 fresh = self._retired.pop(i)[0]
                 break
         if fresh is None:
-            fresh = torch.empty_like(self.values)
+            fresh = self._new_buffer()
         fresh.copy_(self.values)
         self._retired.append((self.values, self._loans))
-        del self._retired[:-2]  # the replies keep older buffers alive; we need not
+        del self._retired[:-3]  # the replies keep older buffers alive; we need not
         self.values, self._loans = fresh, []
         self.copies_on_write += 1
 
     def read_keys(self, keys: np.ndarray) -> torch.Tensor:
         return self.values[self.local_keys(keys)]
+
+    def _new_buffer(self) -> torch.Tensor:
+        arr = self._alloc() if self._alloc else None
+        if arr is None:
+            return torch.zeros(self.range.size, dtype=getattr(torch, str(self.dtype)))
+        return torch.from_numpy(arr)
 
     # ---- updates --------------------------------------------------------------------------------
     def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,

@@ -54,7 +54,8 @@ class StepLoop:
         self.kv, self.task = kv, task
         torch.set_num_threads(int(task.get("threads", 1)))
         self.ds, self.model, self.keys = build(task, kv.job["dtype"])
-        self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
+        # Gradients live where a server on this host reads pushes in place (shared memory).
+        self.params, self.grads = self.keys.new_buffer(), torch.from_numpy(kv.shared_buffer())
         bind_to_flat(self.model, self.keys, self.params, self.grads)
         self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
         self.sampler = self.ds.sampler(kv.rank, int(kv.job["workers"]),

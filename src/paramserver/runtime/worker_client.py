@@ -29,7 +29,7 @@ import zmq
 from paramserver.keyspace import KeyRange
 from paramserver.runtime import rpc
 from paramserver.runtime.rpc import RemoteError
-from paramserver.transport import connect_dealer, new_context
+from paramserver.transport import connect_dealer, new_context, shm
 from paramserver.wire import Message, WireError
 
 
@@ -78,7 +78,7 @@ class KVWorker:
 
     def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
-                 num_keys: int | None = None):
+                 num_keys: int | None = None, shared_memory: bool | None = None):
         self.timeout, self.release_timeout = timeout, release_timeout
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         self.ctx = new_context()
@@ -101,6 +101,8 @@ class KVWorker:
         self._poller = zmq.Poller()
         for s in self.shards:
             self._poller.register(s.sock, zmq.POLLIN)
+        self._held: dict[int, list] = {}  # rid -> reply frames that live in a server's arena
+        self.arena = self._offer_shared_memory(shared_memory)
         everything = KeyRange(0, self.num_keys)
         self._all_pieces = list(self._pieces(everything))  # the common request, worked out once
         self._stop_beat = threading.Event()
@@ -111,6 +113,40 @@ class KVWorker:
             self._beat.start()
 
     # ---- plumbing -------------------------------------------------------------------------------
+    def _offer_shared_memory(self, wanted: bool | None):
+        """With every shard on this host, offer them an arena (see transport.shm): pushes from
+        shared_buffer() and pull replies then skip the sockets' copies. Off with
+        shared_memory=False or PARAMSERVER_SHM=0."""
+        if wanted is False or (wanted is None and not shm.enabled()):
+            return None
+        if not self.shards or len(self.shards) > shm.SLOTS or not all(
+                shm.local_address(s.addr) for s in self.shards):
+            return None
+        try:
+            arena = shm.Arena(self.num_keys * self.dtype.itemsize)
+        except OSError:
+            return None
+        for i, s in enumerate(self.shards):
+            shm.offer_shared(s.sock, arena, i)
+        return arena
+
+    def shared_buffer(self, count: int | None = None) -> np.ndarray:
+        """A zeroed array of `count` values (default: one per key) for gradients: pushed from
+        it, the bytes reach servers on this host through shared memory instead of the socket.
+        Where that is unavailable (or the arena is used up) it is a plain array."""
+        count = self.num_keys if count is None else int(count)
+        if self.arena is not None:
+            buf = self.arena.alloc(count, self.dtype)
+            if buf is not None:
+                return buf
+        return np.zeros(count, dtype=self.dtype)
+
+    def _let_go(self, rid: int) -> None:
+        """Done with reply `rid`: frames of it that live in a server's arena are released."""
+        frames = self._held.pop(rid, None)
+        if frames:
+            shm.release_frames(frames)
+
     def _next_rid(self) -> int:
         self._rid += 1
         return self._rid
@@ -133,6 +169,8 @@ class KVWorker:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
             _, reply, _ = rpc.recv(self.coord, routed=False)
+            if reply is None:
+                continue
             if isinstance(reply, WireError):
                 raise RemoteError(f"coordinator sent a bad frame: {reply}")
             if reply.rid != msg.rid:
@@ -164,13 +202,20 @@ class KVWorker:
                 names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
                 raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
             for sock, _ in poller.poll(left * 1000):
-                _, reply, _ = rpc.recv(sock, routed=False)
+                _, reply, frames = rpc.recv(sock, routed=False)
+                if reply is None:
+                    continue
                 if isinstance(reply, WireError):
+                    shm.release_frames(frames)
                     raise RemoteError(f"a server sent a bad frame: {reply}")
                 self._inbox[reply.rid] = reply
+                if any(isinstance(f, shm.SharedFrame) for f in frames):
+                    self._held[reply.rid] = frames  # released once copied out (wait)
         replies = {rid: self._inbox.pop(rid) for rid in want}
         for rid, reply in replies.items():
             if reply.op == "error":
+                for r in want:
+                    self._let_go(r)
                 raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
         return replies
 
@@ -288,6 +333,8 @@ class KVWorker:
                 reply = replies[rid]
                 handle.out[sl] = reply.arrays[0]
                 self.shards[shard].version = reply["version"]
+                reply.arrays = []
+                self._let_go(rid)  # the server may overwrite those values now
             handle.result = handle.out
         handle.done = True
         return handle.result

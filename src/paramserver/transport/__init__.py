@@ -2,8 +2,8 @@
 
 from paramserver.transport.zmq_sockets import (
     DEFAULT_HWM, bind_router, connect_dealer, keep_freed_memory, new_context, recv_all,
-    recv_frames, send_frames,
+    recv_frames, recv_message, send_frames,
 )
 
 __all__ = ["DEFAULT_HWM", "bind_router", "connect_dealer", "keep_freed_memory", "new_context",
-           "recv_all", "recv_frames", "send_frames"]
+           "recv_all", "recv_frames", "recv_message", "send_frames"]

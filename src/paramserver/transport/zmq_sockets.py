@@ -9,6 +9,8 @@ from typing import Sequence
 
 import zmq
 
+from paramserver.transport import shm
+
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
 DEFAULT_HWM = 64
@@ -93,17 +95,23 @@ def send_frames(sock: zmq.Socket, frames: Sequence, identity: bytes | None = Non
     With `track`, returns a MessageTracker whose `done` turns true once ZeroMQ has let go of
     every zero-copy frame: until then their buffers must not change.
     """
+    loan = None
+    if shm._STATES:  # a peer on this host may read some frames from our arena instead
+        frames, loan = shm.by_reference(sock, list(frames), identity)
     parts = [identity, *frames] if identity is not None else list(frames)
     last = len(parts) - 1
     if not track:
         for i, part in enumerate(parts):
             sock.send(part, _SNDMORE if i < last else 0, copy=False)
-        return None
+        return loan
     pending = []
     for i, part in enumerate(parts):
         tracker = sock.send(part, _SNDMORE if i < last else 0, copy=False, track=True)
         if tracker is not None and not tracker.done:
             pending.append(tracker)
+    if loan is not None:
+        loan.also = tuple(pending)
+        return loan
     return pending[0] if len(pending) == 1 else zmq.MessageTracker(*pending)
 
 
@@ -119,9 +127,20 @@ def recv_all(sock: zmq.Socket, flags: int = 0) -> list:
     return frames
 
 
-def recv_frames(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, list]:
+def recv_message(sock: zmq.Socket, routed: bool, flags: int = 0) -> tuple[bytes | None, list | None]:
+    """One message: (peer identity for ROUTERs, frames). Frames sent by reference from a peer's
+    shared arena come as shm.SharedFrame (with `.buffer`); a transport-level message (the
+    shared-memory handshake) is answered here and yields (identity, None)."""
+    frames = recv_all(sock, flags)
+    identity = frames[0].bytes if routed else None
+    body = frames[1:] if routed else frames
+    if body:
+        head = body[0].buffer
+        if len(head) and head[0] == 0:
+            body = shm.intercept(sock, identity, body)
+    return identity, body
+
+
+def recv_frames(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, list | None]:
     """Receive one multipart message; ROUTER sockets yield (peer identity, frames)."""
-    frames = recv_all(sock)
-    if routed:
-        return frames[0].bytes, frames[1:]
-    return None, frames
+    return recv_message(sock, routed)

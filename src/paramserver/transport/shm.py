@@ -1,0 +1,334 @@
+"""Frames by reference between processes of one host: shared-memory arenas beside ZeroMQ.
+
+ZeroMQ over TCP copies every byte of a frame twice through the kernel (in, out) and wakes two
+I/O threads; for a parameter server on one machine that is most of the cost of a push or a
+pull. Here a process owns one *arena* (a memfd mapping). A frame whose bytes lie inside the
+arena may go as a small descriptor instead, to a peer that has mapped the arena: the message
+still travels through ZeroMQ (order, back-pressure, identities unchanged), only the bytes of
+such frames skip the socket. The frames the receiver hands to the codec are the same bytes.
+
+Handshake (transport-level, never seen by the protocol): a DEALER offers its arena with a
+hello; the ROUTER maps it if it can (same kernel boot and pid namespace, /proc access) and
+answers with its own; the DEALER maps that. Either side may decline; then frames go as bytes.
+
+Lifetimes, the two directions differ:
+- A frame a DEALER sends by reference (a push) is read by the ROUTER's handler before it
+  replies: the DEALER may reuse the buffer once the reply is in (KVWorker's contract for async
+  pushes already).
+- A frame a ROUTER sends by reference (a pull reply) stays valid until the DEALER releases it
+  (release_frames): the DEALER publishes the highest released sequence number in its arena's
+  first page, which the ROUTER reads; the send's loan (`done`) tells the ROUTER when it may
+  write the buffer again (ShardStore copies on write until then).
+
+Disabled with PARAMSERVER_SHM=0 in the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import weakref
+
+import numpy as np
+import zmq
+
+HELLO = b"\x00psm-hello"  # a msgpack header never starts with a zero byte
+REFS = b"\x00psm-refs"
+HEADER_BYTES = 4096  # the arena's first page: release counters, one uint64 per slot
+SLOTS = HEADER_BYTES // 8
+MIN_BYTES = 1 << 16  # smaller frames are as cheap to copy through the socket
+_ENV = "PARAMSERVER_SHM"
+
+
+def enabled() -> bool:
+    return os.environ.get(_ENV, "1").lower() not in ("0", "off", "no", "false")
+
+
+def local_address(addr: str) -> bool:
+    """True for addresses only this host can reach (loopback TCP, ipc): shared memory is an
+    option there; across real or emulated networks the bytes must travel the wire."""
+    if addr.startswith("ipc://"):
+        return True
+    if addr.startswith("tcp://"):
+        host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+        return host.startswith("127.") or host in ("localhost", "::1")
+    return False
+
+
+def _host_token() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _address(buf) -> tuple[int, int]:
+    """(start address, length in bytes) of a contiguous buffer."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    return arr.ctypes.data, arr.nbytes
+
+
+class Arena:
+    """Memory of this process that peers on the host may map; a bump allocator over a memfd.
+
+    Pages are only backed once touched, so an arena sized for the worst case costs nothing
+    until used. Buffers are never freed back: allocate the long-lived ones (a gradient buffer,
+    a shard's values and its spares) once.
+    """
+
+    def __init__(self, nbytes: int):
+        self.size = HEADER_BYTES + _round_up(max(int(nbytes), 1), 4096)
+        self.fd = os.memfd_create("paramserver-arena", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        self.base = self.bytes.ctypes.data
+        self.counters = np.frombuffer(self.map, dtype=np.uint64, count=SLOTS)
+        self.top = HEADER_BYTES
+        self.host = _host_token()
+
+    def alloc(self, count: int, dtype) -> np.ndarray | None:
+        """A zeroed array of `count` x `dtype` inside the arena, or None when it is full."""
+        dtype = np.dtype(dtype)
+        start = _round_up(self.top, 64)
+        end = start + int(count) * dtype.itemsize
+        if end > self.size:
+            return None
+        self.top = end
+        out = self.bytes[start:end].view(dtype)
+        out[...] = 0
+        return out
+
+    def offset(self, buf) -> int | None:
+        """Where `buf` starts inside the arena, or None if it is not wholly inside."""
+        start, n = _address(buf)
+        off = start - self.base
+        return off if HEADER_BYTES <= off and off + n <= self.size else None
+
+    def describe(self) -> dict:
+        return {"host": self.host, "pid": os.getpid(), "fd": self.fd, "size": self.size}
+
+
+class PeerArena:
+    """A peer's arena, mapped read-only here."""
+
+    def __init__(self, desc: dict):
+        with open(f"/proc/{int(desc['pid'])}/fd/{int(desc['fd'])}", "rb") as f:
+            self.map = mmap.mmap(f.fileno(), int(desc["size"]), prot=mmap.PROT_READ)
+        self.size = int(desc["size"])
+        self.view = memoryview(self.map)
+        self.counters = np.frombuffer(self.map, dtype=np.uint64, count=SLOTS)
+
+    @staticmethod
+    def attach(desc) -> "PeerArena | None":
+        if not isinstance(desc, dict) or desc.get("host") != _host_token() or not desc["host"]:
+            return None
+        try:
+            return PeerArena(desc)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def frame(self, offset: int, length: int) -> memoryview | None:
+        if not (HEADER_BYTES <= offset and 0 <= length and offset + length <= self.size):
+            return None
+        return self.view[offset:offset + length]
+
+
+class SharedFrame:
+    """A received frame whose bytes live in the peer's arena; `.buffer` as zmq.Frame has."""
+
+    __slots__ = ("buffer", "link", "seq")
+
+    def __init__(self, buffer: memoryview, link: "_Link", seq: int):
+        self.buffer, self.link, self.seq = buffer, link, seq
+
+    def __len__(self) -> int:
+        return self.buffer.nbytes
+
+
+class _Link:
+    """One side's view of one peer: the peer's mapped arena and the release bookkeeping."""
+
+    def __init__(self):
+        self.peer: PeerArena | None = None
+        self.reads_ours = False  # the peer mapped our arena
+        self.slot = 0  # the counter slot releases are published in (in the DEALER's arena)
+        self.seq = 0  # ROUTER: last sequence number sent by reference to this peer
+        self.outstanding: set[int] = set()  # DEALER: received by reference, not yet released
+        self.seen = 0  # DEALER: highest sequence received
+        self.arena: Arena | None = None  # DEALER: ours, where releases are published
+
+
+class _SocketState:
+    def __init__(self, arena: Arena | None, routed: bool):
+        self.arena, self.routed = arena, routed
+        self.links: dict[bytes | None, _Link] = {}
+
+
+_STATES: "weakref.WeakKeyDictionary[zmq.Socket, _SocketState]" = weakref.WeakKeyDictionary()
+
+
+class Loan:
+    """Done once the peer released the frames sent by reference with sequence `seq` (or once
+    the last of `also`, ZeroMQ trackers of frames sent zero-copy as bytes, is done)."""
+
+    __slots__ = ("peer", "slot", "seq", "also")
+
+    def __init__(self, peer: PeerArena, slot: int, seq: int, also=()):
+        self.peer, self.slot, self.seq, self.also = peer, slot, seq, tuple(also)
+
+    @property
+    def done(self) -> bool:
+        return int(self.peer.counters[self.slot]) >= self.seq and all(t.done for t in self.also)
+
+
+# ---- setup --------------------------------------------------------------------------------------
+def serve_shared(router: zmq.Socket, arena: Arena) -> None:
+    """A ROUTER answers hellos with `arena` and may send frames inside it by reference."""
+    _STATES[router] = _SocketState(arena, routed=True)
+
+
+def offer_shared(dealer: zmq.Socket, arena: Arena, slot: int) -> None:
+    """A DEALER offers `arena` to its peer; releases of the peer's frames go in counter `slot`."""
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"release slot {slot} outside [0, {SLOTS})")
+    state = _SocketState(arena, routed=False)
+    link = state.links[None] = _Link()
+    link.slot, link.arena = slot, arena
+    _STATES[dealer] = state
+    dealer.send_multipart([HELLO, json.dumps({"arena": arena.describe(), "slot": slot}).encode()])
+
+
+def shared_with(sock: zmq.Socket) -> bool:
+    """Whether a DEALER's peer maps our arena (pushes from it skip the socket)."""
+    state = _STATES.get(sock)
+    link = state.links.get(None) if state is not None else None
+    return bool(link and link.reads_ours)
+
+
+# ---- send ---------------------------------------------------------------------------------------
+def by_reference(sock: zmq.Socket, frames: list, identity: bytes | None):
+    """Frames with the arena's big ones replaced by a descriptor, and the loan (ROUTER) for
+    them; (frames, None) unchanged when nothing goes by reference."""
+    state = _STATES.get(sock)
+    if state is None or state.arena is None:
+        return frames, None
+    link = state.links.get(identity)
+    if link is None or not link.reads_ours or (state.routed and link.peer is None):
+        return frames, None
+    refs, out = [], list(frames)
+    for i, frame in enumerate(frames):
+        if isinstance(frame, (bytes, bytearray)):
+            continue
+        view = frame if isinstance(frame, memoryview) else memoryview(frame)
+        if view.nbytes < MIN_BYTES:
+            continue
+        off = state.arena.offset(view)
+        if off is not None:
+            refs.append([i, off, view.nbytes])
+            out[i] = b""
+    if not refs:
+        return frames, None
+    seq = 0
+    if state.routed:
+        link.seq += 1
+        seq = link.seq
+    head = REFS + json.dumps({"seq": seq, "refs": refs}).encode()
+    loan = Loan(link.peer, link.slot, seq) if state.routed else None
+    return [head, *out], loan
+
+
+# ---- receive ------------------------------------------------------------------------------------
+def intercept(sock: zmq.Socket, identity: bytes | None, frames: list):
+    """Handle transport-level frames. Returns the message's frames for the caller (shared
+    frames substituted), or None when the message was a handshake (already answered)."""
+    if not frames:
+        return frames
+    first = frames[0]
+    buf = getattr(first, "buffer", first)
+    if len(buf) == 0 or buf[0] != 0:
+        return frames
+    raw = bytes(buf)
+    if raw == HELLO and len(frames) == 2:
+        _on_hello(sock, identity, bytes(getattr(frames[1], "buffer", frames[1])))
+        return None
+    if raw.startswith(REFS):
+        return _resolve(sock, identity, raw[len(REFS):], frames[1:]) or frames
+    return frames
+
+
+def _on_hello(sock: zmq.Socket, identity: bytes | None, body: bytes) -> None:
+    try:
+        info = json.loads(body)
+    except ValueError:
+        return
+    state = _STATES.get(sock)
+    if not isinstance(info, dict):
+        return
+    if identity is None:  # a DEALER hears its ROUTER's answer
+        if state is None or None not in state.links:
+            return
+        link = state.links[None]
+        link.reads_ours = bool(info.get("attached"))
+        if "arena" in info:
+            link.peer = PeerArena.attach(info["arena"])
+            # Only now may the ROUTER send by reference: we can read its frames.
+            sock.send_multipart([HELLO, json.dumps({"confirm": link.peer is not None}).encode()])
+        return
+    if "confirm" in info:  # the DEALER mapped our arena (or could not)
+        link = state.links.get(identity) if state is not None else None
+        if link is not None and link.peer is not None:
+            link.reads_ours = bool(info["confirm"])
+        return
+    # A ROUTER hears a DEALER's offer: map its arena, answer with ours.
+    if state is None:
+        state = _STATES[sock] = _SocketState(None, routed=True)
+    link = _Link()
+    if isinstance(info, dict) and isinstance(info.get("slot"), int) and 0 <= info["slot"] < SLOTS:
+        link.slot = info["slot"]
+        link.peer = PeerArena.attach(info.get("arena"))
+    state.links[identity] = link
+    answer = {"attached": link.peer is not None}
+    if state.arena is not None and link.peer is not None:
+        answer["arena"] = state.arena.describe()  # by reference once the DEALER confirms
+    sock.send_multipart([identity, HELLO, json.dumps(answer).encode()])
+
+
+def _resolve(sock: zmq.Socket, identity: bytes | None, head: bytes, body: list):
+    state = _STATES.get(sock)
+    link = state.links.get(identity) if state is not None else None
+    if link is None or link.peer is None:
+        return None
+    try:
+        info = json.loads(head)
+        seq, refs = int(info["seq"]), info["refs"]
+        out = list(body)
+        for i, off, n in refs:
+            view = link.peer.frame(int(off), int(n))
+            if view is None or not 0 <= i < len(out):
+                return None
+            out[i] = SharedFrame(view, link, seq)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if seq and identity is None:
+        link.outstanding.add(seq)
+        link.seen = max(link.seen, seq)
+    return out
+
+
+def release_frames(frames) -> None:
+    """The receiver is done with these frames: shared ones may be written again by their owner."""
+    for frame in frames:
+        if isinstance(frame, SharedFrame) and frame.seq:
+            link = frame.link
+            link.outstanding.discard(frame.seq)
+            released = min(link.outstanding) - 1 if link.outstanding else link.seen
+            if link.arena is not None:
+                link.arena.counters[link.slot] = released
