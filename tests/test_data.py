@@ -128,6 +128,32 @@ def test_digits_split_is_fixed_across_seeds(digits):
     assert torch.equal(other.test.X, digits.test.X) and torch.equal(other.train.y, digits.train.y)
 
 
+def test_digits_file_read_without_sklearn_equals_sklearns_loader():
+    from sklearn.datasets import load_digits as sk_load_digits
+    from paramserver.data.digits import read_digits
+    images, labels = read_digits()
+    bunch = sk_load_digits()
+    np.testing.assert_array_equal(images, bunch.images)
+    np.testing.assert_array_equal(labels, bunch.target)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.5])
+def test_stratified_split_is_proportional_disjoint_and_covering(seed, fraction):
+    from paramserver.data.base import stratified_split
+    rng = np.random.default_rng(seed)
+    labels = rng.choice(4, size=203, p=[0.5, 0.3, 0.15, 0.05])
+    train, test = stratified_split(labels, fraction, seed=seed)
+    assert len(test) == int(np.ceil(fraction * labels.size))
+    assert np.array_equal(np.sort(np.concatenate([train, test])), np.arange(labels.size))
+    for c in range(4):  # each class's share differs from its exact quota by less than one
+        quota = np.sum(labels == c) * len(test) / labels.size
+        assert abs(np.sum(labels[test] == c) - quota) < 1
+    again = stratified_split(labels, fraction, seed=seed)
+    assert np.array_equal(again[1], test)
+    assert not np.array_equal(stratified_split(labels, fraction, seed=seed + 1)[1], test)
+
+
 def test_synthetic_deterministic_and_configurable():
     a = load_dataset("synthetic", seed=3, samples=400, features=12, classes=3, difficulty="hard")
     b = load_dataset("synthetic", seed=3, samples=400, features=12, classes=3, difficulty="hard")

@@ -83,6 +83,24 @@ def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
     return [((a - mean) / std).astype(np.float32) for a in (train, *others)]
 
 
+def stratified_split(labels: np.ndarray, test_fraction: float,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, test indices), each sorted: ceil(fraction * N) test samples shared among
+    the classes in proportion to their sizes (largest remainders get the odd ones), drawn at
+    random within each class from `seed`."""
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    n_test = int(np.ceil(test_fraction * labels.size))
+    exact = counts * (n_test / labels.size)
+    take = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - take), kind="stable")
+    take[order[:n_test - int(take.sum())]] += 1
+    rng = np.random.default_rng(seed)
+    test = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take)]
+    test_idx = np.sort(np.concatenate(test))
+    return np.setdiff1d(np.arange(labels.size), test_idx), test_idx
+
+
 def make_dataset(name: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
                  y_test: np.ndarray, num_classes: int) -> Dataset:
     """Wrap numpy arrays as a Dataset (float32 features, int64 labels)."""
