@@ -88,7 +88,7 @@ def test_job_across_three_namespaced_hosts_reaches_the_target(lab, ebsp):
 
 
 def test_with_a_tbf_limited_link_ebsp_beats_bsp(ebsp, bsp):
-    (_, e), (brun, b) = ebsp, bsp
+    (_, e), (_, b) = ebsp, bsp
     t_e, t_b = e["time_to_accuracy"][f"{TARGET:g}"], b["time_to_accuracy"][f"{TARGET:g}"]
     assert t_e is not None
     # BSP either missed the target within MAX_SECONDS of training or reached it later.

@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from paramserver.cli.main import main
-from paramserver.metrics import read_records
 from paramserver.policies import Release, make_policy
 from paramserver.sim import Engine, Network, NullSink, parse_compute
 from paramserver.sim.replay import check_log, decision_log, load_run, mirror_config, replay

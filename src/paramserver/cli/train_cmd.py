@@ -18,7 +18,8 @@ from paramserver.policies import SYNC_POLICIES, make_policy
 from paramserver.runtime.launcher import LaunchError, LocalCluster
 from paramserver.runtime.checkpoint import latest
 from paramserver.runtime.progress import JobProgress
-from paramserver.stragglers import DEVICE_TIME_HELP, STRAGGLER_HELP
+from paramserver.device_time import DEVICE_TIME_HELP
+from paramserver.stragglers import STRAGGLER_HELP
 
 EPILOG = f"""--straggler SPEC
 {STRAGGLER_HELP}

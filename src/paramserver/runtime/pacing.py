@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from paramserver.stragglers import DeviceTime, parse_device_time, parse_straggler
+from paramserver.device_time import DeviceTime, parse_device_time
+from paramserver.stragglers import parse_straggler
 
 
 class Pacer:
