@@ -1,10 +1,8 @@
 """Frames by reference through shared memory between processes of one host (transport.shm)."""
 
 import multiprocessing as mp
-import os
 
 import numpy as np
-import pytest
 import zmq
 
 from paramserver.transport import bind_router, connect_dealer, recv_message, send_frames, shm
