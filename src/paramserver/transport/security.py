@@ -265,7 +265,9 @@ class _Guard(threading.Thread):
         return [version, rid, b"400", b"key not allowed", b"", b""]
 
     def _report(self, event: dict) -> None:
-        reason = _PROTOCOL_ERRORS.get(int(event.get("value", 0)), "no detail")
+        reason = "no detail"  # NO_DETAIL events carry an errno, PROTOCOL ones the reason
+        if event.get("event") == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            reason = _PROTOCOL_ERRORS.get(int(event.get("value", 0)), "protocol error")
         endpoint = event.get("endpoint", b"")
         self.refused(("handshake", reason),
                      "refused a connection on %s: CURVE handshake failed (%s): a peer without "
