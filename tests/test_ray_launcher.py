@@ -6,17 +6,22 @@ Ray is an optional extra (`paramserver[ray]`); without it these tests skip and s
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is the optional extra paramserver[ray]; "
                                         "pip install 'paramserver[ray]' to run these tests")
 
-from paramserver.cli.train_cmd import run_training  # noqa: E402
+from paramserver.cli.train_cmd import prepare_job, run_training  # noqa: E402
 from paramserver.config import TrainConfig  # noqa: E402
 from paramserver.metrics import read_records  # noqa: E402
 from paramserver.runtime.launcher import LaunchError  # noqa: E402
-from paramserver.runtime.ray_launcher import Resources, check_resources  # noqa: E402
+from paramserver.runtime.ray_launcher import (  # noqa: E402
+    RayCluster, Resources, check_resources,
+)
 
 SMALL = {"worker_cpus": 0.5, "server_cpus": 0.5}  # 2 workers + 1 server fit in 2 CPUs
 
@@ -45,6 +50,33 @@ def test_default_training_reaches_target_accuracy_as_ray_actors(local_ray, tmp_p
     # The roles ran with the job's keys: a plaintext peer would have been refused.
     coordinator_log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
     assert "coordinator at tcp://127.0.0.1:" in coordinator_log
+
+
+@pytest.mark.slow  # ~40 s: waits for the heartbeat timeout and Ray's restart
+def test_a_killed_worker_is_restarted_by_ray_and_rejoins(local_ray, tmp_path):
+    cfg = TrainConfig(sync="bsp", workers=2, epochs=10, lr=0.2, heartbeat_timeout=2.0,
+                      device_time="2ms", eval_interval=1.0, restart_workers=1)
+    cluster = RayCluster(prepare_job(cfg), tmp_path, resources=Resources(**SMALL),
+                         job_timeout=300, restart_workers=1)
+    killed, t0 = [], time.monotonic()
+
+    def kill_once():  # a few seconds into training: SIGKILL worker 1's role process
+        if killed or time.monotonic() - t0 < 3 + cluster.timings.get("startup_s", 1e9):
+            return
+        actor = next(a for name, _, a in cluster.actors if name == "worker 1")
+        pid = ray.get(actor.pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    cluster.run(on_tick=kill_once)
+    assert killed
+    records = read_records(tmp_path / "metrics.jsonl")
+    left = [i for i, r in enumerate(records) if r["kind"] == "left" and r["reason"] == "dead"]
+    assert len(left) == 1
+    dead_rank = records[left[0]]["worker"]
+    later = [r for r in records[left[0]:] if r["kind"] == "step" and r["worker"] == dead_rank]
+    assert later, "the worker Ray restarted never trained"
+    assert [r for r in records if r["kind"] == "eval"][-1]["accuracy"] >= 0.9
 
 
 def test_more_than_the_cluster_has_is_a_clear_error():

@@ -243,8 +243,9 @@ def add_launcher_args(p) -> None:
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model through the parameter server on this machine",
                        description="Start a coordinator, shard servers, workers and an evaluator "
-                                   "on 127.0.0.1 (or as Ray actors: --launcher ray) and train. Writes config.json, metrics.jsonl, "
-                                   "events.jsonl and summary.json into the run folder.",
+                                   "on 127.0.0.1 (or as Ray actors: --launcher ray) and train. "
+                                   "Writes config.json, metrics.jsonl, events.jsonl and "
+                                   "summary.json into the run folder.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sync", default="bsp",
                    help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default bsp)")

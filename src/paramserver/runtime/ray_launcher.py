@@ -9,6 +9,7 @@ Needs the optional extra `paramserver[ray]`.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -74,6 +75,9 @@ class RoleProcess:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def pid(self) -> int:
+        return self.proc.pid
+
     def address(self, timeout: float) -> str:
         """The coordinator's address once it listens."""
         path, deadline = self.dir / "coordinator.addr", time.monotonic() + timeout
@@ -112,11 +116,16 @@ class Resources:
     server_cpus: float = 1.0
 
 
+def demand(job: dict, r: Resources) -> tuple[float, float]:
+    """(CPUs, GPUs) the job's processes ask Ray for."""
+    return (job["workers"] * r.worker_cpus + job["servers"] * r.server_cpus,
+            job["workers"] * r.worker_gpus)
+
+
 def check_resources(job: dict, r: Resources, available: dict) -> None:
     """Fail before placing anything when the cluster cannot hold the job's requests (Ray
     would wait for them forever)."""
-    cpus = job["workers"] * r.worker_cpus + job["servers"] * r.server_cpus
-    gpus = job["workers"] * r.worker_gpus
+    cpus, gpus = demand(job, r)
     have_cpus, have_gpus = available.get("CPU", 0.0), available.get("GPU", 0.0)
     if cpus > have_cpus or gpus > have_gpus:
         raise LaunchError(f"the job asks Ray for {cpus:g} CPUs and {gpus:g} GPUs, the cluster "
@@ -144,7 +153,12 @@ class RayCluster:
         t0 = time.monotonic()
         started_ray = not ray.is_initialized()
         if started_ray:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            # A local instance gets CPUs enough for the job, like the local launcher would
+            # start every process; a cluster has what it has (check_resources).
+            cpus = None if self.address else max(os.cpu_count() or 1, math.ceil(
+                demand(self.job, self.resources)[0]))
+            ray.init(address=self.address, num_cpus=cpus, include_dashboard=False,
+                     log_to_driver=False)
         self.timings["ray_init_s"] = time.monotonic() - t0
         try:
             check_resources(self.job, self.resources, ray.cluster_resources())

@@ -1,4 +1,4 @@
-"""CURVE keys for ZeroMQ sockets: generate and load a cluster's key folder, secure sockets, guard them.
+"""CURVE for ZeroMQ sockets: a cluster's key folder, secured sockets, a guard that vets peers.
 
 Key folder (`paramserver keys generate DIR`)::
 
@@ -174,7 +174,7 @@ def secure_dealer(sock: zmq.Socket, keys, peer: str) -> None:
     sock.curve_serverkey = keys.peers[peer]
 
 
-# ---- the guard: ZAP answers and handshake failures ------------------------------------------------
+# ---- the guard: ZAP answers and handshake failures -----------------------------------------------
 _GUARDS: "weakref.WeakKeyDictionary[zmq.Context, _Guard]" = weakref.WeakKeyDictionary()
 _GUARDS_LOCK = threading.Lock()
 _FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -272,5 +272,5 @@ class _Guard(threading.Thread):
         self.refused(("handshake", reason),
                      "refused a connection on %s: CURVE handshake failed (%s): a peer without "
                      "this cluster's server key, not using CURVE, or replaying a session",
-                     endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else endpoint,
-                     reason)
+                     endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
+                     else endpoint, reason)
