@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -58,12 +57,14 @@ def test_a_killed_worker_is_restarted_by_ray_and_rejoins(local_ray, tmp_path):
                       device_time="2ms", eval_interval=1.0, restart_workers=1)
     cluster = RayCluster(prepare_job(cfg), tmp_path, resources=Resources(**SMALL),
                          job_timeout=300, restart_workers=1)
-    killed, t0 = [], time.monotonic()
+    killed = []
 
-    def kill_once():  # a few seconds into training: SIGKILL worker 1's role process
-        if killed or time.monotonic() - t0 < 3 + cluster.timings.get("startup_s", 1e9):
+    def kill_once():  # 20 rounds into training: SIGKILL worker 1's role process
+        actors = {name: a for name, _, a in cluster.actors}
+        if killed or ray.get(actors["coordinator"].read.remote("events.jsonl")).count(
+                b"apply_round") < 20:
             return
-        actor = next(a for name, _, a in cluster.actors if name == "worker 1")
+        actor = actors["worker 1"]
         pid = ray.get(actor.pid.remote())
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)

@@ -78,6 +78,11 @@ class RoleProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    def read(self, name: str) -> bytes:
+        """One file the role wrote (b"" while it does not exist)."""
+        path = self.dir / name
+        return path.read_bytes() if path.is_file() and "keys" not in path.parts else b""
+
     def address(self, timeout: float) -> str:
         """The coordinator's address once it listens."""
         path, deadline = self.dir / "coordinator.addr", time.monotonic() + timeout
