@@ -160,7 +160,8 @@ def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False
            "batch_size": 1, "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1.0},
            "heartbeat_timeout": 60.0}
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(job, Path(tmp), env=None if shared else {"PARAMSERVER_SHM": "0"})
+        cluster = LocalCluster(job, Path(tmp), keys=None,  # plaintext; CURVE: curve_overhead.py
+                               env=None if shared else {"PARAMSERVER_SHM": "0"})
         try:
             cluster.start(spawn_workers=False)
             init = KVWorker(cluster.address, role="observer",  # not one of the job's workers

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paramserver.transport import security
+
 PREFIX = "psnet"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$", re.IGNORECASE)
@@ -324,13 +326,16 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 
 def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port: int = 5555,
-            python: str | None = None) -> LabRun:
+            python: str | None = None, keys: bool = True) -> LabRun:
     """Coordinator + servers (+ evaluator when job["eval_interval"]) on host 0, worker k on host
     k (k = 1..workers), over TCP to host 0's address; returns when the coordinator is done.
 
     The coordinator listens on host 0's `port`: the namespace is the run's own, so a fixed port
     cannot collide, and every other role starts at once with the address it will have (they
     retry until the coordinator listens). port=0 picks a free one and waits for it instead.
+
+    With `keys` (the default) every connection is CURVE-authenticated with a key set written to
+    run_dir/keys; without, the roles bind with --insecure.
 
     Writes job.json, metrics.jsonl, events.jsonl, logs/*.log and results/host-K/ in run_dir.
     Every process is killed by PID before returning; the namespaces stay (lab.close()).
@@ -349,6 +354,11 @@ def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port:
     addr_file = run_dir / "coordinator.addr"
     addr_file.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(security.ENV, None)
+    if keys:
+        security.generate(run_dir / "keys")
+        env[security.ENV] = str(run_dir / "keys")
+    plain = [] if keys else ["--insecure"]
     started: list[tuple[str, subprocess.Popen, Path]] = []
 
     def spawn(host: int, name: str, args: list[str]) -> subprocess.Popen:
@@ -370,14 +380,14 @@ def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port:
         coord = spawn(0, "coordinator", [
             "coordinator", "--job", str(job_path), "--bind", host0, "--port", str(port),
             "--address-file", str(addr_file), "--events", str(run_dir / "events.jsonl"),
-            "--metrics", str(run_dir / "metrics.jsonl")])
+            "--metrics", str(run_dir / "metrics.jsonl"), *plain])
         while port == 0 and not addr_file.exists():
             if coord.poll() is not None or time.monotonic() > deadline:
                 raise failure("the coordinator did not publish its address")
             time.sleep(0.05)
         address = f"tcp://{host0}:{port}" if port else addr_file.read_text().strip()
         for s in range(int(job["servers"])):
-            spawn(0, f"server-{s}", ["server", "--join", address, "--bind", host0])
+            spawn(0, f"server-{s}", ["server", "--join", address, "--bind", host0, *plain])
         if job.get("eval_interval"):
             spawn(0, "evaluator", ["evaluator", "--join", address,
                                    "--interval", str(job["eval_interval"])])

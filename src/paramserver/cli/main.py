@@ -10,6 +10,7 @@ import sys
 COMMAND_MODULES = (
     "paramserver.cli.compare_cmd",
     "paramserver.cli.demo_cmd",
+    "paramserver.cli.keys_cmd",
     "paramserver.cli.launch_cmd",
     "paramserver.cli.report_cmd",
     "paramserver.cli.roles",
@@ -22,6 +23,8 @@ COMMAND_MODULES = (
 # Role processes are started by launchers with the role first; they skip the other commands'
 # imports (torch among them), which cost seconds of CPU per process on a small machine.
 ROLE_COMMANDS = frozenset({"coordinator", "server", "worker", "evaluator"})
+LIGHT_COMMANDS = {**{r: "paramserver.cli.roles" for r in ROLE_COMMANDS},
+                  "keys": "paramserver.cli.keys_cmd"}
 
 
 def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
@@ -37,8 +40,8 @@ def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    role_only = bool(argv) and argv[0] in ROLE_COMMANDS
-    parser = build_parser(("paramserver.cli.roles",) if role_only else COMMAND_MODULES)
+    light = LIGHT_COMMANDS.get(argv[0]) if argv else None
+    parser = build_parser((light,) if light else COMMAND_MODULES)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import sys
+
+from paramserver.transport import security
 
 
 def _setup_logging(role: str) -> None:
@@ -12,12 +16,30 @@ def _setup_logging(role: str) -> None:
                         format=f"%(asctime)s {role} %(levelname)s %(message)s")
 
 
-def _warn_if_public(host: str) -> None:
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        logging.warning("binding to %s: the transport is unauthenticated, anyone who can reach "
-                        "this port can push and pull", host)
+def _keys(args, role: str):
+    """security.Keys from --keys or $PARAMSERVER_KEYS; INSECURE with --insecure; else None."""
+    directory = args.keys or os.environ.get(security.ENV)
+    if directory and getattr(args, "insecure", False):
+        raise security.SecurityError("--keys (or $PARAMSERVER_KEYS) and --insecure exclude "
+                                     "each other")
+    if directory:
+        return security.load(directory, role)
+    return security.INSECURE if getattr(args, "insecure", False) else None
 
 
+def _clear_errors(func):
+    """Bad keys or an unsafe bind end the role with one line, not a traceback."""
+    @functools.wraps(func)
+    def run(args) -> int:
+        try:
+            return func(args)
+        except security.SecurityError as exc:
+            print(f"paramserver {args.command}: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+@_clear_errors
 def _run_coordinator(args) -> int:
     _setup_logging("coordinator")
     from paramserver.runtime.coordinator import Coordinator
@@ -27,31 +49,50 @@ def _run_coordinator(args) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return 2
-    _warn_if_public(args.bind)
+    keys = _keys(args, "coordinator")
+    security.check_bind(args.bind, "tcp", keys)
     coordinator = Coordinator(job, args.bind, args.port, args.address_file, args.events,
-                              args.metrics)
+                              args.metrics, keys=keys)
     if "torch" in sys.modules:  # a predictor (NARX) loaded torch: one thread, no idle spinning
         sys.modules["torch"].set_num_threads(1)
     return coordinator.run()
 
 
+@_clear_errors
 def _run_server(args) -> int:
     _setup_logging("server")
+    keys = _keys(args, "server")
+    security.check_bind(args.bind, "tcp", keys)
     from paramserver.runtime.server import ServerNode
-    _warn_if_public(args.bind)
-    return ServerNode(args.join, args.bind, args.port).run()
+    return ServerNode(args.join, args.bind, args.port, keys=keys).run()
 
 
+@_clear_errors
 def _run_worker(args) -> int:
     _setup_logging("worker")
+    keys = _keys(args, "worker")
     from paramserver.runtime.worker import run_worker
-    return run_worker(args.join, args.result_dir)
+    return run_worker(args.join, args.result_dir, keys=keys)
 
 
+@_clear_errors
 def _run_evaluator(args) -> int:
     _setup_logging("evaluator")
+    keys = _keys(args, "observer")
     from paramserver.runtime.evaluator import run_evaluator
-    return run_evaluator(args.join, args.interval)
+    return run_evaluator(args.join, args.interval, keys=keys)
+
+
+_KEYS_HELP = ("key folder from `paramserver keys generate` (default $PARAMSERVER_KEYS): "
+              "CURVE-encrypt and authenticate every connection")
+_INSECURE_HELP = ("allow binding a non-loopback address without keys (plaintext, anyone who "
+                  "can reach the port may push and pull); prints a warning")
+
+
+def _security_args(p, binds: bool) -> None:
+    p.add_argument("--keys", metavar="DIR", help=_KEYS_HELP)
+    if binds:
+        p.add_argument("--insecure", action="store_true", help=_INSECURE_HELP)
 
 
 def register(sub) -> None:
@@ -64,6 +105,7 @@ def register(sub) -> None:
     p.add_argument("--address-file", help="write the bound address here once listening")
     p.add_argument("--events", help="append coordinator events (JSONL) to this file")
     p.add_argument("--metrics", help="append the job's metrics (JSONL) to this file")
+    _security_args(p, binds=True)
     p.set_defaults(func=_run_coordinator)
 
     p = sub.add_parser("server", help="run one parameter-server shard",
@@ -71,12 +113,14 @@ def register(sub) -> None:
     p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
     p.add_argument("--bind", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    _security_args(p, binds=True)
     p.set_defaults(func=_run_server)
 
     p = sub.add_parser("worker", help="run one worker",
                        description="Run one worker: joins the job and runs the task it names.")
     p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
     p.add_argument("--result-dir", help="write this worker's result JSON here")
+    _security_args(p, binds=False)
     p.set_defaults(func=_run_worker)
 
     p = sub.add_parser("evaluator", help="run the test-set evaluator of a training job",
@@ -86,4 +130,5 @@ def register(sub) -> None:
     p.add_argument("--join", required=True, help="coordinator address")
     p.add_argument("--interval", type=float, default=1.0,
                    help="seconds between evaluations (default 1)")
+    _security_args(p, binds=False)
     p.set_defaults(func=_run_evaluator)

@@ -130,11 +130,25 @@ def prepare_job(cfg: TrainConfig) -> dict:
     return job
 
 
+def make_cluster(job: dict, run_dir: Path, cfg: TrainConfig, timeout: float | None,
+                 launcher: dict | None):
+    """LocalCluster, or with launcher {"name": "ray", "address": ..., resources} a RayCluster."""
+    if not launcher or launcher.get("name", "local") == "local":
+        return LocalCluster(job, run_dir, job_timeout=timeout,
+                            restart_workers=cfg.restart_workers)
+    from paramserver.runtime.ray_launcher import RayCluster, Resources
+    return RayCluster(job, run_dir, address=launcher.get("address"),
+                      resources=Resources(**launcher.get("resources", {})), job_timeout=timeout,
+                      restart_workers=cfg.restart_workers)
+
+
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
-                 timeout: float | None = None, resume: dict | None = None) -> dict:
+                 timeout: float | None = None, resume: dict | None = None,
+                 launcher: dict | None = None) -> dict:
     """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir.
 
-    `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint.
+    `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint; `launcher`
+    picks where the processes run (make_cluster).
     """
     job = prepare_job(cfg)
     if resume:
@@ -142,8 +156,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
                                                     indent=2))
-    cluster = LocalCluster(job, run_dir, job_timeout=timeout,
-                           restart_workers=cfg.restart_workers)
+    cluster = make_cluster(job, run_dir, cfg, timeout, launcher)
     label = f"{cfg.sync} x{cfg.workers}"
     with JobProgress(run_dir / "metrics.jsonl", job["max_samples"], label, quiet) as bar:
         cluster.run(on_tick=bar.tick)
@@ -195,7 +208,7 @@ def _run(args) -> int:
             if cfg.checkpoint_dir is None and (cfg.checkpoint_every or cfg.checkpoint_seconds):
                 cfg.checkpoint_dir = str(run_dir / "checkpoints")
         summary = run_training(cfg, run_dir, quiet=args.quiet, timeout=args.timeout,
-                               resume=resume)
+                               resume=resume, launcher=_launcher(args))
     except (ValueError, FileNotFoundError) as exc:
         print(f"paramserver train: {exc}", file=sys.stderr)
         return 2
@@ -206,11 +219,34 @@ def _run(args) -> int:
     return 0
 
 
+def _launcher(args) -> dict:
+    if args.launcher == "local":
+        return {"name": "local"}
+    return {"name": "ray", "address": args.address,
+            "resources": {"worker_cpus": args.ray_worker_cpus, "worker_gpus": args.ray_worker_gpus,
+                          "server_cpus": args.ray_server_cpus}}
+
+
+def add_launcher_args(p) -> None:
+    p.add_argument("--launcher", choices=("local", "ray"), default="local",
+                   help="where the processes run: child processes here (local, default) or "
+                        "Ray actors (ray; needs paramserver[ray])")
+    p.add_argument("--address", help="with --launcher ray: the Ray cluster to join (auto or "
+                                     "HOST:PORT; default: start a local Ray instance)")
+    p.add_argument("--ray-worker-cpus", type=float, default=1.0,
+                   help="CPUs Ray reserves per worker (default 1)")
+    p.add_argument("--ray-worker-gpus", type=float, default=0.0,
+                   help="GPUs Ray reserves per worker (default 0)")
+    p.add_argument("--ray-server-cpus", type=float, default=1.0,
+                   help="CPUs Ray reserves per server (default 1)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model through the parameter server on this machine",
                        description="Start a coordinator, shard servers, workers and an evaluator "
-                                   "on 127.0.0.1 and train. Writes config.json, metrics.jsonl, "
-                                   "events.jsonl and summary.json into the run folder.",
+                                   "on 127.0.0.1 (or as Ray actors: --launcher ray) and train. "
+                                   "Writes config.json, metrics.jsonl, events.jsonl and "
+                                   "summary.json into the run folder.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sync", default="bsp",
                    help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default bsp)")
@@ -224,4 +260,5 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="give up if the job has not finished after this many seconds")
+    add_launcher_args(p)
     p.set_defaults(func=_run, parser_defaults={n: p.get_default(n) for n in BUDGET_OPTIONS})

@@ -29,8 +29,9 @@ class Coordinator(MembershipMixin, CheckpointMixin):
 
     def __init__(self, job: dict, host: str = "127.0.0.1", port: int = 0,
                  address_file: str | None = None, events_path: str | None = None,
-                 metrics_path: str | None = None):
+                 metrics_path: str | None = None, keys=None):
         self.job = job
+        self.keys = keys  # security.Keys: CURVE; INSECURE: plaintext off loopback
         self.host, self.port = host, port
         self.address_file = address_file
         self.events = open(events_path, "a", buffering=1) if events_path else None
@@ -68,7 +69,7 @@ class Coordinator(MembershipMixin, CheckpointMixin):
     # ---- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
         ctx = new_context()
-        self.sock, addr = bind_router(ctx, self.host, self.port)
+        self.sock, addr = bind_router(ctx, self.host, self.port, keys=self.keys)
         if self.address_file:
             with open(self.address_file + ".tmp", "w") as f:
                 f.write(addr)

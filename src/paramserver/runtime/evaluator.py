@@ -25,10 +25,10 @@ def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 40
     return correct / max(len(y), 1), loss_sum / max(len(y), 1)
 
 
-def run_evaluator(join: str, interval: float = 1.0) -> int:
+def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
     """Evaluate every `interval` seconds while the job trains, and once more after it ends."""
     torch.set_num_threads(1)
-    kv = KVWorker(join, role="observer")
+    kv = KVWorker(join, role="observer", keys=keys)
     try:
         task = kv.job.get("task", {})
         ds, model, keys = build(task, kv.job["dtype"])

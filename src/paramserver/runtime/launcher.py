@@ -5,12 +5,16 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from paramserver.transport import security
 
 _PR_SET_PDEATHSIG = 1
 
@@ -59,14 +63,42 @@ class LocalCluster:
     worker_cmd: list[str] | None = None  # a user's own script instead of `paramserver worker`
     restart_workers: int = 0  # how many dead workers to replace over the job's life
     restarts: int = 0
+    # "ephemeral": a fresh key pair per role in a private temporary folder, removed at stop();
+    # a folder: those keys (`paramserver keys generate`); None: plaintext (loopback only).
+    keys: str | os.PathLike | None = "ephemeral"
     children: list[Child] = field(default_factory=list)
     address: str = ""
+    keys_dir: str | None = None
+    _own_keys: bool = False
+
+    def _prepare_keys(self) -> None:
+        """Every child finds the job's keys through $PARAMSERVER_KEYS (a user's worker script
+        too, via KVWorker); the ephemeral folder is 0700 and dies with the job."""
+        if self.keys_dir is not None or self.keys is None:
+            return
+        try:
+            if self.keys == "ephemeral":
+                self.keys_dir = tempfile.mkdtemp(prefix="paramserver-keys-")
+                self._own_keys = True
+                security.generate(self.keys_dir)
+            else:
+                self.keys_dir = str(self.keys)
+                security.load(self.keys_dir, "coordinator")  # fail here, not in every child
+        except (security.SecurityError, OSError) as exc:
+            raise LaunchError(f"keys: {exc}") from None
+
+    def client_keys(self, role: str = "worker") -> security.Keys | None:
+        """Keys for a client of this job started outside the launcher (a test, a benchmark)."""
+        return security.load(self.keys_dir, role) if self.keys_dir else None
 
     def _spawn(self, role: str, index: int, args: list[str],
                command: list[str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env or {}), "PARAMSERVER_JOIN": self.address}
+        env.pop(security.ENV, None)
+        if self.keys_dir:
+            env[security.ENV] = self.keys_dir
         command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command,
@@ -78,6 +110,7 @@ class LocalCluster:
 
     def start(self, spawn_workers: bool = True) -> str:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_keys()
         job_path = self.run_dir / "job.json"
         job_path.write_text(json.dumps(self.job, indent=2))
         addr_file = self.run_dir / "coordinator.addr"
@@ -158,6 +191,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 c.proc.kill()
                 c.proc.wait(timeout=5)
+        if self._own_keys and self.keys_dir:
+            shutil.rmtree(self.keys_dir, ignore_errors=True)
+            self.keys_dir, self._own_keys = None, False
 
     def finish(self, grace: float = 15.0) -> None:
         """After the coordinator is done: let servers and workers exit on their own, then reap."""

@@ -27,8 +27,9 @@ class ServerNode:
 
     def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
                  pull_timeout: float = 60.0, register_timeout: float = 60.0,
-                 reuse_memory: bool = True, shared_memory: bool | None = None):
+                 reuse_memory: bool = True, shared_memory: bool | None = None, keys=None):
         self.join, self.host, self.port = join, host, port
+        self.keys = keys  # security.Keys: CURVE on both sockets; INSECURE: plaintext off loopback
         # A server process receives large frames all day: let their memory be reused (see
         # keep_freed_memory) rather than page-faulted in afresh for every push.
         self.reuse_memory = reuse_memory
@@ -94,9 +95,9 @@ class ServerNode:
         if self.reuse_memory:
             keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
-        self.router, addr = bind_router(ctx, self.host, self.port)
+        self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys)
         self.addr = addr
-        self.coord = connect_dealer(ctx, self.join)
+        self.coord = connect_dealer(ctx, self.join, keys=self.keys)
         try:
             self._build_store(self._register(addr))
             log.info("server %s serving keys [%d, %d) at %s", self.src, self.store.range.lo,

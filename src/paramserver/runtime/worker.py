@@ -12,8 +12,8 @@ from paramserver.runtime.worker_client import KVWorker
 log = logging.getLogger(__name__)
 
 
-def run_worker(join: str, result_dir: str | None = None) -> int:
-    kv = KVWorker(join)
+def run_worker(join: str, result_dir: str | None = None, keys=None) -> int:
+    kv = KVWorker(join, keys=keys)
     try:
         task = kv.job.get("task", {"name": "demo"})
         result = load_task(task["name"])(kv, task)

@@ -29,7 +29,7 @@ import zmq
 from paramserver.keyspace import KeyRange
 from paramserver.runtime import rpc
 from paramserver.runtime.rpc import RemoteError
-from paramserver.transport import connect_dealer, new_context, shm
+from paramserver.transport import connect_dealer, new_context, security, shm
 from paramserver.wire import Message, WireError
 
 
@@ -78,11 +78,14 @@ class KVWorker:
 
     def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
-                 num_keys: int | None = None, shared_memory: bool | None = None):
+                 num_keys: int | None = None, shared_memory: bool | None = None,
+                 keys: security.Keys | None = None):
         self.timeout, self.release_timeout = timeout, release_timeout
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
+        # A user's script started by `paramserver launch` finds the job's keys in the environment.
+        self.keys = keys if keys is not None else security.from_env(role)
         self.ctx = new_context()
-        self.coord = connect_dealer(self.ctx, join)
+        self.coord = connect_dealer(self.ctx, join, keys=self.keys)
         self.join = join
         self._rid = 0
         self._inbox: dict[int, Message] = {}
@@ -95,7 +98,8 @@ class KVWorker:
         self.num_keys: int = self.job["num_keys"]
         self.dtype = np.dtype(self.job["dtype"])
         self.shards = [Shard(r, a, KeyRange(lo, hi),
-                             connect_dealer(self.ctx, a, send_timeout=self.timeout))
+                             connect_dealer(self.ctx, a, send_timeout=self.timeout,
+                                            keys=self.keys, peer="server"))
                        for r, a, lo, hi in self.job["shards"]]
         self._starts = np.array([s.range.lo for s in self.shards], dtype=np.int64)
         self._poller = zmq.Poller()
@@ -152,7 +156,7 @@ class KVWorker:
         return self._rid
 
     def _heartbeat(self, interval: float) -> None:
-        sock = connect_dealer(self.ctx, self.join)
+        sock = connect_dealer(self.ctx, self.join, keys=self.keys)
         try:
             while not self._stop_beat.wait(interval):
                 rpc.send(sock, Message("heartbeat", src=self.src))

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import zmq
 
-from paramserver.transport import shm
+from paramserver.transport import security, shm
 
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
@@ -56,10 +56,16 @@ def _tune(sock: zmq.Socket, hwm: int) -> None:
 
 
 def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
-                scheme: str = "tcp", hwm: int = DEFAULT_HWM) -> tuple[zmq.Socket, str]:
-    """Bind a ROUTER; port 0 picks a free port. Returns the socket and its connectable address."""
+                scheme: str = "tcp", hwm: int = DEFAULT_HWM,
+                keys=None) -> tuple[zmq.Socket, str]:
+    """Bind a ROUTER; port 0 picks a free port. Returns the socket and its connectable address.
+
+    `keys` (security.Keys) makes it a CURVE server admitting only the cluster's keys; without
+    keys a non-loopback `host` is refused unless `keys` is security.INSECURE."""
+    security.check_bind(host, scheme, keys)
     sock = ctx.socket(zmq.ROUTER)
     _tune(sock, hwm)
+    security.secure_router(sock, keys)
     # Peers that vanish must not block sends to them: drop instead of blocking.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
     if scheme == "ipc":
@@ -76,10 +82,14 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
 
 
 def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
-                   hwm: int = DEFAULT_HWM, send_timeout: float | None = None) -> zmq.Socket:
-    """Connect a DEALER; with `send_timeout` (s) a send to a full, unread queue raises zmq.Again."""
+                   hwm: int = DEFAULT_HWM, send_timeout: float | None = None,
+                   keys=None, peer: str = "coordinator") -> zmq.Socket:
+    """Connect a DEALER; with `send_timeout` (s) a send to a full, unread queue raises zmq.Again.
+
+    With `keys` it is a CURVE client that trusts only the public key of role `peer`."""
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, hwm)
+    security.secure_dealer(sock, keys, peer)
     if send_timeout is not None:
         sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
     if identity:

@@ -1,0 +1,73 @@
+"""Ray launcher against the local launcher: startup time and per-step time, same job, same run.
+
+The job: `train` task, digits MLP, BSP, 2 workers, 1 shard, batch 32, no evaluator, ROUNDS
+rounds. Each repeat runs it once under LocalCluster and once under RayCluster (local Ray
+instance, `ray.init(num_cpus=2)` once, its time reported apart), interleaved; medians.
+
+  startup   launcher call -> training t=0 plus teardown: total wall time of `run()` minus the
+            training wall time the coordinator measured
+  per step  training wall time / rounds (the data path is ZeroMQ in both)
+
+Usage: python benchmarks/ray_launcher.py [--rounds 200] [--repeats 3]   (needs paramserver[ray])
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from paramserver.cli.train_cmd import prepare_job
+from paramserver.config import TrainConfig
+from paramserver.metrics import read_records, summarize
+from paramserver.runtime.launcher import LocalCluster
+from paramserver.runtime.ray_launcher import RayCluster, Resources
+
+
+def one_run(kind: str, job: dict) -> tuple[float, float]:
+    """(startup + teardown s, training s per round)."""
+    with tempfile.TemporaryDirectory() as d:
+        run_dir = Path(d)
+        cluster = (LocalCluster(job, run_dir, job_timeout=600) if kind == "local" else
+                   RayCluster(job, run_dir, resources=Resources(0.5, 0.0, 0.5), job_timeout=600))
+        t = time.perf_counter()
+        cluster.run()
+        total = time.perf_counter() - t
+        s = summarize(read_records(run_dir / "metrics.jsonl"), {**job, "apply_mode": "round"})
+    return total - s["wall_time_s"], s["wall_time_s"] / max(s["updates_applied"], 1)
+
+
+def main() -> int:
+    import ray
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cfg = TrainConfig(sync="bsp", workers=2, servers=1, batch_size=32, lr=0.1,
+                      steps=args.rounds, threads=1, seed=0, eval_interval=0)
+    job = prepare_job(cfg)
+    t = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray_init = time.perf_counter() - t
+    out = {"local": [], "ray": []}
+    try:
+        for _ in range(args.repeats):
+            for kind in out:
+                out[kind].append(one_run(kind, job))
+    finally:
+        ray.shutdown()
+    med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
+           for k, v in out.items()}
+    print(f"BSP, 2 workers, 1 server, {args.rounds} rounds, median of {args.repeats}; "
+          f"ray.init (once): {ray_init:.1f} s")
+    for kind, (startup, step) in med.items():
+        print(f"  {kind:5s}  startup+teardown {startup:6.2f} s   per round {step * 1e3:6.2f} ms")
+    (ls, lp), (rs, rp) = med["local"], med["ray"]
+    print(f"  ray/local: startup {rs / ls:.2f}x, per round {rp / lp:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

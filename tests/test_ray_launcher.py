@@ -1,0 +1,89 @@
+"""`train --launcher ray`: the roles as Ray actors on a local Ray instance, ZeroMQ as the data path.
+
+Ray is an optional extra (`paramserver[ray]`); without it these tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is the optional extra paramserver[ray]; "
+                                        "pip install 'paramserver[ray]' to run these tests")
+
+from paramserver.cli.train_cmd import prepare_job, run_training  # noqa: E402
+from paramserver.config import TrainConfig  # noqa: E402
+from paramserver.metrics import read_records  # noqa: E402
+from paramserver.runtime.launcher import LaunchError  # noqa: E402
+from paramserver.runtime.ray_launcher import (  # noqa: E402
+    RayCluster, Resources, check_resources,
+)
+
+SMALL = {"worker_cpus": 0.5, "server_cpus": 0.5}  # 2 workers + 1 server fit in 2 CPUs
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow  # ~35 s on 2 shared cores, most of it Ray starting: beyond the default budget
+def test_default_training_reaches_target_accuracy_as_ray_actors(local_ray, tmp_path):
+    cfg = TrainConfig(sync="bsp", workers=2, epochs=4, lr=0.2)
+    summary = run_training(cfg, tmp_path / "run", quiet=True, timeout=300,
+                           launcher={"name": "ray", "resources": SMALL})
+    assert summary["final_test_accuracy"] >= 0.9
+    steps = [r for r in read_records(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "step"]
+    assert {r["worker"] for r in steps} == {0, 1}
+    logs = {p.name for p in (tmp_path / "run" / "logs").glob("*.log")}
+    assert logs == {"coordinator.log", "server-0.log", "worker-0.log", "worker-1.log",
+                    "evaluator.log"}
+    results = sorted(json.loads(p.read_text())["rank"]
+                     for p in (tmp_path / "run" / "results").glob("worker-*.json"))
+    assert results == [0, 1]
+    # The roles ran with the job's keys: a plaintext peer would have been refused.
+    coordinator_log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
+    assert "coordinator at tcp://127.0.0.1:" in coordinator_log
+
+
+@pytest.mark.slow  # ~40 s: waits for the heartbeat timeout and Ray's restart
+def test_a_killed_worker_is_restarted_by_ray_and_rejoins(local_ray, tmp_path):
+    cfg = TrainConfig(sync="bsp", workers=2, epochs=10, lr=0.2, heartbeat_timeout=2.0,
+                      device_time="2ms", eval_interval=1.0, restart_workers=1)
+    cluster = RayCluster(prepare_job(cfg), tmp_path, resources=Resources(**SMALL),
+                         job_timeout=300, restart_workers=1)
+    killed = []
+
+    def kill_once():  # 20 rounds into training: SIGKILL worker 1's role process
+        actors = {name: a for name, _, a in cluster.actors}
+        if killed or ray.get(actors["coordinator"].read.remote("events.jsonl")).count(
+                b"apply_round") < 20:
+            return
+        actor = actors["worker 1"]
+        pid = ray.get(actor.pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    cluster.run(on_tick=kill_once)
+    assert killed
+    records = read_records(tmp_path / "metrics.jsonl")
+    left = [i for i, r in enumerate(records) if r["kind"] == "left" and r["reason"] == "dead"]
+    assert len(left) == 1
+    dead_rank = records[left[0]]["worker"]
+    later = [r for r in records[left[0]:] if r["kind"] == "step" and r["worker"] == dead_rank]
+    assert later, "the worker Ray restarted never trained"
+    assert [r for r in records if r["kind"] == "eval"][-1]["accuracy"] >= 0.9
+
+
+def test_more_than_the_cluster_has_is_a_clear_error():
+    job = {"workers": 4, "servers": 1}
+    with pytest.raises(LaunchError, match="asks Ray for 5 CPUs and 0 GPUs, the cluster has 2"):
+        check_resources(job, Resources(1.0, 0.0, 1.0), {"CPU": 2.0})
+    with pytest.raises(LaunchError, match="2 GPUs"):
+        check_resources(job, Resources(0.25, 0.5, 1.0), {"CPU": 2.0})
+    check_resources(job, Resources(0.25, 0.5, 1.0), {"CPU": 2.0, "GPU": 2.0})  # fits

@@ -1,0 +1,258 @@
+"""CURVE on every socket: keys on disk, who gets in, replays, and the bind rule (real processes)."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from ps_helpers import make_job
+from paramserver.runtime import rpc
+from paramserver.runtime.launcher import LocalCluster
+from paramserver.runtime.worker_client import KVWorker
+from paramserver.transport import bind_router, connect_dealer, security
+from paramserver.wire import Message
+
+N = 64  # keys: small, so one push is one short burst of bytes on the wire
+REFUSED_WITHIN = 1.5  # s a refused client waits for its first answer
+
+
+def paramserver(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+# ---- keys on disk -------------------------------------------------------------------------------
+def test_keys_generate_writes_a_pair_per_role_with_private_modes(tmp_path):
+    out = paramserver("keys", "generate", str(tmp_path / "k"))
+    assert out.returncode == 0, out.stderr
+    root = tmp_path / "k"
+    assert stat.S_IMODE((root / "private").stat().st_mode) == 0o700
+    for role in security.ROLES:
+        pub, sec = root / "public" / f"{role}.key", root / "private" / f"{role}.key_secret"
+        assert stat.S_IMODE(sec.stat().st_mode) == 0o600
+        assert stat.S_IMODE(pub.stat().st_mode) == 0o644
+        assert "secret-key" not in pub.read_text() and "secret-key" in sec.read_text()
+        keys = security.load(root, role)  # text certificates zmq reads back
+        assert keys.public in keys.allowed and keys.allowed[keys.public] == role
+    pairs = {security.load(root, r).secret for r in security.ROLES}
+    assert len(pairs) == len(security.ROLES)  # a pair per role, not one shared
+    again = paramserver("keys", "generate", str(root))
+    assert again.returncode == 2 and "exists already" in again.stderr
+
+
+def test_exposed_or_missing_keys_are_clear_errors(tmp_path):
+    security.generate(tmp_path / "k")
+    secret = tmp_path / "k" / "private" / "worker.key_secret"
+    os.chmod(secret, 0o644)
+    with pytest.raises(security.SecurityError, match="readable by other users"):
+        security.load(tmp_path / "k", "worker")
+    with pytest.raises(security.SecurityError, match="no key folder"):
+        security.load(tmp_path / "nothing", "worker")
+    (tmp_path / "k" / "private" / "server.key_secret").unlink()
+    with pytest.raises(security.SecurityError, match="server.key_secret"):
+        security.load(tmp_path / "k", "server")
+
+
+# ---- the bind rule ------------------------------------------------------------------------------
+def test_non_loopback_bind_needs_keys_or_insecure(tmp_path, caplog):
+    out = paramserver("server", "--join", "tcp://127.0.0.1:9", "--bind", "0.0.0.0", timeout=30)
+    assert out.returncode == 2
+    assert "refusing to bind 0.0.0.0 without keys" in out.stderr and "--insecure" in out.stderr
+    assert "Traceback" not in out.stderr
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(security.SecurityError):
+            bind_router(ctx, "0.0.0.0")
+        sock, _ = bind_router(ctx, "127.0.0.1")  # loopback stays the plaintext default
+        sock.close(0)
+        with caplog.at_level("WARNING"):
+            sock, addr = bind_router(ctx, "0.0.0.0", keys=security.INSECURE)
+        sock.close(0)
+        assert addr.startswith("tcp://0.0.0.0:") and "--insecure" in caplog.text
+    finally:
+        ctx.term()
+
+
+# ---- a job with keys ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def secure_job(tmp_path_factory):
+    run = tmp_path_factory.mktemp("secure")
+    cluster = LocalCluster(make_job(N, 1, 1, sync="asp", lr=1.0, heartbeat_timeout=30.0),
+                           run / "run", job_timeout=120)  # keys: ephemeral, the default
+    try:
+        cluster.start(spawn_workers=False)
+        kv = KVWorker(cluster.address, role="observer", keys=cluster.client_keys("observer"))
+        kv.init(np.zeros(N))
+        yield cluster, kv
+        kv.close()
+    finally:
+        cluster.stop()
+
+
+def _log(cluster, role: str) -> str:
+    return (cluster.run_dir / "logs" / f"{role}-0.log").read_text(errors="replace")
+
+
+def _refused(join: str, keys) -> str:
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        KVWorker(join, role="observer", keys=keys, timeout=REFUSED_WITHIN, heartbeat=False)
+    assert time.monotonic() - t0 < REFUSED_WITHIN + 2.0
+    return "refused"
+
+
+def test_ephemeral_keys_live_in_a_private_folder(secure_job):
+    cluster, _ = secure_job
+    assert stat.S_IMODE(os.stat(cluster.keys_dir).st_mode) == 0o700
+
+
+def test_only_holders_of_the_cluster_keys_get_in(secure_job, tmp_path):
+    cluster, kv = secure_job
+    stranger = tmp_path / "other"
+    security.generate(stranger)
+    own = cluster.client_keys("observer")
+    pub, sec = zmq.curve_keypair()
+    unlisted = security.Keys(own.directory, "observer", pub, sec, own.peers, {})
+    _refused(cluster.address, None)  # plaintext
+    _refused(cluster.address, security.load(stranger, "observer"))  # another cluster's keys
+    _refused(cluster.address, unlisted)  # knows the server, its own key is not on the list
+    log = _log(cluster, "coordinator")
+    assert "CURVE handshake failed" in log
+    assert f"its key {pub.decode()} is not in {own.directory}/public" in log
+    # Straight to the shard: a plaintext push never reaches the handler.
+    ctx = zmq.Context()
+    try:
+        rogue = connect_dealer(ctx, kv.shards[0].addr)
+        rpc.send(rogue, _push(np.full(N, 5.0)))
+        assert not rogue.poll(int(REFUSED_WITHIN * 1000))
+        rogue.close(0)
+    finally:
+        ctx.term()
+    before = kv.pull()
+    kv.push(np.ones(N), step=0, batch=1)  # the keyed client can
+    np.testing.assert_array_equal(kv.pull(), before - 1.0)
+
+
+# ---- replays ------------------------------------------------------------------------------------
+class Tap:
+    """A TCP proxy that records what the client sends, in the pieces it arrived in."""
+
+    def __init__(self, upstream: str):
+        host, port = upstream[len("tcp://"):].rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sent: list[bytes] = []
+        self.up: socket.socket | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        client, _ = self.listener.accept()
+        self.up = socket.create_connection(self.upstream)
+        peers = {client: self.up, self.up: client}
+        while not self.stop.is_set():
+            ready, _, _ = select.select(list(peers), [], [], 0.05)
+            for s in ready:
+                data = s.recv(1 << 16)
+                if not data:
+                    return
+                if s is client:
+                    self.sent.append(data)
+                peers[s].sendall(data)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def _push(grad: np.ndarray, rid: int = 1) -> Message:
+    return Message("push", {"range": [0, N], "step": 0, "version": 0, "batch": 1},
+                   [grad], rid=rid, src="tap")
+
+
+def _replay(sock: socket.socket, pieces: list[bytes]) -> bool:
+    """Send the pieces as the client did (libzmq wants a greeting's parts apart); True when
+    the server hung up on them."""
+    try:
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(0.05)
+    except (BrokenPipeError, ConnectionResetError):
+        return True
+    return False
+
+
+def _hung_up(sock: socket.socket, within: float = 0.5) -> bool:
+    sock.settimeout(within)
+    try:
+        while sock.recv(1 << 16):
+            pass
+        return True  # end of stream: the server closed the connection
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def _replay_twice(shard: str, keys) -> bool:
+    """One push through the tap; its bytes again in the same session, then the whole session
+    on a fresh connection. Returns whether the server hung up on the second replay."""
+    ctx = zmq.Context()
+    tap = Tap(shard)
+    try:
+        sock = connect_dealer(ctx, tap.address, keys=keys, peer="server")
+        rpc.send(sock, Message("pull", {"range": [0, N]}, rid=1, src="tap"))
+        assert sock.poll(10_000), "no answer through the tap"
+        rpc.recv(sock, routed=False)
+        mark = len(tap.sent)  # the handshake and one request are behind us
+        rpc.send(sock, _push(np.full(N, 2.0), rid=2))
+        assert sock.poll(10_000), "the push was not acknowledged"
+        rpc.recv(sock, routed=False)
+        _replay(tap.up, tap.sent[mark:])
+        time.sleep(0.3)
+        sock.close(0)
+        with socket.create_connection(tap.upstream) as fresh:
+            return _replay(fresh, tap.sent) or _hung_up(fresh)
+    finally:
+        tap.close()
+        ctx.term()
+
+
+def test_a_captured_push_replayed_is_rejected(secure_job):
+    cluster, kv = secure_job
+    before = kv.pull()
+    assert _replay_twice(kv.shards[0].addr, cluster.client_keys("worker"))  # a new session
+    # Within the session the repeated nonce gives it away; libzmq drops the message.
+    assert "CURVE handshake failed (zmtp_invalid_sequence)" in _log(cluster, "server")
+    # Applied once (lr 1): the replays reached no handler.
+    np.testing.assert_array_equal(kv.pull(), before - 2.0)
+
+
+def test_without_curve_the_same_replay_is_applied_again(tmp_path):
+    """The control: the tap and the replays do reach the handler when nothing stops them."""
+    cluster = LocalCluster(make_job(N, 1, 1, sync="asp", lr=1.0), tmp_path / "run",
+                           job_timeout=120, keys=None)
+    try:
+        cluster.start(spawn_workers=False)
+        kv = KVWorker(cluster.address, role="observer", shared_memory=False)
+        try:
+            kv.init(np.zeros(N))
+            assert not _replay_twice(kv.shards[0].addr, None)
+            np.testing.assert_array_equal(kv.pull(), np.full(N, -6.0))  # three pushes of 2
+        finally:
+            kv.close()
+    finally:
+        cluster.stop()
