@@ -42,6 +42,7 @@ class ServerNode:
         self._handlers: dict = {}
         self.running = True
         self.store: ShardStore | None = None
+        self.duplicates = 0  # retried pushes answered from the dedup table
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> dict:
@@ -170,9 +171,12 @@ class ServerNode:
         self._need_init()
         self._need_arrays(msg, 1)
         lo, hi = msg["range"]
+        done = self._already_applied(msg)
+        if done is not None:
+            return done
         res = self.store.push_dense(msg.src, lo, hi, msg.arrays[0], **self._tags(msg))
         self._serve_pulls()
-        return Message("ack", {"version": res.version, "staleness": res.staleness})
+        return self._ack(msg, res)
 
     def _on_push_sparse(self, msg: Message, ident) -> Message:
         self._need_init()
@@ -180,9 +184,25 @@ class ServerNode:
         keys, values = msg.arrays
         if keys.dtype != np.int64:
             raise StoreError("sparse keys must be int64")
+        done = self._already_applied(msg)
+        if done is not None:
+            return done
         res = self.store.push_sparse(msg.src, keys, values, **self._tags(msg))
         self._serve_pulls()
-        return Message("ack", {"version": res.version, "staleness": res.staleness})
+        return self._ack(msg, res)
+
+    def _already_applied(self, msg: Message) -> Message | None:
+        """A retried push that was applied before: the original ack again, nothing applied."""
+        fields = self.store.applied.lookup(msg.src, msg.rid)
+        if fields is None:
+            return None
+        self.duplicates += 1
+        return Message("ack", fields)
+
+    def _ack(self, msg: Message, res) -> Message:
+        fields = {"version": res.version, "staleness": res.staleness}
+        self.store.applied.remember(msg.src, msg.rid, fields)
+        return Message("ack", fields)
 
     def _on_pull(self, msg: Message, ident) -> None:
         lo, hi = msg["range"]
@@ -206,7 +226,7 @@ class ServerNode:
         return Message("state", {"state": {
             "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
             "initialized": st.initialized, "updates_applied": st.updates_applied,
-            "lost_updates": self.lost_updates,
+            "lost_updates": self.lost_updates, "duplicates": self.duplicates,
             "pending_pulls": len(self.pending_pulls)}})
 
     def _on_checkpoint(self, msg: Message, ident) -> Message:
@@ -229,7 +249,8 @@ class ServerNode:
     def _pull_or_wait(self, msg: Message, ident) -> None:
         if self._ready(msg):
             self._answer_pull(msg, ident)
-        else:
+        elif not any(i == ident and m.rid == msg.rid for _, i, m in self.pending_pulls):
+            # (a retry of a pull that is already waiting needs no second place in the queue)
             self.pending_pulls.append((time.monotonic() + self.pull_timeout, ident, msg))
 
     def _answer_pull(self, msg: Message, ident) -> None:
