@@ -73,6 +73,10 @@ class ServerNode:
                                               int(r.get("version_floor", 0)))
             log.info("restored shard %d from checkpoint %s (%d updates lost)", self.rank,
                      r["tag"], self.lost_updates)
+            if r.get("restart"):  # back after a crash: the coordinator counts what was lost
+                rpc.send(self.coord, Message("restored", {
+                    "tag": r["tag"], "lost_updates": self.lost_updates,
+                    "version": self.store.version}, src=self.src))
         self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
 
     # Values plus spares for copy-on-write while workers still read replies in place.
