@@ -177,6 +177,9 @@ class LocalCluster:
                 on_tick()
             time.sleep(poll)
         if coord.proc.returncode != 0:
+            for c in self.children:  # a server's death, seen by the coordinator first
+                if c.role == "server" and not c.replaced and c.proc.poll() not in (None, 0):
+                    raise LaunchError(self._failure_message(c))
             raise LaunchError(f"coordinator exited with {coord.proc.returncode}:\n{coord.tail()}")
 
     def _replace_dead_workers(self) -> None:
