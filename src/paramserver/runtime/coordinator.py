@@ -210,6 +210,11 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin):
         evaluator_ready = not self.job.get("eval_interval") or any(
             m.started for m in self.roster.observers.values())
         late = self.now() > self.start_timeout and started
+        if self.now() > self.start_timeout and not started:
+            waiting = ", ".join(f"rank {m.rank} ({s})" for s, m in self.roster.workers.items())
+            self._fail(f"no worker started within {self.start_timeout:.0f} s; expected "
+                       f"{self.job['workers']}, registered: {waiting or 'none'}")
+            return
         if (len(started) >= expected and evaluator_ready) or late:
             if late and len(started) < expected:
                 log.warning("only %d of %d workers started within %.0f s; going on with them",
@@ -241,7 +246,10 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin):
         self._maybe_checkpoint()
 
     def _on_heartbeat(self, ident: bytes, msg: Message) -> None:
-        return None  # _dispatch already refreshed last_seen
+        # _dispatch already refreshed last_seen; a server hears back, to know we are alive.
+        member = self.roster.servers.get(msg.src)
+        if member is not None and member.ident == ident:
+            rpc.send(self.sock, Message("ok", src="coord"), ident)
 
     def _on_bye(self, ident: bytes, msg: Message) -> None:
         if msg.src in self.roster.observers:

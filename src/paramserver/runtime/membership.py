@@ -144,12 +144,16 @@ class MembershipMixin:
         now = time.monotonic()
         self._expire_rank_waiters(now)
         self._check_servers(now)
+        # Before its start a member builds its model: the first torch import can hold the GIL
+        # (and so its heartbeat thread) for seconds on a busy host; it gets longer.
+        before_start = max(self.hb_timeout, float(self.job.get("start_grace", 30.0)))
         for src, member in list(self.roster.observers.items()):
-            if now - member.last_seen > self.hb_timeout:
+            if now - member.last_seen > (self.hb_timeout if member.started else before_start):
                 log.warning("observer %s silent for %.1f s: dropped", src, now - member.last_seen)
                 del self.roster.observers[src]
         for src, member in list(self.roster.workers.items()):
-            if now - member.last_seen > self.hb_timeout:
+            limit = self.hb_timeout if member.started else before_start
+            if now - member.last_seen > limit:
                 log.warning("worker %s (rank %d) silent for %.1f s: declared dead", src,
                             member.rank, now - member.last_seen)
                 self._drop_worker(src, member, "dead")

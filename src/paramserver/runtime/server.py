@@ -78,6 +78,7 @@ class ServerNode:
                     "tag": r["tag"], "lost_updates": self.lost_updates,
                     "version": self.store.version}, src=self.src))
         self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
+        self.coordinator_timeout = float(job.get("coordinator_timeout", 60.0))
 
     # Values plus spares for copy-on-write while workers still read replies in place.
     SHARED_BUFFERS = 4
@@ -119,6 +120,7 @@ class ServerNode:
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.coord, zmq.POLLIN)
         next_beat = 0.0
+        self.coord_heard = time.monotonic()
         while self.running:
             now = time.monotonic()
             if now >= next_beat:
@@ -126,8 +128,19 @@ class ServerNode:
                 next_beat = now + self.heartbeat_interval
             timeout = max(0.0, min(next_beat, self._next_pull_deadline()) - now)
             for sock, _ in poller.poll(timeout * 1000):
+                if sock is self.coord:
+                    self.coord_heard = time.monotonic()
                 self._drain(sock)
             self._expire_pulls(time.monotonic())
+            self._check_coordinator()
+
+    def _check_coordinator(self) -> None:
+        """The coordinator answers every heartbeat: long silence means it is gone, and a
+        server without it would serve a job that no longer exists forever."""
+        silent = time.monotonic() - self.coord_heard
+        if silent > self.coordinator_timeout:
+            raise SystemExit(f"server {self.src}: the coordinator at {self.join} has been "
+                             f"silent for {silent:.0f} s; exiting")
 
     def _drain(self, sock) -> None:
         routed = sock is self.router
