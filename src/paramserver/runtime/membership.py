@@ -97,7 +97,8 @@ class MembershipMixin:
         shard = self.ranges[rank]
         return {"shard_range": [shard.lo, shard.hi], "dtype": self.job["dtype"],
                 "apply_mode": self.policy.apply_mode, "optimizer": self.job["optimizer"],
-                "heartbeat_interval": self.job.get("heartbeat_interval", 1.0)}
+                "heartbeat_interval": self.job.get("heartbeat_interval", 1.0),
+                "coordinator_timeout": self.job.get("coordinator_timeout", 60.0)}
 
     def shard_map(self) -> list[list]:
         by_rank = sorted(self.roster.servers.values(), key=lambda m: m.rank)
