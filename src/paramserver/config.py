@@ -34,6 +34,7 @@ class TrainConfig:
     compress: str = "none"
     compress_options: dict = field(default_factory=dict)
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
+    restart_servers: int = 0  # dead servers the launcher restarts from the latest checkpoint
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
     checkpoint_seconds: float | None = None
@@ -46,6 +47,8 @@ class TrainConfig:
                   ("eval_interval", self.eval_interval >= 0),
                   ("steps", self.steps is None or self.steps >= 1),
                   ("dtype", self.dtype in ("float32", "float64")),
+                  ("restart_workers", self.restart_workers >= 0),
+                  ("restart_servers", self.restart_servers >= 0),
                   ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1),
                   ("checkpoint_seconds",
                    self.checkpoint_seconds is None or self.checkpoint_seconds > 0)]
@@ -53,6 +56,10 @@ class TrainConfig:
         if bad:
             raise ValueError(f"invalid value for {', '.join(bad)}: "
                              + ", ".join(f"{b}={getattr(self, b)!r}" for b in bad))
+        if self.restart_servers and not (self.checkpoint_dir and (
+                self.checkpoint_every or self.checkpoint_seconds)):
+            raise ValueError("restart_servers needs checkpoints to restart from: give "
+                             "--checkpoint-every or --checkpoint-seconds")
 
     def max_samples(self, train_size: int) -> int:
         """The sample budget all workers share: the same work under every sync policy."""
@@ -72,6 +79,7 @@ class TrainConfig:
             "max_samples": self.max_samples(train_size), "max_seconds": self.max_seconds,
             "heartbeat_interval": min(1.0, self.heartbeat_timeout / 4),
             "heartbeat_timeout": self.heartbeat_timeout, "eval_interval": self.eval_interval,
+            "restart_servers": self.restart_servers,
             "checkpoint": None if not self.checkpoint_dir else {
                 "dir": self.checkpoint_dir, "every": self.checkpoint_every,
                 "seconds": self.checkpoint_seconds},

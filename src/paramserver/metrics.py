@@ -81,4 +81,12 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "real_compute_share": real / compute if compute else None,
         "steps_per_s": len(steps) / wall if wall else 0.0,
         "per_worker": {str(k): v for k, v in workers.items()},
+        **_restarts(records),
     }
+
+
+def _restarts(records: list[dict]) -> dict:
+    """Servers restarted from a checkpoint, and the updates their shards lost doing so."""
+    restarts = [r for r in records if r.get("kind") == "restart" and r.get("role") == "server"]
+    return {"server_restarts": len(restarts),
+            "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts)}

@@ -94,6 +94,11 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--restart-workers", type=int, default=d.restart_workers,
                    help="replace up to N workers that die; a replacement takes the dead one's "
                         f"rank and data shard and rejoins (default {d.restart_workers})")
+    p.add_argument("--restart-servers", type=int, default=d.restart_servers,
+                   help="restart up to N servers that die, from the latest checkpoint at the "
+                        "same address (needs --checkpoint-every or --checkpoint-seconds; the "
+                        "updates lost since are counted in summary.json). With 0, a server's "
+                        f"death stops the job (default {d.restart_servers})")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=int,
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
@@ -112,7 +117,7 @@ def config_from_args(args, sync: str) -> TrainConfig:
         compress=args.compress, compress_options=parse_options(args.compress_opt, "compress"),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
-        restart_workers=args.restart_workers,
+        restart_workers=args.restart_workers, restart_servers=args.restart_servers,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
@@ -135,7 +140,8 @@ def make_cluster(job: dict, run_dir: Path, cfg: TrainConfig, timeout: float | No
     """LocalCluster, or with launcher {"name": "ray", "address": ..., resources} a RayCluster."""
     if not launcher or launcher.get("name", "local") == "local":
         return LocalCluster(job, run_dir, job_timeout=timeout,
-                            restart_workers=cfg.restart_workers)
+                            restart_workers=cfg.restart_workers,
+                            restart_servers=cfg.restart_servers)
     from paramserver.runtime.ray_launcher import RayCluster, Resources
     return RayCluster(job, run_dir, address=launcher.get("address"),
                       resources=Resources(**launcher.get("resources", {})), job_timeout=timeout,

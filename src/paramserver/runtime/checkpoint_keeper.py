@@ -49,6 +49,11 @@ class CheckpointKeeper:
         self.waiting.discard(rank)
         return not self.waiting
 
+    def abort(self) -> None:
+        """Give up the pending checkpoint (a server died before saving): the next one is due
+        on the usual schedule; the previous committed one stays the latest."""
+        self.pending_tag, self.waiting = None, set()
+
     def complete(self, state: dict) -> str:
         """Write the coordinator's part and commit the pending tag; returns it."""
         tag, self.pending_tag = self.pending_tag, None

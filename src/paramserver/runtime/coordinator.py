@@ -6,6 +6,7 @@ import heapq
 import json
 import logging
 import os
+import sys
 import time
 
 import zmq
@@ -18,13 +19,14 @@ from paramserver.runtime import rpc
 from paramserver.runtime.checkpoint_keeper import CheckpointKeeper
 from paramserver.runtime.coordinator_checkpoints import CheckpointMixin
 from paramserver.runtime.membership import MembershipMixin, Roster
+from paramserver.runtime.server_recovery import ServerRecoveryMixin
 from paramserver.transport import bind_router, new_context
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
 
 
-class Coordinator(MembershipMixin, CheckpointMixin):
+class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin):
     """Hosts the policy: turns messages into policy events and policy decisions into messages."""
 
     def __init__(self, job: dict, host: str = "127.0.0.1", port: int = 0,
@@ -85,6 +87,9 @@ class Coordinator(MembershipMixin, CheckpointMixin):
             for f in (self.events, self.metrics):
                 if f:
                     f.close()
+        if self.failure is not None:
+            print(f"paramserver coordinator: the job failed: {self.failure}", file=sys.stderr)
+            return 1
         return 0
 
     def now(self) -> float:
@@ -206,6 +211,11 @@ class Coordinator(MembershipMixin, CheckpointMixin):
         evaluator_ready = not self.job.get("eval_interval") or any(
             m.started for m in self.roster.observers.values())
         late = self.now() > self.start_timeout and started
+        if self.now() > self.start_timeout and not started:
+            waiting = ", ".join(f"rank {m.rank} ({s})" for s, m in self.roster.workers.items())
+            self._fail(f"no worker started within {self.start_timeout:.0f} s; expected "
+                       f"{self.job['workers']}, registered: {waiting or 'none'}")
+            return
         if (len(started) >= expected and evaluator_ready) or late:
             if late and len(started) < expected:
                 log.warning("only %d of %d workers started within %.0f s; going on with them",
@@ -216,6 +226,9 @@ class Coordinator(MembershipMixin, CheckpointMixin):
             self.record("barrier_open", workers=len(started))
             for m in sorted(started, key=lambda m: m.rank):
                 self._apply(self.policy.handle(Joined(m.rank, self.now())))
+            if self.job.get("restart_servers") and not self.job.get("resume"):
+                # A server that dies before the first scheduled checkpoint restarts from this.
+                self._maybe_checkpoint(final=True)
 
     def _on_clock(self, ident: bytes, msg: Message) -> None:
         member = self._worker(msg.src)
@@ -234,7 +247,10 @@ class Coordinator(MembershipMixin, CheckpointMixin):
         self._maybe_checkpoint()
 
     def _on_heartbeat(self, ident: bytes, msg: Message) -> None:
-        return None  # _dispatch already refreshed last_seen
+        # _dispatch already refreshed last_seen; a server hears back, to know we are alive.
+        member = self.roster.servers.get(msg.src)
+        if member is not None and member.ident == ident:
+            rpc.send(self.sock, Message("ok", src="coord"), ident)
 
     def _on_bye(self, ident: bytes, msg: Message) -> None:
         if msg.src in self.roster.observers:

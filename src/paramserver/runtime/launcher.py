@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 class LaunchError(RuntimeError):
@@ -66,6 +73,9 @@ class LocalCluster:
     # "ephemeral": a fresh key pair per role in a private temporary folder, removed at stop();
     # a folder: those keys (`paramserver keys generate`); None: plaintext (loopback only).
     keys: str | os.PathLike | None = "ephemeral"
+    restart_servers: int = 0  # how many dead servers to restart (from the latest checkpoint)
+    server_restarts: int = 0
+    server_ports: list[int] = field(default_factory=list)  # fixed when servers may restart
     children: list[Child] = field(default_factory=list)
     address: str = ""
     keys_dir: str | None = None
@@ -108,9 +118,26 @@ class LocalCluster:
         self.children.append(child)
         return child
 
+    def _spawn_server(self, index: int) -> Child:
+        args = ["--join", self.address, "--bind", self.host]
+        if self.server_ports:  # a restarted server must come back where workers look for it
+            args += ["--port", str(self.server_ports[index])]
+        return self._spawn("server", index, args)
+
+    def _prepare_server_restarts(self) -> None:
+        """With server recovery on: each server's port is fixed up front (a restart rebinds
+        it, and workers' sockets reconnect by themselves); shared-memory links, which cannot
+        outlive their peer, are off; the coordinator learns that servers may come back."""
+        if not self.restart_servers:
+            return
+        self.job["restart_servers"] = self.restart_servers
+        self.env = {**(self.env or {}), "PARAMSERVER_SHM": "0"}
+        self.server_ports = [_free_port(self.host) for _ in range(self.job["servers"])]
+
     def start(self, spawn_workers: bool = True) -> str:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._prepare_keys()
+        self._prepare_server_restarts()
         job_path = self.run_dir / "job.json"
         job_path.write_text(json.dumps(self.job, indent=2))
         addr_file = self.run_dir / "coordinator.addr"
@@ -130,7 +157,7 @@ class LocalCluster:
             time.sleep(0.02)
         self.address = addr_file.read_text().strip()
         for s in range(self.job["servers"]):
-            self._spawn("server", s, ["--join", self.address, "--bind", self.host])
+            self._spawn_server(s)
         if spawn_workers:
             for w in range(self.job["workers"]):
                 self.add_worker(w)
@@ -146,12 +173,28 @@ class LocalCluster:
                                              "--result-dir", str(self.run_dir / "results")])
 
     def _vital_failure(self) -> Child | None:
-        """A dead coordinator or server ends the job; dead workers are the policy's business."""
-        for c in self.children:
+        """A dead coordinator ends the job, and so does a dead server unless it is restarted
+        (see restart_servers); dead workers are the policy's business."""
+        for c in list(self.children):
             code = c.proc.poll()
-            if code not in (None, 0) and c.role in ("coordinator", "server"):
-                return c
+            if code in (None, 0) or c.replaced or c.role not in ("coordinator", "server"):
+                continue
+            if c.role == "server" and self.server_restarts < self.restart_servers:
+                c.replaced = True
+                self.server_restarts += 1
+                self._spawn_server(c.index)
+                continue
+            return c
         return None
+
+    def _failure_message(self, c: Child) -> str:
+        msg = f"{c.name} died with exit code {c.proc.returncode}"
+        if c.role == "server":
+            msg += (f" after {self.server_restarts} server restart(s) of {self.restart_servers}"
+                    if self.restart_servers else
+                    " (server recovery is off: --restart-servers N restarts dead servers from "
+                    "the latest checkpoint)")
+        return f"{msg}:\n{c.tail()}"
 
     def wait(self, poll: float = 0.05, on_tick=None) -> None:
         coord = self.children[0]
@@ -159,8 +202,7 @@ class LocalCluster:
         while coord.proc.poll() is None:
             failed = self._vital_failure()
             if failed is not None:
-                raise LaunchError(f"{failed.name} died with exit code {failed.proc.returncode}:\n"
-                                  f"{failed.tail()}")
+                raise LaunchError(self._failure_message(failed))
             if deadline is not None and time.monotonic() > deadline:
                 raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
             self._replace_dead_workers()
@@ -168,6 +210,9 @@ class LocalCluster:
                 on_tick()
             time.sleep(poll)
         if coord.proc.returncode != 0:
+            for c in self.children:  # a server's death, seen by the coordinator first
+                if c.role == "server" and not c.replaced and c.proc.poll() not in (None, 0):
+                    raise LaunchError(self._failure_message(c))
             raise LaunchError(f"coordinator exited with {coord.proc.returncode}:\n{coord.tail()}")
 
     def _replace_dead_workers(self) -> None:

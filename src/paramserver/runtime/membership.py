@@ -26,6 +26,7 @@ class Member:
     ready: Release | None = None  # a release decided before the worker asked for it
     started: bool = False
     steps: int = 0
+    silent_since: float | None = None  # a server: when it was found silent (see recovery)
 
 
 @dataclass
@@ -71,6 +72,10 @@ class MembershipMixin:
     def _register_server(self, ident: bytes, msg: Message) -> None:
         if "addr" not in msg.fields:
             raise ValueError("a server must register with its address")
+        back = next((m for m in self.roster.servers.values() if m.addr == msg["addr"]), None)
+        if back is not None:  # only one process can listen there: the old one is dead
+            self._server_back(ident, msg, back)
+            return
         taken = {m.rank for m in self.roster.servers.values()}
         free = [r for r in range(self.job["servers"]) if r not in taken]
         if not free:
@@ -78,10 +83,7 @@ class MembershipMixin:
         rank = free[0]
         src = f"s{rank}"
         self.roster.servers[src] = Member(rank, ident, msg["addr"], time.monotonic())
-        shard = self.ranges[rank]
-        job = {"shard_range": [shard.lo, shard.hi], "dtype": self.job["dtype"],
-               "apply_mode": self.policy.apply_mode, "optimizer": self.job["optimizer"],
-               "heartbeat_interval": self.job.get("heartbeat_interval", 1.0)}
+        job = self._server_job(rank)
         if self.job.get("resume"):
             job["restore"] = dict(self.job["resume"], version_floor=self._progress())
         self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
@@ -90,6 +92,13 @@ class MembershipMixin:
             for pending in self.pending_workers:
                 self._register_worker(*pending)
             self.pending_workers = []
+
+    def _server_job(self, rank: int) -> dict:
+        shard = self.ranges[rank]
+        return {"shard_range": [shard.lo, shard.hi], "dtype": self.job["dtype"],
+                "apply_mode": self.policy.apply_mode, "optimizer": self.job["optimizer"],
+                "heartbeat_interval": self.job.get("heartbeat_interval", 1.0),
+                "coordinator_timeout": self.job.get("coordinator_timeout", 60.0)}
 
     def shard_map(self) -> list[list]:
         by_rank = sorted(self.roster.servers.values(), key=lambda m: m.rank)
@@ -135,12 +144,17 @@ class MembershipMixin:
     def _check_liveness(self) -> None:
         now = time.monotonic()
         self._expire_rank_waiters(now)
+        self._check_servers(now)
+        # Before its start a member builds its model: the first torch import can hold the GIL
+        # (and so its heartbeat thread) for seconds on a busy host; it gets longer.
+        before_start = max(self.hb_timeout, float(self.job.get("start_grace", 30.0)))
         for src, member in list(self.roster.observers.items()):
-            if now - member.last_seen > self.hb_timeout:
+            if now - member.last_seen > (self.hb_timeout if member.started else before_start):
                 log.warning("observer %s silent for %.1f s: dropped", src, now - member.last_seen)
                 del self.roster.observers[src]
         for src, member in list(self.roster.workers.items()):
-            if now - member.last_seen > self.hb_timeout:
+            limit = self.hb_timeout if member.started else before_start
+            if now - member.last_seen > limit:
                 log.warning("worker %s (rank %d) silent for %.1f s: declared dead", src,
                             member.rank, now - member.last_seen)
                 self._drop_worker(src, member, "dead")

@@ -43,6 +43,7 @@ class ServerNode:
         self._handlers: dict = {}
         self.running = True
         self.store: ShardStore | None = None
+        self.duplicates = 0  # retried pushes answered from the dedup table
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> dict:
@@ -73,7 +74,12 @@ class ServerNode:
                                               int(r.get("version_floor", 0)))
             log.info("restored shard %d from checkpoint %s (%d updates lost)", self.rank,
                      r["tag"], self.lost_updates)
+            if r.get("restart"):  # back after a crash: the coordinator counts what was lost
+                rpc.send(self.coord, Message("restored", {
+                    "tag": r["tag"], "lost_updates": self.lost_updates,
+                    "version": self.store.version}, src=self.src))
         self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
+        self.coordinator_timeout = float(job.get("coordinator_timeout", 60.0))
 
     # Values plus spares for copy-on-write while workers still read replies in place.
     SHARED_BUFFERS = 4
@@ -115,6 +121,7 @@ class ServerNode:
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.coord, zmq.POLLIN)
         next_beat = 0.0
+        self.coord_heard = time.monotonic()
         while self.running:
             now = time.monotonic()
             if now >= next_beat:
@@ -122,8 +129,19 @@ class ServerNode:
                 next_beat = now + self.heartbeat_interval
             timeout = max(0.0, min(next_beat, self._next_pull_deadline()) - now)
             for sock, _ in poller.poll(timeout * 1000):
+                if sock is self.coord:
+                    self.coord_heard = time.monotonic()
                 self._drain(sock)
             self._expire_pulls(time.monotonic())
+            self._check_coordinator()
+
+    def _check_coordinator(self) -> None:
+        """The coordinator answers every heartbeat: long silence means it is gone, and a
+        server without it would serve a job that no longer exists forever."""
+        silent = time.monotonic() - self.coord_heard
+        if silent > self.coordinator_timeout:
+            raise SystemExit(f"server {self.src}: the coordinator at {self.join} has been "
+                             f"silent for {silent:.0f} s; exiting")
 
     def _drain(self, sock) -> None:
         routed = sock is self.router
@@ -171,9 +189,12 @@ class ServerNode:
         self._need_init()
         self._need_arrays(msg, 1)
         lo, hi = msg["range"]
+        done = self._already_applied(msg)
+        if done is not None:
+            return done
         res = self.store.push_dense(msg.src, lo, hi, msg.arrays[0], **self._tags(msg))
         self._serve_pulls()
-        return Message("ack", {"version": res.version, "staleness": res.staleness})
+        return self._ack(msg, res)
 
     def _on_push_sparse(self, msg: Message, ident) -> Message:
         self._need_init()
@@ -181,9 +202,25 @@ class ServerNode:
         keys, values = msg.arrays
         if keys.dtype != np.int64:
             raise StoreError("sparse keys must be int64")
+        done = self._already_applied(msg)
+        if done is not None:
+            return done
         res = self.store.push_sparse(msg.src, keys, values, **self._tags(msg))
         self._serve_pulls()
-        return Message("ack", {"version": res.version, "staleness": res.staleness})
+        return self._ack(msg, res)
+
+    def _already_applied(self, msg: Message) -> Message | None:
+        """A retried push that was applied before: the original ack again, nothing applied."""
+        fields = self.store.applied.lookup(msg.src, msg.rid)
+        if fields is None:
+            return None
+        self.duplicates += 1
+        return Message("ack", fields)
+
+    def _ack(self, msg: Message, res) -> Message:
+        fields = {"version": res.version, "staleness": res.staleness}
+        self.store.applied.remember(msg.src, msg.rid, fields)
+        return Message("ack", fields)
 
     def _on_pull(self, msg: Message, ident) -> None:
         lo, hi = msg["range"]
@@ -207,7 +244,7 @@ class ServerNode:
         return Message("state", {"state": {
             "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
             "initialized": st.initialized, "updates_applied": st.updates_applied,
-            "lost_updates": self.lost_updates,
+            "lost_updates": self.lost_updates, "duplicates": self.duplicates,
             "pending_pulls": len(self.pending_pulls)}})
 
     def _on_checkpoint(self, msg: Message, ident) -> Message:
@@ -230,7 +267,8 @@ class ServerNode:
     def _pull_or_wait(self, msg: Message, ident) -> None:
         if self._ready(msg):
             self._answer_pull(msg, ident)
-        else:
+        elif not any(i == ident and m.rid == msg.rid for _, i, m in self.pending_pulls):
+            # (a retry of a pull that is already waiting needs no second place in the queue)
             self.pending_pulls.append((time.monotonic() + self.pull_timeout, ident, msg))
 
     def _answer_pull(self, msg: Message, ident) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from paramserver.runtime.checkpoint import CheckpointError, read_part, write_part
+from paramserver.runtime.dedup import DedupTable
 from paramserver.runtime.shard_store import ShardStore
 
 
@@ -21,7 +22,7 @@ def save_shard(store: ShardStore, root: str, tag: str, rank: int) -> None:
     arrays.update({f"state.{k}": v.numpy() for k, v in store.state.items()})
     meta = {"version": store.version, "range": [store.range.lo, store.range.hi],
             "dtype": str(store.dtype), "updates_applied": store.updates_applied,
-            "rule": store.rule.name}
+            "rule": store.rule.name, "applied": store.applied.dump()}
     write_part(Path(root), tag, part_name(rank), arrays, meta)
 
 
@@ -44,6 +45,9 @@ def restore_shard(store: ShardStore, root: str, tag: str, rank: int,
         tensor.copy_(torch.from_numpy(np.ascontiguousarray(saved)))
     store.initialized = True
     store.updates_applied = meta["updates_applied"]
+    # The pushes in the checkpoint stay applied once: their retries are answered, not re-applied.
+    store.applied = DedupTable.load(meta.get("applied", []), store.applied.window,
+                                    store.applied.senders)
     lost = max(0, version_floor - meta["version"])
     store.version = max(meta["version"], version_floor)
     return lost

@@ -10,6 +10,7 @@ import torch
 
 from paramserver.keyspace import KeyRange
 from paramserver.optim import UpdateRule, add_at
+from paramserver.runtime.dedup import DedupTable
 
 # Frames from the wire are read-only buffers. torch warns when it wraps one because it cannot
 # promise not to write; the store only ever reads through these views.
@@ -46,6 +47,8 @@ class ShardStore:
         self.version = 0
         self.initialized = False
         self.updates_applied = 0
+        # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
+        self.applied = DedupTable()
         # Round mode: the running sum of batch-weighted pushes of the current round only.
         self.round_step: int | None = None
         self.round_sum: torch.Tensor | None = None

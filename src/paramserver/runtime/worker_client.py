@@ -89,6 +89,8 @@ class KVWorker:
         self.join = join
         self._rid = 0
         self._inbox: dict[int, Message] = {}
+        self._sent: dict[int, tuple[int, Message]] = {}  # rid -> (shard, request) unanswered
+        self.retries = 0
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
         fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
@@ -97,6 +99,8 @@ class KVWorker:
         self.job: dict = welcome["job"]
         self.num_keys: int = self.job["num_keys"]
         self.dtype = np.dtype(self.job["dtype"])
+        # Seconds without an answer before a request to a server is sent again.
+        self.retry_interval = float(self.job.get("retry_interval", 3.0))
         self.shards = [Shard(r, a, KeyRange(lo, hi),
                              connect_dealer(self.ctx, a, send_timeout=self.timeout,
                                             keys=self.keys, peer="server"))
@@ -185,43 +189,70 @@ class KVWorker:
 
     def _send(self, shard: int, msg: Message) -> int:
         msg.rid, msg.src = self._next_rid(), self.src
+        self._sent[msg.rid] = (shard, msg)  # kept to be sent again, same rid, until answered
+        self._transmit(shard, msg)
+        return msg.rid
+
+    def _transmit(self, shard: int, msg: Message) -> None:
         try:
             rpc.send(self.shards[shard].sock, msg)
         except zmq.Again:
             s = self.shards[shard]
             raise TimeoutError(f"server {s.rank} at {s.addr} accepted no {msg.op!r} for "
                                f"{self.timeout:.0f} s (its queue is full)") from None
-        return msg.rid
+
+    def _retry(self, rids) -> None:
+        """Send unanswered requests again with their own ids: one may have died with a server
+        (a restarted one is reached at the same address); servers apply a push only once."""
+        for rid in rids:
+            shard, msg = self._sent[rid]
+            self._transmit(shard, msg)
+            self.retries += 1
 
     def _collect(self, parts: list[tuple[int, int, slice]], what: str) -> dict[int, Message]:
         """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
         want = {rid: shard for shard, rid, _ in parts}
-        deadline = time.monotonic() + self.timeout
-        # Polling every shard (one poller, built once) is as good: other replies go to the inbox.
-        poller = self._poller
+        now = time.monotonic()
+        deadline, retry_at = now + self.timeout, now + self.retry_interval
         while not all(rid in self._inbox for rid in want):
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 missing = sorted({want[r] for r in want if r not in self._inbox})
                 names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
+                for r in want:
+                    self._sent.pop(r, None)
                 raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
-            for sock, _ in poller.poll(left * 1000):
-                _, reply, frames = rpc.recv(sock, routed=False)
-                if reply is None:
-                    continue
-                if isinstance(reply, WireError):
-                    shm.release_frames(frames)
-                    raise RemoteError(f"a server sent a bad frame: {reply}")
-                self._inbox[reply.rid] = reply
-                if any(isinstance(f, shm.SharedFrame) for f in frames):
-                    self._held[reply.rid] = frames  # released once copied out (wait)
+            if now >= retry_at:
+                self._retry([r for r in want if r not in self._inbox])
+                retry_at = now + self.retry_interval
+            self._receive(min(deadline, retry_at) - now)
         replies = {rid: self._inbox.pop(rid) for rid in want}
+        for rid in want:
+            self._sent.pop(rid, None)
         for rid, reply in replies.items():
             if reply.op == "error":
                 for r in want:
                     self._let_go(r)
                 raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
         return replies
+
+    def _receive(self, timeout: float) -> None:
+        """Replies that arrive within `timeout` s go to the inbox; a second answer to a retried
+        request (its first came already) is dropped."""
+        # Polling every shard (one poller, built once) is as good: other replies go to the inbox.
+        for sock, _ in self._poller.poll(max(timeout, 0.0) * 1000):
+            _, reply, frames = rpc.recv(sock, routed=False)
+            if reply is None:
+                continue
+            if isinstance(reply, WireError):
+                shm.release_frames(frames)
+                raise RemoteError(f"a server sent a bad frame: {reply}")
+            if reply.rid not in self._sent or reply.rid in self._inbox:
+                shm.release_frames(frames)
+                continue
+            self._inbox[reply.rid] = reply
+            if any(isinstance(f, shm.SharedFrame) for f in frames):
+                self._held[reply.rid] = frames  # released once copied out (wait)
 
     def _pieces(self, key_range: KeyRange):
         """(shard index, piece range, slice into the request) for each shard the range touches."""

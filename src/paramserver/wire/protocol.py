@@ -52,6 +52,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
     # server -> coordinator
     "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
+    "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
     "state": {"state": _f(DICT)},
     # either direction
     "ok": {},

@@ -1,0 +1,209 @@
+"""Chaos runs: real training jobs with random SIGKILLs of workers and of one server.
+
+Each run trains the digits MLP with 4 workers and 2 shard servers under one sync policy; at
+random moments (fractions of the sample budget) it SIGKILLs workers (the launcher replaces
+them, --restart-workers) and one server (restarted from the latest checkpoint,
+--restart-servers). It reports whether the job finished, its accuracy, and the updates the
+restarted shard lost next to what the checkpoint interval predicts: the progress at the kill
+(rounds applied, or worker steps under arrival-mode policies) minus the checkpoint restored.
+
+Usage:
+  python benchmarks/chaos.py --policies bsp,asp,ssp,ebsp,r2sp,lbbsp,dssp [--seeds 0]
+  python benchmarks/chaos.py --intervals 5,10,20,40 --policies bsp,asp --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from paramserver.cli.train_cmd import prepare_job
+from paramserver.config import TrainConfig
+from paramserver.metrics import read_records, summarize
+from paramserver.policies import SYNC_POLICIES
+from paramserver.runtime.checkpoint import latest
+from paramserver.runtime.launcher import LocalCluster
+
+
+class Watch:
+    """Follows a run's metrics and events files: steps and rounds so far, new lines only."""
+
+    def __init__(self, run_dir: Path):
+        self.files = {"metrics": run_dir / "metrics.jsonl", "events": run_dir / "events.jsonl"}
+        self.offsets = {k: 0 for k in self.files}
+        self.steps = self.rounds = 0
+
+    def update(self) -> None:
+        for name, path in self.files.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[name])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            complete = data[:data.rfind(b"\n") + 1]  # a torn last line waits for its end
+            self.offsets[name] += len(complete)
+            for line in complete.decode().splitlines():
+                if name == "metrics" and '"kind": "step"' in line:
+                    self.steps += 1
+                elif name == "events" and '"event": "apply_round"' in line:
+                    self.rounds += 1
+
+
+class Chaos:
+    """The kill plan of one run, carried out from the launcher's supervision tick."""
+
+    def __init__(self, cluster: LocalCluster, rng: random.Random, worker_kills: int,
+                 kill_server: bool, round_mode: bool, budget_steps: int):
+        self.cluster, self.rng, self.round_mode = cluster, rng, round_mode
+        self.watch = Watch(cluster.run_dir)
+        self.worker_at = sorted(rng.uniform(0.15, 0.8) * budget_steps for _ in range(worker_kills))
+        self.server_at = rng.uniform(0.25, 0.7) * budget_steps if kill_server else None
+        self.ckpt = Path(cluster.job["checkpoint"]["dir"]) if cluster.job.get("checkpoint") \
+            else None
+        self.workers_killed: list[int] = []
+        self.server_kill: dict | None = None
+
+    def tick(self) -> None:
+        self.watch.update()
+        steps = self.watch.steps
+        if self.worker_at and steps >= self.worker_at[0]:
+            self.worker_at.pop(0)
+            self._kill_worker()
+        if self.server_at is not None and steps >= self.server_at and self.server_kill is None:
+            self._kill_server()
+
+    def _live(self, role: str) -> list:
+        return [c for c in self.cluster.children
+                if c.role == role and not c.replaced and c.proc.poll() is None]
+
+    def _kill_worker(self) -> None:
+        live = self._live("worker")
+        if live:
+            victim = self.rng.choice(live)
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            self.workers_killed.append(victim.index)
+
+    def _kill_server(self) -> None:
+        live = self._live("server")
+        if not live:
+            return
+        tag = latest(self.ckpt)  # read before the kill: a later commit is seen as such
+        progress = self.watch.rounds if self.round_mode else self.watch.steps
+        victim = self.rng.choice(live)
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        self.server_kill = {"index": victim.index, "latest_at_kill": tag,
+                            "progress_at_kill": progress, "t": time.monotonic()}
+
+
+def expected_lost(kill: dict, restored_tag: str, round_mode: bool, workers: int):
+    """(low, high): the updates the restore can have discarded, from the progress at the kill.
+
+    Round mode: the shard saved at round `tag` exactly; at most one apply_round was in flight
+    when the events were read, and at most one more round can complete while it is down (all
+    of its pushes acknowledged before the kill). Arrival mode: each worker may have had one
+    push applied but not yet clocked, at the save and at the kill.
+    """
+    base = kill["progress_at_kill"] - int(restored_tag)
+    return (base - 1, base + 2) if round_mode else (base - workers, base + workers)
+
+
+def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
+              kill_server: bool = True, checkpoint_every: int = 10, epochs: float = 6.0,
+              workers: int = 4, servers: int = 2, timeout: float = 400.0) -> dict:
+    """One chaos run; returns what happened and what was predicted."""
+    cfg = TrainConfig(sync=sync, workers=workers, servers=servers, epochs=epochs, seed=seed,
+                      heartbeat_timeout=4.0, eval_interval=1.0,
+                      restart_workers=worker_kills + 2,  # slack for a worker starved at startup
+                      restart_servers=1 if kill_server else 0,
+                      checkpoint_dir=str(out / "checkpoints"), checkpoint_every=checkpoint_every)
+    job = prepare_job(cfg)
+    round_mode = SYNC_POLICIES.get(sync).apply_mode == "round"
+    cluster = LocalCluster(job, out, job_timeout=timeout, restart_workers=cfg.restart_workers,
+                           restart_servers=cfg.restart_servers)
+    budget_steps = job["max_samples"] // cfg.batch_size
+    chaos = Chaos(cluster, random.Random(seed), worker_kills, kill_server, round_mode,
+                  budget_steps)
+    t0 = time.monotonic()
+    cluster.run(on_tick=chaos.tick)
+    wall = time.monotonic() - t0
+    records = read_records(out / "metrics.jsonl")
+    summary = summarize(records, {**job, "apply_mode": SYNC_POLICIES.get(sync).apply_mode})
+    restarts = [r for r in records if r["kind"] == "restart"]
+    result = {"sync": sync, "seed": seed, "checkpoint_every": checkpoint_every,
+              "round_mode": round_mode, "wall_s": round(wall, 1), "steps": summary["steps"],
+              "final_accuracy": summary["final_test_accuracy"],
+              "workers_killed": len(chaos.workers_killed), "worker_restarts": cluster.restarts,
+              "server_restarts": summary["server_restarts"],
+              "lost_updates": summary["lost_updates"], "server_kill": chaos.server_kill,
+              "restored": [r["checkpoint"] for r in restarts]}
+    if chaos.server_kill and restarts:
+        result["expected_lost"] = expected_lost(chaos.server_kill, restarts[0]["checkpoint"],
+                                                round_mode, workers)
+    return result
+
+
+def _sweep(args) -> list[dict]:
+    results = []
+    intervals = [int(x) for x in args.intervals.split(",")] if args.intervals else [args.every]
+    for sync in args.policies.split(","):
+        for every in intervals:
+            for seed in (int(s) for s in args.seeds.split(",")):
+                with tempfile.TemporaryDirectory() as tmp:
+                    r = chaos_run(sync, Path(tmp), seed=seed, checkpoint_every=every,
+                                  worker_kills=0 if args.intervals else args.worker_kills,
+                                  epochs=args.epochs)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                results.append(r)
+    return results
+
+
+def _print_runs(results: list[dict]) -> None:
+    print("| policy | seed | every | wall s | steps | final acc | workers killed/restarted "
+          "| server restarts | lost updates | predicted |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        acc = "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.3f}"
+        print(f"| {r['sync']} | {r['seed']} | {r['checkpoint_every']} | {r['wall_s']} | "
+              f"{r['steps']} | {acc} | {r['workers_killed']}/{r['worker_restarts']} | "
+              f"{r['server_restarts']} | {r['lost_updates']} | {r.get('expected_lost')} |")
+
+
+def _print_intervals(results: list[dict]) -> None:
+    print("\n| policy | every | runs | median lost | mean lost | max lost |")
+    print("|---|---|---|---|---|---|")
+    keys = sorted({(r["sync"], r["checkpoint_every"]) for r in results})
+    for sync, every in keys:
+        lost = [r["lost_updates"] for r in results
+                if r["sync"] == sync and r["checkpoint_every"] == every]
+        print(f"| {sync} | {every} | {len(lost)} | {statistics.median(lost)} | "
+              f"{statistics.mean(lost):.1f} | {max(lost)} |")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policies", default="bsp,asp,ssp,ebsp,r2sp,lbbsp,dssp")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--every", type=int, default=10, help="checkpoint interval (default 10)")
+    p.add_argument("--intervals", help="comma-separated checkpoint intervals: lost-update "
+                                       "measurement (server kill only)")
+    p.add_argument("--worker-kills", type=int, default=2)
+    p.add_argument("--epochs", type=float, default=6.0)
+    args = p.parse_args()
+    results = _sweep(args)
+    _print_runs(results)
+    if args.intervals:
+        _print_intervals(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

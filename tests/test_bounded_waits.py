@@ -1,0 +1,36 @@
+"""Waits that end: a server whose coordinator is gone exits naming it; a coordinator whose
+workers never start fails naming who registered."""
+
+import os
+import signal
+import subprocess
+import time
+
+from ps_helpers import make_job, running_job
+
+
+def test_a_server_exits_naming_its_coordinator_once_that_is_gone(tmp_path):
+    with running_job(tmp_path, make_job(8, 1, 1, coordinator_timeout=1.5)) as cluster:
+        coord = cluster.children[0]
+        server = next(c for c in cluster.children if c.role == "server")
+        events = cluster.run_dir / "events.jsonl"
+        deadline = time.monotonic() + 30
+        while "server_joined" not in events.read_text():
+            assert time.monotonic() < deadline, "the server never joined"
+            time.sleep(0.05)
+        time.sleep(0.5)  # it has heard the coordinator at least once since
+        os.kill(coord.proc.pid, signal.SIGKILL)
+        try:
+            server.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the server outlived its coordinator by 20 s") from None
+        assert server.proc.returncode != 0
+        assert f"coordinator at {cluster.address} has been silent" in server.tail()
+
+
+def test_no_worker_started_fails_the_job_naming_the_registered(tmp_path):
+    with running_job(tmp_path, make_job(8, 1, 2, start_timeout=2.0)) as cluster:
+        coord = cluster.children[0]
+        coord.proc.wait(20)
+        assert coord.proc.returncode == 1
+        assert "no worker started within 2 s; expected 2, registered: none" in coord.tail()

@@ -1,0 +1,43 @@
+"""Chaos: 4-worker digits runs with random SIGKILLs of workers and of one server (restarted
+from its checkpoint) finish, reach the target accuracy, and lose the updates predicted."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "chaos", Path(__file__).resolve().parents[1] / "benchmarks" / "chaos.py")
+chaos = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(chaos)
+
+TARGET = 0.9
+EVERY = 10
+POLICIES = ["bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp"]
+
+
+def check(r: dict, worker_kills: int) -> None:
+    assert r["final_accuracy"] is not None and r["final_accuracy"] >= TARGET, r
+    assert r["workers_killed"] == worker_kills and r["worker_restarts"] >= worker_kills, r
+    assert r["server_restarts"] == 1 and r["server_kill"] is not None, r
+    # The restore used the checkpoint that was the latest at the kill, or one committed a
+    # moment after (its servers had saved before the kill).
+    restored = int(r["restored"][0])
+    at_kill = int(r["server_kill"]["latest_at_kill"])
+    assert at_kill <= restored <= r["server_kill"]["progress_at_kill"], r
+    low, high = r["expected_lost"]
+    assert low <= r["lost_updates"] <= high, r
+
+
+def test_chaos_asp_with_a_worker_and_a_server_killed(tmp_path):
+    r = chaos.chaos_run("asp", tmp_path, seed=3, worker_kills=1, checkpoint_every=EVERY,
+                        epochs=6.0)
+    check(r, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", POLICIES)
+def test_chaos_every_policy(tmp_path, sync):
+    r = chaos.chaos_run(sync, tmp_path, seed=POLICIES.index(sync), worker_kills=2,
+                        checkpoint_every=EVERY, epochs=6.0)
+    check(r, 2)
