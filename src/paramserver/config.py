@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from paramserver.links import parse_links
+
 
 @dataclass
 class TrainConfig:
@@ -33,6 +35,7 @@ class TrainConfig:
     heartbeat_timeout: float = 5.0
     compress: str = "none"
     compress_options: dict = field(default_factory=dict)
+    links: list = field(default_factory=list)  # --link values (paramserver.links grammar)
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
@@ -49,6 +52,7 @@ class TrainConfig:
                   ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1),
                   ("checkpoint_seconds",
                    self.checkpoint_seconds is None or self.checkpoint_seconds > 0)]
+        parse_links(self.links)  # a bad link fails here, naming the part it cannot read
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise ValueError(f"invalid value for {', '.join(bad)}: "
@@ -72,6 +76,7 @@ class TrainConfig:
             "max_samples": self.max_samples(train_size), "max_seconds": self.max_seconds,
             "heartbeat_interval": min(1.0, self.heartbeat_timeout / 4),
             "heartbeat_timeout": self.heartbeat_timeout, "eval_interval": self.eval_interval,
+            "links": parse_links(self.links),
             "checkpoint": None if not self.checkpoint_dir else {
                 "dir": self.checkpoint_dir, "every": self.checkpoint_every,
                 "seconds": self.checkpoint_seconds},

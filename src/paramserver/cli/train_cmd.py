@@ -11,6 +11,7 @@ from pathlib import Path
 from paramserver.config import TrainConfig
 from paramserver.compression import COMPRESSORS, make_compressor
 from paramserver.data import DATASETS
+from paramserver.links import HELP as LINK_HELP
 from paramserver.metrics import read_records, summarize
 from paramserver.models import MODELS
 from paramserver.optim import UPDATE_RULES, make_rule
@@ -20,7 +21,10 @@ from paramserver.runtime.checkpoint import latest
 from paramserver.runtime.progress import JobProgress
 from paramserver.stragglers import DEVICE_TIME_HELP, STRAGGLER_HELP
 
-EPILOG = f"""--straggler SPEC
+EPILOG = f"""--link [TARGET=]RATE[,LATENCY]
+{LINK_HELP}
+
+--straggler SPEC
 {STRAGGLER_HELP}
 
 --device-time SPEC
@@ -74,6 +78,9 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE",
                    help="pruning option, e.g. fraction=0.01, k=2, error_feedback=false "
                         "(repeatable)")
+    p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]",
+                   help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
+                        "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
     p.add_argument("--straggler", default=d.straggler,
                    help=f"slowness injected per worker, e.g. 1:3 (default {d.straggler}; "
                         f"grammar below)")
@@ -111,7 +118,7 @@ def config_from_args(args, sync: str) -> TrainConfig:
         compress=args.compress, compress_options=parse_options(args.compress_opt, "compress"),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
-        restart_workers=args.restart_workers,
+        restart_workers=args.restart_workers, links=list(args.link or []),
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 

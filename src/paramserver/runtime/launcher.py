@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paramserver.transport import shaping
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -67,6 +69,10 @@ class LocalCluster:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env or {}), "PARAMSERVER_JOIN": self.address}
+        env.pop(shaping.ENV, None)  # links come from the job: servers by index, workers by rank
+        link = self.job.get("links", {}).get("s", {}) if role == "server" else {}
+        if link.get(str(index), link.get("*")):
+            env[shaping.ENV] = link.get(str(index), link.get("*"))
         command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command,

@@ -27,9 +27,10 @@ import numpy as np
 import zmq
 
 from paramserver.keyspace import KeyRange
+from paramserver.links import link_for
 from paramserver.runtime import rpc
 from paramserver.runtime.rpc import RemoteError
-from paramserver.transport import connect_dealer, new_context, shm
+from paramserver.transport import connect_dealer, new_context, shaping, shm
 from paramserver.wire import Message, WireError
 
 
@@ -94,6 +95,7 @@ class KVWorker:
         self.job: dict = welcome["job"]
         self.num_keys: int = self.job["num_keys"]
         self.dtype = np.dtype(self.job["dtype"])
+        self._shaped = role == "worker" and self._shape_link()
         self.shards = [Shard(r, a, KeyRange(lo, hi),
                              connect_dealer(self.ctx, a, send_timeout=self.timeout))
                        for r, a, lo, hi in self.job["shards"]]
@@ -113,6 +115,13 @@ class KVWorker:
             self._beat.start()
 
     # ---- plumbing -------------------------------------------------------------------------------
+    def _shape_link(self) -> bool:
+        """Emulate this rank's link from the job's table (paramserver.links), if it has one."""
+        spec = link_for(self.job.get("links"), "w", self.rank)
+        if spec is not None:
+            shaping.install(spec)
+        return spec is not None
+
     def _offer_shared_memory(self, wanted: bool | None):
         """With every shard on this host, offer them an arena (see transport.shm): pushes from
         shared_buffer() and pull replies then skip the sockets' copies. Off with
@@ -391,6 +400,8 @@ class KVWorker:
             s.sock.close(0)
         self.coord.close(0)
         self.ctx.term()
+        if self._shaped:
+            shaping.install(None)
 
     def __enter__(self) -> "KVWorker":
         return self
