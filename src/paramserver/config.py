@@ -35,6 +35,7 @@ class TrainConfig:
     heartbeat_timeout: float = 5.0
     compress: str = "none"
     compress_options: dict = field(default_factory=dict)
+    push_range: str = "all"  # keys pushed/pulled per step (compression/ranges.py grammar)
     links: list = field(default_factory=list)  # --link values (paramserver.links grammar)
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     checkpoint_dir: str | None = None
@@ -84,7 +85,8 @@ class TrainConfig:
                      "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
                      "seed": self.seed, "straggler": self.straggler,
                      "device_time": self.device_time, "threads": self.threads,
-                     "compress": self.compress, "compress_options": dict(self.compress_options)},
+                     "compress": self.compress, "compress_options": dict(self.compress_options),
+                     "push_range": self.push_range},
         }
 
     def as_dict(self) -> dict:

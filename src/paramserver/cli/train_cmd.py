@@ -10,6 +10,7 @@ from pathlib import Path
 
 from paramserver.config import TrainConfig
 from paramserver.compression import COMPRESSORS, make_compressor
+from paramserver.compression.ranges import HELP as RANGE_HELP, make_plan
 from paramserver.data import DATASETS
 from paramserver.links import HELP as LINK_HELP
 from paramserver.metrics import read_records, summarize
@@ -78,6 +79,7 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE",
                    help="pruning option, e.g. fraction=0.01, k=2, error_feedback=false "
                         "(repeatable)")
+    p.add_argument("--push-range", default=d.push_range, help=RANGE_HELP)
     p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]",
                    help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
                         "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
@@ -119,6 +121,7 @@ def config_from_args(args, sync: str) -> TrainConfig:
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         restart_workers=args.restart_workers, links=list(args.link or []),
+        push_range=args.push_range,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
@@ -132,6 +135,9 @@ def prepare_job(cfg: TrainConfig) -> dict:
     Pacer(0, cfg.straggler, cfg.device_time).straggler.check_workers(cfg.workers)
     job = cfg.to_job(0, 0)
     ds, _, keys = build(job["task"], cfg.dtype)
+    if make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers]) and (
+            cfg.compress != "none"):
+        raise ValueError("--push-range and --compress cannot be combined yet: choose one")
     job = cfg.to_job(keys.num_keys, len(ds.train))
     return job
 
