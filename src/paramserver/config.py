@@ -36,6 +36,7 @@ class TrainConfig:
     compress: str = "none"
     compress_options: dict = field(default_factory=dict)
     push_range: str = "all"  # keys pushed/pulled per step (compression/ranges.py grammar)
+    schedule: str = "off"  # per-layer requests: off, fifo, lifo, stalest
     links: list = field(default_factory=list)  # --link values (paramserver.links grammar)
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     checkpoint_dir: str | None = None
@@ -86,7 +87,7 @@ class TrainConfig:
                      "seed": self.seed, "straggler": self.straggler,
                      "device_time": self.device_time, "threads": self.threads,
                      "compress": self.compress, "compress_options": dict(self.compress_options),
-                     "push_range": self.push_range},
+                     "push_range": self.push_range, "schedule": self.schedule},
         }
 
     def as_dict(self) -> dict:

@@ -14,6 +14,7 @@ from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.data import load_dataset
 from paramserver.models import ModelKeys, build_model
 from paramserver.runtime.flat_binding import GradsBoundCheck, bind_to_flat
+from paramserver.runtime.layer_sched import LayerRequests
 from paramserver.runtime.pacing import Pacer
 from paramserver.runtime.worker_client import KVWorker
 
@@ -72,6 +73,9 @@ class StepLoop:
         self.held = None if self.plan is None else RangeAccumulator(
             self.keys.num_keys, self.grads_np.dtype)
         self.grads_bound = GradsBoundCheck(self.model, self.grads)
+        schedule = task.get("schedule", "off")
+        self.layered = None if schedule == "off" else LayerRequests(
+            kv, self.model, self.keys, self.params_np, self.grads_np, schedule)
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
@@ -96,6 +100,8 @@ class StepLoop:
 
     def step(self, release, wait_s: float) -> tuple[dict, float]:
         """Run the released step; returns (metrics record, modelled compute seconds)."""
+        if self.layered is not None:
+            return self.step_layered(release, wait_s)
         t_a = time.perf_counter()
         pull_bytes = self.pull(release)
         t_b = time.perf_counter()
@@ -112,6 +118,29 @@ class StepLoop:
                   "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4)}
+        return record, compute
+
+    def step_layered(self, release, wait_s: float) -> tuple[dict, float]:
+        """The step with per-layer requests: pulls waited on by forward, pushes from backward."""
+        t_a = time.perf_counter()
+        self.layered.begin(release)
+        t_b = time.perf_counter()
+        loss = self.compute(release.batch_size)
+        t_c = time.perf_counter()
+        real = t_c - t_b - self.layered.suspend
+        compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
+                                             release.batch_size, real)
+        t_c2 = time.perf_counter()
+        stale = self.layered.finish()
+        t_d = time.perf_counter()
+        record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
+                  "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
+                  "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c2, 6),
+                  "suspend_s": round(self.layered.suspend, 6),
+                  "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
+                  "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
+                  "epoch": round(self.sampler.epoch, 4)}
+        record.update({f"staleness_layer_{i}": s for i, s in sorted(stale.items())})
         return record, compute
 
     def pull(self, release) -> int:
