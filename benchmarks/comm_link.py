@@ -31,7 +31,7 @@ def run_compare(out: Path, args) -> None:
     cmd = [sys.executable, "-m", "paramserver", "compare", "--sync", "bsp", "--no-single",
            "--scenario", "homogeneous", "--link", args.link, "--device-time", "off",
            "--epochs", str(args.epochs), "--lr", str(args.lr), "--eval-interval", "0.5",
-           "--target", str(args.target), "--repeats", str(args.repeats), "--quiet",
+           "--target", str(args.target), "--heartbeat-timeout", str(args.heartbeat_timeout), "--repeats", str(args.repeats), "--quiet",
            "--out", str(out)]
     for v in VARIANTS:
         cmd += ["--compress-variant", v]
@@ -68,7 +68,10 @@ def main() -> None:
     p.add_argument("--out", default="runs/comm-link")
     p.add_argument("--table-only", metavar="DIR", help="print the table of an earlier run")
     p.add_argument("--link", default="100mbit")
-    p.add_argument("--epochs", type=float, default=15.0)
+    p.add_argument("--epochs", type=float, default=12.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=30.0,
+                   help="generous: on a crowded machine a worker building its model may "
+                        "miss heartbeats for seconds and be declared dead")
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--target", type=float, default=0.95)
     p.add_argument("--repeats", type=int, default=1)
