@@ -1,6 +1,5 @@
 """Range push/pull: the windows each step uses, what is held back, and a real run's traffic."""
 
-import json
 
 import numpy as np
 import pytest
