@@ -4,7 +4,8 @@ Pull orders (`--schedule`), given the order the last step's layer pushes went ou
 order: the last layer first):
     fifo     the layer pushed first is pulled first (the last layer first)
     lifo     the layer pushed last is pulled first (the first layer first: what forward needs)
-    stalest  the layer whose local copy is oldest first (ties: lifo)
+    stalest  the layer whose local copy is oldest first (ties: lifo); the worker judges age by
+             the staleness its last push of the layer was acknowledged with
 
 Pushes: of the layers whose gradients are ready together, a push that advances the minimum
 per-layer step (its layer is among those pushed longest ago) goes first; the rest keep the
@@ -26,7 +27,7 @@ def pull_order(order: str, pushed: list[int], fresh: list[int]) -> list[int]:
     """Layer indices in the order to pull them.
 
     `pushed`: layer indices in the order their pushes went out last step (every layer once);
-    `fresh[i]`: the step at which layer i's local values were last pulled."""
+    `fresh[i]`: how recent layer i's local values are (a step; lower is staler)."""
     check_order(order)
     lifo = list(reversed(pushed))
     if order == "fifo":

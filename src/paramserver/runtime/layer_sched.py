@@ -32,7 +32,7 @@ class LayerRequests:
         owner = {name: i for i, layer in enumerate(keys.layers) for name in layer.params}
         self.size = [len(layer.params) for layer in keys.layers]
         self.pushed = list(reversed(range(n)))  # backward's order, until one was seen
-        self.fresh, self.pushed_at = [-1] * n, [-1] * n
+        self.lag, self.pushed_at = [0] * n, [-1] * n  # lag: last push staleness per layer
         self.pulls: dict = {}
         self.pushes: list = []
         self.tags: dict = {}
@@ -45,12 +45,13 @@ class LayerRequests:
 
     def begin(self, release) -> list[int]:
         """Ask for every layer, in schedule order; returns that order."""
-        order = pull_order(self.order, self.pushed, self.fresh)
+        # How old each layer's local copy was, in server updates: its last push's staleness.
+        fresh = [release.step - lag for lag in self.lag]
+        order = pull_order(self.order, self.pushed, fresh)
         for i in order:
             r = self.ranges[i]
             self.pulls[i] = self.kv.pull_async((r.lo, r.hi), out=self.params_np[r.lo:r.hi],
                                                min_version=release.min_version)
-            self.fresh[i] = release.step
         self.tags = {"step": release.step, "batch": release.batch_size, "scale": release.scale}
         self.pushes, self.seen, self.suspend = [], [0] * len(self.ranges), 0.0
         return order
@@ -90,4 +91,7 @@ class LayerRequests:
         missing = [i for i in range(len(self.ranges)) if self.seen[i] < self.size[i]]
         self._push(missing)  # layers backward gave no gradient: their zeros still count
         self.pushed = [i for i, _ in self.pushes]
-        return {i: int(self._wait(h)) for i, h in self.pushes}
+        stale = {i: int(self._wait(h)) for i, h in self.pushes}
+        for i, lag in stale.items():
+            self.lag[i] = lag
+        return stale
