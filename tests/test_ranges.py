@@ -93,3 +93,13 @@ def test_the_worker_loop_pushes_and_pulls_exactly_its_windows(tmp_path):
             np.testing.assert_allclose(kv.pull(), expected, rtol=0, atol=1e-12)
         finally:
             kv.close()
+
+
+@pytest.mark.parametrize("options", [{"push_range": "window:0.5", "compress": "topk"},
+                                     {"push_range": "layers", "schedule": "lifo"},
+                                     {"schedule": "newest"}, {"push_range": "window:2"}])
+def test_conflicting_or_bad_options_fail_before_any_process_starts(options):
+    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.config import TrainConfig
+    with pytest.raises(ValueError):
+        prepare_job(TrainConfig(**options))
