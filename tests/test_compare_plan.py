@@ -6,7 +6,7 @@ from paramserver.config import TrainConfig
 from paramserver.runtime.compare_plan import (
     SCENARIOS, SINGLE, parse_scenarios, plan_runs, single_reference,
 )
-from paramserver.cli.compare_cmd import policy_sync_options
+from paramserver.cli.compare_cmd import parse_variants, policy_sync_options
 
 
 def test_plan_covers_every_scenario_policy_and_repeat_once(tmp_path):
@@ -41,3 +41,31 @@ def test_policy_options_parse_and_refuse_bad_pairs():
         "ssp": {"staleness": 2}, "ebsp": {"predictor": "ema"}}
     with pytest.raises(ValueError, match="POLICY.KEY=VALUE"):
         policy_sync_options(["staleness=2"])
+
+
+def test_compress_variants_run_every_policy_once_per_setting(tmp_path):
+    variants = parse_variants(["dense=none", "topk:fraction=0.01",
+                               "topk:fraction=0.01:error_feedback=false"])
+    assert variants == {"dense": ("none", {}),
+                        "topk-fraction=0.01": ("topk", {"fraction": 0.01}),
+                        "topk-fraction=0.01-error_feedback=false":
+                            ("topk", {"fraction": 0.01, "error_feedback": False})}
+    base = TrainConfig(workers=4, compress="std")
+    runs = plan_runs(base, ["bsp", "asp"], parse_scenarios(["homogeneous"]), 1, tmp_path,
+                     variants=variants)
+    assert sorted(r.policy for r in runs) == sorted(
+        [f"{p}+{v}" for p in ("bsp", "asp") for v in variants] + [SINGLE])
+    for r in runs:
+        if r.policy != SINGLE:
+            policy, label = r.policy.split("+")
+            assert r.config.sync == policy
+            assert (r.config.compress, r.config.compress_options) == variants[label]
+            assert r.folder == tmp_path / "runs" / "homogeneous" / r.policy / "rep-0"
+    assert len({r.folder for r in runs}) == len(runs)
+
+
+@pytest.mark.parametrize("bad", [[":fraction=0.1"], ["a=topk", "a=std"], ["x/y=topk"],
+                                 ["topk:fraction"]])
+def test_bad_compress_variants_are_refused(bad):
+    with pytest.raises(ValueError):
+        parse_variants(bad)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
 PURE = ["policies", "optim", "compression", "predict", "zipline", "registry.py", "keyspace.py",
-        "stragglers.py", "device_time.py"]
+        "links.py", "stragglers.py", "device_time.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from paramserver.links import parse_links
+
 
 @dataclass
 class TrainConfig:
@@ -33,6 +35,9 @@ class TrainConfig:
     heartbeat_timeout: float = 5.0
     compress: str = "none"
     compress_options: dict = field(default_factory=dict)
+    push_range: str = "all"  # keys pushed/pulled per step (compression/ranges.py grammar)
+    schedule: str = "off"  # per-layer requests: off, fifo, lifo, stalest
+    links: list = field(default_factory=list)  # --link values (paramserver.links grammar)
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     restart_servers: int = 0  # dead servers the launcher restarts from the latest checkpoint
     checkpoint_dir: str | None = None
@@ -52,6 +57,7 @@ class TrainConfig:
                   ("checkpoint_every", self.checkpoint_every is None or self.checkpoint_every >= 1),
                   ("checkpoint_seconds",
                    self.checkpoint_seconds is None or self.checkpoint_seconds > 0)]
+        parse_links(self.links)  # a bad link fails here, naming the part it cannot read
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise ValueError(f"invalid value for {', '.join(bad)}: "
@@ -80,6 +86,7 @@ class TrainConfig:
             "heartbeat_interval": min(1.0, self.heartbeat_timeout / 4),
             "heartbeat_timeout": self.heartbeat_timeout, "eval_interval": self.eval_interval,
             "restart_servers": self.restart_servers,
+            "links": parse_links(self.links),
             "checkpoint": None if not self.checkpoint_dir else {
                 "dir": self.checkpoint_dir, "every": self.checkpoint_every,
                 "seconds": self.checkpoint_seconds},
@@ -87,7 +94,8 @@ class TrainConfig:
                      "data_dir": self.data_dir, "dataset_options": dict(self.dataset_options),
                      "seed": self.seed, "straggler": self.straggler,
                      "device_time": self.device_time, "threads": self.threads,
-                     "compress": self.compress, "compress_options": dict(self.compress_options)},
+                     "compress": self.compress, "compress_options": dict(self.compress_options),
+                     "push_range": self.push_range, "schedule": self.schedule},
         }
 
     def as_dict(self) -> dict:

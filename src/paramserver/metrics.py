@@ -80,6 +80,8 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
                            if steps else 0.0),
         "real_compute_share": real / compute if compute else None,
         "steps_per_s": len(steps) / wall if wall else 0.0,
+        "push_bytes_per_step": (sum(r.get("push_bytes", 0) or 0 for r in steps) / len(steps)
+                                if steps else 0.0),
         "per_worker": {str(k): v for k, v in workers.items()},
         **_restarts(records),
     }

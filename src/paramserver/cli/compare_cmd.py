@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, parse_options
+from paramserver.compression import make_compressor
 from paramserver.config import TrainConfig
 from paramserver.policies import SYNC_POLICIES
 from paramserver.runtime.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
@@ -42,6 +43,23 @@ def policy_sync_options(pairs: list[str] | None) -> dict[str, dict]:
         if not (sep and dot and key):
             raise ValueError(f"--sync-opt {pair!r} is not POLICY.KEY=VALUE")
         out.setdefault(policy, {}).update(parse_options([f"{key}={pair.split('=', 1)[1]}"], "sync"))
+    return out
+
+
+def parse_variants(specs: list[str] | None) -> dict[str, tuple[str, dict]]:
+    """`--compress-variant` values (`[LABEL=]NAME[:KEY=VALUE...]`) into label -> (name, options).
+
+    The label names the run's row in the report (default: the spec with ':' as '-')."""
+    out: dict[str, tuple[str, dict]] = {}
+    for spec in specs or []:
+        label, sep, body = spec.partition("=") if "=" in spec.split(":", 1)[0] else ("", "", spec)
+        name, *pairs = [p.strip() for p in body.split(":")]
+        if not name:
+            raise ValueError(f"--compress-variant {spec!r} names no compressor")
+        label = label.strip() or "-".join([name, *pairs])
+        if label in out or "/" in label:
+            raise ValueError(f"--compress-variant label {label!r} is repeated or holds '/'")
+        out[label] = (name, parse_options(pairs, "compress"))
     return out
 
 
@@ -92,8 +110,13 @@ def _run(args) -> int:
         base = config_from_args(args, "bsp")
         base.validate()
         out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")
+        variants = parse_variants(args.compress_variant)
+        for name, opts in variants.values():
+            make_compressor(name, **opts)  # unknown names and options fail before any run
         runs = plan_runs(base, policies, scenarios, args.repeats, out, single=not args.no_single,
-                         policy_options=policy_sync_options(args.sync_opt))
+                         policy_options=policy_sync_options(args.sync_opt), variants=variants)
+        if variants:
+            policies = list(dict.fromkeys(r.policy for r in runs if r.policy != SINGLE))
     except ValueError as exc:
         print(f"paramserver compare: {exc}", file=sys.stderr)
         return 2
@@ -131,6 +154,10 @@ def register(sub) -> None:
                    help="straggler scenario (repeatable; default one-slow)")
     p.add_argument("--repeats", type=int, default=1, help="repeats per run, seeds seed..seed+k-1")
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy (default 0.95)")
+    p.add_argument("--compress-variant", action="append", metavar="[LABEL=]NAME[:KEY=VALUE...]",
+                   help="run every policy once per gradient-pruning setting instead of with "
+                        "--compress, e.g. topk:fraction=0.01:error_feedback=false; rows are "
+                        "named POLICY+LABEL (repeatable)")
     p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
     add_training_args(p, DEFAULTS)
     p.add_argument("--out", help="output folder (default runs/<time>-compare)")

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from paramserver.config import TrainConfig
 from paramserver.compression import COMPRESSORS, make_compressor
+from paramserver.compression.ranges import HELP as RANGE_HELP, make_plan
+from paramserver.compression.schedule import check_order
 from paramserver.data import DATASETS
+from paramserver.links import HELP as LINK_HELP
 from paramserver.metrics import read_records, summarize
 from paramserver.models import MODELS
 from paramserver.optim import UPDATE_RULES, make_rule
@@ -21,7 +24,10 @@ from paramserver.runtime.progress import JobProgress
 from paramserver.device_time import DEVICE_TIME_HELP
 from paramserver.stragglers import STRAGGLER_HELP
 
-EPILOG = f"""--straggler SPEC
+EPILOG = f"""--link [TARGET=]RATE[,LATENCY]
+{LINK_HELP}
+
+--straggler SPEC
 {STRAGGLER_HELP}
 
 --device-time SPEC
@@ -75,6 +81,14 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE",
                    help="pruning option, e.g. fraction=0.01, k=2, error_feedback=false "
                         "(repeatable)")
+    p.add_argument("--push-range", default=d.push_range, help=RANGE_HELP)
+    p.add_argument("--schedule", default=d.schedule,
+                   help="per-layer requests: push each layer's gradient as backward produces "
+                        "it and pull layers in the order fifo, lifo or stalest (stalest layer "
+                        f"first); off pushes and pulls the whole model (default {d.schedule})")
+    p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]",
+                   help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
+                        "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
     p.add_argument("--straggler", default=d.straggler,
                    help=f"slowness injected per worker, e.g. 1:3 (default {d.straggler}; "
                         f"grammar below)")
@@ -118,6 +132,7 @@ def config_from_args(args, sync: str) -> TrainConfig:
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
+        links=list(args.link or []), push_range=args.push_range, schedule=args.schedule,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
@@ -131,6 +146,13 @@ def prepare_job(cfg: TrainConfig) -> dict:
     Pacer(0, cfg.straggler, cfg.device_time).straggler.check_workers(cfg.workers)
     job = cfg.to_job(0, 0)
     ds, _, keys = build(job["task"], cfg.dtype)
+    ranged = make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers])
+    if cfg.schedule != "off":
+        check_order(cfg.schedule)
+    chosen = [o for o, on in (("--compress", cfg.compress != "none"), ("--push-range", ranged),
+                              ("--schedule", cfg.schedule != "off")) if on]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
     job = cfg.to_job(keys.num_keys, len(ds.train))
     return job
 

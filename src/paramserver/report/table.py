@@ -29,6 +29,7 @@ class Row:
     staleness: float
     samples_per_s: float
     real_compute_share: float | None
+    push_bytes: float | None = None  # per worker step, median over repeats
     speedup: float | None = None  # median BSP time / median time of this policy
 
     @property
@@ -57,7 +58,8 @@ def policy_row(scenario: str, policy: str, runs: list[Run], target: float) -> Ro
         wait_fraction=mean(x.get("mean_wait_fraction") or 0.0 for x in s),
         staleness=mean(x.get("mean_staleness") or 0.0 for x in s),
         samples_per_s=median(run.samples_per_s for run in runs),
-        real_compute_share=_median_or_none(x.get("real_compute_share") for x in s))
+        real_compute_share=_median_or_none(x.get("real_compute_share") for x in s),
+        push_bytes=_median_or_none(x.get("push_bytes_per_step") for x in s))
 
 
 def table_rows(collection: Collection, target: float | None = None) -> list[Row]:
@@ -90,12 +92,19 @@ def _cells(row: Row) -> list[str]:
     return [name, f"{row.reached}/{row.repeats}", fmt_seconds(row.tta_median), spread,
             "–" if row.speedup is None else f"×{row.speedup:.2f}",
             fmt_pct(row.final_accuracy), fmt_pct(row.best_accuracy), fmt_pct(row.wait_fraction),
-            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}"]
+            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}", fmt_bytes(row.push_bytes)]
+
+
+def fmt_bytes(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return next(f"{value / 10 ** e:.3g} {u}" for e, u in ((9, "GB"), (6, "MB"), (3, "kB"), (0, "B"))
+                if value >= 10 ** e or e == 0)
 
 
 HEADERS = ["policy", "repeats reaching target", "time to target (s, median)", "min–max (s)",
            "speedup vs BSP", "final acc.", "best acc.", "wait fraction", "mean staleness",
-           "samples/s (training)"]
+           "samples/s (training)", "push bytes/step"]
 
 
 def render_table(rows: list[Row], target: float) -> str:

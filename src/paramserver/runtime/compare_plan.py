@@ -52,8 +52,21 @@ def single_reference(base: TrainConfig) -> TrainConfig:
 
 def plan_runs(base: TrainConfig, policies: list[str], scenarios: dict[str, tuple[str, str]],
               repeats: int, out: Path, single: bool = True,
-              policy_options: dict[str, dict] | None = None) -> list[PlannedRun]:
-    """Every run of the comparison, in the order they will execute (repeats interleaved)."""
+              policy_options: dict[str, dict] | None = None,
+              variants: dict[str, tuple[str, dict]] | None = None) -> list[PlannedRun]:
+    """Every run of the comparison, in the order they will execute (repeats interleaved).
+
+    With `variants` (label -> compressor, options) each policy runs once per variant, the
+    row named POLICY+LABEL."""
+    if variants:
+        runs = plan_runs(base, policies, scenarios, repeats, out, single, policy_options)
+        return [dataclasses.replace(
+                    r, policy=f"{r.policy}+{label}",
+                    config=dataclasses.replace(r.config, compress=name, compress_options=opts),
+                    folder=r.folder.parent.with_name(f"{r.policy}+{label}") / r.folder.name)
+                if r.policy != SINGLE else r
+                for r in runs for label, (name, opts) in variants.items()
+                if r.policy != SINGLE or label == next(iter(variants))]
     runs = []
     for rep in range(repeats):
         for scenario, (straggler, _) in scenarios.items():

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paramserver.transport import security
+from paramserver.transport import security, shaping
 
 _PR_SET_PDEATHSIG = 1
 
@@ -109,6 +109,10 @@ class LocalCluster:
         env.pop(security.ENV, None)
         if self.keys_dir:
             env[security.ENV] = self.keys_dir
+        env.pop(shaping.ENV, None)  # links come from the job: servers by index, workers by rank
+        link = self.job.get("links", {}).get("s", {}) if role == "server" else {}
+        if link.get(str(index), link.get("*")):
+            env[shaping.ENV] = link.get(str(index), link.get("*"))
         command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command,

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import psutil
 import torch
 from torch import nn
 
 from paramserver.compression import make_compressor
+from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.data import load_dataset
 from paramserver.models import ModelKeys, build_model
 from paramserver.runtime.flat_binding import GradsBoundCheck, bind_to_flat
+from paramserver.runtime.layer_sched import LayerRequests
 from paramserver.runtime.pacing import Pacer
 from paramserver.runtime.worker_client import KVWorker
 
@@ -66,7 +67,14 @@ class StepLoop:
         self.compressor = make_compressor(task.get("compress", "none"),
                                           **task.get("compress_options", {}))
         self.dense = self.compressor.name == "none"  # the identity: push the buffer as is
+        self.plan = make_plan(task.get("push_range"), self.keys.num_keys,
+                              [layer.keys for layer in self.keys.layers])
+        self.held = None if self.plan is None else RangeAccumulator(
+            self.keys.num_keys, self.grads_np.dtype)
         self.grads_bound = GradsBoundCheck(self.model, self.grads)
+        schedule = task.get("schedule", "off")
+        self.layered = None if schedule == "off" else LayerRequests(
+            kv, self.model, self.keys, self.params_np, self.grads_np, schedule)
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
@@ -91,8 +99,10 @@ class StepLoop:
 
     def step(self, release, wait_s: float) -> tuple[dict, float]:
         """Run the released step; returns (metrics record, modelled compute seconds)."""
-        kv, t_a = self.kv, time.perf_counter()
-        kv.pull(out=self.params_np, min_version=release.min_version)
+        if self.layered is not None:
+            return self.step_layered(release, wait_s)
+        t_a = time.perf_counter()
+        pull_bytes = self.pull(release)
         t_b = time.perf_counter()
         loss = self.compute(release.batch_size)
         real = time.perf_counter() - t_b
@@ -104,15 +114,52 @@ class StepLoop:
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
-                  "pull_bytes": self.nbytes, "push_bytes": push_bytes,
+                  "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4)}
         return record, compute
 
+    def step_layered(self, release, wait_s: float) -> tuple[dict, float]:
+        """The step with per-layer requests: pulls waited on by forward, pushes from backward."""
+        t_a = time.perf_counter()
+        self.layered.begin(release)
+        t_b = time.perf_counter()
+        loss = self.compute(release.batch_size)
+        t_c = time.perf_counter()
+        real = t_c - t_b - self.layered.suspend
+        compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
+                                             release.batch_size, real)
+        t_c2 = time.perf_counter()
+        stale = self.layered.finish()
+        t_d = time.perf_counter()
+        record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
+                  "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
+                  "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c2, 6),
+                  "suspend_s": round(self.layered.suspend, 6),
+                  "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
+                  "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
+                  "epoch": round(self.sampler.epoch, 4)}
+        record.update({f"staleness_layer_{i}": s for i, s in sorted(stale.items())})
+        return record, compute
+
+    def pull(self, release) -> int:
+        """Fresh parameters (only the step's window under --push-range); returns bytes."""
+        if self.plan is None:
+            self.kv.pull(out=self.params_np, min_version=release.min_version)
+            return self.nbytes
+        w = self.plan.at(release.step)
+        self.kv.pull(w, out=self.params_np[w.lo:w.hi], min_version=release.min_version)
+        return w.size * self.params_np.itemsize
 
     def push(self, release) -> tuple[int, int]:
-        """Push this step's gradient, pruned by the compressor; (staleness, bytes sent)."""
+        """Push this step's gradient, pruned by the compressor or cut to the step's window
+        (the rest held back for later); returns (staleness, bytes sent)."""
         tags = {"step": release.step, "batch": release.batch_size, "scale": release.scale}
+        if self.plan is not None:
+            w = self.plan.at(release.step)
+            self.held.add(self.grads_np)
+            values = self.held.take(w)
+            return self.kv.push(values, w, **tags), values.nbytes
         if self.dense:
             return self.kv.push(self.grads_np, **tags), self.nbytes
         sparse = self.compressor.compress(self.grads)

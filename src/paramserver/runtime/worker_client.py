@@ -27,9 +27,10 @@ import numpy as np
 import zmq
 
 from paramserver.keyspace import KeyRange
+from paramserver.links import link_for
 from paramserver.runtime import rpc
 from paramserver.runtime.rpc import RemoteError
-from paramserver.transport import connect_dealer, new_context, security, shm
+from paramserver.transport import connect_dealer, new_context, security, shaping, shm
 from paramserver.wire import Message, WireError
 
 
@@ -101,6 +102,7 @@ class KVWorker:
         self.dtype = np.dtype(self.job["dtype"])
         # Seconds without an answer before a request to a server is sent again.
         self.retry_interval = float(self.job.get("retry_interval", 3.0))
+        self._shaped = role == "worker" and self._shape_link()
         self.shards = [Shard(r, a, KeyRange(lo, hi),
                              connect_dealer(self.ctx, a, send_timeout=self.timeout,
                                             keys=self.keys, peer="server"))
@@ -121,6 +123,13 @@ class KVWorker:
             self._beat.start()
 
     # ---- plumbing -------------------------------------------------------------------------------
+    def _shape_link(self) -> bool:
+        """Emulate this rank's link from the job's table (paramserver.links), if it has one."""
+        spec = link_for(self.job.get("links"), "w", self.rank)
+        if spec is not None:
+            shaping.install(spec)
+        return spec is not None
+
     def _offer_shared_memory(self, wanted: bool | None):
         """With every shard on this host, offer them an arena (see transport.shm): pushes from
         shared_buffer() and pull replies then skip the sockets' copies. Off with
@@ -426,6 +435,8 @@ class KVWorker:
             s.sock.close(0)
         self.coord.close(0)
         self.ctx.term()
+        if self._shaped:
+            shaping.install(None)
 
     def __enter__(self) -> "KVWorker":
         return self

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import zmq
 
-from paramserver.transport import security, shm
+from paramserver.transport import security, shaping, shm
 
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
@@ -17,6 +17,7 @@ DEFAULT_HWM = 64
 
 
 def new_context() -> zmq.Context:
+    shaping.install_from_env()  # a link emulated for this process ($PARAMSERVER_LINK)
     return zmq.Context()
 
 
@@ -106,6 +107,8 @@ def send_frames(sock: zmq.Socket, frames: Sequence, identity: bytes | None = Non
     every zero-copy frame: until then their buffers must not change.
     """
     loan = None
+    if shaping.active():  # charged in full before shm may move big frames off the socket
+        shaping.on_send(frames)
     if shm._STATES:  # a peer on this host may read some frames from our arena instead
         frames, loan = shm.by_reference(sock, list(frames), identity)
     parts = [identity, *frames] if identity is not None else list(frames)
@@ -148,6 +151,8 @@ def recv_message(sock: zmq.Socket, routed: bool, flags: int = 0) -> tuple[bytes 
         head = body[0].buffer
         if len(head) and head[0] == 0:
             body = shm.intercept(sock, identity, body)
+        if body is not None and shaping.active():
+            shaping.on_recv(body)
     return identity, body
 
 
