@@ -231,18 +231,34 @@ def _replay_twice(shard: str, keys) -> bool:
         ctx.term()
 
 
+def _duplicates(shard: str, keys) -> int:
+    """Pushes the shard answered from its dedup table: replays that reached its handler."""
+    ctx = zmq.Context()
+    try:
+        sock = connect_dealer(ctx, shard, keys=keys, peer="server")
+        rpc.send(sock, Message("status", rid=1, src="probe"))
+        assert sock.poll(10_000), "the shard did not answer status"
+        _, reply, _ = rpc.recv(sock, routed=False)
+        sock.close(0)
+        return reply["state"]["duplicates"]
+    finally:
+        ctx.term()
+
+
 def test_a_captured_push_replayed_is_rejected(secure_job):
     cluster, kv = secure_job
     before = kv.pull()
     assert _replay_twice(kv.shards[0].addr, cluster.client_keys("worker"))  # a new session
     # Within the session the repeated nonce gives it away; libzmq drops the message.
     assert "CURVE handshake failed (zmtp_invalid_sequence)" in _log(cluster, "server")
-    # Applied once (lr 1): the replays reached no handler.
+    # Applied once (lr 1), and the replays reached no handler (not even the dedup table's).
     np.testing.assert_array_equal(kv.pull(), before - 2.0)
+    assert _duplicates(kv.shards[0].addr, cluster.client_keys("worker")) == 0
 
 
-def test_without_curve_the_same_replay_is_applied_again(tmp_path):
-    """The control: the tap and the replays do reach the handler when nothing stops them."""
+def test_without_curve_the_same_replay_reaches_the_handler(tmp_path):
+    """The control: without CURVE the replays do reach the handler; only the exactly-once
+    table (same sender, same request id) keeps them from being applied again."""
     cluster = LocalCluster(make_job(N, 1, 1, sync="asp", lr=1.0), tmp_path / "run",
                            job_timeout=120, keys=None)
     try:
@@ -251,7 +267,8 @@ def test_without_curve_the_same_replay_is_applied_again(tmp_path):
         try:
             kv.init(np.zeros(N))
             assert not _replay_twice(kv.shards[0].addr, None)
-            np.testing.assert_array_equal(kv.pull(), np.full(N, -6.0))  # three pushes of 2
+            np.testing.assert_array_equal(kv.pull(), np.full(N, -2.0))  # applied once
+            assert _duplicates(kv.shards[0].addr, None) == 2  # both replays answered
         finally:
             kv.close()
     finally:
