@@ -11,7 +11,7 @@ Side by side in one run, repeats interleaved, medians:
               rounds/s of the job's training wall time, plaintext vs CURVE
 
 Usage: python benchmarks/curve_overhead.py [--size 3730000] [--steps 40] [--rounds 150]
-       [--repeats 3]
+       [--repeats 3] [--only pushpull|bsp]
 """
 
 from __future__ import annotations
@@ -80,23 +80,32 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("pushpull", "bsp"), help="run one half")
     args = parser.parse_args()
     pp = {(m, s): [] for m in MODES for s in (True, False)}
     rr = {m: [] for m in MODES}
-    for _ in range(args.repeats):
-        for (mode, shared), out in pp.items():
-            out.append(push_pull(args.size, args.steps, MODES[mode], shared))
-        for mode, out in rr.items():
-            out.append(bsp_rounds(args.rounds, MODES[mode]))
-    med = {k: statistics.median(v) for k, v in pp.items()}
-    print(f"push+pull of {args.size / 1e6:.2f} MB, median of {args.repeats} x {args.steps} steps")
-    for shared, label in ((True, "shared memory"), (False, "tcp only")):
-        plain, curve = med[("plain", shared)], med[("curve", shared)]
-        print(f"  {label:14s} plain {plain * 1e3:7.2f} ms  curve {curve * 1e3:7.2f} ms  "
+    for rep in range(args.repeats):
+        order = list(MODES) if rep % 2 == 0 else list(MODES)[::-1]  # neither always goes first
+        for mode in order:
+            for shared in (True, False):
+                if args.only in (None, "pushpull"):
+                    pp[(mode, shared)].append(push_pull(args.size, args.steps, MODES[mode],
+                                                        shared))
+            if args.only in (None, "bsp"):
+                rr[mode].append(bsp_rounds(args.rounds, MODES[mode]))
+    if args.only != "bsp":
+        med = {k: statistics.median(v) for k, v in pp.items()}
+        print(f"push+pull of {args.size / 1e6:.2f} MB, median of {args.repeats} x {args.steps} "
+              f"steps")
+        for shared, label in ((True, "shared memory"), (False, "tcp only")):
+            plain, curve = med[("plain", shared)], med[("curve", shared)]
+            print(f"  {label:14s} plain {plain * 1e3:7.2f} ms  curve {curve * 1e3:7.2f} ms  "
+                  f"curve/plain {curve / plain:.2f}")
+    if args.only != "pushpull":
+        plain, curve = statistics.median(rr["plain"]), statistics.median(rr["curve"])
+        print(f"BSP rounds/s (digits MLP, 2 workers, {args.rounds} rounds, median of "
+              f"{args.repeats}): plain {plain:.1f}  curve {curve:.1f}  "
               f"curve/plain {curve / plain:.2f}")
-    plain, curve = statistics.median(rr["plain"]), statistics.median(rr["curve"])
-    print(f"BSP rounds/s (digits MLP, 2 workers, {args.rounds} rounds, median of "
-          f"{args.repeats}): plain {plain:.1f}  curve {curve:.1f}  curve/plain {curve / plain:.2f}")
     return 0
 
 

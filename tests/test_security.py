@@ -118,6 +118,7 @@ def test_ephemeral_keys_live_in_a_private_folder(secure_job):
 
 def test_only_holders_of_the_cluster_keys_get_in(secure_job, tmp_path):
     cluster, kv = secure_job
+    before = kv.pull()
     stranger = tmp_path / "other"
     security.generate(stranger)
     own = cluster.client_keys("observer")
@@ -138,7 +139,7 @@ def test_only_holders_of_the_cluster_keys_get_in(secure_job, tmp_path):
         rogue.close(0)
     finally:
         ctx.term()
-    before = kv.pull()
+    np.testing.assert_array_equal(kv.pull(), before)  # nothing the strangers sent arrived
     kv.push(np.ones(N), step=0, batch=1)  # the keyed client can
     np.testing.assert_array_equal(kv.pull(), before - 1.0)
 
