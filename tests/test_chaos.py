@@ -11,7 +11,7 @@ SPEC = importlib.util.spec_from_file_location(
 chaos = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(chaos)
 
-TARGET = 0.9
+TARGET = 0.85  # digits MLP after 6 epochs: ~0.92-0.95 without faults; the test set is small
 EVERY = 10
 POLICIES = ["bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp"]
 
