@@ -65,7 +65,7 @@ class Chaos:
                  kill_server: bool, round_mode: bool, budget_steps: int):
         self.cluster, self.rng, self.round_mode = cluster, rng, round_mode
         self.watch = Watch(cluster.run_dir)
-        self.worker_at = sorted(rng.uniform(0.15, 0.8) * budget_steps for _ in range(worker_kills))
+        self.worker_at = sorted(rng.uniform(0.15, 0.6) * budget_steps for _ in range(worker_kills))
         self.server_at = rng.uniform(0.25, 0.7) * budget_steps if kill_server else None
         self.ckpt = Path(cluster.job["checkpoint"]["dir"]) if cluster.job.get("checkpoint") \
             else None

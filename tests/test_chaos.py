@@ -2,6 +2,7 @@
 from its checkpoint) finish, reach the target accuracy, and lose the updates predicted."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ POLICIES = ["bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp"]
 
 
 def check(r: dict, worker_kills: int) -> None:
+    print(json.dumps(r))  # shown by pytest -rA: the figures of the run
     assert r["best_accuracy_after_restart"] is not None, r
     assert r["best_accuracy_after_restart"] >= TARGET and r["final_accuracy"] >= FLOOR, r
     assert r["workers_killed"] == worker_kills and r["worker_restarts"] >= worker_kills, r
