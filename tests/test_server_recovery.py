@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from paramserver.metrics import read_records
+from paramserver.metrics import read_records, summarize
 from paramserver.runtime.checkpoint import latest
 from paramserver.runtime.launcher import LaunchError, LocalCluster
 from paramserver.runtime.worker_client import KVWorker
@@ -84,10 +84,12 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
     expected[5:] += grads[4][5:]  # shard 1 restored to round 4: round 4's update is gone
     np.testing.assert_array_equal(final, expected)
     assert cluster.server_restarts == 1
-    restarts = [r for r in read_records(tmp_path / "run" / "metrics.jsonl")
-                if r["kind"] == "restart"]
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    restarts = [r for r in records if r["kind"] == "restart"]
     assert [(r["server"], r["checkpoint"], r["lost_updates"]) for r in restarts] == [
         (1, f"{4:09d}", 1)]
+    summary = summarize(records, cluster.job)
+    assert (summary["server_restarts"], summary["lost_updates"]) == (1, 1)
 
 
 def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):

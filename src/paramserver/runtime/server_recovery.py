@@ -65,7 +65,7 @@ class ServerRecoveryMixin:
     def _check_servers(self, now: float) -> None:
         """A server silent for `server_timeout` s is gone: the job waits `restart_timeout` s
         for it when servers may be restarted, else stops naming it."""
-        silent_for = float(self.job.get("server_timeout", max(3 * self.hb_timeout, 10.0)))
+        silent_for = float(self.job.get("server_timeout", max(6 * self.hb_timeout, 30.0)))
         for src, m in self.roster.servers.items():
             quiet = now - m.last_seen
             if quiet <= silent_for:

@@ -214,9 +214,10 @@ class KVWorker:
         """Send unanswered requests again with their own ids: one may have died with a server
         (a restarted one is reached at the same address); servers apply a push only once."""
         for rid in rids:
-            shard, msg = self._sent[rid]
-            self._transmit(shard, msg)
-            self.retries += 1
+            entry = self._sent.get(rid)
+            if entry is not None:  # (None: given up on by an earlier wait that timed out)
+                self._transmit(*entry)
+                self.retries += 1
 
     def _collect(self, parts: list[tuple[int, int, slice]], what: str) -> dict[int, Message]:
         """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
