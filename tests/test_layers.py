@@ -6,13 +6,13 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
 PURE = ["policies", "optim", "compression", "predict", "zipline", "registry.py", "keyspace.py",
         "stragglers.py"]
-PURE.append("links.py")  # the emulated links' grammar and token bucket (a line of its own: merges)
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",
              "select", "selectors", "psutil", "signal", "http", "urllib", "pickle"}
 FORBIDDEN_INTERNAL = ("paramserver.runtime", "paramserver.transport", "paramserver.cli",
                       "paramserver.wire", "paramserver.sim")
+PURE.append("links.py")  # the emulated links' grammar and token bucket
 
 
 def pure_files():
