@@ -6,7 +6,8 @@
 Runs `paramserver compare` once with every pruning setting as a --compress-variant (dense,
 topk 10%/1%/0.1%, std k=1/2/3, dynamic; each with and without error feedback), so the
 compare report (report.html in the output folder) holds the same runs, then prints a markdown
-table: push bytes per worker step, wall time to the target accuracy, final and best accuracy.
+table: push bytes per worker step, median push and pull seconds per step, wall time to the
+target accuracy, final and best accuracy.
 The runs go one after the other (not interleaved repeats): on a shared machine the load
 drifts between them, so compare times of runs far apart with care (see --repeats).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -34,24 +36,31 @@ def run_compare(out: Path, args) -> None:
            "--target", str(args.target), "--heartbeat-timeout", str(args.heartbeat_timeout), "--repeats", str(args.repeats), "--quiet",
            "--out", str(out)]
     for v in VARIANTS:
-        cmd += ["--compress-variant", v]
+        if not args.only or v.split("=", 1)[0] in args.only.split(","):
+            cmd += ["--compress-variant", v]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
 
 def table(out: Path, target: float) -> str:
-    rows = ["| setting | push bytes/step | vs dense | time to "
+    rows = ["| setting | push bytes/step | vs dense | push s/step | pull s/step | time to "
             f"{target:g} (s) | final acc. | best acc. | wall (s) |",
-            "|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|"]
     dense = None
     for folder in sorted((out / "runs").glob("*/*/rep-*"), key=_plan_order(out)):
+        if not (folder / "summary.json").exists():
+            continue  # failed or still running
         s = json.loads((folder / "summary.json").read_text())
         label = folder.parent.name.split("+", 1)[-1]
         push = s.get("push_bytes_per_step") or 0.0
         dense = push if label == "dense" else dense
         tta = (s.get("time_to_accuracy") or {}).get(f"{target:g}")
+        steps = [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+                 if r.get("kind") == "step"]
+        push_s = statistics.median(r["push_s"] for r in steps)
+        pull_s = statistics.median(r["pull_s"] for r in steps)
         rows.append(f"| {label} (rep {folder.name[4:]}) | {push:,.0f} | "
-                    f"{'' if not dense else f'{push / dense:.4f}'} | "
+                    f"{'' if not dense else f'{push / dense:.4f}'} | {push_s:.3f} | {pull_s:.3f} | "
                     f"{'not reached' if tta is None else f'{tta:.1f}'} | "
                     f"{s['final_test_accuracy']:.4f} | {s['best_test_accuracy']:.4f} | "
                     f"{s['wall_time_s']:.1f} |")
@@ -75,6 +84,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--target", type=float, default=0.95)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--only", help="comma-separated labels of the settings to run, e.g. "
+                                  "dense,topk-1%%,topk-1%%-noEF")
     args = p.parse_args()
     out = Path(args.table_only or args.out)
     if not args.table_only:

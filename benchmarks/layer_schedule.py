@@ -28,7 +28,7 @@ def run(schedule: str, folder: Path, args) -> None:
     cmd = [sys.executable, "-m", "paramserver", "train", "--sync", args.sync,
            "--workers", str(args.workers), "--steps", str(args.steps), "--eval-interval", "0",
            "--link", f"s={args.link}", "--schedule", schedule, "--quiet",
-           "--heartbeat-timeout", "30", "--out", str(folder)]
+           "--heartbeat-timeout", "30", "--device-time", args.device_time, "--out", str(folder)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -63,6 +63,9 @@ def main() -> None:
     p.add_argument("--sync", default="asp")
     p.add_argument("--link", default="500mbit")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--device-time", default="off",
+                   help="emulated compute per sample (e.g. 1ms): a sleep after backward, "
+                        "during which the layer pushes already sent are on their way")
     p.add_argument("--table-only", action="store_true", help="summarize an earlier --out")
     args = p.parse_args()
     out = Path(args.out)

@@ -50,6 +50,19 @@ def single_reference(base: TrainConfig) -> TrainConfig:
                                batch_size=base.batch_size * base.workers)
 
 
+def _per_variant(run: PlannedRun, variants: dict[str, tuple[str, dict]]) -> list[PlannedRun]:
+    """`run` once per compression variant (the single-process reference stays one run)."""
+    if run.policy == SINGLE:
+        return [run]
+    out = []
+    for label, (name, options) in variants.items():
+        policy = f"{run.policy}+{label}"
+        config = dataclasses.replace(run.config, compress=name, compress_options=dict(options))
+        out.append(dataclasses.replace(run, policy=policy, config=config,
+                                       folder=run.folder.parent.with_name(policy) / run.folder.name))
+    return out
+
+
 def plan_runs(base: TrainConfig, policies: list[str], scenarios: dict[str, tuple[str, str]],
               repeats: int, out: Path, single: bool = True,
               policy_options: dict[str, dict] | None = None,
@@ -59,14 +72,8 @@ def plan_runs(base: TrainConfig, policies: list[str], scenarios: dict[str, tuple
     With `variants` (label -> compressor, options) each policy runs once per variant, the
     row named POLICY+LABEL."""
     if variants:
-        runs = plan_runs(base, policies, scenarios, repeats, out, single, policy_options)
-        return [dataclasses.replace(
-                    r, policy=f"{r.policy}+{label}",
-                    config=dataclasses.replace(r.config, compress=name, compress_options=opts),
-                    folder=r.folder.parent.with_name(f"{r.policy}+{label}") / r.folder.name)
-                if r.policy != SINGLE else r
-                for r in runs for label, (name, opts) in variants.items()
-                if r.policy != SINGLE or label == next(iter(variants))]
+        return [v for r in plan_runs(base, policies, scenarios, repeats, out, single,
+                                     policy_options) for v in _per_variant(r, variants)]
     runs = []
     for rep in range(repeats):
         for scenario, (straggler, _) in scenarios.items():
