@@ -63,7 +63,7 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
         cluster.start(spawn_workers=False)
         supervisor = threading.Thread(target=cluster.wait, daemon=True)
         supervisor.start()
-        kv = KVWorker(cluster.address)
+        kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
         try:
             kv.init(np.zeros(KEYS))
             release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
@@ -97,7 +97,7 @@ def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120)
     try:
         cluster.start(spawn_workers=False)
-        kv = KVWorker(cluster.address)
+        kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
         try:
             kv.init(np.zeros(KEYS))
             release = _steps(kv, kv.start(), 2)
