@@ -68,7 +68,9 @@ def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
                            (["--model", "resnet9000"], "unknown model"),
                            (["--straggler", "7:3"], "names worker"),
                            (["--dataset", "mnist", "--data-dir", str(tmp_path)], "train-images"),
-                           (["--device-time", "fast"], "device-time")]:
+                           (["--device-time", "fast"], "device-time"),
+                           (["--launcher", "ray", "--restart-servers", "1",
+                             "--checkpoint-every", "5"], "not supported with --launcher ray")]:
         proc = run_cli("train", *args, "--out", str(tmp_path / "x"), "--quiet", timeout=60)
         assert proc.returncode == 2, (args, proc.stderr)
         assert fragment in proc.stderr, (args, proc.stderr)

@@ -253,6 +253,11 @@ def _run(args) -> int:
 def _launcher(args) -> dict:
     if args.launcher == "local":
         return {"name": "local"}
+    # Not wired through Ray yet: refuse rather than silently run without them.
+    for flag, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume)):
+        if used:
+            raise ValueError(f"{flag} is not supported with --launcher ray yet; "
+                             f"use the local launcher for it")
     return {"name": "ray", "address": args.address,
             "resources": {"worker_cpus": args.ray_worker_cpus, "worker_gpus": args.ray_worker_gpus,
                           "server_cpus": args.ray_server_cpus}}
