@@ -64,13 +64,15 @@ def _model():
 
 
 # ---- paramserver --------------------------------------------------------------------------------
-def run_paramserver(workers: int, rounds: int, env: dict | None = None) -> float:
+def run_paramserver(workers: int, rounds: int, env: dict | None = None,
+                    pull_ahead: bool = True) -> float:
     from paramserver.cli.train_cmd import prepare_job
     from paramserver.runtime.launcher import LocalCluster
     cfg = TrainConfig(sync="bsp", workers=workers, servers=1, batch_size=BATCH, lr=LR,
                       steps=rounds, threads=1, seed=0)
     job = prepare_job(cfg)
     job["eval_interval"] = None  # no evaluator: the other systems do not score a test set
+    job["task"]["pull_ahead"] = pull_ahead  # off: the pull waits for the release (A/B)
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)
         LocalCluster(job, run_dir, job_timeout=600, env=env).run()
@@ -294,6 +296,7 @@ def run_floor_mem(workers: int, model_bytes: int, rounds: int = 200) -> float:
 
 SYSTEMS = {
     "paramserver": lambda w, r: run_paramserver(w, r),
+    "paramserver no-ahead": lambda w, r: run_paramserver(w, r, pull_ahead=False),
     "ddp": run_ddp,
     "rpc-ps": lambda w, r: run_rpc_ps(w, r, tcp=False),
     "rpc-ps tcp": lambda w, r: run_rpc_ps(w, r, tcp=True),

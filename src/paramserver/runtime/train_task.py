@@ -75,6 +75,11 @@ class StepLoop:
         schedule = task.get("schedule", "off")
         self.layered = None if schedule == "off" else LayerRequests(
             kv, self.model, self.keys, self.params_np, self.grads_np, schedule)
+        # Round mode: the next step's pull goes out with this step's push and the server
+        # answers it the moment the round is applied, while the release is on its way.
+        self.pull_ahead = (bool(task.get("pull_ahead", True)) and self.plan is None
+                           and kv.job.get("apply_mode") == "round" and self.layered is None)
+        self.ahead = None  # (min_version, handle) of a pull sent ahead
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
@@ -110,6 +115,9 @@ class StepLoop:
                                              release.batch_size, real)
         t_c = time.perf_counter()
         staleness, push_bytes = self.push(release)
+        if self.pull_ahead:
+            version = release.min_version + 1  # what the release after this round will ask
+            self.ahead = version, self.kv.pull_async(out=self.params_np, min_version=version)
         t_d = time.perf_counter()
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
@@ -145,6 +153,12 @@ class StepLoop:
     def pull(self, release) -> int:
         """Fresh parameters (only the step's window under --push-range); returns bytes."""
         if self.plan is None:
+            ahead, self.ahead = self.ahead, None
+            if ahead is not None and ahead[0] == release.min_version:
+                self.kv.wait(ahead[1])
+                return self.nbytes
+            if ahead is not None:  # the release asks for another version: ask again
+                self.kv.abandon(ahead[1])
             self.kv.pull(out=self.params_np, min_version=release.min_version)
             return self.nbytes
         w = self.plan.at(release.step)

@@ -384,6 +384,15 @@ class KVWorker:
         handle.done = True
         return handle.result
 
+    def abandon(self, handle: Handle) -> None:
+        """Give up on an async request: its replies, now or later, are dropped (and frames
+        of them that live in a server's arena released)."""
+        for _, rid, _ in handle.parts:
+            self._sent.pop(rid, None)
+            if self._inbox.pop(rid, None) is not None:
+                self._let_go(rid)
+        handle.done, handle.result = True, None
+
     @property
     def version(self) -> int:
         """The smallest shard version this worker has pulled."""
