@@ -1,6 +1,5 @@
 """Checkpoint files: round trip, checksums, atomic replacement, crash leftovers ignored."""
 
-import json
 import os
 import signal
 import subprocess
