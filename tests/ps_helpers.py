@@ -36,6 +36,24 @@ def running_job(tmp_path: Path, job: dict):
         cluster.stop()
 
 
+@contextlib.contextmanager
+def step_loop(tmp_path: Path, **options):
+    """(KVWorker, StepLoop) of the train task for one worker on 2 real shards: ASP, SGD lr 0.5,
+    float64, batch 8, no evaluator; `options` override TrainConfig fields."""
+    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.config import TrainConfig
+    from paramserver.runtime.train_task import StepLoop
+    settings = dict(workers=1, servers=2, sync="asp", lr=0.5, dtype="float64", eval_interval=0,
+                    batch_size=8)
+    job = prepare_job(TrainConfig(**{**settings, **options}))
+    with running_job(tmp_path, job) as cluster:
+        kv = KVWorker(cluster.address)
+        try:
+            yield kv, StepLoop(kv, job["task"])
+        finally:
+            kv.close()
+
+
 def known_gradient(rank: int, step: int, num_keys: int, dtype) -> np.ndarray:
     """Integer-valued, distinct per (rank, step), so sums are exact in float32 and float64."""
     keys = np.arange(num_keys)

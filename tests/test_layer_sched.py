@@ -27,42 +27,30 @@ def test_layers_are_pushed_during_backward_and_pulled_in_schedule_order(tmp_path
     """Real shards (ASP, SGD lr 0.5, float64): every step pushes each layer once, in backward
     order, values equal to the flat gradient; pulls go out in the schedule's order; the
     servers end at init - lr * the sum of every gradient."""
-    from paramserver.cli.train_cmd import prepare_job
-    from paramserver.config import TrainConfig
-    from paramserver.runtime.train_task import StepLoop
-    from paramserver.runtime.worker_client import KVWorker
-    from ps_helpers import running_job
-    cfg = TrainConfig(workers=1, servers=2, sync="asp", lr=0.5, dtype="float64", steps=4,
-                      eval_interval=0, schedule="lifo", batch_size=8)
-    job = prepare_job(cfg)
-    with running_job(tmp_path, job) as cluster:
-        kv = KVWorker(cluster.address)
-        try:
-            loop = StepLoop(kv, job["task"])
-            layers = [layer.keys for layer in loop.keys.layers]
-            init = loop.params_np.copy()
-            kv.init(init)
-            pushes, pulls, total = [], [], np.zeros(kv.num_keys)
-            real_push, real_pull = kv.push_async, kv.pull_async
-            kv.push_async = lambda v, keys, **t: pushes.append((keys, v.copy())) or real_push(
-                v, keys, **t)
-            kv.pull_async = lambda keys, **kw: pulls.append(keys) or real_pull(keys, **kw)
-            release = kv.start()
-            for step, order in enumerate(["lifo", "lifo", "fifo", "fifo"]):
-                loop.layered.order = order
-                pushes.clear(), pulls.clear()
-                record, compute = loop.step(release, 0.0)
-                index = [layers.index(type(layers[0])(*k)) for k, _ in pushes]
-                assert index == list(reversed(range(len(layers))))  # as backward made them
-                np.testing.assert_array_equal(np.concatenate([v for _, v in pushes[::-1]]),
-                                              loop.grads_np)
-                forward = list(range(len(layers)))
-                want = forward if order == "lifo" else forward[::-1]
-                assert [layers.index(type(layers[0])(*k)) for k in pulls] == want
-                assert record["suspend_s"] >= 0 and "staleness_layer_0" in record
-                total += loop.grads_np
-                release = kv.clock(release.step, release.batch_size, compute)
-            kv.pull_async = real_pull
-            np.testing.assert_allclose(kv.pull(), init - 0.5 * total, rtol=0, atol=1e-12)
-        finally:
-            kv.close()
+    from ps_helpers import step_loop
+    with step_loop(tmp_path, steps=4, schedule="lifo") as (kv, loop):
+        layers = [layer.keys for layer in loop.keys.layers]
+        init = loop.params_np.copy()
+        kv.init(init)
+        pushes, pulls, total = [], [], np.zeros(kv.num_keys)
+        real_push, real_pull = kv.push_async, kv.pull_async
+        kv.push_async = lambda v, keys, **t: pushes.append((keys, v.copy())) or real_push(
+            v, keys, **t)
+        kv.pull_async = lambda keys, **kw: pulls.append(keys) or real_pull(keys, **kw)
+        release = kv.start()
+        for step, order in enumerate(["lifo", "lifo", "fifo", "fifo"]):
+            loop.layered.order = order
+            pushes.clear(), pulls.clear()
+            record, compute = loop.step(release, 0.0)
+            index = [layers.index(type(layers[0])(*k)) for k, _ in pushes]
+            assert index == list(reversed(range(len(layers))))  # as backward made them
+            np.testing.assert_array_equal(np.concatenate([v for _, v in pushes[::-1]]),
+                                          loop.grads_np)
+            forward = list(range(len(layers)))
+            want = forward if order == "lifo" else forward[::-1]
+            assert [layers.index(type(layers[0])(*k)) for k in pulls] == want
+            assert record["suspend_s"] >= 0 and "staleness_layer_0" in record
+            total += loop.grads_np
+            release = kv.clock(release.step, release.batch_size, compute)
+        kv.pull_async = real_pull
+        np.testing.assert_allclose(kv.pull(), init - 0.5 * total, rtol=0, atol=1e-12)

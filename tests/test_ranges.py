@@ -58,41 +58,29 @@ def test_held_back_gradients_go_out_with_their_window_and_nothing_is_lost():
 def test_the_worker_loop_pushes_and_pulls_exactly_its_windows(tmp_path):
     """A real StepLoop against real shards (ASP, SGD lr 0.5, float64): each step pulls and
     pushes one layer; the servers end at init - lr * everything pushed, key for key."""
-    from paramserver.cli.train_cmd import prepare_job
-    from paramserver.config import TrainConfig
-    from paramserver.runtime.train_task import StepLoop
-    from paramserver.runtime.worker_client import KVWorker
-    from ps_helpers import running_job
-    cfg = TrainConfig(workers=1, servers=2, sync="asp", lr=0.5, dtype="float64", steps=6,
-                      eval_interval=0, push_range="layers", batch_size=8)
-    job = prepare_job(cfg)
-    with running_job(tmp_path, job) as cluster:
-        kv = KVWorker(cluster.address)
-        try:
-            loop = StepLoop(kv, job["task"])
-            windows = loop.plan.windows
-            assert len(windows) >= 2 and windows[-1].hi == kv.num_keys
-            init = loop.params_np.copy()
-            kv.init(init)
-            release, pushed, real_push = kv.start(), [], kv.push
-            kv.push = lambda v, keys, **tags: pushed.append((keys, v.copy())) or real_push(
-                v, keys, **tags)
-            for _ in range(6):
-                before = loop.params_np.copy()
-                record, compute = loop.step(release, 0.0)
-                w = windows[release.step % len(windows)]
-                assert pushed[-1][0] == w and record["push_bytes"] == record["pull_bytes"] == w.size * 8
-                # The pull wrote the window and nothing else.
-                outside = np.ones(kv.num_keys, bool)
-                outside[w.lo:w.hi] = False
-                np.testing.assert_array_equal(loop.params_np[outside], before[outside])
-                release = kv.clock(release.step, release.batch_size, compute)
-            expected = init.copy()
-            for w, values in pushed:
-                expected[w.lo:w.hi] -= 0.5 * values
-            np.testing.assert_allclose(kv.pull(), expected, rtol=0, atol=1e-12)
-        finally:
-            kv.close()
+    from ps_helpers import step_loop
+    with step_loop(tmp_path, steps=6, push_range="layers") as (kv, loop):
+        windows = loop.plan.windows
+        assert len(windows) >= 2 and windows[-1].hi == kv.num_keys
+        init = loop.params_np.copy()
+        kv.init(init)
+        release, pushed, real_push = kv.start(), [], kv.push
+        kv.push = lambda v, keys, **tags: pushed.append((keys, v.copy())) or real_push(
+            v, keys, **tags)
+        for _ in range(6):
+            before = loop.params_np.copy()
+            record, compute = loop.step(release, 0.0)
+            w = windows[release.step % len(windows)]
+            assert pushed[-1][0] == w and record["push_bytes"] == record["pull_bytes"] == w.size * 8
+            # The pull wrote the window and nothing else.
+            outside = np.ones(kv.num_keys, bool)
+            outside[w.lo:w.hi] = False
+            np.testing.assert_array_equal(loop.params_np[outside], before[outside])
+            release = kv.clock(release.step, release.batch_size, compute)
+        expected = init.copy()
+        for w, values in pushed:
+            expected[w.lo:w.hi] -= 0.5 * values
+        np.testing.assert_allclose(kv.pull(), expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("options", [{"push_range": "window:0.5", "compress": "topk"},
