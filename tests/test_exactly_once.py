@@ -108,7 +108,7 @@ def test_a_push_retried_while_its_server_is_frozen_is_applied_once(tmp_path):
         try:
             kv.init(np.zeros(keys))
             kv.start()
-            kv.retry_interval = 0.05
+            kv.requests.retry_interval = 0.05
             pid = _server_pid(cluster)
             os.kill(pid, signal.SIGSTOP)  # every copy of the push queues up behind the freeze
             thaw = threading.Timer(0.6, os.kill, (pid, signal.SIGCONT))
@@ -117,10 +117,10 @@ def test_a_push_retried_while_its_server_is_frozen_is_applied_once(tmp_path):
                 kv.push(np.ones(keys), step=0, batch=1)  # retried every 50 ms meanwhile
             finally:
                 thaw.join()
-            assert kv.retries >= 3
+            assert kv.requests.retries >= 3
             np.testing.assert_array_equal(kv.pull(), -np.ones(keys))
-            rid = kv._send(0, Message("status"))
-            state = kv._collect([(0, rid, None)], "status")[rid]["state"]
+            rid = kv.requests.send(0, Message("status"))
+            state = kv.requests.collect([(0, rid, None)], "status")[rid]["state"]
             assert state["updates_applied"] == 1 and state["duplicates"] >= 3
         finally:
             kv.close()

@@ -30,6 +30,6 @@ def test_pull_sent_with_the_push_returns_the_round_and_abandoned_replies_are_dro
                 assert release.min_version == release.step  # one round per step
                 np.testing.assert_array_equal(kv.wait(ahead), params)
             assert kv.version == steps
-            assert not kv._inbox and not kv._held, "a dropped reply was kept"
+            assert not kv.requests.inbox and not kv.requests.held, "a dropped reply was kept"
         finally:
             kv.close()

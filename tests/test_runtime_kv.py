@@ -76,8 +76,7 @@ def test_client_side_errors_are_clear(kv):
 
 def test_server_refuses_a_range_outside_its_shard(kv):
     from paramserver.wire import Message
-    kv._send(0, Message("pull", {"range": [30, 40]}))
-    rid = kv._rid
+    rid = kv.requests.send(0, Message("pull", {"range": [30, 40]}))
     with pytest.raises(RemoteError, match="outside"):
-        kv._collect([(0, rid, slice(0, 10))], "pull")
+        kv.requests.collect([(0, rid, slice(0, 10))], "pull")
     np.testing.assert_array_equal(kv.pull((0, 5)).shape, (5,))  # and it still serves us

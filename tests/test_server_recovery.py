@@ -71,7 +71,7 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
             os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)  # round 4 is lost on shard 1
             release = _steps(kv, release, 5)  # retried until the restarted server answers
             final = kv.pull(min_version=release.min_version)
-            assert kv.retries >= 1
+            assert kv.requests.retries >= 1
             kv.bye()
         finally:
             kv.close()

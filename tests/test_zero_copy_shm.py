@@ -172,7 +172,7 @@ def test_a_job_on_this_host_pushes_and_pulls_through_shared_memory_exactly(tmp_p
                 np.testing.assert_array_equal(kv.pull(), expected)
             assert all(shm.shared_with(s.sock) for s in kv.shards)
             assert (kv.arena.counters[:2] > 0).all()  # pulls came by reference and were released
-            assert not kv._held
+            assert not kv.requests.held
         finally:
             kv.close()
 

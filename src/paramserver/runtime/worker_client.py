@@ -30,6 +30,7 @@ from paramserver.keyspace import KeyRange
 from paramserver.links import link_for
 from paramserver.runtime import rpc
 from paramserver.runtime.rpc import RemoteError
+from paramserver.runtime.shard_requests import ShardRequests
 from paramserver.transport import connect_dealer, new_context, security, shaping, shm
 from paramserver.wire import Message, WireError
 
@@ -89,9 +90,6 @@ class KVWorker:
         self.coord = connect_dealer(self.ctx, join, keys=self.keys)
         self.join = join
         self._rid = 0
-        self._inbox: dict[int, Message] = {}
-        self._sent: dict[int, tuple[int, Message]] = {}  # rid -> (shard, request) unanswered
-        self.retries = 0
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
         fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
@@ -100,18 +98,15 @@ class KVWorker:
         self.job: dict = welcome["job"]
         self.num_keys: int = self.job["num_keys"]
         self.dtype = np.dtype(self.job["dtype"])
-        # Seconds without an answer before a request to a server is sent again.
-        self.retry_interval = float(self.job.get("retry_interval", 3.0))
         self._shaped = role == "worker" and self._shape_link()
         self.shards = [Shard(r, a, KeyRange(lo, hi),
                              connect_dealer(self.ctx, a, send_timeout=self.timeout,
                                             keys=self.keys, peer="server"))
                        for r, a, lo, hi in self.job["shards"]]
         self._starts = np.array([s.range.lo for s in self.shards], dtype=np.int64)
-        self._poller = zmq.Poller()
-        for s in self.shards:
-            self._poller.register(s.sock, zmq.POLLIN)
-        self._held: dict[int, list] = {}  # rid -> reply frames that live in a server's arena
+        # `retry_interval`: seconds without an answer before a request is sent again.
+        self.requests = ShardRequests(self.shards, self.src, self._next_rid, self.timeout,
+                                      float(self.job.get("retry_interval", 3.0)))
         self.arena = self._offer_shared_memory(shared_memory)
         everything = KeyRange(0, self.num_keys)
         self._all_pieces = list(self._pieces(everything))  # the common request, worked out once
@@ -121,6 +116,17 @@ class KVWorker:
             self._beat = threading.Thread(target=self._heartbeat, daemon=True,
                                           args=(float(self.job.get("heartbeat_interval", 1.0)),))
             self._beat.start()
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any request (to the coordinator or a shard) may wait for its answer."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = seconds
+        if hasattr(self, "requests"):
+            self.requests.timeout = seconds
 
     # ---- plumbing -------------------------------------------------------------------------------
     def _shape_link(self) -> bool:
@@ -158,12 +164,6 @@ class KVWorker:
                 return buf
         return np.zeros(count, dtype=self.dtype)
 
-    def _let_go(self, rid: int) -> None:
-        """Done with reply `rid`: frames of it that live in a server's arena are released."""
-        frames = self._held.pop(rid, None)
-        if frames:
-            shm.release_frames(frames)
-
     def _next_rid(self) -> int:
         self._rid += 1
         return self._rid
@@ -196,74 +196,6 @@ class KVWorker:
                 raise RemoteError(f"coordinator refused {msg.op!r}: {reply['msg']}")
             return reply
 
-    def _send(self, shard: int, msg: Message) -> int:
-        msg.rid, msg.src = self._next_rid(), self.src
-        self._sent[msg.rid] = (shard, msg)  # kept to be sent again, same rid, until answered
-        self._transmit(shard, msg)
-        return msg.rid
-
-    def _transmit(self, shard: int, msg: Message) -> None:
-        try:
-            rpc.send(self.shards[shard].sock, msg)
-        except zmq.Again:
-            s = self.shards[shard]
-            raise TimeoutError(f"server {s.rank} at {s.addr} accepted no {msg.op!r} for "
-                               f"{self.timeout:.0f} s (its queue is full)") from None
-
-    def _retry(self, rids) -> None:
-        """Send unanswered requests again with their own ids: one may have died with a server
-        (a restarted one is reached at the same address); servers apply a push only once."""
-        for rid in rids:
-            entry = self._sent.get(rid)
-            if entry is not None:  # (None: given up on by an earlier wait that timed out)
-                self._transmit(*entry)
-                self.retries += 1
-
-    def _collect(self, parts: list[tuple[int, int, slice]], what: str) -> dict[int, Message]:
-        """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
-        want = {rid: shard for shard, rid, _ in parts}
-        now = time.monotonic()
-        deadline, retry_at = now + self.timeout, now + self.retry_interval
-        while not all(rid in self._inbox for rid in want):
-            now = time.monotonic()
-            if now >= deadline:
-                missing = sorted({want[r] for r in want if r not in self._inbox})
-                names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
-                for r in want:
-                    self._sent.pop(r, None)
-                raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
-            if now >= retry_at:
-                self._retry([r for r in want if r not in self._inbox])
-                retry_at = now + self.retry_interval
-            self._receive(min(deadline, retry_at) - now)
-        replies = {rid: self._inbox.pop(rid) for rid in want}
-        for rid in want:
-            self._sent.pop(rid, None)
-        for rid, reply in replies.items():
-            if reply.op == "error":
-                for r in want:
-                    self._let_go(r)
-                raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
-        return replies
-
-    def _receive(self, timeout: float) -> None:
-        """Replies that arrive within `timeout` s go to the inbox; a second answer to a retried
-        request (its first came already) is dropped."""
-        # Polling every shard (one poller, built once) is as good: other replies go to the inbox.
-        for sock, _ in self._poller.poll(max(timeout, 0.0) * 1000):
-            _, reply, frames = rpc.recv(sock, routed=False)
-            if reply is None:
-                continue
-            if isinstance(reply, WireError):
-                shm.release_frames(frames)
-                raise RemoteError(f"a server sent a bad frame: {reply}")
-            if reply.rid not in self._sent or reply.rid in self._inbox:
-                shm.release_frames(frames)
-                continue
-            self._inbox[reply.rid] = reply
-            if any(isinstance(f, shm.SharedFrame) for f in frames):
-                self._held[reply.rid] = frames  # released once copied out (wait)
-
     def _pieces(self, key_range: KeyRange):
         """(shard index, piece range, slice into the request) for each shard the range touches."""
         if key_range.lo == 0 and key_range.hi == self.num_keys and hasattr(self, "_all_pieces"):
@@ -286,9 +218,9 @@ class KVWorker:
         """Offer initial values; the first offer per shard wins. True if ours was taken."""
         r = self._full(keys)
         arr = _as_array(values, self.dtype)
-        parts = [(i, self._send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
+        parts = [(i, self.requests.send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
                  for i, p, sl in self._pieces(r)]
-        replies = self._collect(parts, "init")
+        replies = self.requests.collect(parts, "init")
         return all(m.get("staleness", 0) >= 0 for m in replies.values())
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
@@ -302,7 +234,7 @@ class KVWorker:
         for i, p, sl in self._pieces(r):
             fields = {"range": [p.lo, p.hi], "step": step, "version": self.shards[i].version,
                       "batch": batch, "scale": float(scale)}
-            handle.parts.append((i, self._send(i, Message("push", fields, [arr[sl]])), sl))
+            handle.parts.append((i, self.requests.send(i, Message("push", fields, [arr[sl]])), sl))
         return handle
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0) -> int:
@@ -329,7 +261,7 @@ class KVWorker:
             fields = {"step": step, "version": self.shards[i].version, "batch": batch,
                       "scale": float(scale)}
             msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
-            handle.parts.append((i, self._send(i, msg), slice(a, b)))
+            handle.parts.append((i, self.requests.send(i, msg), slice(a, b)))
         return handle
 
     def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0) -> int:
@@ -346,7 +278,7 @@ class KVWorker:
         handle = Handle("pull", out=out)
         for i, p, sl in self._pieces(r):
             fields = {"range": [p.lo, p.hi], "min_version": min_version}
-            handle.parts.append((i, self._send(i, Message("pull", fields)), sl))
+            handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
         return handle
 
     def pull(self, keys=None, out: np.ndarray | None = None, min_version: int = 0) -> np.ndarray:
@@ -363,14 +295,14 @@ class KVWorker:
         for i in np.unique(owner):
             idx = np.flatnonzero(owner == i)
             msg = Message("pull_keys", {"min_version": min_version}, [np.ascontiguousarray(k[idx])])
-            handle.parts.append((int(i), self._send(int(i), msg), idx))
+            handle.parts.append((int(i), self.requests.send(int(i), msg), idx))
         return self.wait(handle)
 
     def wait(self, handle: Handle):
         """Finish an async request: a push returns its max staleness, a pull its values."""
         if handle.done:
             return handle.result
-        replies = self._collect(handle.parts, handle.kind)
+        replies = self.requests.collect(handle.parts, handle.kind)
         if handle.kind == "push":
             handle.result = max((m.get("staleness", 0) for m in replies.values()), default=0)
         else:
@@ -379,7 +311,7 @@ class KVWorker:
                 handle.out[sl] = reply.arrays[0]
                 self.shards[shard].version = reply["version"]
                 reply.arrays = []
-                self._let_go(rid)  # the server may overwrite those values now
+                self.requests.let_go(rid)  # the server may overwrite those values now
             handle.result = handle.out
         handle.done = True
         return handle.result
@@ -387,10 +319,7 @@ class KVWorker:
     def abandon(self, handle: Handle) -> None:
         """Give up on an async request: its replies, now or later, are dropped (and frames
         of them that live in a server's arena released)."""
-        for _, rid, _ in handle.parts:
-            self._sent.pop(rid, None)
-            if self._inbox.pop(rid, None) is not None:
-                self._let_go(rid)
+        self.requests.forget(rid for _, rid, _ in handle.parts)
         handle.done, handle.result = True, None
 
     @property
