@@ -54,6 +54,27 @@ def step_loop(tmp_path: Path, **options):
             kv.close()
 
 
+@contextlib.contextmanager
+def started_client(tmp_path: Path, num_keys: int):
+    """(cluster, KVWorker) of a 1-shard, 1-worker ASP job (SGD, lr 1, zeros), started."""
+    with running_job(tmp_path, make_job(num_keys, 1, 1, sync="asp", lr=1.0)) as cluster:
+        kv = KVWorker(cluster.address)
+        try:
+            kv.init(np.zeros(num_keys))
+            kv.start()
+            yield cluster, kv
+        finally:
+            kv.close()
+
+
+def steps_after_the_death(records: list[dict]) -> list[dict]:
+    """Step records of the one worker declared dead, after its death: its replacement's."""
+    left = [i for i, r in enumerate(records) if r["kind"] == "left" and r["reason"] == "dead"]
+    assert len(left) == 1, left
+    dead_rank = records[left[0]]["worker"]
+    return [r for r in records[left[0]:] if r["kind"] == "step" and r["worker"] == dead_rank]
+
+
 def known_gradient(rank: int, step: int, num_keys: int, dtype) -> np.ndarray:
     """Integer-valued, distinct per (rank, step), so sums are exact in float32 and float64."""
     keys = np.arange(num_keys)

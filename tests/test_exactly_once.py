@@ -9,9 +9,8 @@ import pytest
 
 from paramserver.runtime import rpc
 from paramserver.runtime.dedup import DedupTable
-from paramserver.runtime.worker_client import KVWorker
 from paramserver.wire import Message
-from ps_helpers import make_job, running_job
+from ps_helpers import started_client
 
 
 class ReferenceTable:
@@ -77,50 +76,38 @@ def _server_pid(cluster):
 
 def test_the_same_push_frame_twice_is_applied_once(tmp_path):
     keys = 6
-    with running_job(tmp_path, make_job(keys, 1, 1, sync="asp", lr=1.0)) as cluster:
-        kv = KVWorker(cluster.address)
-        try:
-            kv.init(np.zeros(keys))
-            kv.start()
-            grad = np.arange(1.0, keys + 1.0)
-            msg = Message("push", {"range": [0, keys], "step": 0, "version": 0, "batch": 1},
-                          [grad], rid=77, src=kv.src)
-            sock = kv.shards[0].sock
-            replies = []
-            for _ in range(2):
-                rpc.send(sock, msg)
-                assert sock.poll(10_000), "no ack within 10 s"
-                replies.append(rpc.recv(sock, routed=False)[1])
-            assert [r.op for r in replies] == ["ack", "ack"]
-            assert replies[0].fields == replies[1].fields  # the original ack, repeated
-            np.testing.assert_array_equal(kv.pull(), -grad)  # sgd, lr 1: one step, not two
-            # Another request id is another push: applied.
-            kv.push(grad, step=1, batch=1)
-            np.testing.assert_array_equal(kv.pull(), -2 * grad)
-        finally:
-            kv.close()
+    with started_client(tmp_path, keys) as (cluster, kv):
+        grad = np.arange(1.0, keys + 1.0)
+        msg = Message("push", {"range": [0, keys], "step": 0, "version": 0, "batch": 1},
+                      [grad], rid=77, src=kv.src)
+        sock = kv.shards[0].sock
+        replies = []
+        for _ in range(2):
+            rpc.send(sock, msg)
+            assert sock.poll(10_000), "no ack within 10 s"
+            replies.append(rpc.recv(sock, routed=False)[1])
+        assert [r.op for r in replies] == ["ack", "ack"]
+        assert replies[0].fields == replies[1].fields  # the original ack, repeated
+        np.testing.assert_array_equal(kv.pull(), -grad)  # sgd, lr 1: one step, not two
+        # Another request id is another push: applied.
+        kv.push(grad, step=1, batch=1)
+        np.testing.assert_array_equal(kv.pull(), -2 * grad)
 
 
 def test_a_push_retried_while_its_server_is_frozen_is_applied_once(tmp_path):
     keys = 8
-    with running_job(tmp_path, make_job(keys, 1, 1, sync="asp", lr=1.0)) as cluster:
-        kv = KVWorker(cluster.address)
+    with started_client(tmp_path, keys) as (cluster, kv):
+        kv.requests.retry_interval = 0.05
+        pid = _server_pid(cluster)
+        os.kill(pid, signal.SIGSTOP)  # every copy of the push queues up behind the freeze
+        thaw = threading.Timer(0.6, os.kill, (pid, signal.SIGCONT))
+        thaw.start()
         try:
-            kv.init(np.zeros(keys))
-            kv.start()
-            kv.requests.retry_interval = 0.05
-            pid = _server_pid(cluster)
-            os.kill(pid, signal.SIGSTOP)  # every copy of the push queues up behind the freeze
-            thaw = threading.Timer(0.6, os.kill, (pid, signal.SIGCONT))
-            thaw.start()
-            try:
-                kv.push(np.ones(keys), step=0, batch=1)  # retried every 50 ms meanwhile
-            finally:
-                thaw.join()
-            assert kv.requests.retries >= 3
-            np.testing.assert_array_equal(kv.pull(), -np.ones(keys))
-            rid = kv.requests.send(0, Message("status"))
-            state = kv.requests.collect([(0, rid, None)], "status")[rid]["state"]
-            assert state["updates_applied"] == 1 and state["duplicates"] >= 3
+            kv.push(np.ones(keys), step=0, batch=1)  # retried every 50 ms meanwhile
         finally:
-            kv.close()
+            thaw.join()
+        assert kv.requests.retries >= 3
+        np.testing.assert_array_equal(kv.pull(), -np.ones(keys))
+        rid = kv.requests.send(0, Message("status"))
+        state = kv.requests.collect([(0, rid, None)], "status")[rid]["state"]
+        assert state["updates_applied"] == 1 and state["duplicates"] >= 3
