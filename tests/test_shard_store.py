@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from paramserver.keyspace import KeyRange
-from paramserver.optim import make_rule
+from paramserver.optim import UPDATE_RULES, make_rule
 from paramserver.runtime.shard_store import ShardStore, StoreError
 
 
@@ -15,6 +15,8 @@ def store(mode="arrival", lo=10, hi=20, rule="sgd", lr=1.0, **opts):
     return s
 
 
+# The rules whose round average rides in the scale; the others are divided first.
+LINEAR_RULES = [n for n in UPDATE_RULES.names() if UPDATE_RULES.get(n).linear_in_grad]
 TAGS = dict(step=0, batch=1, base_version=0, scale=1.0)
 
 
@@ -94,3 +96,37 @@ def test_momentum_dense_and_sparse_agree_with_a_reference():
     np.testing.assert_allclose(dense.read(10, 20).numpy(), ref_p)
     np.testing.assert_allclose(sparse.read(10, 20).numpy(), ref_p)
     assert torch.is_tensor(dense.state["momentum"])
+
+
+@pytest.mark.parametrize("rule", UPDATE_RULES.names())
+def test_every_rule_applies_a_round_as_its_explicit_average(rule):
+    """Linear rules take the average's 1/total in their scale instead of a division pass:
+    two rounds must still equal the rule applied to the averages computed by hand."""
+    rng = np.random.default_rng(1)
+    s = store("round", rule=rule, lr=0.1)
+    ref_params = torch.arange(10, 20, dtype=torch.float64)
+    ref_rule = make_rule(rule, 0.1)
+    ref_state = ref_rule.init_state(ref_params)
+    for step in range(2):
+        grads = {w: rng.normal(size=10) for w in "abc"}
+        batches = {"a": 2, "b": 3, "c": 5}
+        for w, g in grads.items():
+            s.push_dense(w, 10, 20, g, step=step, batch=batches[w], base_version=step, scale=1.0)
+        s.apply_round(step)
+        avg = sum(batches[w] * grads[w] for w in grads) / sum(batches.values())
+        ref_rule.apply(ref_params, slice(None), torch.from_numpy(avg), ref_state, 0, 1.0)
+        np.testing.assert_allclose(s.read(10, 20).numpy(), ref_params.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("rule", LINEAR_RULES)
+def test_rules_declared_linear_are_linear_in_the_gradient(rule):
+    """apply(c * g, scale=s) == apply(g, scale=c * s), over two steps (momentum state too)."""
+    r = make_rule(rule, 0.1)
+    rng = np.random.default_rng(2)
+    a, b = torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)
+    sa, sb = r.init_state(a), r.init_state(b)
+    for _ in range(2):
+        g, c = torch.from_numpy(rng.normal(size=8)), 0.37
+        r.apply(a, slice(None), g * c, sa, 1, 2.0)
+        r.apply(b, slice(None), g, sb, 1, 2.0 * c)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)

@@ -23,6 +23,9 @@ class UpdateRule(ABC):
     """One optimizer on one shard. `state` holds per-key tensors sized like the shard."""
 
     name: ClassVar[str] = "?"
+    # Whether apply(params, i, c * grad, scale=s) == apply(params, i, grad, scale=c * s) for
+    # any c > 0: a round's average then costs no pass of its own (the division rides in scale).
+    linear_in_grad: ClassVar[bool] = False
 
     def __init__(self, lr: float):
         if not lr > 0:

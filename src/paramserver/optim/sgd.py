@@ -11,6 +11,7 @@ class SGD(UpdateRule):
     """params -= lr * scale * grad."""
 
     name = "sgd"
+    linear_in_grad = True
 
     def apply(self, params, index, grad, state, staleness, scale=1.0, worker=""):
         add_at(params, index, grad, -self.lr * scale)
@@ -20,6 +21,7 @@ class MomentumSGD(UpdateRule):
     """Heavy-ball momentum kept on the server per key: buf = mu * buf + grad; params -= lr * buf."""
 
     name = "momentum"
+    linear_in_grad = True
 
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)

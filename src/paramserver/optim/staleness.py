@@ -20,6 +20,7 @@ class ConSGD(UpdateRule, Configurable):
     """params -= lambda * lr * scale * grad: one constant global rate on every local update."""
 
     name = "consgd"
+    linear_in_grad = True
     Options = ConSGDOptions
 
     def __init__(self, lr: float, global_rate: float = 1.0):
@@ -37,6 +38,7 @@ class DynSGD(UpdateRule, Configurable):
     """params -= lr * scale * grad / (staleness + 1): the staler, the smaller the step."""
 
     name = "dynsgd"
+    linear_in_grad = True
 
     def apply(self, params, index, grad, state, staleness, scale=1.0, worker=""):
         add_at(params, index, grad, -self.lr * scale / (staleness + 1))
@@ -46,6 +48,7 @@ class StalenessAware(UpdateRule, Configurable):
     """Staleness-aware ASGD: lr = lr0 / max(staleness, 1), so fresh and 1-stale get lr0."""
 
     name = "staleness-aware"
+    linear_in_grad = True
 
     def apply(self, params, index, grad, state, staleness, scale=1.0, worker=""):
         add_at(params, index, grad, -self.lr * scale / max(staleness, 1))

@@ -187,10 +187,13 @@ class ShardStore:
             return False
         if step != self.round_step:
             raise StoreError(f"asked to apply round {step} but round {self.round_step} is open")
-        total = sum(self.round_batches.values())
-        self.round_sum.div_(max(total, 1))
+        total = max(sum(self.round_batches.values()), 1)
+        scale = 1.0 / total
+        if not self.rule.linear_in_grad:  # the rule must see the average itself
+            self.round_sum.div_(total)
+            scale = 1.0
         self._writable()
-        self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, 1.0)
+        self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
         self.version += 1
         self.updates_applied += 1
         self.round_step, self.round_batches = None, {}  # the sum is reset by the next first push
