@@ -83,6 +83,7 @@ class StepLoop:
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
+        self.grads_zeroed = False
 
     def _skip(self, samples: int) -> None:
         """A resumed worker draws the batches it drew before, so its data order goes on alike."""
@@ -94,13 +95,23 @@ class StepLoop:
     def compute(self, batch: int) -> float:
         """Forward and backward on the next batch; gradients land in the flat buffer."""
         xb, yb = self.sampler.next_batch(batch)
-        self.grads.zero_()
+        if not self.grads_zeroed:
+            self.grads.zero_()
+        self.grads_zeroed = False
         loss = self.loss_fn(self.model(xb.to(self.params.dtype)), yb)
         loss.backward()
         if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
             bind_to_flat(self.model, self.keys, self.params, self.grads)
         return float(loss.detach())
+
+    def prepare_next(self) -> None:
+        """Zero the gradient buffer for the next step while the worker waits for its release
+        (in BSP a core idles then). Safe once the push is acknowledged: a server on this host
+        has read the buffer in place by then."""
+        if not self.grads_zeroed:
+            self.grads.zero_()
+            self.grads_zeroed = True
 
     def step(self, release, wait_s: float) -> tuple[dict, float]:
         """Run the released step; returns (metrics record, modelled compute seconds)."""
@@ -194,7 +205,8 @@ def run(kv: KVWorker, task: dict) -> dict:
         record, compute = loop.step(release, wait_s)
         cpu, free = loop.host_load()
         t_wait = time.perf_counter()
-        release = kv.clock(release.step, release.batch_size, compute, cpu, free, record)
+        release = kv.clock(release.step, release.batch_size, compute, cpu, free, record,
+                           while_waiting=loop.prepare_next)
         wait_s, steps = time.perf_counter() - t_wait, steps + 1
     return {"rank": kv.rank, "steps": steps, "samples": loop.sampler.samples_drawn,
             "epochs": round(loop.sampler.epoch, 3)}
