@@ -84,7 +84,7 @@ class DistributedOptimizer:
         batch = self.release.batch_size if batch is None else int(batch)
         t0 = time.perf_counter()
         staleness = self.kv.push(self.grads.numpy(), step=self.release.step, batch=batch,
-                                 scale=self.release.scale)
+                                 scale=self.release.scale, round_size=self.release.round_size)
         record = {"wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
                   "staleness": int(staleness)}
         if loss is not None:

@@ -140,6 +140,11 @@ class SyncPolicy(ABC):
     def on_tick(self, event: Tick) -> list[Decision]:
         return []
 
+    def round_size(self) -> int:
+        """How many workers' pushes make up the open round, when that is fixed as workers are
+        released into it (0: not known). Servers apply a round once that many pushed."""
+        return 0
+
     def next_deadline(self) -> float | None:
         """Earliest time at which a Tick could produce a decision; None if no timer is needed."""
         return None

@@ -40,6 +40,9 @@ class BSP(SyncPolicy):
         self.observe(event)
         return self._maybe_close_round()
 
+    def round_size(self) -> int:
+        return len(self.active)  # the round closes when every active worker pushed
+
     def observe(self, event: Pushed) -> None:
         """Hook for subclasses that learn from each push (LB-BSP's speed predictors)."""
 

@@ -224,8 +224,9 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin):
             # A resumed job's clock goes on from where the checkpoint left it.
             self.t_start = time.monotonic() - self.elapsed_before
             self.record("barrier_open", workers=len(started))
-            for m in sorted(started, key=lambda m: m.rank):
-                self._apply(self.policy.handle(Joined(m.rank, self.now())))
+            # All join before any release goes out: each release then tells the full round size.
+            self._apply([d for m in sorted(started, key=lambda m: m.rank)
+                         for d in self.policy.handle(Joined(m.rank, self.now()))])
             if self.job.get("restart_servers") and not self.job.get("resume"):
                 # A server that dies before the first scheduled checkpoint restarts from this.
                 self._maybe_checkpoint(final=True)
@@ -317,6 +318,9 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin):
             return
         min_version = self.rounds_applied if self.policy.apply_mode == "round" else 0
         fields = {"step": d.step, "batch": d.batch_size, "min_version": min_version}
+        size = self.policy.round_size()
+        if size:
+            fields["round_size"] = size
         if self.stopping:
             fields["stop"] = True
         if d.scale != 1.0:

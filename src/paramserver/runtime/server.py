@@ -172,6 +172,11 @@ class ServerNode:
         if reply is not None:
             reply.rid, reply.src = msg.rid, self.src
             rpc.send(sock, reply, ident)
+        if self.store.round_full:
+            # The round's last push: apply now (after its ack, so the pusher's clock leaves
+            # first) rather than after the coordinator hears every clock and says so.
+            self.store.apply_round(self.store.round_step)
+            self._serve_pulls()
 
     # ---- handlers -------------------------------------------------------------------------------
     def _on_init(self, msg: Message, ident) -> Message:
@@ -183,7 +188,7 @@ class ServerNode:
 
     def _tags(self, msg: Message) -> dict:
         return {"step": msg["step"], "batch": msg["batch"], "base_version": msg["version"],
-                "scale": float(msg.get("scale", 1.0))}
+                "scale": float(msg.get("scale", 1.0)), "round_size": msg.get("round_size", 0)}
 
     def _on_push(self, msg: Message, ident) -> Message:
         self._need_init()
@@ -245,6 +250,7 @@ class ServerNode:
             "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
             "initialized": st.initialized, "updates_applied": st.updates_applied,
             "lost_updates": self.lost_updates, "duplicates": self.duplicates,
+            "late_pushes": st.late_pushes,
             "pending_pulls": len(self.pending_pulls)}})
 
     def _on_checkpoint(self, msg: Message, ident) -> Message:

@@ -53,6 +53,11 @@ class ShardStore:
         self.round_step: int | None = None
         self.round_sum: torch.Tensor | None = None
         self.round_batches: dict[str, int] = {}
+        # Contributors the open round waits for, as its pushes say (0: not said): once that
+        # many pushed, the round is full and may be applied without waiting to be told.
+        self.round_size = 0
+        self.last_round: int | None = None  # the last round applied, full or told
+        self.late_pushes = 0  # pushes for a round applied already: dropped
         # Replies still being sent from views of `values` (see read(shared=True) and lend()),
         # and older value buffers that replies in flight may still read.
         self._loans: list = []
@@ -138,21 +143,34 @@ class ShardStore:
 
     # ---- updates --------------------------------------------------------------------------------
     def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
-             base_version: int, scale: float) -> PushResult:
+             base_version: int, scale: float, round_size: int = 0) -> PushResult:
+        """Apply (arrival mode) or add to the round (round mode). `round_size`: how many
+        contributors the round has, when the pusher knows it and this push is all it sends."""
         staleness = max(self.version - base_version, 0)
         if self.apply_mode == "arrival":
             self._writable()
             self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
             self.version += 1
             self.updates_applied += 1
+        elif self.last_round is not None and step <= self.last_round:
+            # A worker that joined while the round was closing: the round went without it.
+            self.late_pushes += 1
         else:
             self._accumulate(worker, index, grad, step, batch, scale)
+            self.round_size = max(self.round_size, round_size)
         return PushResult(self.version, staleness)
+
+    @property
+    def round_full(self) -> bool:
+        """Every contributor the open round waits for has pushed: it can be applied now."""
+        return self.round_step is not None and 0 < self.round_size <= len(self.round_batches)
 
     def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, **tags) -> PushResult:
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
+        if index.start != 0 or index.stop != self.range.size:
+            tags["round_size"] = 0  # one piece of several: it cannot complete the round alone
         return self.push(worker, index, self._tensor(array), **tags)
 
     def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, **tags) -> PushResult:
@@ -181,12 +199,17 @@ class ShardStore:
         self.round_batches.setdefault(worker, batch)
 
     def apply_round(self, step: int) -> bool:
-        """Apply the batch-weighted average of round `step`. False if nothing was pushed for it."""
+        """Apply the batch-weighted average of round `step`. False if nothing was pushed for it
+        or it was applied already (when its last push made it full)."""
+        if self.last_round is not None and step <= self.last_round:
+            return False
         if self.round_step is None:
             self.version += 1  # an empty round still advances the clock that pulls wait on
+            self.last_round = step
             return False
         if step != self.round_step:
             raise StoreError(f"asked to apply round {step} but round {self.round_step} is open")
+        self.last_round = step
         total = max(sum(self.round_batches.values()), 1)
         scale = 1.0 / total
         if not self.rule.linear_in_grad:  # the rule must see the average itself
@@ -196,5 +219,6 @@ class ShardStore:
         self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
         self.version += 1
         self.updates_applied += 1
-        self.round_step, self.round_batches = None, {}  # the sum is reset by the next first push
+        # (the sum is reset by the next round's first push)
+        self.round_step, self.round_batches, self.round_size = None, {}, 0
         return True

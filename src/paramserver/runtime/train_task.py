@@ -185,6 +185,7 @@ class StepLoop:
             self.held.add(self.grads_np)
             values = self.held.take(w)
             return self.kv.push(values, w, **tags), values.nbytes
+        tags["round_size"] = release.round_size  # the whole step in one push per shard
         if self.dense:
             return self.kv.push(self.grads_np, **tags), self.nbytes
         sparse = self.compressor.compress(self.grads)

@@ -44,6 +44,9 @@ class Release:
     min_version: int
     stop: bool = False
     scale: float = 1.0  # weight the policy gives this step's update (pass it to push)
+    # Workers in this round (round mode), 0 if not known: pass it to a push that carries the
+    # whole step, so servers apply the round on its last push without waiting to be told.
+    round_size: int = 0
 
 
 @dataclass
@@ -226,8 +229,11 @@ class KVWorker:
         return all(m.get("staleness", 0) >= 0 for m in replies.values())
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
-                   batch: int, scale: float = 1.0) -> Handle:
-        """Send a dense gradient for a key range (default: all keys); returns at once."""
+                   batch: int, scale: float = 1.0, round_size: int = 0) -> Handle:
+        """Send a dense gradient for a key range (default: all keys); returns at once.
+
+        `round_size` (the release's): give it when this push is all the step sends; a shard
+        counts it only from a piece that covers the shard."""
         r = self._full(keys)
         arr = _as_array(values, self.dtype)
         if arr.size != r.size:
@@ -236,15 +242,19 @@ class KVWorker:
         for i, p, sl in self._pieces(r):
             fields = {"range": [p.lo, p.hi], "step": step, "version": self.shards[i].version,
                       "batch": batch, "scale": float(scale)}
+            if round_size:
+                fields["round_size"] = round_size
             handle.parts.append((i, self.requests.send(i, Message("push", fields, [arr[sl]])), sl))
         return handle
 
-    def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0) -> int:
+    def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
+             round_size: int = 0) -> int:
         """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
-        return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale))
+        return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale,
+                                         round_size=round_size))
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
-                          scale: float = 1.0) -> Handle:
+                          scale: float = 1.0, round_size: int = 0) -> Handle:
         """Send (keys, values) pairs; repeated keys add up on the server."""
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = _as_array(values, self.dtype)
@@ -262,12 +272,16 @@ class KVWorker:
             # shard counts the worker's batch in the round's average.
             fields = {"step": step, "version": self.shards[i].version, "batch": batch,
                       "scale": float(scale)}
+            if round_size:
+                fields["round_size"] = round_size
             msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
             handle.parts.append((i, self.requests.send(i, msg), slice(a, b)))
         return handle
 
-    def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0) -> int:
-        return self.wait(self.push_sparse_async(keys, values, step=step, batch=batch, scale=scale))
+    def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0,
+                    round_size: int = 0) -> int:
+        return self.wait(self.push_sparse_async(keys, values, step=step, batch=batch, scale=scale,
+                                                round_size=round_size))
 
     def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
                    out: np.ndarray | None = None, min_version: int = 0) -> Handle:
@@ -332,7 +346,8 @@ class KVWorker:
     # ---- the step protocol ----------------------------------------------------------------------
     def _release(self, reply: Message) -> Release:
         return Release(reply["step"], reply["batch"], reply["min_version"],
-                       bool(reply.get("stop", False)), float(reply.get("scale", 1.0)))
+                       bool(reply.get("stop", False)), float(reply.get("scale", 1.0)),
+                       int(reply.get("round_size", 0)))
 
     def start(self) -> Release | None:
         """Tell the coordinator this worker is ready; blocks until the policy releases step 0.

@@ -24,9 +24,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # worker -> server
     "init": {"range": _f(RANGE)},
     "push": {"range": _f(RANGE), "step": _f(NONNEG), "version": _f(NONNEG),
-             "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False)},
+             "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False),
+             "round_size": _f(NONNEG, False)},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
-                    "scale": _f(FLOAT, False)},
+                    "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False)},
     "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False)},
     "pull_keys": {"min_version": _f(NONNEG, False)},
     # server -> worker
@@ -46,7 +47,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
-                "stop": _f(BOOL, False), "scale": _f(FLOAT, False)},
+                "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
+                "round_size": _f(NONNEG, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
