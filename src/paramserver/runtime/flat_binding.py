@@ -23,6 +23,14 @@ def bind_to_flat(model: nn.Module, keys: ModelKeys, params: torch.Tensor,
         p.grad = grads[slot.keys.lo:slot.keys.hi].view(slot.shape)
 
 
+@torch.no_grad()
+def point_params_at(model: nn.Module, keys: ModelKeys, params: torch.Tensor) -> None:
+    """Make the model's parameters views of `params` as they are (nothing copied; the
+    gradients stay where they were bound)."""
+    for slot, p in zip(keys.params, model.parameters()):
+        p.data = params[slot.keys.lo:slot.keys.hi].view(slot.shape)
+
+
 def grads_are_bound(model: nn.Module, grads: torch.Tensor) -> bool:
     """True if every .grad still lives inside `grads` (autograd may replace a grad it dislikes)."""
     lo = grads.data_ptr()

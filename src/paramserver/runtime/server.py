@@ -250,7 +250,7 @@ class ServerNode:
             "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
             "initialized": st.initialized, "updates_applied": st.updates_applied,
             "lost_updates": self.lost_updates, "duplicates": self.duplicates,
-            "late_pushes": st.late_pushes,
+            "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write,
             "pending_pulls": len(self.pending_pulls)}})
 
     def _on_checkpoint(self, msg: Message, ident) -> Message:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 
 import psutil
 import torch
@@ -12,10 +13,13 @@ from paramserver.compression import make_compressor
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.data import load_dataset
 from paramserver.models import ModelKeys, build_model
-from paramserver.runtime.flat_binding import GradsBoundCheck, bind_to_flat
+from paramserver.runtime.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.runtime.layer_sched import LayerRequests
 from paramserver.runtime.pacing import Pacer
 from paramserver.runtime.worker_client import KVWorker
+
+# Borrowed pull replies are read-only buffers; the model only reads its parameters.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 def build(task: dict, dtype: str):
@@ -80,6 +84,11 @@ class StepLoop:
         self.pull_ahead = (bool(task.get("pull_ahead", True)) and self.plan is None
                            and kv.job.get("apply_mode") == "round" and self.layered is None)
         self.ahead = None  # (min_version, handle) of a pull sent ahead
+        # A pull sent ahead to a single shard is not copied: the model computes on the reply
+        # in place (the server's arena on this host) and hands it back before pushing, so by
+        # the round's last push no worker reads the values the server then updates in place.
+        self.borrowing = self.pull_ahead and len(kv.shards) == 1 and task.get("borrow", True)
+        self.loan, self.own_params = None, True
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
@@ -103,6 +112,7 @@ class StepLoop:
         if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
             bind_to_flat(self.model, self.keys, self.params, self.grads)
+            self.own_params = True
         return float(loss.detach())
 
     def prepare_next(self) -> None:
@@ -121,6 +131,8 @@ class StepLoop:
         pull_bytes = self.pull(release)
         t_b = time.perf_counter()
         loss = self.compute(release.batch_size)
+        self.kv.give_back(self.loan)
+        self.loan = None
         real = time.perf_counter() - t_b
         compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
                                              release.batch_size, real)
@@ -166,15 +178,27 @@ class StepLoop:
         if self.plan is None:
             ahead, self.ahead = self.ahead, None
             if ahead is not None and ahead[0] == release.min_version:
-                self.kv.wait(ahead[1])
+                if not self.borrowing:
+                    self.kv.wait(ahead[1])
+                    return self.nbytes
+                values, self.loan = self.kv.borrow(ahead[1])
+                point_params_at(self.model, self.keys, torch.from_numpy(values))
+                self.own_params = False
                 return self.nbytes
             if ahead is not None:  # the release asks for another version: ask again
                 self.kv.abandon(ahead[1])
+            self._own_params()
             self.kv.pull(out=self.params_np, min_version=release.min_version)
             return self.nbytes
         w = self.plan.at(release.step)
         self.kv.pull(w, out=self.params_np[w.lo:w.hi], min_version=release.min_version)
         return w.size * self.params_np.itemsize
+
+    def _own_params(self) -> None:
+        """The model computes on its own buffer again (after computing on borrowed values)."""
+        if not self.own_params:
+            point_params_at(self.model, self.keys, self.params)
+            self.own_params = True
 
     def push(self, release) -> tuple[int, int]:
         """Push this step's gradient, pruned by the compressor or cut to the step's window

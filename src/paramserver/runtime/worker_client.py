@@ -332,6 +332,24 @@ class KVWorker:
         handle.done = True
         return handle.result
 
+    def borrow(self, handle: Handle) -> tuple[np.ndarray, int | None]:
+        """Finish a pull without copying: (values read in place from the reply, loan). A reply
+        from a server on this host lives in its shared arena, which the server does not
+        write while lent: hand the loan back (give_back) as soon as the values are read.
+        A pull answered by several shards is copied as by wait (loan None)."""
+        if handle.done or len(handle.parts) != 1:
+            return self.wait(handle), None
+        shard, rid, _ = handle.parts[0]
+        reply = self.requests.collect(handle.parts, handle.kind)[rid]
+        self.shards[shard].version = reply["version"]
+        handle.done, handle.result = True, reply.arrays[0]
+        return handle.result, rid
+
+    def give_back(self, loan: int | None) -> None:
+        """The borrowed values are read: the server may write over them now."""
+        if loan is not None:
+            self.requests.let_go(loan)
+
     def abandon(self, handle: Handle) -> None:
         """Give up on an async request: its replies, now or later, are dropped (and frames
         of them that live in a server's arena released)."""
