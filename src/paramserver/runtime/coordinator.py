@@ -239,12 +239,14 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin):
         self.steps_done += 1
         self._check_budget()  # before the policy releases anyone: the last step is this one
         self.worker_samples[member.rank] = self.worker_samples.get(member.rank, 0) + msg["batch"]
-        if "record" in msg.fields:
-            self.metric({"kind": "step", "worker": member.rank, "step": msg["step"],
-                         "batch": msg["batch"], **msg["record"]})
-        event = Pushed(member.rank, msg["step"], self.now(), msg["batch"],
+        now = self.now()
+        event = Pushed(member.rank, msg["step"], now, msg["batch"],
                        float(msg["compute_time"]), msg.get("cpu_load"), msg.get("free_mem"))
         self._apply(self.policy.handle(event))
+        if "record" in msg.fields:  # after the releases: the log line is off their path
+            self.metric({"kind": "step", "worker": member.rank, "step": msg["step"],
+                         "batch": msg["batch"], **msg["record"]},
+                        age=self.now() - now)
         self._maybe_checkpoint()
 
     def _on_heartbeat(self, ident: bytes, msg: Message) -> None:

@@ -239,10 +239,10 @@ class ServerNode:
         self.store.local_keys(msg.arrays[0])
         self._pull_or_wait(msg, ident)
 
-    def _on_apply_round(self, msg: Message, ident) -> Message:
+    def _on_apply_round(self, msg: Message, ident) -> None:
+        # No reply: the coordinator waits for none, and every message costs both ends CPU.
         self.store.apply_round(msg["step"])
         self._serve_pulls()
-        return Message("ok")
 
     def _on_status(self, msg: Message, ident) -> Message:
         st = self.store
