@@ -8,6 +8,9 @@ continues from the updated parameters.
 
   paramserver  `train` task under BSP through LocalCluster (1 shard, no evaluator);
                rounds/s = rounds / training wall time of the job's metrics
+  paramserver no-ahead / copy-pull
+               the same without sending the next pull with the push / with the pull's reply
+               copied into the model instead of read in place (A/B rows)
   ddp          DistributedDataParallel, gloo backend, N processes (allreduce of the gradient)
   rpc-ps       torch.distributed.rpc parameter server: a server process holds the flat
                parameters; each worker's rpc pushes its gradient and returns the parameters
@@ -65,7 +68,7 @@ def _model():
 
 # ---- paramserver --------------------------------------------------------------------------------
 def run_paramserver(workers: int, rounds: int, env: dict | None = None,
-                    pull_ahead: bool = True) -> float:
+                    pull_ahead: bool = True, borrow: bool = True) -> float:
     from paramserver.cli.train_cmd import prepare_job
     from paramserver.runtime.launcher import LocalCluster
     cfg = TrainConfig(sync="bsp", workers=workers, servers=1, batch_size=BATCH, lr=LR,
@@ -73,6 +76,7 @@ def run_paramserver(workers: int, rounds: int, env: dict | None = None,
     job = prepare_job(cfg)
     job["eval_interval"] = None  # no evaluator: the other systems do not score a test set
     job["task"]["pull_ahead"] = pull_ahead  # off: the pull waits for the release (A/B)
+    job["task"]["borrow"] = borrow  # off: the reply is copied into the model (A/B)
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)
         LocalCluster(job, run_dir, job_timeout=600, env=env).run()
@@ -297,6 +301,7 @@ def run_floor_mem(workers: int, model_bytes: int, rounds: int = 200) -> float:
 SYSTEMS = {
     "paramserver": lambda w, r: run_paramserver(w, r),
     "paramserver no-ahead": lambda w, r: run_paramserver(w, r, pull_ahead=False),
+    "paramserver copy-pull": lambda w, r: run_paramserver(w, r, borrow=False),
     "ddp": run_ddp,
     "rpc-ps": lambda w, r: run_rpc_ps(w, r, tcp=False),
     "rpc-ps tcp": lambda w, r: run_rpc_ps(w, r, tcp=True),
