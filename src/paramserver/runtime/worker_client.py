@@ -20,33 +20,20 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
 from paramserver.keyspace import KeyRange
-from paramserver.links import link_for
-from paramserver.runtime import rpc
-from paramserver.runtime.rpc import RemoteError
 from paramserver.runtime.shard_requests import ShardRequests
-from paramserver.transport import connect_dealer, new_context, security, shaping, shm
-from paramserver.wire import Message, WireError
+from paramserver.runtime.step_protocol import Release, StepProtocolMixin
+from paramserver.runtime.worker_transport import WorkerTransportMixin
+from paramserver.transport import connect_dealer, new_context, security, shaping
+from paramserver.wire import Message
 
-
-@dataclass(frozen=True)
-class Release:
-    """Permission to run one step: which step, with how many samples, and which version to pull."""
-
-    step: int
-    batch_size: int
-    min_version: int
-    stop: bool = False
-    scale: float = 1.0  # weight the policy gives this step's update (pass it to push)
-    # Workers in this round (round mode), 0 if not known: pass it to a push that carries the
-    # whole step, so servers apply the round on its last push without waiting to be told.
-    round_size: int = 0
+# Release lives with the step protocol; callers import it from here too.
+__all__ = ["Handle", "KVWorker", "Release"]
 
 
 @dataclass
@@ -78,7 +65,7 @@ def _as_array(values, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
-class KVWorker:
+class KVWorker(StepProtocolMixin, WorkerTransportMixin):
     """Client of one job: a DEALER per shard, one to the coordinator, and a heartbeat thread."""
 
     def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
@@ -114,11 +101,7 @@ class KVWorker:
         everything = KeyRange(0, self.num_keys)
         self._all_pieces = list(self._pieces(everything))  # the common request, worked out once
         self._stop_beat = threading.Event()
-        self._beat = None
-        if heartbeat:
-            self._beat = threading.Thread(target=self._heartbeat, daemon=True,
-                                          args=(float(self.job.get("heartbeat_interval", 1.0)),))
-            self._beat.start()
+        self._beat = self._start_heartbeat() if heartbeat else None
 
     @property
     def timeout(self) -> float:
@@ -132,74 +115,9 @@ class KVWorker:
             self.requests.timeout = seconds
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def _shape_link(self) -> bool:
-        """Emulate this rank's link from the job's table (paramserver.links), if it has one."""
-        spec = link_for(self.job.get("links"), "w", self.rank)
-        if spec is not None:
-            shaping.install(spec)
-        return spec is not None
-
-    def _offer_shared_memory(self, wanted: bool | None):
-        """With every shard on this host, offer them an arena (see transport.shm): pushes from
-        shared_buffer() and pull replies then skip the sockets' copies. Off with
-        shared_memory=False or PARAMSERVER_SHM=0."""
-        if wanted is False or (wanted is None and not shm.enabled()):
-            return None
-        if not self.shards or len(self.shards) > shm.SLOTS or not all(
-                shm.local_address(s.addr) for s in self.shards):
-            return None
-        try:
-            arena = shm.Arena(self.num_keys * self.dtype.itemsize)
-        except OSError:
-            return None
-        for i, s in enumerate(self.shards):
-            shm.offer_shared(s.sock, arena, i)
-        return arena
-
-    def shared_buffer(self, count: int | None = None) -> np.ndarray:
-        """A zeroed array of `count` values (default: one per key) for gradients: pushed from
-        it, the bytes reach servers on this host through shared memory instead of the socket.
-        Where that is unavailable (or the arena is used up) it is a plain array."""
-        count = self.num_keys if count is None else int(count)
-        if self.arena is not None:
-            buf = self.arena.alloc(count, self.dtype)
-            if buf is not None:
-                return buf
-        return np.zeros(count, dtype=self.dtype)
-
     def _next_rid(self) -> int:
         self._rid += 1
         return self._rid
-
-    def _heartbeat(self, interval: float) -> None:
-        sock = connect_dealer(self.ctx, self.join, keys=self.keys)
-        try:
-            while not self._stop_beat.wait(interval):
-                rpc.send(sock, Message("heartbeat", src=self.src))
-        finally:
-            sock.close(0)
-
-    def _call_coord(self, msg: Message, timeout: float, while_waiting=None) -> Message:
-        msg.rid, msg.src = self._next_rid(), self.src
-        rpc.send(self.coord, msg)
-        if while_waiting is not None:
-            while_waiting()
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.coord.poll(left * 1000):
-                raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
-                                   f"within {timeout:.0f} s")
-            _, reply, _ = rpc.recv(self.coord, routed=False)
-            if reply is None:
-                continue
-            if isinstance(reply, WireError):
-                raise RemoteError(f"coordinator sent a bad frame: {reply}")
-            if reply.rid != msg.rid:
-                continue  # a late answer to an earlier, timed-out request
-            if reply.op == "error":
-                raise RemoteError(f"coordinator refused {msg.op!r}: {reply['msg']}")
-            return reply
 
     def _pieces(self, key_range: KeyRange):
         """(shard index, piece range, slice into the request) for each shard the range touches."""
@@ -360,50 +278,6 @@ class KVWorker:
     def version(self) -> int:
         """The smallest shard version this worker has pulled."""
         return min(s.version for s in self.shards)
-
-    # ---- the step protocol ----------------------------------------------------------------------
-    def _release(self, reply: Message) -> Release:
-        return Release(reply["step"], reply["batch"], reply["min_version"],
-                       bool(reply.get("stop", False)), float(reply.get("scale", 1.0)),
-                       int(reply.get("round_size", 0)))
-
-    def start(self) -> Release | None:
-        """Tell the coordinator this worker is ready; blocks until the policy releases step 0.
-
-        An observer's start returns None at once: it only marks it ready.
-        """
-        reply = self._call_coord(Message("start"), self.release_timeout)
-        return None if reply.op == "ok" else self._release(reply)
-
-    def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
-              free_mem: float | None = None, record: dict | None = None,
-              while_waiting=None) -> Release:
-        """Report step `step` done (its pushes acknowledged); blocks until the next release.
-
-        `record` (a flat dict) rides along into the job's metrics log at no extra round trip;
-        `while_waiting()`, if given, runs once the clock is sent, before the wait for the
-        release: work for the next step done while the round closes elsewhere.
-        """
-        fields = {"step": step, "batch": batch, "compute_time": float(compute_time)}
-        if record:
-            fields["record"] = record
-        if cpu_load is not None:
-            fields["cpu_load"] = float(cpu_load)
-        if free_mem is not None:
-            fields["free_mem"] = float(free_mem)
-        return self._release(self._call_coord(Message("clock", fields), self.release_timeout,
-                                              while_waiting))
-
-    def status(self) -> dict:
-        """The coordinator's view of the job (samples done, members, whether workers are done)."""
-        return self._call_coord(Message("status"), self.timeout)["state"]
-
-    def report(self, record: dict) -> None:
-        """Send one metrics record (a flat dict) to the coordinator's metrics log."""
-        self._call_coord(Message("report", {"record": record}), self.timeout)
-
-    def bye(self, reason: str = "done") -> None:
-        self._call_coord(Message("bye", {"reason": reason}), self.timeout)
 
     def close(self) -> None:
         self._stop_beat.set()
