@@ -47,12 +47,17 @@ def test_a_piece_of_the_shard_never_completes_a_round():
     assert s.apply_round(0)
 
 
-def test_being_told_after_the_round_was_applied_changes_nothing():
+def applied_round():
+    """A store whose round 0 (two workers) is applied, and its values after it."""
     s = round_store()
     push(s, "a")
     push(s, "b")
     s.apply_round(0)
-    before = s.read(0, 10).numpy().copy()
+    return s, s.read(0, 10).numpy().copy()
+
+
+def test_being_told_after_the_round_was_applied_changes_nothing():
+    s, before = applied_round()
     assert not s.apply_round(0)
     assert s.version == 1
     np.testing.assert_array_equal(s.read(0, 10).numpy(), before)
@@ -62,11 +67,7 @@ def test_being_told_after_the_round_was_applied_changes_nothing():
 
 
 def test_a_push_for_a_round_already_applied_is_dropped_and_counted():
-    s = round_store()
-    push(s, "a")
-    push(s, "b")
-    s.apply_round(0)
-    before = s.read(0, 10).numpy().copy()
+    s, before = applied_round()
     push(s, "c", value=100.0, round_size=3)  # a newcomer released into round 0 too late
     assert s.late_pushes == 1 and s.round_step is None
     np.testing.assert_array_equal(s.read(0, 10).numpy(), before)
