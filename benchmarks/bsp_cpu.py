@@ -1,6 +1,6 @@
 """CPU per BSP round by role: where a round's CPU goes (workers, server, coordinator).
 
-Runs the same job as `bsp_rounds.py`'s paramserver row twice, with R1 and R2 rounds, samples
+Runs the job of `bsp_rounds.py`'s paramserver row (its `paramserver_job`) twice, with R1 and R2 rounds, samples
 each child's CPU time (psutil) until it exits, and reports the difference per extra round, so
 start-up (imports, model build) cancels out. 4 workers, 1 shard, digits MLP, batch 32.
 
@@ -10,17 +10,12 @@ Usage: python benchmarks/bsp_cpu.py [--short 400] [--long 1600]
 from __future__ import annotations
 
 import argparse
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
-from paramserver.cli.train_cmd import prepare_job
-from paramserver.config import TrainConfig
-from paramserver.metrics import read_records, summarize
-from paramserver.runtime.launcher import LocalCluster
+from bsp_rounds import paramserver_job, rounds_per_second
 
 
 def _role(proc: psutil.Process) -> str:
@@ -30,9 +25,7 @@ def _role(proc: psutil.Process) -> str:
 
 def cpu_by_role(rounds: int) -> tuple[float, dict[str, list[float]]]:
     """(rounds/s, role -> CPU seconds of each process of that role) for one job."""
-    job = prepare_job(TrainConfig(sync="bsp", workers=4, servers=1, batch_size=32, lr=0.1,
-                                  steps=rounds, threads=1, seed=0))
-    job["eval_interval"] = None
+    job = paramserver_job(4, rounds)
     last: dict[int, tuple[str, float]] = {}
     done = threading.Event()
 
@@ -49,15 +42,13 @@ def cpu_by_role(rounds: int) -> tuple[float, dict[str, list[float]]]:
             time.sleep(0.05)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    with tempfile.TemporaryDirectory() as d:
-        LocalCluster(job, Path(d), job_timeout=600).run()
-        s = summarize(read_records(Path(d) / "metrics.jsonl"), {**job, "apply_mode": "round"})
+    rate = rounds_per_second(job)
     done.set()
     watcher.join(timeout=5)
     out: dict[str, list[float]] = {}
     for role, cpu in last.values():
         out.setdefault(role, []).append(cpu)
-    return s["updates_applied"] / s["wall_time_s"], out
+    return rate, out
 
 
 def main() -> int:

@@ -67,22 +67,33 @@ def _model():
 
 
 # ---- paramserver --------------------------------------------------------------------------------
-def run_paramserver(workers: int, rounds: int, env: dict | None = None,
-                    pull_ahead: bool = True, borrow: bool = True) -> float:
+def paramserver_job(workers: int, rounds: int) -> dict:
+    """The BSP job every paramserver row runs (also benchmarks/bsp_cpu.py)."""
     from paramserver.cli.train_cmd import prepare_job
-    from paramserver.runtime.launcher import LocalCluster
     cfg = TrainConfig(sync="bsp", workers=workers, servers=1, batch_size=BATCH, lr=LR,
                       steps=rounds, threads=1, seed=0)
     job = prepare_job(cfg)
     job["eval_interval"] = None  # no evaluator: the other systems do not score a test set
-    job["task"]["pull_ahead"] = pull_ahead  # off: the pull waits for the release (A/B)
-    job["task"]["borrow"] = borrow  # off: the reply is copied into the model (A/B)
+    return job
+
+
+def rounds_per_second(job: dict, env: dict | None = None) -> float:
+    """Run `job` on this machine; rounds / training wall time of its metrics."""
+    from paramserver.runtime.launcher import LocalCluster
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)
         LocalCluster(job, run_dir, job_timeout=600, env=env).run()
         summary = summarize(read_records(run_dir / "metrics.jsonl"),
                             {**job, "apply_mode": "round"})
     return summary["updates_applied"] / summary["wall_time_s"]
+
+
+def run_paramserver(workers: int, rounds: int, env: dict | None = None,
+                    pull_ahead: bool = True, borrow: bool = True) -> float:
+    job = paramserver_job(workers, rounds)
+    job["task"]["pull_ahead"] = pull_ahead  # off: the pull waits for the release (A/B)
+    job["task"]["borrow"] = borrow  # off: the reply is copied into the model (A/B)
+    return rounds_per_second(job, env)
 
 
 # ---- DDP ----------------------------------------------------------------------------------------
