@@ -23,6 +23,10 @@ continues from the updated parameters.
   floor mem    the same bytes as N x 2 memory copies of the model (what a round costs when the
                bytes go through shared memory, as paramserver's do on one host)
 
+The summary gives each system's median and, repeat by repeat, paramserver over the better
+baseline of that repeat (the systems of a repeat run back to back: a slow spell of this shared
+machine weighs on both sides of that ratio).
+
 Usage: python benchmarks/bsp_rounds.py [--rounds 400] [--repeats 3] [--workers 4]
 """
 
@@ -309,6 +313,15 @@ def run_floor_mem(workers: int, model_bytes: int, rounds: int = 200) -> float:
     return rounds / (time.perf_counter() - t0)
 
 
+def _paired_ratios(results: dict[str, list[float]]) -> list[float]:
+    """paramserver over the better baseline, repeat by repeat: the systems of one repeat run
+    back to back, so a slow spell of this shared machine weighs on both sides of a ratio."""
+    bases = [results[n] for n in ("ddp", "rpc-ps") if results.get(n)]
+    if "paramserver" not in results or not bases:
+        return []
+    return [p / max(b) for p, *b in zip(results["paramserver"], *bases)]
+
+
 SYSTEMS = {
     "paramserver": lambda w, r: run_paramserver(w, r),
     "paramserver no-ahead": lambda w, r: run_paramserver(w, r, pull_ahead=False),
@@ -349,6 +362,10 @@ def main() -> int:
     for n in names + floors:
         rel = f"{med[n] / base:16.2f}x" if base else ""
         print(f"{n:12s} {med[n]:9.1f} {min(results[n]):7.1f} {max(results[n]):7.1f} {rel}")
+    paired = _paired_ratios(results)
+    if paired:
+        print(f"paramserver / best baseline of the same repeat: median {statistics.median(paired):.2f}x "
+              f"(per repeat: {', '.join(f'{r:.2f}' for r in paired)})")
     if "paramserver" in med:
         print(f"paramserver reaches {med['paramserver'] / med['floor']:.0%} of the byte floor "
               f"({args.workers} x 2 x {model_bytes / 1e6:.2f} MB per round over raw TCP), "

@@ -44,6 +44,15 @@ def test_arrival_mode_counts_every_push_as_an_update():
     assert summarize(RECORDS, {**JOB, "apply_mode": "arrival"})["updates_applied"] == 4
 
 
+def test_server_counters_are_each_shards_last_report_summed():
+    reports = [{"t": 1.1, "kind": "server", "server": 0, "late_pushes": 1, "duplicates": 0},
+               {"t": 1.5, "kind": "server", "server": 1, "late_pushes": 2, "duplicates": 1},
+               {"t": 2.1, "kind": "server", "server": 0, "late_pushes": 3, "duplicates": 2}]
+    s = summarize(RECORDS + reports, JOB)
+    assert (s["late_pushes"], s["duplicate_pushes"]) == (5, 3)  # 3 + 2, not 1 + 2 + 3
+    assert summarize(RECORDS, JOB)["late_pushes"] == 0
+
+
 def test_time_to_accuracy_is_the_first_crossing():
     evals = [{"t": 1, "accuracy": 0.96}, {"t": 2, "accuracy": 0.5}, {"t": 3, "accuracy": 0.97}]
     assert time_to_accuracy(evals, (0.95, 0.97, 0.99)) == {"0.95": 1, "0.97": 3, "0.99": None}

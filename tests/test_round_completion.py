@@ -135,3 +135,39 @@ def test_every_release_tells_the_full_round_size(tmp_path):
         finally:
             for kv in kvs:
                 kv.close()
+
+
+def test_a_late_push_reaches_the_summary(tmp_path):
+    """The shard's late-push count travels with its heartbeat into metrics.jsonl, and
+    summary.json sums it: a run that dropped gradients says so."""
+    import threading
+    import time
+
+    from paramserver.metrics import read_records, summarize
+
+    job = make_job(NUM_KEYS, 1, 2, sync="bsp", lr=0.5)
+    with running_job(tmp_path, job) as cluster:
+        kvs = [KVWorker(cluster.address) for _ in range(2)]
+        try:
+            kvs[0].init(np.zeros(NUM_KEYS))
+            threads = [threading.Thread(target=kv.start) for kv in kvs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=30)
+            for kv in kvs:
+                kv.push(np.ones(NUM_KEYS), step=0, batch=1, round_size=2)
+            kvs[0].pull(min_version=1)  # round 0 is applied
+            kvs[0].push(np.ones(NUM_KEYS), step=0, batch=1, round_size=2)  # too late
+            metrics = tmp_path / "run" / "metrics.jsonl"
+            deadline = time.monotonic() + 20
+            summary = {}
+            while time.monotonic() < deadline and summary.get("late_pushes") != 1:
+                time.sleep(0.1)
+                if metrics.exists():
+                    summary = summarize(read_records(metrics), {**job, "apply_mode": "round"})
+            assert summary.get("late_pushes") == 1
+            assert summary["duplicate_pushes"] == 0
+        finally:
+            for kv in kvs:
+                kv.close()

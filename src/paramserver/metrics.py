@@ -84,6 +84,7 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
                                 if steps else 0.0),
         "per_worker": {str(k): v for k, v in workers.items()},
         **_restarts(records),
+        **_server_counters(records),
     }
 
 
@@ -92,3 +93,14 @@ def _restarts(records: list[dict]) -> dict:
     restarts = [r for r in records if r.get("kind") == "restart" and r.get("role") == "server"]
     return {"server_restarts": len(restarts),
             "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts)}
+
+
+def _server_counters(records: list[dict]) -> dict:
+    """Pushes the shards dropped as late and retried pushes they answered without applying,
+    as each server's last report said (summed over servers)."""
+    last: dict[int, dict] = {}
+    for r in records:
+        if r.get("kind") == "server":
+            last[r.get("server", 0)] = r
+    return {"late_pushes": sum(int(r.get("late_pushes", 0)) for r in last.values()),
+            "duplicate_pushes": sum(int(r.get("duplicates", 0)) for r in last.values())}

@@ -204,6 +204,8 @@ def print_summary(s: dict, run_dir: Path) -> None:
     if s.get("server_restarts"):
         print(f"  servers restarted from a checkpoint: {s['server_restarts']}, "
               f"updates lost: {s['lost_updates']}")
+    if s.get("late_pushes"):
+        print(f"  pushes dropped as late (workers joining a closing round): {s['late_pushes']}")
     print(f"  run folder: {run_dir}")
 
 

@@ -254,6 +254,8 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
         member = self.roster.servers.get(msg.src)
         if member is not None and member.ident == ident:
             rpc.send(self.sock, Message("ok", src="coord"), ident)
+            if "counters" in msg.fields:
+                self.metric({"kind": "server", "server": member.rank, **msg["counters"]})
 
     def _on_bye(self, ident: bytes, msg: Message) -> None:
         if msg.src in self.roster.observers:

@@ -45,6 +45,7 @@ class ServerNode(PendingPullsMixin):
         self.running = True
         self.store: ShardStore | None = None
         self.duplicates = 0  # retried pushes answered from the dedup table
+        self.counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last heartbeat told
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> dict:
@@ -126,7 +127,7 @@ class ServerNode(PendingPullsMixin):
         while self.running:
             now = time.monotonic()
             if now >= next_beat:
-                rpc.send(self.coord, Message("heartbeat", src=self.src))
+                self._beat()
                 next_beat = now + self.heartbeat_interval
             timeout = max(0.0, min(next_beat, self._next_pull_deadline()) - now)
             for sock, _ in poller.poll(timeout * 1000):
@@ -135,6 +136,15 @@ class ServerNode(PendingPullsMixin):
                 self._drain(sock)
             self._expire_pulls(time.monotonic())
             self._check_coordinator()
+
+    def _beat(self) -> None:
+        """A heartbeat; it carries the shard's loss counters when they changed, for the job's
+        metrics (summed in summary.json): pushes dropped as late, retries answered twice."""
+        counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
+        fields = {}
+        if counters != self.counters_sent:
+            fields["counters"] = self.counters_sent = counters
+        rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
 
     def _check_coordinator(self) -> None:
         """The coordinator answers every heartbeat: long silence means it is gone, and a

@@ -40,7 +40,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
               "record": _f(RECORD, False)},
     "start": {},
-    "heartbeat": {},
+    "heartbeat": {"counters": _f(RECORD, False)},
     "bye": {"reason": _f(STR, False)},
     "status": {},
     "report": {"record": _f(RECORD)},
