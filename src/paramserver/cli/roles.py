@@ -9,6 +9,7 @@ import os
 import sys
 
 from paramserver.transport import security
+from paramserver.transport.addresses import AddressError
 
 
 def _setup_logging(role: str) -> None:
@@ -28,12 +29,13 @@ def _keys(args, role: str):
 
 
 def _clear_errors(func):
-    """Bad keys or an unsafe bind end the role with one line, not a traceback."""
+    """Bad keys, an unsafe bind or no address to advertise end the role with one line, not a
+    traceback."""
     @functools.wraps(func)
     def run(args) -> int:
         try:
             return func(args)
-        except security.SecurityError as exc:
+        except (security.SecurityError, AddressError) as exc:
             print(f"paramserver {args.command}: {exc}", file=sys.stderr)
             return 2
     return run
@@ -52,7 +54,7 @@ def _run_coordinator(args) -> int:
     keys = _keys(args, "coordinator")
     security.check_bind(args.bind, "tcp", keys)
     coordinator = Coordinator(job, args.bind, args.port, args.address_file, args.events,
-                              args.metrics, keys=keys)
+                              args.metrics, keys=keys, advertise=args.advertise)
     if "torch" in sys.modules:  # a predictor (NARX) loaded torch: one thread, no idle spinning
         sys.modules["torch"].set_num_threads(1)
     return coordinator.run()
@@ -64,7 +66,8 @@ def _run_server(args) -> int:
     keys = _keys(args, "server")
     security.check_bind(args.bind, "tcp", keys)
     from paramserver.runtime.server import ServerNode
-    return ServerNode(args.join, args.bind, args.port, keys=keys).run()
+    return ServerNode(args.join, args.bind, args.port, keys=keys,
+                      advertise=args.advertise).run()
 
 
 @_clear_errors
@@ -95,13 +98,24 @@ def _security_args(p, binds: bool) -> None:
         p.add_argument("--insecure", action="store_true", help=_INSECURE_HELP)
 
 
+def _bind_args(p, whom: str) -> None:
+    p.add_argument("--bind", default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    p.add_argument("--advertise", metavar="HOST",
+                   help=f"the address other hosts dial to reach this {whom} when --bind is "
+                        f"0.0.0.0 (default: this host's address on the route to {_ROUTE[whom]})")
+
+
+_ROUTE = {"coordinator": "the default gateway", "server": "the coordinator"}
+
+
 def register(sub) -> None:
     p = sub.add_parser("coordinator", help="run the coordinator of a job",
                        description="Run the coordinator: membership, key ranges, clocks and the "
                                    "sync policy. Servers and workers join its address.")
     p.add_argument("--job", required=True, help="job description (JSON, as written by train/demo)")
-    p.add_argument("--bind", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    _bind_args(p, "coordinator")
     p.add_argument("--address-file", help="write the bound address here once listening")
     p.add_argument("--events", help="append coordinator events (JSONL) to this file")
     p.add_argument("--metrics", help="append the job's metrics (JSONL) to this file")
@@ -111,8 +125,7 @@ def register(sub) -> None:
     p = sub.add_parser("server", help="run one parameter-server shard",
                        description="Run one shard server; the coordinator assigns its key range.")
     p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
-    p.add_argument("--bind", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    _bind_args(p, "server")
     _security_args(p, binds=True)
     p.set_defaults(func=_run_server)
 

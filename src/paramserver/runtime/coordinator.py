@@ -20,7 +20,7 @@ from paramserver.runtime.coordinator_checkpoints import CheckpointMixin
 from paramserver.runtime.coordinator_decisions import DecisionsMixin
 from paramserver.runtime.membership import MembershipMixin, Roster
 from paramserver.runtime.server_recovery import ServerRecoveryMixin
-from paramserver.transport import bind_router, new_context
+from paramserver.transport import advertised_host, bind_router, new_context
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,11 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
 
     def __init__(self, job: dict, host: str = "127.0.0.1", port: int = 0,
                  address_file: str | None = None, events_path: str | None = None,
-                 metrics_path: str | None = None, keys=None):
+                 metrics_path: str | None = None, keys=None, advertise: str | None = None):
         self.job = job
         self.keys = keys  # security.Keys: CURVE; INSECURE: plaintext off loopback
         self.host, self.port = host, port
+        self.advertise = advertised_host(host, None, advertise)  # the address others dial
         self.address_file = address_file
         self.events = open(events_path, "a", buffering=1) if events_path else None
         self.metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
@@ -71,7 +72,8 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
     # ---- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
         ctx = new_context()
-        self.sock, addr = bind_router(ctx, self.host, self.port, keys=self.keys)
+        self.sock, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
+                                      advertise=self.advertise)
         if self.address_file:
             with open(self.address_file + ".tmp", "w") as f:
                 f.write(addr)

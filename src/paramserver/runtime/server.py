@@ -15,7 +15,9 @@ from paramserver.runtime import rpc
 from paramserver.runtime.server_pulls import PendingPullsMixin
 from paramserver.runtime.shard_checkpoint import restore_shard, save_shard
 from paramserver.runtime.shard_store import ShardStore, StoreError
-from paramserver.transport import bind_router, connect_dealer, keep_freed_memory, new_context, shm
+from paramserver.transport import (
+    advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, shm,
+)
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,12 @@ class ServerNode(PendingPullsMixin):
 
     def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
                  pull_timeout: float = 60.0, register_timeout: float = 60.0,
-                 reuse_memory: bool = True, shared_memory: bool | None = None, keys=None):
+                 reuse_memory: bool = True, shared_memory: bool | None = None, keys=None,
+                 advertise: str | None = None):
         self.join, self.host, self.port = join, host, port
+        # The address workers dial: `host`, or for a wildcard bind (0.0.0.0) `advertise`, else
+        # this host's address on the route to the coordinator.
+        self.advertise = advertised_host(host, join, advertise)
         self.keys = keys  # security.Keys: CURVE on both sockets; INSECURE: plaintext off loopback
         # A server process receives large frames all day: let their memory be reused (see
         # keep_freed_memory) rather than page-faulted in afresh for every push.
@@ -103,7 +109,8 @@ class ServerNode(PendingPullsMixin):
         if self.reuse_memory:
             keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
-        self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys)
+        self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
+                                        advertise=self.advertise)
         self.addr = addr
         self.coord = connect_dealer(ctx, self.join, keys=self.keys)
         try:

@@ -10,6 +10,7 @@ from typing import Sequence
 import zmq
 
 from paramserver.transport import security, shaping, shm
+from paramserver.transport.addresses import is_wildcard
 
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
@@ -58,11 +59,15 @@ def _tune(sock: zmq.Socket, hwm: int) -> None:
 
 def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
                 scheme: str = "tcp", hwm: int = DEFAULT_HWM,
-                keys=None) -> tuple[zmq.Socket, str]:
-    """Bind a ROUTER; port 0 picks a free port. Returns the socket and its connectable address.
+                keys=None, advertise: str | None = None) -> tuple[zmq.Socket, str]:
+    """Bind a ROUTER; port 0 picks a free port. Returns the socket and its connectable address:
+    on `advertise` (the host peers dial) if given, else on `host`, which must then not be a
+    wildcard such as 0.0.0.0 (see addresses.advertised_host).
 
     `keys` (security.Keys) makes it a CURVE server admitting only the cluster's keys; without
     keys a non-loopback `host` is refused unless `keys` is security.INSECURE."""
+    if scheme == "tcp" and not advertise and is_wildcard(host):
+        raise ValueError(f"bound to {host or '*'}: say which address peers dial (advertise)")
     security.check_bind(host, scheme, keys)
     sock = ctx.socket(zmq.ROUTER)
     _tune(sock, hwm)
@@ -79,7 +84,7 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
         sock.bind(f"tcp://{host}:{port}")
     else:
         port = sock.bind_to_random_port(f"tcp://{host}")
-    return sock, f"tcp://{host}:{port}"
+    return sock, f"tcp://{advertise or host}:{port}"
 
 
 def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
