@@ -66,9 +66,9 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
 
     `keys` (security.Keys) makes it a CURVE server admitting only the cluster's keys; without
     keys a non-loopback `host` is refused unless `keys` is security.INSECURE."""
+    security.check_bind(host, scheme, keys)
     if scheme == "tcp" and not advertise and is_wildcard(host):
         raise ValueError(f"bound to {host or '*'}: say which address peers dial (advertise)")
-    security.check_bind(host, scheme, keys)
     sock = ctx.socket(zmq.ROUTER)
     _tune(sock, hwm)
     security.secure_router(sock, keys)
