@@ -34,3 +34,37 @@ def test_no_worker_started_fails_the_job_naming_the_registered(tmp_path):
         coord.proc.wait(20)
         assert coord.proc.returncode == 1
         assert "no worker started within 2 s; expected 2, registered: none" in coord.tail()
+
+
+def test_a_worker_waiting_for_its_release_gives_up_once_the_coordinator_is_gone(tmp_path):
+    """The coordinator answers workers' heartbeats: a worker blocked in start() (the barrier
+    waits for a second worker) ends with an error naming it soon after it died, rather than
+    after release_timeout (10 minutes)."""
+    import threading
+
+    import numpy as np
+
+    from paramserver.runtime.worker_client import KVWorker
+
+    with running_job(tmp_path, make_job(8, 1, 2, sync="bsp", coordinator_timeout=1.5)) as cluster:
+        kv = KVWorker(cluster.address)
+        outcome = []
+
+        def start():
+            try:
+                kv.start()
+                outcome.append("released")
+            except TimeoutError as exc:
+                outcome.append(str(exc))
+        try:
+            kv.init(np.zeros(8))
+            waiter = threading.Thread(target=start, daemon=True)
+            waiter.start()
+            time.sleep(1.0)  # blocked at the barrier, heartbeats answered
+            assert not outcome
+            os.kill(cluster.children[0].proc.pid, signal.SIGKILL)
+            waiter.join(timeout=30)
+            assert outcome and "has been silent" in outcome[0], outcome
+            assert cluster.address in outcome[0]
+        finally:
+            kv.close()

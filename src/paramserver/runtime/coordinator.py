@@ -252,12 +252,14 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
         self._maybe_checkpoint()
 
     def _on_heartbeat(self, ident: bytes, msg: Message) -> None:
-        # _dispatch already refreshed last_seen; a server hears back, to know we are alive.
+        # _dispatch already refreshed last_seen; members hear back, to know we are alive.
         member = self.roster.servers.get(msg.src)
         if member is not None and member.ident == ident:
             rpc.send(self.sock, Message("ok", src="coord"), ident)
             if "counters" in msg.fields:
                 self.metric({"kind": "server", "server": member.rank, **msg["counters"]})
+        elif msg.src in self.roster.workers or msg.src in self.roster.observers:
+            rpc.send(self.sock, Message("ok", src="coord"), ident)
 
     def _on_bye(self, ident: bytes, msg: Message) -> None:
         if msg.src in self.roster.observers:

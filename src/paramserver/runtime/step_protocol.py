@@ -40,20 +40,39 @@ class StepProtocolMixin:
         try:
             while not self._stop_beat.wait(interval):
                 rpc.send(sock, Message("heartbeat", src=self.src))
+                while sock.poll(0):  # the answers to earlier beats: the coordinator is alive
+                    rpc.recv(sock, routed=False)
+                    self.coord_heard = time.monotonic()
         finally:
             sock.close(0)
+
+    def _check_coordinator(self, waiting_since: float) -> None:
+        """A wait for the coordinator ends once it has not answered a heartbeat for the job's
+        coordinator_timeout: a coordinator that died must not leave its workers waiting for
+        their release (release_timeout, minutes) with nothing to wait for."""
+        if getattr(self, "_beat", None) is None:
+            return  # no heartbeats, nothing to judge by
+        silent = time.monotonic() - max(self.coord_heard, waiting_since)
+        limit = float(self.job.get("coordinator_timeout", 60.0))
+        if silent > limit:
+            raise TimeoutError(f"the coordinator at {self.join} has been silent for "
+                               f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
 
     def _call_coord(self, msg: Message, timeout: float, while_waiting=None) -> Message:
         msg.rid, msg.src = self._next_rid(), self.src
         rpc.send(self.coord, msg)
         if while_waiting is not None:
             while_waiting()
-        deadline = time.monotonic() + timeout
+        since = time.monotonic()
+        deadline = since + timeout
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.coord.poll(left * 1000):
+            if left <= 0:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
+            if not self.coord.poll(min(left, 1.0) * 1000):
+                self._check_coordinator(since)
+                continue
             _, reply, _ = rpc.recv(self.coord, routed=False)
             if reply is None:
                 continue

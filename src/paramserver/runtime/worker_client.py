@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +102,7 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
         everything = KeyRange(0, self.num_keys)
         self._all_pieces = list(self._pieces(everything))  # the common request, worked out once
         self._stop_beat = threading.Event()
+        self.coord_heard = time.monotonic()  # the coordinator's last answer to a heartbeat
         self._beat = self._start_heartbeat() if heartbeat else None
 
     @property
