@@ -26,17 +26,22 @@ Disabled with PARAMSERVER_SHM=0 in the environment.
 from __future__ import annotations
 
 import json
-import mmap
 import os
-import weakref
 
-import numpy as np
 import zmq
+
+# The arena, frame and link classes live in shm_arena; `shm.X` keeps naming them all, and
+# _STATES is the one registry both modules (and zmq_sockets) read.
+from paramserver.transport.shm_arena import (
+    HEADER_BYTES, SLOTS, _STATES, Arena, Loan, PeerArena, SharedFrame, _Link, _SocketState,
+)
+
+__all__ = ["HEADER_BYTES", "HELLO", "MIN_BYTES", "REFS", "SLOTS", "Arena", "Loan", "PeerArena",
+           "SharedFrame", "by_reference", "enabled", "intercept", "local_address", "offer_shared",
+           "release_frames", "serve_shared", "shared_with"]
 
 HELLO = b"\x00psm-hello"  # a msgpack header never starts with a zero byte
 REFS = b"\x00psm-refs"
-HEADER_BYTES = 4096  # the arena's first page: release counters, one uint64 per slot
-SLOTS = HEADER_BYTES // 8
 MIN_BYTES = 1 << 16  # smaller frames are as cheap to copy through the socket
 _ENV = "PARAMSERVER_SHM"
 
@@ -54,139 +59,6 @@ def local_address(addr: str) -> bool:
         host = addr[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
         return host.startswith("127.") or host in ("localhost", "::1")
     return False
-
-
-def _host_token() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        return ""
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
-def _address(buf) -> tuple[int, int]:
-    """(start address, length in bytes) of a contiguous buffer."""
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    return arr.ctypes.data, arr.nbytes
-
-
-class Arena:
-    """Memory of this process that peers on the host may map; a bump allocator over a memfd.
-
-    Pages are only backed once touched, so an arena sized for the worst case costs nothing
-    until used. Buffers are never freed back: allocate the long-lived ones (a gradient buffer,
-    a shard's values and its spares) once.
-    """
-
-    def __init__(self, nbytes: int):
-        self.size = HEADER_BYTES + _round_up(max(int(nbytes), 1), 4096)
-        self.fd = os.memfd_create("paramserver-arena", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.map = mmap.mmap(self.fd, self.size)
-        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
-        self.base = self.bytes.ctypes.data
-        self.counters = np.frombuffer(self.map, dtype=np.uint64, count=SLOTS)
-        self.top = HEADER_BYTES
-        self.host = _host_token()
-
-    def alloc(self, count: int, dtype) -> np.ndarray | None:
-        """A zeroed array of `count` x `dtype` inside the arena, or None when it is full."""
-        dtype = np.dtype(dtype)
-        start = _round_up(self.top, 64)
-        end = start + int(count) * dtype.itemsize
-        if end > self.size:
-            return None
-        self.top = end
-        out = self.bytes[start:end].view(dtype)
-        out[...] = 0
-        return out
-
-    def offset(self, buf) -> int | None:
-        """Where `buf` starts inside the arena, or None if it is not wholly inside."""
-        start, n = _address(buf)
-        off = start - self.base
-        return off if HEADER_BYTES <= off and off + n <= self.size else None
-
-    def describe(self) -> dict:
-        return {"host": self.host, "pid": os.getpid(), "fd": self.fd, "size": self.size}
-
-
-class PeerArena:
-    """A peer's arena, mapped read-only here."""
-
-    def __init__(self, desc: dict):
-        with open(f"/proc/{int(desc['pid'])}/fd/{int(desc['fd'])}", "rb") as f:
-            self.map = mmap.mmap(f.fileno(), int(desc["size"]), prot=mmap.PROT_READ)
-        self.size = int(desc["size"])
-        self.view = memoryview(self.map)
-        self.counters = np.frombuffer(self.map, dtype=np.uint64, count=SLOTS)
-
-    @staticmethod
-    def attach(desc) -> "PeerArena | None":
-        if not isinstance(desc, dict) or desc.get("host") != _host_token() or not desc["host"]:
-            return None
-        try:
-            return PeerArena(desc)
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def frame(self, offset: int, length: int) -> memoryview | None:
-        if not (HEADER_BYTES <= offset and 0 <= length and offset + length <= self.size):
-            return None
-        return self.view[offset:offset + length]
-
-
-class SharedFrame:
-    """A received frame whose bytes live in the peer's arena; `.buffer` as zmq.Frame has."""
-
-    __slots__ = ("buffer", "link", "seq")
-
-    def __init__(self, buffer: memoryview, link: "_Link", seq: int):
-        self.buffer, self.link, self.seq = buffer, link, seq
-
-    def __len__(self) -> int:
-        return self.buffer.nbytes
-
-
-class _Link:
-    """One side's view of one peer: the peer's mapped arena and the release bookkeeping."""
-
-    def __init__(self):
-        self.peer: PeerArena | None = None
-        self.reads_ours = False  # the peer mapped our arena
-        self.slot = 0  # the counter slot releases are published in (in the DEALER's arena)
-        self.seq = 0  # ROUTER: last sequence number sent by reference to this peer
-        self.outstanding: set[int] = set()  # DEALER: received by reference, not yet released
-        self.seen = 0  # DEALER: highest sequence received
-        self.arena: Arena | None = None  # DEALER: ours, where releases are published
-
-
-class _SocketState:
-    def __init__(self, arena: Arena | None, routed: bool):
-        self.arena, self.routed = arena, routed
-        self.links: dict[bytes | None, _Link] = {}
-
-
-_STATES: "weakref.WeakKeyDictionary[zmq.Socket, _SocketState]" = weakref.WeakKeyDictionary()
-
-
-class Loan:
-    """Done once the peer released the frames sent by reference with sequence `seq` (or once
-    the last of `also`, ZeroMQ trackers of frames sent zero-copy as bytes, is done)."""
-
-    __slots__ = ("peer", "slot", "seq", "also")
-
-    def __init__(self, peer: PeerArena, slot: int, seq: int, also=()):
-        self.peer, self.slot, self.seq, self.also = peer, slot, seq, tuple(also)
-
-    @property
-    def done(self) -> bool:
-        return int(self.peer.counters[self.slot]) >= self.seq and all(t.done for t in self.also)
 
 
 # ---- setup --------------------------------------------------------------------------------------
