@@ -30,16 +30,11 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from paramserver.policies.base import (
-    ApplyRound, Joined, Left, Note, Pushed, Release, SyncPolicy, Tick,
-)
-
-READ, COMPUTED, APPLIED, CLOCK, LEAVE, TICK, DELIVER = range(7)
-WAITING, RELEASED, BUSY, GONE = range(4)
-
-
-class SimError(RuntimeError):
-    """The policy broke the protocol (a release for a busy worker, a deadlock...)."""
+from paramserver.policies.base import Joined, Left, Pushed, SyncPolicy, Tick
+from paramserver.sim.engine_decisions import EngineDecisionsMixin
+# SimError lives in engine_events; sim/__init__ and callers import it from here too.
+from paramserver.sim.engine_events import APPLIED, BUSY, CLOCK, COMPUTED, GONE, WAITING, SimError
+from paramserver.sim.engine_replay import ReplayStepsMixin
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,7 @@ class NullSink:
         pass
 
 
-class Engine:
+class Engine(ReplayStepsMixin, EngineDecisionsMixin):
     """Runs `policy` with `workers` workers of `steps` steps each; `run()` until nothing is left.
 
     cost(worker, step, batch) -> seconds; straggler: an object with factor(worker, step, t) or
@@ -211,46 +206,6 @@ class Engine:
         else:
             self._clock(t, w)
 
-    # ---- the worker's step with replayed communication ----------------------------------------
-    def _read_replay(self, t: float, w: int) -> None:
-        """The release reached the worker: the pull (its recorded time), then the compute."""
-        self.wait_s[w] = t - self.wait_from[w]
-        if self.version < self.min_version[w]:
-            raise SimError(f"t={t}: worker {w} pulls version {self.version} < min_version "
-                           f"{self.min_version[w]}")
-        self.pulled[w] = self.version
-        if self.trainer is not None:
-            self.trainer.pull(w, self.version)
-        step, batch, comm = self.step[w], self.batch[w], self.comm
-        self.pull_s[w] = p = comm.pull(w, step)
-        got = t + p
-        f = 1.0 if self.straggler is None else self.straggler.factor(w, step, got)
-        self.factor[w] = f
-        self.compute_s[w] = c = self.cost(w, step, batch) * f
-        self.status[w] = BUSY
-        busy = c + comm.overhead(w, step)
-        self._at(got + (busy if busy > 0 else 0.0), COMPUTED, w)
-
-    def _computed_replay(self, t: float, w: int) -> None:
-        self.push_from[w] = t
-        self._at(t + self.comm.push(w, self.step[w]), APPLIED, w)
-
-    def _applied_replay(self, t: float, w: int) -> None:
-        """Pushed and acknowledged; the clock takes comm.clock_latency to the coordinator."""
-        v = self.version
-        self.stale[w] = v - self.pulled[w] if v > self.pulled[w] else 0
-        if self.trainer is not None:
-            self.trainer.push(w, self)
-        if not self.round_mode:
-            self.version = v + 1
-        self.push_s[w] = t - self.push_from[w]
-        self.wait_from[w] = t
-        lat = self.comm.clock_latency
-        if lat:
-            self._at(t + lat, CLOCK, w)
-        else:
-            self._clock(t, w)
-
     def _clock(self, t: float, w: int) -> None:
         """The clock reaches the coordinator: the record is written and the policy told."""
         step, batch, c = self.step[w], self.batch[w], self.compute_s[w]
@@ -280,58 +235,6 @@ class Engine:
         if self.tick_at is not None and self.tick_at <= t:
             self.tick_at = None
             self._handle(Tick(t))
-
-    # ---- decisions ------------------------------------------------------------------------------
-    def _handle(self, event) -> None:
-        for d in self.policy.handle(event):
-            kind = type(d)
-            if kind is Release:
-                self._release(d)
-            elif kind is ApplyRound:
-                self._apply_round(d)
-            elif kind is Note:
-                self.sink.event(self.now, d.kind, d.data)
-            else:
-                raise SimError(f"unknown decision {d!r}")
-        deadline = self.policy.next_deadline()
-        if deadline is not None and (self.tick_at is None or deadline < self.tick_at):
-            self.tick_at = max(deadline, self.now)
-            self._at(self.tick_at, TICK, -1)
-
-    def _release(self, d: Release) -> None:
-        w = d.worker
-        if not 0 <= w < self.n or self.status[w] != WAITING:
-            state = "unknown" if not 0 <= w < self.n else ("waiting", "released", "busy",
-                                                           "gone")[self.status[w]]
-            raise SimError(f"t={self.now}: release {d} for a worker that is {state}")
-        if d.step != self.done[w] or d.batch_size < 1 or not d.scale > 0:
-            raise SimError(f"t={self.now}: bad release {d}: worker {w} has done "
-                           f"{self.done[w]} steps")
-        self.status[w] = RELEASED
-        self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
-        self.min_version[w] = self.version if self.round_mode else 0
-        nb = d.not_before
-        if nb is not None and nb > self.now:
-            self._at(nb, DELIVER, w)  # held by the coordinator until not_before
-        else:
-            self._deliver(self.now, w)
-
-    def _deliver(self, t: float, w: int) -> None:
-        """The release leaves the coordinator; it says stop past the budget or the last step."""
-        if self.stopping or self.done[w] >= self.steps:
-            self._at(t + self.to_leave, LEAVE, w)  # the release says stop; the bye goes back
-        else:
-            self._at(t + self.to_read, READ, w)
-
-    def _apply_round(self, d: ApplyRound) -> None:
-        if not self.round_mode:
-            raise SimError(f"ApplyRound from the arrival-mode policy {self.policy.name}: {d}")
-        self.version += 1
-        self.rounds += 1
-        if self.trainer is not None:
-            self.trainer.apply_round(d.step, self)
-        self.sink.event(self.now, "apply_round", {"step": d.step,
-                                                  "contributors": list(d.contributors)})
 
     def _check_everyone_left(self) -> None:
         stuck = [w for w in range(self.n) if self.status[w] != GONE]
