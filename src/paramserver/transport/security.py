@@ -138,13 +138,18 @@ def _loopback(host: str) -> bool:
     return host.startswith("127.") or host in ("localhost", "::1")
 
 
+_WARNED: set[str] = set()  # hosts warned about in this process
+
+
 def check_bind(host: str, scheme: str, keys) -> None:
     """Refuse plaintext off loopback unless asked for; warn when asked for."""
     if keys is not None and keys is not INSECURE or scheme != "tcp" or _loopback(host):
         return
     if keys is INSECURE:
-        log.warning("binding %s without keys (--insecure): anyone who can reach this port can "
-                    "push, pull and read the traffic", host)
+        if host not in _WARNED:  # (the CLI checks before binding, bind_router again)
+            _WARNED.add(host)
+            log.warning("binding %s without keys (--insecure): anyone who can reach this port "
+                        "can push, pull and read the traffic", host)
         return
     raise SecurityError(f"refusing to bind {host} without keys: anyone who can reach it could "
                         f"push and pull. Give --keys DIR (see `paramserver keys generate`), or "
