@@ -6,5 +6,5 @@ from paramserver.transport.zmq_sockets import (
     recv_frames, recv_message, send_frames,
 )
 
-__all__ = ["DEFAULT_HWM", "advertised_host", "bind_router", "connect_dealer", "keep_freed_memory", "new_context",
-           "recv_all", "recv_frames", "recv_message", "send_frames"]
+__all__ = ["DEFAULT_HWM", "advertised_host", "bind_router", "connect_dealer", "keep_freed_memory",
+           "new_context", "recv_all", "recv_frames", "recv_message", "send_frames"]
