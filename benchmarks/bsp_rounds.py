@@ -364,7 +364,8 @@ def main() -> int:
         print(f"{n:12s} {med[n]:9.1f} {min(results[n]):7.1f} {max(results[n]):7.1f} {rel}")
     paired = _paired_ratios(results)
     if paired:
-        print(f"paramserver / best baseline of the same repeat: median {statistics.median(paired):.2f}x "
+        print(f"paramserver / best baseline of the same repeat: median "
+              f"{statistics.median(paired):.2f}x "
               f"(per repeat: {', '.join(f'{r:.2f}' for r in paired)})")
     if "paramserver" in med:
         print(f"paramserver reaches {med['paramserver'] / med['floor']:.0%} of the byte floor "

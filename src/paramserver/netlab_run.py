@@ -1,4 +1,4 @@
-"""Runs a paramserver job across a NetLab: coordinator and servers on host 0, a worker per other host."""
+"""Runs a paramserver job across a NetLab: coordinator and servers on host 0, workers beyond."""
 
 from __future__ import annotations
 
