@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,9 @@ def run_paramserver(workers: int, rounds: int, env: dict | None = None,
 # ---- DDP ----------------------------------------------------------------------------------------
 def _ddp_proc(rank: int, world: int, port: int, rounds: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # DDP's own setup trips torch's deprecation warning about gloo; one per process per repeat
+    # buried the benchmark's figures.
+    warnings.filterwarnings("ignore", message="You are using a Backend")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ds, model, _ = _model()
     ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)

@@ -277,3 +277,67 @@ def test_without_curve_the_same_replay_reaches_the_handler(tmp_path):
             kv.close()
     finally:
         cluster.stop()
+
+
+# ---- a key acts in its own role only ------------------------------------------------------------
+def _ask_coordinator(cluster, key_role: str, msg: Message) -> Message:
+    ctx = zmq.Context()
+    try:
+        sock = connect_dealer(ctx, cluster.address, keys=cluster.client_keys(key_role))
+        rpc.send(sock, msg)
+        assert sock.poll(10_000), f"the coordinator did not answer {msg.op}"
+        _, reply, _ = rpc.recv(sock, routed=False)
+        sock.close(0)
+        return reply
+    finally:
+        ctx.term()
+
+
+def test_a_worker_key_cannot_register_or_speak_as_a_server(secure_job):
+    cluster, kv = secure_job
+    fake = Message("register", {"role": "server", "addr": "tcp://127.0.0.1:9"}, rid=1, src="x")
+    reply = _ask_coordinator(cluster, "worker", fake)
+    assert reply.op == "error" and "a worker key cannot act as a server" in reply["msg"]
+    # Nor may it speak for the registered shard: its counters would land in the job's metrics.
+    beat = Message("heartbeat", {"counters": {"late_pushes": 99, "duplicates": 0}}, rid=2,
+                   src="s0")
+    reply = _ask_coordinator(cluster, "worker", beat)
+    assert reply.op == "error" and "cannot act as a server" in reply["msg"]
+    state = _ask_coordinator(cluster, "observer", Message("status", rid=3, src="probe"))
+    assert [s["addr"] for s in state["state"]["servers"].values()] == [kv.shards[0].addr]
+
+
+def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
+    security.generate(tmp_path)
+    # A second worker key, for another host: filed as worker-hostB, it is a worker key.
+    zmq.auth.create_certificates(tmp_path / "private", "worker-hostB")
+    os.replace(tmp_path / "private" / "worker-hostB.key", tmp_path / "public" / "worker-hostB.key")
+    os.chmod(tmp_path / "private" / "worker-hostB.key_secret", 0o600)
+    own = security.load(tmp_path, "worker")
+    pub, sec = zmq.auth.load_certificate(tmp_path / "private" / "worker-hostB.key_secret")
+    host_b = security.Keys(own.directory, "worker", pub, sec, own.peers, own.allowed)
+    ctx = zmq.Context()
+    try:
+        router, addr = bind_router(ctx, "127.0.0.1", 0,
+                                   keys=security.load(tmp_path, "coordinator"))
+        roles = []
+        for keys in (host_b, security.load(tmp_path, "observer")):
+            dealer = connect_dealer(ctx, addr, keys=keys)
+            dealer.send(b"hello")
+            assert router.poll(10_000), "the keyed client was not admitted"
+            roles.append(security.key_role(router.recv_multipart(copy=False)[1]))
+            dealer.close(0)
+        plain, plain_addr = bind_router(ctx, "127.0.0.1", 0, keys=None)
+        dealer = connect_dealer(ctx, plain_addr, keys=None)
+        dealer.send(b"hello")
+        assert plain.poll(10_000)
+        roles.append(security.key_role(plain.recv_multipart(copy=False)[1]))
+        dealer.close(0)
+        router.close(0)
+        plain.close(0)
+    finally:
+        ctx.term()
+    assert roles == ["worker", "observer", None]
+    with pytest.raises(ValueError, match="a worker key cannot act as a server"):
+        security.check_role("worker", "server")
+    security.check_role(None, "server")  # plaintext: nothing to check

@@ -19,9 +19,9 @@ from paramserver.runtime.checkpoint_keeper import CheckpointKeeper
 from paramserver.runtime.coordinator_checks import ChecksMixin
 from paramserver.runtime.coordinator_checkpoints import CheckpointMixin
 from paramserver.runtime.coordinator_decisions import DecisionsMixin
-from paramserver.runtime.membership import MembershipMixin, Roster
+from paramserver.runtime.membership import Member, MembershipMixin, Roster
 from paramserver.runtime.server_recovery import ServerRecoveryMixin
-from paramserver.transport import advertised_host, bind_router, new_context
+from paramserver.transport import advertised_host, bind_router, new_context, security
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -145,20 +145,30 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
                 rpc.refuse(self.sock, ident, msg, "coord", frames)
                 continue
             try:
-                self._dispatch(ident, msg)
+                self._dispatch(ident, msg, security.key_role(frames[0]))
             except (PolicyError, ValueError, KeyError, TypeError) as exc:
                 log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
                 self._reply(ident, msg, Message("error", {"msg": str(exc), "code": "refused"}))
 
-    def _dispatch(self, ident: bytes, msg: Message) -> None:
+    def _dispatch(self, ident: bytes, msg: Message, key: str | None = None) -> None:
+        """Hand `msg` to its handler; `key`: the role of the sender's CURVE key (None when
+        plaintext), which must be the role it registers as or registered in."""
         handler = getattr(self, f"_on_{msg.op}", None)
         if handler is None:
             raise ValueError(f"op {msg.op!r} is not served by the coordinator")
-        member = (self.roster.workers.get(msg.src) or self.roster.servers.get(msg.src)
-                  or self.roster.observers.get(msg.src))
+        role, member = self._member(msg)
+        security.check_role(key, msg["role"] if msg.op == "register" else role or key)
         if member is not None:
             member.last_seen = time.monotonic()
         handler(ident, msg)
+
+    def _member(self, msg: Message) -> tuple[str | None, Member | None]:
+        """The role and membership that the sender's `src` registered with, if any."""
+        for role, group in (("worker", self.roster.workers), ("server", self.roster.servers),
+                            ("observer", self.roster.observers)):
+            if msg.src in group:
+                return role, group[msg.src]
+        return None, None
 
     def _reply(self, ident: bytes, request: Message, reply: Message) -> None:
         reply.rid, reply.src = request.rid, "coord"

@@ -179,6 +179,25 @@ def secure_dealer(sock: zmq.Socket, keys, peer: str) -> None:
     sock.curve_serverkey = keys.peers[peer]
 
 
+def key_role(frame) -> str | None:
+    """The role of the key that sent `frame` (a zmq.Frame from a CURVE ROUTER), None on a
+    plaintext socket. The guard names an admitted key by its file in `public/`; the role is that
+    name up to its first '-', so `worker-hostB.key` is another worker key."""
+    try:
+        name = frame.get("User-Id")
+    except (zmq.ZMQError, AttributeError):  # plaintext: no ZAP ran, or not a zmq frame
+        return None
+    return name.split("-", 1)[0] if name else None
+
+
+def check_role(key: str | None, claimed: str) -> None:
+    """Refuse a peer that acts in a role its key was not filed under (a worker key registering
+    as a server would be handed every gradient of its shard). None: plaintext, nothing to check."""
+    if key is not None and key != claimed:
+        raise ValueError(f"a {key} key cannot act as a {claimed}: a {claimed} needs a key filed as "
+                         f"public/{claimed}.key or public/{claimed}-*.key")
+
+
 # ---- the guard: ZAP answers and handshake failures -----------------------------------------------
 _GUARDS: "weakref.WeakKeyDictionary[zmq.Context, _Guard]" = weakref.WeakKeyDictionary()
 _GUARDS_LOCK = threading.Lock()
