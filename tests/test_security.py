@@ -297,12 +297,13 @@ def test_a_worker_key_cannot_register_or_speak_as_a_server(secure_job):
     cluster, kv = secure_job
     fake = Message("register", {"role": "server", "addr": "tcp://127.0.0.1:9"}, rid=1, src="x")
     reply = _ask_coordinator(cluster, "worker", fake)
-    assert reply.op == "error" and "a worker key cannot act as a server" in reply["msg"]
+    assert reply.op == "error"
+    assert "a key filed as worker cannot act in the server role" in reply["msg"]
     # Nor may it speak for the registered shard: its counters would land in the job's metrics.
     beat = Message("heartbeat", {"counters": {"late_pushes": 99, "duplicates": 0}}, rid=2,
                    src="s0")
     reply = _ask_coordinator(cluster, "worker", beat)
-    assert reply.op == "error" and "cannot act as a server" in reply["msg"]
+    assert reply.op == "error" and "cannot act in the server role" in reply["msg"]
     state = _ask_coordinator(cluster, "observer", Message("status", rid=3, src="probe"))
     assert [s["addr"] for s in state["state"]["servers"].values()] == [kv.shards[0].addr]
 
@@ -310,12 +311,9 @@ def test_a_worker_key_cannot_register_or_speak_as_a_server(secure_job):
 def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
     security.generate(tmp_path)
     # A second worker key, for another host: filed as worker-hostB, it is a worker key.
-    zmq.auth.create_certificates(tmp_path / "private", "worker-hostB")
-    os.replace(tmp_path / "private" / "worker-hostB.key", tmp_path / "public" / "worker-hostB.key")
-    os.chmod(tmp_path / "private" / "worker-hostB.key_secret", 0o600)
-    own = security.load(tmp_path, "worker")
-    pub, sec = zmq.auth.load_certificate(tmp_path / "private" / "worker-hostB.key_secret")
-    host_b = security.Keys(own.directory, "worker", pub, sec, own.peers, own.allowed)
+    security.generate(tmp_path, ["worker-hostB"])
+    host_b = security.load(tmp_path, "worker", "worker-hostB")
+    assert host_b.public != security.load(tmp_path, "worker").public
     ctx = zmq.Context()
     try:
         router, addr = bind_router(ctx, "127.0.0.1", 0,
@@ -338,6 +336,59 @@ def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
     finally:
         ctx.term()
     assert roles == ["worker", "observer", None]
-    with pytest.raises(ValueError, match="a worker key cannot act as a server"):
+    with pytest.raises(ValueError, match="filed as worker cannot act in the server role"):
         security.check_role("worker", "server")
     security.check_role(None, "server")  # plaintext: nothing to check
+
+
+def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path):
+    root = tmp_path / "k"
+    assert paramserver("keys", "generate", str(root)).returncode == 0
+    out = paramserver("keys", "generate", str(root), "--name", "worker-hostB", "--name",
+                      "worker-hostC")
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (root / "public").glob("worker*")) == [
+        "worker-hostB.key", "worker-hostC.key", "worker.key"]
+    assert stat.S_IMODE((root / "private" / "worker-hostC.key_secret").stat().st_mode) == 0o600
+    keys = security.load(root, "worker", "worker-hostC")
+    assert keys.allowed[keys.public] == "worker-hostC"
+    for bad in ("hacker", "worker/../x", "-worker", ""):
+        out = paramserver("keys", "generate", str(root), f"--name={bad}")
+        assert out.returncode == 2 and "bad key name" in out.stderr, (bad, out.stderr)
+    with pytest.raises(security.SecurityError, match="'observer' is not a worker key"):
+        security.load(root, "worker", "observer")
+    out = paramserver("worker", "--join", "tcp://127.0.0.1:9", "--keys", str(root),
+                      "--key-name", "server", timeout=30)
+    assert out.returncode == 2 and "is not a worker key" in out.stderr
+    assert "Traceback" not in out.stderr
+    # $PARAMSERVER_KEY_NAME picks the pair of processes of its role, and no other role's.
+    env = {security.ENV: str(root), security.NAME_ENV: "worker-hostB"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        assert security.from_env("worker").public == security.load(root, "worker",
+                                                                   "worker-hostB").public
+        assert security.from_env("observer").public == security.load(root, "observer").public
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_a_host_key_joins_in_its_role_and_no_other(tmp_path):
+    keys_dir = tmp_path / "k"
+    security.generate(keys_dir)
+    security.generate(keys_dir, ["observer-laptop"])
+    cluster = LocalCluster(make_job(N, 1, 1, sync="asp", lr=1.0), tmp_path / "run",
+                           keys=keys_dir, job_timeout=120)
+    try:
+        cluster.start(spawn_workers=False)
+        laptop = KVWorker(cluster.address, role="observer",
+                          keys=security.load(keys_dir, "observer", "observer-laptop"))
+        laptop.init(np.arange(N, dtype=np.float64))
+        np.testing.assert_array_equal(laptop.pull(), np.arange(N))
+        laptop.close()
+        with pytest.raises(rpc.RemoteError, match="filed as worker cannot act in the observer"):
+            KVWorker(cluster.address, role="observer", keys=security.load(keys_dir, "worker"),
+                     heartbeat=False)
+    finally:
+        cluster.stop()

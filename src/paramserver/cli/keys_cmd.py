@@ -9,14 +9,19 @@ from paramserver.transport import security
 
 def _generate(args) -> int:
     try:
-        written = security.generate(args.dir)
+        written = security.generate(args.dir, args.name or security.ROLES)
     except (security.SecurityError, OSError) as exc:
         print(f"paramserver keys generate: {exc}", file=sys.stderr)
         return 2
     for path in written:
         print(path)
-    print(f"Give every host {args.dir}/public/ and the private/ROLE.key_secret of the roles it "
-          f"runs; start each role with --keys {args.dir}.", file=sys.stderr)
+    if args.name:
+        print(f"Copy the new public/*.key to every host and restart the job: the allow-list is "
+              f"read at start. Start each process with --keys {args.dir} --key-name NAME.",
+              file=sys.stderr)
+    else:
+        print(f"Give every host {args.dir}/public/ and the private/ROLE.key_secret of the roles "
+              f"it runs; start each role with --keys {args.dir}.", file=sys.stderr)
     return 0
 
 
@@ -30,5 +35,10 @@ def register(sub) -> None:
                         description=f"Write DIR/public/ROLE.key (public, 0644) and "
                                     f"DIR/private/ROLE.key_secret (0600, folder 0700) for the "
                                     f"roles {', '.join(security.ROLES)}. Refuses to overwrite.")
-    g.add_argument("dir", metavar="DIR", help="key folder to create")
+    g.add_argument("dir", metavar="DIR", help="key folder to create (or add to, with --name)")
+    g.add_argument("--name", action="append", metavar="NAME",
+                   help="write only this key pair, into a new or existing folder: a role, or a "
+                        "role, '-' and a suffix (worker-hostB: a worker key of its own for one "
+                        "host, which can be revoked alone by deleting public/worker-hostB.key); "
+                        "repeat for more")
     g.set_defaults(func=_generate)

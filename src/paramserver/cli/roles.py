@@ -24,7 +24,10 @@ def _keys(args, role: str):
         raise security.SecurityError("--keys (or $PARAMSERVER_KEYS) and --insecure exclude "
                                      "each other")
     if directory:
-        return security.load(directory, role)
+        name = getattr(args, "key_name", None) or os.environ.get(security.NAME_ENV) or None
+        if name and not getattr(args, "key_name", None) and security.role_of(name) != role:
+            name = None  # $PARAMSERVER_KEY_NAME names another role's key: not this process's
+        return security.load(directory, role, name)
     return security.INSECURE if getattr(args, "insecure", False) else None
 
 
@@ -88,12 +91,16 @@ def _run_evaluator(args) -> int:
 
 _KEYS_HELP = ("key folder from `paramserver keys generate` (default $PARAMSERVER_KEYS): "
               "CURVE-encrypt and authenticate every connection")
+_KEY_NAME_HELP = ("which key pair of the folder to use: private/NAME.key_secret, a key of this "
+                  "role such as worker-hostB (default $PARAMSERVER_KEY_NAME when it names a key "
+                  "of this role, else the role's own)")
 _INSECURE_HELP = ("allow binding a non-loopback address without keys (plaintext, anyone who "
                   "can reach the port may push and pull); prints a warning")
 
 
 def _security_args(p, binds: bool) -> None:
     p.add_argument("--keys", metavar="DIR", help=_KEYS_HELP)
+    p.add_argument("--key-name", metavar="NAME", help=_KEY_NAME_HELP)
     if binds:
         p.add_argument("--insecure", action="store_true", help=_INSECURE_HELP)
 

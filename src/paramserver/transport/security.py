@@ -2,36 +2,39 @@
 
 Key folder (`paramserver keys generate DIR`)::
 
-    DIR/public/<role>.key            public keys (0644): the allow-list every ROUTER checks
-    DIR/private/<role>.key_secret    key pairs (0600, folder 0700): one per role
+    DIR/public/<name>.key            public keys (0644): the allow-list every ROUTER checks
+    DIR/private/<name>.key_secret    key pairs (0600, folder 0700): one per role, and more
 
-A process of role R needs `private/R.key_secret` and `public/` (the ROUTER roles' public keys
-tell its clients whom they talk to; every key in `public/` may connect). ROUTERs run CURVE as
-the server with their role's pair; a ZAP handler (one thread per context, `_Guard`) admits only
-clients whose public key is in `public/` and logs the others, as it logs failed handshakes
-(wrong server key, no CURVE, a replayed session). See docs/security.md.
+A key's name is its role (`worker`), or its role, a dash and anything (`worker-hostB`: one more
+worker key, so that one host's key can be revoked alone); it may act in that role only.
+
+A process of role R needs `private/R.key_secret` (or another R key) and `public/` (the ROUTER
+roles' public keys tell its clients whom they talk to; every key in `public/` may connect).
+ROUTERs run CURVE as the server with their role's pair; a ZAP handler (one thread per context,
+`curve_guard`) admits only clients whose public key is in `public/` and logs the others, as it
+logs failed handshakes (wrong server key, no CURVE, a replayed session). See docs/security.md.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
-import time
-import weakref
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
-from zmq.utils import monitor, z85
+
+from paramserver.transport.curve_guard import guard_of
 
 log = logging.getLogger(__name__)
 
 ROLES = ("coordinator", "server", "worker", "observer")
 ROUTER_ROLES = ("coordinator", "server")  # roles that bind: their public keys are dialled
 ENV = "PARAMSERVER_KEYS"  # a key folder for processes started without --keys
+NAME_ENV = "PARAMSERVER_KEY_NAME"  # which key of the folder, for processes of its role
+_NAME = re.compile(r"[A-Za-z0-9_]+(-[A-Za-z0-9_.-]+)?")
 
 
 class SecurityError(ValueError):
@@ -61,8 +64,24 @@ INSECURE = _Insecure()
 
 
 # ---- key files ----------------------------------------------------------------------------------
+def role_of(name: str) -> str:
+    """The role a key of this name may act in: the name up to its first '-'."""
+    return name.split("-", 1)[0]
+
+
+def check_name(name: str) -> str:
+    """`name` if it names a key of a known role (`worker`, `worker-hostB`); else SecurityError."""
+    if not _NAME.fullmatch(name) or role_of(name) not in ROLES:
+        raise SecurityError(f"bad key name {name!r}: a role ({', '.join(ROLES)}), or a role, "
+                            f"'-' and letters, digits, '_', '.' or '-' (worker-hostB)")
+    return name
+
+
 def generate(directory: str | os.PathLike, roles=ROLES) -> list[Path]:
-    """Write a key pair per role into `directory`; refuses to overwrite existing keys."""
+    """Write a key pair per name in `roles` (by default one per role) into `directory`; refuses
+    to overwrite existing keys."""
+    for name in roles:
+        check_name(name)
     root = Path(directory)
     public, private = root / "public", root / "private"
     clashes = [p for r in roles for p in (public / f"{r}.key", private / f"{r}.key_secret")
@@ -113,24 +132,34 @@ def _load_secret(path: Path) -> tuple[bytes, bytes]:
     return public, secret
 
 
-def load(directory: str | os.PathLike, role: str) -> Keys:
-    """The keys a process of `role` uses, from a folder written by `generate`."""
+def load(directory: str | os.PathLike, role: str, name: str | None = None) -> Keys:
+    """The keys a process of `role` uses, from a folder written by `generate`: its own pair is
+    `private/<name>.key_secret`, by default the role's."""
     if role not in ROLES:
         raise SecurityError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
+    name = check_name(name or role)
+    if role_of(name) != role:
+        raise SecurityError(f"key {name!r} is not a {role} key: a {role} uses {role}.key_secret "
+                            f"or a {role}-NAME.key_secret")
     root = Path(directory)
     if not (root / "public").is_dir():
         raise SecurityError(f"{root} is no key folder (no public/ inside); create one with "
                             f"`paramserver keys generate {root}`")
-    public, secret = _load_secret(root / "private" / f"{role}.key_secret")
+    public, secret = _load_secret(root / "private" / f"{name}.key_secret")
     peers = {r: _load_public(root / "public" / f"{r}.key") for r in ROUTER_ROLES}
     allowed = {_load_public(p): p.stem for p in sorted((root / "public").glob("*.key"))}
     return Keys(str(root), role, public, secret, peers, allowed)
 
 
 def from_env(role: str) -> Keys | None:
-    """Keys from the folder named by $PARAMSERVER_KEYS, or None when it is not set."""
+    """Keys from the folder named by $PARAMSERVER_KEYS, or None when it is not set; the pair
+    named by $PARAMSERVER_KEY_NAME when that is a key of `role` (a host's own worker key, say),
+    else the role's."""
     directory = os.environ.get(ENV)
-    return load(directory, role) if directory else None
+    if not directory:
+        return None
+    name = os.environ.get(NAME_ENV) or None
+    return load(directory, role, name if name and role_of(name) == role else None)
 
 
 # ---- sockets ------------------------------------------------------------------------------------
@@ -160,12 +189,12 @@ def secure_router(sock: zmq.Socket, keys) -> None:
     """Make a not yet bound ROUTER a CURVE server whose clients the context's guard vets."""
     if not isinstance(keys, Keys):
         return
-    domain = _guard(sock.context).admit(keys)
+    domain = guard_of(sock.context).admit(keys)
     sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
     sock.curve_server = True
-    _guard(sock.context).watch(sock)
+    guard_of(sock.context).watch(sock)
 
 
 def secure_dealer(sock: zmq.Socket, keys, peer: str) -> None:
@@ -187,114 +216,12 @@ def key_role(frame) -> str | None:
         name = frame.get("User-Id")
     except (zmq.ZMQError, AttributeError):  # plaintext: no ZAP ran, or not a zmq frame
         return None
-    return name.split("-", 1)[0] if name else None
+    return role_of(name) if name else None
 
 
 def check_role(key: str | None, claimed: str) -> None:
     """Refuse a peer that acts in a role its key was not filed under (a worker key registering
     as a server would be handed every gradient of its shard). None: plaintext, nothing to check."""
     if key is not None and key != claimed:
-        raise ValueError(f"a {key} key cannot act as a {claimed}: a {claimed} needs a key filed as "
-                         f"public/{claimed}.key or public/{claimed}-*.key")
-
-
-# ---- the guard: ZAP answers and handshake failures -----------------------------------------------
-_GUARDS: "weakref.WeakKeyDictionary[zmq.Context, _Guard]" = weakref.WeakKeyDictionary()
-_GUARDS_LOCK = threading.Lock()
-_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-_PROTOCOL_ERRORS = {int(getattr(zmq, n)): n[len("PROTOCOL_ERROR_"):].lower()
-                    for n in dir(zmq) if n.startswith("PROTOCOL_ERROR_")}
-
-
-def _guard(ctx: zmq.Context) -> "_Guard":
-    with _GUARDS_LOCK:
-        guard = _GUARDS.get(ctx)
-        if guard is None:
-            guard = _GUARDS[ctx] = _Guard(ctx)
-            guard.start()
-        return guard
-
-
-class _Throttle:
-    """Log a repeated refusal at most once per `every` seconds (a peer retrying its connection
-    every 100 ms must not flood the log), saying how many were not logged."""
-
-    def __init__(self, every: float = 5.0):
-        self.every, self.last, self.quiet = every, {}, {}
-
-    def __call__(self, key, fmt: str, *args) -> None:
-        now = time.monotonic()
-        if now - self.last.get(key, -1e9) < self.every:
-            self.quiet[key] = self.quiet.get(key, 0) + 1
-            return
-        self.last[key] = now
-        more = self.quiet.pop(key, 0)
-        log.warning(fmt + (f" ({more} more like it not logged)" if more else ""), *args)
-
-
-class _Guard(threading.Thread):
-    """Per context: answers ZAP requests and reports failed handshakes of watched ROUTERs."""
-
-    def __init__(self, ctx: zmq.Context):
-        super().__init__(daemon=True, name="paramserver-zap")
-        self.zap = ctx.socket(zmq.REP)
-        self.zap.linger = 0
-        self.zap.bind("inproc://zeromq.zap.01")
-        self.domains: dict[str, Keys] = {}
-        self.incoming: queue.SimpleQueue = queue.SimpleQueue()
-        self.refused = _Throttle()
-
-    def admit(self, keys: Keys) -> str:
-        domain = f"paramserver-{len(self.domains)}"
-        self.domains[domain] = keys
-        return domain
-
-    def watch(self, sock: zmq.Socket) -> None:
-        self.incoming.put(sock.get_monitor_socket(_FAILED))
-
-    def run(self) -> None:
-        poller, monitors = zmq.Poller(), []
-        poller.register(self.zap, zmq.POLLIN)
-        try:
-            while True:
-                while not self.incoming.empty():
-                    monitors.append(self.incoming.get())
-                    poller.register(monitors[-1], zmq.POLLIN)
-                ready = dict(poller.poll(200))
-                if self.zap in ready:
-                    self.zap.send_multipart(self._answer(self.zap.recv_multipart()))
-                for m in monitors:
-                    if m in ready:
-                        self._report(monitor.recv_monitor_message(m))
-        except zmq.ZMQError:  # the context is terminating: let it
-            pass
-        finally:
-            for s in (self.zap, *monitors):
-                s.close(0)
-
-    def _answer(self, frames: list[bytes]) -> list[bytes]:
-        if len(frames) < 6:
-            return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
-        version, rid, domain, address, _identity, mechanism = frames[:6]
-        keys = self.domains.get(domain.decode(errors="replace"))
-        key = z85.encode(frames[6]) if mechanism == b"CURVE" and len(frames) > 6 else None
-        if keys is not None and key in keys.allowed:
-            name = keys.allowed[key]
-            log.debug("admitted %s (%s key)", address.decode(errors="replace"), name)
-            return [version, rid, b"200", b"OK", name.encode(), b""]
-        self.refused(("zap", address), "refused a connection from %s: its key %s is not in %s",
-                     address.decode(errors="replace"),
-                     key.decode() if key else mechanism.decode(errors="replace"),
-                     f"{keys.directory}/public" if keys else "any key folder")
-        return [version, rid, b"400", b"key not allowed", b"", b""]
-
-    def _report(self, event: dict) -> None:
-        reason = "no detail"  # NO_DETAIL events carry an errno, PROTOCOL ones the reason
-        if event.get("event") == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            reason = _PROTOCOL_ERRORS.get(int(event.get("value", 0)), "protocol error")
-        endpoint = event.get("endpoint", b"")
-        self.refused(("handshake", reason),
-                     "refused a connection on %s: CURVE handshake failed (%s): a peer without "
-                     "this cluster's server key, not using CURVE, or replaying a session",
-                     endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
-                     else endpoint, reason)
+        raise ValueError(f"a key filed as {key} cannot act in the {claimed} role (that needs "
+                         f"public/{claimed}.key or public/{claimed}-*.key)")

@@ -1,0 +1,120 @@
+"""The CURVE guard of a context: answers ZAP requests from an allow-list, logs refused peers."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+import zmq
+from zmq.utils import monitor, z85
+
+if TYPE_CHECKING:
+    from paramserver.transport.security import Keys
+
+log = logging.getLogger("paramserver.transport.security")  # refusals log where they always did
+
+
+_GUARDS: "weakref.WeakKeyDictionary[zmq.Context, _Guard]" = weakref.WeakKeyDictionary()
+_GUARDS_LOCK = threading.Lock()
+_FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_PROTOCOL_ERRORS = {int(getattr(zmq, n)): n[len("PROTOCOL_ERROR_"):].lower()
+                    for n in dir(zmq) if n.startswith("PROTOCOL_ERROR_")}
+
+
+def guard_of(ctx: zmq.Context) -> "_Guard":
+    """The context's guard, started on first use."""
+    with _GUARDS_LOCK:
+        guard = _GUARDS.get(ctx)
+        if guard is None:
+            guard = _GUARDS[ctx] = _Guard(ctx)
+            guard.start()
+        return guard
+
+
+class _Throttle:
+    """Log a repeated refusal at most once per `every` seconds (a peer retrying its connection
+    every 100 ms must not flood the log), saying how many were not logged."""
+
+    def __init__(self, every: float = 5.0):
+        self.every, self.last, self.quiet = every, {}, {}
+
+    def __call__(self, key, fmt: str, *args) -> None:
+        now = time.monotonic()
+        if now - self.last.get(key, -1e9) < self.every:
+            self.quiet[key] = self.quiet.get(key, 0) + 1
+            return
+        self.last[key] = now
+        more = self.quiet.pop(key, 0)
+        log.warning(fmt + (f" ({more} more like it not logged)" if more else ""), *args)
+
+
+class _Guard(threading.Thread):
+    """Per context: answers ZAP requests and reports failed handshakes of watched ROUTERs."""
+
+    def __init__(self, ctx: zmq.Context):
+        super().__init__(daemon=True, name="paramserver-zap")
+        self.zap = ctx.socket(zmq.REP)
+        self.zap.linger = 0
+        self.zap.bind("inproc://zeromq.zap.01")
+        self.domains: dict[str, Keys] = {}
+        self.incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self.refused = _Throttle()
+
+    def admit(self, keys: Keys) -> str:
+        domain = f"paramserver-{len(self.domains)}"
+        self.domains[domain] = keys
+        return domain
+
+    def watch(self, sock: zmq.Socket) -> None:
+        self.incoming.put(sock.get_monitor_socket(_FAILED))
+
+    def run(self) -> None:
+        poller, monitors = zmq.Poller(), []
+        poller.register(self.zap, zmq.POLLIN)
+        try:
+            while True:
+                while not self.incoming.empty():
+                    monitors.append(self.incoming.get())
+                    poller.register(monitors[-1], zmq.POLLIN)
+                ready = dict(poller.poll(200))
+                if self.zap in ready:
+                    self.zap.send_multipart(self._answer(self.zap.recv_multipart()))
+                for m in monitors:
+                    if m in ready:
+                        self._report(monitor.recv_monitor_message(m))
+        except zmq.ZMQError:  # the context is terminating: let it
+            pass
+        finally:
+            for s in (self.zap, *monitors):
+                s.close(0)
+
+    def _answer(self, frames: list[bytes]) -> list[bytes]:
+        if len(frames) < 6:
+            return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+        version, rid, domain, address, _identity, mechanism = frames[:6]
+        keys = self.domains.get(domain.decode(errors="replace"))
+        key = z85.encode(frames[6]) if mechanism == b"CURVE" and len(frames) > 6 else None
+        if keys is not None and key in keys.allowed:
+            name = keys.allowed[key]
+            log.debug("admitted %s (%s key)", address.decode(errors="replace"), name)
+            return [version, rid, b"200", b"OK", name.encode(), b""]
+        self.refused(("zap", address), "refused a connection from %s: its key %s is not in %s",
+                     address.decode(errors="replace"),
+                     key.decode() if key else mechanism.decode(errors="replace"),
+                     f"{keys.directory}/public" if keys else "any key folder")
+        return [version, rid, b"400", b"key not allowed", b"", b""]
+
+    def _report(self, event: dict) -> None:
+        reason = "no detail"  # NO_DETAIL events carry an errno, PROTOCOL ones the reason
+        if event.get("event") == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            reason = _PROTOCOL_ERRORS.get(int(event.get("value", 0)), "protocol error")
+        endpoint = event.get("endpoint", b"")
+        self.refused(("handshake", reason),
+                     "refused a connection on %s: CURVE handshake failed (%s): a peer without "
+                     "this cluster's server key, not using CURVE, or replaying a session",
+                     endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
+                     else endpoint, reason)
