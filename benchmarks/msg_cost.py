@@ -7,10 +7,10 @@ thread included; the server's start-up is left out). The variants run interleave
 spell of this shared machine weighs on all of them.
 
   raw     recv_multipart(copy=False) / send_multipart of 40 bytes: ZeroMQ alone
-  codec   the same sockets, the message encoded and decoded by wire.codec
+  codec   the same calls, the message encoded and decoded by wire.codec
   rpc     runtime.rpc.send / recv (codec plus the transport's shared-memory and shaping checks)
 
-  python benchmarks/msg_cost.py --trips 5000 --repeats 3
+  python benchmarks/msg_cost.py --trips 5000 --repeats 5
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def _answer(router, variant: str, i: int) -> None:
         frames = router.recv_multipart(copy=False)
         router.send_multipart([frames[0].bytes, b"ack" * 10])
     elif variant == "codec":
-        frames = router.recv_multipart()
+        frames = router.recv_multipart(copy=False)
         msg = decode(frames[1:])
-        router.send_multipart([frames[0], *encode(Message(
+        router.send_multipart([frames[0].bytes, *encode(Message(
             "ack", {"version": i, "staleness": 0}, rid=msg.rid, src="s0"))])
     else:
         ident, msg, _ = rpc.recv(router, routed=True)
@@ -101,7 +101,7 @@ def measure(variant: str, trips: int) -> tuple[float, float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trips", type=int, default=5000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     runs: dict[str, list] = {v: [] for v in VARIANTS}
     for _ in range(args.repeats):

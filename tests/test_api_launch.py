@@ -1,5 +1,6 @@
 """A user's own script through `paramserver launch` and DistributedOptimizer, as the README shows."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ def test_readme_example_trains_through_launch(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--steps", "120",
          "--out", str(out), "--", sys.executable, str(EXAMPLE)],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300,
+        # A key name left in the shell names no key of the job's fresh folder: not passed on.
+        env=dict(os.environ, PARAMSERVER_KEY_NAME="worker-hostB"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = " ".join(p.read_text() for p in (out / "logs").glob("worker-*.log"))
     accuracies = [float(line.rsplit(" ", 1)[1]) for line in logs.splitlines()

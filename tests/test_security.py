@@ -19,7 +19,7 @@ from ps_helpers import make_job
 from paramserver.runtime import rpc
 from paramserver.runtime.launcher import LocalCluster
 from paramserver.runtime.worker_client import KVWorker
-from paramserver.transport import bind_router, connect_dealer, security
+from paramserver.transport import bind_router, connect_dealer, recv_message, security
 from paramserver.wire import Message
 
 N = 64  # keys: small, so one push is one short burst of bytes on the wire
@@ -304,6 +304,19 @@ def test_a_worker_key_cannot_register_or_speak_as_a_server(secure_job):
                    src="s0")
     reply = _ask_coordinator(cluster, "worker", beat)
     assert reply.op == "error" and "cannot act in the server role" in reply["msg"]
+    # Nor take a server's name as a worker, which would turn its messages into the server's.
+    taken = Message("register", {"role": "worker"}, rid=4, src="s0")
+    reply = _ask_coordinator(cluster, "worker", taken)
+    assert reply.op == "error" and "a server's name" in reply["msg"]
+    fake_restore = Message("restored", {"tag": "t", "lost_updates": 5, "version": 0}, rid=5,
+                           src="s0")
+    reply = _ask_coordinator(cluster, "worker", fake_restore)
+    assert reply.op == "error" and "cannot act in the server role" in reply["msg"]
+    # Metrics come from registered workers and observers only.
+    junk = Message("report", {"record": {"kind": "eval", "test_accuracy": 1.0}}, rid=6,
+                   src="nobody")
+    reply = _ask_coordinator(cluster, "server", junk)
+    assert reply.op == "error" and "no registered worker or observer" in reply["msg"]
     state = _ask_coordinator(cluster, "observer", Message("status", rid=3, src="probe"))
     assert [s["addr"] for s in state["state"]["servers"].values()] == [kv.shards[0].addr]
 
@@ -323,13 +336,14 @@ def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
             dealer = connect_dealer(ctx, addr, keys=keys)
             dealer.send(b"hello")
             assert router.poll(10_000), "the keyed client was not admitted"
-            roles.append(security.key_role(router.recv_multipart(copy=False)[1]))
+            peer, _ = recv_message(router, routed=True)  # the role rides on the routing id
+            roles.append(peer.key_role)
             dealer.close(0)
         plain, plain_addr = bind_router(ctx, "127.0.0.1", 0, keys=None)
         dealer = connect_dealer(ctx, plain_addr, keys=None)
         dealer.send(b"hello")
         assert plain.poll(10_000)
-        roles.append(security.key_role(plain.recv_multipart(copy=False)[1]))
+        roles.append(recv_message(plain, routed=True)[0].key_role)
         dealer.close(0)
         router.close(0)
         plain.close(0)
@@ -352,9 +366,15 @@ def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path):
     assert stat.S_IMODE((root / "private" / "worker-hostC.key_secret").stat().st_mode) == 0o600
     keys = security.load(root, "worker", "worker-hostC")
     assert keys.allowed[keys.public] == "worker-hostC"
-    for bad in ("hacker", "worker/../x", "-worker", ""):
+    for bad in ("hacker", "worker/../x", "-worker", "", "worker-..", "worker-.", "worker-a.key",
+                "server-hostA", "coordinator-2", "Worker"):
         out = paramserver("keys", "generate", str(root), f"--name={bad}")
         assert out.returncode == 2 and "bad key name" in out.stderr, (bad, out.stderr)
+    out = paramserver("keys", "generate", str(root), "--name", "worker-x", "--name", "worker-x")
+    assert out.returncode == 2 and "given twice" in out.stderr
+    out = paramserver("worker", "--join", "tcp://127.0.0.1:9", "--key-name", "worker-hostB",
+                      env={k: v for k, v in os.environ.items() if k != security.ENV}, timeout=30)
+    assert out.returncode == 2 and "--key-name needs --keys" in out.stderr
     with pytest.raises(security.SecurityError, match="'observer' is not a worker key"):
         security.load(root, "worker", "observer")
     out = paramserver("worker", "--join", "tcp://127.0.0.1:9", "--keys", str(root),
@@ -392,3 +412,12 @@ def test_a_host_key_joins_in_its_role_and_no_other(tmp_path):
                      heartbeat=False)
     finally:
         cluster.stop()
+
+
+def test_one_key_filed_twice_is_refused(tmp_path):
+    security.generate(tmp_path)
+    # Under two names, which role would the key act in? The folder is refused instead.
+    (tmp_path / "public" / "observer-copy.key").write_bytes(
+        (tmp_path / "public" / "worker.key").read_bytes())
+    with pytest.raises(security.SecurityError, match="holds the same key as"):
+        security.load(tmp_path, "worker")

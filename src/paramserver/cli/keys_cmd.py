@@ -1,4 +1,4 @@
-"""`paramserver keys generate DIR`: a CURVE key pair per role, for authenticated jobs."""
+"""`paramserver keys generate DIR`: CURVE key pairs (one per role, or named ones) for jobs."""
 
 from __future__ import annotations
 
@@ -32,13 +32,14 @@ def register(sub) -> None:
                                    "listed in DIR/public/ may connect (docs/security.md).")
     ksub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     g = ksub.add_parser("generate", help="write a key pair per role into DIR",
-                        description=f"Write DIR/public/ROLE.key (public, 0644) and "
-                                    f"DIR/private/ROLE.key_secret (0600, folder 0700) for the "
-                                    f"roles {', '.join(security.ROLES)}. Refuses to overwrite.")
+                        description=f"Write DIR/public/NAME.key (public, 0644) and "
+                                    f"DIR/private/NAME.key_secret (0600, folder 0700) for the "
+                                    f"roles {', '.join(security.ROLES)}, or for the names given "
+                                    f"with --name. Refuses to overwrite.")
     g.add_argument("dir", metavar="DIR", help="key folder to create (or add to, with --name)")
     g.add_argument("--name", action="append", metavar="NAME",
-                   help="write only this key pair, into a new or existing folder: a role, or a "
-                        "role, '-' and a suffix (worker-hostB: a worker key of its own for one "
-                        "host, which can be revoked alone by deleting public/worker-hostB.key); "
-                        "repeat for more")
+                   help="write only this key pair, into a new or existing folder: a role, or "
+                        "worker/observer, '-' and a suffix (worker-hostB: a worker key of its "
+                        "own for one host, which can be revoked alone by deleting "
+                        "public/worker-hostB.key); repeat for more")
     g.set_defaults(func=_generate)

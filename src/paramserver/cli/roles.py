@@ -20,6 +20,8 @@ def _setup_logging(role: str) -> None:
 def _keys(args, role: str):
     """security.Keys from --keys or $PARAMSERVER_KEYS; INSECURE with --insecure; else None."""
     directory = args.keys or os.environ.get(security.ENV)
+    if getattr(args, "key_name", None) and not directory:
+        raise security.SecurityError("--key-name needs --keys DIR (or $PARAMSERVER_KEYS)")
     if directory and getattr(args, "insecure", False):
         raise security.SecurityError("--keys (or $PARAMSERVER_KEYS) and --insecure exclude "
                                      "each other")

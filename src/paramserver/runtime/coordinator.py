@@ -36,6 +36,7 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
                  metrics_path: str | None = None, keys=None, advertise: str | None = None):
         self.job = job
         self.keys = keys  # security.Keys: CURVE; INSECURE: plaintext off loopback
+        self.secured = isinstance(keys, security.Keys)  # senders' key roles are checked
         self.host, self.port = host, port
         self.advertise = advertised_host(host, None, advertise)  # the address others dial
         self.address_file = address_file
@@ -145,7 +146,7 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
                 rpc.refuse(self.sock, ident, msg, "coord", frames)
                 continue
             try:
-                self._dispatch(ident, msg, security.key_role(frames[0]))
+                self._dispatch(ident, msg, ident.key_role if self.secured else None)
             except (PolicyError, ValueError, KeyError, TypeError) as exc:
                 log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
                 self._reply(ident, msg, Message("error", {"msg": str(exc), "code": "refused"}))
@@ -157,6 +158,8 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
         if handler is None:
             raise ValueError(f"op {msg.op!r} is not served by the coordinator")
         role, member = self._member(msg)
+        if self.secured and key is None:
+            raise ValueError("the sender's key has no role")  # never expected: fail closed
         security.check_role(key, msg["role"] if msg.op == "register" else role or key)
         if member is not None:
             member.last_seen = time.monotonic()
@@ -226,6 +229,9 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
         self._drop_worker(msg.src, member, msg.get("reason", "done"))
 
     def _on_report(self, ident: bytes, msg: Message) -> None:
+        if self._member(msg)[0] not in ("worker", "observer"):
+            raise ValueError(f"report from {msg.src!r}, which is no registered worker or "
+                             f"observer")
         record = dict(msg["record"])
         age = record.pop("age_s", 0.0)
         self.metric(record, age=float(age) if isinstance(age, (int, float)) else 0.0)

@@ -109,6 +109,8 @@ class LocalCluster:
         env.pop(security.ENV, None)
         if self.keys_dir:
             env[security.ENV] = self.keys_dir
+        if self._own_keys or not self.keys_dir:  # a name from the shell is not in our folder
+            env.pop(security.NAME_ENV, None)
         env.pop(shaping.ENV, None)  # links come from the job: servers by index, workers by rank
         link = self.job.get("links", {}).get("s", {}) if role == "server" else {}
         if link.get(str(index), link.get("*")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from paramserver.policies import Left, Release
 from paramserver.wire import Message
 
 log = logging.getLogger(__name__)
+SERVER_SRC = re.compile(r"s[0-9]+")  # the names the coordinator gives servers (s<rank>)
 
 
 @dataclass
@@ -109,8 +111,11 @@ class MembershipMixin:
             raise ValueError(f"worker has {msg['num_keys']} parameters, the job "
                              f"{self.job['num_keys']}: not the same model")
         group = self.roster.observers if msg["role"] == "observer" else self.roster.workers
-        if msg.src in self.roster.workers or msg.src in self.roster.observers:
-            raise ValueError(f"id {msg.src!r} is already registered")
+        if (msg.src in self.roster.workers or msg.src in self.roster.observers
+                or msg.src in self.roster.servers or SERVER_SRC.fullmatch(msg.src)):
+            # A server's name taken by a worker would make the server's own messages look
+            # like the worker's (and the worker's like the server's).
+            raise ValueError(f"id {msg.src!r} is already registered or is a server's name")
         taken = {m.rank for m in group.values()}
         rank = next(r for r in range(len(taken) + 1) if r not in taken)
         if group is self.roster.workers and rank >= self.job["workers"]:

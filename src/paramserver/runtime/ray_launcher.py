@@ -59,6 +59,7 @@ class RoleProcess:
         node = ray.util.get_node_ip_address()
         args = [a.format(dir=self.dir, node_ip=node) for a in args]
         env = {**os.environ, security.ENV: str(self.dir / "keys")}
+        env.pop(security.NAME_ENV, None)  # the job's keys are written above under role names
         self.log = self.dir / "role.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "paramserver", role, *args],

@@ -34,7 +34,7 @@ ROLES = ("coordinator", "server", "worker", "observer")
 ROUTER_ROLES = ("coordinator", "server")  # roles that bind: their public keys are dialled
 ENV = "PARAMSERVER_KEYS"  # a key folder for processes started without --keys
 NAME_ENV = "PARAMSERVER_KEY_NAME"  # which key of the folder, for processes of its role
-_NAME = re.compile(r"[A-Za-z0-9_]+(-[A-Za-z0-9_.-]+)?")
+_NAME = re.compile(r"[a-z]+(-[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
 
 
 class SecurityError(ValueError):
@@ -50,7 +50,7 @@ class Keys:
     public: bytes  # z85
     secret: bytes
     peers: dict  # router role -> its public key (z85)
-    allowed: dict  # z85 public key -> the role name it was filed under (for logs)
+    allowed: dict  # z85 public key -> its file's name, whose role it may act in (role_of)
 
 
 class _Insecure:
@@ -70,10 +70,18 @@ def role_of(name: str) -> str:
 
 
 def check_name(name: str) -> str:
-    """`name` if it names a key of a known role (`worker`, `worker-hostB`); else SecurityError."""
-    if not _NAME.fullmatch(name) or role_of(name) not in ROLES:
-        raise SecurityError(f"bad key name {name!r}: a role ({', '.join(ROLES)}), or a role, "
-                            f"'-' and letters, digits, '_', '.' or '-' (worker-hostB)")
+    """`name` if it names a key of a known role (`worker`, `worker-hostB`); else SecurityError.
+
+    Coordinator and server keys have one name each: every client pins that public key, so a
+    second one would serve no one."""
+    if (not _NAME.fullmatch(name) or role_of(name) not in ROLES or ".." in name
+            or name.endswith((".key", ".key_secret"))):
+        raise SecurityError(f"bad key name {name!r}: a role ({', '.join(ROLES)}), or a worker or "
+                            f"observer role, '-' and letters, digits, '_', '.' or '-' "
+                            f"(worker-hostB)")
+    if role_of(name) in ROUTER_ROLES and name != role_of(name):
+        raise SecurityError(f"bad key name {name!r}: clients pin the {role_of(name)}'s one "
+                            f"public key ({role_of(name)}.key), so there are no others")
     return name
 
 
@@ -82,6 +90,8 @@ def generate(directory: str | os.PathLike, roles=ROLES) -> list[Path]:
     to overwrite existing keys."""
     for name in roles:
         check_name(name)
+    if len(set(roles)) != len(roles):
+        raise SecurityError(f"a key name is given twice: {sorted(roles)}")
     root = Path(directory)
     public, private = root / "public", root / "private"
     clashes = [p for r in roles for p in (public / f"{r}.key", private / f"{r}.key_secret")
@@ -147,7 +157,12 @@ def load(directory: str | os.PathLike, role: str, name: str | None = None) -> Ke
                             f"`paramserver keys generate {root}`")
     public, secret = _load_secret(root / "private" / f"{name}.key_secret")
     peers = {r: _load_public(root / "public" / f"{r}.key") for r in ROUTER_ROLES}
-    allowed = {_load_public(p): p.stem for p in sorted((root / "public").glob("*.key"))}
+    allowed: dict[bytes, str] = {}
+    for path in sorted((root / "public").glob("*.key")):
+        key = _load_public(path)
+        if key in allowed:  # which name, and so which role, would it act in?
+            raise SecurityError(f"{path} holds the same key as {allowed[key]}.key: remove one")
+        allowed[key] = path.stem
     return Keys(str(root), role, public, secret, peers, allowed)
 
 
@@ -208,13 +223,14 @@ def secure_dealer(sock: zmq.Socket, keys, peer: str) -> None:
     sock.curve_serverkey = keys.peers[peer]
 
 
-def key_role(frame) -> str | None:
-    """The role of the key that sent `frame` (a zmq.Frame from a CURVE ROUTER), None on a
-    plaintext socket. The guard names an admitted key by its file in `public/`; the role is that
-    name up to its first '-', so `worker-hostB.key` is another worker key."""
+def key_role(frame: zmq.Frame) -> str | None:
+    """The role of the key that sent `frame` (received on a CURVE ROUTER), None on a plaintext
+    socket. The guard names an admitted key by its file in `public/`; the role is that name up
+    to its first '-', so `worker-hostB.key` is another worker key. Read it from the routing-id
+    frame (transport.Peer): body frames may come from the peer's own shared memory."""
     try:
         name = frame.get("User-Id")
-    except (zmq.ZMQError, AttributeError):  # plaintext: no ZAP ran, or not a zmq frame
+    except zmq.ZMQError:  # plaintext: no ZAP ran
         return None
     return role_of(name) if name else None
 
@@ -224,4 +240,4 @@ def check_role(key: str | None, claimed: str) -> None:
     as a server would be handed every gradient of its shard). None: plaintext, nothing to check."""
     if key is not None and key != claimed:
         raise ValueError(f"a key filed as {key} cannot act in the {claimed} role (that needs "
-                         f"public/{claimed}.key or public/{claimed}-*.key)")
+                         f"a {claimed} key)")

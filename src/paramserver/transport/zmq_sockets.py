@@ -145,12 +145,29 @@ def recv_all(sock: zmq.Socket, flags: int = 0) -> list:
     return frames
 
 
+class Peer(bytes):
+    """A ROUTER peer's routing id, as bytes, that also tells the role of the peer's CURVE key.
+
+    The role comes from the routing-id frame, which libzmq makes itself: the peer cannot swap
+    it for one of its own (as it can the body's frames, through shared memory)."""
+
+    def __new__(cls, frame: zmq.Frame) -> "Peer":
+        peer = super().__new__(cls, frame.bytes)
+        peer._frame = frame
+        return peer
+
+    @property
+    def key_role(self) -> str | None:
+        """The role the peer's key is filed under (security.key_role); None when plaintext."""
+        return security.key_role(self._frame)
+
+
 def recv_message(sock: zmq.Socket, routed: bool, flags: int = 0) -> tuple[bytes | None, list | None]:
-    """One message: (peer identity for ROUTERs, frames). Frames sent by reference from a peer's
-    shared arena come as shm.SharedFrame (with `.buffer`); a transport-level message (the
-    shared-memory handshake) is answered here and yields (identity, None)."""
+    """One message: (peer identity for ROUTERs, a Peer; frames). Frames sent by reference from
+    a peer's shared arena come as shm.SharedFrame (with `.buffer`); a transport-level message
+    (the shared-memory handshake) is answered here and yields (identity, None)."""
     frames = recv_all(sock, flags)
-    identity = frames[0].bytes if routed else None
+    identity = Peer(frames[0]) if routed else None
     body = frames[1:] if routed else frames
     if body:
         head = body[0].buffer
