@@ -26,10 +26,8 @@ def _keys(args, role: str):
         raise security.SecurityError("--keys (or $PARAMSERVER_KEYS) and --insecure exclude "
                                      "each other")
     if directory:
-        name = getattr(args, "key_name", None) or os.environ.get(security.NAME_ENV) or None
-        if name and not getattr(args, "key_name", None) and security.role_of(name) != role:
-            name = None  # $PARAMSERVER_KEY_NAME names another role's key: not this process's
-        return security.load(directory, role, name)
+        return security.load(directory, role,
+                             getattr(args, "key_name", None) or security.env_name(role))
     return security.INSECURE if getattr(args, "insecure", False) else None
 
 

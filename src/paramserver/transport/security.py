@@ -5,8 +5,9 @@ Key folder (`paramserver keys generate DIR`)::
     DIR/public/<name>.key            public keys (0644): the allow-list every ROUTER checks
     DIR/private/<name>.key_secret    key pairs (0600, folder 0700): one per role, and more
 
-A key's name is its role (`worker`), or its role, a dash and anything (`worker-hostB`: one more
-worker key, so that one host's key can be revoked alone); it may act in that role only.
+A key's name is its role (`worker`), or for workers and observers also the role, a dash and a
+suffix (`worker-hostB`: one more worker key, so that one host's key can be revoked alone); it
+may act in that role only.
 
 A process of role R needs `private/R.key_secret` (or another R key) and `public/` (the ROUTER
 roles' public keys tell its clients whom they talk to; every key in `public/` may connect).
@@ -149,8 +150,8 @@ def load(directory: str | os.PathLike, role: str, name: str | None = None) -> Ke
         raise SecurityError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
     name = check_name(name or role)
     if role_of(name) != role:
-        raise SecurityError(f"key {name!r} is not a {role} key: a {role} uses {role}.key_secret "
-                            f"or a {role}-NAME.key_secret")
+        raise SecurityError(f"key {name!r} is not a {role} key: its name must be {role}"
+                            + ("" if role in ROUTER_ROLES else f" or {role}-SUFFIX"))
     root = Path(directory)
     if not (root / "public").is_dir():
         raise SecurityError(f"{root} is no key folder (no public/ inside); create one with "
@@ -171,10 +172,14 @@ def from_env(role: str) -> Keys | None:
     named by $PARAMSERVER_KEY_NAME when that is a key of `role` (a host's own worker key, say),
     else the role's."""
     directory = os.environ.get(ENV)
-    if not directory:
-        return None
-    name = os.environ.get(NAME_ENV) or None
-    return load(directory, role, name if name and role_of(name) == role else None)
+    return load(directory, role, env_name(role)) if directory else None
+
+
+def env_name(role: str) -> str | None:
+    """$PARAMSERVER_KEY_NAME when it names a key of `role`: one variable may be set for every
+    process of a host, and processes of other roles keep their role's key."""
+    name = os.environ.get(NAME_ENV)
+    return name if name and role_of(name) == role else None
 
 
 # ---- sockets ------------------------------------------------------------------------------------
