@@ -43,8 +43,9 @@ def push_pull(nbytes: int, steps: int, keys, shared: bool) -> float:
                                env=None if shared else {"PARAMSERVER_SHM": "0"})
         try:
             cluster.start(spawn_workers=False)
-            kv = KVWorker(cluster.address, role="observer", shared_memory=shared,
-                          keys=cluster.client_keys("observer"))
+            # The job's one worker (never started): with keys, only a worker's may push.
+            kv = KVWorker(cluster.address, role="worker", shared_memory=shared,
+                          keys=cluster.client_keys("worker"))
             try:
                 kv.init(np.zeros(n, np.float32))
                 grad, out = kv.shared_buffer(), np.empty(n, np.float32)

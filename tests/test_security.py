@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -94,7 +95,8 @@ def secure_job(tmp_path_factory):
                            run / "run", job_timeout=120)  # keys: ephemeral, the default
     try:
         cluster.start(spawn_workers=False)
-        kv = KVWorker(cluster.address, role="observer", keys=cluster.client_keys("observer"))
+        # The job's one worker, never started: it writes and reads the shard directly.
+        kv = KVWorker(cluster.address, role="worker", keys=cluster.client_keys("worker"))
         kv.init(np.zeros(N))
         yield cluster, kv
         kv.close()
@@ -351,8 +353,10 @@ def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
         ctx.term()
     assert roles == ["worker", "observer", None]
     with pytest.raises(ValueError, match="filed as worker cannot act in the server role"):
-        security.check_role("worker", "server")
-    security.check_role(None, "server")  # plaintext: nothing to check
+        security.check_role(SimpleNamespace(key_role="worker"), "server")
+    with pytest.raises(ValueError, match="key has no role"):  # under CURVE: fails closed
+        security.check_role(SimpleNamespace(key_role=None), "server")
+    security.check_role(SimpleNamespace(key_role=None), "server", secured=False)  # plaintext
 
 
 def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path):
@@ -397,16 +401,25 @@ def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path):
 def test_a_host_key_joins_in_its_role_and_no_other(tmp_path):
     keys_dir = tmp_path / "k"
     security.generate(keys_dir)
-    security.generate(keys_dir, ["observer-laptop"])
+    security.generate(keys_dir, ["worker-hostB", "observer-laptop"])
     cluster = LocalCluster(make_job(N, 1, 1, sync="asp", lr=1.0), tmp_path / "run",
                            keys=keys_dir, job_timeout=120)
     try:
         cluster.start(spawn_workers=False)
+        host_b = KVWorker(cluster.address, role="worker",
+                          keys=security.load(keys_dir, "worker", "worker-hostB"))
+        host_b.init(np.arange(N, dtype=np.float64))
         laptop = KVWorker(cluster.address, role="observer",
                           keys=security.load(keys_dir, "observer", "observer-laptop"))
-        laptop.init(np.arange(N, dtype=np.float64))
         np.testing.assert_array_equal(laptop.pull(), np.arange(N))
+        # An evaluator's key reads; writing to a shard takes a worker's.
+        with pytest.raises(rpc.RemoteError, match="filed as observer cannot act in the worker"):
+            laptop.push(np.ones(N), step=0, batch=1)
+        np.testing.assert_array_equal(laptop.pull(), np.arange(N))
+        host_b.push(np.ones(N), step=0, batch=1)
+        np.testing.assert_array_equal(laptop.pull(), np.arange(N) - 1.0)
         laptop.close()
+        host_b.close()
         with pytest.raises(rpc.RemoteError, match="filed as worker cannot act in the observer"):
             KVWorker(cluster.address, role="observer", keys=security.load(keys_dir, "worker"),
                      heartbeat=False)

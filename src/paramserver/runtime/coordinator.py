@@ -146,21 +146,21 @@ class Coordinator(MembershipMixin, CheckpointMixin, ServerRecoveryMixin, Decisio
                 rpc.refuse(self.sock, ident, msg, "coord", frames)
                 continue
             try:
-                self._dispatch(ident, msg, ident.key_role if self.secured else None)
+                self._dispatch(ident, msg)
             except (PolicyError, ValueError, KeyError, TypeError) as exc:
                 log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
                 self._reply(ident, msg, Message("error", {"msg": str(exc), "code": "refused"}))
 
-    def _dispatch(self, ident: bytes, msg: Message, key: str | None = None) -> None:
-        """Hand `msg` to its handler; `key`: the role of the sender's CURVE key (None when
-        plaintext), which must be the role it registers as or registered in."""
+    def _dispatch(self, ident, msg: Message) -> None:
+        """Hand `msg` to its handler. With keys, the sender's key (`ident`, a transport.Peer)
+        must be of the role it registers as, or registered in."""
         handler = getattr(self, f"_on_{msg.op}", None)
         if handler is None:
             raise ValueError(f"op {msg.op!r} is not served by the coordinator")
         role, member = self._member(msg)
-        if self.secured and key is None:
-            raise ValueError("the sender's key has no role")  # never expected: fail closed
-        security.check_role(key, msg["role"] if msg.op == "register" else role or key)
+        claimed = msg["role"] if msg.op == "register" else role
+        if claimed is not None:
+            security.check_role(ident, claimed, self.secured)
         if member is not None:
             member.last_seen = time.monotonic()
         handler(ident, msg)

@@ -16,13 +16,15 @@ from paramserver.runtime.server_pulls import PendingPullsMixin
 from paramserver.runtime.shard_checkpoint import restore_shard, save_shard
 from paramserver.runtime.shard_store import ShardStore, StoreError
 from paramserver.transport import (
-    advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, shm,
+    advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
 )
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
 
 WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status")
+# Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
+WRITE_OPS = ("init", "push", "push_sparse")
 
 
 class ServerNode(PendingPullsMixin):
@@ -37,6 +39,7 @@ class ServerNode(PendingPullsMixin):
         # this host's address on the route to the coordinator.
         self.advertise = advertised_host(host, join, advertise)
         self.keys = keys  # security.Keys: CURVE on both sockets; INSECURE: plaintext off loopback
+        self.secured = isinstance(keys, security.Keys)  # writers' key roles are checked
         # A server process receives large frames all day: let their memory be reused (see
         # keep_freed_memory) rather than page-faulted in afresh for every push.
         self.reuse_memory = reuse_memory
@@ -181,6 +184,8 @@ class ServerNode(PendingPullsMixin):
     def _dispatch(self, sock, ident, msg: Message, from_worker: bool) -> None:
         if from_worker and msg.op not in WORKER_OPS:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
+        if from_worker and msg.op in WRITE_OPS:
+            security.check_role(ident, "worker", self.secured)
         handler = self._handlers.get(msg.op)
         if handler is None:
             handler = self._handlers[msg.op] = getattr(self, f"_on_{msg.op}", None)

@@ -240,9 +240,16 @@ def key_role(frame: zmq.Frame) -> str | None:
     return role_of(name) if name else None
 
 
-def check_role(key: str | None, claimed: str) -> None:
-    """Refuse a peer that acts in a role its key was not filed under (a worker key registering
-    as a server would be handed every gradient of its shard). None: plaintext, nothing to check."""
-    if key is not None and key != claimed:
+def check_role(peer, claimed: str, secured: bool = True) -> None:
+    """Refuse a peer (a transport.Peer) that acts in a role its key was not filed under: a
+    worker key registering as a server would be handed every gradient of its shard. Nothing to
+    check when the socket is not `secured` (plaintext); a secured peer without a role fails."""
+    if not secured:
+        return
+    key = peer.key_role
+    if key is None:  # never expected under CURVE: fail closed
+        raise ValueError(f"the sender's key has no role; acting as {claimed} needs a "
+                         f"{claimed} key")
+    if key != claimed:
         raise ValueError(f"a key filed as {key} cannot act in the {claimed} role (that needs "
                          f"a {claimed} key)")
