@@ -434,3 +434,23 @@ def test_one_key_filed_twice_is_refused(tmp_path):
         (tmp_path / "public" / "worker.key").read_bytes())
     with pytest.raises(security.SecurityError, match="holds the same key as"):
         security.load(tmp_path, "worker")
+
+
+def test_keys_list_shows_roles_and_problems(tmp_path):
+    root = tmp_path / "k"
+    security.generate(root)
+    security.generate(root, ["worker-hostB"])
+    clean = paramserver("keys", "list", str(root))
+    assert clean.returncode == 0, clean.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in clean.stdout.splitlines()[1:]}
+    assert rows["worker-hostB"] == ["worker", "here", "(600)"]
+    assert rows["coordinator"][0] == "coordinator" and len(rows) == 5
+    # One key under two names, and a private key others can read: both named, exit 1.
+    dup = (root / "public" / "worker.key").read_bytes()
+    (root / "public" / "observer-dup.key").write_bytes(dup)
+    os.chmod(root / "private" / "server.key_secret", 0o644)
+    bad = paramserver("keys", "list", str(root))
+    assert bad.returncode == 1 and "same key as observer-dup" in bad.stdout
+    assert "readable by others (mode 644)" in bad.stdout
+    missing = paramserver("keys", "list", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "no key folder" in missing.stderr

@@ -1,8 +1,10 @@
-"""`paramserver keys generate DIR`: CURVE key pairs (one per role, or named ones) for jobs."""
+"""`paramserver keys generate|list DIR`: CURVE key pairs (per role, or named) for jobs."""
 
 from __future__ import annotations
 
+import stat
 import sys
+from pathlib import Path
 
 from paramserver.transport import security
 
@@ -25,6 +27,48 @@ def _generate(args) -> int:
     return 0
 
 
+def _key_row(path: Path, seen: dict) -> tuple[str, str, str, str]:
+    """(name, role, private key, problem) for one public key file; `seen`: key -> name."""
+    name = path.stem
+    try:
+        security.check_name(name)
+        role, problem = security.role_of(name), ""
+    except security.SecurityError as exc:
+        role, problem = "-", str(exc).split(":")[0]  # "bad key name 'x'"
+    try:
+        key = security.load_public(path)
+    except security.SecurityError as exc:
+        return name, role, "-", str(exc)
+    if key in seen:
+        problem = problem or f"same key as {seen[key]}"
+    seen.setdefault(key, name)
+    secret = path.parent.parent / "private" / f"{name}.key_secret"
+    if not secret.exists():
+        return name, role, "not here", problem
+    mode = stat.S_IMODE(secret.stat().st_mode)
+    if mode & 0o077:
+        problem = problem or f"private key readable by others (mode {mode:o})"
+    return name, role, f"here ({mode:o})", problem
+
+
+def _list(args) -> int:
+    public = Path(args.dir) / "public"
+    if not public.is_dir():
+        print(f"paramserver keys list: {args.dir} is no key folder (no public/ inside)",
+              file=sys.stderr)
+        return 2
+    seen: dict = {}
+    rows = [_key_row(path, seen) for path in sorted(public.glob("*.key"))]
+    print(f"{'name':24s} {'acts as':12s} {'private key':12s} problem")
+    for name, role, secret, problem in rows:
+        print(f"{name:24s} {role:12s} {secret:12s} {problem}".rstrip())
+    bad = sum(1 for row in rows if row[3])
+    if bad:
+        print(f"{bad} key(s) with a problem: processes loading this folder refuse it while "
+              f"two files hold one key, and a bad name acts in no role", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("keys", help="create the keys of an authenticated job",
                        description="Manage CURVE keys: every socket of a job started with "
@@ -43,3 +87,12 @@ def register(sub) -> None:
                         "own for one host, which can be revoked alone by deleting "
                         "public/worker-hostB.key); repeat for more")
     g.set_defaults(func=_generate)
+    ls = ksub.add_parser("list", help="show a key folder's keys, the role each acts in, and "
+                                      "problems",
+                         description="One line per public key in DIR/public: its name, the "
+                                     "role it may act in, whether its private key is in "
+                                     "DIR/private (and its mode), and any problem (a bad name, "
+                                     "one key under two names, a private key others can read). "
+                                     "Exit status 1 when there is a problem.")
+    ls.add_argument("dir", metavar="DIR", help="key folder")
+    ls.set_defaults(func=_list)

@@ -116,7 +116,8 @@ def generate(directory: str | os.PathLike, roles=ROLES) -> list[Path]:
     return written
 
 
-def _load_public(path: Path) -> bytes:
+def load_public(path: Path) -> bytes:
+    """The z85 public key in a certificate file; SecurityError if there is none."""
     try:
         public, _ = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -157,10 +158,10 @@ def load(directory: str | os.PathLike, role: str, name: str | None = None) -> Ke
         raise SecurityError(f"{root} is no key folder (no public/ inside); create one with "
                             f"`paramserver keys generate {root}`")
     public, secret = _load_secret(root / "private" / f"{name}.key_secret")
-    peers = {r: _load_public(root / "public" / f"{r}.key") for r in ROUTER_ROLES}
+    peers = {r: load_public(root / "public" / f"{r}.key") for r in ROUTER_ROLES}
     allowed: dict[bytes, str] = {}
     for path in sorted((root / "public").glob("*.key")):
-        key = _load_public(path)
+        key = load_public(path)
         if key in allowed:  # which name, and so which role, would it act in?
             raise SecurityError(f"{path} holds the same key as {allowed[key]}.key: remove one")
         allowed[key] = path.stem
