@@ -359,7 +359,7 @@ def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
     security.check_role(SimpleNamespace(key_role=None), "server", secured=False)  # plaintext
 
 
-def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path):
+def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path, monkeypatch):
     root = tmp_path / "k"
     assert paramserver("keys", "generate", str(root)).returncode == 0
     out = paramserver("keys", "generate", str(root), "--name", "worker-hostB", "--name",
@@ -386,26 +386,38 @@ def test_more_keys_of_a_role_by_name_and_clear_errors(tmp_path):
     assert out.returncode == 2 and "is not a worker key" in out.stderr
     assert "Traceback" not in out.stderr
     # $PARAMSERVER_KEY_NAME picks the pair of processes of its role, and no other role's.
-    env = {security.ENV: str(root), security.NAME_ENV: "worker-hostB"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        assert security.from_env("worker").public == security.load(root, "worker",
-                                                                   "worker-hostB").public
-        assert security.from_env("observer").public == security.load(root, "observer").public
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    monkeypatch.setenv(security.ENV, str(root))
+    monkeypatch.setenv(security.NAME_ENV, "worker-hostB")
+    assert security.from_env("worker").public == security.load(root, "worker",
+                                                               "worker-hostB").public
+    assert security.from_env("observer").public == security.load(root, "observer").public
 
 
 def test_a_host_key_joins_in_its_role_and_no_other(tmp_path):
     keys_dir = tmp_path / "k"
     security.generate(keys_dir)
     security.generate(keys_dir, ["worker-hostB", "observer-laptop"])
+    # A pair filed by hand under a name `generate` refuses: admitted, but it acts in no role.
+    zmq.auth.create_certificates(keys_dir / "private", "server-x")
+    os.replace(keys_dir / "private" / "server-x.key", keys_dir / "public" / "server-x.key")
+    pub, sec = zmq.auth.load_certificate(keys_dir / "private" / "server-x.key_secret")
+    own = security.load(keys_dir, "server")
+    rogue = security.Keys(own.directory, "server", pub, sec, own.peers, own.allowed)
     cluster = LocalCluster(make_job(N, 1, 1, sync="asp", lr=1.0), tmp_path / "run",
                            keys=keys_dir, job_timeout=120)
     try:
         cluster.start(spawn_workers=False)
+        ctx = zmq.Context()
+        try:
+            sock = connect_dealer(ctx, cluster.address, keys=rogue)
+            rpc.send(sock, Message("register", {"role": "server", "addr": "tcp://127.0.0.1:9"},
+                                   rid=1, src="x"))
+            assert sock.poll(10_000), "the coordinator did not answer"
+            reply = rpc.recv(sock, routed=False)[1]
+            sock.close(0)
+        finally:
+            ctx.term()
+        assert reply.op == "error" and "the sender's key has no role" in reply["msg"]
         host_b = KVWorker(cluster.address, role="worker",
                           keys=security.load(keys_dir, "worker", "worker-hostB"))
         host_b.init(np.arange(N, dtype=np.float64))
@@ -413,8 +425,11 @@ def test_a_host_key_joins_in_its_role_and_no_other(tmp_path):
                           keys=security.load(keys_dir, "observer", "observer-laptop"))
         np.testing.assert_array_equal(laptop.pull(), np.arange(N))
         # An evaluator's key reads; writing to a shard takes a worker's.
-        with pytest.raises(rpc.RemoteError, match="filed as observer cannot act in the worker"):
-            laptop.push(np.ones(N), step=0, batch=1)
+        for write in (lambda: laptop.push(np.ones(N), step=0, batch=1),
+                      lambda: laptop.push_sparse(np.array([1, 2]), np.ones(2), step=0, batch=1),
+                      lambda: laptop.init(np.zeros(N))):
+            with pytest.raises(rpc.RemoteError, match="filed as observer cannot act in the work"):
+                write()
         np.testing.assert_array_equal(laptop.pull(), np.arange(N))
         host_b.push(np.ones(N), step=0, batch=1)
         np.testing.assert_array_equal(laptop.pull(), np.arange(N) - 1.0)

@@ -238,7 +238,10 @@ def key_role(frame: zmq.Frame) -> str | None:
         name = frame.get("User-Id")
     except zmq.ZMQError:  # plaintext: no ZAP ran
         return None
-    return role_of(name) if name else None
+    try:
+        return role_of(check_name(name))
+    except SecurityError:  # a file put in public/ by hand under a name no role owns
+        return None
 
 
 def check_role(peer, claimed: str, secured: bool = True) -> None:
@@ -247,8 +250,8 @@ def check_role(peer, claimed: str, secured: bool = True) -> None:
     check when the socket is not `secured` (plaintext); a secured peer without a role fails."""
     if not secured:
         return
-    key = peer.key_role
-    if key is None:  # never expected under CURVE: fail closed
+    key = getattr(peer, "key_role", None)  # plain bytes: no role known, fail closed
+    if key is None:  # a badly named key, or never expected under CURVE: fail closed
         raise ValueError(f"the sender's key has no role; acting as {claimed} needs a "
                          f"{claimed} key")
     if key != claimed:

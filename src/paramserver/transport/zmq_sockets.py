@@ -156,13 +156,18 @@ class Peer(bytes):
         peer._frame = frame
         return peer
 
+    def __reduce__(self):  # a copy is the plain routing id: the frame stays behind
+        return bytes, (bytes(self),)
+
     @property
     def key_role(self) -> str | None:
-        """The role the peer's key is filed under (security.key_role); None when plaintext."""
+        """The role the peer's key is filed under (security.key_role); None when plaintext or
+        when the key's file name is no valid key name."""
         return security.key_role(self._frame)
 
 
-def recv_message(sock: zmq.Socket, routed: bool, flags: int = 0) -> tuple[bytes | None, list | None]:
+def recv_message(sock: zmq.Socket, routed: bool,
+                 flags: int = 0) -> tuple[Peer | None, list | None]:
     """One message: (peer identity for ROUTERs, a Peer; frames). Frames sent by reference from
     a peer's shared arena come as shm.SharedFrame (with `.buffer`); a transport-level message
     (the shared-memory handshake) is answered here and yields (identity, None)."""
