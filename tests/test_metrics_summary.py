@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from paramserver.metrics import read_records, summarize, time_to_accuracy
+from paramserver.metrics import diverged_at, read_records, summarize, time_to_accuracy
 
 JOB = {"sync": {"name": "bsp"}, "workers": 2, "servers": 1, "batch_size": 8,
        "optimizer": {"name": "sgd", "lr": 0.1}, "task": {"model": "mlp", "dataset": "digits"},
@@ -62,3 +62,19 @@ def test_a_torn_last_line_is_skipped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in RECORDS) + '\n{"t": 4, "kind": "st')
     assert len(read_records(path)) == len(RECORDS)
+
+
+def test_divergence_is_the_first_evaluation_whose_loss_is_not_finite(tmp_path):
+    evals = [{"t": 1.0, "accuracy": 0.7, "test_loss": 0.9},
+             {"t": 1.6, "accuracy": 0.1, "test_loss": 2.4e23},  # huge, but still a number
+             {"t": 2.2, "accuracy": 0.1, "test_loss": float("inf")},
+             {"t": 2.7, "accuracy": 0.1, "test_loss": float("nan")}]
+    assert diverged_at(evals) == 2.2
+    assert diverged_at(evals[:2]) is None
+    assert diverged_at([{"t": 1.0, "accuracy": 0.5}]) is None  # no loss recorded: no verdict
+    # Through the file: the evaluator writes NaN as JSON's NaN token, and it reads back.
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS + [
+        {"t": 3.5, "kind": "eval", "accuracy": 0.1, "test_loss": float("nan")}]))
+    assert summarize(read_records(path), JOB)["diverged_at_s"] == 3.5
+    assert summarize(RECORDS, JOB)["diverged_at_s"] is None

@@ -228,6 +228,20 @@ def test_runs_evaluated_too_rarely_are_flagged(tmp_path):
     assert c.select("runs", "asp")[0].samples_per_s == pytest.approx(500 / 4.9)
 
 
+def test_a_diverged_run_is_named_in_the_warnings(tmp_path):
+    root = make_compare(tmp_path / "cmp")
+    folder = root / "runs" / "one-slow" / "asp" / "rep-1"
+    recs = records_for(None, staleness=2)
+    recs[-1]["test_loss"] = float("nan")  # the last evaluation, at t=8.0
+    shutil.rmtree(folder)
+    write_run(folder, recs, job("asp"))
+    c = collect(root)
+    text = render_report(c, table_rows(c), [])
+    assert text.count(") diverged: its test loss") == 1  # (the folder name has the word too)
+    assert "asp in one-slow (repeat 1) diverged: its test loss is not a finite number from " \
+           "8.0 s" in text
+
+
 def test_plain_folders_group_by_sync_and_one_run_folder_is_one_run(tmp_path):
     for name, sync, tta in (("a", "bsp", 2.0), ("b", "asp", 1.0), ("c", "bsp", 4.0)):
         write_run(tmp_path / "runs" / name, records_for(tta, 0), job(sync))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -51,6 +52,14 @@ def time_to_accuracy(evals: list[dict], targets=DEFAULT_TARGETS) -> dict[str, fl
     return out
 
 
+def diverged_at(evals: list[dict]) -> float | None:
+    """When the test loss first stopped being a finite number (the model diverged: its
+    accuracy from then on is chance), or None."""
+    hit = next((e["t"] for e in evals if isinstance(e.get("test_loss"), float)
+                and not math.isfinite(e["test_loss"])), None)
+    return None if hit is None else round(hit, 4)
+
+
 def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
     """The summary.json of one run, from its metrics records and job description."""
     steps = [r for r in records if r.get("kind") == "step"]
@@ -73,6 +82,7 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "final_test_accuracy": evals[-1]["accuracy"] if evals else None,
         "best_test_accuracy": max((e["accuracy"] for e in evals), default=None),
         "time_to_accuracy": time_to_accuracy(evals, targets),
+        "diverged_at_s": diverged_at(evals),
         "mean_wait_fraction": (sum(w["wait_fraction"] for w in workers.values()) / len(workers)
                                if workers else 0.0),
         "updates_applied": rounds if apply_mode == "round" else len(steps),

@@ -100,9 +100,12 @@ def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
         finally:
             _write_plan(out, args, base, scenarios, policies, done)
         tta = s["time_to_accuracy"].get(f"{args.target:g}")
+        diverged = s.get("diverged_at_s")
         console.print(f"  acc {s['final_test_accuracy']:.4f}, time to {args.target:g}: "
                       f"{'not reached' if tta is None else f'{tta:.1f} s'}, wait "
-                      f"{s['mean_wait_fraction']:.0%} ({time.perf_counter() - t0:.0f} s)")
+                      f"{s['mean_wait_fraction']:.0%} ({time.perf_counter() - t0:.0f} s)"
+                      + ("" if diverged is None else
+                         f", [red]diverged[/red] (test loss not finite from {diverged:.1f} s)"))
         done.append({"folder": str(run.folder), "ok": True})
         _write_plan(out, args, base, scenarios, policies, done)
     return done

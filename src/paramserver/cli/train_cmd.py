@@ -201,6 +201,9 @@ def print_summary(s: dict, run_dir: Path) -> None:
     print(f"{s['sync']}: {s['steps']} steps in {s['wall_time_s']:.1f} s, final test accuracy "
           f"{'-' if acc is None else f'{acc:.4f}'}, mean wait {s['mean_wait_fraction']:.1%}")
     print(f"  time to accuracy: {tta}")
+    if s.get("diverged_at_s") is not None:
+        print(f"  diverged: the test loss is not a finite number from {s['diverged_at_s']:.1f} s "
+              f"on (try a smaller --lr, or --optimizer dynsgd for asynchronous policies)")
     if s.get("server_restarts"):
         print(f"  servers restarted from a checkpoint: {s['server_restarts']}, "
               f"updates lost: {s['lost_updates']}")

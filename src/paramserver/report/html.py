@@ -120,6 +120,11 @@ def warnings_section(c: Collection, rows: list[Row]) -> str:
     items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) never reached "
               f"{100 * c.target:g}% (best {fmt_pct(r.summary.get('best_test_accuracy'))})"
               for r in c.runs if r.time_to(c.target) is None]
+    items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) diverged: its test "
+              f"loss is not a finite number from {r.summary['diverged_at_s']:.1f} s on, so its "
+              f"final accuracy is chance. A smaller --lr, or --optimizer dynsgd for the "
+              f"asynchronous policies, keeps it stable"
+              for r in c.runs if r.summary.get("diverged_at_s") is not None]
     items += coverage_warnings(c)
     if rows and not any(r.policy == "bsp" for r in rows):
         items.append("no BSP runs: speedups cannot be computed")
