@@ -18,6 +18,7 @@ logs failed handshakes (wrong server key, no CURVE, a replayed session). See doc
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -238,6 +239,12 @@ def key_role(frame: zmq.Frame) -> str | None:
         name = frame.get("User-Id")
     except zmq.ZMQError:  # plaintext: no ZAP ran
         return None
+    return _valid_role(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _valid_role(name: str) -> str | None:
+    """role_of(name) for a valid key name, else None; cached: it runs for every push."""
     try:
         return role_of(check_name(name))
     except SecurityError:  # a file put in public/ by hand under a name no role owns
