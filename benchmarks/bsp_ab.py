@@ -4,7 +4,8 @@ Runs `bsp_rounds.py`'s paramserver job (4 workers, 1 shard, digits MLP, batch 32
 with tree A and tree B (each a `src` folder put first on the children's PYTHONPATH, such as a
 `git worktree` of another commit), and reports both medians and the median of the pair ratios
 B/A. A pair runs back to back, so a slow spell of this shared machine weighs on both of its
-sides; single runs here swing by about 15%, so a 5% effect needs tens of pairs.
+sides, and the side that runs first alternates from pair to pair; single runs here swing by
+about 15%, so a 5% effect needs tens of pairs.
 
   python benchmarks/bsp_ab.py --a /tmp/wt-old/src --b src --pairs 10 --rounds 300
   python benchmarks/bsp_ab.py --b-task '{"borrow": false}' --pairs 6    # one tree, two settings
@@ -48,8 +49,11 @@ def main() -> int:
     args = parser.parse_args()
     a, b = [], []
     for i in range(args.pairs):
-        a.append(run(args.a, args.a_task, args.a_job, args.workers, args.rounds))
-        b.append(run(args.b, args.b_task, args.b_job, args.workers, args.rounds))
+        # Alternate which side runs first: the second run of a pair is ~1% slower on its own
+        # here (an A/A of 10 pairs gave 0.988), which would otherwise count against B.
+        sides = [("a", args.a, args.a_task, args.a_job), ("b", args.b, args.b_task, args.b_job)]
+        for side, src, task, job in sides if i % 2 == 0 else sides[::-1]:
+            (a if side == "a" else b).append(run(src, task, job, args.workers, args.rounds))
         print(f"pair {i}: A {a[-1]:.1f}  B {b[-1]:.1f} rounds/s  B/A {b[-1] / a[-1]:.3f}",
               flush=True)
     ratios = [y / x for x, y in zip(a, b)]
