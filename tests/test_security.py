@@ -282,10 +282,12 @@ def test_without_curve_the_same_replay_reaches_the_handler(tmp_path):
 
 
 # ---- a key acts in its own role only ------------------------------------------------------------
-def _ask_coordinator(cluster, key_role: str, msg: Message) -> Message:
+def _ask_coordinator(cluster, keys, msg: Message) -> Message:
+    """One request to the job's coordinator and its answer; `keys`: a role name or Keys."""
     ctx = zmq.Context()
     try:
-        sock = connect_dealer(ctx, cluster.address, keys=cluster.client_keys(key_role))
+        keys = cluster.client_keys(keys) if isinstance(keys, str) else keys
+        sock = connect_dealer(ctx, cluster.address, keys=keys)
         rpc.send(sock, msg)
         assert sock.poll(10_000), f"the coordinator did not answer {msg.op}"
         _, reply, _ = rpc.recv(sock, routed=False)
@@ -407,16 +409,8 @@ def test_a_host_key_joins_in_its_role_and_no_other(tmp_path):
                            keys=keys_dir, job_timeout=120)
     try:
         cluster.start(spawn_workers=False)
-        ctx = zmq.Context()
-        try:
-            sock = connect_dealer(ctx, cluster.address, keys=rogue)
-            rpc.send(sock, Message("register", {"role": "server", "addr": "tcp://127.0.0.1:9"},
-                                   rid=1, src="x"))
-            assert sock.poll(10_000), "the coordinator did not answer"
-            reply = rpc.recv(sock, routed=False)[1]
-            sock.close(0)
-        finally:
-            ctx.term()
+        reply = _ask_coordinator(cluster, rogue, Message(
+            "register", {"role": "server", "addr": "tcp://127.0.0.1:9"}, rid=1, src="x"))
         assert reply.op == "error" and "the sender's key has no role" in reply["msg"]
         host_b = KVWorker(cluster.address, role="worker",
                           keys=security.load(keys_dir, "worker", "worker-hostB"))
