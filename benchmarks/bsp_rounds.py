@@ -1,7 +1,7 @@
 """BSP rounds per second: paramserver against PyTorch DDP and a torch.distributed.rpc server.
 
 Same machine, same run, interleaved: N homogeneous workers (default 4), no emulation, the
-digits MLP (`paramserver.runtime.train_task.build`), batch 32 per worker, SGD lr 0.1, one torch
+digits MLP (`paramserver.training.train_task.build`), batch 32 per worker, SGD lr 0.1, one torch
 thread per process. Every system does the same work per round: each worker computes the
 gradient of one batch, the batch-weighted average gradient is applied once, every worker
 continues from the updated parameters.
@@ -50,10 +50,10 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 from torch import nn
 
-from paramserver.config import TrainConfig
-from paramserver.metrics import read_records, summarize
-from paramserver.runtime.flat_binding import bind_to_flat
-from paramserver.runtime.train_task import build
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import read_records, summarize
+from paramserver.client.flat_binding import bind_to_flat
+from paramserver.training.train_task import build
 
 TASK = {"name": "train", "model": "mlp", "dataset": "digits", "seed": 0}
 BATCH, LR = 32, 0.1
@@ -84,7 +84,7 @@ def paramserver_job(workers: int, rounds: int) -> dict:
 
 def rounds_per_second(job: dict, env: dict | None = None) -> float:
     """Run `job` on this machine; rounds / training wall time of its metrics."""
-    from paramserver.runtime.launcher import LocalCluster
+    from paramserver.launch.local import LocalCluster
     with tempfile.TemporaryDirectory() as d:
         run_dir = Path(d)
         LocalCluster(job, run_dir, job_timeout=600, env=env).run()

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from paramserver.cli.train_cmd import prepare_job
-from paramserver.config import TrainConfig
-from paramserver.metrics import read_records, summarize
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import read_records, summarize
 from paramserver.policies import SYNC_POLICIES
-from paramserver.runtime.checkpoint import latest
-from paramserver.runtime.launcher import LocalCluster
+from paramserver.runlog.checkpoint import latest
+from paramserver.launch.local import LocalCluster
 
 
 class Watch:

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.config import TrainConfig
-from paramserver.metrics import read_records, summarize
-from paramserver.runtime.launcher import LocalCluster
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import read_records, summarize
+from paramserver.launch.local import LocalCluster
+from paramserver.client.kv import KVWorker
 
 MODES = {"plain": None, "curve": "ephemeral"}
 

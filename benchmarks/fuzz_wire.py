@@ -21,8 +21,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from paramserver.runtime.launcher import LocalCluster
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.launch.local import LocalCluster
+from paramserver.client.kv import KVWorker
 from paramserver.wire import Message, WireError, decode, encode
 from paramserver.wire.protocol import PROTOCOL_VERSION, SCHEMAS
 

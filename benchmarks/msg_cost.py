@@ -21,7 +21,7 @@ import resource
 import statistics
 import time
 
-from paramserver.runtime import rpc
+from paramserver.net import rpc
 from paramserver.transport import bind_router, connect_dealer, new_context
 from paramserver.wire import Message, decode, encode
 

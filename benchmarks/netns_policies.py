@@ -1,6 +1,6 @@
 """BSP, ElasticBSP and LB-BSP across three namespaced hosts, one worker behind a tbf-limited link.
 
-Builds the lab of `paramserver.netlab` (needs root and iproute2): host 0 runs the coordinator,
+Builds the lab of `paramserver.launch.netlab` (needs root and iproute2): host 0 runs the coordinator,
 the server and the evaluator, hosts 1 and 2 one worker each over TCP; host 2's link is
 limited with tc tbf both ways (default 30mbit: each 2.25 MB pull or push of the digits MLP
 takes about 0.6 s there, against a few ms on the free link). Every policy trains the same job
@@ -20,9 +20,10 @@ import tempfile
 from pathlib import Path
 
 from paramserver.cli.train_cmd import prepare_job
-from paramserver.config import TrainConfig
-from paramserver.metrics import summarize
-from paramserver.netlab import NetLab, netns_unavailable, remove_stale, run_job
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import summarize
+from paramserver.launch.netlab import NetLab, netns_unavailable, remove_stale
+from paramserver.launch.netlab_run import run_job
 from paramserver.policies import SYNC_POLICIES
 
 SLOW_HOST = 2

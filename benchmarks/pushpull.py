@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from paramserver.runtime.launcher import LocalCluster
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.launch.local import LocalCluster
+from paramserver.client.kv import KVWorker
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 3_730_000, 16 << 20, 64 << 20]
 CTX = mp.get_context("spawn")

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from paramserver.cli.train_cmd import prepare_job
-from paramserver.config import TrainConfig
-from paramserver.metrics import read_records, summarize
-from paramserver.runtime.launcher import LocalCluster
-from paramserver.runtime.ray_launcher import RayCluster, Resources
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import read_records, summarize
+from paramserver.launch.local import LocalCluster
+from paramserver.launch.ray_launcher import RayCluster, Resources
 
 
 def _metrics_now(cluster, run_dir: Path) -> bytes:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.runtime.launcher import LocalCluster
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.launch.local import LocalCluster
+from paramserver.client.kv import KVWorker
 
 CTX = mp.get_context("spawn")
 
@@ -41,8 +41,8 @@ def step_loop(tmp_path: Path, **options):
     """(KVWorker, StepLoop) of the train task for one worker on 2 real shards: ASP, SGD lr 0.5,
     float64, batch 8, no evaluator; `options` override TrainConfig fields."""
     from paramserver.cli.train_cmd import prepare_job
-    from paramserver.config import TrainConfig
-    from paramserver.runtime.train_task import StepLoop
+    from paramserver.spec.config import TrainConfig
+    from paramserver.training.train_task import StepLoop
     settings = dict(workers=1, servers=2, sync="asp", lr=0.5, dtype="float64", eval_interval=0,
                     batch_size=8)
     job = prepare_job(TrainConfig(**{**settings, **options}))

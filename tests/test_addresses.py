@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.client.kv import KVWorker
 from paramserver.transport.addresses import AddressError, advertised_host
 from ps_helpers import make_job
 

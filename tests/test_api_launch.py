@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from paramserver.metrics import read_records
+from paramserver.runlog.metrics import read_records
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_my_model.py"
 

@@ -44,7 +44,7 @@ def test_a_worker_waiting_for_its_release_gives_up_once_the_coordinator_is_gone(
 
     import numpy as np
 
-    from paramserver.runtime.worker_client import KVWorker
+    from paramserver.client.kv import KVWorker
 
     with running_job(tmp_path, make_job(8, 1, 2, sync="bsp", coordinator_timeout=1.5)) as cluster:
         kv = KVWorker(cluster.address)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from paramserver.runtime.checkpoint import CheckpointError, commit, latest, read_part, write_part
+from paramserver.runlog.checkpoint import CheckpointError, commit, latest, read_part, write_part
 
 
 def test_round_trip_with_meta(tmp_path):
@@ -44,7 +44,7 @@ def test_latest_moves_only_on_commit_and_old_ones_are_pruned(tmp_path):
 WRITER = """
 import sys, numpy as np
 from pathlib import Path
-from paramserver.runtime.checkpoint import write_part, commit
+from paramserver.runlog.checkpoint import write_part, commit
 root = Path(sys.argv[1])
 for i in range(2, 100000):
     write_part(root, str(i), "server-0", {"values": np.full(2_000_000, float(i))}, {"i": i})
@@ -67,7 +67,7 @@ def test_a_writer_killed_at_a_random_moment_leaves_a_readable_latest(tmp_path):
 
 
 def test_a_checkpoint_a_dead_server_never_confirms_is_abandoned(tmp_path):
-    from paramserver.runtime.checkpoint_keeper import CheckpointKeeper
+    from paramserver.coordinator.checkpoint_keeper import CheckpointKeeper
     keeper = CheckpointKeeper(tmp_path, every=10)
     keeper.begin("000000010", [0, 1], 10)
     assert not keeper.saved(0, "000000010")  # server 1 dies before saving

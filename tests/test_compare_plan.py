@@ -2,8 +2,8 @@
 
 import pytest
 
-from paramserver.config import TrainConfig
-from paramserver.runtime.compare_plan import (
+from paramserver.spec.config import TrainConfig
+from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, parse_scenarios, plan_runs, single_reference,
 )
 from paramserver.cli.compare_cmd import parse_variants, policy_sync_options

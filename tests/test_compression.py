@@ -12,7 +12,7 @@ from paramserver.compression import (COMPRESSORS, KEY_ENCODINGS, EncodedKeys, Sp
                                      make_compressor, select)
 from paramserver.compression.encoding import encoded_sizes, varint_decode, varint_encode
 from paramserver.compression.std import population_std
-from paramserver.registry import UnknownNameError
+from paramserver.core.registry import UnknownNameError
 
 SCHEMES = ["none", "topk", "std", "dynamic"]
 

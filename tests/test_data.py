@@ -9,7 +9,7 @@ import torch
 from paramserver.data import (DATASETS, BatchSampler, IdxFormatError, load_dataset, read_idx,
                               write_idx)
 from paramserver.data.idx import encode_idx, parse_idx
-from paramserver.registry import UnknownNameError
+from paramserver.core.registry import UnknownNameError
 
 
 # --- IDX reader -------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from paramserver.runtime import rpc
-from paramserver.runtime.dedup import DedupTable
+from paramserver.net import rpc
+from paramserver.server.dedup import DedupTable
 from paramserver.wire import Message
 from ps_helpers import started_client
 

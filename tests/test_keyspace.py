@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from paramserver.keyspace import KeyRange, split_balanced
+from paramserver.core.keyspace import KeyRange, split_balanced
 
 
 @given(st.integers(1, 10_000), st.integers(1, 64))

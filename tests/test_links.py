@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from paramserver.config import TrainConfig
-from paramserver.links import Link, LinkSpec, TokenBucket, link_for, parse_link, parse_links
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.spec.config import TrainConfig
+from paramserver.emulation.links import Link, LinkSpec, TokenBucket, link_for, parse_link, parse_links
+from paramserver.client.kv import KVWorker
 from paramserver.transport import shaping
 from ps_helpers import make_job, running_job
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from paramserver.metrics import diverged_at, read_records, summarize, time_to_accuracy
+from paramserver.runlog.metrics import diverged_at, read_records, summarize, time_to_accuracy
 
 JOB = {"sync": {"name": "bsp"}, "workers": 2, "servers": 1, "batch_size": 8,
        "optimizer": {"name": "sgd", "lr": 0.1}, "task": {"model": "mlp", "dataset": "digits"},

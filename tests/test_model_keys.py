@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.models import ModelKeys, build_model
 
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from paramserver.models import MODELS, build_model
-from paramserver.registry import UnknownNameError
+from paramserver.core.registry import UnknownNameError
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (20,)]
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 
 from paramserver.cli.train_cmd import prepare_job
-from paramserver.config import TrainConfig
-from paramserver.metrics import summarize
-from paramserver.netlab import (
-    NetLab, list_namespaces, netns_unavailable, rate_bytes, remove_stale, run_job,
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import summarize
+from paramserver.launch.netlab import (
+    NetLab, list_namespaces, netns_unavailable, rate_bytes, remove_stale,
 )
+from paramserver.launch.netlab_run import run_job
 from paramserver.policies import SYNC_POLICIES
 
 RATE = "30mbit"  # about 0.6 s for each 2.25 MB pull or push of the shaped worker

@@ -5,7 +5,7 @@ import pytest
 from paramserver.policies import (
     ApplyRound, Joined, Left, PolicyError, Pushed, Release, SYNC_POLICIES, make_policy,
 )
-from paramserver.registry import UnknownNameError
+from paramserver.core.registry import UnknownNameError
 
 
 def pushed(w, step, t=0.0, batch=8):

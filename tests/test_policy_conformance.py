@@ -16,16 +16,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.optim import SGD
-from paramserver.options import option_help
+from paramserver.core.options import option_help
 from paramserver.policies import (
     ApplyRound, Joined, Left, Note, PolicyError, Pushed, Release, SYNC_POLICIES, make_policy,
     policy_options,
 )
 from paramserver.policies.batch_split import split_batch
 from paramserver.policies.driver import Driver, VirtualWorker
-from paramserver.runtime.shard_store import ShardStore
+from paramserver.server.store import ShardStore
 
 BATCH = 8
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.client.kv import KVWorker
 from ps_helpers import known_gradient, make_job, running_job
 
 NUM_KEYS = 97  # two shards, an uneven cut

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from paramserver.compression.ranges import RangeAccumulator, make_plan
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 
 LAYERS = [KeyRange(0, 10), KeyRange(10, 13), KeyRange(13, 33), KeyRange(33, 35)]
 
@@ -88,6 +88,6 @@ def test_the_worker_loop_pushes_and_pulls_exactly_its_windows(tmp_path):
                                      {"schedule": "newest"}, {"push_range": "window:2"}])
 def test_conflicting_or_bad_options_fail_before_any_process_starts(options):
     from paramserver.cli.train_cmd import prepare_job
-    from paramserver.config import TrainConfig
+    from paramserver.spec.config import TrainConfig
     with pytest.raises(ValueError):
         prepare_job(TrainConfig(**options))

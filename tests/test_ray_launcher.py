@@ -15,10 +15,10 @@ ray = pytest.importorskip("ray", reason="Ray is the optional extra paramserver[r
                                         "pip install 'paramserver[ray]' to run these tests")
 
 from paramserver.cli.train_cmd import prepare_job, run_training  # noqa: E402
-from paramserver.config import TrainConfig  # noqa: E402
-from paramserver.metrics import read_records  # noqa: E402
-from paramserver.runtime.launcher import LaunchError  # noqa: E402
-from paramserver.runtime.ray_launcher import (  # noqa: E402
+from paramserver.spec.config import TrainConfig  # noqa: E402
+from paramserver.runlog.metrics import read_records  # noqa: E402
+from paramserver.launch.local import LaunchError  # noqa: E402
+from paramserver.launch.ray_launcher import (  # noqa: E402
     RayCluster, Resources, check_resources,
 )
 from ps_helpers import steps_after_the_death  # noqa: E402

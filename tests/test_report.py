@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from paramserver.cli.main import main
-from paramserver.metrics import summarize
+from paramserver.runlog.metrics import summarize
 from paramserver.report import build_report, collect, table_rows
 from paramserver.report import figures, series
 from paramserver.report.figures import KINDS

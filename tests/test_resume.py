@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from paramserver.runtime.checkpoint import latest, read_part
+from paramserver.runlog.checkpoint import latest, read_part
 
 COMMON = ["--sync", "bsp", "--workers", "2", "--dtype", "float64", "--batch-size", "16",
           "--eval-interval", "0", "--quiet", "--seed", "3"]

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
-from paramserver.runtime.shard_store import ShardStore
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.server.store import ShardStore
+from paramserver.client.kv import KVWorker
 from ps_helpers import known_gradient, make_job, running_job
 
 NUM_KEYS = 97  # two shards, an uneven cut
@@ -143,7 +143,7 @@ def test_a_late_push_reaches_the_summary(tmp_path):
     import threading
     import time
 
-    from paramserver.metrics import read_records, summarize
+    from paramserver.runlog.metrics import read_records, summarize
 
     job = make_job(NUM_KEYS, 1, 2, sync="bsp", lr=0.5)
     with running_job(tmp_path, job) as cluster:

@@ -10,7 +10,7 @@ import numpy as np
 import psutil
 import zmq
 
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.client.kv import KVWorker
 from paramserver.transport import connect_dealer, recv_frames
 from paramserver.wire import Message, PROTOCOL_VERSION, decode, encode
 from ps_helpers import CTX, join_all, make_job, running_job

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from paramserver.runtime.rpc import RemoteError
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.net.rpc import RemoteError
+from paramserver.client.kv import KVWorker
 from ps_helpers import make_job, running_job
 
 NUM_KEYS = 100  # three shards: [0, 34), [34, 67), [67, 100)

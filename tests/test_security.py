@@ -17,9 +17,9 @@ import pytest
 import zmq
 
 from ps_helpers import make_job
-from paramserver.runtime import rpc
-from paramserver.runtime.launcher import LocalCluster
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.net import rpc
+from paramserver.launch.local import LocalCluster
+from paramserver.client.kv import KVWorker
 from paramserver.transport import bind_router, connect_dealer, recv_message, security
 from paramserver.wire import Message
 

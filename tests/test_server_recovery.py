@@ -11,10 +11,10 @@ import numpy as np
 import psutil
 import pytest
 
-from paramserver.metrics import read_records, summarize
-from paramserver.runtime.checkpoint import latest
-from paramserver.runtime.launcher import LaunchError, LocalCluster
-from paramserver.runtime.worker_client import KVWorker
+from paramserver.runlog.metrics import read_records, summarize
+from paramserver.runlog.checkpoint import latest
+from paramserver.launch.local import LaunchError, LocalCluster
+from paramserver.client.kv import KVWorker
 from ps_helpers import known_gradient, make_job
 
 KEYS = 10  # two shards: [0, 5) and [5, 10)

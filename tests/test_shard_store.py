@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.optim import UPDATE_RULES, make_rule
-from paramserver.runtime.shard_store import ShardStore, StoreError
+from paramserver.server.store import ShardStore, StoreError
 
 
 def store(mode="arrival", lo=10, hi=20, rule="sgd", lr=1.0, **opts):

@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from paramserver.cli.main import main
-from paramserver.metrics import read_records, summarize
+from paramserver.runlog.metrics import read_records, summarize
 from paramserver.policies import SYNC_POLICIES, Release, make_policy
 from paramserver.sim import (
     ComputeSpecError, Engine, Network, NullSink, SimConfig, SimError, Simulation, parse_compute,
     simulate,
 )
 from paramserver.sim.summary import summarize_run
-from paramserver.sim.units import UnitError, parse_bandwidth, parse_duration, parse_size
-from paramserver.stragglers import parse_straggler
+from paramserver.core.units import UnitError, parse_bandwidth, parse_duration, parse_size
+from paramserver.emulation.stragglers import parse_straggler
+from test_layers import RUNTIME
 
 POLICIES = SYNC_POLICIES.names()
 
@@ -268,13 +269,13 @@ def test_summary_in_worker_groups_equals_the_direct_summary(tmp_path):
 
 def test_the_engine_reads_no_clock_and_does_no_io():
     import paramserver.sim as sim
-    for name in ("engine.py", "compute.py", "units.py", "trace.py"):
-        tree = ast.parse((Path(sim.__file__).parent / name).read_text())
+    for path in ("sim/engine.py", "sim/compute.py", "core/units.py", "sim/trace.py"):
+        tree = ast.parse((Path(sim.__file__).parent.parent / path).read_text())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not {n.split(".")[0] for n in names} & {"time", "threading", "socket", "zmq",
-                                                       "pickle", "subprocess", "datetime"}, name
-        assert not [n for n in names if n.startswith(("paramserver.runtime", "paramserver.cli"))]
+                                                       "pickle", "subprocess", "datetime"}, path
+        assert not [n for n in names if n.startswith(RUNTIME + ("paramserver.cli",))]
 
 
 # ---- grammars -----------------------------------------------------------------------------------

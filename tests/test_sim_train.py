@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from paramserver.cli.main import main
-from paramserver.metrics import read_records
-from paramserver.runtime.train_task import build
+from paramserver.runlog.metrics import read_records
+from paramserver.training.train_task import build
 from paramserver.sim import SimConfig, Simulation
 
 

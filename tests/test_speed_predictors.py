@@ -10,7 +10,7 @@ import torch
 
 from paramserver.policies import make_policy
 from paramserver.policies.driver import Driver, VirtualWorker
-from paramserver.predict.speed import SPEED_PREDICTORS, make_speed_predictor
+from paramserver.predict.speed_factory import SPEED_PREDICTORS, make_speed_predictor
 
 
 @pytest.fixture

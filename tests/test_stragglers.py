@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from paramserver.device_time import ComputeShare, DeviceTime, parse_device_time
-from paramserver.stragglers import STRAGGLER_HELP, StragglerSpecError, parse_straggler, parse_trace
+from paramserver.emulation.device_time import ComputeShare, DeviceTime, parse_device_time
+from paramserver.emulation.stragglers import STRAGGLER_HELP, StragglerSpecError, parse_straggler, parse_trace
 
 
 def factors(model, workers=range(4), step=0, t=0.0):

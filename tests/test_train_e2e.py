@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from paramserver.metrics import read_records
+from paramserver.runlog.metrics import read_records
 
 
 def run_cli(*args, timeout=300):

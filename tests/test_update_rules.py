@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.optim import UPDATE_RULES, make_rule, rule_options
-from paramserver.runtime.shard_store import ShardStore
+from paramserver.server.store import ShardStore
 
 
 def t(*xs):

@@ -4,9 +4,9 @@ import os
 import signal
 
 from paramserver.cli.train_cmd import prepare_job
-from paramserver.config import TrainConfig
-from paramserver.metrics import read_records
-from paramserver.runtime.launcher import LocalCluster
+from paramserver.spec.config import TrainConfig
+from paramserver.runlog.metrics import read_records
+from paramserver.launch.local import LocalCluster
 from ps_helpers import steps_after_the_death
 
 

@@ -3,9 +3,9 @@
 import numpy as np
 import zmq
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
-from paramserver.runtime.shard_store import ShardStore
+from paramserver.server.store import ShardStore
 from paramserver.transport import send_frames
 
 

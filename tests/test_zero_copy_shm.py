@@ -154,7 +154,7 @@ def test_another_process_maps_the_arena():
 def test_a_job_on_this_host_pushes_and_pulls_through_shared_memory_exactly(tmp_path):
     from ps_helpers import make_job, running_job
 
-    from paramserver.runtime.worker_client import KVWorker
+    from paramserver.client.kv import KVWorker
 
     num_keys = 100_001  # two shards of 400 KB: above the by-reference threshold
     with running_job(tmp_path, make_job(num_keys, 2, 1, sync="asp", lr=0.5)) as cluster:
@@ -180,7 +180,7 @@ def test_a_job_on_this_host_pushes_and_pulls_through_shared_memory_exactly(tmp_p
 def test_shared_memory_off_in_the_environment_keeps_bytes(tmp_path, monkeypatch):
     from ps_helpers import make_job, running_job
 
-    from paramserver.runtime.worker_client import KVWorker
+    from paramserver.client.kv import KVWorker
 
     monkeypatch.setenv("PARAMSERVER_SHM", "0")
     with running_job(tmp_path, make_job(50_000, 1, 1, sync="asp")) as cluster:

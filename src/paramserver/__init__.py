@@ -6,6 +6,6 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # The torch-backed API loads on first use, so role processes that never need it stay light.
     if name == "DistributedOptimizer":
-        from paramserver.api import DistributedOptimizer
+        from paramserver.client.api import DistributedOptimizer
         return DistributedOptimizer
     raise AttributeError(f"module 'paramserver' has no attribute {name!r}")

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, parse_options
 from paramserver.compression import make_compressor
-from paramserver.config import TrainConfig
+from paramserver.spec.config import TrainConfig
 from paramserver.policies import SYNC_POLICIES
-from paramserver.runtime.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
-from paramserver.runtime.launcher import LaunchError
+from paramserver.spec.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
+from paramserver.launch.local import LaunchError
 
 # The default comparison: short on this machine, yet the straggler and the policies' answers
 # to it dominate the timing (emulated device time), see the notes written into compare.json.

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from paramserver.policies import SYNC_POLICIES
-from paramserver.runtime.launcher import LaunchError, LocalCluster
+from paramserver.launch.local import LaunchError, LocalCluster
 
 
 def _run(args) -> int:

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 from paramserver.cli.train_cmd import parse_options
-from paramserver.metrics import read_records
+from paramserver.runlog.metrics import read_records
 from paramserver.optim import UPDATE_RULES, make_rule
 from paramserver.policies import SYNC_POLICIES, make_policy
-from paramserver.runtime.launcher import LaunchError, LocalCluster
+from paramserver.launch.local import LaunchError, LocalCluster
 
 
 def build_job(args) -> dict:

@@ -47,7 +47,7 @@ def _clear_errors(func):
 @_clear_errors
 def _run_coordinator(args) -> int:
     _setup_logging("coordinator")
-    from paramserver.runtime.coordinator import Coordinator
+    from paramserver.coordinator.node import Coordinator
     try:
         with open(args.job) as f:
             job = json.load(f)
@@ -68,7 +68,7 @@ def _run_server(args) -> int:
     _setup_logging("server")
     keys = _keys(args, "server")
     security.check_bind(args.bind, "tcp", keys)
-    from paramserver.runtime.server import ServerNode
+    from paramserver.server.node import ServerNode
     return ServerNode(args.join, args.bind, args.port, keys=keys,
                       advertise=args.advertise).run()
 
@@ -77,7 +77,7 @@ def _run_server(args) -> int:
 def _run_worker(args) -> int:
     _setup_logging("worker")
     keys = _keys(args, "worker")
-    from paramserver.runtime.worker import run_worker
+    from paramserver.training.worker import run_worker
     return run_worker(args.join, args.result_dir, keys=keys)
 
 
@@ -85,7 +85,7 @@ def _run_worker(args) -> int:
 def _run_evaluator(args) -> int:
     _setup_logging("evaluator")
     keys = _keys(args, "observer")
-    from paramserver.runtime.evaluator import run_evaluator
+    from paramserver.training.evaluator import run_evaluator
     return run_evaluator(args.join, args.interval, keys=keys)
 
 

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from paramserver.cli.train_cmd import parse_options
 from paramserver.policies import SYNC_POLICIES
 from paramserver.sim import COMPUTE_HELP, SimConfig, SimError, Simulation
-from paramserver.stragglers import STRAGGLER_HELP
+from paramserver.emulation.stragglers import STRAGGLER_HELP
 
 EPILOG = f"""--compute SPEC
 {COMPUTE_HELP}

@@ -8,21 +8,21 @@ import sys
 import time
 from pathlib import Path
 
-from paramserver.config import TrainConfig
+from paramserver.spec.config import TrainConfig
 from paramserver.compression import COMPRESSORS, make_compressor
 from paramserver.compression.ranges import HELP as RANGE_HELP, make_plan
 from paramserver.compression.schedule import check_order
 from paramserver.data import DATASETS
-from paramserver.links import HELP as LINK_HELP
-from paramserver.metrics import read_records, summarize
+from paramserver.emulation.links import HELP as LINK_HELP
+from paramserver.runlog.metrics import read_records, summarize
 from paramserver.models import MODELS
 from paramserver.optim import UPDATE_RULES, make_rule
 from paramserver.policies import SYNC_POLICIES, make_policy
-from paramserver.runtime.launcher import LaunchError, LocalCluster
-from paramserver.runtime.checkpoint import latest
-from paramserver.runtime.progress import JobProgress
-from paramserver.device_time import DEVICE_TIME_HELP
-from paramserver.stragglers import STRAGGLER_HELP
+from paramserver.launch.local import LaunchError, LocalCluster
+from paramserver.runlog.checkpoint import latest
+from paramserver.runlog.progress import JobProgress
+from paramserver.emulation.device_time import DEVICE_TIME_HELP
+from paramserver.emulation.stragglers import STRAGGLER_HELP
 
 EPILOG = f"""--link [TARGET=]RATE[,LATENCY]
 {LINK_HELP}
@@ -138,8 +138,8 @@ def config_from_args(args, sync: str) -> TrainConfig:
 
 def prepare_job(cfg: TrainConfig) -> dict:
     """Check every name and option here, before any process starts; returns the job."""
-    from paramserver.runtime.pacing import Pacer
-    from paramserver.runtime.train_task import build
+    from paramserver.training.pacing import Pacer
+    from paramserver.training.train_task import build
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     make_compressor(cfg.compress, **cfg.compress_options)
@@ -164,7 +164,7 @@ def make_cluster(job: dict, run_dir: Path, cfg: TrainConfig, timeout: float | No
         return LocalCluster(job, run_dir, job_timeout=timeout,
                             restart_workers=cfg.restart_workers,
                             restart_servers=cfg.restart_servers)
-    from paramserver.runtime.ray_launcher import RayCluster, Resources
+    from paramserver.launch.ray_launcher import RayCluster, Resources
     return RayCluster(job, run_dir, address=launcher.get("address"),
                       resources=Resources(**launcher.get("resources", {})), job_timeout=timeout,
                       restart_workers=cfg.restart_workers)

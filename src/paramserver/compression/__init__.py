@@ -19,8 +19,8 @@ from paramserver.compression.encoding import KEY_ENCODINGS, EncodedKeys, decode_
 from paramserver.compression.sparse import Sparse, densify
 from paramserver.compression.std import StdThreshold
 from paramserver.compression.topk import TopK
-from paramserver.options import option_help
-from paramserver.registry import Registry
+from paramserver.core.options import option_help
+from paramserver.core.registry import Registry
 
 COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
 COMPRESSORS.register("none")(Dense)

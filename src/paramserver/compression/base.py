@@ -9,7 +9,7 @@ import torch
 
 from paramserver.compression.feedback import make_feedback
 from paramserver.compression.sparse import Sparse
-from paramserver.options import Configurable, check_range, describe, opt
+from paramserver.core.options import Configurable, check_range, describe, opt
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 

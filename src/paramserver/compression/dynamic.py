@@ -10,7 +10,7 @@ import torch
 from paramserver.compression.base import Compressor, FeedbackOptions, Selection
 from paramserver.compression.select import above
 from paramserver.compression.std import std_threshold
-from paramserver.options import check_choice, check_range, opt
+from paramserver.core.options import check_choice, check_range, opt
 
 
 @dataclass(frozen=True)

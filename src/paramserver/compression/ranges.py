@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 
 HELP = ("keys pushed and pulled per step: all (default), window:F (a rotating window of a "
         "fraction F of the keys, e.g. window:0.25), layers[:K] (K whole layers at a time, "

@@ -9,7 +9,7 @@ import torch
 
 from paramserver.compression.base import Compressor, FeedbackOptions, Selection
 from paramserver.compression.select import above
-from paramserver.options import check_range, opt
+from paramserver.core.options import check_range, opt
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 
 from paramserver.compression.base import Compressor, FeedbackOptions, Selection
 from paramserver.compression.select import SAMPLED_ABOVE, top_k_exact, top_k_sampled
-from paramserver.options import check_choice, check_range, opt
+from paramserver.core.options import check_choice, check_range, opt
 
 
 @dataclass(frozen=True)

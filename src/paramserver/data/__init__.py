@@ -11,7 +11,7 @@ from paramserver.data.idx import IdxFormatError, read_idx, write_idx
 from paramserver.data.mnist import load_mnist
 from paramserver.data.sampler import BatchSampler
 from paramserver.data.synthetic import load_synthetic
-from paramserver.registry import Registry
+from paramserver.core.registry import Registry
 
 DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
 DATASETS.register("digits")(load_digits)

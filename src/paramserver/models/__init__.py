@@ -10,7 +10,7 @@ from torch import nn
 
 from paramserver.models.keyspace import Layer, ModelKeys
 from paramserver.models.nets import cnn, logreg, mlp
-from paramserver.registry import Registry
+from paramserver.core.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 MODELS.register("mlp")(mlp)

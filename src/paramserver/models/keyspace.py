@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 
 Flat = Union[torch.Tensor, np.ndarray]
 

@@ -7,8 +7,8 @@ from paramserver.optim.base import Index, UpdateRule, add_at
 from paramserver.optim.direction_distance import DirectionDistance
 from paramserver.optim.sgd import SGD, MomentumSGD
 from paramserver.optim.staleness import ConSGD, DynSGD, StalenessAware
-from paramserver.options import option_help
-from paramserver.registry import Registry
+from paramserver.core.options import option_help
+from paramserver.core.registry import Registry
 
 UPDATE_RULES: Registry[type[UpdateRule]] = Registry("optimizer")
 UPDATE_RULES.register("sgd")(SGD)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from paramserver.optim.base import Index, UpdateRule, add_at
-from paramserver.options import Configurable, check_choice, check_range, opt
+from paramserver.core.options import Configurable, check_choice, check_range, opt
 
 
 @dataclass(frozen=True)

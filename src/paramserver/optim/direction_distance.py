@@ -8,7 +8,7 @@ import torch
 
 from paramserver.optim.adagrad_global import merge_keys
 from paramserver.optim.base import Index, UpdateRule
-from paramserver.options import Configurable, check_choice, check_int, check_range, opt
+from paramserver.core.options import Configurable, check_choice, check_int, check_range, opt
 
 
 @dataclass(frozen=True)

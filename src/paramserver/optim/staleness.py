@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paramserver.optim.base import UpdateRule, add_at
-from paramserver.options import Configurable, check_range, opt
+from paramserver.core.options import Configurable, check_range, opt
 
 
 @dataclass(frozen=True)

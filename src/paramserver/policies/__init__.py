@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from paramserver.options import option_help
+from paramserver.core.options import option_help
 from paramserver.policies.asp import ASP
 from paramserver.policies.base import (
     ApplyRound, Decision, Event, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy, Tick,
@@ -13,7 +13,7 @@ from paramserver.policies.ebsp import ElasticBSP
 from paramserver.policies.lbbsp import LBBSP
 from paramserver.policies.r2sp import R2SP
 from paramserver.policies.ssp import SSP
-from paramserver.registry import Registry
+from paramserver.core.registry import Registry
 
 SYNC_POLICIES: Registry[type[SyncPolicy]] = Registry("sync policy")
 SYNC_POLICIES.register("bsp")(BSP)

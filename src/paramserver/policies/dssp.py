@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paramserver.options import check_int, opt
+from paramserver.core.options import check_int, opt
 from paramserver.policies.base import Decision, Joined, Left, Pushed, Release
 from paramserver.policies.ssp import SSP
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paramserver import zipline
-from paramserver.options import Configurable, check_choice, check_int, opt
+from paramserver.core.options import Configurable, check_choice, check_int, opt
 from paramserver.policies.base import (
     Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy,
 )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paramserver.options import Configurable, check_choice, check_int, check_range, opt
+from paramserver.core.options import Configurable, check_choice, check_int, check_range, opt
 from paramserver.policies.base import ApplyRound, Decision, Joined, Left, Note, Pushed
 from paramserver.policies.batch_split import split_batch
 from paramserver.policies.bsp import BSP
-from paramserver.predict.speed import SPEED_PREDICTORS, SpeedPredictor, make_speed_predictor
+from paramserver.predict.speed import SpeedPredictor
+from paramserver.predict.speed_factory import SPEED_PREDICTORS, make_speed_predictor
 
 
 @dataclass(frozen=True)

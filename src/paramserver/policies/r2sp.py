@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from paramserver.options import Configurable, check_int, check_range, opt
+from paramserver.core.options import Configurable, check_int, check_range, opt
 from paramserver.policies.base import (
     Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy,
 )

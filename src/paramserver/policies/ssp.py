@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paramserver.options import Configurable, check_int, opt
+from paramserver.core.options import Configurable, check_int, opt
 from paramserver.policies.base import (
     Decision, Joined, Left, PolicyError, Pushed, Release, SyncPolicy,
 )

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from paramserver.registry import Registry
+from paramserver.core.registry import Registry
 
 
 class PredictInputError(ValueError):

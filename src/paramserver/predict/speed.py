@@ -81,20 +81,3 @@ class MedianSpeed(SpeedPredictor):
 
     def predict(self):
         return statistics.median(self.recent) if self.recent else None
-
-
-def make_speed_predictor(name: str, **options) -> SpeedPredictor:
-    """Build the predictor called `name` (last, ema, median, narx); unknown names list the known."""
-    if name == "narx":
-        from paramserver.predict.narx import NARXSpeed  # torch is heavy: load it only when asked
-
-        return NARXSpeed(**options)
-    try:
-        cls = {"last": LastSpeed, "ema": EMASpeed, "median": MedianSpeed}[name]
-    except KeyError:
-        raise ValueError(f"unknown speed predictor {name!r}; known: "
-                         f"{', '.join(SPEED_PREDICTORS)}") from None
-    return cls(**options)
-
-
-SPEED_PREDICTORS = ("last", "ema", "median", "narx")

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paramserver.metrics import read_records, summarize, time_to_accuracy
+from paramserver.runlog.metrics import read_records, summarize, time_to_accuracy
 
 DEFAULT_TARGET = 0.95
 SINGLE = "single"  # the folder name of the one-worker reference runs in a compare folder

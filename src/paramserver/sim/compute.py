@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from paramserver.registry import Registry
+from paramserver.core.registry import Registry
 from paramserver.sim.trace import TraceError, load_trace
-from paramserver.sim.units import UnitError, parse_duration
+from paramserver.core.units import UnitError, parse_duration
 
 COMPUTE_HELP = """\
 compute time of one worker step, before the --straggler factor (COST is per sample):

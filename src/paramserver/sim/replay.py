@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paramserver.metrics import read_records, summarize
+from paramserver.runlog.metrics import read_records, summarize
 from paramserver.policies import (
     ApplyRound, Joined, Left, Note, PolicyError, Pushed, Release, make_policy,
 )

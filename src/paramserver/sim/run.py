@@ -13,8 +13,8 @@ from paramserver.sim.engine import Engine, Network
 from paramserver.sim.records import RunWriter
 from paramserver.sim.summary import summarize_run
 from paramserver.sim.trace import CommReplay, TraceError
-from paramserver.sim.units import parse_bandwidth, parse_duration, parse_size
-from paramserver.stragglers import parse_straggler
+from paramserver.core.units import parse_bandwidth, parse_duration, parse_size
+from paramserver.emulation.stragglers import parse_straggler
 
 
 @dataclass
@@ -77,7 +77,7 @@ class SimConfig:
 
 def _build_task(cfg: SimConfig):
     """Dataset, model and key space, as every process of a live job builds them."""
-    from paramserver.runtime.train_task import build  # torch and sklearn: only when needed
+    from paramserver.training.train_task import build  # torch and sklearn: only when needed
     return build(cfg.task(), cfg.dtype)
 
 

@@ -6,7 +6,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from paramserver.metrics import read_records as _read, summarize
+from paramserver.runlog.metrics import read_records as _read, summarize
 
 # summarize() holds every record as a dict (~1.5 KB each); past this many step records the
 # log is split by worker group in one pass, each group summarized alone and the parts merged.

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from paramserver.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
-from paramserver.runtime.evaluator import evaluate
-from paramserver.runtime.flat_binding import bind_to_flat
-from paramserver.runtime.shard_store import ShardStore
+from paramserver.training.evaluator import evaluate
+from paramserver.client.flat_binding import bind_to_flat
+from paramserver.server.store import ShardStore
 
 
 class Trainer:

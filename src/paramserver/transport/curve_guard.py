@@ -7,13 +7,10 @@ import queue
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils import monitor, z85
 
-if TYPE_CHECKING:
-    from paramserver.transport.security import Keys
 
 log = logging.getLogger("paramserver.transport.security")  # refusals log where they always did
 

@@ -1,5 +1,5 @@
 """Emulated links in the transport: with a link installed, each message this process sends or
-receives waits for its bytes in the link's token bucket (paramserver.links) and its latency.
+receives waits for its bytes in the link's token bucket (paramserver.emulation.links) and its latency.
 
 One link per process, as one NIC per host: every socket of the process shares it, and the
 heartbeat thread too (hence the lock; the sleep itself is outside it). Bytes are the logical
@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from paramserver.links import Link, LinkSpec, parse_link
+from paramserver.emulation.links import Link, LinkSpec, parse_link
 
 ENV = "PARAMSERVER_LINK"
 _LOCK = threading.Lock()

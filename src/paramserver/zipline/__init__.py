@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from paramserver.registry import Registry
+from paramserver.core.registry import Registry
 from paramserver.zipline import basic, heap_baseline, opt, opt_bs, vectorized
 from paramserver.zipline.plan import SyncPlan, make_plan
 from paramserver.zipline.validate import PushTimes, ZiplineInputError, validate

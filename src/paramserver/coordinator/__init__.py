@@ -1,0 +1,1 @@
+"""The coordinator role: membership, the start barrier, budgets, checkpoints, the policy host."""

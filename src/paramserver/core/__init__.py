@@ -1,0 +1,1 @@
+"""The shared vocabulary of every layer: key ranges, registries, options, units. Pure."""

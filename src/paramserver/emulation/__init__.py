@@ -1,0 +1,1 @@
+"""Injected slowness and emulated links: stragglers, device time, link grammar. Pure."""

@@ -1,0 +1,271 @@
+"""Ray launcher: a job's roles as Ray actors, each running the same `paramserver ROLE` process.
+
+Ray places the processes (resource requests per role) and restarts dead workers (`max_restarts`
+= the job's restart budget); the data path stays ZeroMQ with CURVE keys made for the job. An
+actor starts its role as a child process on its node (`RoleProcess`); when a restartable child
+fails, the actor exits with it, Ray starts a new actor, and that starts the role again.
+Needs the optional extra `paramserver[ray]`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paramserver.launch.local import LaunchError, _die_with_parent
+from paramserver.transport import security
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise LaunchError("--launcher ray needs Ray: pip install 'paramserver[ray]'") from None
+    return ray
+
+
+def _write_keys(root: Path, keys: dict[str, str]) -> None:
+    """Key files (relative path -> text) into root, secret ones private (security.generate's
+    modes)."""
+    (root / "public").mkdir(parents=True)
+    (root / "private").mkdir(mode=0o700)
+    for rel, text in keys.items():
+        path = root / rel
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                     0o600 if rel.startswith("private/") else 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+
+
+class RoleProcess:
+    """Actor body: one role's process in a private folder of its node."""
+
+    def __init__(self, role: str, args: list[str], files: dict[str, str],
+                 keys: dict[str, str], restartable: bool = False):
+        import ray
+        self.dir = Path(tempfile.mkdtemp(prefix=f"paramserver-{role}-"))  # 0700
+        for name, text in files.items():
+            (self.dir / name).write_text(text)
+        _write_keys(self.dir / "keys", keys)
+        node = ray.util.get_node_ip_address()
+        args = [a.format(dir=self.dir, node_ip=node) for a in args]
+        env = {**os.environ, security.ENV: str(self.dir / "keys")}
+        env.pop(security.NAME_ENV, None)  # the job's keys are written above under role names
+        self.log = self.dir / "role.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "paramserver", role, *args],
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=_die_with_parent)
+        if restartable:
+            threading.Thread(target=self._die_with_child, daemon=True).start()
+
+    def _die_with_child(self) -> None:
+        if self.proc.wait() != 0:
+            os._exit(1)  # Ray sees the actor die and restarts it (max_restarts)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read(self, name: str) -> bytes:
+        """One file the role wrote (b"" while it does not exist)."""
+        path = self.dir / name
+        return path.read_bytes() if path.is_file() and "keys" not in path.parts else b""
+
+    def address(self, timeout: float) -> str:
+        """The coordinator's address once it listens."""
+        path, deadline = self.dir / "coordinator.addr", time.monotonic() + timeout
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"coordinator did not publish its address:\n{self.tail()}")
+            time.sleep(0.02)
+        return path.read_text().strip()
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def fetch(self) -> dict[str, bytes]:
+        """The files the role wrote (metrics, events, results, its log)."""
+        return {str(p.relative_to(self.dir)): p.read_bytes() for p in self.dir.rglob("*")
+                if p.is_file() and not p.relative_to(self.dir).parts[0] == "keys"}
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        shutil.rmtree(self.dir / "keys", ignore_errors=True)
+
+
+@dataclass
+class Resources:
+    """Ray resource requests per process (the coordinator and the evaluator ask for none)."""
+
+    worker_cpus: float = 1.0
+    worker_gpus: float = 0.0
+    server_cpus: float = 1.0
+
+
+def demand(job: dict, r: Resources) -> tuple[float, float]:
+    """(CPUs, GPUs) the job's processes ask Ray for."""
+    return (job["workers"] * r.worker_cpus + job["servers"] * r.server_cpus,
+            job["workers"] * r.worker_gpus)
+
+
+def check_resources(job: dict, r: Resources, available: dict) -> None:
+    """Fail before placing anything when the cluster cannot hold the job's requests (Ray
+    would wait for them forever)."""
+    cpus, gpus = demand(job, r)
+    have_cpus, have_gpus = available.get("CPU", 0.0), available.get("GPU", 0.0)
+    if cpus > have_cpus or gpus > have_gpus:
+        raise LaunchError(f"the job asks Ray for {cpus:g} CPUs and {gpus:g} GPUs, the cluster "
+                          f"has {have_cpus:g} CPUs and {have_gpus:g} GPUs; lower "
+                          f"--ray-worker-cpus / --ray-server-cpus / --ray-worker-gpus")
+
+
+@dataclass
+class RayCluster:
+    """Same contract as LocalCluster (`run(on_tick)`, `worker_results()`), on a Ray cluster."""
+
+    job: dict
+    run_dir: Path
+    address: str | None = None  # None: start a local Ray instance; "auto" or HOST:PORT: join
+    resources: Resources = field(default_factory=Resources)
+    startup_timeout: float = 120.0
+    job_timeout: float | None = None
+    restart_workers: int = 0
+    actors: list = field(default_factory=list)  # (name, role, actor handle)
+    join: str = ""
+    timings: dict = field(default_factory=dict)
+
+    def run(self, on_tick=None) -> None:
+        ray = import_ray()
+        t0 = time.monotonic()
+        started_ray = not ray.is_initialized()
+        if started_ray:
+            # A local instance gets CPUs enough for the job, like the local launcher would
+            # start every process; a cluster has what it has (check_resources).
+            cpus = None if self.address else max(os.cpu_count() or 1, math.ceil(
+                demand(self.job, self.resources)[0]))
+            ray.init(address=self.address, num_cpus=cpus, include_dashboard=False,
+                     log_to_driver=False)
+        self.timings["ray_init_s"] = time.monotonic() - t0
+        try:
+            check_resources(self.job, self.resources, ray.cluster_resources())
+            self._start(ray)
+            self.timings["startup_s"] = time.monotonic() - t0
+            self._wait(ray, on_tick)
+        finally:
+            self._collect(ray)
+            for _, _, actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            if started_ray:
+                ray.shutdown()
+
+    def _keys(self) -> dict[str, dict[str, str]]:
+        """A fresh key set for the job; per role the public keys and that role's secret only."""
+        with tempfile.TemporaryDirectory() as d:
+            security.generate(d)
+            public = {f"public/{p.name}": p.read_text() for p in Path(d, "public").glob("*.key")}
+            return {role: {**public, f"private/{role}.key_secret":
+                           Path(d, "private", f"{role}.key_secret").read_text()}
+                    for role in security.ROLES}
+
+    def _spawn(self, ray, name: str, role: str, args: list[str], keys: dict, *,
+               cpus: float = 0.0, gpus: float = 0.0, restarts: int = 0, files=None):
+        actor_cls = ray.remote(RoleProcess).options(
+            num_cpus=cpus, num_gpus=gpus, max_restarts=restarts, name=None)
+        key_role = "observer" if role == "evaluator" else role
+        actor = actor_cls.remote(role, args, files or {}, keys[key_role], restarts > 0)
+        self.actors.append((name, role, actor))
+        return actor
+
+    def _start(self, ray) -> None:
+        import json
+        keys, r, job = self._keys(), self.resources, self.job
+        # A local instance: every process on this host, loopback (shared memory applies).
+        bind = "127.0.0.1" if self.address is None else "{node_ip}"
+        coord = self._spawn(ray, "coordinator", "coordinator", [
+            "--job", "{dir}/job.json", "--bind", bind, "--address-file", "{dir}/coordinator.addr",
+            "--events", "{dir}/events.jsonl", "--metrics", "{dir}/metrics.jsonl"], keys,
+            files={"job.json": json.dumps(job)})
+        try:
+            self.join = ray.get(coord.address.remote(self.startup_timeout),
+                                timeout=self.startup_timeout + 30)
+        except Exception as exc:  # ray wraps the actor's error; the message carries the log
+            raise LaunchError(f"coordinator did not start under Ray: {exc}") from None
+        for s in range(job["servers"]):
+            self._spawn(ray, f"server {s}", "server", ["--join", self.join, "--bind", bind], keys,
+                        cpus=r.server_cpus)
+        for w in range(job["workers"]):
+            self._spawn(ray, f"worker {w}", "worker",
+                        ["--join", self.join, "--result-dir", "{dir}/results"], keys,
+                        cpus=r.worker_cpus, gpus=r.worker_gpus, restarts=self.restart_workers)
+        if job.get("eval_interval"):
+            self._spawn(ray, "evaluator", "evaluator",
+                        ["--join", self.join, "--interval", str(job["eval_interval"])], keys)
+
+    def _poll(self, ray, actor):
+        try:
+            return ray.get(actor.poll.remote(), timeout=30)
+        except Exception:  # restarting, or gone for good: the coordinator decides
+            return None
+
+    def _wait(self, ray, on_tick) -> None:
+        deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
+        coord = self.actors[0][2]
+        while (code := self._poll(ray, coord)) is None:
+            for name, role, actor in self.actors[1:]:
+                if role == "server" and self._poll(ray, actor) not in (None, 0):
+                    raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
+            if on_tick is not None:
+                on_tick()
+            time.sleep(0.2)
+        if code != 0:
+            raise LaunchError(f"coordinator exited with {code}:\n{ray.get(coord.tail.remote())}")
+        grace = time.monotonic() + 15  # servers and workers leave on their own
+        while time.monotonic() < grace and any(
+                self._poll(ray, a) is None for _, role, a in self.actors[1:] if role != "worker"):
+            time.sleep(0.2)
+
+    def _collect(self, ray) -> None:
+        """Metrics and events from the coordinator, results and logs from every role."""
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for name, role, actor in self.actors:
+            try:
+                ray.get(actor.stop.remote(), timeout=30)
+                files = ray.get(actor.fetch.remote(), timeout=60)
+            except Exception:
+                continue
+            for rel, data in files.items():
+                if rel == "role.log":
+                    (logs / f"{name.replace(' ', '-')}.log").write_bytes(data)
+                elif role == "coordinator" and rel in ("metrics.jsonl", "events.jsonl"):
+                    (self.run_dir / rel).write_bytes(data)
+                elif rel.startswith("results/"):
+                    (self.run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (self.run_dir / rel).write_bytes(data)
+
+    def worker_results(self) -> list[dict]:
+        import json
+        out = [json.loads(p.read_text()) for p in (self.run_dir / "results").glob("worker-*.json")]
+        return sorted(out, key=lambda r: r.get("rank", 0))

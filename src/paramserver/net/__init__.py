@@ -1,0 +1,1 @@
+"""Messages over sockets: the glue between the wire format and the transport."""

@@ -1,0 +1,1 @@
+"""The run folder's files: metrics records and their summary, checkpoints, progress."""

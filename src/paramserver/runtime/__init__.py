@@ -1,1 +1,0 @@
-"""The live system: coordinator, shard servers, worker client and the local launcher."""

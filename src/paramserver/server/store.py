@@ -1,0 +1,224 @@
+"""One shard's state: values, version, optimizer state and the round aggregate; no sockets."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from paramserver.core.keyspace import KeyRange
+from paramserver.optim import UpdateRule, add_at
+from paramserver.server.dedup import DedupTable
+
+# Frames from the wire are read-only buffers. torch warns when it wraps one because it cannot
+# promise not to write; the store only ever reads through these views.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class StoreError(ValueError):
+    """A request this shard cannot serve (outside its range, wrong dtype, wrong round...)."""
+
+
+@dataclass
+class PushResult:
+    version: int
+    staleness: int
+
+
+class ShardStore:
+    """Keys [lo, hi) of the flat vector, updated on arrival or per round by one update rule."""
+
+    def __init__(self, key_range: KeyRange, dtype: str, rule: UpdateRule, apply_mode: str,
+                 alloc=None):
+        """`alloc()`, when given, returns a zeroed array for the shard's values (or None): the
+        server puts them in memory that pull replies can be read from in place (shared memory)."""
+        if apply_mode not in ("arrival", "round"):
+            raise ValueError(f"unknown apply mode {apply_mode!r}")
+        self.range = key_range
+        self.dtype = np.dtype(dtype)
+        self._alloc = alloc
+        self.values = self._new_buffer() if alloc else torch.zeros(
+            key_range.size, dtype=getattr(torch, dtype))
+        self.rule = rule
+        self.state = rule.init_state(self.values)
+        self.apply_mode = apply_mode
+        self.version = 0
+        self.initialized = False
+        self.updates_applied = 0
+        # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
+        self.applied = DedupTable()
+        # Round mode: the running sum of batch-weighted pushes of the current round only.
+        self.round_step: int | None = None
+        self.round_sum: torch.Tensor | None = None
+        self.round_batches: dict[str, int] = {}
+        # Contributors the open round waits for, as its pushes say (0: not said): once that
+        # many pushed, the round is full and may be applied without waiting to be told.
+        self.round_size = 0
+        self.last_round: int | None = None  # the last round applied, full or told
+        self.late_pushes = 0  # pushes for a round applied already: dropped
+        # Replies still being sent from views of `values` (see read(shared=True) and lend()),
+        # and older value buffers that replies in flight may still read.
+        self._loans: list = []
+        self._retired: list[tuple[torch.Tensor, list]] = []
+        self.copies_on_write = 0
+
+    # ---- reads and writes of raw values ---------------------------------------------------------
+    def local(self, lo: int, hi: int) -> slice:
+        part = KeyRange(lo, hi)
+        if not self.range.contains(part):
+            raise StoreError(f"keys [{lo}, {hi}) are outside this shard's [{self.range.lo}, "
+                             f"{self.range.hi})")
+        return slice(lo - self.range.lo, hi - self.range.lo)
+
+    def local_keys(self, keys: np.ndarray) -> torch.Tensor:
+        if keys.size and (keys.min() < self.range.lo or keys.max() >= self.range.hi):
+            raise StoreError(f"sparse keys outside this shard's [{self.range.lo}, {self.range.hi})")
+        return torch.from_numpy(keys - self.range.lo)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        if array.dtype != self.dtype:
+            raise StoreError(f"values have dtype {array.dtype}, this shard holds {self.dtype}")
+        return torch.from_numpy(array)
+
+    def init(self, lo: int, hi: int, array: np.ndarray) -> bool:
+        """Set initial values once; later inits are ignored. Returns whether this one took effect."""
+        if self.initialized:
+            return False
+        index = self.local(lo, hi)
+        if array.size != hi - lo:
+            raise StoreError(f"init of [{lo}, {hi}) carries {array.size} values")
+        self._writable()
+        self.values[index] = self._tensor(array)
+        self.initialized = index.start == 0 and index.stop == self.range.size or self.initialized
+        return True
+
+    def read(self, lo: int, hi: int, shared: bool = False) -> torch.Tensor:
+        """A private copy of keys [lo, hi); with `shared`, a view of the live values instead.
+
+        Replies are sent zero-copy and must not change under the sender: whoever sends a shared
+        view must lend() the store its tracker, so the next update does not write under it.
+        """
+        view = self.values[self.local(lo, hi)]
+        return view if shared else view.clone()
+
+    def lend(self, loan) -> None:
+        """A reply reads the current values until `loan.done` (a zmq MessageTracker, say)."""
+        if not loan.done:
+            self._loans.append(loan)
+
+    def _writable(self) -> None:
+        """Before values change in place: if a reply may still be reading them, copy on write.
+
+        The new values go into a retired buffer no reply reads any more (or a new one); the old
+        buffer stays with the replies in flight, which hold their own reference to it.
+        """
+        if not self._loans:
+            return
+        self._loans = [loan for loan in self._loans if not loan.done]
+        if not self._loans:
+            return
+        fresh = None
+        for i, (buf, loans) in enumerate(self._retired):
+            if all(loan.done for loan in loans):
+                fresh = self._retired.pop(i)[0]
+                break
+        if fresh is None:
+            fresh = self._new_buffer()
+        fresh.copy_(self.values)
+        self._retired.append((self.values, self._loans))
+        del self._retired[:-3]  # the replies keep older buffers alive; we need not
+        self.values, self._loans = fresh, []
+        self.copies_on_write += 1
+
+    def read_keys(self, keys: np.ndarray) -> torch.Tensor:
+        return self.values[self.local_keys(keys)]
+
+    def _new_buffer(self) -> torch.Tensor:
+        arr = self._alloc() if self._alloc else None
+        if arr is None:
+            return torch.zeros(self.range.size, dtype=getattr(torch, str(self.dtype)))
+        return torch.from_numpy(arr)
+
+    # ---- updates --------------------------------------------------------------------------------
+    def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
+             base_version: int, scale: float, round_size: int = 0) -> PushResult:
+        """Apply (arrival mode) or add to the round (round mode). `round_size`: how many
+        contributors the round has, when the pusher knows it and this push is all it sends."""
+        staleness = max(self.version - base_version, 0)
+        if self.apply_mode == "arrival":
+            self._writable()
+            self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
+            self.version += 1
+            self.updates_applied += 1
+        elif self.last_round is not None and step <= self.last_round:
+            # A worker that joined while the round was closing: the round went without it.
+            self.late_pushes += 1
+        else:
+            self._accumulate(worker, index, grad, step, batch, scale)
+            self.round_size = max(self.round_size, round_size)
+        return PushResult(self.version, staleness)
+
+    @property
+    def round_full(self) -> bool:
+        """Every contributor the open round waits for has pushed: it can be applied now."""
+        return self.round_step is not None and 0 < self.round_size <= len(self.round_batches)
+
+    def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, **tags) -> PushResult:
+        index = self.local(lo, hi)
+        if array.size != hi - lo:
+            raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
+        if index.start != 0 or index.stop != self.range.size:
+            tags["round_size"] = 0  # one piece of several: it cannot complete the round alone
+        return self.push(worker, index, self._tensor(array), **tags)
+
+    def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, **tags) -> PushResult:
+        if keys.size != array.size:
+            raise StoreError(f"sparse push has {keys.size} keys but {array.size} values")
+        return self.push(worker, self.local_keys(keys), self._tensor(array), **tags)
+
+    def _accumulate(self, worker, index, grad, step, batch, scale) -> None:
+        weight = batch * scale
+        if self.round_step is None:
+            self.round_step = step
+            if self.round_sum is None:  # kept across rounds: fresh memory would page-fault
+                self.round_sum = torch.zeros_like(self.values)
+            elif index == slice(0, self.range.size):
+                # The round's first push covers the shard: write w * grad over the old sum
+                # instead of zeroing it first (one pass less; 0 + w*g == w*g exactly).
+                torch.mul(grad, weight, out=self.round_sum)
+                self.round_batches.setdefault(worker, batch)
+                return
+            else:
+                self.round_sum.zero_()
+        elif step != self.round_step:
+            raise StoreError(f"push for step {step} while round {self.round_step} is open")
+        add_at(self.round_sum, index, grad, weight)
+        # A worker's batch counts once per round even when it pushes in several pieces.
+        self.round_batches.setdefault(worker, batch)
+
+    def apply_round(self, step: int) -> bool:
+        """Apply the batch-weighted average of round `step`. False if nothing was pushed for it
+        or it was applied already (when its last push made it full)."""
+        if self.last_round is not None and step <= self.last_round:
+            return False
+        if self.round_step is None:
+            self.version += 1  # an empty round still advances the clock that pulls wait on
+            self.last_round = step
+            return False
+        if step != self.round_step:
+            raise StoreError(f"asked to apply round {step} but round {self.round_step} is open")
+        self.last_round = step
+        total = max(sum(self.round_batches.values()), 1)
+        scale = 1.0 / total
+        if not self.rule.linear_in_grad:  # the rule must see the average itself
+            self.round_sum.div_(total)
+            scale = 1.0
+        self._writable()
+        self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
+        self.version += 1
+        self.updates_applied += 1
+        # (the sum is reset by the next round's first push)
+        self.round_step, self.round_batches, self.round_size = None, {}, 0
+        return True

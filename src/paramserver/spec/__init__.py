@@ -1,0 +1,1 @@
+"""What a job is: the training configuration and the plan of a comparison."""

@@ -1,0 +1,89 @@
+"""The plan of a comparison: scenarios x policies x repeats, each a TrainConfig and a run folder."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from paramserver.spec.config import TrainConfig
+
+# Built-in straggler scenarios; `--scenario NAME=SPEC` adds others.
+SCENARIOS = {
+    "homogeneous": ("none", "every worker at the same speed"),
+    "one-slow": ("1:3", "worker 1 computes 3x slower than the others"),
+    "two-slow": ("1:3,2:2", "worker 1 is 3x and worker 2 2x slower"),
+    "random": ("random:0.1:4", "each step, each worker is 4x slower with probability 0.1"),
+    "shifting": ("schedule:1:0-10=3;2:10-20=3;3:20-=3",
+                 "the 3x straggler moves from worker 1 to 2 to 3 over time"),
+}
+SINGLE = "single"  # the single-process reference at the same global batch
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    scenario: str
+    policy: str
+    repeat: int
+    config: TrainConfig
+    folder: Path
+
+
+def parse_scenarios(specs: list[str] | None) -> dict[str, tuple[str, str]]:
+    """Scenario names or NAME=SPEC pairs into name -> (straggler spec, description)."""
+    out = {}
+    for spec in specs or ["one-slow"]:
+        name, sep, straggler = spec.partition("=")
+        if sep:
+            out[name] = (straggler, f"custom: --straggler {straggler}")
+        elif spec in SCENARIOS:
+            out[spec] = SCENARIOS[spec]
+        else:
+            raise ValueError(f"unknown scenario {spec!r}; known: {', '.join(SCENARIOS)} "
+                             f"(or NAME=STRAGGLER_SPEC)")
+    return out
+
+
+def single_reference(base: TrainConfig) -> TrainConfig:
+    """One worker with the global batch of the distributed runs: what distribution must beat."""
+    return dataclasses.replace(base, sync="bsp", sync_options={}, workers=1, straggler="none",
+                               batch_size=base.batch_size * base.workers)
+
+
+def _per_variant(run: PlannedRun, variants: dict[str, tuple[str, dict]]) -> list[PlannedRun]:
+    """`run` once per compression variant (the single-process reference stays one run)."""
+    if run.policy == SINGLE:
+        return [run]
+    out = []
+    for label, (name, options) in variants.items():
+        policy = f"{run.policy}+{label}"
+        config = dataclasses.replace(run.config, compress=name, compress_options=dict(options))
+        out.append(dataclasses.replace(run, policy=policy, config=config,
+                                       folder=run.folder.parent.with_name(policy) / run.folder.name))
+    return out
+
+
+def plan_runs(base: TrainConfig, policies: list[str], scenarios: dict[str, tuple[str, str]],
+              repeats: int, out: Path, single: bool = True,
+              policy_options: dict[str, dict] | None = None,
+              variants: dict[str, tuple[str, dict]] | None = None) -> list[PlannedRun]:
+    """Every run of the comparison, in the order they will execute (repeats interleaved).
+
+    With `variants` (label -> compressor, options) each policy runs once per variant, the
+    row named POLICY+LABEL."""
+    if variants:
+        return [v for r in plan_runs(base, policies, scenarios, repeats, out, single,
+                                     policy_options) for v in _per_variant(r, variants)]
+    runs = []
+    for rep in range(repeats):
+        for scenario, (straggler, _) in scenarios.items():
+            for policy in [*policies, *([SINGLE] if single else [])]:
+                if policy == SINGLE:
+                    cfg = single_reference(dataclasses.replace(base, seed=base.seed + rep))
+                else:
+                    cfg = dataclasses.replace(
+                        base, sync=policy, straggler=straggler, seed=base.seed + rep,
+                        sync_options=dict((policy_options or {}).get(policy, {})))
+                folder = out / "runs" / scenario / policy / f"rep-{rep}"
+                runs.append(PlannedRun(scenario, policy, rep, cfg, folder))
+    return runs

@@ -1,0 +1,1 @@
+"""What worker and evaluator processes run: tasks, the training loop, pacing."""

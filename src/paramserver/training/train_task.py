@@ -1,0 +1,237 @@
+"""The training task: a worker's loop of pull, forward/backward on its shard, push, clock."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import psutil
+import torch
+from torch import nn
+
+from paramserver.compression import make_compressor
+from paramserver.compression.ranges import RangeAccumulator, make_plan
+from paramserver.data import load_dataset
+from paramserver.models import ModelKeys, build_model
+from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
+from paramserver.client.layer_sched import LayerRequests
+from paramserver.training.pacing import Pacer
+from paramserver.client.kv import KVWorker
+
+# Borrowed pull replies are read-only buffers; the model only reads its parameters.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def build(task: dict, dtype: str):
+    """Dataset, model and key space exactly as every process of the job builds them."""
+    ds = load_dataset(task.get("dataset", "digits"), task.get("data_dir"),
+                      seed=int(task.get("seed", 0)), **task.get("dataset_options", {}))
+    model = build_model(task.get("model", "mlp"), ds.input_shape, ds.num_classes,
+                        seed=int(task.get("seed", 0)), **task.get("model_options", {}))
+    model = model.to(getattr(torch, dtype))
+    return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
+
+
+class HostLoad:
+    """CPU percent and free-memory fraction for load-aware predictors, sampled at most every
+    `interval` seconds: two psutil calls cost ~0.1 ms (more with cold caches), a real share of a
+    few-ms step. cpu_percent covers the time since its previous sample either way."""
+
+    def __init__(self, interval: float = 0.1):
+        self.interval = interval
+        self.next_at = 0.0
+        self.last = (0.0, 1.0)
+        psutil.cpu_percent(interval=None)  # starts the cpu_percent window
+
+    def __call__(self) -> tuple[float, float]:
+        now = time.monotonic()
+        if now >= self.next_at:
+            mem = psutil.virtual_memory()
+            self.last = (psutil.cpu_percent(interval=None), mem.available / mem.total)
+            self.next_at = now + self.interval
+        return self.last
+
+
+class StepLoop:
+    """One worker's training state; `step()` runs one released step and returns its record."""
+
+    def __init__(self, kv: KVWorker, task: dict):
+        self.kv, self.task = kv, task
+        torch.set_num_threads(int(task.get("threads", 1)))
+        self.ds, self.model, self.keys = build(task, kv.job["dtype"])
+        # Gradients live where a server on this host reads pushes in place (shared memory).
+        self.params, self.grads = self.keys.new_buffer(), torch.from_numpy(kv.shared_buffer())
+        bind_to_flat(self.model, self.keys, self.params, self.grads)
+        self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
+        self.sampler = self.ds.sampler(kv.rank, int(kv.job["workers"]),
+                                       seed=int(task.get("seed", 0)))
+        self._skip(int(kv.job.get("resume_samples", 0)))
+        self.pacer = Pacer(kv.rank, task.get("straggler", "none"), task.get("device_time", "off"))
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.compressor = make_compressor(task.get("compress", "none"),
+                                          **task.get("compress_options", {}))
+        self.dense = self.compressor.name == "none"  # the identity: push the buffer as is
+        self.plan = make_plan(task.get("push_range"), self.keys.num_keys,
+                              [layer.keys for layer in self.keys.layers])
+        self.held = None if self.plan is None else RangeAccumulator(
+            self.keys.num_keys, self.grads_np.dtype)
+        self.grads_bound = GradsBoundCheck(self.model, self.grads)
+        schedule = task.get("schedule", "off")
+        self.layered = None if schedule == "off" else LayerRequests(
+            kv, self.model, self.keys, self.params_np, self.grads_np, schedule)
+        # Round mode: the next step's pull goes out with this step's push and the server
+        # answers it the moment the round is applied, while the release is on its way.
+        self.pull_ahead = (bool(task.get("pull_ahead", True)) and self.plan is None
+                           and kv.job.get("apply_mode") == "round" and self.layered is None)
+        self.ahead = None  # (min_version, handle) of a pull sent ahead
+        # A pull sent ahead to a single shard is not copied: the model computes on the reply
+        # in place (the server's arena on this host) and hands it back before pushing, so by
+        # the round's last push no worker reads the values the server then updates in place.
+        self.borrowing = self.pull_ahead and len(kv.shards) == 1 and task.get("borrow", True)
+        self.loan, self.own_params = None, True
+        self.t0 = time.monotonic()
+        self.nbytes = self.keys.num_keys * self.params.element_size()
+        self.host_load = HostLoad()
+        self.grads_zeroed = False
+
+    def _skip(self, samples: int) -> None:
+        """A resumed worker draws the batches it drew before, so its data order goes on alike."""
+        while samples > 0:
+            take = min(samples, 1 << 16)
+            self.sampler.next_indices(take)
+            samples -= take
+
+    def compute(self, batch: int) -> float:
+        """Forward and backward on the next batch; gradients land in the flat buffer."""
+        xb, yb = self.sampler.next_batch(batch)
+        if not self.grads_zeroed:
+            self.grads.zero_()
+        self.grads_zeroed = False
+        loss = self.loss_fn(self.model(xb.to(self.params.dtype)), yb)
+        loss.backward()
+        if not self.grads_bound():  # never expected; keeps pushes right
+            self.keys.flatten_grads(self.model, self.grads)
+            bind_to_flat(self.model, self.keys, self.params, self.grads)
+            self.own_params = True
+        return float(loss.detach())
+
+    def prepare_next(self) -> None:
+        """Zero the gradient buffer for the next step while the worker waits for its release
+        (in BSP a core idles then). Safe once the push is acknowledged: a server on this host
+        has read the buffer in place by then."""
+        if not self.grads_zeroed:
+            self.grads.zero_()
+            self.grads_zeroed = True
+
+    def step(self, release, wait_s: float) -> tuple[dict, float]:
+        """Run the released step; returns (metrics record, modelled compute seconds)."""
+        if self.layered is not None:
+            return self.step_layered(release, wait_s)
+        t_a = time.perf_counter()
+        pull_bytes = self.pull(release)
+        t_b = time.perf_counter()
+        loss = self.compute(release.batch_size)
+        self.kv.give_back(self.loan)
+        self.loan = None
+        real = time.perf_counter() - t_b
+        compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
+                                             release.batch_size, real)
+        t_c = time.perf_counter()
+        staleness, push_bytes = self.push(release)
+        if self.pull_ahead:
+            version = release.min_version + 1  # what the release after this round will ask
+            self.ahead = version, self.kv.pull_async(out=self.params_np, min_version=version)
+        t_d = time.perf_counter()
+        record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
+                  "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
+                  "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
+                  "pull_bytes": pull_bytes, "push_bytes": push_bytes,
+                  "staleness": int(staleness), "factor": round(factor, 4),
+                  "epoch": round(self.sampler.epoch, 4)}
+        return record, compute
+
+    def step_layered(self, release, wait_s: float) -> tuple[dict, float]:
+        """The step with per-layer requests: pulls waited on by forward, pushes from backward."""
+        t_a = time.perf_counter()
+        self.layered.begin(release)
+        t_b = time.perf_counter()
+        loss = self.compute(release.batch_size)
+        t_c = time.perf_counter()
+        real = t_c - t_b - self.layered.suspend
+        compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
+                                             release.batch_size, real)
+        t_c2 = time.perf_counter()
+        stale = self.layered.finish()
+        t_d = time.perf_counter()
+        record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
+                  "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
+                  "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c2, 6),
+                  "suspend_s": round(self.layered.suspend, 6),
+                  "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
+                  "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
+                  "epoch": round(self.sampler.epoch, 4)}
+        record.update({f"staleness_layer_{i}": s for i, s in sorted(stale.items())})
+        return record, compute
+
+    def pull(self, release) -> int:
+        """Fresh parameters (only the step's window under --push-range); returns bytes."""
+        if self.plan is None:
+            ahead, self.ahead = self.ahead, None
+            if ahead is not None and ahead[0] == release.min_version:
+                if not self.borrowing:
+                    self.kv.wait(ahead[1])
+                    return self.nbytes
+                values, self.loan = self.kv.borrow(ahead[1])
+                point_params_at(self.model, self.keys, torch.from_numpy(values))
+                self.own_params = False
+                return self.nbytes
+            if ahead is not None:  # the release asks for another version: ask again
+                self.kv.abandon(ahead[1])
+            self._own_params()
+            self.kv.pull(out=self.params_np, min_version=release.min_version)
+            return self.nbytes
+        w = self.plan.at(release.step)
+        self.kv.pull(w, out=self.params_np[w.lo:w.hi], min_version=release.min_version)
+        return w.size * self.params_np.itemsize
+
+    def _own_params(self) -> None:
+        """The model computes on its own buffer again (after computing on borrowed values)."""
+        if not self.own_params:
+            point_params_at(self.model, self.keys, self.params)
+            self.own_params = True
+
+    def push(self, release) -> tuple[int, int]:
+        """Push this step's gradient, pruned by the compressor or cut to the step's window
+        (the rest held back for later); returns (staleness, bytes sent)."""
+        tags = {"step": release.step, "batch": release.batch_size, "scale": release.scale}
+        if self.plan is not None:
+            w = self.plan.at(release.step)
+            self.held.add(self.grads_np)
+            values = self.held.take(w)
+            return self.kv.push(values, w, **tags), values.nbytes
+        tags["round_size"] = release.round_size  # the whole step in one push per shard
+        if self.dense:
+            return self.kv.push(self.grads_np, **tags), self.nbytes
+        sparse = self.compressor.compress(self.grads)
+        if sparse.is_dense:
+            return self.kv.push(self.grads_np, **tags), self.nbytes
+        return self.kv.push_sparse(sparse.keys, sparse.values, **tags), sparse.nbytes
+
+
+def run(kv: KVWorker, task: dict) -> dict:
+    """Train until the coordinator's release says stop; returns this worker's totals."""
+    loop = StepLoop(kv, task)
+    if kv.rank == 0:
+        kv.init(loop.params_np)
+    t_wait = time.perf_counter()
+    release = kv.start()
+    wait_s, steps = time.perf_counter() - t_wait, 0
+    while not release.stop:
+        record, compute = loop.step(release, wait_s)
+        cpu, free = loop.host_load()
+        t_wait = time.perf_counter()
+        release = kv.clock(release.step, release.batch_size, compute, cpu, free, record,
+                           while_waiting=loop.prepare_next)
+        wait_s, steps = time.perf_counter() - t_wait, steps + 1
+    return {"rank": kv.rank, "steps": steps, "samples": loop.sampler.samples_drawn,
+            "epochs": round(loop.sampler.epoch, 3)}
