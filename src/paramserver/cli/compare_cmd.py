@@ -8,14 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
-from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, parse_options
-from paramserver.compression import make_compressor
-from paramserver.spec.config import TrainConfig
-from paramserver.policies import SYNC_POLICIES
+from paramserver.cli import args as flag
+from paramserver.cli import catalog
+from paramserver.cli.args import parse_options
+from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args
 from paramserver.spec.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
-from paramserver.launch.local import LaunchError
+from paramserver.spec.config import TrainConfig
 
 # The default comparison: short on this machine, yet the straggler and the policies' answers
 # to it dominate the timing (emulated device time), see the notes written into compare.json.
@@ -44,36 +42,52 @@ NOTES = [
 ]
 
 
-def policy_sync_options(pairs: list[str] | None) -> dict[str, dict]:
-    """POLICY.KEY=VALUE pairs into {policy: {key: value}}."""
+def policy_sync_options(pairs) -> dict[str, dict]:
+    """--sync-opt values ((policy, key, value), as flag.policy_option parses each, or the
+    POLICY.KEY=VALUE text) into {policy: {key: value}}."""
     out: dict[str, dict] = {}
     for pair in pairs or []:
-        head, sep, _ = pair.partition("=")
-        policy, dot, key = head.partition(".")
-        if not (sep and dot and key):
-            raise ValueError(f"--sync-opt {pair!r} is not POLICY.KEY=VALUE")
-        out.setdefault(policy, {}).update(parse_options([f"{key}={pair.split('=', 1)[1]}"], "sync"))
+        if isinstance(pair, str):
+            try:
+                pair = flag.policy_option(pair)
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"--sync-opt {exc}") from None
+        policy, key, value = pair
+        out.setdefault(policy, {})[key] = value
     return out
 
 
-def parse_variants(specs: list[str] | None) -> dict[str, tuple[str, dict]]:
-    """`--compress-variant` values (`[LABEL=]NAME[:KEY=VALUE...]`) into label -> (name, options).
+def _variant(spec: str) -> tuple[str, str, dict]:
+    """One `--compress-variant` ([LABEL=]NAME[:KEY=VALUE...]) into (label, name, options).
 
     The label names the run's row in the report (default: the spec with ':' as '-')."""
+    label, sep, body = spec.partition("=") if "=" in spec.split(":", 1)[0] else ("", "", spec)
+    name, *pairs = [p.strip() for p in body.split(":")]
+    if not name:
+        raise ValueError(f"--compress-variant {spec!r} names no compressor")
+    label = label.strip() or "-".join([name, *pairs])
+    if "/" in label:
+        raise ValueError(f"--compress-variant label {label!r} holds '/'")
+    return label, name, parse_options(pairs, "compress")
+
+
+compress_variant = flag._typed(_variant, "compress_variant")
+
+
+def parse_variants(specs) -> dict[str, tuple[str, dict]]:
+    """`--compress-variant` values (texts, or what compress_variant made of them) into
+    label -> (name, options); a label may be given once."""
     out: dict[str, tuple[str, dict]] = {}
     for spec in specs or []:
-        label, sep, body = spec.partition("=") if "=" in spec.split(":", 1)[0] else ("", "", spec)
-        name, *pairs = [p.strip() for p in body.split(":")]
-        if not name:
-            raise ValueError(f"--compress-variant {spec!r} names no compressor")
-        label = label.strip() or "-".join([name, *pairs])
-        if label in out or "/" in label:
-            raise ValueError(f"--compress-variant label {label!r} is repeated or holds '/'")
-        out[label] = (name, parse_options(pairs, "compress"))
+        label, name, options = _variant(spec) if isinstance(spec, str) else spec
+        if label in out:
+            raise ValueError(f"--compress-variant label {label!r} is repeated")
+        out[label] = (name, options)
     return out
 
 
 def _policies(arg: str | None) -> list[str]:
+    from paramserver.policies import SYNC_POLICIES
     names = SYNC_POLICIES.names() if not arg else [p.strip() for p in arg.split(",") if p.strip()]
     for name in names:
         SYNC_POLICIES.get(name)  # unknown names fail with the known ones listed
@@ -90,6 +104,7 @@ def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) ->
 
 def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
     from paramserver.cli.train_cmd import run_training
+    from paramserver.launch.local import LaunchError
     done: list[dict] = []
     for i, run in enumerate(runs, 1):
         label = f"[{i}/{len(runs)}] {run.scenario} / {run.policy} / rep {run.repeat}"
@@ -116,11 +131,14 @@ def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
 
 
 def _run(args) -> int:
+    from rich.console import Console
+
+    from paramserver.compression import make_compressor
     console = Console(stderr=False, quiet=False)
     try:
         policies = _policies(args.sync)
         scenarios = parse_scenarios(args.scenario)
-        base = config_from_args(args, "bsp")
+        base = config_from_args(args, "bsp", sync_options={})
         base.validate()
         out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")
         variants = parse_variants(args.compress_variant)
@@ -160,14 +178,16 @@ def register(sub) -> None:
                     f"Built-in scenarios: {', '.join(f'{k} ({v[1]})' for k, v in SCENARIOS.items())}.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sync", help=f"comma-separated policies (default all: "
-                                  f"{','.join(SYNC_POLICIES.names())})")
+                                  f"{','.join(catalog.SYNC_POLICIES)})")
     p.add_argument("--sync-opt", action="append", metavar="POLICY.KEY=VALUE",
+                   type=flag.policy_option,
                    help="a policy option, e.g. ssp.staleness=2 (repeatable)")
     p.add_argument("--scenario", action="append", metavar="NAME|NAME=SPEC",
                    help="straggler scenario (repeatable; default one-slow)")
     p.add_argument("--repeats", type=int, default=1, help="repeats per run, seeds seed..seed+k-1")
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy (default 0.95)")
     p.add_argument("--compress-variant", action="append", metavar="[LABEL=]NAME[:KEY=VALUE...]",
+                   type=compress_variant,
                    help="run every policy once per gradient-pruning setting instead of with "
                         "--compress, e.g. topk:fraction=0.01:error_feedback=false; rows are "
                         "named POLICY+LABEL (repeatable)")
@@ -175,6 +195,6 @@ def register(sub) -> None:
     add_training_args(p, DEFAULTS)
     p.add_argument("--out", help="output folder (default runs/<time>-compare)")
     p.add_argument("--quiet", action="store_true", help="no per-run progress bar")
-    p.add_argument("--run-timeout", type=float, default=900.0,
+    p.add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,
                    help="give up on one run after this many seconds (default 900)")
     p.set_defaults(func=_run)

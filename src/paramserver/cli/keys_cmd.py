@@ -6,10 +6,11 @@ import stat
 import sys
 from pathlib import Path
 
-from paramserver.transport import security
+from paramserver.cli import catalog
 
 
 def _generate(args) -> int:
+    from paramserver.transport import security
     try:
         written = security.generate(args.dir, args.name or security.ROLES)
     except (security.SecurityError, OSError) as exc:
@@ -29,6 +30,7 @@ def _generate(args) -> int:
 
 def _key_row(path: Path, seen: dict) -> tuple[str, str, str, str]:
     """(name, role, private key, problem) for one public key file; `seen`: key -> name."""
+    from paramserver.transport import security
     name = path.stem
     try:
         security.check_name(name)
@@ -78,7 +80,7 @@ def register(sub) -> None:
     g = ksub.add_parser("generate", help="write a key pair per role into DIR",
                         description=f"Write DIR/public/NAME.key (public, 0644) and "
                                     f"DIR/private/NAME.key_secret (0600, folder 0700) for the "
-                                    f"roles {', '.join(security.ROLES)}, or for the names given "
+                                    f"roles {', '.join(catalog.KEY_ROLES)}, or for the names given "
                                     f"with --name. Refuses to overwrite.")
     g.add_argument("dir", metavar="DIR", help="key folder to create (or add to, with --name)")
     g.add_argument("--name", action="append", metavar="NAME",

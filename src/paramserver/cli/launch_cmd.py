@@ -7,29 +7,29 @@ import sys
 import time
 from pathlib import Path
 
-from paramserver.cli.train_cmd import parse_options
-from paramserver.runlog.metrics import read_records
-from paramserver.optim import UPDATE_RULES, make_rule
-from paramserver.policies import SYNC_POLICIES, make_policy
-from paramserver.launch.local import LaunchError, LocalCluster
+from paramserver.cli import args as flag
+from paramserver.cli import catalog
+from paramserver.spec.job import JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec
 
 
 def build_job(args) -> dict:
     """The job description; its key space comes from the first worker's model."""
-    sync_opts = parse_options(args.sync_opt, "sync")
-    opt_opts = parse_options(args.optimizer_opt, "optimizer")
+    from paramserver.optim import make_rule
+    from paramserver.policies import make_policy
+    sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
     make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
     make_rule(args.optimizer, args.lr, **opt_opts)
-    return {"num_keys": 0, "dtype": args.dtype, "servers": args.servers,
-            "workers": args.workers, "batch_size": args.batch_size,
-            "sync": {"name": args.sync, "options": sync_opts},
-            "optimizer": {"name": args.optimizer, "lr": args.lr, "options": opt_opts},
-            "max_samples": args.steps * args.batch_size * args.workers if args.steps else None,
-            "max_seconds": args.max_seconds, "heartbeat_interval": 0.5,
-            "heartbeat_timeout": args.heartbeat_timeout, "task": {"name": "external"}}
+    return JobSpec(
+        num_keys=0, dtype=args.dtype, servers=args.servers, workers=args.workers,
+        batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
+        optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
+        max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
+        max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
+        limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5),
+    ).to_dict()
 
 
-def _failed_workers(cluster: LocalCluster) -> list[str]:
+def _failed_workers(cluster) -> list[str]:
     return [f"{c.name} exited with {c.proc.returncode}:\n{c.tail()}" for c in cluster.children
             if c.role == "worker" and c.proc.returncode not in (0, None)]
 
@@ -47,6 +47,8 @@ def _run(args) -> int:
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
+    from paramserver.launch.local import LaunchError, LocalCluster
+    from paramserver.runlog.metrics import read_records
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command)
     try:
@@ -72,21 +74,27 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
-    p.add_argument("--sync", default="bsp", help=f"{', '.join(SYNC_POLICIES.names())} (default bsp)")
-    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", help="sync-policy option")
+    p.add_argument("--sync", default="bsp",
+                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp)")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="sync-policy option")
     p.add_argument("--optimizer", default="sgd",
-                   help=f"server update rule: {', '.join(UPDATE_RULES.names())} (default sgd)")
-    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
+                   help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
+                        f"(default sgd)")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="batch size the policy starts from (default 32)")
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
-    p.add_argument("--max-seconds", type=float, help="stop after this much training time")
-    p.add_argument("--dtype", default="float32", help="float32 (default) or float64")
-    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+    p.add_argument("--max-seconds", type=flag.positive_seconds,
+                   help="stop after this much training time")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="float32 (default) or float64")
+    p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=10.0,
                    help="seconds of silence before a worker is declared dead (default 10)")
     p.add_argument("--out", help="run folder (default runs/<time>-launch-<sync>)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many s")
+    p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
+                   help="give up after this many s")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     p.set_defaults(func=_run)

@@ -20,11 +20,15 @@ COMMAND_MODULES = (
 )
 
 
-# Role processes are started by launchers with the role first; they skip the other commands'
-# imports (torch among them), which cost seconds of CPU per process on a small machine.
+# A command given first loads only its own module: role processes are started that way by
+# launchers, and `paramserver CMD --help` answers without the others' imports. No module
+# here imports torch, matplotlib or the transport until its command runs
+# (tests/test_cli_help.py).
 ROLE_COMMANDS = frozenset({"coordinator", "server", "worker", "evaluator"})
-LIGHT_COMMANDS = {**{r: "paramserver.cli.roles" for r in ROLE_COMMANDS},
-                  "keys": "paramserver.cli.keys_cmd"}
+COMMANDS = {**{r: "paramserver.cli.roles" for r in ROLE_COMMANDS},
+            **{m.rsplit(".", 1)[1].removesuffix("_cmd"): m for m in COMMAND_MODULES
+               if m.endswith("_cmd")}}
+LIGHT_COMMANDS = COMMANDS  # the name older callers knew
 
 
 def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
@@ -40,7 +44,7 @@ def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    light = LIGHT_COMMANDS.get(argv[0]) if argv else None
+    light = COMMANDS.get(argv[0]) if argv else None
     parser = build_parser((light,) if light else COMMAND_MODULES)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

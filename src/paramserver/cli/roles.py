@@ -8,8 +8,9 @@ import logging
 import os
 import sys
 
-from paramserver.transport import security
-from paramserver.transport.addresses import AddressError
+from paramserver.cli import args as flag
+
+# The transport (zmq) loads when a role starts, not for --help.
 
 
 def _setup_logging(role: str) -> None:
@@ -19,6 +20,7 @@ def _setup_logging(role: str) -> None:
 
 def _keys(args, role: str):
     """security.Keys from --keys or $PARAMSERVER_KEYS; INSECURE with --insecure; else None."""
+    from paramserver.transport import security
     directory = args.keys or os.environ.get(security.ENV)
     if getattr(args, "key_name", None) and not directory:
         raise security.SecurityError("--key-name needs --keys DIR (or $PARAMSERVER_KEYS)")
@@ -36,6 +38,8 @@ def _clear_errors(func):
     traceback."""
     @functools.wraps(func)
     def run(args) -> int:
+        from paramserver.transport import security
+        from paramserver.transport.addresses import AddressError
         try:
             return func(args)
         except (security.SecurityError, AddressError) as exc:
@@ -48,12 +52,15 @@ def _clear_errors(func):
 def _run_coordinator(args) -> int:
     _setup_logging("coordinator")
     from paramserver.coordinator.node import Coordinator
+    from paramserver.spec.job import JobSpecError, check_version
     try:
         with open(args.job) as f:
             job = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
+        check_version(job)  # a file without a version is read as version 1
+    except (OSError, json.JSONDecodeError, JobSpecError) as exc:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return 2
+    from paramserver.transport import security
     keys = _keys(args, "coordinator")
     security.check_bind(args.bind, "tcp", keys)
     coordinator = Coordinator(job, args.bind, args.port, args.address_file, args.events,
@@ -66,6 +73,7 @@ def _run_coordinator(args) -> int:
 @_clear_errors
 def _run_server(args) -> int:
     _setup_logging("server")
+    from paramserver.transport import security
     keys = _keys(args, "server")
     security.check_bind(args.bind, "tcp", keys)
     from paramserver.server.node import ServerNode
@@ -148,7 +156,7 @@ def register(sub) -> None:
                                    "evaluate them on the test split and report to the metrics "
                                    "log; a last evaluation follows the end of training.")
     p.add_argument("--join", required=True, help="coordinator address")
-    p.add_argument("--interval", type=float, default=1.0,
+    p.add_argument("--interval", type=flag.positive_seconds, default=1.0,
                    help="seconds between evaluations (default 1)")
     _security_args(p, binds=False)
     p.set_defaults(func=_run_evaluator)

@@ -7,12 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from paramserver.cli.train_cmd import parse_options
-from paramserver.policies import SYNC_POLICIES
-from paramserver.sim import COMPUTE_HELP, SimConfig, SimError, Simulation
+from paramserver.cli import args as flag
+from paramserver.cli import catalog
 from paramserver.emulation.stragglers import STRAGGLER_HELP
+from paramserver.sim.compute import COMPUTE_HELP
+from paramserver.sim.run import SimConfig
 
 EPILOG = f"""--compute SPEC
 {COMPUTE_HELP}
@@ -29,6 +28,9 @@ before the start barrier; --latency is then each coordinator message's (release,
 
 The end: --steps per worker, or --max-samples shared by all workers as in a live job: from
 the clock that reaches the budget on, every release says stop (steps under way finish).
+Quantities use the grammar of every flag (paramserver.core.units): --bandwidth 10Gbit/s reads
+as --link 10Gbit/s does; --latency 50us; --param-bytes 100MB.
+
 Writes config.json, job.json, metrics.jsonl, events.jsonl and summary.json like a live run."""
 
 CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C promptly)
@@ -37,8 +39,8 @@ CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C 
 def add_sim_args(p) -> None:
     d = SimConfig()
     p.add_argument("--sync", default=d.sync,
-                   help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default {d.sync})")
-    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
+                   help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} (default {d.sync})")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
     p.add_argument("--workers", type=int, default=d.workers,
                    help=f"virtual workers (default {d.workers})")
@@ -50,30 +52,31 @@ def add_sim_args(p) -> None:
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--compute", default=d.compute,
                    help=f"compute-time model (default {d.compute}; grammar below)")
-    p.add_argument("--straggler", default=d.straggler,
+    p.add_argument("--straggler", default=d.straggler, type=flag.straggler,
                    help="slowness on top of --compute, same grammar as train (default none)")
-    p.add_argument("--bandwidth", default=d.bandwidth,
+    p.add_argument("--bandwidth", default=d.bandwidth, type=flag.checked_text(flag.bandwidth),
                    help=f"per server link and direction, e.g. 10Gbit/s, 1.25GB/s, inf "
                         f"(default {d.bandwidth})")
-    p.add_argument("--latency", default=d.latency,
+    p.add_argument("--latency", default=d.latency, type=flag.checked_text(flag.duration),
                    help=f"one-way latency per message, e.g. 50us, 1ms, 0 (default {d.latency})")
     p.add_argument("--comm", default=None, metavar="trace:RUN",
                    help="replay a live run's pull/push times instead of the link model")
-    p.add_argument("--comm-opt", action="append", metavar="KEY=VALUE",
+    p.add_argument("--comm-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="with --comm: residual=false drops the unrecorded step time, "
                         "start_waits=false the pre-barrier waits (repeatable)")
     p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model, help=f"model for the byte count and --train "
                                                     f"(default {d.model})")
-    p.add_argument("--model-opt", action="append", metavar="KEY=VALUE",
+    p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="model option, e.g. hidden=64 (repeatable)")
     p.add_argument("--dataset", default=d.dataset, help=f"dataset (default {d.dataset})")
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
-    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE",
+    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="dataset option, e.g. samples=50000 for synthetic (repeatable)")
-    p.add_argument("--param-bytes", help="model size for the transfers, e.g. 100MB (default: "
+    p.add_argument("--param-bytes", type=flag.checked_text(flag.size), help="model size for the transfers, e.g. 100MB (default: "
                                          "the size of --model, built once)")
-    p.add_argument("--dtype", default=d.dtype, help="float32 or float64 parameters")
+    p.add_argument("--dtype", default=d.dtype, choices=("float32", "float64"),
+                   help="float32 or float64 parameters")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
 
 
@@ -84,9 +87,9 @@ def add_train_args(p) -> None:
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument("--optimizer", default=d.optimizer, help=f"server update rule (default "
                                                             f"{d.optimizer})")
-    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
-    p.add_argument("--eval-interval", type=float, default=d.eval_interval,
+    p.add_argument("--eval-interval", type=flag.positive_seconds, default=d.eval_interval,
                    help=f"virtual seconds between test evaluations (default {d.eval_interval:g})")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads for --train")
 
@@ -95,21 +98,22 @@ def config_from_args(args) -> SimConfig:
     steps = args.steps if args.steps is not None else (
         None if args.max_samples else SimConfig().steps)
     return SimConfig(
-        sync=args.sync, sync_options=parse_options(args.sync_opt, "sync"), workers=args.workers,
+        sync=args.sync, sync_options=flag.options(args.sync_opt), workers=args.workers,
         steps=steps, max_samples=args.max_samples, batch_size=args.batch_size,
         compute=args.compute, straggler=args.straggler, bandwidth=args.bandwidth,
         latency=args.latency, comm=args.comm,
-        comm_options=parse_options(args.comm_opt, "comm"),
+        comm_options=flag.options(args.comm_opt),
         servers=args.servers, model=args.model, dataset=args.dataset, data_dir=args.data_dir,
-        dataset_options=parse_options(args.dataset_opt, "dataset"),
-        model_options=parse_options(args.model_opt, "model"), param_bytes=args.param_bytes,
+        dataset_options=flag.options(args.dataset_opt),
+        model_options=flag.options(args.model_opt), param_bytes=args.param_bytes,
         dtype=args.dtype, seed=args.seed, train=args.train, lr=args.lr,
-        optimizer=args.optimizer, optimizer_options=parse_options(args.optimizer_opt, "optimizer"),
+        optimizer=args.optimizer, optimizer_options=flag.options(args.optimizer_opt),
         eval_interval=args.eval_interval, threads=args.threads)
 
 
-def drive(sim: Simulation, quiet: bool) -> tuple[bool, float]:
+def drive(sim, quiet: bool) -> tuple[bool, float]:
     """Run to the end or to Ctrl-C, with a progress bar; returns (complete, wall seconds)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     engine, total = sim.engine, sim.engine.total_steps
     by_samples = total is None  # a sample budget: progress in samples
     if by_samples:
@@ -154,6 +158,7 @@ def print_summary(s: dict, run_dir: Path) -> None:
 
 
 def _run(args) -> int:
+    from paramserver.sim import SimError, Simulation
     try:
         cfg = config_from_args(args)
         run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-sim-{cfg.sync}")

@@ -8,21 +8,17 @@ import sys
 import time
 from pathlib import Path
 
-from paramserver.spec.config import TrainConfig
-from paramserver.compression import COMPRESSORS, make_compressor
-from paramserver.compression.ranges import HELP as RANGE_HELP, make_plan
-from paramserver.compression.schedule import check_order
-from paramserver.data import DATASETS
-from paramserver.emulation.links import HELP as LINK_HELP
-from paramserver.runlog.metrics import read_records, summarize
-from paramserver.models import MODELS
-from paramserver.optim import UPDATE_RULES, make_rule
-from paramserver.policies import SYNC_POLICIES, make_policy
-from paramserver.launch.local import LaunchError, LocalCluster
-from paramserver.runlog.checkpoint import latest
-from paramserver.runlog.progress import JobProgress
+from paramserver.cli import args as flag
+from paramserver.cli import catalog
+from paramserver.cli.args import parse_options  # noqa: F401  (kept for callers of this module)
 from paramserver.emulation.device_time import DEVICE_TIME_HELP
+from paramserver.emulation.links import HELP as LINK_HELP
 from paramserver.emulation.stragglers import STRAGGLER_HELP
+from paramserver.spec.config import TrainConfig
+from paramserver.spec.job import JobSpec, ResumeSpec
+
+# Only what --help needs is imported above; torch, the launchers and the registries load when
+# a command runs (see tests/test_cli_help.py).
 
 EPILOG = f"""--link [TARGET=]RATE[,LATENCY]
 {LINK_HELP}
@@ -31,27 +27,10 @@ EPILOG = f"""--link [TARGET=]RATE[,LATENCY]
 {STRAGGLER_HELP}
 
 --device-time SPEC
-{DEVICE_TIME_HELP}"""
+{DEVICE_TIME_HELP}
 
-
-def parse_options(pairs: list[str] | None, what: str) -> dict:
-    """KEY=VALUE pairs into a dict, numbers and booleans converted."""
-    out = {}
-    for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{what} option {pair!r} is not KEY=VALUE")
-        out[key] = json.loads(raw) if raw.lower() in ("true", "false", "null") or _is_number(
-            raw) else raw
-    return out
-
-
-def _is_number(raw: str) -> bool:
-    try:
-        float(raw)
-        return True
-    except ValueError:
-        return False
+Durations (--heartbeat-timeout, --max-seconds, --eval-interval, --checkpoint-seconds,
+--timeout) are seconds, or a number with a unit: 90s, 1500ms."""
 
 
 def add_training_args(p, d: TrainConfig | None = None) -> None:
@@ -59,50 +38,56 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     d = d or TrainConfig()
     p.add_argument("--workers", type=int, default=d.workers, help=f"workers (default {d.workers})")
     p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
-    p.add_argument("--model", default=d.model, help=f"{', '.join(MODELS.names())} (default {d.model})")
+    p.add_argument("--model", default=d.model,
+                   help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     p.add_argument("--dataset", default=d.dataset,
-                   help=f"{', '.join(DATASETS.names())} (default {d.dataset})")
+                   help=f"{catalog.listed(catalog.DATASETS)} (default {d.dataset})")
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
-    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE",
+    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="dataset option, e.g. samples=20000 for synthetic (repeatable)")
     p.add_argument("--epochs", type=float, default=d.epochs,
                    help=f"passes over the training set, all workers together (default {d.epochs:g})")
     p.add_argument("--steps", type=int, help="steps per worker instead of --epochs")
-    p.add_argument("--max-seconds", type=float, help="stop after this much training time")
+    p.add_argument("--max-seconds", type=flag.positive_seconds,
+                   help="stop after this much training time")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument("--optimizer", default=d.optimizer,
-                   help=f"server update rule: {', '.join(UPDATE_RULES.names())} (default {d.optimizer})")
-    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE",
+                   help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
+                        f"(default {d.optimizer})")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
     p.add_argument("--compress", default=d.compress,
-                   help=f"gradient pruning: {', '.join(COMPRESSORS.names())} (default {d.compress})")
-    p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE",
+                   help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)} "
+                        f"(default {d.compress})")
+    p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="pruning option, e.g. fraction=0.01, k=2, error_feedback=false "
                         "(repeatable)")
-    p.add_argument("--push-range", default=d.push_range, help=RANGE_HELP)
+    p.add_argument("--push-range", default=d.push_range, help=catalog.PUSH_RANGE_HELP)
     p.add_argument("--schedule", default=d.schedule,
                    help="per-layer requests: push each layer's gradient as backward produces "
                         "it and pull layers in the order fifo, lifo or stalest (stalest layer "
                         f"first); off pushes and pulls the whole model (default {d.schedule})")
-    p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]",
+    p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]", type=flag.link,
                    help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
                         "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
-    p.add_argument("--straggler", default=d.straggler,
+    p.add_argument("--straggler", default=d.straggler, type=flag.straggler,
                    help=f"slowness injected per worker, e.g. 1:3 (default {d.straggler}; "
                         f"grammar below)")
-    p.add_argument("--device-time", default=d.device_time,
-                   help=f"emulated compute time per sample, e.g. 2ms (default {d.device_time}; "
+    p.add_argument("--device-time", default=d.device_time, type=flag.device_time,
+                   help=f"emulated compute time per sample, e.g. 2ms "
+                        f"(default {d.device_time.text()}; "
                         f"see below)")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--threads", type=int, default=d.threads,
                    help=f"torch threads per worker (default {d.threads}: workers share the cores)")
-    p.add_argument("--eval-interval", type=float, default=d.eval_interval,
+    p.add_argument("--eval-interval", type=flag.seconds, default=d.eval_interval,
                    help=f"seconds between test evaluations; 0 runs no evaluator "
                         f"(default {d.eval_interval:g})")
-    p.add_argument("--dtype", default=d.dtype, help="float32 or float64 parameters")
-    p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout,
+    p.add_argument("--dtype", default=d.dtype, choices=("float32", "float64"),
+                   help="float32 or float64 parameters")
+    p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
     p.add_argument("--restart-workers", type=int, default=d.restart_workers,
@@ -116,36 +101,44 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=int,
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
-    p.add_argument("--checkpoint-seconds", type=float, help="checkpoint every N seconds")
+    p.add_argument("--checkpoint-seconds", type=flag.positive_seconds,
+                   help="checkpoint every N seconds")
 
 
-def config_from_args(args, sync: str) -> TrainConfig:
+def config_from_args(args, sync: str, sync_options: dict | None = None) -> TrainConfig:
+    """The flags, already parsed by their `type=`, as a TrainConfig."""
+    if sync_options is None:
+        sync_options = flag.options(getattr(args, "sync_opt", None))
     return TrainConfig(
-        sync=sync, sync_options=parse_options(getattr(args, "sync_opt", None), "sync"),
+        sync=sync, sync_options=sync_options,
         workers=args.workers, servers=args.servers, model=args.model, dataset=args.dataset,
-        data_dir=args.data_dir, dataset_options=parse_options(args.dataset_opt, "dataset"),
+        data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
         epochs=args.epochs, steps=args.steps, max_seconds=args.max_seconds,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-        optimizer_options=parse_options(args.optimizer_opt, "optimizer"),
+        optimizer_options=flag.options(args.optimizer_opt),
         straggler=args.straggler, device_time=args.device_time, seed=args.seed,
-        compress=args.compress, compress_options=parse_options(args.compress_opt, "compress"),
+        compress=args.compress, compress_options=flag.options(args.compress_opt),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
-        links=list(args.link or []), push_range=args.push_range, schedule=args.schedule,
+        links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
-def prepare_job(cfg: TrainConfig) -> dict:
+def prepare_spec(cfg: TrainConfig) -> JobSpec:
     """Check every name and option here, before any process starts; returns the job."""
-    from paramserver.training.pacing import Pacer
+    from paramserver.compression import make_compressor
+    from paramserver.compression.ranges import make_plan
+    from paramserver.compression.schedule import check_order
+    from paramserver.optim import make_rule
+    from paramserver.policies import make_policy
     from paramserver.training.train_task import build
+    cfg.validate()
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     make_compressor(cfg.compress, **cfg.compress_options)
-    Pacer(0, cfg.straggler, cfg.device_time).straggler.check_workers(cfg.workers)
-    job = cfg.to_job(0, 0)
-    ds, _, keys = build(job["task"], cfg.dtype)
+    cfg.straggler.model.check_workers(cfg.workers)
+    ds, _, keys = build(cfg.job(0, 0).to_dict()["task"], cfg.dtype)
     ranged = make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers])
     if cfg.schedule != "off":
         check_order(cfg.schedule)
@@ -153,14 +146,19 @@ def prepare_job(cfg: TrainConfig) -> dict:
                               ("--schedule", cfg.schedule != "off")) if on]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
-    job = cfg.to_job(keys.num_keys, len(ds.train))
-    return job
+    return cfg.job(keys.num_keys, len(ds.train))
+
+
+def prepare_job(cfg: TrainConfig) -> dict:
+    """prepare_spec as the job dict the roles read (the job file's form)."""
+    return prepare_spec(cfg).to_dict()
 
 
 def make_cluster(job: dict, run_dir: Path, cfg: TrainConfig, timeout: float | None,
                  launcher: dict | None):
     """LocalCluster, or with launcher {"name": "ray", "address": ..., resources} a RayCluster."""
     if not launcher or launcher.get("name", "local") == "local":
+        from paramserver.launch.local import LocalCluster
         return LocalCluster(job, run_dir, job_timeout=timeout,
                             restart_workers=cfg.restart_workers,
                             restart_servers=cfg.restart_servers)
@@ -178,9 +176,10 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint; `launcher`
     picks where the processes run (make_cluster).
     """
-    job = prepare_job(cfg)
-    if resume:
-        job["resume"] = resume
+    from paramserver.policies import SYNC_POLICIES
+    from paramserver.runlog.metrics import read_records, summarize
+    from paramserver.runlog.progress import JobProgress
+    job = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None).to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
                                                     indent=2))
@@ -226,6 +225,7 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
         if getattr(args, name) != parser_defaults.get(name):
             saved[name] = getattr(args, name)
     cfg = TrainConfig(**saved)
+    from paramserver.runlog.checkpoint import latest
     tag = latest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
     if tag is None:
         raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
@@ -234,6 +234,7 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
 
 
 def _run(args) -> int:
+    from paramserver.launch.local import LaunchError
     try:
         resume = None
         if args.resume:
@@ -289,9 +290,10 @@ def register(sub) -> None:
                                    "Writes config.json, metrics.jsonl, events.jsonl and "
                                    "summary.json into the run folder.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sync", default="bsp",
-                   help=f"sync policy: {', '.join(SYNC_POLICIES.names())} (default bsp)")
-    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
+    p.add_argument("--sync", default=TrainConfig.sync,
+                   help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} "
+                        f"(default {TrainConfig.sync})")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
     add_training_args(p)
     p.add_argument("--out", help="run folder (default runs/<time>-<sync>)")
@@ -299,7 +301,7 @@ def register(sub) -> None:
                    help="continue the run in RUN_DIR from its latest checkpoint (its saved "
                         "settings; --epochs/--steps/--max-seconds given here extend the budget)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--timeout", type=float, default=3600.0,
+    p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
                    help="give up if the job has not finished after this many seconds")
     add_launcher_args(p)
     p.set_defaults(func=_run, parser_defaults={n: p.get_default(n) for n in BUDGET_OPTIONS})

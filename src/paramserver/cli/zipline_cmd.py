@@ -7,11 +7,7 @@ import json
 import sys
 import time
 
-import numpy as np
-
-from paramserver.predict import PREDICTORS, get_predictor
-from paramserver.zipline import DEFAULT_VARIANT, VARIANTS, get_variant, search
-from paramserver.zipline.io import read_times
+from paramserver.cli import catalog
 
 _EPILOG = """\
 file formats:
@@ -40,17 +36,21 @@ def register(subparsers) -> None:
     p.add_argument("file", metavar="FILE", help="push times: history text, .csv or .npy")
     p.add_argument("--lookahead", "-R", type=int, metavar="R",
                    help="predicted pushes per worker (required unless --predicted)")
-    p.add_argument("--variant", default=DEFAULT_VARIANT, metavar="NAME",
-                   help=f"search variant: {', '.join(VARIANTS)} (default {DEFAULT_VARIANT})")
+    p.add_argument("--variant", default=catalog.ZIPLINE_DEFAULT, metavar="NAME",
+                   help=f"search variant: {catalog.listed(catalog.ZIPLINE_VARIANTS)} "
+                        f"(default {catalog.ZIPLINE_DEFAULT})")
     p.add_argument("--predicted", action="store_true",
                    help="FILE already holds predicted push times")
     p.add_argument("--predictor", default="last_interval", metavar="NAME",
-                   help=f"push-time predictor: {', '.join(PREDICTORS)} (default last_interval)")
+                   help=f"push-time predictor: {catalog.listed(catalog.PREDICTORS)} "
+                        f"(default last_interval)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 
 
 def _times(args: argparse.Namespace) -> tuple[list, list[int]]:
+    from paramserver.predict import get_predictor
+    from paramserver.zipline.io import read_times
     if args.lookahead is not None and args.lookahead < 1:
         raise ValueError(f"--lookahead must be >= 1, got {args.lookahead}")
     if args.lookahead is None and not args.predicted:
@@ -63,6 +63,7 @@ def _times(args: argparse.Namespace) -> tuple[list, list[int]]:
 
 
 def _summary(plan, workers: list[int], args, seconds: float) -> str:
+    import numpy as np
     idx = np.asarray(plan.sync_index)
     return (f"ZipLine ({args.variant}): {len(workers)} workers -> spread {plan.spread} "
             f"(window {plan.low} .. barrier {plan.barrier})\n"
@@ -71,6 +72,7 @@ def _summary(plan, workers: list[int], args, seconds: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from paramserver.zipline import get_variant, search
     try:
         get_variant(args.variant)
         times, workers = _times(args)

@@ -5,19 +5,15 @@ Pure logic, no clock: the pacer measures real compute and sleeps for the top-up 
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from paramserver.core.units import UnitError, parse_duration
 from paramserver.emulation.stragglers import StragglerSpecError
 
 DEVICE_TIME_HELP = """\
 emulated device time per sample: each step lasts batch * COST * straggler factor (a sleep that
 tops up the real compute); 'off' (default) scales the real compute time by the factor instead.
 Examples: off, 2ms, 0.5ms, 250us, 0.002s (a trailing /sample is accepted)"""
-
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_DURATION = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|µs|ns)(?:\s*/\s*sample)?$")
 
 
 @dataclass(frozen=True)
@@ -45,6 +41,7 @@ class DeviceTime:
     """Per-sample device cost in seconds; None means off (the factor scales real compute)."""
 
     cost_per_sample: float | None = None
+    source: str | None = field(default=None, compare=False, repr=False)  # the text parsed
 
     @property
     def enabled(self) -> bool:
@@ -61,6 +58,12 @@ class DeviceTime:
         real = max(0.0, real_seconds)
         modelled = real * factor if self.cost_per_sample is None else self.step_time(batch, factor)
         return TopUp(real=real, sleep=max(0.0, modelled - real), modelled=modelled)
+
+    def text(self) -> str:
+        """The --device-time value this was read from (or one that reads back the same)."""
+        if self.source is not None:
+            return self.source
+        return "off" if self.cost_per_sample is None else f"{self.cost_per_sample!r}s"
 
     def describe(self) -> str:
         return "off" if self.cost_per_sample is None else f"{self.cost_per_sample * 1e3:g}ms/sample"
@@ -91,16 +94,17 @@ class ComputeShare:
 
 
 def parse_device_time(spec: str | None) -> DeviceTime:
-    """Parse a --device-time value (grammar in DEVICE_TIME_HELP)."""
+    """Parse a --device-time value (grammar in DEVICE_TIME_HELP; durations as core.units)."""
     text = (spec or "off").strip()
     if text.lower() in ("off", "none"):
-        return DeviceTime(None)
-    m = _DURATION.match(text)
-    if not m:
+        return DeviceTime(None, text)
+    body = text[:-len("/sample")].rstrip() if text.endswith("/sample") else text
+    try:
+        cost = parse_duration(body)
+    except UnitError:
         raise StragglerSpecError(f"bad --device-time {spec!r}: expected 'off' or a time per "
-                                 f"sample with a unit, e.g. 2ms, 0.5ms, 250us, 0.002s")
-    cost = float(m[1]) * _UNITS[m[2]]
-    if not (math.isfinite(cost) and cost > 0):
+                                 f"sample with a unit, e.g. 2ms, 0.5ms, 250us, 0.002s") from None
+    if cost <= 0:
         raise StragglerSpecError(f"bad --device-time {spec!r}: the cost must be > 0 "
                                  f"(use 'off' to disable)")
-    return DeviceTime(cost)
+    return DeviceTime(cost, text)

@@ -10,6 +10,8 @@ import math
 import re
 from pathlib import Path
 
+from paramserver.core.units import UnitError, parse_seconds
+
 STRAGGLER_HELP = """\
 per-worker slowdown factors (workers are 0-based ranks; a factor scales a step's device time):
   none                      every worker at full speed (default)
@@ -17,7 +19,8 @@ per-worker slowdown factors (workers are 0-based ranks; a factor scales a step's
   random:0.1:4              each step, each worker is 4x slower with probability 0.1
   schedule:1:0-30=3,30-60=1.5;2:10-=2
                             worker 1 3x slower for 0<=t<30 s, 1.5x for 30<=t<60 s; worker 2 2x
-                            from t=10 s on (an omitted end means forever); 1x outside intervals
+                            from t=10 s on (an omitted end means forever); 1x outside intervals;
+                            times are seconds or durations with a unit (90s, 1500ms)
   trace:FILE.csv            replay a CSV with header time_s,worker,factor: each worker's factor is
                             that of its latest row with time_s <= t (1x before its first row)
   A+B                       terms multiply, e.g. 1:3+random:0.05:2 (trace paths cannot contain +)"""
@@ -138,6 +141,16 @@ def _number(text: str, what: str, spec: str, positive: bool = True) -> float:
     return value
 
 
+def _seconds(text: str, what: str, spec: str, positive: bool = True) -> float:
+    """A time in seconds: a bare number, or a duration with its unit (core.units), e.g. 90s."""
+    try:
+        return parse_seconds(text, what, allow_zero=not positive)
+    except UnitError:
+        bound = "> 0" if positive else ">= 0"
+        raise StragglerSpecError(f"bad --straggler {spec!r}: {what} must be a number {bound} "
+                                 f"(seconds) or a time with a unit, got {text!r}") from None
+
+
 def _worker(text: str, spec: str) -> int:
     if not text.strip().isdigit():
         raise StragglerSpecError(f"bad --straggler {spec!r}: worker must be a rank 0, 1, 2..., "
@@ -181,8 +194,8 @@ def _parse_intervals(worker: int, body: str, spec: str) -> list[tuple[float, flo
         if not m:
             raise StragglerSpecError(f"bad --straggler {spec!r}: expected START-END=FACTOR "
                                      f"(seconds; END may be empty), got {item!r}")
-        lo = _number(m[1], "interval start", spec, positive=False)
-        hi = math.inf if m[2].strip() in ("", "inf") else _number(m[2], "interval end", spec)
+        lo = _seconds(m[1], "interval start", spec, positive=False)
+        hi = math.inf if m[2].strip() in ("", "inf") else _seconds(m[2], "interval end", spec)
         if hi <= lo:
             raise StragglerSpecError(f"bad --straggler {spec!r}: empty interval {item!r}")
         spans.append((lo, hi, _number(m[3], "factor", spec)))
@@ -284,3 +297,16 @@ def parse_straggler(spec: str | None, seed: int = 0) -> StragglerModel:
     if len(models) == 1:
         return models[0]
     return ProductStragglers(models, spec)
+
+
+class ParsedStraggler(str):
+    """A --straggler value parsed once: it is its text (equal to it, JSON as it) and carries
+    the model in `.model`, so the text can travel in a job file without a second parse here."""
+
+    model: StragglerModel
+
+    def __new__(cls, spec: "str | None", seed: int = 0) -> "ParsedStraggler":
+        model = parse_straggler(spec, seed)
+        obj = super().__new__(cls, model.spec)
+        obj.model = model
+        return obj

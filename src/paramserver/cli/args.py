@@ -1,0 +1,108 @@
+"""argparse `type=` for every flag grammar: each value is parsed once, here, into a typed value.
+
+A bad value fails as argparse fails, naming the flag: `argument --link: cannot read ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Callable
+
+from paramserver.core import units
+from paramserver.emulation.device_time import DeviceTime, parse_device_time
+from paramserver.emulation.links import LinkTable
+from paramserver.emulation.stragglers import ParsedStraggler
+
+
+def _typed(fn: Callable, name: str) -> Callable:
+    """`fn` with its ValueError shown verbatim by argparse (and its name in usage errors)."""
+    def parse(text: str):
+        try:
+            return fn(text)
+        except argparse.ArgumentTypeError:
+            raise
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = name
+    return parse
+
+
+def _option(text: str) -> tuple[str, object]:
+    """KEY=VALUE with the value read as JSON when it is a number, true, false or null."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), option_value(raw)
+
+
+def option_value(raw: str):
+    """'3' -> 3, '0.5' -> 0.5, 'true' -> True, 'null' -> None; anything else stays text."""
+    low = raw.strip().lower()
+    if low in ("true", "false", "null"):
+        return json.loads(low)
+    try:
+        float(raw)
+    except ValueError:
+        return raw
+    try:
+        return json.loads(raw)  # keeps 3 an int
+    except ValueError:
+        return float(raw)  # 5., inf
+
+
+def parse_options(pairs, what: str) -> dict:
+    """KEY=VALUE texts into a dict (for grammars that hold several pairs in one value)."""
+    out = {}
+    for pair in pairs or []:
+        try:
+            key, value = _option(pair)
+        except ValueError:
+            raise ValueError(f"{what} option {pair!r} is not KEY=VALUE") from None
+        out[key] = value
+    return out
+
+
+def _policy_option(text: str) -> tuple[str, str, object]:
+    """POLICY.KEY=VALUE (compare's --sync-opt)."""
+    head, sep, raw = text.partition("=")
+    policy, dot, key = head.partition(".")
+    if not (sep and dot and key):
+        raise ValueError(f"{text!r} is not POLICY.KEY=VALUE")
+    return policy, key, option_value(raw)
+
+
+def options(pairs) -> dict:
+    """The (key, value) pairs of a repeated KEY=VALUE flag as a dict (the last one wins)."""
+    return dict(pairs or [])
+
+
+link = _typed(LinkTable.parse, "link")
+straggler: Callable[[str], ParsedStraggler] = _typed(ParsedStraggler, "straggler")
+device_time: Callable[[str], DeviceTime] = _typed(parse_device_time, "device_time")
+option = _typed(_option, "KEY=VALUE")
+policy_option = _typed(_policy_option, "POLICY.KEY=VALUE")
+seconds = _typed(lambda t: units.parse_seconds(t, "duration"), "seconds")
+positive_seconds = _typed(lambda t: units.parse_seconds(t, "duration", allow_zero=False),
+                          "seconds")
+duration = _typed(lambda t: units.parse_duration(t, "duration"), "duration")
+size = _typed(lambda t: units.parse_size(t, "size"), "size")
+bandwidth = _typed(lambda t: units.parse_bandwidth(t, "bandwidth"), "bandwidth")
+
+
+def checked_text(parser: Callable) -> Callable:
+    """A flag whose value stays text for a config that stores text (SimConfig): checked here
+    with the shared grammar, so a bad value fails at the flag, not inside the run."""
+    def check(text: str) -> str:
+        parser(text)
+        return text
+    check.__name__ = parser.__name__
+    return check
+
+
+def links(values) -> LinkTable:
+    """The LinkTables of a repeated --link, merged (a later entry for a target wins)."""
+    table = LinkTable()
+    for value in values or []:
+        table = table.merged(value)
+    return table

@@ -1,0 +1,27 @@
+"""The names the help texts list, without importing what registers them (torch, numpy).
+
+`--help` must answer at once, so the parsers are built from these tuples; the registries stay
+the truth, and tests/test_cli_help.py checks that each tuple here equals its registry.
+"""
+
+SYNC_POLICIES = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp")
+MODELS = ("mlp", "cnn", "logreg")
+DATASETS = ("digits", "mnist", "synthetic")
+COMPRESSORS = ("none", "topk", "std", "dynamic")
+UPDATE_RULES = ("sgd", "momentum", "consgd", "dynsgd", "staleness-aware", "adagrad-global",
+                "direction-distance")
+PREDICTORS = ("last_interval", "ema", "median")
+ZIPLINE_VARIANTS = ("zipline-vec", "zipline", "zipline-opt", "zipline-opt-bs", "heap")
+ZIPLINE_DEFAULT = "zipline-vec"
+KEY_ROLES = ("coordinator", "server", "worker", "observer")  # transport.security.ROLES
+
+
+def listed(names) -> str:
+    return ", ".join(names)
+
+
+# compression/ranges.py HELP (that package imports torch); the test checks they are the same.
+PUSH_RANGE_HELP = ("keys pushed and pulled per step: all (default), window:F (a rotating window "
+                   "of a fraction F of the keys, e.g. window:0.25), layers[:K] (K whole layers "
+                   "at a time, rotating); held-back gradients accumulate and go out with their "
+                   "window")

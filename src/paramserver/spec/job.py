@@ -1,0 +1,341 @@
+"""The job spec: what every process of a training job is told, typed, versioned, validated once.
+
+`JobSpec` is a tree of frozen dataclasses; each default lives here and nowhere else, and
+`__post_init__` checks values (never the host: no files, devices or registries), naming the
+field. `to_dict()` is the JSON form in the job file and the `welcome` message: the same keys
+and nesting role code reads, with `version` and every limit written out. `from_dict()` refuses
+unknown fields and a foreign version; a dict without `version` (a job file written before
+versions existed) is read as version 1, the format it has.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from paramserver.emulation.links import LinkTable
+
+JOB_VERSION = 1
+DTYPES = ("float32", "float64")
+SCHEDULES = ("off", "fifo", "lifo", "stalest")
+
+
+class JobSpecError(ValueError):
+    """A job spec with a bad value, an unknown field or a foreign version; names the field."""
+
+
+# --- checks ---------------------------------------------------------------------------------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and not math.isnan(v)
+
+
+def _fail(name: str, value: Any, want: str) -> None:
+    raise JobSpecError(f"job field {name!r} must be {want}; got {value!r}")
+
+
+def _int(name: str, v: Any, lo: int) -> None:
+    if not _is_int(v) or v < lo:
+        _fail(name, v, f"an integer >= {lo}")
+
+
+def _num(name: str, v: Any, lo: float = 0.0, open_lo: bool = True, optional: bool = False):
+    if optional and v is None:
+        return
+    if not _is_num(v) or (v <= lo if open_lo else v < lo):
+        _fail(name, v, f"a number {'>' if open_lo else '>='} {lo:g}"
+              + (" or null" if optional else ""))
+
+
+def _name(name: str, v: Any) -> None:
+    if not isinstance(v, str) or not v.strip():
+        _fail(name, v, "a non-empty string")
+
+
+def _options(name: str, v: Any) -> Mapping:
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        _fail(name, v, "a table of KEY: VALUE options")
+    return MappingProxyType(dict(v))  # frozen: the spec crosses processes, nobody edits it
+
+
+def _freeze(obj, **options: Any) -> None:
+    """Store option tables read-only (a frozen dataclass still holds a mutable dict otherwise)."""
+    for key, value in options.items():
+        object.__setattr__(obj, key, _options(f"{_PREFIX.get(type(obj), '')}{key}", value))
+
+
+# --- the parts ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SyncSpec:
+    """The sync policy (`--sync`, `--sync-opt`)."""
+
+    name: str = "bsp"
+    options: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        _name("sync.name", self.name)
+        _freeze(self, options=self.options)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The servers' update rule (`--optimizer`, `--lr`, `--optimizer-opt`)."""
+
+    name: str = "sgd"
+    lr: float = 0.1
+    options: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        _name("optimizer.name", self.name)
+        _num("optimizer.lr", self.lr)
+        _freeze(self, options=self.options)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What each worker runs: model, data, injected slowness and what it pushes.
+
+    `straggler` and `device_time` are the texts of their flags, already checked by the
+    command line; each worker builds its model from them with its own seed."""
+
+    name: str = "train"
+    model: str = "mlp"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    dataset_options: Mapping = field(default_factory=dict)
+    seed: int = 0
+    straggler: str = "none"
+    device_time: str = "off"
+    threads: int = 1
+    compress: str = "none"
+    compress_options: Mapping = field(default_factory=dict)
+    push_range: str = "all"  # compression/ranges.py grammar
+    schedule: str = "off"  # per-layer requests: off, fifo, lifo, stalest
+
+    def __post_init__(self):
+        for key in ("name", "model", "dataset", "straggler", "device_time", "compress",
+                    "push_range"):
+            _name(f"task.{key}", getattr(self, key))
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            _fail("task.data_dir", self.data_dir, "a path or null")
+        _int("task.seed", self.seed, 0)
+        _int("task.threads", self.threads, 1)
+        if self.schedule not in SCHEDULES:
+            _fail("task.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
+        _freeze(self, dataset_options=self.dataset_options,
+                compress_options=self.compress_options)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often the job saves (`--checkpoint-dir/-every/-seconds`)."""
+
+    dir: str
+    every: int | None = None  # rounds (round-mode policies) or worker steps
+    seconds: float | None = None
+
+    def __post_init__(self):
+        _name("checkpoint.dir", self.dir)
+        if self.every is not None:
+            _int("checkpoint.every", self.every, 1)
+        _num("checkpoint.seconds", self.seconds, optional=True)
+
+
+@dataclass(frozen=True)
+class ResumeSpec:
+    """A checkpoint the job continues from (`train --resume`)."""
+
+    dir: str
+    tag: str
+
+    def __post_init__(self):
+        _name("resume.dir", self.dir)
+        _name("resume.tag", self.tag)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every timeout and interval of the job, in seconds. In the job dict they sit at the top
+    level, where the roles read them. None for heartbeat_interval and server_timeout means
+    derived from heartbeat_timeout, resolved here once."""
+
+    heartbeat_timeout: float = 5.0  # silence after which a worker is declared dead
+    heartbeat_interval: float | None = None  # None: min(1 s, heartbeat_timeout / 4)
+    coordinator_timeout: float = 60.0  # silence after which servers and workers give up
+    start_timeout: float = 120.0  # registration of every member before the start barrier
+    start_grace: float = 30.0  # silence tolerated from a member before the barrier opens
+    server_timeout: float | None = None  # None: max(6 x heartbeat_timeout, 30 s)
+    restart_timeout: float = 120.0  # for a dead server to come back from its checkpoint
+    observer_grace: float = 30.0  # for the evaluator to finish once training is done
+    retry_interval: float = 3.0  # a worker resends an unanswered shard request after this
+    release_timeout: float = 600.0  # a worker's wait for its release (read by KVWorker's
+    # constructor today; written here so the one default is visible)
+
+    def __post_init__(self):
+        _num("heartbeat_timeout", self.heartbeat_timeout)
+        if self.heartbeat_interval is None:
+            object.__setattr__(self, "heartbeat_interval", min(1.0, self.heartbeat_timeout / 4))
+        if self.server_timeout is None:
+            object.__setattr__(self, "server_timeout", max(6 * self.heartbeat_timeout, 30.0))
+        for f in fields(self):
+            _num(f.name, getattr(self, f.name))
+        if self.heartbeat_interval > self.heartbeat_timeout:
+            _fail("heartbeat_interval", self.heartbeat_interval,
+                  f"<= heartbeat_timeout ({self.heartbeat_timeout:g})")
+
+
+_PREFIX = {SyncSpec: "sync.", OptimizerSpec: "optimizer.", TaskSpec: "task."}
+_LIMIT_KEYS = tuple(f.name for f in fields(Limits))
+
+
+# --- the job --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job. `JobSpec()` is the default job; `from_config` builds it from the
+    command line's TrainConfig; `to_dict`/`from_dict` are its job-file and wire form."""
+
+    version: int = JOB_VERSION
+    num_keys: int = 0  # 0: learned from the first worker that registers
+    dtype: str = "float32"
+    servers: int = 1
+    workers: int = 4
+    batch_size: int = 32
+    sync: SyncSpec = field(default_factory=SyncSpec)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    max_samples: int | None = None  # the sample budget all workers share
+    max_seconds: float | None = None
+    eval_interval: float = 1.0  # 0: no evaluator process
+    restart_servers: int = 0  # dead servers the launcher restarts from a checkpoint
+    server_threads: int = 1  # torch threads per shard server
+    links: LinkTable = field(default_factory=LinkTable)
+    checkpoint: CheckpointSpec | None = None
+    task: TaskSpec = field(default_factory=TaskSpec)
+    limits: Limits = field(default_factory=Limits)
+    resume: ResumeSpec | None = None
+
+    def __post_init__(self):
+        if self.version != JOB_VERSION:
+            raise JobSpecError(f"job version {self.version!r} is not supported: this "
+                               f"paramserver reads version {JOB_VERSION}")
+        _int("num_keys", self.num_keys, 0)
+        if self.dtype not in DTYPES:
+            _fail("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        _int("servers", self.servers, 1)
+        _int("workers", self.workers, 1)
+        _int("batch_size", self.batch_size, 1)
+        if self.max_samples is not None:
+            _int("max_samples", self.max_samples, 0)
+        _num("max_seconds", self.max_seconds, optional=True)
+        _num("eval_interval", self.eval_interval, open_lo=False)
+        _int("restart_servers", self.restart_servers, 0)
+        _int("server_threads", self.server_threads, 1)
+        for key, cls in (("sync", SyncSpec), ("optimizer", OptimizerSpec), ("task", TaskSpec),
+                         ("limits", Limits), ("links", LinkTable)):
+            if not isinstance(getattr(self, key), cls):
+                _fail(key, getattr(self, key), f"a {cls.__name__}")
+        for key, cls in (("checkpoint", CheckpointSpec), ("resume", ResumeSpec)):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), cls):
+                _fail(key, getattr(self, key), f"a {cls.__name__} or null")
+        if self.restart_servers and not (self.checkpoint and (
+                self.checkpoint.every or self.checkpoint.seconds)):
+            raise JobSpecError("job field 'restart_servers' needs checkpoints to restart from: "
+                               "give --checkpoint-every or --checkpoint-seconds")
+
+    @classmethod
+    def from_config(cls, config, num_keys: int, train_size: int) -> "JobSpec":
+        """The job of `config` (spec.config.TrainConfig) for a model of `num_keys` parameters
+        and a training set of `train_size` samples (they size the key space and the budget)."""
+        c = config
+        return cls(
+            num_keys=num_keys, dtype=c.dtype, servers=c.servers, workers=c.workers,
+            batch_size=c.batch_size, sync=SyncSpec(c.sync, c.sync_options),
+            optimizer=OptimizerSpec(c.optimizer, c.lr, c.optimizer_options),
+            max_samples=c.max_samples(train_size), max_seconds=c.max_seconds,
+            eval_interval=c.eval_interval, restart_servers=c.restart_servers,
+            links=c.links,
+            checkpoint=CheckpointSpec(c.checkpoint_dir, c.checkpoint_every,
+                                      c.checkpoint_seconds) if c.checkpoint_dir else None,
+            task=TaskSpec(model=c.model, dataset=c.dataset, data_dir=c.data_dir,
+                          dataset_options=c.dataset_options, seed=c.seed,
+                          straggler=str(c.straggler), device_time=c.device_time.text(),
+                          threads=c.threads, compress=c.compress,
+                          compress_options=c.compress_options, push_range=c.push_range,
+                          schedule=c.schedule),
+            limits=Limits(heartbeat_timeout=c.heartbeat_timeout))
+
+    def with_resume(self, resume: ResumeSpec | None) -> "JobSpec":
+        return replace(self, resume=resume)
+
+    # --- the dict form ----------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """The job file's JSON object (a fresh dict: launchers may still add to it)."""
+        out = {"version": self.version, "num_keys": self.num_keys, "dtype": self.dtype,
+               "servers": self.servers, "workers": self.workers, "batch_size": self.batch_size,
+               "sync": _plain(self.sync), "optimizer": _plain(self.optimizer),
+               "max_samples": self.max_samples, "max_seconds": self.max_seconds,
+               **_plain(self.limits), "eval_interval": self.eval_interval,
+               "restart_servers": self.restart_servers, "server_threads": self.server_threads,
+               "links": self.links.to_dict(),
+               "checkpoint": None if self.checkpoint is None else _plain(self.checkpoint),
+               "task": _plain(self.task)}
+        if self.resume is not None:
+            out["resume"] = _plain(self.resume)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "JobSpec":
+        """A job dict back into a spec; unknown fields and a foreign version are refused."""
+        if not isinstance(data, Mapping):
+            raise JobSpecError(f"a job is a JSON object, got {type(data).__name__}")
+        d = dict(data)
+        d["version"] = check_version(d)
+        limits = {k: d.pop(k) for k in _LIMIT_KEYS if k in d}
+        nested = {"sync": SyncSpec, "optimizer": OptimizerSpec, "task": TaskSpec,
+                  "checkpoint": CheckpointSpec, "resume": ResumeSpec}
+        known = {f.name for f in fields(cls)} - {"limits"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise JobSpecError(f"unknown job field(s) {', '.join(map(repr, unknown))}")
+        for key, part in nested.items():
+            if d.get(key) is not None:
+                d[key] = _part(part, key, d[key])
+        if "links" in d:
+            try:
+                d["links"] = LinkTable.from_dict(d["links"])
+            except ValueError as exc:
+                raise JobSpecError(f"job field 'links': {exc}") from None
+        return cls(**d, limits=_part(Limits, "limits", limits))
+
+
+def check_version(data: Mapping) -> int:
+    """The version of a job dict: missing is version 1 (files written before versions)."""
+    version = data.get("version", JOB_VERSION)
+    if version != JOB_VERSION:
+        raise JobSpecError(f"job version {version!r} is not supported: this paramserver reads "
+                           f"version {JOB_VERSION} (was the job written by another release?)")
+    return version
+
+
+def _part(cls, key: str, data: Any):
+    if not isinstance(data, Mapping):
+        _fail(key, data, "a table")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = "" if cls is Limits else f"{key}."
+        raise JobSpecError(f"unknown job field(s) "
+                           f"{', '.join(repr(where + u) for u in unknown)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:  # a required field left out
+        raise JobSpecError(f"job field {key!r}: {exc}") from None
+
+
+def _plain(part) -> dict:
+    return {f.name: (dict(v) if isinstance(v := getattr(part, f.name), Mapping) else v)
+            for f in fields(part)}

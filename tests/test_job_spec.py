@@ -1,0 +1,268 @@
+"""The typed job spec (spec/job.py): one place for defaults, strict dict form, versions, and the
+shared quantity grammar that every flag uses (core/units.py)."""
+
+import argparse
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from paramserver.cli import args as flag
+from paramserver.cli.main import build_parser
+from paramserver.core.units import UnitError, parse_bandwidth, parse_bitrate, parse_seconds
+from paramserver.emulation.links import LinkSpec, LinkTable, parse_link
+from paramserver.spec.config import TrainConfig
+from paramserver.spec.job import (
+    JOB_VERSION, CheckpointSpec, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec,
+    SyncSpec, TaskSpec, check_version,
+)
+
+
+def full_spec() -> JobSpec:
+    return JobSpec(
+        num_keys=1000, dtype="float64", servers=2, workers=3, batch_size=16,
+        sync=SyncSpec("ssp", {"staleness": 2}), optimizer=OptimizerSpec("momentum", 0.05,
+                                                                        {"momentum": 0.9}),
+        max_samples=4800, max_seconds=60.0, eval_interval=0.5, restart_servers=1,
+        links=LinkTable.parse(["w=100mbit;w2=10mbit,5ms", "s0=1gbit"]),
+        checkpoint=CheckpointSpec("/ckpt", every=5), resume=ResumeSpec("/ckpt", "step-10"),
+        task=TaskSpec(model="cnn", dataset="synthetic", dataset_options={"samples": 500},
+                      seed=3, straggler="1:3", device_time="2ms", compress="topk",
+                      compress_options={"fraction": 0.01}, schedule="lifo"),
+        limits=Limits(heartbeat_timeout=2.0, coordinator_timeout=20.0, start_timeout=40.0))
+
+
+# --- defaults in one place ------------------------------------------------------------------------
+def test_the_default_config_makes_the_default_job():
+    train_size = 1797
+    cfg = TrainConfig()
+    built = JobSpec.from_config(cfg, num_keys=500, train_size=train_size)
+    assert built == JobSpec(num_keys=500, max_samples=int(cfg.epochs * train_size))
+    # TrainConfig takes the job's defaults, not copies of them
+    assert (cfg.workers, cfg.batch_size, cfg.lr, cfg.heartbeat_timeout, cfg.sync) == (
+        JobSpec.workers, JobSpec.batch_size, OptimizerSpec.lr, Limits.heartbeat_timeout,
+        SyncSpec.name)
+
+
+def test_limits_written_out_are_the_defaults_role_code_used():
+    d = JobSpec().to_dict()
+    assert d["version"] == JOB_VERSION
+    assert (d["coordinator_timeout"], d["start_timeout"], d["start_grace"], d["restart_timeout"],
+            d["observer_grace"], d["retry_interval"]) == (60.0, 120.0, 30.0, 120.0, 30.0, 3.0)
+    assert d["heartbeat_interval"] == 1.0 and d["server_timeout"] == 30.0
+    fast = Limits(heartbeat_timeout=2.0)
+    assert fast.heartbeat_interval == 0.5 and fast.server_timeout == 30.0
+    assert Limits(heartbeat_timeout=10.0).server_timeout == 60.0
+
+
+def test_to_job_keeps_the_keys_and_nesting_roles_read():
+    job = TrainConfig(workers=2, links=["100mbit"], checkpoint_dir="/c",
+                      checkpoint_every=2).to_job(10, 100)
+    for key in ("num_keys", "dtype", "servers", "workers", "batch_size", "max_samples",
+                "max_seconds", "heartbeat_interval", "heartbeat_timeout", "eval_interval",
+                "restart_servers", "links", "checkpoint", "task"):
+        assert key in job
+    assert job["sync"] == {"name": "bsp", "options": {}}
+    assert job["optimizer"] == {"name": "sgd", "lr": 0.1, "options": {}}
+    assert job["links"] == {"w": {"*": "100mbit"}, "s": {}}
+    assert job["checkpoint"] == {"dir": "/c", "every": 2, "seconds": None}
+    assert job["task"]["straggler"] == "none" and job["task"]["device_time"] == "off"
+    assert "resume" not in job
+    json.dumps(job)  # the job file is JSON
+
+
+# --- the dict form --------------------------------------------------------------------------------
+def test_round_trip_through_the_dict_and_json():
+    spec = full_spec()
+    d = spec.to_dict()
+    assert JobSpec.from_dict(d) == spec
+    assert JobSpec.from_dict(json.loads(json.dumps(d))) == spec
+    assert JobSpec.from_dict(JobSpec().to_dict()) == JobSpec()
+    d["workers"] = 99  # to_dict hands out a fresh dict: the spec is not touched
+    assert spec.workers == 3
+
+
+def test_the_spec_is_frozen():
+    spec = full_spec()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.workers = 5
+    with pytest.raises(TypeError):
+        spec.sync.options["staleness"] = 9
+
+
+@pytest.mark.parametrize("where, field", [((), "colour"), (("task",), "colour"),
+                                          (("sync",), "colour"), (("optimizer",), "colour")])
+def test_an_unknown_field_is_refused_by_name(where, field):
+    d = full_spec().to_dict()
+    target = d
+    for key in where:
+        target = target[key]
+    target[field] = 1
+    with pytest.raises(JobSpecError, match=field):
+        JobSpec.from_dict(d)
+
+
+def test_a_foreign_version_is_refused_and_a_missing_one_is_version_1():
+    d = full_spec().to_dict()
+    with pytest.raises(JobSpecError, match="version 2 is not supported"):
+        JobSpec.from_dict({**d, "version": 2})
+    with pytest.raises(JobSpecError, match="version"):
+        check_version({"version": "1"})
+    old = {k: v for k, v in d.items() if k != "version"}  # a job file from before versions
+    assert check_version(old) == 1 and JobSpec.from_dict(old) == full_spec()
+
+
+def test_the_coordinator_reads_old_job_files_and_refuses_foreign_ones(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({**JobSpec().to_dict(), "version": 7}))
+    run = subprocess.run([sys.executable, "-m", "paramserver", "coordinator", "--job", str(job)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "version 7 is not supported" in run.stderr
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: JobSpec(workers=0), "workers"),
+    (lambda: JobSpec(servers=1.5), "servers"),
+    (lambda: JobSpec(batch_size=0), "batch_size"),
+    (lambda: JobSpec(dtype="float16"), "dtype"),
+    (lambda: JobSpec(num_keys=-1), "num_keys"),
+    (lambda: JobSpec(max_samples=-5), "max_samples"),
+    (lambda: JobSpec(max_seconds=0), "max_seconds"),
+    (lambda: JobSpec(eval_interval=-1), "eval_interval"),
+    (lambda: JobSpec(restart_servers=-1), "restart_servers"),
+    (lambda: JobSpec(restart_servers=1), "restart_servers"),  # no checkpoints to restart from
+    (lambda: JobSpec(server_threads=0), "server_threads"),
+    (lambda: SyncSpec(""), "sync.name"),
+    (lambda: SyncSpec("bsp", ["staleness"]), "sync.options"),
+    (lambda: OptimizerSpec("sgd", 0.0), "optimizer.lr"),
+    (lambda: OptimizerSpec("sgd", True), "optimizer.lr"),
+    (lambda: TaskSpec(threads=0), "task.threads"),
+    (lambda: TaskSpec(seed=-1), "task.seed"),
+    (lambda: TaskSpec(schedule="random"), "task.schedule"),
+    (lambda: TaskSpec(model=""), "task.model"),
+    (lambda: CheckpointSpec("/c", every=0), "checkpoint.every"),
+    (lambda: CheckpointSpec("/c", seconds=-1.0), "checkpoint.seconds"),
+    (lambda: CheckpointSpec(""), "checkpoint.dir"),
+    (lambda: ResumeSpec("/c", ""), "resume.tag"),
+    (lambda: Limits(heartbeat_timeout=0), "heartbeat_timeout"),
+    (lambda: Limits(coordinator_timeout=-1), "coordinator_timeout"),
+    (lambda: Limits(start_timeout=math.nan), "start_timeout"),
+    (lambda: Limits(heartbeat_timeout=1.0, heartbeat_interval=2.0), "heartbeat_interval"),
+    (lambda: JobSpec.from_dict({"links": {"x": {"*": "1gbit"}}}), "links"),
+    (lambda: JobSpec.from_dict({"links": {"w": {"*": "fast"}}}), "links"),
+    (lambda: JobSpec.from_dict({"checkpoint": {"every": 2}}), "checkpoint"),
+    (lambda: JobSpec.from_dict({"task": "train"}), "task"),
+])
+def test_each_invalid_value_is_refused_naming_its_field(make, field):
+    with pytest.raises(JobSpecError) as err:
+        make()
+    assert repr(field) in str(err.value) or field in str(err.value)
+
+
+def test_train_config_validation_names_the_field():
+    for kwargs, field in (({"workers": 0}, "workers"), ({"lr": -1.0}, "optimizer.lr"),
+                          ({"epochs": 0}, "epochs"), ({"dtype": "int8"}, "dtype"),
+                          ({"restart_servers": 1}, "restart_servers")):
+        with pytest.raises(ValueError, match=field):
+            TrainConfig(**kwargs).validate()
+
+
+def test_train_config_reads_back_its_saved_form():
+    cfg = TrainConfig(links=["w=100mbit;s0=1gbit,2ms"], straggler="1:3+random:0.1:2",
+                      device_time="250us", sync_options={"staleness": 3})
+    again = TrainConfig(**json.loads(json.dumps(cfg.as_dict())))
+    assert again.as_dict() == cfg.as_dict()
+    assert again.job(10, 100) == cfg.job(10, 100)
+
+
+# --- one grammar for quantities -------------------------------------------------------------------
+@pytest.mark.parametrize("text, bits", [("10Gbit/s", 10e9), ("100mbit", 100e6),
+                                        ("1.25GB/s", 10e9), ("800Mbps", 800e6),
+                                        ("500kbit/s", 500e3), ("2MBps", 16e6)])
+def test_link_and_simulate_bandwidth_read_rates_alike(text, bits):
+    """--link RATE and simulate --bandwidth RATE are the same grammar (core.units)."""
+    assert parse_link(text).rate == pytest.approx(bits)
+    assert parse_bandwidth(text) == pytest.approx(bits / 8)
+    assert LinkTable.parse([f"s0={text},1ms"]).link_for("s", 0) == LinkSpec(
+        parse_bitrate(text), 0.001)
+    train = build_parser().parse_args(["train", "--link", text])
+    sim = build_parser().parse_args(["simulate", "--bandwidth", text])
+    assert flag.links(train.link).link_for("w", 0).rate == pytest.approx(
+        parse_bandwidth(sim.bandwidth) * 8)
+
+
+@pytest.mark.parametrize("text", ["fast", "100mbps", "0mbit", "-1gbit", "10 apples/s"])
+def test_link_and_simulate_bandwidth_refuse_alike(text):
+    with pytest.raises(UnitError):
+        parse_bandwidth(text)
+    with pytest.raises(ValueError):
+        parse_link(text)
+
+
+def test_unlimited_reads_alike():
+    assert parse_link("unlimited").rate is None and parse_link("inf,2ms").rate is None
+    assert parse_bandwidth("unlimited") == math.inf == parse_bandwidth("inf")
+
+
+def test_durations_take_units_or_plain_seconds():
+    assert parse_seconds("30") == 30.0 and parse_seconds("1500ms") == 1.5
+    assert parse_seconds("250us") == pytest.approx(250e-6)
+    with pytest.raises(UnitError):
+        parse_seconds("0", allow_zero=False)
+    with pytest.raises(UnitError):
+        parse_seconds("soon")
+    args = build_parser().parse_args(["train", "--heartbeat-timeout", "2500ms",
+                                      "--max-seconds", "90s", "--eval-interval", "0"])
+    assert (args.heartbeat_timeout, args.max_seconds, args.eval_interval) == (2.5, 90.0, 0.0)
+
+
+# --- each flag parsed once, at the edge -----------------------------------------------------------
+def test_flags_arrive_typed_in_the_config():
+    from paramserver.cli.train_cmd import config_from_args
+    from paramserver.emulation.device_time import DeviceTime
+    from paramserver.emulation.stragglers import ParsedStraggler
+    args = build_parser().parse_args([
+        "train", "--link", "100mbit", "--link", "w1=10mbit,5ms", "--straggler", "1:3",
+        "--device-time", "2ms", "--sync-opt", "staleness=2", "--compress-opt", "fraction=0.5",
+        "--optimizer-opt", "momentum=0.9", "--dataset-opt", "samples=100"])
+    cfg = config_from_args(args, "ssp")
+    assert isinstance(cfg.links, LinkTable) and cfg.links.link_for("w", 1) == LinkSpec(10e6, 5e-3)
+    assert isinstance(cfg.straggler, ParsedStraggler) and cfg.straggler == "1:3"
+    assert cfg.straggler.model.factor(1, 0, 0.0) == 3
+    assert isinstance(cfg.device_time, DeviceTime) and cfg.device_time.cost_per_sample == 2e-3
+    assert cfg.sync_options == {"staleness": 2} and cfg.compress_options == {"fraction": 0.5}
+    assert cfg.optimizer_options == {"momentum": 0.9} and cfg.dataset_options == {"samples": 100}
+    job = cfg.to_job(10, 100)
+    assert job["links"] == {"w": {"*": "100mbit", "1": "10mbit,5ms"}, "s": {}}
+    assert job["task"]["straggler"] == "1:3" and job["task"]["device_time"] == "2ms"
+
+
+@pytest.mark.parametrize("argv, flag_name", [
+    (["train", "--link", "10furlongs"], "--link"),
+    (["train", "--straggler", "1:x"], "--straggler"),
+    (["train", "--device-time", "2"], "--device-time"),
+    (["train", "--sync-opt", "staleness"], "--sync-opt"),
+    (["train", "--heartbeat-timeout", "soon"], "--heartbeat-timeout"),
+    (["simulate", "--bandwidth", "fast"], "--bandwidth"),
+    (["simulate", "--latency", "2"], "--latency"),
+    (["simulate", "--param-bytes", "3 apples"], "--param-bytes"),
+    (["compare", "--sync-opt", "staleness=2"], "--sync-opt"),
+    (["compare", "--compress-variant", ":fraction=0.1"], "--compress-variant"),
+])
+def test_a_bad_flag_value_fails_naming_the_flag(argv, flag_name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag_name}" in err and "invalid" not in err.split(flag_name, 1)[1][:12]
+
+
+def test_option_values_keep_their_types():
+    assert flag.option("k=3") == ("k", 3) and flag.option("k=0.5") == ("k", 0.5)
+    assert flag.option("k=true") == ("k", True) and flag.option("k=null") == ("k", None)
+    assert flag.option("k=ema") == ("k", "ema") and flag.option("k=1e-3") == ("k", 1e-3)
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        flag.option("=3")
