@@ -72,12 +72,26 @@ def _policy_option(text: str) -> tuple[str, str, object]:
     return policy, key, option_value(raw)
 
 
+def _count(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected a whole number >= {lo}, got {text!r}") from None
+        if value < lo:
+            raise ValueError(f"expected a whole number >= {lo}, got {text!r}")
+        return value
+    return parse
+
+
 def options(pairs) -> dict:
     """The (key, value) pairs of a repeated KEY=VALUE flag as a dict (the last one wins)."""
     return dict(pairs or [])
 
 
 link = _typed(LinkTable.parse, "link")
+positive_int = _typed(_count(1), "int")
+count = _typed(_count(0), "int")
 straggler: Callable[[str], ParsedStraggler] = _typed(ParsedStraggler, "straggler")
 device_time: Callable[[str], DeviceTime] = _typed(parse_device_time, "device_time")
 option = _typed(_option, "KEY=VALUE")

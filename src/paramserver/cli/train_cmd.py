@@ -36,8 +36,8 @@ Durations (--heartbeat-timeout, --max-seconds, --eval-interval, --checkpoint-sec
 def add_training_args(p, d: TrainConfig | None = None) -> None:
     """The options shared by `train` and `compare`; `d` holds the defaults shown and used."""
     d = d or TrainConfig()
-    p.add_argument("--workers", type=int, default=d.workers, help=f"workers (default {d.workers})")
-    p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
+    p.add_argument("--workers", type=flag.positive_int, default=d.workers, help=f"workers (default {d.workers})")
+    p.add_argument("--servers", type=flag.positive_int, default=d.servers, help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     p.add_argument("--dataset", default=d.dataset,
@@ -47,10 +47,10 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help="dataset option, e.g. samples=20000 for synthetic (repeatable)")
     p.add_argument("--epochs", type=float, default=d.epochs,
                    help=f"passes over the training set, all workers together (default {d.epochs:g})")
-    p.add_argument("--steps", type=int, help="steps per worker instead of --epochs")
+    p.add_argument("--steps", type=flag.positive_int, help="steps per worker instead of --epochs")
     p.add_argument("--max-seconds", type=flag.positive_seconds,
                    help="stop after this much training time")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
     p.add_argument("--optimizer", default=d.optimizer,
@@ -79,8 +79,8 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help=f"emulated compute time per sample, e.g. 2ms "
                         f"(default {d.device_time.text()}; "
                         f"see below)")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
-    p.add_argument("--threads", type=int, default=d.threads,
+    p.add_argument("--seed", type=flag.count, default=d.seed, help=f"random seed (default {d.seed})")
+    p.add_argument("--threads", type=flag.positive_int, default=d.threads,
                    help=f"torch threads per worker (default {d.threads}: workers share the cores)")
     p.add_argument("--eval-interval", type=flag.seconds, default=d.eval_interval,
                    help=f"seconds between test evaluations; 0 runs no evaluator "
@@ -90,16 +90,16 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
-    p.add_argument("--restart-workers", type=int, default=d.restart_workers,
+    p.add_argument("--restart-workers", type=flag.count, default=d.restart_workers,
                    help="replace up to N workers that die; a replacement takes the dead one's "
                         f"rank and data shard and rejoins (default {d.restart_workers})")
-    p.add_argument("--restart-servers", type=int, default=d.restart_servers,
+    p.add_argument("--restart-servers", type=flag.count, default=d.restart_servers,
                    help="restart up to N servers that die, from the latest checkpoint at the "
                         "same address (needs --checkpoint-every or --checkpoint-seconds; the "
                         "updates lost since are counted in summary.json). With 0, a server's "
                         f"death stops the job (default {d.restart_servers})")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
-    p.add_argument("--checkpoint-every", type=int,
+    p.add_argument("--checkpoint-every", type=flag.positive_int,
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
     p.add_argument("--checkpoint-seconds", type=flag.positive_seconds,
                    help="checkpoint every N seconds")
