@@ -20,7 +20,8 @@ def _run(args) -> int:
         return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-demo-{args.sync}")
     # Not a JobSpec: the demo task (constant gradients for `steps`) has a grammar of its own.
-    job = {"version": JOB_VERSION, "num_keys": args.keys, "dtype": "float32", "servers": args.servers,
+    job = {"version": JOB_VERSION, "num_keys": args.keys, "dtype": "float32",
+           "servers": args.servers,
            "workers": args.workers, "batch_size": 1, "sync": {"name": args.sync},
            "optimizer": {"name": "sgd", "lr": 1.0}, "task": {"name": "demo", "steps": args.steps}}
     cluster = LocalCluster(job, run_dir, job_timeout=args.timeout)
@@ -51,7 +52,8 @@ def register(sub) -> None:
     p.add_argument("--servers", type=int, default=2, help="number of shards (default 2)")
     p.add_argument("--keys", type=int, default=1_000_000, help="parameter count (default 1e6)")
     p.add_argument("--steps", type=int, default=50, help="steps per worker (default 50)")
-    p.add_argument("--sync", default="bsp", help=f"sync policy ({catalog.listed(catalog.SYNC_POLICIES)})")
+    p.add_argument("--sync", default="bsp",
+                   help=f"sync policy ({catalog.listed(catalog.SYNC_POLICIES)})")
     p.add_argument("--out", help="run folder (default runs/<time>-demo-<sync>)")
     p.add_argument("--timeout", type=flag.positive_seconds, default=300.0,
                    help="give up after this many seconds")

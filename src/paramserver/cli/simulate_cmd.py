@@ -73,8 +73,9 @@ def add_sim_args(p) -> None:
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
     p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="dataset option, e.g. samples=50000 for synthetic (repeatable)")
-    p.add_argument("--param-bytes", type=flag.checked_text(flag.size), help="model size for the transfers, e.g. 100MB (default: "
-                                         "the size of --model, built once)")
+    p.add_argument("--param-bytes", type=flag.checked_text(flag.size),
+                   help="model size for the transfers, e.g. 100MB (default: the size of "
+                        "--model, built once)")
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "float64"),
                    help="float32 or float64 parameters")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")

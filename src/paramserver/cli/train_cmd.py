@@ -36,8 +36,10 @@ Durations (--heartbeat-timeout, --max-seconds, --eval-interval, --checkpoint-sec
 def add_training_args(p, d: TrainConfig | None = None) -> None:
     """The options shared by `train` and `compare`; `d` holds the defaults shown and used."""
     d = d or TrainConfig()
-    p.add_argument("--workers", type=flag.positive_int, default=d.workers, help=f"workers (default {d.workers})")
-    p.add_argument("--servers", type=flag.positive_int, default=d.servers, help=f"shards (default {d.servers})")
+    p.add_argument("--workers", type=flag.positive_int, default=d.workers,
+                   help=f"workers (default {d.workers})")
+    p.add_argument("--servers", type=flag.positive_int, default=d.servers,
+                   help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     p.add_argument("--dataset", default=d.dataset,
@@ -79,7 +81,8 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help=f"emulated compute time per sample, e.g. 2ms "
                         f"(default {d.device_time.text()}; "
                         f"see below)")
-    p.add_argument("--seed", type=flag.count, default=d.seed, help=f"random seed (default {d.seed})")
+    p.add_argument("--seed", type=flag.count, default=d.seed,
+                   help=f"random seed (default {d.seed})")
     p.add_argument("--threads", type=flag.positive_int, default=d.threads,
                    help=f"torch threads per worker (default {d.threads}: workers share the cores)")
     p.add_argument("--eval-interval", type=flag.seconds, default=d.eval_interval,

@@ -63,10 +63,10 @@ def _options(name: str, v: Any) -> Mapping:
     return MappingProxyType(dict(v))  # frozen: the spec crosses processes, nobody edits it
 
 
-def _freeze(obj, **options: Any) -> None:
+def _freeze(obj, prefix: str, *names: str) -> None:
     """Store option tables read-only (a frozen dataclass still holds a mutable dict otherwise)."""
-    for key, value in options.items():
-        object.__setattr__(obj, key, _options(f"{_PREFIX.get(type(obj), '')}{key}", value))
+    for key in names:
+        object.__setattr__(obj, key, _options(f"{prefix}.{key}", getattr(obj, key)))
 
 
 # --- the parts ------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ class SyncSpec:
 
     def __post_init__(self):
         _name("sync.name", self.name)
-        _freeze(self, options=self.options)
+        _freeze(self, "sync", "options")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class OptimizerSpec:
     def __post_init__(self):
         _name("optimizer.name", self.name)
         _num("optimizer.lr", self.lr)
-        _freeze(self, options=self.options)
+        _freeze(self, "optimizer", "options")
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,7 @@ class TaskSpec:
         _int("task.threads", self.threads, 1)
         if self.schedule not in SCHEDULES:
             _fail("task.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
-        _freeze(self, dataset_options=self.dataset_options,
-                compress_options=self.compress_options)
+        _freeze(self, "task", "dataset_options", "compress_options")
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,6 @@ class Limits:
                   f"<= heartbeat_timeout ({self.heartbeat_timeout:g})")
 
 
-_PREFIX = {SyncSpec: "sync.", OptimizerSpec: "optimizer.", TaskSpec: "task."}
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
 
 
