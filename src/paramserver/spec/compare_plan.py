@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from paramserver.emulation.stragglers import ParsedStraggler
 from paramserver.spec.config import TrainConfig
 
 # Built-in straggler scenarios; `--scenario NAME=SPEC` adds others.
@@ -30,14 +31,18 @@ class PlannedRun:
 
 
 def parse_scenarios(specs: list[str] | None) -> dict[str, tuple[str, str]]:
-    """Scenario names or NAME=SPEC pairs into name -> (straggler spec, description)."""
+    """Scenario names or NAME=SPEC pairs into name -> (straggler spec, description).
+
+    Each spec is parsed here once (a ParsedStraggler, equal to its text): every run of the
+    scenario shares it, and a bad one fails before the first run."""
     out = {}
     for spec in specs or ["one-slow"]:
         name, sep, straggler = spec.partition("=")
         if sep:
-            out[name] = (straggler, f"custom: --straggler {straggler}")
+            out[name] = (ParsedStraggler(straggler), f"custom: --straggler {straggler}")
         elif spec in SCENARIOS:
-            out[spec] = SCENARIOS[spec]
+            straggler, description = SCENARIOS[spec]
+            out[spec] = (ParsedStraggler(straggler), description)
         else:
             raise ValueError(f"unknown scenario {spec!r}; known: {', '.join(SCENARIOS)} "
                              f"(or NAME=STRAGGLER_SPEC)")
