@@ -54,3 +54,17 @@ def test_the_catalog_names_what_the_registries_hold():
     assert catalog.ZIPLINE_DEFAULT == DEFAULT_VARIANT
     assert catalog.KEY_ROLES == tuple(ROLES)
     assert catalog.PUSH_RANGE_HELP == RANGE_HELP
+
+
+def test_the_overview_lists_every_command_the_full_parser_has():
+    from paramserver.cli.main import COMMANDS, build_overview, build_parser
+
+    def commands(parser):
+        sub = next(a for a in parser._actions if a.dest == "command")
+        return {name: p.description or "" for name, p in sub.choices.items()}, [
+            (c.dest, c.help) for c in sub._choices_actions]
+
+    _, overview = commands(build_overview())
+    _, full = commands(build_parser())
+    assert overview == full
+    assert sorted(COMMANDS) == sorted(name for name, _ in full)

@@ -169,9 +169,13 @@ def _run(args) -> int:
     return code
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"compare": "train under each sync policy side by side and write a report"}
+
+
 def register(sub) -> None:
     p = sub.add_parser(
-        "compare", help="train under each sync policy side by side and write a report",
+        "compare", help=SUMMARY["compare"],
         description="Run the same training under several sync policies (default: all) and "
                     "straggler scenarios, with repeats, plus a single-process reference at the "
                     "same global batch; write every run's logs and report.html into one folder. "

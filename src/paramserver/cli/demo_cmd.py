@@ -43,8 +43,12 @@ def _run(args) -> int:
     return 0 if len(results) == args.workers else 1
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"demo": "a short local push/pull job"}
+
+
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="a short local push/pull job",
+    p = sub.add_parser("demo", help=SUMMARY["demo"],
                        description="Start a coordinator, S shards and N workers on 127.0.0.1; each "
                                    "worker pushes a constant gradient of (rank + 1) per step with "
                                    "SGD at lr 1 and reports its throughput.")

@@ -71,8 +71,12 @@ def _list(args) -> int:
     return 1 if bad else 0
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"keys": "create the keys of an authenticated job"}
+
+
 def register(sub) -> None:
-    p = sub.add_parser("keys", help="create the keys of an authenticated job",
+    p = sub.add_parser("keys", help=SUMMARY["keys"],
                        description="Manage CURVE keys: every socket of a job started with "
                                    "--keys DIR is encrypted, and only peers holding a key "
                                    "listed in DIR/public/ may connect (docs/security.md).")

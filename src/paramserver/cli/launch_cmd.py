@@ -65,9 +65,13 @@ def _run(args) -> int:
     return 1 if failures else 0
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"launch": "run your own training script as the workers of a local job"}
+
+
 def register(sub) -> None:
     p = sub.add_parser(
-        "launch", help="run your own training script as the workers of a local job",
+        "launch", help=SUMMARY["launch"],
         description="Start a coordinator and shard servers on 127.0.0.1, then run COMMAND once "
                     "per worker with PARAMSERVER_JOIN set; in the script, "
                     "paramserver.DistributedOptimizer(model) joins the job (see README).",

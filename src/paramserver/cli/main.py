@@ -31,21 +31,36 @@ COMMANDS = {**{r: "paramserver.cli.roles" for r in ROLE_COMMANDS},
 LIGHT_COMMANDS = COMMANDS  # the name older callers knew
 
 
-def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(
         prog="paramserver",
         description="A parameter server for data-parallel deep learning on heterogeneous clusters.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+
+
+def build_parser(modules=COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The full parser of `modules`' commands."""
+    parser, sub = _top_parser()
     for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
 
+def build_overview() -> argparse.ArgumentParser:
+    """Every command by name and one-line help, without its options: what the top level needs
+    (`paramserver --help`, no command, an unknown one), at the cost of no command's imports."""
+    parser, sub = _top_parser()
+    for name in COMMAND_MODULES:
+        for command, line in importlib.import_module(name).SUMMARY.items():
+            sub.add_parser(command, help=line)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    light = COMMANDS.get(argv[0]) if argv else None
-    parser = build_parser((light,) if light else COMMAND_MODULES)
+    module = COMMANDS.get(argv[0]) if argv else None
+    parser = build_parser((module,)) if module else build_overview()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

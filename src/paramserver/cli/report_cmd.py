@@ -5,9 +5,13 @@ from __future__ import annotations
 import sys
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"report": "write report.html and figures from run folders"}
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "report", help="write report.html and figures from run folders",
+        "report", help=SUMMARY["report"],
         description="Read the run folders under DIR (a `paramserver compare` folder, a folder of "
                     "run folders, or one run folder) and write DIR/report.html, a self-contained "
                     "page with the time-to-accuracy table and figures, plus DIR/figures/*.png.")

@@ -125,8 +125,15 @@ def _bind_args(p, whom: str) -> None:
 _ROUTE = {"coordinator": "the default gateway", "server": "the coordinator"}
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"coordinator": "run the coordinator of a job",
+           "server": "run one parameter-server shard",
+           "worker": "run one worker",
+           "evaluator": "run the test-set evaluator of a training job"}
+
+
 def register(sub) -> None:
-    p = sub.add_parser("coordinator", help="run the coordinator of a job",
+    p = sub.add_parser("coordinator", help=SUMMARY["coordinator"],
                        description="Run the coordinator: membership, key ranges, clocks and the "
                                    "sync policy. Servers and workers join its address.")
     p.add_argument("--job", required=True, help="job description (JSON, as written by train/demo)")
@@ -137,21 +144,21 @@ def register(sub) -> None:
     _security_args(p, binds=True)
     p.set_defaults(func=_run_coordinator)
 
-    p = sub.add_parser("server", help="run one parameter-server shard",
+    p = sub.add_parser("server", help=SUMMARY["server"],
                        description="Run one shard server; the coordinator assigns its key range.")
     p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
     _bind_args(p, "server")
     _security_args(p, binds=True)
     p.set_defaults(func=_run_server)
 
-    p = sub.add_parser("worker", help="run one worker",
+    p = sub.add_parser("worker", help=SUMMARY["worker"],
                        description="Run one worker: joins the job and runs the task it names.")
     p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
     p.add_argument("--result-dir", help="write this worker's result JSON here")
     _security_args(p, binds=False)
     p.set_defaults(func=_run_worker)
 
-    p = sub.add_parser("evaluator", help="run the test-set evaluator of a training job",
+    p = sub.add_parser("evaluator", help=SUMMARY["evaluator"],
                        description="Join as an observer: pull the parameters periodically, "
                                    "evaluate them on the test split and report to the metrics "
                                    "log; a last evaluation follows the end of training.")

@@ -10,14 +10,14 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.emulation.stragglers import STRAGGLER_HELP
-from paramserver.sim.compute import COMPUTE_HELP
-from paramserver.sim.run import SimConfig
 
-EPILOG = f"""--compute SPEC
-{COMPUTE_HELP}
+# The simulator (numpy, the policies) loads when this command's parser is built, not when
+# `paramserver --help` lists the commands.
+EPILOG = """--compute SPEC
+{compute_help}
 
 --straggler SPEC (applied on top of --compute, at the virtual time a step starts computing)
-{STRAGGLER_HELP}
+{straggler_help}
 
 Communication: each pull and push holds a server link (one per direction, FIFO) for
 model bytes / servers / bandwidth seconds; every message also takes --latency one way.
@@ -28,6 +28,7 @@ before the start barrier; --latency is then each coordinator message's (release,
 
 The end: --steps per worker, or --max-samples shared by all workers as in a live job: from
 the clock that reaches the budget on, every release says stop (steps under way finish).
+
 Quantities use the grammar of every flag (paramserver.core.units): --bandwidth 10Gbit/s reads
 as --link 10Gbit/s does; --latency 50us; --param-bytes 100MB.
 
@@ -37,6 +38,7 @@ CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C 
 
 
 def add_sim_args(p) -> None:
+    from paramserver.sim.run import SimConfig
     d = SimConfig()
     p.add_argument("--sync", default=d.sync,
                    help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} (default {d.sync})")
@@ -82,6 +84,7 @@ def add_sim_args(p) -> None:
 
 
 def add_train_args(p) -> None:
+    from paramserver.sim.run import SimConfig
     d = SimConfig()
     p.add_argument("--train", action="store_true",
                    help="train --model for real on the simulated schedule (one process)")
@@ -95,7 +98,8 @@ def add_train_args(p) -> None:
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads for --train")
 
 
-def config_from_args(args) -> SimConfig:
+def config_from_args(args):
+    from paramserver.sim.run import SimConfig
     steps = args.steps if args.steps is not None else (
         None if args.max_samples else SimConfig().steps)
     return SimConfig(
@@ -178,13 +182,19 @@ def _run(args) -> int:
     return 0 if complete else 130
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"simulate": "simulate a sync policy with many virtual workers"}
+
+
 def register(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate a sync policy with many virtual workers",
+    from paramserver.sim.compute import COMPUTE_HELP
+    epilog = EPILOG.format(compute_help=COMPUTE_HELP, straggler_help=STRAGGLER_HELP)
+    p = sub.add_parser("simulate", help=SUMMARY["simulate"],
                        description="Drive the live sync policies with virtual workers in "
                                    "virtual time (discrete events):\ncompute-time models, "
                                    "stragglers and server link contention; optionally train a "
                                    "small\nmodel on the simulated schedule.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sim_args(p)
     add_train_args(p)
     p.add_argument("--out", help="run folder (default runs/<time>-sim-<sync>)")

@@ -286,8 +286,12 @@ def add_launcher_args(p) -> None:
                    help="CPUs Ray reserves per server (default 1)")
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"train": "train a model through the parameter server on this machine"}
+
+
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train a model through the parameter server on this machine",
+    p = sub.add_parser("train", help=SUMMARY["train"],
                        description="Start a coordinator, shard servers, workers and an evaluator "
                                    "on 127.0.0.1 (or as Ray actors: --launcher ray) and train. "
                                    "Writes config.json, metrics.jsonl, events.jsonl and "

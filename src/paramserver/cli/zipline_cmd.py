@@ -24,10 +24,14 @@ exit codes: 0 ok, 2 bad input.
 """
 
 
+# The one-line help of each command here (cli.main lists them without building parsers).
+SUMMARY = {"zipline": "find the ElasticBSP synchronization point (ZipLine search)"}
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "zipline",
-        help="find the ElasticBSP synchronization point (ZipLine search)",
+        help=SUMMARY["zipline"],
         description="Choose one predicted push time per worker so that max - min (the spread) "
                     "is smallest; ties go to the earliest barrier, then the earliest start.",
         epilog=_EPILOG,
