@@ -6,6 +6,7 @@ import pytest
 
 from paramserver.emulation.device_time import ComputeShare, DeviceTime, parse_device_time
 from paramserver.emulation.stragglers import STRAGGLER_HELP, StragglerSpecError, parse_straggler, parse_trace
+from paramserver.emulation.trace_io import read_trace
 
 
 def factors(model, workers=range(4), step=0, t=0.0):
@@ -50,7 +51,7 @@ def test_terms_multiply():
 def test_trace_replay_from_file(tmp_path):
     path = tmp_path / "trace.csv"
     path.write_text("time_s,worker,factor,note\n10,1,3,x\n0,1,1.5,\n20,1,1,\n5,0,2,\n5,0,4,later\n")
-    m = parse_straggler(f"trace:{path}")
+    m = parse_straggler(f"trace:{path}", read_trace=read_trace)
     assert [m.factor(1, 0, t) for t in (0, 9, 10, 19.5, 20, 100)] == [1.5, 1.5, 3, 3, 1, 1]
     assert [m.factor(0, 0, t) for t in (4.9, 5, 50)] == [1, 4, 4]  # later duplicate row wins
     assert m.factor(3, 0, 10) == 1 and m.workers() == {0, 1}
@@ -92,8 +93,18 @@ def test_trace_errors_name_the_line(text, words):
 ])
 def test_bad_specs_say_what_was_expected(spec, words):
     with pytest.raises(StragglerSpecError, match=words) as err:
-        parse_straggler(spec)
+        parse_straggler(spec, read_trace=read_trace)
     assert repr(spec) in str(err.value)
+
+
+def test_the_pure_parser_reads_no_file_without_a_reader(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("time_s,worker,factor\n0,1,3\n")
+    lazy = parse_straggler(f"1:2+trace:{path}")  # no reader: the file is not opened
+    assert f"trace:{path}" in lazy.spec
+    with pytest.raises(StragglerSpecError, match="without reading its file"):
+        lazy.factor(1, 0, 0.0)
+    assert parse_straggler(f"1:2+trace:{path}", read_trace=read_trace).factor(1, 0, 0.0) == 6
 
 
 def test_worker_ranks_are_checked_against_the_job():

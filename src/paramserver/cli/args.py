@@ -13,6 +13,7 @@ from paramserver.core import units
 from paramserver.emulation.device_time import DeviceTime, parse_device_time
 from paramserver.emulation.links import LinkTable
 from paramserver.emulation.stragglers import ParsedStraggler
+from paramserver.emulation.trace_io import read_trace
 
 
 def _typed(fn: Callable, name: str) -> Callable:
@@ -92,7 +93,8 @@ def options(pairs) -> dict:
 link = _typed(LinkTable.parse, "link")
 positive_int = _typed(_count(1), "int")
 count = _typed(_count(0), "int")
-straggler: Callable[[str], ParsedStraggler] = _typed(ParsedStraggler, "straggler")
+straggler: Callable[[str], ParsedStraggler] = _typed(
+    lambda text: ParsedStraggler(text, read_trace=read_trace), "straggler")
 device_time: Callable[[str], DeviceTime] = _typed(parse_device_time, "device_time")
 option = _typed(_option, "KEY=VALUE")
 policy_option = _typed(_policy_option, "POLICY.KEY=VALUE")

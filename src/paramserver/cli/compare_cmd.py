@@ -12,6 +12,7 @@ from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
 from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args
+from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
 from paramserver.spec.config import TrainConfig
 
@@ -137,7 +138,7 @@ def _run(args) -> int:
     console = Console(stderr=False, quiet=False)
     try:
         policies = _policies(args.sync)
-        scenarios = parse_scenarios(args.scenario)
+        scenarios = parse_scenarios(args.scenario, read_trace)
         base = config_from_args(args, "bsp", sync_options={})
         base.validate()
         out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")

@@ -8,7 +8,7 @@ import csv
 import io
 import math
 import re
-from pathlib import Path
+from collections.abc import Callable
 
 from paramserver.core.units import UnitError, parse_seconds
 
@@ -260,16 +260,37 @@ def _dedupe(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _parse_trace_file(path: str, spec: str) -> StragglerModel:
+# path -> the file's text; raises OSError. Only the callers at the edge read files: the parser
+# is pure, so it reads a trace through the reader it is given.
+TraceReader = Callable[[str], str]
+
+
+class UnreadTrace(StragglerModel):
+    """A trace:FILE term parsed without a reader (a typed value built where no file may be read,
+    such as a job spec): it keeps the path; whoever applies the slowdown parses it again with a
+    reader."""
+
+    def __init__(self, path: str):
+        self.path, self.spec = path, f"trace:{path}"
+
+    def factor(self, worker: int, step: int, t: float) -> float:
+        raise StragglerSpecError(f"--straggler {self.spec!r}: the trace was parsed without "
+                                 f"reading its file; parse it with a reader to apply it")
+
+
+def _parse_trace_file(path: str, spec: str, read: TraceReader | None) -> StragglerModel:
+    if read is None:
+        return UnreadTrace(path)
     try:
-        text = Path(path).read_text()
+        text = read(path)
     except OSError as exc:
         raise StragglerSpecError(f"bad --straggler {spec!r}: cannot read trace {path!r}: "
                                  f"{exc.strerror or exc}") from None
     return parse_trace(text, source=path)
 
 
-def _parse_term(term: str, spec: str, seed: int) -> StragglerModel:
+def _parse_term(term: str, spec: str, seed: int, read: TraceReader | None
+                ) -> StragglerModel:
     kind, _, body = term.partition(":")
     if term == "none":
         return StragglerModel()
@@ -280,20 +301,22 @@ def _parse_term(term: str, spec: str, seed: int) -> StragglerModel:
     if kind == "trace":
         if not body:
             raise StragglerSpecError(f"bad --straggler {spec!r}: expected trace:FILE.csv")
-        return _parse_trace_file(body, spec)
+        return _parse_trace_file(body, spec, read)
     if kind.strip().isdigit():
         return _parse_static(term, spec)
     raise StragglerSpecError(f"bad --straggler {spec!r}: {term!r} is not one of none, "
                              f"WORKER:FACTOR[,...], random:PROB:FACTOR, schedule:..., trace:FILE")
 
 
-def parse_straggler(spec: str | None, seed: int = 0) -> StragglerModel:
-    """Parse a --straggler spec (grammar in STRAGGLER_HELP); `seed` drives `random:` terms."""
+def parse_straggler(spec: str | None, seed: int = 0,
+                    read_trace: TraceReader | None = None) -> StragglerModel:
+    """Parse a --straggler spec (grammar in STRAGGLER_HELP); `seed` drives `random:` terms;
+    `read_trace` reads a trace:FILE term's file (without it, see UnreadTrace)."""
     spec = (spec or "none").strip()
     terms = [t.strip() for t in spec.split("+")]
     if not all(terms):
         raise StragglerSpecError(f"bad --straggler {spec!r}: empty term around '+'")
-    models = [_parse_term(t, spec, seed + i) for i, t in enumerate(terms)]
+    models = [_parse_term(t, spec, seed + i, read_trace) for i, t in enumerate(terms)]
     if len(models) == 1:
         return models[0]
     return ProductStragglers(models, spec)
@@ -305,8 +328,9 @@ class ParsedStraggler(str):
 
     model: StragglerModel
 
-    def __new__(cls, spec: "str | None", seed: int = 0) -> "ParsedStraggler":
-        model = parse_straggler(spec, seed)
+    def __new__(cls, spec: "str | None", seed: int = 0,
+                read_trace: TraceReader | None = None) -> "ParsedStraggler":
+        model = parse_straggler(spec, seed, read_trace)
         obj = super().__new__(cls, model.spec)
         obj.model = model
         return obj

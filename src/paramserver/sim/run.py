@@ -15,6 +15,7 @@ from paramserver.sim.summary import summarize_run
 from paramserver.sim.trace import CommReplay, TraceError
 from paramserver.core.units import parse_bandwidth, parse_duration, parse_size
 from paramserver.emulation.stragglers import parse_straggler
+from paramserver.emulation.trace_io import read_trace
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Simulation:
         cfg.validate()
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
-        straggler = parse_straggler(cfg.straggler, cfg.seed)
+        straggler = parse_straggler(cfg.straggler, cfg.seed, read_trace)
         straggler.check_workers(cfg.workers)
         cost = parse_compute(cfg.compute).bind(cfg.workers, cfg.steps_hint(), cfg.seed)
         built = _build_task(cfg) if cfg.train or cfg.param_bytes is None else None

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from paramserver.emulation.stragglers import ParsedStraggler
+from paramserver.emulation.stragglers import ParsedStraggler, TraceReader
 from paramserver.spec.config import TrainConfig
 
 # Built-in straggler scenarios; `--scenario NAME=SPEC` adds others.
@@ -30,16 +30,18 @@ class PlannedRun:
     folder: Path
 
 
-def parse_scenarios(specs: list[str] | None) -> dict[str, tuple[str, str]]:
+def parse_scenarios(specs: list[str] | None, read_trace: TraceReader | None = None
+                    ) -> dict[str, tuple[str, str]]:
     """Scenario names or NAME=SPEC pairs into name -> (straggler spec, description).
 
     Each spec is parsed here once (a ParsedStraggler, equal to its text): every run of the
-    scenario shares it, and a bad one fails before the first run."""
+    scenario shares it, and a bad one (with `read_trace`, an unreadable trace too) fails before
+    the first run."""
     out = {}
     for spec in specs or ["one-slow"]:
         name, sep, straggler = spec.partition("=")
         if sep:
-            out[name] = (ParsedStraggler(straggler), f"custom: --straggler {straggler}")
+            out[name] = (ParsedStraggler(straggler, read_trace=read_trace), f"custom: --straggler {straggler}")
         elif spec in SCENARIOS:
             straggler, description = SCENARIOS[spec]
             out[spec] = (ParsedStraggler(straggler), description)

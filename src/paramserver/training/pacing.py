@@ -6,6 +6,7 @@ import time
 
 from paramserver.emulation.device_time import DeviceTime, parse_device_time
 from paramserver.emulation.stragglers import parse_straggler
+from paramserver.emulation.trace_io import read_trace
 
 
 class Pacer:
@@ -19,7 +20,7 @@ class Pacer:
     def __init__(self, rank: int, straggler: str = "none", device_time: str = "off",
                  seed: int = 0):
         self.rank = rank
-        self.straggler = parse_straggler(straggler, seed)
+        self.straggler = parse_straggler(straggler, seed, read_trace)
         self.device: DeviceTime = parse_device_time(device_time)
 
     def stretch(self, step: int, t: float, batch: int, real_s: float) -> tuple[float, float]:
