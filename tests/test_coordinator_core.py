@@ -384,3 +384,27 @@ def test_a_silent_restartable_server_is_waited_for(recovering):
     assert out == [AppendEvent(31.0, "server_lost", {"rank": 0, "addr": ADDR})]
     assert state.handle(TimePassed(31.5)) == []  # noted once
     assert not state.finished
+
+
+def test_the_end_takes_a_final_checkpoint_and_gives_the_evaluator_a_last_look(make):
+    state = make(checkpoint_dir="/ck", checkpoint_every=100, evaluator=True)
+    register_all(state)
+    out = state.handle(Registered("ev", "observer", 0.2, to="r-ev"))
+    assert match(out[0], Reply, op="welcome", rank=0)
+    state.handle(Started("w0", 0.5, to="s0"))
+    assert not only(state.handle(Started("w1", 0.6, to="s1")), SendRelease)  # evaluator?
+    out = state.handle(Started("ev", 0.7, to="s-ev"))
+    assert out[0] == Reply("s-ev", "ok", {}) and len(only(out, SendRelease)) == 2
+    clock_round(state)
+    state.handle(Bye("w0", 2.0, to="b0"))
+    out = state.handle(Bye("w1", 2.1, to="b1"))
+    assert match(out[-1], ToServers, op="checkpoint", tag="000000001")
+    end = lambda: state.end.next_deadline(state.members.roster, state.schedule)  # noqa: E731
+    assert end() == pytest.approx(2.1 + 60.0)  # a checkpoint being written holds it that long
+    assert state.next_wakeup() == pytest.approx(0.7 + HB)  # the evaluator's liveness
+    out = state.handle(ShardSaved("s0", "000000001", 2.5, to="x"))
+    assert match(out[0], SaveCoordinatorState, tag="000000001") and not only(out, Finish)
+    assert end() == pytest.approx(2.1 + 30.0)  # the evaluator's grace
+    state.handle(Heartbeat("ev", 30.0, to="h"))
+    assert state.handle(TimePassed(32.0)) == []
+    assert state.handle(TimePassed(32.2)) == [Finish(None)]

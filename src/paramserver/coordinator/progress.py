@@ -106,9 +106,15 @@ class EndOfJob:
             return self.FINISH
         return None
 
-    def next_deadline(self, schedule: CheckpointSchedule) -> float | None:
-        if self.workers_done_at is None:
+    def next_deadline(self, roster: Roster, schedule: CheckpointSchedule) -> float | None:
+        """When waiting may end the job; None while only an event can (a worker leaving, the
+        final checkpoint's confirmations)."""
+        if self.workers_done_at is None or roster.workers or (
+                schedule.enabled and not self.final_checkpoint):
             return None
+        due = self.workers_done_at
         if schedule.pending_tag is not None:
-            return self.workers_done_at + CHECKPOINT_GRACE
-        return self.workers_done_at + self.observer_grace
+            due += CHECKPOINT_GRACE
+        if roster.observers:
+            due = max(due, self.workers_done_at + self.observer_grace)
+        return due

@@ -92,7 +92,7 @@ class CoordinatorState:
                   self.recovery.next_deadline(self.members.roster.servers),
                   self.barrier.next_deadline(),
                   self.budget.next_deadline(self.barrier.t_start),
-                  self.end.next_deadline(self.schedule)):
+                  self.end.next_deadline(self.members.roster, self.schedule)):
             if t is not None and (due is None or t < due):
                 due = t
         return due
