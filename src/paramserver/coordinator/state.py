@@ -17,12 +17,13 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
     TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.membership import Member, Membership
+from paramserver.coordinator.membership import Membership
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.settings import CoordinatorSettings
-from paramserver.policies import ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release
-from paramserver.policies import make_policy
+from paramserver.policies import (
+    ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
+)
 
 _OK: dict = {}  # the empty fields of an "ok" reply; never changed
 
