@@ -10,6 +10,7 @@ from paramserver.core.keyspace import split_balanced
 from paramserver.coordinator.events import Registered
 from paramserver.policies import Release
 
+INF = float("inf")
 SERVER_SRC = re.compile(r"s[0-9]+")  # the names the coordinator gives servers (s<rank>)
 
 
@@ -169,17 +170,20 @@ class Membership:
 
     def next_deadline(self) -> float | None:
         """When the next member turns silent or rank waiter expires (servers: see recovery)."""
-        hb, grace = self.hb_timeout, self.before_start
-        due = None
-        for group in (self.roster.workers, self.roster.observers):
-            for m in group.values():
+        hb, grace, due = self.hb_timeout, self.before_start, INF
+        for m in self.roster.workers.values():
+            t = m.last_seen + (hb if m.started else grace)
+            if t < due:
+                due = t
+        if self.roster.observers:
+            for m in self.roster.observers.values():
                 t = m.last_seen + (hb if m.started else grace)
-                if due is None or t < due:
+                if t < due:
                     due = t
         for _, t in self.rank_waiters:
-            if due is None or t < due:
+            if t < due:
                 due = t
-        return due
+        return None if due == INF else due
 
     def check_invariants(self) -> None:
         workers = self.roster.workers

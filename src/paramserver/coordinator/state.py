@@ -44,6 +44,7 @@ class CoordinatorState:
         self.budget = Budget(s.max_seconds)
         self.schedule = CheckpointSchedule(s.checkpoint_dir, s.checkpoint_every,
                                            s.checkpoint_seconds, now, latest_checkpoint)
+        self.checkpoints = self.schedule.enabled
         self.recovery = ServerRecovery(s.restart_servers, s.silent_server_limit,
                                        s.restart_timeout)
         elapsed = 0.0
@@ -56,6 +57,8 @@ class CoordinatorState:
         self.end = EndOfJob(s.observer_grace)
         self.failure: str | None = None
         self.finished = False
+        self._members_due: float | None = None  # as the last TimePassed found it
+        self._members_due_fresh = False
         self._handlers = {
             Clocked: self._on_clocked, TimePassed: self._on_time, Heartbeat: self._on_heartbeat,
             Registered: self._on_registered, Started: self._on_started, Bye: self._on_bye,
@@ -69,6 +72,7 @@ class CoordinatorState:
         contradicts the state is refused: an error reply (and a warning), state unchanged
         from the point it was found wrong."""
         out: list = []
+        self._members_due_fresh = False
         try:
             self._handlers[type(event)](event, out)
         except (PolicyError, ValueError, KeyError, TypeError) as exc:
@@ -80,7 +84,8 @@ class CoordinatorState:
         now = event.now
         if not self.barrier.open:
             self._check_start_barrier(now, out)
-        if not self.budget.closed:
+        budget = self.budget
+        if not budget.closed and (budget.max_seconds or self.host.stopping):
             self._check_budget(now, out)
         if self.barrier.open and not self.members.roster.workers:
             self._check_finished(now, out)
@@ -88,14 +93,27 @@ class CoordinatorState:
 
     def next_wakeup(self) -> float | None:
         """When a TimePassed has something to do, None if only events can change anything."""
-        due = self.host.next_wakeup() if self.barrier.open else None
-        for t in (self.members.next_deadline(),
-                  self.recovery.next_deadline(self.members.roster.servers),
-                  self.barrier.next_deadline(),
-                  self.budget.next_deadline(self.barrier.t_start),
-                  self.end.next_deadline(self.members.roster, self.schedule)):
+        # Asked once per turn of the node's loop, right after its TimePassed: the members'
+        # next deadline found then still holds unless an event came in between.
+        due = self._members_due if self._members_due_fresh else self.members.next_deadline()
+        barrier = self.barrier
+        if barrier.open:
+            t = self.host.next_wakeup()
             if t is not None and (due is None or t < due):
                 due = t
+            if self.budget.max_seconds:
+                t = self.budget.next_deadline(barrier.t_start)
+                if t is not None and (due is None or t < due):
+                    due = t
+            if self.end.workers_done_at is not None:
+                t = self.end.next_deadline(self.members.roster, self.schedule)
+                if t is not None and (due is None or t < due):
+                    due = t
+        elif due is None or barrier.start_timeout < due:
+            due = barrier.start_timeout
+        t = self.recovery.next_deadline(self.members.roster.servers)
+        if t is not None and (due is None or t < due):
+            due = t
         return due
 
     # ---- queries --------------------------------------------------------------------------------
@@ -221,18 +239,19 @@ class CoordinatorState:
         member = self.members.worker(e.src)
         now = e.now
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
-        if not self.budget.closed:  # time's up: this step is the last one
+        budget = self.budget
+        if not budget.closed and budget.max_seconds:  # time's up: this step is the last one
             self._check_budget(now, out)
         decisions = self.host.pushed(Pushed(member.rank, e.step, now, e.batch, e.compute_time,
                                             e.cpu_load, e.free_mem))
-        self.budget.count(member.rank, e.batch)
+        budget.count(member.rank, e.batch)
         self._apply(decisions, now, out)
         if e.record is not None and self.barrier.t_start is not None:
             # After the releases: the log line is off their path.
             out.append(AppendMetric(now - self.barrier.t_start, {
                 "kind": "step", "worker": member.rank, "step": e.step, "batch": e.batch,
                 **e.record}))
-        if self.schedule.enabled:
+        if self.checkpoints:
             self._maybe_checkpoint(now, out)
 
     def _apply(self, decisions: list, now: float, out: list) -> None:
@@ -365,13 +384,19 @@ class CoordinatorState:
         now, members = e.now, self.members
         if self.barrier.open:
             self._apply(self.host.advance(now), now, out)
-        for waiter in members.expired_waiters(now):
-            out.append(Reply(waiter.to, "error", {
-                "msg": f"all {self.settings.workers} worker ranks of this job are taken",
-                "code": "refused"}))
+        due = members.next_deadline()  # one look at the members while none is late
+        late = due is not None and now >= due
+        if late:
+            for waiter in members.expired_waiters(now):
+                out.append(Reply(waiter.to, "error", {
+                    "msg": f"all {self.settings.workers} worker ranks of this job are taken",
+                    "code": "refused"}))
         failure = self.recovery.check(now, members.roster.servers, out)
         if failure is not None:
             self._fail(failure, now, out)
+        if not late:
+            self._members_due, self._members_due_fresh = due, True
+            return
         observers = members.roster.observers
         for src in members.silent_observers(now):
             out.append(Warn(f"observer {src} silent for {now - observers[src].last_seen:.1f} s: "
