@@ -68,9 +68,9 @@ class CoordinatorState:
 
     # ---- the envelope ---------------------------------------------------------------------------
     def handle(self, event) -> list:
-        """The instructions that follow from `event`, housekeeping included. A request that
-        contradicts the state is refused: an error reply (and a warning), state unchanged
-        from the point it was found wrong."""
+        """The instructions that follow from `event`, housekeeping included. A request the
+        state refuses (an unknown worker, a push the policy did not release) gets an error
+        reply and a warning."""
         out: list = []
         self._members_due_fresh = False
         try:
