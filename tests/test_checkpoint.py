@@ -67,16 +67,18 @@ def test_a_writer_killed_at_a_random_moment_leaves_a_readable_latest(tmp_path):
 
 
 def test_a_checkpoint_a_dead_server_never_confirms_is_abandoned(tmp_path):
-    from paramserver.coordinator.checkpoint_keeper import CheckpointKeeper
-    keeper = CheckpointKeeper(tmp_path, every=10)
-    keeper.begin("000000010", [0, 1], 10)
+    from paramserver.coordinator.checkpoint_keeper import save_coordinator_state
+    from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
+    keeper = CheckpointSchedule(str(tmp_path), every=10)
+    keeper.begin("000000010", [0, 1], 10, now=1.0)
     assert not keeper.saved(0, "000000010")  # server 1 dies before saving
-    assert not keeper.due(25)  # one in flight: none other starts
+    assert not keeper.due(25, now=2.0)  # one in flight: none other starts
     keeper.abort()
     assert keeper.pending_tag is None and latest(tmp_path) is None
     assert not keeper.saved(1, "000000010")  # a late confirmation of the abandoned tag
-    assert keeper.due(20)
-    keeper.begin("000000020", [0, 1], 20)
+    assert keeper.due(20, now=3.0)
+    keeper.begin("000000020", [0, 1], 20, now=3.0)
     assert not keeper.saved(0, "000000020") and keeper.saved(1, "000000020")
-    assert keeper.complete({"rounds_applied": 20}) == "000000020"
+    assert keeper.complete() == "000000020"
+    save_coordinator_state(tmp_path, "000000020", {"rounds_applied": 20})
     assert latest(tmp_path) == "000000020"

@@ -4,7 +4,11 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
-PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emulation", "spec"]
+PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emulation", "spec",
+        # The coordinator's core: events in, instructions out (its node does the I/O).
+        "coordinator/state.py", "coordinator/events.py", "coordinator/settings.py",
+        "coordinator/membership.py", "coordinator/progress.py",
+        "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",
@@ -14,6 +18,14 @@ RUNTIME = ("paramserver.coordinator", "paramserver.server", "paramserver.client"
            "paramserver.launch", "paramserver.net", "paramserver.training")
 FORBIDDEN_INTERNAL = RUNTIME + ("paramserver.transport", "paramserver.cli", "paramserver.wire",
                                 "paramserver.sim")
+
+
+def module_name(entry: str) -> str:
+    return "paramserver." + entry.removesuffix(".py").replace("/", ".")
+
+
+# A pure module inside a runtime package may import the pure modules beside it.
+PURE_MODULES = tuple(module_name(e) for e in PURE if e.endswith(".py"))
 
 
 def pure_files():
@@ -39,6 +51,8 @@ def test_pure_modules_import_no_io():
         checked += 1
         for name in imported(ast.parse(f.read_text())):
             top = name.split(".")[0]
+            if name in PURE_MODULES:
+                continue
             if top in FORBIDDEN or name.startswith(FORBIDDEN_INTERNAL):
                 offenders.append(f"{f.relative_to(SRC)} imports {name}")
     assert checked >= 8, "the pure packages were not found"

@@ -1,30 +1,28 @@
-"""Coordinator membership: who registered in which role and rank, the key-range map, liveness."""
+"""Who registered in which role and rank, the key-range map, and who has gone silent."""
 
 from __future__ import annotations
 
-import heapq
-import logging
 import re
-import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from paramserver.core.keyspace import split_balanced
-from paramserver.policies import Left, Release
-from paramserver.wire import Message
+from paramserver.coordinator.events import Registered
+from paramserver.policies import Release
 
-log = logging.getLogger(__name__)
+INF = float("inf")
 SERVER_SRC = re.compile(r"s[0-9]+")  # the names the coordinator gives servers (s<rank>)
 
 
 @dataclass
 class Member:
-    """A registered server or worker, keyed by the `src` it chose."""
+    """A registered server, worker or observer, keyed by the `src` it chose."""
 
     rank: int
-    ident: bytes
     addr: str = ""
     last_seen: float = 0.0
-    waiting_rid: int | None = None  # a start/clock request awaiting its release
+    link: Any = None  # a server: the node's handle of its connection
+    waiting: Any = None  # the reply token of a start/clock request awaiting its release
     ready: Release | None = None  # a release decided before the worker asked for it
     started: bool = False
     steps: int = 0
@@ -39,142 +37,162 @@ class Roster:
     gone: dict[str, str] = field(default_factory=dict)  # src -> why
 
 
-class MembershipMixin:
-    """Registration of servers, workers and observers, and dropping the silent ones.
+class Membership:
+    """The roster plus what registration and liveness need around it: the key space (given,
+    or learned from the first worker), registrations waiting for it or for the servers, workers
+    waiting for a rank, and the silence limits."""
 
-    Part of the Coordinator: it shares the coordinator's state (roster, job, policy, socket).
-    """
+    def __init__(self, servers: int, workers: int, num_keys: int, heartbeat_timeout: float,
+                 start_grace: float):
+        self.servers_expected, self.workers_expected = servers, workers
+        self.roster = Roster()
+        self.num_keys = num_keys
+        self.ranges = split_balanced(num_keys, servers) if num_keys else None
+        self.pending_servers: list[Registered] = []  # answered once the key space is known
+        self.pending_workers: list[Registered] = []  # answered once every shard is up
+        self.rank_waiters: list[tuple[Registered, float]] = []
+        self.by_rank: dict[int, Member] = {}  # the workers by rank: a release finds its worker
+        self.server_links: tuple = ()  # where ToServers goes
+        self.hb_timeout = heartbeat_timeout
+        # Before its start a member builds its model: the first torch import can hold the GIL
+        # (and so its heartbeat thread) for seconds on a busy host; it gets longer.
+        self.before_start = max(heartbeat_timeout, start_grace)
 
-    # ---- registration ---------------------------------------------------------------------------
-    def _on_register(self, ident: bytes, msg: Message) -> None:
-        role = msg["role"]
-        if role == "worker" and self.ranges is None and msg.get("num_keys"):
-            self._set_key_space(msg["num_keys"])
-        if role == "server":
-            if self.ranges is None:
-                self.pending_servers.append((ident, msg))  # answered once the key space is known
-            else:
-                self._register_server(ident, msg)
-        elif role in ("worker", "observer"):
-            if len(self.roster.servers) < self.job["servers"]:
-                self.pending_workers.append((ident, msg))  # answered once every shard is up
-            else:
-                self._register_worker(ident, msg)
-        else:
-            raise ValueError(f"unknown role {role!r}; known: server, worker, observer")
+    # ---- lookups --------------------------------------------------------------------------------
+    def find(self, src: str) -> tuple[str | None, Member | None]:
+        """The role and membership that `src` registered with, if any."""
+        roster = self.roster
+        m = roster.workers.get(src)
+        if m is not None:
+            return "worker", m
+        m = roster.servers.get(src)
+        if m is not None:
+            return "server", m
+        m = roster.observers.get(src)
+        if m is not None:
+            return "observer", m
+        return None, None
 
-    def _set_key_space(self, num_keys: int) -> None:
-        self.job["num_keys"] = num_keys
-        self.ranges = split_balanced(num_keys, self.job["servers"])
-        self.record("key_space", num_keys=num_keys)
-        pending, self.pending_servers = self.pending_servers, []
-        for server in pending:
-            self._register_server(*server)
+    def touch(self, src: str, now: float) -> None:
+        """Any message from a member shows it alive."""
+        m = self.find(src)[1]
+        if m is not None:
+            m.last_seen = now
 
-    def _register_server(self, ident: bytes, msg: Message) -> None:
-        if "addr" not in msg.fields:
-            raise ValueError("a server must register with its address")
-        back = next((m for m in self.roster.servers.values() if m.addr == msg["addr"]), None)
-        if back is not None:  # only one process can listen there: the old one is dead
-            self._server_back(ident, msg, back)
-            return
-        taken = {m.rank for m in self.roster.servers.values()}
-        free = [r for r in range(self.job["servers"]) if r not in taken]
-        if not free:
-            raise ValueError(f"all {self.job['servers']} server ranks are taken")
-        rank = free[0]
-        src = f"s{rank}"
-        self.roster.servers[src] = Member(rank, ident, msg["addr"], time.monotonic())
-        job = self._server_job(rank)
-        if self.job.get("resume"):
-            job["restore"] = dict(self.job["resume"], version_floor=self._progress())
-        self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
-        self.record("server_joined", rank=rank, addr=msg["addr"])
-        if len(self.roster.servers) == self.job["servers"]:
-            for pending in self.pending_workers:
-                self._register_worker(*pending)
-            self.pending_workers = []
-
-    def _server_job(self, rank: int) -> dict:
-        shard = self.ranges[rank]
-        return {"shard_range": [shard.lo, shard.hi], "dtype": self.job["dtype"],
-                "apply_mode": self.policy.apply_mode, "optimizer": self.job["optimizer"],
-                "heartbeat_interval": self.job.get("heartbeat_interval", 1.0),
-                "coordinator_timeout": self.job.get("coordinator_timeout", 60.0)}
-
-    def shard_map(self) -> list[list]:
-        by_rank = sorted(self.roster.servers.values(), key=lambda m: m.rank)
-        return [[m.rank, m.addr, self.ranges[m.rank].lo, self.ranges[m.rank].hi] for m in by_rank]
-
-    def _register_worker(self, ident: bytes, msg: Message) -> None:
-        if msg.get("num_keys") and msg["num_keys"] != self.job["num_keys"]:
-            raise ValueError(f"worker has {msg['num_keys']} parameters, the job "
-                             f"{self.job['num_keys']}: not the same model")
-        group = self.roster.observers if msg["role"] == "observer" else self.roster.workers
-        if (msg.src in self.roster.workers or msg.src in self.roster.observers
-                or msg.src in self.roster.servers or SERVER_SRC.fullmatch(msg.src)):
-            # A server's name taken by a worker would make the server's own messages look
-            # like the worker's (and the worker's like the server's).
-            raise ValueError(f"id {msg.src!r} is already registered or is a server's name")
-        taken = {m.rank for m in group.values()}
-        rank = next(r for r in range(len(taken) + 1) if r not in taken)
-        if group is self.roster.workers and rank >= self.job["workers"]:
-            # Maybe a replacement for a worker not yet declared dead: it gets that rank (and
-            # its data shard) once the old one is dropped; else it is refused after a while.
-            deadline = time.monotonic() + 2 * self.hb_timeout
-            self.rank_waiters.append((ident, msg, deadline))
-            return
-        group[msg.src] = Member(rank, ident, last_seen=time.monotonic())
-        job = {k: v for k, v in self.job.items() if k not in ("sync",)}
-        job.update(shards=self.shard_map(), apply_mode=self.policy.apply_mode,
-                   sync=self.policy.name, resume_samples=self.worker_samples.get(rank, 0))
-        self._reply(ident, msg, Message("welcome", {"rank": rank, "job": job}))
-        self.record(f"{msg['role']}_registered", rank=rank, src=msg.src)
-
-    def _expire_rank_waiters(self, now: float) -> None:
-        for ident, msg, deadline in [w for w in self.rank_waiters if w[2] <= now]:
-            self._reply(ident, msg, Message("error", {
-                "msg": f"all {self.job['workers']} worker ranks of this job are taken",
-                "code": "refused"}))
-        self.rank_waiters = [w for w in self.rank_waiters if w[2] > now]
-
-    def _worker(self, src: str) -> Member:
+    def worker(self, src: str) -> Member:
         member = self.roster.workers.get(src)
         if member is None:
             why = self.roster.gone.get(src, "never registered")
             raise ValueError(f"unknown worker {src!r} ({why})")
         return member
 
-    # ---- liveness -------------------------------------------------------------------------------
-    def _check_liveness(self) -> None:
-        now = time.monotonic()
-        self._expire_rank_waiters(now)
-        self._check_servers(now)
-        # Before its start a member builds its model: the first torch import can hold the GIL
-        # (and so its heartbeat thread) for seconds on a busy host; it gets longer.
-        before_start = max(self.hb_timeout, float(self.job.get("start_grace", 30.0)))
-        for src, member in list(self.roster.observers.items()):
-            if now - member.last_seen > (self.hb_timeout if member.started else before_start):
-                log.warning("observer %s silent for %.1f s: dropped", src, now - member.last_seen)
-                del self.roster.observers[src]
-        for src, member in list(self.roster.workers.items()):
-            limit = self.hb_timeout if member.started else before_start
-            if now - member.last_seen > limit:
-                log.warning("worker %s (rank %d) silent for %.1f s: declared dead", src,
-                            member.rank, now - member.last_seen)
-                self._drop_worker(src, member, "dead")
+    def server_at(self, addr: str) -> Member | None:
+        return next((m for m in self.roster.servers.values() if m.addr == addr), None)
 
-    def _drop_worker(self, src: str, member: Member, reason: str) -> None:
-        del self.roster.workers[src]
+    @property
+    def servers_complete(self) -> bool:
+        return len(self.roster.servers) >= self.servers_expected
+
+    def shard_map(self) -> list[list]:
+        by_rank = sorted(self.roster.servers.values(), key=lambda m: m.rank)
+        return [[m.rank, m.addr, self.ranges[m.rank].lo, self.ranges[m.rank].hi] for m in by_rank]
+
+    # ---- changes --------------------------------------------------------------------------------
+    def learn_key_space(self, num_keys: int) -> list[Registered]:
+        """Set the key space; returns the server registrations that waited for it."""
+        self.num_keys = num_keys
+        self.ranges = split_balanced(num_keys, self.servers_expected)
+        pending, self.pending_servers = self.pending_servers, []
+        return pending
+
+    def add_server(self, event: Registered) -> Member:
+        taken = {m.rank for m in self.roster.servers.values()}
+        free = [r for r in range(self.servers_expected) if r not in taken]
+        if not free:
+            raise ValueError(f"all {self.servers_expected} server ranks are taken")
+        member = Member(free[0], event.addr, event.now, link=event.link)
+        self.roster.servers[f"s{member.rank}"] = member
+        self.relinked()
+        return member
+
+    def relinked(self) -> None:
+        """A server registered or came back on a new connection."""
+        self.server_links = tuple(m.link for m in self.roster.servers.values())
+
+    def add_worker(self, event: Registered) -> Member | None:
+        """The new worker or observer; None when every worker rank is taken: it waits (a
+        replacement for a worker not yet declared dead gets that rank once the old one is
+        dropped; else it is refused after a while)."""
+        roster, src = self.roster, event.src
+        if event.num_keys and event.num_keys != self.num_keys:
+            raise ValueError(f"worker has {event.num_keys} parameters, the job "
+                             f"{self.num_keys}: not the same model")
+        if (src in roster.workers or src in roster.observers or src in roster.servers
+                or SERVER_SRC.fullmatch(src)):
+            # A server's name taken by a worker would make the server's own messages look
+            # like the worker's (and the worker's like the server's).
+            raise ValueError(f"id {src!r} is already registered or is a server's name")
+        group = roster.observers if event.role == "observer" else roster.workers
+        taken = {m.rank for m in group.values()}
+        rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        if group is roster.workers and rank >= self.workers_expected:
+            self.rank_waiters.append((event, event.now + 2 * self.hb_timeout))
+            return None
+        member = group[src] = Member(rank, last_seen=event.now)
+        if group is roster.workers:
+            self.by_rank[rank] = member
+        return member
+
+    def drop_worker(self, src: str, reason: str) -> Member:
+        member = self.roster.workers.pop(src)
+        del self.by_rank[member.rank]
         self.roster.gone[src] = reason
-        self.record("worker_left", worker=member.rank, reason=reason)
-        # A release still held for not_before must not reach a newcomer that takes this rank.
-        self.timers = [t for t in self.timers if t[2].worker != member.rank]
-        heapq.heapify(self.timers)
-        self.metric({"kind": "left", "worker": member.rank, "reason": reason})
-        if member.started and self.barrier_open:
-            self._apply(self.policy.handle(Left(member.rank, self.now(), reason)))
-        elif not self.barrier_open:
-            self.lost_before_start += 1
-        if self.rank_waiters:
-            self._register_worker(*self.rank_waiters.pop(0)[:2])
+        return member
+
+    def expired_waiters(self, now: float) -> list[Registered]:
+        if not self.rank_waiters:
+            return []
+        expired = [e for e, deadline in self.rank_waiters if deadline <= now]
+        self.rank_waiters = [w for w in self.rank_waiters if w[1] > now]
+        return expired
+
+    # ---- liveness -------------------------------------------------------------------------------
+    def limit(self, member: Member) -> float:
+        return self.hb_timeout if member.started else self.before_start
+
+    def silent_observers(self, now: float) -> list[str]:
+        return [src for src, m in self.roster.observers.items()
+                if now - m.last_seen > self.limit(m)]
+
+    def silent_workers(self, now: float) -> list[str]:
+        return [src for src, m in self.roster.workers.items()
+                if now - m.last_seen > self.limit(m)]
+
+    def next_deadline(self) -> float | None:
+        """When the next member turns silent or rank waiter expires (servers: see recovery)."""
+        hb, grace, due = self.hb_timeout, self.before_start, INF
+        for m in self.roster.workers.values():
+            t = m.last_seen + (hb if m.started else grace)
+            if t < due:
+                due = t
+        if self.roster.observers:
+            for m in self.roster.observers.values():
+                t = m.last_seen + (hb if m.started else grace)
+                if t < due:
+                    due = t
+        for _, t in self.rank_waiters:
+            if t < due:
+                due = t
+        return None if due == INF else due
+
+    def check_invariants(self) -> None:
+        workers = self.roster.workers
+        assert {m.rank: m for m in workers.values()} == self.by_rank, "by_rank out of step"
+        assert len(self.by_rank) == len(workers), "two workers share a rank"
+        assert len({m.rank for m in self.roster.observers.values()}) == len(
+            self.roster.observers), "two observers share a rank"
+        assert len(workers) <= self.workers_expected, "more workers than ranks"
+        assert set(self.roster.servers) == {f"s{m.rank}" for m in self.roster.servers.values()}
+        assert self.server_links == tuple(m.link for m in self.roster.servers.values())
+        if self.ranges is None:
+            assert not self.roster.servers, "servers registered before the key space is known"

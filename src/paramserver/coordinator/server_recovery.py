@@ -1,99 +1,86 @@
-"""Coordinator side of server recovery: a server back from a crash, and servers gone silent."""
+"""Server recovery: a server back from a crash, and servers gone silent.
+
+A restarted server registers again at the address it had: it gets its old rank and is told to
+restore its shard from the latest committed checkpoint, its version lifted to the rounds (or
+steps) the job has done, so pulls waiting for the job's version are served. The updates it
+loses are those applied since that checkpoint; it reports them and they are logged (`restart`
+metrics, `server_restored` events). A server that stays silent ends the job with its name
+unless servers may be restarted, and then after `restart_timeout` s.
+"""
 
 from __future__ import annotations
 
-import logging
-import time
-from pathlib import Path
-
-from paramserver.net import rpc
-from paramserver.runlog.checkpoint import latest
+from paramserver.coordinator.events import AppendEvent, Registered, Reply, ShardRestored
+from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.membership import Member
-from paramserver.wire import Message
-
-log = logging.getLogger(__name__)
 
 
-class ServerRecoveryMixin:
-    """Part of the Coordinator: shares its state (roster, keeper, job, counters).
+class ServerRecovery:
+    def __init__(self, restart_servers: bool, silent_limit: float, restart_timeout: float):
+        self.restart_servers = restart_servers
+        self.silent_limit = silent_limit  # s of silence after which a server is gone
+        self.restart_timeout = restart_timeout
+        self.lost_updates = 0
+        self.server_restarts = 0
 
-    A restarted server registers again at the address it had: it gets its old rank and is
-    told to restore its shard from the latest committed checkpoint, its version lifted to the
-    rounds (or steps) the job has done, so pulls waiting for the job's version are served.
-    The updates it loses are those applied since that checkpoint; it reports them and they are
-    logged (`restart` metrics, `server_restored` events). A server that stays silent ends the
-    job with its name unless servers may be restarted, and then after `restart_timeout` s.
-    """
-
-    lost_updates = 0
-    server_restarts = 0
-    failure: str | None = None
-
-    def _server_back(self, ident: bytes, msg: Message, member: Member) -> None:
-        root = self.keeper.root
-        tag = latest(Path(root)) if root is not None else None
-        src = f"s{member.rank}"
+    def back(self, event: Registered, member: Member, schedule: CheckpointSchedule,
+             version_floor: int, server_job: dict, out: list) -> str | None:
+        """Welcome the server back with what to restore; or a failure (nothing to restore)."""
+        tag = schedule.latest if schedule.enabled else None
         if tag is None:
-            self._reply(ident, msg, Message("error", {
+            out.append(Reply(event.to, "error", {
                 "msg": "no committed checkpoint to restore the shard from", "code": "refused"}))
-            self._fail(f"server {src} at {member.addr} restarted, but the job has no committed "
-                       f"checkpoint to restore its shard from")
-            return
-        if self.keeper.pending_tag is not None:
+            return (f"server s{member.rank} at {member.addr} restarted, but the job has no "
+                    f"committed checkpoint to restore its shard from")
+        now = event.now
+        if schedule.pending_tag is not None:
             # The dead server will never confirm it: that checkpoint is abandoned.
-            self.record("checkpoint_aborted", tag=self.keeper.pending_tag, server=member.rank)
-            self.keeper.abort()
-        member.ident, member.last_seen, member.silent_since = ident, time.monotonic(), None
-        restore = {"dir": str(root), "tag": tag, "version_floor": self._progress(),
+            out.append(AppendEvent(now, "checkpoint_aborted",
+                                   {"tag": schedule.pending_tag, "server": member.rank}))
+            schedule.abort()
+        member.link, member.last_seen, member.silent_since = event.link, now, None
+        restore = {"dir": str(schedule.root), "tag": tag, "version_floor": version_floor,
                    "restart": True}
-        self._reply(ident, msg, Message("welcome", {
-            "rank": member.rank, "job": dict(self._server_job(member.rank), restore=restore)}))
+        out.append(Reply(event.to, "welcome", {
+            "rank": member.rank, "job": dict(server_job, restore=restore)}))
         self.server_restarts += 1
-        self.record("server_rejoined", rank=member.rank, addr=member.addr, checkpoint=tag)
+        out.append(AppendEvent(now, "server_rejoined",
+                               {"rank": member.rank, "addr": member.addr, "checkpoint": tag}))
+        return None
 
-    def _on_restored(self, ident: bytes, msg: Message) -> None:
-        member = self.roster.servers.get(msg.src)
-        if member is None:
-            raise ValueError(f"unknown server {msg.src!r}")
-        lost = int(msg["lost_updates"])
+    def restored(self, event: ShardRestored, member: Member) -> tuple[AppendEvent, dict]:
+        """The event and the metrics record of a server's restored shard."""
+        lost = int(event.lost_updates)
         self.lost_updates += lost
-        self.record("server_restored", rank=member.rank, checkpoint=msg["tag"],
-                    lost_updates=lost, version=msg["version"])
-        self.metric({"kind": "restart", "role": "server", "server": member.rank,
-                     "checkpoint": msg["tag"], "lost_updates": lost})
+        return (AppendEvent(event.now, "server_restored", {
+                    "rank": member.rank, "checkpoint": event.tag, "lost_updates": lost,
+                    "version": event.version}),
+                {"kind": "restart", "role": "server", "server": member.rank,
+                 "checkpoint": event.tag, "lost_updates": lost})
 
-    def _check_servers(self, now: float) -> None:
-        """A server silent for `server_timeout` s is gone: the job waits `restart_timeout` s
-        for it when servers may be restarted, else stops naming it."""
-        silent_for = float(self.job.get("server_timeout", max(6 * self.hb_timeout, 30.0)))
-        for src, m in self.roster.servers.items():
+    def check(self, now: float, servers: dict[str, Member], out: list) -> str | None:
+        """A failure if a server has been silent too long; notes the newly silent ones."""
+        for src, m in servers.items():
             quiet = now - m.last_seen
-            if quiet <= silent_for:
+            if quiet <= self.silent_limit:
                 continue
-            if not self.job.get("restart_servers"):
-                self._fail(f"server {src} at {m.addr} has been silent for {quiet:.0f} s: the "
-                           f"job stops (--restart-servers restarts dead servers)")
-                return
+            if not self.restart_servers:
+                return (f"server {src} at {m.addr} has been silent for {quiet:.0f} s: the "
+                        f"job stops (--restart-servers restarts dead servers)")
             if m.silent_since is None:
                 m.silent_since = now
-                self.record("server_lost", rank=m.rank, addr=m.addr)
-            restart_timeout = float(self.job.get("restart_timeout", 120.0))
-            if quiet > restart_timeout:
-                self._fail(f"server {src} at {m.addr} did not come back within "
-                           f"{restart_timeout:.0f} s: the job stops")
-                return
+                out.append(AppendEvent(now, "server_lost", {"rank": m.rank, "addr": m.addr}))
+            if quiet > self.restart_timeout:
+                return (f"server {src} at {m.addr} did not come back within "
+                        f"{self.restart_timeout:.0f} s: the job stops")
+        return None
 
-    def _fail(self, message: str) -> None:
-        """End the job now, with `message` as the reason; waiting workers are told to stop."""
-        if self.failure is not None:
-            return
-        log.error("%s", message)
-        self.failure = message
-        self.record("job_failed", reason=message)
-        self.stopping = True
-        for m in list(self.roster.workers.values()):
-            if m.waiting_rid is not None:
-                rpc.send(self.sock, Message("error", {"msg": message, "code": "failed"},
-                                            rid=m.waiting_rid, src="coord"), m.ident)
-                m.waiting_rid = None
-        self.finished = True
+    def next_deadline(self, servers: dict[str, Member]) -> float | None:
+        due = None
+        for m in servers.values():
+            t = m.last_seen + self.silent_limit
+            if m.silent_since is not None:
+                t = m.last_seen + max(self.silent_limit, self.restart_timeout)
+            if due is None or t < due:
+                due = t
+        return due

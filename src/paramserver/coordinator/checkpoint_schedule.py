@@ -1,0 +1,56 @@
+"""When the coordinator checkpoints, and the bookkeeping of one checkpoint in flight."""
+
+from __future__ import annotations
+
+
+class CheckpointSchedule:
+    """Every `every` rounds (round mode) or worker steps (arrival mode), or `seconds`.
+
+    A checkpoint goes: the coordinator asks every server to save its shard under a tag; each
+    answers `saved`; when all have, the coordinator writes its own part and commits the tag.
+    Only one checkpoint is in flight; a due one is skipped while another is being written.
+    Times are the caller's clock (the events' `now`).
+    """
+
+    def __init__(self, root: str | None, every: int | None = None,
+                 seconds: float | None = None, now: float = 0.0, latest: str | None = None):
+        self.root = root
+        self.every, self.seconds = every, seconds
+        self.last_count, self.last_time = 0, now
+        self.pending_tag: str | None = None
+        self.waiting: set[int] = set()
+        self.latest = latest  # the newest committed tag: a restarted server restores it
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def due(self, count: int, now: float) -> bool:
+        if not self.enabled or self.pending_tag is not None:
+            return False
+        by_count = self.every and count - self.last_count >= self.every
+        by_time = self.seconds and now - self.last_time >= self.seconds
+        return bool(by_count or by_time)
+
+    def begin(self, tag: str, server_ranks: list[int], count: int, now: float) -> None:
+        self.pending_tag, self.waiting = tag, set(server_ranks)
+        self.last_count, self.last_time = count, now
+
+    def saved(self, rank: int, tag: str) -> bool:
+        """Note a server's confirmation; True when the pending checkpoint's shards are all in."""
+        if tag != self.pending_tag:
+            return False
+        self.waiting.discard(rank)
+        return not self.waiting
+
+    def abort(self) -> None:
+        """Give up the pending checkpoint (a server died before saving): the next one is due
+        on the usual schedule; the previous committed one stays the latest."""
+        self.pending_tag, self.waiting = None, set()
+
+    def complete(self) -> str:
+        """The pending tag, now complete: the caller writes the coordinator's part and commits
+        it (save_coordinator_state)."""
+        tag, self.pending_tag = self.pending_tag, None
+        self.latest = tag
+        return tag

@@ -1,0 +1,205 @@
+"""What goes into the coordinator's core (events) and what comes out of it (instructions).
+
+Every event carries `now`, seconds on the node's clock. `to` is the node's reply token for the
+request the event came from; `link` is the node's handle of the sender's connection. The core
+never looks inside either: it hands them back in instructions, and compares links only for
+equality. Plain slotted dataclasses (not frozen, which costs on the clock -> release path);
+treat them as immutable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+# ---- events ---------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Registered:
+    """A server, worker or observer (evaluator) registers under the name `src`."""
+
+    op: ClassVar[str] = "register"
+    src: str
+    role: str
+    now: float
+    to: Any = None
+    link: Any = None
+    addr: str | None = None  # a server's address
+    num_keys: int | None = None  # a worker's model size, when it knows it
+
+
+@dataclass(slots=True)
+class Started:
+    """A worker waits for its first release; an observer is ready."""
+
+    op: ClassVar[str] = "start"
+    src: str
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class Clocked:
+    """A worker finished step `step` (its push is acknowledged) and waits for its release."""
+
+    op: ClassVar[str] = "clock"
+    src: str
+    step: int
+    batch: int
+    compute_time: float
+    now: float
+    to: Any = None
+    cpu_load: float | None = None
+    free_mem: float | None = None
+    record: dict | None = None  # the step's metrics, for metrics.jsonl
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    op: ClassVar[str] = "heartbeat"
+    src: str
+    now: float
+    to: Any = None
+    link: Any = None
+    counters: dict | None = None  # a server's loss counters, when they changed
+
+
+@dataclass(slots=True)
+class Bye:
+    op: ClassVar[str] = "bye"
+    src: str
+    now: float
+    to: Any = None
+    reason: str = "done"
+
+
+@dataclass(slots=True)
+class Report:
+    """A metrics record from a worker or observer (`age_s`: how old it is)."""
+
+    op: ClassVar[str] = "report"
+    src: str
+    record: dict
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class StatusAsked:
+    op: ClassVar[str] = "status"
+    src: str
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class ShardSaved:
+    """A server saved its shard for checkpoint `tag`."""
+
+    op: ClassVar[str] = "saved"
+    src: str
+    tag: str
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class ShardRestored:
+    """A restarted server restored its shard from checkpoint `tag`."""
+
+    op: ClassVar[str] = "restored"
+    src: str
+    tag: str
+    lost_updates: int
+    version: int
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class Answered:
+    """A member's `ok`, or its `error` (with `error` the message)."""
+
+    op: ClassVar[str] = "ok"
+    src: str
+    now: float
+    to: Any = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class TimePassed:
+    """The node's loop turned: timers, policy deadlines and liveness are due for a look."""
+
+    now: float
+
+
+# ---- instructions ---------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Reply:
+    """Answer the request of token `to` with `op` (welcome, ok, error, state)."""
+
+    to: Any
+    op: str
+    fields: dict
+
+
+@dataclass(slots=True)
+class SendRelease:
+    """Release the worker waiting on token `to` into step `step`."""
+
+    to: Any
+    step: int
+    batch: int
+    min_version: int
+    round_size: int = 0  # 0: not known, not sent
+    stop: bool = False
+    scale: float = 1.0
+
+
+@dataclass(slots=True)
+class ToServers:
+    """Send `op` (apply_round, checkpoint, shutdown) to the servers of `links`."""
+
+    op: str
+    fields: dict
+    links: tuple
+
+
+@dataclass(slots=True)
+class AppendEvent:
+    """A line of events.jsonl."""
+
+    t: float
+    kind: str
+    data: dict
+
+
+@dataclass(slots=True)
+class AppendMetric:
+    """A line of metrics.jsonl; `t` is seconds since the start barrier opened."""
+
+    t: float
+    record: dict
+
+
+@dataclass(slots=True)
+class SaveCoordinatorState:
+    """Write the coordinator's part of checkpoint `tag` and commit the tag."""
+
+    tag: str
+    state: dict
+
+
+@dataclass(slots=True)
+class Warn:
+    message: str
+
+
+@dataclass(slots=True)
+class Finish:
+    """The job is over: failed with `failure`, or done (None)."""
+
+    failure: str | None = None

@@ -1,0 +1,497 @@
+"""The coordinator's logic as a pure state machine: events in, instructions out.
+
+`CoordinatorState.handle(event)` returns the instructions (replies, releases, messages to the
+servers, log lines, a checkpoint to write, the end of the job) for the node to carry out; it
+does no I/O and reads no clock: times come in the events. It is composed of objects that own
+their state: Membership (roster, ranks, key ranges, liveness), the PolicyHost (the policy, held
+releases, versions, the sample budget), StartBarrier, Budget, EndOfJob, CheckpointSchedule and
+ServerRecovery. Like dask's WorkerState, it ends every event with one housekeeping pass (start
+barrier, budget, end of job); the node's loop turns are `TimePassed` events.
+"""
+
+from __future__ import annotations
+
+from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
+from paramserver.coordinator.events import (
+    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
+    Report, SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
+    TimePassed, ToServers, Warn,
+)
+from paramserver.coordinator.membership import Membership
+from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier
+from paramserver.coordinator.server_recovery import ServerRecovery
+from paramserver.coordinator.settings import CoordinatorSettings
+from paramserver.policies import (
+    ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
+)
+
+_OK: dict = {}  # the empty fields of an "ok" reply; never changed
+
+
+class CoordinatorState:
+    """The coordinator's state and rules. `resume` is the coordinator's part of the checkpoint
+    the job resumes from (as saved in SaveCoordinatorState); `latest_checkpoint` the newest
+    committed tag in the checkpoint folder when the node started."""
+
+    def __init__(self, settings: CoordinatorSettings, resume: dict | None = None,
+                 latest_checkpoint: str | None = None, now: float = 0.0):
+        s = self.settings = settings
+        policy = make_policy(s.sync, s.batch_size, **s.sync_options)
+        self.host = PolicyHost(policy, s.max_samples)
+        self.round_mode = policy.apply_mode == "round"
+        self.members = Membership(s.servers, s.workers, s.num_keys, s.heartbeat_timeout,
+                                  s.start_grace)
+        self.budget = Budget(s.max_seconds)
+        self.schedule = CheckpointSchedule(s.checkpoint_dir, s.checkpoint_every,
+                                           s.checkpoint_seconds, now, latest_checkpoint)
+        self.checkpoints = self.schedule.enabled
+        self.recovery = ServerRecovery(s.restart_servers, s.silent_server_limit,
+                                       s.restart_timeout)
+        elapsed = 0.0
+        if resume is not None:
+            self.host.resume(resume)
+            self.budget.worker_samples = {int(k): v for k, v in resume["worker_samples"].items()}
+            self.schedule.last_count = self.progress
+            elapsed = float(resume.get("elapsed_s", 0.0))
+        self.barrier = StartBarrier(s.workers, s.evaluator, s.start_timeout, elapsed)
+        self.end = EndOfJob(s.observer_grace)
+        self.failure: str | None = None
+        self.finished = False
+        self._members_due: float | None = None  # as the last TimePassed found it
+        self._members_due_fresh = False
+        self._handlers = {
+            Clocked: self._on_clocked, TimePassed: self._on_time, Heartbeat: self._on_heartbeat,
+            Registered: self._on_registered, Started: self._on_started, Bye: self._on_bye,
+            Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
+            ShardRestored: self._on_restored, Answered: self._on_answered,
+        }
+
+    # ---- the envelope ---------------------------------------------------------------------------
+    def handle(self, event) -> list:
+        """The instructions that follow from `event`, housekeeping included. A request the
+        state refuses (an unknown worker, a push the policy did not release) gets an error
+        reply and a warning."""
+        out: list = []
+        self._members_due_fresh = False
+        try:
+            self._handlers[type(event)](event, out)
+        except (PolicyError, ValueError, KeyError, TypeError) as exc:
+            src = getattr(event, "src", "?")
+            out.append(Warn(f"refused {getattr(event, 'op', '?')} from {src}: {exc}"))
+            to = getattr(event, "to", None)
+            if to is not None:
+                out.append(Reply(to, "error", {"msg": str(exc), "code": "refused"}))
+        now = event.now
+        if not self.barrier.open:
+            self._check_start_barrier(now, out)
+        budget = self.budget
+        if not budget.closed and (budget.max_seconds or self.host.stopping):
+            self._check_budget(now, out)
+        if self.barrier.open and not self.members.roster.workers:
+            self._check_finished(now, out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """When a TimePassed has something to do, None if only events can change anything."""
+        # Asked once per turn of the node's loop, right after its TimePassed: the members'
+        # next deadline found then still holds unless an event came in between.
+        due = self._members_due if self._members_due_fresh else self.members.next_deadline()
+        barrier = self.barrier
+        if barrier.open:
+            t = self.host.next_wakeup()
+            if t is not None and (due is None or t < due):
+                due = t
+            if self.budget.max_seconds:
+                t = self.budget.next_deadline(barrier.t_start)
+                if t is not None and (due is None or t < due):
+                    due = t
+            if self.end.workers_done_at is not None:
+                t = self.end.next_deadline(self.members.roster, self.schedule)
+                if t is not None and (due is None or t < due):
+                    due = t
+        elif due is None or barrier.start_timeout < due:
+            due = barrier.start_timeout
+        t = self.recovery.next_deadline(self.members.roster.servers)
+        if t is not None and (due is None or t < due):
+            due = t
+        return due
+
+    # ---- queries --------------------------------------------------------------------------------
+    @property
+    def progress(self) -> int:
+        """What versions count: rounds applied (round mode) or worker steps (arrival mode)."""
+        return self.host.rounds_applied if self.round_mode else self.host.steps_done
+
+    @property
+    def rounds_applied(self) -> int:
+        return self.host.rounds_applied
+
+    @property
+    def samples_done(self) -> int:
+        return self.host.samples_done
+
+    @property
+    def stopping(self) -> bool:
+        return self.host.stopping
+
+    def role_of(self, src: str) -> str | None:
+        return self.members.find(src)[0]
+
+    def shutdown(self, reason: str) -> ToServers:
+        """The message that stops every server (the node sends it as it exits)."""
+        return ToServers("shutdown", {"reason": reason}, self.members.server_links)
+
+    def metric(self, now: float, record: dict, age: float = 0.0) -> AppendMetric | None:
+        """A metrics.jsonl line, stamped with seconds since the start barrier opened."""
+        t_start = self.barrier.t_start
+        return None if t_start is None else AppendMetric(now - t_start - age, record)
+
+    # ---- registration ---------------------------------------------------------------------------
+    def _on_registered(self, e: Registered, out: list) -> None:
+        members = self.members
+        members.touch(e.src, e.now)
+        role = e.role
+        if role == "worker" and members.ranges is None and e.num_keys:
+            waited = members.learn_key_space(e.num_keys)
+            out.append(AppendEvent(e.now, "key_space", {"num_keys": e.num_keys}))
+            for server in waited:
+                self._admit(self._register_server, server, e.now, out)
+        if role == "server":
+            if members.ranges is None:
+                members.pending_servers.append(e)
+            else:
+                self._register_server(e, e.now, out)
+        elif role in ("worker", "observer"):
+            if not members.servers_complete:
+                members.pending_workers.append(e)
+            else:
+                self._register_worker(e, e.now, out)
+        else:
+            raise ValueError(f"unknown role {role!r}; known: server, worker, observer")
+
+    def _admit(self, register, e: Registered, now: float, out: list) -> None:
+        """A registration that waited (for the key space, the servers, a free rank): refused
+        on its own if it is wrong, not with the event that let it in."""
+        try:
+            register(e, now, out)
+        except ValueError as exc:
+            out.append(Warn(f"refused register from {e.src}: {exc}"))
+            out.append(Reply(e.to, "error", {"msg": str(exc), "code": "refused"}))
+
+    def _server_job(self, rank: int) -> dict:
+        s, shard = self.settings, self.members.ranges[rank]
+        return {"shard_range": [shard.lo, shard.hi], "dtype": s.dtype,
+                "apply_mode": self.host.apply_mode, "optimizer": s.optimizer,
+                "heartbeat_interval": s.heartbeat_interval,
+                "coordinator_timeout": s.coordinator_timeout}
+
+    def _register_server(self, e: Registered, now: float, out: list) -> None:
+        if e.addr is None:
+            raise ValueError("a server must register with its address")
+        members = self.members
+        back = members.server_at(e.addr)
+        if back is not None:  # only one process can listen there: the old one is dead
+            failure = self.recovery.back(e, back, self.schedule, self.progress,
+                                         self._server_job(back.rank), out)
+            members.relinked()
+            if failure is not None:
+                self._fail(failure, now, out)
+            return
+        member = members.add_server(e)
+        job = self._server_job(member.rank)
+        if self.settings.resume is not None:
+            job["restore"] = dict(self.settings.resume, version_floor=self.progress)
+        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job}))
+        out.append(AppendEvent(now, "server_joined", {"rank": member.rank, "addr": e.addr}))
+        if members.servers_complete:
+            pending, members.pending_workers = members.pending_workers, []
+            for worker in pending:
+                self._admit(self._register_worker, worker, now, out)
+
+    def _register_worker(self, e: Registered, now: float, out: list) -> None:
+        member = self.members.add_worker(e)
+        if member is None:
+            return  # waits for a rank
+        job = dict(self.settings.worker_job)
+        job.update(num_keys=self.members.num_keys, shards=self.members.shard_map(),
+                   apply_mode=self.host.apply_mode, sync=self.host.name,
+                   resume_samples=self.budget.worker_samples.get(member.rank, 0))
+        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job}))
+        out.append(AppendEvent(now, f"{e.role}_registered", {"rank": member.rank, "src": e.src}))
+
+    # ---- the step protocol ----------------------------------------------------------------------
+    def _on_started(self, e: Started, out: list) -> None:
+        members, now = self.members, e.now
+        observer = members.roster.observers.get(e.src)
+        if observer is not None:  # an evaluator is ready: training may begin
+            observer.last_seen, observer.started = now, True
+            out.append(Reply(e.to, "ok", _OK))
+            return
+        member = members.worker(e.src)
+        member.last_seen, member.waiting, member.started = now, e.to, True
+        if member.ready is not None:
+            ready, member.ready = member.ready, None
+            self._deliver(ready, out, refill=True)
+        elif self.barrier.open:
+            self._apply(self.host.joined(member.rank, now), now, out)
+
+    def _on_clocked(self, e: Clocked, out: list) -> None:
+        member = self.members.worker(e.src)
+        now = e.now
+        member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
+        budget = self.budget
+        if not budget.closed and budget.max_seconds:  # time's up: this step is the last one
+            self._check_budget(now, out)
+        decisions = self.host.pushed(Pushed(member.rank, e.step, now, e.batch, e.compute_time,
+                                            e.cpu_load, e.free_mem))
+        budget.count(member.rank, e.batch)
+        self._apply(decisions, now, out)
+        if e.record is not None and self.barrier.t_start is not None:
+            # After the releases: the log line is off their path.
+            out.append(AppendMetric(now - self.barrier.t_start, {
+                "kind": "step", "worker": member.rank, "step": e.step, "batch": e.batch,
+                **e.record}))
+        if self.checkpoints:
+            self._maybe_checkpoint(now, out)
+
+    def _apply(self, decisions: list, now: float, out: list) -> None:
+        for d in decisions:
+            kind = type(d)
+            if kind is Release:
+                self._deliver(d, out)
+            elif kind is ApplyRound:
+                contributors = list(d.contributors)
+                out.append(ToServers("apply_round", {"step": d.step, "contributors": contributors},
+                                     self.members.server_links))
+                out.append(AppendEvent(now, "apply_round",
+                                       {"step": d.step, "contributors": contributors}))
+            elif kind is Note:
+                if d.kind == "budget_reached":
+                    self.budget.closed = True
+                out.append(AppendEvent(now, d.kind, dict(d.data)))
+
+    def _deliver(self, d: Release, out: list, refill: bool = False) -> None:
+        member = self.members.by_rank.get(d.worker)
+        if member is None:
+            return  # released after it left: nothing to tell
+        if member.waiting is None:
+            member.ready = d  # decided before the worker asked for it
+            return
+        if refill:  # it waited for its worker: what it must say is what holds now
+            host = self.host
+            d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
+                        host.version if self.round_mode else 0, host.policy.round_size(),
+                        host.stopping)
+        out.append(SendRelease(member.waiting, d.step, d.batch_size, d.min_version,
+                               d.round_size, d.stop, d.scale))
+        member.waiting = None
+
+    def _on_heartbeat(self, e: Heartbeat, out: list) -> None:
+        role, member = self.members.find(e.src)
+        if member is None:
+            return
+        member.last_seen = e.now
+        # Members hear back, to know we are alive; a server only on the connection it
+        # registered from (a stale process at its name is left to time out).
+        if role == "server":
+            if member.link == e.link:
+                out.append(Reply(e.to, "ok", _OK))
+                if e.counters is not None:
+                    self._metric(e.now, {"kind": "server", "server": member.rank, **e.counters},
+                                 out)
+        else:
+            out.append(Reply(e.to, "ok", _OK))
+
+    def _on_bye(self, e: Bye, out: list) -> None:
+        members = self.members
+        members.touch(e.src, e.now)
+        if e.src in members.roster.observers:
+            del members.roster.observers[e.src]
+            out.append(Reply(e.to, "ok", _OK))
+            return
+        members.worker(e.src)
+        out.append(Reply(e.to, "ok", _OK))
+        self._drop_worker(e.src, e.reason, e.now, out)
+
+    def _on_report(self, e: Report, out: list) -> None:
+        role, member = self.members.find(e.src)
+        if member is not None:
+            member.last_seen = e.now
+        if role not in ("worker", "observer"):
+            raise ValueError(f"report from {e.src!r}, which is no registered worker or "
+                             f"observer")
+        record = dict(e.record)
+        age = record.pop("age_s", 0.0)
+        self._metric(e.now, record, out, age=float(age) if isinstance(age, (int, float)) else 0.0)
+        out.append(Reply(e.to, "ok", _OK))
+
+    def _on_status(self, e: StatusAsked, out: list) -> None:
+        self.members.touch(e.src, e.now)
+        roster, host, t_start = self.members.roster, self.host, self.barrier.t_start
+        state = {"policy": host.name, "rounds_applied": host.rounds_applied,
+                 "samples_done": host.samples_done, "stopping": host.stopping,
+                 "started": self.barrier.open,
+                 "workers_done": self.barrier.open and not roster.workers,
+                 "elapsed_s": 0.0 if t_start is None else e.now - t_start,
+                 "workers": {s: {"rank": m.rank, "steps": m.steps}
+                             for s, m in roster.workers.items()},
+                 "servers": {s: {"rank": m.rank, "addr": m.addr}
+                             for s, m in roster.servers.items()},
+                 "gone": dict(roster.gone)}
+        out.append(Reply(e.to, "state", {"state": state}))
+
+    def _on_answered(self, e: Answered, out: list) -> None:
+        self.members.touch(e.src, e.now)
+        if e.error is not None:
+            out.append(Warn(f"{e.src} reported an error: {e.error}"))
+
+    # ---- checkpoints and server recovery --------------------------------------------------------
+    def _maybe_checkpoint(self, now: float, out: list, final: bool = False) -> None:
+        count, schedule = self.progress, self.schedule
+        if not (final or schedule.due(count, now)) or schedule.pending_tag is not None:
+            return
+        tag = f"{count:09d}"
+        schedule.begin(tag, [m.rank for m in self.members.roster.servers.values()], count, now)
+        out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
+                             self.members.server_links))
+
+    def _on_saved(self, e: ShardSaved, out: list) -> None:
+        self.members.touch(e.src, e.now)
+        member = self.members.roster.servers.get(e.src)
+        if member is None or not self.schedule.saved(member.rank, e.tag):
+            return
+        t_start = self.barrier.t_start
+        state = dict(self.host.resume_state(),
+                     worker_samples={str(k): v for k, v in self.budget.worker_samples.items()},
+                     sync=self.host.name, num_keys=self.members.num_keys,
+                     elapsed_s=0.0 if t_start is None else e.now - t_start)
+        tag = self.schedule.complete()
+        out.append(SaveCoordinatorState(tag, state))
+        out.append(AppendEvent(e.now, "checkpoint", {"tag": tag,
+                                                     "samples": self.host.samples_done}))
+
+    def _on_restored(self, e: ShardRestored, out: list) -> None:
+        self.members.touch(e.src, e.now)
+        member = self.members.roster.servers.get(e.src)
+        if member is None:
+            raise ValueError(f"unknown server {e.src!r}")
+        event, record = self.recovery.restored(e, member)
+        out.append(event)
+        self._metric(e.now, record, out)
+
+    # ---- time -----------------------------------------------------------------------------------
+    def _on_time(self, e: TimePassed, out: list) -> None:
+        now, members = e.now, self.members
+        if self.barrier.open:
+            self._apply(self.host.advance(now), now, out)
+        due = members.next_deadline()  # one look at the members while none is late
+        late = due is not None and now >= due
+        if late:
+            for waiter in members.expired_waiters(now):
+                out.append(Reply(waiter.to, "error", {
+                    "msg": f"all {self.settings.workers} worker ranks of this job are taken",
+                    "code": "refused"}))
+        failure = self.recovery.check(now, members.roster.servers, out)
+        if failure is not None:
+            self._fail(failure, now, out)
+        if not late:
+            self._members_due, self._members_due_fresh = due, True
+            return
+        observers = members.roster.observers
+        for src in members.silent_observers(now):
+            out.append(Warn(f"observer {src} silent for {now - observers[src].last_seen:.1f} s: "
+                            f"dropped"))
+            del observers[src]
+        for src in members.silent_workers(now):
+            m = members.roster.workers[src]
+            out.append(Warn(f"worker {src} (rank {m.rank}) silent for "
+                            f"{now - m.last_seen:.1f} s: declared dead"))
+            self._drop_worker(src, "dead", now, out)
+
+    def _drop_worker(self, src: str, reason: str, now: float, out: list) -> None:
+        members = self.members
+        member = members.drop_worker(src, reason)
+        out.append(AppendEvent(now, "worker_left", {"worker": member.rank, "reason": reason}))
+        self._metric(now, {"kind": "left", "worker": member.rank, "reason": reason}, out)
+        if member.started and self.barrier.open:
+            # A release still held for this rank must not reach a newcomer that takes it.
+            self._apply(self.host.left(member.rank, now, reason), now, out)
+        elif not self.barrier.open:
+            self.barrier.lost_before_start += 1
+        if members.rank_waiters:
+            self._admit(self._register_worker, members.rank_waiters.pop(0)[0], now, out)
+
+    # ---- housekeeping ---------------------------------------------------------------------------
+    def _check_start_barrier(self, now: float, out: list) -> None:
+        failure, started, warning = self.barrier.check(now, self.members.roster)
+        if failure is not None:
+            self._fail(failure, now, out)
+            return
+        if not self.barrier.open:
+            return
+        if warning is not None:
+            out.append(Warn(warning))
+        out.append(AppendEvent(now, "barrier_open", {"workers": len(started)}))
+        # All join before any release goes out: each release then tells the full round size.
+        self._apply(self.host.joined_all([m.rank for m in started], now), now, out)
+        if self.settings.restart_servers and self.settings.resume is None:
+            # A server that dies before the first scheduled checkpoint restarts from this.
+            self._maybe_checkpoint(now, out, final=True)
+
+    def _check_budget(self, now: float, out: list) -> None:
+        """Past the sample or time budget, every release tells its worker to stop."""
+        if self.budget.reached(now, self.barrier.t_start, self.host.stopping):
+            self.host.stop()
+            out.append(AppendEvent(now, "budget_reached", {"samples": self.host.samples_done}))
+
+    def _check_finished(self, now: float, out: list) -> None:
+        verdict = self.end.check(now, self.barrier.open, self.members.roster, self.schedule)
+        if verdict == EndOfJob.CHECKPOINT:
+            # The last checkpoint holds the final parameters: a resumed job starts from them.
+            self._maybe_checkpoint(now, out, final=True)
+        elif verdict == EndOfJob.FINISH and not self.finished:
+            self.finished = True
+            out.append(Finish(None))
+
+    def _fail(self, message: str, now: float, out: list) -> None:
+        """End the job now, with `message` as the reason; waiting workers are told to stop."""
+        if self.failure is not None:
+            return
+        self.failure = message
+        out.append(AppendEvent(now, "job_failed", {"reason": message}))
+        self.host.stop()
+        self.budget.closed = True
+        for m in self.members.roster.workers.values():
+            if m.waiting is not None:
+                out.append(Reply(m.waiting, "error", {"msg": message, "code": "failed"}))
+                m.waiting = None
+        self.finished = True
+        out.append(Finish(message))
+
+    def _metric(self, now: float, record: dict, out: list, age: float = 0.0) -> None:
+        t_start = self.barrier.t_start
+        if t_start is not None:
+            out.append(AppendMetric(now - t_start - age, record))
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the state contradicts itself (for tests)."""
+        self.members.check_invariants()
+        host, roster = self.host, self.members.roster
+        if not self.barrier.open:
+            assert self.barrier.t_start is None and not host.policy.active
+        else:
+            assert self.barrier.t_start is not None
+        active = host.policy.active
+        assert active <= set(self.members.by_rank), f"policy has departed workers {active}"
+        for m in roster.workers.values():
+            assert not (m.ready is not None and m.waiting is not None), \
+                f"rank {m.rank} has a release and waits for one"
+            if m.rank in active:
+                assert m.started, f"rank {m.rank} joined the policy before its start"
+        if self.schedule.pending_tag is None:
+            assert not self.schedule.waiting
+        if self.failure is not None:
+            assert self.finished and host.stopping
+        assert sum(self.budget.worker_samples.values()) <= host.samples_done or (
+            self.settings.resume is not None)

@@ -1,0 +1,410 @@
+"""The coordinator's core driven by events alone: no sockets, no processes, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramserver.coordinator.events import (
+    AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
+    SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
+    TimePassed, ToServers, Warn,
+)
+from paramserver.coordinator.settings import CoordinatorSettings
+from paramserver.coordinator.state import CoordinatorState
+
+HB = 5.0  # heartbeat timeout of these jobs
+ADDR = "tcp://h:1"
+
+
+def match(instr, instr_type, /, **fields) -> bool:
+    """`instr` is an `instr_type` whose named fields are as given; a name that is no attribute is
+    looked up in the instruction's payload (a reply's fields, an event's data, a record)."""
+    if type(instr) is not instr_type:
+        return False
+    payload = getattr(instr, "fields", None) or getattr(instr, "data", None) or getattr(
+        instr, "record", None) or {}
+    for name, want in fields.items():
+        have = getattr(instr, name) if hasattr(instr, name) else payload.get(name, KeyError)
+        if have != want:
+            return False
+    return True
+
+
+def only(out, kind):
+    return [i for i in out if type(i) is kind]
+
+
+@pytest.fixture
+def make():
+    """Builds cores; every one of them must be consistent when the test ends."""
+    made = []
+
+    def build(resume_state=None, latest=None, **options):
+        settings = dict(workers=2, servers=1, batch_size=32, sync="bsp", num_keys=10,
+                        heartbeat_timeout=HB, dtype="float32")
+        settings.update(options)
+        state = CoordinatorState(CoordinatorSettings(**settings), resume_state, latest)
+        made.append(state)
+        return state
+
+    yield build
+    for state in made:
+        state.check_invariants()
+
+
+def register_all(state, servers=1, workers=2):
+    for r in range(servers):
+        state.handle(Registered(f"srv{r}", "server", 0.0, to=f"reg-srv{r}", link=f"L{r}",
+                                addr=f"tcp://h:{r + 1}"))
+    for w in range(workers):
+        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
+
+
+def start_round(state):
+    """Both workers registered and started: returns the instructions of the last start."""
+    register_all(state)
+    assert not only(state.handle(Started("w0", 0.5, to="s0")), SendRelease)
+    return state.handle(Started("w1", 0.6, to="s1"))
+
+
+def clock_round(state, step=0, t=1.0, record=None):
+    first = state.handle(Clocked("w0", step, 32, 0.1, t, to=f"c0-{step}", record=record))
+    return first, state.handle(Clocked("w1", step, 32, 0.1, t + 0.2, to=f"c1-{step}"))
+
+
+# ---- one BSP round ------------------------------------------------------------------------------
+
+def test_one_bsp_round(make):
+    state = make()
+    out = state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr=ADDR))
+    assert len(out) == 2
+    assert match(out[0], Reply, to="r0", op="welcome", rank=0)
+    assert out[0].fields["job"]["shard_range"] == [0, 10]
+    assert out[0].fields["job"]["apply_mode"] == "round"
+    assert match(out[1], AppendEvent, kind="server_joined", rank=0, addr=ADDR)
+
+    for rank, src in enumerate(["w0", "w1"]):
+        out = state.handle(Registered(src, "worker", 0.1, to=f"r-{src}"))
+        assert match(out[0], Reply, to=f"r-{src}", op="welcome", rank=rank)
+        job = out[0].fields["job"]
+        assert job["shards"] == [[0, ADDR, 0, 10]] and job["sync"] == "bsp"
+        assert job["num_keys"] == 10 and job["resume_samples"] == 0
+        assert match(out[1], AppendEvent, kind="worker_registered", rank=rank, src=src)
+
+    assert state.handle(Started("w0", 0.5, to="s0")) == []
+    out = state.handle(Started("w1", 0.6, to="s1"))
+    assert len(out) == 3
+    assert match(out[0], AppendEvent, kind="barrier_open", workers=2)
+    for instr, to in zip(out[1:], ["s0", "s1"]):
+        assert match(instr, SendRelease, to=to, step=0, batch=32, min_version=0, round_size=2,
+                     stop=False, scale=1.0)
+
+    out = state.handle(Clocked("w0", 0, 32, 0.1, 1.0, to="c0", record={"loss": 0.5}))
+    assert not only(out, SendRelease) and not only(out, ToServers)
+    assert len(out) == 1 and match(out[0], AppendMetric, kind="step", worker=0, step=0,
+                                   batch=32, loss=0.5)
+    assert out[0].t == pytest.approx(0.4)  # since the barrier opened
+
+    out = state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    assert len(out) == 4
+    assert match(out[0], ToServers, op="apply_round", step=0, contributors=[0, 1],
+                 links=("L0",))
+    assert match(out[1], AppendEvent, kind="apply_round", step=0, contributors=[0, 1])
+    assert match(out[2], SendRelease, to="c0", step=1, batch=32, min_version=1, round_size=2,
+                 stop=False)
+    assert match(out[3], SendRelease, to="c1", step=1, min_version=1)
+
+    assert state.rounds_applied == 1 and state.samples_done == 64 and not state.stopping
+    # The nearest deadline: worker 0, last heard at 1.0, is declared dead after HB s.
+    assert state.next_wakeup() == pytest.approx(1.0 + HB)
+
+
+def test_the_last_samples_of_the_budget_release_with_stop(make):
+    state = make(max_samples=64)
+    start_round(state)
+    _, out = clock_round(state)
+    assert match(out[0], AppendEvent, kind="budget_reached", samples=64)
+    releases = only(out, SendRelease)
+    assert len(releases) == 2 and all(r.stop for r in releases)
+    assert state.stopping
+
+
+def test_a_time_budget_stops_the_next_releases(make):
+    state = make(max_seconds=10.0)
+    start_round(state)  # the barrier opens at 0.6
+    state.handle(Clocked("w0", 0, 32, 0.1, 5.0, to="c0"))
+    out = state.handle(Clocked("w1", 0, 32, 0.1, 10.7, to="c1"))
+    assert match(out[0], AppendEvent, kind="budget_reached", samples=32)
+    assert all(r.stop for r in only(out, SendRelease)) and len(only(out, SendRelease)) == 2
+
+
+# ---- liveness and the end of the job ------------------------------------------------------------
+
+def test_workers_silent_past_the_heartbeat_timeout_are_dropped(make):
+    state = make()
+    start_round(state)
+    clock_round(state)
+    out = state.handle(TimePassed(1.2 + HB + 0.01))
+    left = only(out, AppendEvent)
+    assert [(e.kind, e.data) for e in left[:2]] == [
+        ("worker_left", {"worker": 0, "reason": "dead"}),
+        ("worker_left", {"worker": 1, "reason": "dead"})]
+    assert sum(match(m, AppendMetric, kind="left", reason="dead") for m in out) == 2
+    assert len(only(out, Warn)) == 2
+    assert out[-1] == Finish(None)  # no worker left, no checkpoint, no evaluator: done
+    assert not state.members.roster.workers and state.members.roster.gone == {
+        "w0": "dead", "w1": "dead"}
+
+
+def test_a_heartbeat_keeps_a_worker(make):
+    state = make()
+    start_round(state)
+    clock_round(state)
+    out = state.handle(Heartbeat("w1", 5.0, to="hb"))
+    assert out == [Reply("hb", "ok", {})]
+    out = state.handle(TimePassed(1.2 + HB + 0.01))
+    assert [e.data["worker"] for e in only(out, AppendEvent)] == [0]
+    assert "w1" in state.members.roster.workers and not only(out, Finish)
+
+
+def test_a_worker_that_leaves_lets_the_round_close_without_it(make):
+    state = make()
+    start_round(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.0, to="c0"))
+    out = state.handle(Bye("w1", 1.1, to="bye", reason="done"))
+    assert out[0] == Reply("bye", "ok", {})
+    assert match(out[1], AppendEvent, kind="worker_left", worker=1, reason="done")
+    assert match(only(out, ToServers)[0], ToServers, op="apply_round", contributors=[0])
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0", 1)]
+
+
+# Members that never start are waited for, and the server's heartbeats are not played here.
+PATIENT = dict(start_timeout=120.0, start_grace=1000.0, server_timeout=1000.0)
+
+
+def test_no_worker_started_in_time_fails_the_job(make):
+    state = make(**PATIENT)
+    register_all(state)
+    assert state.next_wakeup() == pytest.approx(120.0)
+    assert state.handle(TimePassed(119.0)) == []
+    out = state.handle(TimePassed(120.5))
+    assert match(out[0], AppendEvent, kind="job_failed")
+    assert isinstance(out[-1], Finish) and out[-1].failure.startswith(
+        "no worker started within 120 s; expected 2, registered: rank 0 (w0), rank 1 (w1)")
+    assert state.failure == out[-1].failure and state.stopping
+
+
+def test_past_the_start_timeout_the_started_workers_go_on(make):
+    state = make(**PATIENT)
+    register_all(state)
+    state.handle(Started("w0", 1.0, to="s0"))
+    state.handle(Heartbeat("w0", 118.0, to="h"))
+    out = state.handle(TimePassed(120.5))
+    assert match(out[0], Warn, message="only 1 of 2 workers started within 120 s; going on "
+                                       "with them")
+    assert match(out[1], AppendEvent, kind="barrier_open", workers=1)
+    assert match(out[2], SendRelease, to="s0", step=0, round_size=1)
+
+
+def test_a_silent_server_fails_the_job_and_waiting_workers_hear_it(make):
+    state = make()
+    start_round(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.0, to="c0"))
+    state.handle(Heartbeat("w0", 29.0, to="h0"))
+    state.handle(Heartbeat("w1", 29.0, to="h1"))
+    out = state.handle(TimePassed(30.5))  # the server's last word was at 0.0
+    assert match(out[0], AppendEvent, kind="job_failed")
+    assert match(out[1], Reply, to="c0", op="error", code="failed")
+    assert len(only(out, Reply)) == 1  # w1 is mid-step: nothing waits for an answer
+    assert out[-1].failure.startswith("server s0 at tcp://h:1 has been silent for 30 s")
+
+
+def test_a_replacement_worker_waits_for_the_rank_of_the_dead_one(make):
+    state = make()
+    start_round(state)
+    clock_round(state)
+    assert state.handle(Registered("w2", "worker", 2.0, to="r-w2")) == []
+    state.handle(Heartbeat("w1", 6.0, to="h1"))
+    out = state.handle(TimePassed(1.0 + HB + 0.01))
+    welcome = only(out, Reply)
+    assert len(welcome) == 1 and match(welcome[0], Reply, to="r-w2", op="welcome", rank=0)
+    assert welcome[0].fields["job"]["resume_samples"] == 32  # rank 0's data, where it was
+    assert state.members.roster.workers["w2"].rank == 0
+
+
+def test_a_worker_that_finds_every_rank_taken_is_refused_after_a_while(make):
+    state = make()
+    start_round(state)
+    state.handle(Registered("w2", "worker", 1.0, to="r-w2"))
+    for src in ("w0", "w1"):
+        state.handle(Heartbeat(src, 10.0, to="h"))
+    out = state.handle(TimePassed(1.0 + 2 * HB + 0.01))
+    assert out == [Reply("r-w2", "error", {
+        "msg": "all 2 worker ranks of this job are taken", "code": "refused"})]
+
+
+def test_a_request_from_an_unknown_worker_is_refused(make):
+    state = make()
+    start_round(state)
+    out = state.handle(Clocked("ghost", 0, 32, 0.1, 1.0, to="c"))
+    assert isinstance(out[0], Warn)
+    assert match(out[1], Reply, to="c", op="error", code="refused",
+                 msg="unknown worker 'ghost' (never registered)")
+    assert state.samples_done == 0
+
+
+def test_a_worker_may_not_take_a_servers_name(make):
+    state = make()
+    register_all(state, workers=0)
+    out = state.handle(Registered("s0", "worker", 0.1, to="r"))
+    assert match(out[-1], Reply, op="error", code="refused")
+    assert not state.members.roster.workers
+
+
+# ---- registration order -------------------------------------------------------------------------
+
+def test_workers_wait_for_the_servers_and_servers_for_the_key_space(make):
+    state = make(num_keys=0)
+    assert state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr=ADDR)) == []
+    out = state.handle(Registered("w0", "worker", 0.1, to="rw", num_keys=12))
+    assert match(out[0], AppendEvent, kind="key_space", num_keys=12)
+    assert match(out[1], Reply, to="r0", op="welcome", rank=0)
+    assert out[1].fields["job"]["shard_range"] == [0, 12]
+    assert match(out[2], AppendEvent, kind="server_joined")
+    assert match(out[3], Reply, to="rw", op="welcome", rank=0)
+    assert out[3].fields["job"]["num_keys"] == 12
+
+
+def test_status(make):
+    state = make()
+    start_round(state)
+    clock_round(state)
+    out = state.handle(StatusAsked("w0", 2.6, to="st"))
+    s = out[0].fields["state"]
+    assert s["rounds_applied"] == 1 and s["samples_done"] == 64 and s["started"]
+    assert s["elapsed_s"] == pytest.approx(2.0)
+    assert s["workers"] == {"w0": {"rank": 0, "steps": 1}, "w1": {"rank": 1, "steps": 1}}
+    assert s["servers"] == {"s0": {"rank": 0, "addr": "tcp://h:1"}}
+
+
+# ---- checkpoints and server recovery ------------------------------------------------------------
+
+def test_a_checkpoint_cycle(make):
+    state = make(servers=2, checkpoint_dir="/ck", checkpoint_every=1)
+    register_all(state, servers=2)
+    state.handle(Started("w0", 0.5, to="s0"))
+    state.handle(Started("w1", 0.6, to="s1"))
+    _, out = clock_round(state)
+    ckpt = only(out, ToServers)[-1]
+    assert match(ckpt, ToServers, op="checkpoint", tag="000000001", dir="/ck",
+                 links=("L0", "L1"))
+    assert state.handle(ShardSaved("s0", "000000001", 1.5, to="x")) == []
+    assert state.handle(ShardSaved("s0", "000000001", 1.6, to="x")) == []  # s1 still saves
+    out = state.handle(ShardSaved("s1", "000000001", 1.7, to="x"))
+    assert len(out) == 2 and match(out[0], SaveCoordinatorState, tag="000000001")
+    saved = out[0].state
+    assert saved["rounds_applied"] == 1 and saved["samples_done"] == 64
+    assert saved["steps_done"] == 2 and saved["worker_samples"] == {"0": 32, "1": 32}
+    assert saved["sync"] == "bsp" and saved["num_keys"] == 10
+    assert saved["elapsed_s"] == pytest.approx(1.1)
+    assert match(out[1], AppendEvent, kind="checkpoint", tag="000000001", samples=64)
+    assert state.schedule.latest == "000000001" and state.schedule.pending_tag is None
+    # One in flight at a time; the next is due a round later.
+    _, out = clock_round(state, step=1, t=2.0)
+    assert match(only(out, ToServers)[-1], ToServers, op="checkpoint", tag="000000002")
+
+
+def test_a_resumed_job_goes_on_from_its_checkpoint(make):
+    resume = {"rounds_applied": 7, "samples_done": 448, "steps_done": 14, "policy": {},
+              "worker_samples": {"0": 224, "1": 224}, "elapsed_s": 3.0}
+    state = make(resume_state=resume, checkpoint_dir="/ck", checkpoint_every=100,
+                 resume={"dir": "/ck", "tag": "000000007"})
+    out = state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr=ADDR))
+    assert out[0].fields["job"]["restore"] == {"dir": "/ck", "tag": "000000007",
+                                               "version_floor": 7}
+    out = state.handle(Registered("w1", "worker", 0.1, to="rw"))
+    assert out[0].fields["job"]["resume_samples"] == 224
+    state.handle(Registered("w0", "worker", 0.1, to="rw0"))
+    state.handle(Started("w0", 0.5, to="s0"))
+    out = state.handle(Started("w1", 0.6, to="s1"))
+    assert match(out[1], SendRelease, min_version=7)
+    assert state.barrier.t_start == pytest.approx(0.6 - 3.0)
+
+
+@pytest.fixture
+def recovering(make):
+    """Restartable servers: the checkpoint taken as the barrier opened is committed, one round
+    is done and the checkpoint after it is still being written."""
+    state = make(checkpoint_dir="/ck", checkpoint_every=1, restart_servers=True)
+    out = start_round(state)
+    assert match(out[-1], ToServers, op="checkpoint", tag="000000000")
+    assert match(state.handle(ShardSaved("s0", "000000000", 0.7, to="x"))[0],
+                 SaveCoordinatorState, tag="000000000")
+    _, out = clock_round(state)
+    assert match(out[-1], ToServers, op="checkpoint", tag="000000001")
+    return state
+
+
+def test_a_server_back_at_its_address_restores_its_shard(recovering):
+    state = recovering
+    out = state.handle(Registered("server", "server", 3.0, to="r-back", link="L-new", addr=ADDR))
+    # The dead server never confirms the checkpoint in flight: abandoned.
+    assert match(out[0], AppendEvent, kind="checkpoint_aborted", tag="000000001", server=0)
+    assert state.schedule.pending_tag is None
+    assert match(out[1], Reply, to="r-back", op="welcome", rank=0)
+    assert out[1].fields["job"]["restore"] == {"dir": "/ck", "tag": "000000000",
+                                               "version_floor": 1, "restart": True}
+    assert out[1].fields["job"]["shard_range"] == [0, 10]
+    assert match(out[2], AppendEvent, kind="server_rejoined", rank=0, checkpoint="000000000")
+    assert state.members.server_links == ("L-new",)
+    assert state.recovery.server_restarts == 1
+    # Only the new process hears back; the old one's connection is left to time out.
+    assert state.handle(Heartbeat("s0", 3.1, to="hb", link="L0")) == []
+    assert state.handle(Heartbeat("s0", 3.2, to="hb", link="L-new")) == [Reply("hb", "ok", {})]
+    out = state.handle(ShardRestored("s0", "000000000", 5, 0, 3.5, to="x"))
+    assert match(out[0], AppendEvent, kind="server_restored", lost_updates=5)
+    assert match(out[1], AppendMetric, kind="restart", server=0, lost_updates=5)
+    assert state.recovery.lost_updates == 5
+
+
+def test_a_server_back_with_nothing_to_restore_fails_the_job(make):
+    state = make(restart_servers=True)
+    start_round(state)
+    out = state.handle(Registered("server", "server", 3.0, to="r-back", link="L-new", addr=ADDR))
+    assert match(out[0], Reply, to="r-back", op="error", code="refused")
+    assert isinstance(out[-1], Finish) and "no committed checkpoint" in out[-1].failure
+
+
+def test_a_silent_restartable_server_is_waited_for(recovering):
+    state = recovering
+    for t in (10.0, 20.0, 30.0):
+        for src in ("w0", "w1"):
+            state.handle(Heartbeat(src, t, to="h"))
+    out = state.handle(TimePassed(31.0))  # the server's last word was at 0.7
+    assert out == [AppendEvent(31.0, "server_lost", {"rank": 0, "addr": ADDR})]
+    assert state.handle(TimePassed(31.5)) == []  # noted once
+    assert not state.finished
+
+
+def test_the_end_takes_a_final_checkpoint_and_gives_the_evaluator_a_last_look(make):
+    state = make(checkpoint_dir="/ck", checkpoint_every=100, evaluator=True)
+    register_all(state)
+    out = state.handle(Registered("ev", "observer", 0.2, to="r-ev"))
+    assert match(out[0], Reply, op="welcome", rank=0)
+    state.handle(Started("w0", 0.5, to="s0"))
+    assert not only(state.handle(Started("w1", 0.6, to="s1")), SendRelease)  # evaluator?
+    out = state.handle(Started("ev", 0.7, to="s-ev"))
+    assert out[0] == Reply("s-ev", "ok", {}) and len(only(out, SendRelease)) == 2
+    clock_round(state)
+    state.handle(Bye("w0", 2.0, to="b0"))
+    out = state.handle(Bye("w1", 2.1, to="b1"))
+    assert match(out[-1], ToServers, op="checkpoint", tag="000000001")
+    end = lambda: state.end.next_deadline(state.members.roster, state.schedule)  # noqa: E731
+    assert end() == pytest.approx(2.1 + 60.0)  # a checkpoint being written holds it that long
+    assert state.next_wakeup() == pytest.approx(0.7 + HB)  # the evaluator's liveness
+    out = state.handle(ShardSaved("s0", "000000001", 2.5, to="x"))
+    assert match(out[0], SaveCoordinatorState, tag="000000001") and not only(out, Finish)
+    assert end() == pytest.approx(2.1 + 30.0)  # the evaluator's grace
+    state.handle(Heartbeat("ev", 30.0, to="h"))
+    assert state.handle(TimePassed(32.0)) == []
+    assert state.handle(TimePassed(32.2)) == [Finish(None)]
