@@ -10,7 +10,6 @@ import torch
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import UpdateRule, add_at
-from paramserver.server.dedup import DedupTable
 
 # Frames from the wire are read-only buffers. torch warns when it wraps one because it cannot
 # promise not to write; the store only ever reads through these views.
@@ -47,8 +46,6 @@ class ShardStore:
         self.version = 0
         self.initialized = False
         self.updates_applied = 0
-        # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
-        self.applied = DedupTable()
         # Round mode: the running sum of batch-weighted pushes of the current round only.
         self.round_step: int | None = None
         self.round_sum: torch.Tensor | None = None
@@ -222,3 +219,30 @@ class ShardStore:
         # (the sum is reset by the next round's first push)
         self.round_step, self.round_batches, self.round_size = None, {}, 0
         return True
+
+    # ---- checkpoints (the files are server.checkpoint's) ----------------------------------------
+    def snapshot(self) -> tuple[dict, dict]:
+        """The arrays and metadata a checkpoint keeps: views of the live values, not copies
+        (they are written out before anything changes them)."""
+        arrays = {"values": self.values.numpy()}
+        arrays.update({f"state.{k}": v.numpy() for k, v in self.state.items()})
+        meta = {"version": self.version, "range": [self.range.lo, self.range.hi],
+                "dtype": str(self.dtype), "updates_applied": self.updates_applied,
+                "rule": self.rule.name}
+        return arrays, meta
+
+    def restore(self, arrays: dict, meta: dict, version_floor: int = 0) -> int:
+        """Take values and optimizer state from a snapshot (checked against this shard by
+        server.checkpoint.read_shard); returns how many updates were applied since (lost).
+
+        The version is lifted to `version_floor` (the rounds the coordinator has applied) so that
+        pulls waiting for the job's current version are served instead of waiting forever.
+        """
+        self.values.copy_(torch.from_numpy(np.ascontiguousarray(arrays["values"])))
+        for key, tensor in self.state.items():
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(arrays[f"state.{key}"])))
+        self.initialized = True
+        self.updates_applied = meta["updates_applied"]
+        lost = max(0, version_floor - meta["version"])
+        self.version = max(meta["version"], version_floor)
+        return lost
