@@ -85,11 +85,12 @@ class ShardCore:
         st = self.store
         if not st.initialized:
             raise StoreError("shard not initialized: a worker must init before pushing")
-        done = self._already_applied(ev)
-        if done is not None:
-            return done
-        res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, step=ev.step, batch=ev.batch,
-                            base_version=ev.version, scale=ev.scale, round_size=ev.round_size)
+        done = self.dedup.lookup(ev.sender, ev.rid)
+        if done is not None:  # a retry of a push applied before: its ack again, nothing applied
+            self.duplicates += 1
+            return [Reply(ev.to, "ack", done)]
+        res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
+                            ev.scale, ev.round_size)
         return self._pushed(ev, res)
 
     def _push_sparse(self, ev: PushSparse) -> list:
@@ -98,20 +99,13 @@ class ShardCore:
             raise StoreError("shard not initialized: a worker must init before pushing")
         if ev.keys.dtype != np.int64:
             raise StoreError("sparse keys must be int64")
-        done = self._already_applied(ev)
-        if done is not None:
-            return done
-        res = st.push_sparse(ev.sender, ev.keys, ev.grad, step=ev.step, batch=ev.batch,
-                             base_version=ev.version, scale=ev.scale, round_size=ev.round_size)
+        done = self.dedup.lookup(ev.sender, ev.rid)
+        if done is not None:  # a retry of a push applied before: its ack again, nothing applied
+            self.duplicates += 1
+            return [Reply(ev.to, "ack", done)]
+        res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
+                             ev.scale, ev.round_size)
         return self._pushed(ev, res)
-
-    def _already_applied(self, ev) -> list | None:
-        """A retried push that was applied before: the original ack again, nothing applied."""
-        fields = self.dedup.lookup(ev.sender, ev.rid)
-        if fields is None:
-            return None
-        self.duplicates += 1
-        return [Reply(ev.to, "ack", fields)]
 
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}
@@ -124,6 +118,8 @@ class ShardCore:
             out = [ack]
             st.apply_round(st.round_step)
             return self._serve(out)
+        if not self.pulls:
+            return [ack]
         out = self._serve([])  # arrival mode: the push made a version pulls may wait for
         out.append(ack)
         return out
@@ -137,14 +133,15 @@ class ShardCore:
     # ---- reads ----------------------------------------------------------------------------------
     def _pull(self, ev: Pull) -> list | tuple:
         st = self.store
-        if ev.keys is None:
-            st.local(ev.lo, ev.hi)  # refuse a bad range now, not when the pull is finally served
-        else:
-            if ev.keys.dtype != np.int64:
-                raise StoreError("keys must be int64")
-            st.local_keys(ev.keys)
+        if ev.keys is not None and ev.keys.dtype != np.int64:
+            raise StoreError("keys must be int64")
         if st.initialized and st.version >= ev.min_version:
-            return [self._values(ev)]
+            return [self._values(ev)]  # (reading checks the keys)
+        # Refuse bad keys now, not when the pull is finally served.
+        if ev.keys is None:
+            st.local(ev.lo, ev.hi)
+        else:
+            st.local_keys(ev.keys)
         self.pulls.add(ev, ev.now + self.settings.pull_timeout)
         return _NOTHING
 

@@ -49,20 +49,22 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
+# (Fields are read from msg.fields directly: these run for every push and pull.)
 def _arrays(msg: Message, count: int) -> list:
-    if len(msg.arrays) != count:
-        raise StoreError(f"op {msg.op!r} needs {count} array frame(s), got {len(msg.arrays)}")
-    return msg.arrays
+    arrays = msg.arrays
+    if len(arrays) != count:
+        raise StoreError(f"op {msg.op!r} needs {count} array frame(s), got {len(arrays)}")
+    return arrays
 
 
 def _init(msg: Message, to) -> Init:
-    lo, hi = msg["range"]
+    lo, hi = msg.fields["range"]
     return Init(to, lo, hi, _arrays(msg, 1)[0])
 
 
 def _push(msg: Message, to) -> Push:
-    lo, hi = msg["range"]
     f = msg.fields
+    lo, hi = f["range"]
     return Push(to, msg.src, msg.rid, lo, hi, _arrays(msg, 1)[0], f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0))
 
@@ -75,12 +77,14 @@ def _push_sparse(msg: Message, to) -> PushSparse:
 
 
 def _pull(msg: Message, to) -> Pull:
-    lo, hi = msg["range"]
-    return Pull(to, time.monotonic(), msg.get("min_version", 0), lo, hi)
+    f = msg.fields
+    lo, hi = f["range"]
+    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi)
 
 
 def _pull_keys(msg: Message, to) -> Pull:
-    return Pull(to, time.monotonic(), msg.get("min_version", 0), keys=_arrays(msg, 1)[0])
+    return Pull(to, time.monotonic(), msg.fields.get("min_version", 0),
+                keys=_arrays(msg, 1)[0])
 
 
 def _coordinator_error(msg: Message, to) -> None:
@@ -247,28 +251,26 @@ class ServerNode:
     # ---- instructions ---------------------------------------------------------------------------
     def _execute(self, instructions) -> None:
         for ins in instructions:
-            if type(ins) is Reply:
-                self._reply(ins)
-            elif type(ins) is Heartbeat:
+            kind = type(ins)
+            if kind is Reply:  # (inline: one per push and pull)
+                ident, rid = ins.to
+                msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
+                if ident is None:
+                    rpc.send(self.coord, msg)
+                elif ins.lend:  # from the live values: the store copies on write until it is out
+                    tracker = rpc.send(self.router, msg, ident, track=True)
+                    if tracker is not None:
+                        self.core.lend(tracker)
+                else:
+                    rpc.send(self.router, msg, ident)
+            elif kind is Heartbeat:
                 fields = {} if ins.counters is None else {"counters": ins.counters}
                 rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
-            elif type(ins) is SaveShard:
+            elif kind is SaveShard:
                 write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)
-            elif type(ins) is ToCoordinator:
+            elif kind is ToCoordinator:
                 rpc.send(self.coord, Message(ins.op, ins.fields, src=self.src))
-            elif type(ins) is Stop:
+            elif kind is Stop:
                 self.running = False
             else:
                 raise TypeError(f"no way to carry out {ins!r}")
-
-    def _reply(self, ins: Reply) -> None:
-        ident, rid = ins.to
-        msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
-        if ident is None:
-            rpc.send(self.coord, msg)
-        elif ins.lend:  # sent from the live values: the store copies on write until it is out
-            tracker = rpc.send(self.router, msg, ident, track=True)
-            if tracker is not None:
-                self.core.lend(tracker)
-        else:
-            rpc.send(self.router, msg, ident)

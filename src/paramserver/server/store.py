@@ -63,11 +63,11 @@ class ShardStore:
 
     # ---- reads and writes of raw values ---------------------------------------------------------
     def local(self, lo: int, hi: int) -> slice:
-        part = KeyRange(lo, hi)
-        if not self.range.contains(part):
-            raise StoreError(f"keys [{lo}, {hi}) are outside this shard's [{self.range.lo}, "
-                             f"{self.range.hi})")
-        return slice(lo - self.range.lo, hi - self.range.lo)
+        r = self.range
+        if not r.lo <= lo <= hi <= r.hi:  # (no KeyRange built on the way: every push passes)
+            KeyRange(lo, hi)  # a malformed range is refused as such
+            raise StoreError(f"keys [{lo}, {hi}) are outside this shard's [{r.lo}, {r.hi})")
+        return slice(lo - r.lo, hi - r.lo)
 
     def local_keys(self, keys: np.ndarray) -> torch.Tensor:
         if keys.size and (keys.min() < self.range.lo or keys.max() >= self.range.hi):
@@ -162,18 +162,24 @@ class ShardStore:
         """Every contributor the open round waits for has pushed: it can be applied now."""
         return self.round_step is not None and 0 < self.round_size <= len(self.round_batches)
 
-    def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, **tags) -> PushResult:
+    # (The tags are spelled out, not **tags: these run for every push.)
+    def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, step: int, batch: int,
+                   base_version: int, scale: float, round_size: int = 0) -> PushResult:
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
         if index.start != 0 or index.stop != self.range.size:
-            tags["round_size"] = 0  # one piece of several: it cannot complete the round alone
-        return self.push(worker, index, self._tensor(array), **tags)
+            round_size = 0  # one piece of several: it cannot complete the round alone
+        return self.push(worker, index, self._tensor(array), step, batch, base_version, scale,
+                         round_size)
 
-    def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, **tags) -> PushResult:
+    def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, step: int,
+                    batch: int, base_version: int, scale: float,
+                    round_size: int = 0) -> PushResult:
         if keys.size != array.size:
             raise StoreError(f"sparse push has {keys.size} keys but {array.size} values")
-        return self.push(worker, self.local_keys(keys), self._tensor(array), **tags)
+        return self.push(worker, self.local_keys(keys), self._tensor(array), step, batch,
+                         base_version, scale, round_size)
 
     def _accumulate(self, worker, index, grad, step, batch, scale) -> None:
         weight = batch * scale
