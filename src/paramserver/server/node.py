@@ -1,4 +1,4 @@
-"""Shard server process: serves push/pull for one key range and applies rounds on command."""
+"""Shard server process: the sockets, the clock and the files around one ShardCore."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import numpy as np
 import torch
 import zmq
 
-from paramserver.core.keyspace import KeyRange
-from paramserver.optim import make_rule
 from paramserver.net import rpc
-from paramserver.server.pulls import PendingPullsMixin
-from paramserver.server.checkpoint import restore_shard, save_shard
-from paramserver.server.store import ShardStore, StoreError
+from paramserver.server.checkpoint import read_shard, write_shard
+from paramserver.server.core import ShardCore
+from paramserver.server.events import (
+    ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, RestoreFrom,
+    SaveShard, ShardSettings, Shutdown, Status, Stop, TimePassed, ToCoordinator,
+)
+from paramserver.server.store import StoreError
 from paramserver.transport import (
     advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
 )
@@ -27,8 +29,83 @@ WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status")
 WRITE_OPS = ("init", "push", "push_sparse")
 
 
-class ServerNode(PendingPullsMixin):
-    """One shard: a ROUTER for workers, a DEALER to the coordinator, one thread, no blocking."""
+def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
+    """The one place that reads the job dict of a welcome: typed settings for core and node."""
+    job = welcome["job"]
+    lo, hi = job["shard_range"]
+    opt = job["optimizer"]
+    restore = None
+    if job.get("restore"):
+        r = job["restore"]
+        restore = RestoreFrom(r["dir"], r["tag"], int(r.get("version_floor", 0)),
+                              bool(r.get("restart")))
+    return ShardSettings(
+        rank=welcome["rank"], lo=lo, hi=hi, dtype=job["dtype"], apply_mode=job["apply_mode"],
+        optimizer=opt["name"], lr=opt["lr"], optimizer_options=dict(opt.get("options", {})),
+        pull_timeout=pull_timeout,
+        heartbeat_interval=float(job.get("heartbeat_interval", 1.0)),
+        coordinator_timeout=float(job.get("coordinator_timeout", 60.0)),
+        server_threads=int(job.get("server_threads", 1)), restore=restore)
+
+
+# ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
+# (Fields are read from msg.fields directly: these run for every push and pull.)
+def _arrays(msg: Message, count: int) -> list:
+    arrays = msg.arrays
+    if len(arrays) != count:
+        raise StoreError(f"op {msg.op!r} needs {count} array frame(s), got {len(arrays)}")
+    return arrays
+
+
+def _init(msg: Message, to) -> Init:
+    lo, hi = msg.fields["range"]
+    return Init(to, lo, hi, _arrays(msg, 1)[0])
+
+
+def _push(msg: Message, to) -> Push:
+    f = msg.fields
+    lo, hi = f["range"]
+    return Push(to, msg.src, msg.rid, lo, hi, _arrays(msg, 1)[0], f["step"], f["batch"],
+                f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0))
+
+
+def _push_sparse(msg: Message, to) -> PushSparse:
+    keys, values = _arrays(msg, 2)
+    f = msg.fields
+    return PushSparse(to, msg.src, msg.rid, keys, values, f["step"], f["batch"], f["version"],
+                      float(f.get("scale", 1.0)), f.get("round_size", 0))
+
+
+def _pull(msg: Message, to) -> Pull:
+    f = msg.fields
+    lo, hi = f["range"]
+    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi)
+
+
+def _pull_keys(msg: Message, to) -> Pull:
+    return Pull(to, time.monotonic(), msg.fields.get("min_version", 0),
+                keys=_arrays(msg, 1)[0])
+
+
+def _coordinator_error(msg: Message, to) -> None:
+    log.warning("coordinator reported: %s", msg["msg"])
+
+
+EVENTS = {
+    "init": _init, "push": _push, "push_sparse": _push_sparse, "pull": _pull,
+    "pull_keys": _pull_keys, "status": lambda msg, to: Status(to),
+    "apply_round": lambda msg, to: ApplyRound(to, msg["step"]),
+    "checkpoint": lambda msg, to: Checkpoint(to, msg["tag"], msg["dir"]),
+    "shutdown": lambda msg, to: Shutdown(to),
+    "ok": lambda msg, to: None,  # the coordinator's answer to a heartbeat
+    "error": _coordinator_error,
+}
+
+
+class ServerNode:
+    """One shard: a ROUTER for workers, a DEALER to the coordinator, one thread, no blocking.
+
+    Reply tokens are (peer identity, request id); the identity is None for the coordinator."""
 
     def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
                  pull_timeout: float = 60.0, register_timeout: float = 60.0,
@@ -49,15 +126,11 @@ class ServerNode(PendingPullsMixin):
         self.pull_timeout = pull_timeout
         self.register_timeout = register_timeout
         self.src = "server"
-        self.pending_pulls: list[tuple[float, bytes, Message]] = []
-        self._handlers: dict = {}
         self.running = True
-        self.store: ShardStore | None = None
-        self.duplicates = 0  # retried pushes answered from the dedup table
-        self.counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last heartbeat told
+        self.core: ShardCore | None = None
 
     # ---- setup ----------------------------------------------------------------------------------
-    def _register(self, addr: str) -> dict:
+    def _register(self, addr: str) -> Message:
         rpc.send(self.coord, Message("register", {"role": "server", "addr": addr}, src=self.src))
         if not self.coord.poll(int(self.register_timeout * 1000)):
             raise TimeoutError(f"coordinator at {self.join} did not answer registration within "
@@ -67,30 +140,19 @@ class ServerNode(PendingPullsMixin):
             raise RuntimeError(f"coordinator refused registration: {getattr(msg, 'fields', msg)}")
         return msg
 
-    def _build_store(self, welcome: Message) -> None:
-        job = welcome["job"]
-        self.rank = welcome["rank"]
-        self.src = f"s{self.rank}"
-        lo, hi = job["shard_range"]
-        opt = job["optimizer"]
-        rule = make_rule(opt["name"], opt["lr"], **opt.get("options", {}))
-        self.store = ShardStore(KeyRange(lo, hi), job["dtype"], rule, job["apply_mode"],
-                                alloc=self._shared_values(hi - lo, job["dtype"]))
+    def _build_core(self, welcome: Message) -> None:
+        s = self.settings = shard_settings(welcome, self.pull_timeout)
+        self.src = f"s{s.rank}"
+        self.core = ShardCore(s, alloc=self._shared_values(s.hi - s.lo, s.dtype))
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
-        torch.set_num_threads(int(job.get("server_threads", 1)))
-        self.lost_updates = 0
-        if job.get("restore"):
-            r = job["restore"]
-            self.lost_updates = restore_shard(self.store, r["dir"], r["tag"], self.rank,
-                                              int(r.get("version_floor", 0)))
-            log.info("restored shard %d from checkpoint %s (%d updates lost)", self.rank,
-                     r["tag"], self.lost_updates)
-            if r.get("restart"):  # back after a crash: the coordinator counts what was lost
-                rpc.send(self.coord, Message("restored", {
-                    "tag": r["tag"], "lost_updates": self.lost_updates,
-                    "version": self.store.version}, src=self.src))
-        self.heartbeat_interval = float(job.get("heartbeat_interval", 1.0))
-        self.coordinator_timeout = float(job.get("coordinator_timeout", 60.0))
+        torch.set_num_threads(s.server_threads)
+        if s.restore is not None:
+            r = s.restore
+            arrays, meta = read_shard(r.dir, r.tag, s.rank, self.core.store)
+            self._execute(self.core.handle(Restore(r.tag, arrays, meta, r.version_floor,
+                                                   announce=r.restart)))
+            log.info("restored shard %d from checkpoint %s (%d updates lost)", s.rank, r.tag,
+                     self.core.lost_updates)
 
     # Values plus spares for copy-on-write while workers still read replies in place.
     SHARED_BUFFERS = 4
@@ -117,9 +179,10 @@ class ServerNode(PendingPullsMixin):
         self.addr = addr
         self.coord = connect_dealer(ctx, self.join, keys=self.keys)
         try:
-            self._build_store(self._register(addr))
-            log.info("server %s serving keys [%d, %d) at %s", self.src, self.store.range.lo,
-                     self.store.range.hi, addr)
+            self._build_core(self._register(addr))
+            st = self.core.store
+            log.info("server %s serving keys [%d, %d) at %s", self.src, st.range.lo,
+                     st.range.hi, addr)
             self._loop()
             return 0
         finally:
@@ -132,35 +195,24 @@ class ServerNode(PendingPullsMixin):
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.coord, zmq.POLLIN)
-        next_beat = 0.0
+        core = self.core
         self.coord_heard = time.monotonic()
         while self.running:
             now = time.monotonic()
-            if now >= next_beat:
-                self._beat()
-                next_beat = now + self.heartbeat_interval
-            timeout = max(0.0, min(next_beat, self._next_pull_deadline()) - now)
+            if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
+                self._execute(core.handle(TimePassed(now)))
+            timeout = max(0.0, core.next_wakeup() - now)
             for sock, _ in poller.poll(timeout * 1000):
                 if sock is self.coord:
                     self.coord_heard = time.monotonic()
                 self._drain(sock)
-            self._expire_pulls(time.monotonic())
             self._check_coordinator()
-
-    def _beat(self) -> None:
-        """A heartbeat; it carries the shard's loss counters when they changed, for the job's
-        metrics (summed in summary.json): pushes dropped as late, retries answered twice."""
-        counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
-        fields = {}
-        if counters != self.counters_sent:
-            fields["counters"] = self.counters_sent = counters
-        rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
 
     def _check_coordinator(self) -> None:
         """The coordinator answers every heartbeat: long silence means it is gone, and a
         server without it would serve a job that no longer exists forever."""
         silent = time.monotonic() - self.coord_heard
-        if silent > self.coordinator_timeout:
+        if silent > self.settings.coordinator_timeout:
             raise SystemExit(f"server {self.src}: the coordinator at {self.join} has been "
                              f"silent for {silent:.0f} s; exiting")
 
@@ -176,125 +228,49 @@ class ServerNode(PendingPullsMixin):
                 rpc.refuse(sock, ident, msg, self.src, frames)
                 continue
             try:
-                self._dispatch(sock, ident, msg, routed)
+                self._dispatch(ident, msg, routed)
             except (StoreError, ValueError, KeyError, TypeError) as exc:
                 rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                        rid=msg.rid, src=self.src), ident)
 
-    def _dispatch(self, sock, ident, msg: Message, from_worker: bool) -> None:
-        if from_worker and msg.op not in WORKER_OPS:
+    def _dispatch(self, ident, msg: Message, from_worker: bool) -> None:
+        """The message as an event for the core (refused here when the peer may not send it),
+        and the core's instructions carried out."""
+        if from_worker:
+            if msg.op not in WORKER_OPS:
+                raise ValueError(f"op {msg.op!r} is not served by a parameter server")
+            if msg.op in WRITE_OPS:
+                security.check_role(ident, "worker", self.secured)
+        as_event = EVENTS.get(msg.op)
+        if as_event is None:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
-        if from_worker and msg.op in WRITE_OPS:
-            security.check_role(ident, "worker", self.secured)
-        handler = self._handlers.get(msg.op)
-        if handler is None:
-            handler = self._handlers[msg.op] = getattr(self, f"_on_{msg.op}", None)
-        if handler is None:
-            raise ValueError(f"op {msg.op!r} is not served by a parameter server")
-        reply = handler(msg, ident)
-        if reply is not None:
-            reply.rid, reply.src = msg.rid, self.src
-            rpc.send(sock, reply, ident)
-        if self.store.round_full:
-            # The round's last push: apply now (after its ack, so the pusher's clock leaves
-            # first) rather than after the coordinator hears every clock and says so.
-            self.store.apply_round(self.store.round_step)
-            self._serve_pulls()
+        event = as_event(msg, (ident, msg.rid))
+        if event is not None:
+            self._execute(self.core.handle(event))
 
-    # ---- handlers -------------------------------------------------------------------------------
-    def _on_init(self, msg: Message, ident) -> Message:
-        lo, hi = msg["range"]
-        self._need_arrays(msg, 1)
-        took = self.store.init(lo, hi, msg.arrays[0])
-        self._serve_pulls()
-        return Message("ack", {"version": self.store.version, "staleness": 0 if took else -1})
-
-    def _tags(self, msg: Message) -> dict:
-        return {"step": msg["step"], "batch": msg["batch"], "base_version": msg["version"],
-                "scale": float(msg.get("scale", 1.0)), "round_size": msg.get("round_size", 0)}
-
-    def _on_push(self, msg: Message, ident) -> Message:
-        self._need_init()
-        self._need_arrays(msg, 1)
-        lo, hi = msg["range"]
-        done = self._already_applied(msg)
-        if done is not None:
-            return done
-        res = self.store.push_dense(msg.src, lo, hi, msg.arrays[0], **self._tags(msg))
-        self._serve_pulls()
-        return self._ack(msg, res)
-
-    def _on_push_sparse(self, msg: Message, ident) -> Message:
-        self._need_init()
-        self._need_arrays(msg, 2)
-        keys, values = msg.arrays
-        if keys.dtype != np.int64:
-            raise StoreError("sparse keys must be int64")
-        done = self._already_applied(msg)
-        if done is not None:
-            return done
-        res = self.store.push_sparse(msg.src, keys, values, **self._tags(msg))
-        self._serve_pulls()
-        return self._ack(msg, res)
-
-    def _already_applied(self, msg: Message) -> Message | None:
-        """A retried push that was applied before: the original ack again, nothing applied."""
-        fields = self.store.applied.lookup(msg.src, msg.rid)
-        if fields is None:
-            return None
-        self.duplicates += 1
-        return Message("ack", fields)
-
-    def _ack(self, msg: Message, res) -> Message:
-        fields = {"version": res.version, "staleness": res.staleness}
-        self.store.applied.remember(msg.src, msg.rid, fields)
-        return Message("ack", fields)
-
-    def _on_pull(self, msg: Message, ident) -> None:
-        lo, hi = msg["range"]
-        self.store.local(lo, hi)  # refuse a bad range now, not when the pull is finally served
-        self._pull_or_wait(msg, ident)
-
-    def _on_pull_keys(self, msg: Message, ident) -> None:
-        self._need_arrays(msg, 1)
-        if msg.arrays[0].dtype != np.int64:
-            raise StoreError("keys must be int64")
-        self.store.local_keys(msg.arrays[0])
-        self._pull_or_wait(msg, ident)
-
-    def _on_apply_round(self, msg: Message, ident) -> None:
-        # No reply: the coordinator waits for none, and every message costs both ends CPU.
-        self.store.apply_round(msg["step"])
-        self._serve_pulls()
-
-    def _on_status(self, msg: Message, ident) -> Message:
-        st = self.store
-        return Message("state", {"state": {
-            "rank": self.rank, "range": [st.range.lo, st.range.hi], "version": st.version,
-            "initialized": st.initialized, "updates_applied": st.updates_applied,
-            "lost_updates": self.lost_updates, "duplicates": self.duplicates,
-            "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write,
-            "pending_pulls": len(self.pending_pulls)}})
-
-    def _on_checkpoint(self, msg: Message, ident) -> Message:
-        save_shard(self.store, msg["dir"], msg["tag"], self.rank)
-        return Message("saved", {"tag": msg["tag"], "version": self.store.version})
-
-    def _on_shutdown(self, msg: Message, ident) -> None:
-        self.running = False
-
-    def _on_ok(self, msg: Message, ident) -> None:
-        return None
-
-    def _on_error(self, msg: Message, ident) -> None:
-        log.warning("coordinator reported: %s", msg["msg"])
-
-    # ---- checks ---------------------------------------------------------------------------------
-    def _need_init(self) -> None:
-        if not self.store.initialized:
-            raise StoreError("shard not initialized: a worker must init before pushing")
-
-    @staticmethod
-    def _need_arrays(msg: Message, count: int) -> None:
-        if len(msg.arrays) != count:
-            raise StoreError(f"op {msg.op!r} needs {count} array frame(s), got {len(msg.arrays)}")
+    # ---- instructions ---------------------------------------------------------------------------
+    def _execute(self, instructions) -> None:
+        for ins in instructions:
+            kind = type(ins)
+            if kind is Reply:  # (inline: one per push and pull)
+                ident, rid = ins.to
+                msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
+                if ident is None:
+                    rpc.send(self.coord, msg)
+                elif ins.lend:  # from the live values: the store copies on write until it is out
+                    tracker = rpc.send(self.router, msg, ident, track=True)
+                    if tracker is not None:
+                        self.core.lend(tracker)
+                else:
+                    rpc.send(self.router, msg, ident)
+            elif kind is Heartbeat:
+                fields = {} if ins.counters is None else {"counters": ins.counters}
+                rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
+            elif kind is SaveShard:
+                write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)
+            elif kind is ToCoordinator:
+                rpc.send(self.coord, Message(ins.op, ins.fields, src=self.src))
+            elif kind is Stop:
+                self.running = False
+            else:
+                raise TypeError(f"no way to carry out {ins!r}")

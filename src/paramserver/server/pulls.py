@@ -1,63 +1,46 @@
-"""Server pulls that wait for a version: answered once the shard reaches it, else timed out."""
+"""Pulls that wait for a version: kept until the shard reaches it or their deadline passes."""
 
 from __future__ import annotations
 
-import time
-
-from paramserver.net import rpc
-from paramserver.wire import Message
+from paramserver.server.events import Pull
 
 
-class PendingPullsMixin:
-    """Part of the ServerNode: shares its state (store, router, pending_pulls, pull_timeout)."""
+class PendingPulls:
+    """Waiting pulls, each with the time (event time) at which it gives up."""
 
-    def _ready(self, msg: Message) -> bool:
-        return self.store.initialized and self.store.version >= msg.get("min_version", 0)
+    def __init__(self):
+        self._waiting: list[tuple[float, Pull]] = []
+        self.next_deadline = float("inf")
 
-    def _pull_or_wait(self, msg: Message, ident) -> None:
-        if self._ready(msg):
-            self._answer_pull(msg, ident)
-        elif not any(i == ident and m.rid == msg.rid for _, i, m in self.pending_pulls):
-            # (a retry of a pull that is already waiting needs no second place in the queue)
-            self.pending_pulls.append((time.monotonic() + self.pull_timeout, ident, msg))
+    def __len__(self) -> int:
+        return len(self._waiting)
 
-    def _answer_pull(self, msg: Message, ident) -> None:
-        """Reply with the values. A range is sent straight from the store's buffer, no copy:
-        the store gets the send's tracker and copies on write if it must change them earlier."""
-        if msg.op == "pull":
-            lo, hi = msg["range"]
-            data = self.store.read(lo, hi, shared=True)
-            fields = {"version": self.store.version, "range": [lo, hi]}
-        else:
-            data = self.store.read_keys(msg.arrays[0])  # gathered: already a private copy
-            fields = {"version": self.store.version}
-        reply = Message("values", fields, [data.numpy()], rid=msg.rid, src=self.src)
-        tracker = rpc.send(self.router, reply, ident, track=msg.op == "pull")
-        if tracker is not None:
-            self.store.lend(tracker)
+    def add(self, pull: Pull, deadline: float) -> bool:
+        """Keep `pull` until `deadline`. A retry of a pull already waiting (an equal reply
+        token) needs no second place: False, and the first one keeps its deadline."""
+        if any(p.to == pull.to for _, p in self._waiting):
+            return False
+        self._waiting.append((deadline, pull))
+        self.next_deadline = min(self.next_deadline, deadline)
+        return True
 
-    def _serve_pulls(self) -> None:
-        if not self.pending_pulls:
-            return
-        waiting = []
-        for deadline, ident, msg in self.pending_pulls:
-            if self._ready(msg):
-                self._answer_pull(msg, ident)
-            else:
-                waiting.append((deadline, ident, msg))
-        self.pending_pulls = waiting
+    def reached(self, version: int) -> list[Pull]:
+        """Remove and return, in arrival order, the pulls that `version` satisfies."""
+        if not self._waiting:
+            return []
+        ready = [p for _, p in self._waiting if p.min_version <= version]
+        if ready:
+            self._keep([w for w in self._waiting if w[1].min_version > version])
+        return ready
 
-    def _next_pull_deadline(self) -> float:
-        return min((d for d, _, _ in self.pending_pulls), default=float("inf"))
+    def expire(self, now: float) -> list[Pull]:
+        """Remove and return the pulls whose deadline is `now` or earlier."""
+        if now < self.next_deadline:
+            return []
+        expired = [p for d, p in self._waiting if d <= now]
+        self._keep([w for w in self._waiting if w[0] > now])
+        return expired
 
-    def _expire_pulls(self, now: float) -> None:
-        expired = [p for p in self.pending_pulls if p[0] <= now]
-        if not expired:
-            return
-        self.pending_pulls = [p for p in self.pending_pulls if p[0] > now]
-        for _, ident, msg in expired:
-            what = ("initial values" if not self.store.initialized
-                    else f"version {msg.get('min_version', 0)} (at {self.store.version})")
-            rpc.send(self.router, Message("error", {
-                "msg": f"server {self.src} waited {self.pull_timeout:.0f} s for {what}",
-                "code": "timeout"}, rid=msg.rid, src=self.src), ident)
+    def _keep(self, waiting: list) -> None:
+        self._waiting = waiting
+        self.next_deadline = min((d for d, _ in waiting), default=float("inf"))

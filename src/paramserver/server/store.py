@@ -10,7 +10,6 @@ import torch
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import UpdateRule, add_at
-from paramserver.server.dedup import DedupTable
 
 # Frames from the wire are read-only buffers. torch warns when it wraps one because it cannot
 # promise not to write; the store only ever reads through these views.
@@ -47,8 +46,6 @@ class ShardStore:
         self.version = 0
         self.initialized = False
         self.updates_applied = 0
-        # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
-        self.applied = DedupTable()
         # Round mode: the running sum of batch-weighted pushes of the current round only.
         self.round_step: int | None = None
         self.round_sum: torch.Tensor | None = None
@@ -66,11 +63,11 @@ class ShardStore:
 
     # ---- reads and writes of raw values ---------------------------------------------------------
     def local(self, lo: int, hi: int) -> slice:
-        part = KeyRange(lo, hi)
-        if not self.range.contains(part):
-            raise StoreError(f"keys [{lo}, {hi}) are outside this shard's [{self.range.lo}, "
-                             f"{self.range.hi})")
-        return slice(lo - self.range.lo, hi - self.range.lo)
+        r = self.range
+        if not r.lo <= lo <= hi <= r.hi:  # (no KeyRange built on the way: every push passes)
+            KeyRange(lo, hi)  # a malformed range is refused as such
+            raise StoreError(f"keys [{lo}, {hi}) are outside this shard's [{r.lo}, {r.hi})")
+        return slice(lo - r.lo, hi - r.lo)
 
     def local_keys(self, keys: np.ndarray) -> torch.Tensor:
         if keys.size and (keys.min() < self.range.lo or keys.max() >= self.range.hi):
@@ -165,18 +162,24 @@ class ShardStore:
         """Every contributor the open round waits for has pushed: it can be applied now."""
         return self.round_step is not None and 0 < self.round_size <= len(self.round_batches)
 
-    def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, **tags) -> PushResult:
+    # (The tags are spelled out, not **tags: these run for every push.)
+    def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, step: int, batch: int,
+                   base_version: int, scale: float, round_size: int = 0) -> PushResult:
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
         if index.start != 0 or index.stop != self.range.size:
-            tags["round_size"] = 0  # one piece of several: it cannot complete the round alone
-        return self.push(worker, index, self._tensor(array), **tags)
+            round_size = 0  # one piece of several: it cannot complete the round alone
+        return self.push(worker, index, self._tensor(array), step, batch, base_version, scale,
+                         round_size)
 
-    def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, **tags) -> PushResult:
+    def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, step: int,
+                    batch: int, base_version: int, scale: float,
+                    round_size: int = 0) -> PushResult:
         if keys.size != array.size:
             raise StoreError(f"sparse push has {keys.size} keys but {array.size} values")
-        return self.push(worker, self.local_keys(keys), self._tensor(array), **tags)
+        return self.push(worker, self.local_keys(keys), self._tensor(array), step, batch,
+                         base_version, scale, round_size)
 
     def _accumulate(self, worker, index, grad, step, batch, scale) -> None:
         weight = batch * scale
@@ -222,3 +225,30 @@ class ShardStore:
         # (the sum is reset by the next round's first push)
         self.round_step, self.round_batches, self.round_size = None, {}, 0
         return True
+
+    # ---- checkpoints (the files are server.checkpoint's) ----------------------------------------
+    def snapshot(self) -> tuple[dict, dict]:
+        """The arrays and metadata a checkpoint keeps: views of the live values, not copies
+        (they are written out before anything changes them)."""
+        arrays = {"values": self.values.numpy()}
+        arrays.update({f"state.{k}": v.numpy() for k, v in self.state.items()})
+        meta = {"version": self.version, "range": [self.range.lo, self.range.hi],
+                "dtype": str(self.dtype), "updates_applied": self.updates_applied,
+                "rule": self.rule.name}
+        return arrays, meta
+
+    def restore(self, arrays: dict, meta: dict, version_floor: int = 0) -> int:
+        """Take values and optimizer state from a snapshot (checked against this shard by
+        server.checkpoint.read_shard); returns how many updates were applied since (lost).
+
+        The version is lifted to `version_floor` (the rounds the coordinator has applied) so that
+        pulls waiting for the job's current version are served instead of waiting forever.
+        """
+        self.values.copy_(torch.from_numpy(np.ascontiguousarray(arrays["values"])))
+        for key, tensor in self.state.items():
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(arrays[f"state.{key}"])))
+        self.initialized = True
+        self.updates_applied = meta["updates_applied"]
+        lost = max(0, version_floor - meta["version"])
+        self.version = max(meta["version"], version_floor)
+        return lost

@@ -1,0 +1,221 @@
+"""The shard's logic as a state machine: events in, instructions out; no sockets, no clock.
+
+ShardCore composes the objects that own the shard's state: ShardStore (values, version,
+optimizer state, the round aggregate), DedupTable (replies to pushes already applied) and
+PendingPulls (pulls waiting for a version). It owns two rules of its own: a push that makes
+the round full applies it at once, and heartbeats go out every heartbeat_interval of event
+time carrying the loss counters when they changed.
+
+Replies that carry views of the live values (range pulls) are sent zero-copy; the node hands
+the send's tracker back through lend(). Until then the store does not know the view is out,
+so within one event every write to the values comes before the first such reply is made.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver.core.keyspace import KeyRange
+from paramserver.optim import make_rule
+from paramserver.server.dedup import DedupTable
+from paramserver.server.events import (
+    ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, SaveShard,
+    ShardSettings, Shutdown, Status, Stop, TimePassed, ToCoordinator,
+)
+from paramserver.server.pulls import PendingPulls
+from paramserver.server.store import ShardStore, StoreError
+
+_NOTHING = ()
+
+
+class ShardCore:
+    """One shard of the key space: `handle(event) -> instructions` for its node to carry out."""
+
+    def __init__(self, settings: ShardSettings, alloc=None):
+        """`alloc`: see ShardStore (the node's shared-memory buffers for the values)."""
+        self.settings = settings
+        self.name = f"s{settings.rank}"
+        rule = make_rule(settings.optimizer, settings.lr, **settings.optimizer_options)
+        self.store = ShardStore(KeyRange(settings.lo, settings.hi), settings.dtype, rule,
+                                settings.apply_mode, alloc=alloc)
+        # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
+        self.dedup = DedupTable()
+        self.pulls = PendingPulls()
+        self.duplicates = 0  # retried pushes answered from the dedup table
+        self.lost_updates = 0  # updates a restore from checkpoint could not bring back
+        self.stopped = False
+        self._beat_due = float("-inf")  # the first look at the clock beats
+        self._counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last beat told
+        self._handlers = {
+            Push: self._push, PushSparse: self._push_sparse, Pull: self._pull,
+            ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
+            Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
+            Shutdown: self._shutdown,
+        }
+
+    def handle(self, event) -> list | tuple:
+        """The instructions `event` calls for, in order. A request the shard cannot serve is
+        answered with an error reply (code "refused")."""
+        try:
+            return self._handlers[type(event)](event)
+        except (StoreError, ValueError, KeyError, TypeError) as exc:
+            to = getattr(event, "to", None)
+            if to is None:  # nobody asked: a restore or a clock tick that fails is a bug
+                raise
+            return [Reply(to, "error", {"msg": str(exc), "code": "refused"})]
+
+    def lend(self, loan) -> None:
+        """A reply made with `lend` reads the live values until `loan.done`."""
+        self.store.lend(loan)
+
+    def next_wakeup(self) -> float:
+        """The event time by which the core wants a TimePassed: the next heartbeat, or the
+        earliest deadline of a waiting pull."""
+        return min(self._beat_due, self.pulls.next_deadline)
+
+    # ---- writes ---------------------------------------------------------------------------------
+    def _init(self, ev: Init) -> list:
+        took = self.store.init(ev.lo, ev.hi, ev.values)
+        out = self._serve([])
+        out.append(Reply(ev.to, "ack", {"version": self.store.version,
+                                        "staleness": 0 if took else -1}))
+        return out
+
+    def _push(self, ev: Push) -> list:
+        st = self.store
+        if not st.initialized:
+            raise StoreError("shard not initialized: a worker must init before pushing")
+        done = self.dedup.lookup(ev.sender, ev.rid)
+        if done is not None:  # a retry of a push applied before: its ack again, nothing applied
+            self.duplicates += 1
+            return [Reply(ev.to, "ack", done)]
+        res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
+                            ev.scale, ev.round_size)
+        return self._pushed(ev, res)
+
+    def _push_sparse(self, ev: PushSparse) -> list:
+        st = self.store
+        if not st.initialized:
+            raise StoreError("shard not initialized: a worker must init before pushing")
+        if ev.keys.dtype != np.int64:
+            raise StoreError("sparse keys must be int64")
+        done = self.dedup.lookup(ev.sender, ev.rid)
+        if done is not None:  # a retry of a push applied before: its ack again, nothing applied
+            self.duplicates += 1
+            return [Reply(ev.to, "ack", done)]
+        res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
+                             ev.scale, ev.round_size)
+        return self._pushed(ev, res)
+
+    def _pushed(self, ev, res) -> list:
+        fields = {"version": res.version, "staleness": res.staleness}
+        self.dedup.remember(ev.sender, ev.rid, fields)
+        ack = Reply(ev.to, "ack", fields)
+        st = self.store
+        if st.round_full:
+            # The round's last push: apply now (after its ack, so the pusher's clock leaves
+            # first) rather than after the coordinator hears every clock and says so.
+            out = [ack]
+            st.apply_round(st.round_step)
+            return self._serve(out)
+        if not self.pulls:
+            return [ack]
+        out = self._serve([])  # arrival mode: the push made a version pulls may wait for
+        out.append(ack)
+        return out
+
+    def _apply_round(self, ev: ApplyRound) -> list:
+        # Idempotent by step: a round its last push applied already is not applied again.
+        # No reply: the coordinator waits for none, and every message costs both ends CPU.
+        self.store.apply_round(ev.step)
+        return self._serve([])
+
+    # ---- reads ----------------------------------------------------------------------------------
+    def _pull(self, ev: Pull) -> list | tuple:
+        st = self.store
+        if ev.keys is not None and ev.keys.dtype != np.int64:
+            raise StoreError("keys must be int64")
+        if st.initialized and st.version >= ev.min_version:
+            return [self._values(ev)]  # (reading checks the keys)
+        # Refuse bad keys now, not when the pull is finally served.
+        if ev.keys is None:
+            st.local(ev.lo, ev.hi)
+        else:
+            st.local_keys(ev.keys)
+        self.pulls.add(ev, ev.now + self.settings.pull_timeout)
+        return _NOTHING
+
+    def _values(self, ev: Pull) -> Reply:
+        """A range goes straight from the store's buffer, no copy (hence `lend`); keys are
+        gathered, already a private copy."""
+        st = self.store
+        if ev.keys is None:
+            data = st.read(ev.lo, ev.hi, shared=True)
+            return Reply(ev.to, "values", {"version": st.version, "range": [ev.lo, ev.hi]},
+                         [data.numpy()], lend=True)
+        return Reply(ev.to, "values", {"version": st.version}, [st.read_keys(ev.keys).numpy()])
+
+    def _serve(self, out: list) -> list:
+        """Answer the waiting pulls the shard's version now satisfies (appended to `out`)."""
+        if self.pulls and self.store.initialized:
+            for pull in self.pulls.reached(self.store.version):
+                out.append(self._values(pull))
+        return out
+
+    def _status(self, ev: Status) -> list:
+        st = self.store
+        return [Reply(ev.to, "state", {"state": {
+            "rank": self.settings.rank, "range": [st.range.lo, st.range.hi],
+            "version": st.version, "initialized": st.initialized,
+            "updates_applied": st.updates_applied, "lost_updates": self.lost_updates,
+            "duplicates": self.duplicates, "late_pushes": st.late_pushes,
+            "copies_on_write": st.copies_on_write, "pending_pulls": len(self.pulls)}})]
+
+    # ---- checkpoints, time, the end -------------------------------------------------------------
+    def _checkpoint(self, ev: Checkpoint) -> list:
+        arrays, meta = self.store.snapshot()
+        meta["applied"] = self.dedup.dump()  # the retries of saved pushes stay answered
+        return [SaveShard(ev.tag, ev.dir, arrays, meta),
+                Reply(ev.to, "saved", {"tag": ev.tag, "version": self.store.version})]
+
+    def _restore(self, ev: Restore) -> list:
+        self.lost_updates = self.store.restore(ev.arrays, ev.meta, ev.version_floor)
+        # The pushes in the checkpoint stay applied once: their retries are answered.
+        self.dedup = DedupTable.load(ev.meta.get("applied", []), self.dedup.window,
+                                     self.dedup.senders)
+        out = self._serve([])
+        if ev.announce:  # back after a crash: the coordinator counts what was lost
+            out.append(ToCoordinator("restored", {
+                "tag": ev.tag, "lost_updates": self.lost_updates,
+                "version": self.store.version}))
+        return out
+
+    def _time_passed(self, ev: TimePassed) -> list | tuple:
+        now = ev.now
+        if now < self._beat_due and now < self.pulls.next_deadline:
+            return _NOTHING
+        out = []
+        st = self.store
+        for pull in self.pulls.expire(now):
+            what = ("initial values" if not st.initialized
+                    else f"version {pull.min_version} (at {st.version})")
+            out.append(Reply(pull.to, "error", {
+                "msg": f"server {self.name} waited {self.settings.pull_timeout:.0f} s for "
+                       f"{what}", "code": "timeout"}))
+        if now >= self._beat_due:
+            self._beat_due = now + self.settings.heartbeat_interval
+            out.append(Heartbeat(self._changed_counters()))
+        return out
+
+    def _changed_counters(self) -> dict | None:
+        """The loss counters for the job's metrics (summed in summary.json): pushes dropped
+        as late, retries answered twice; None when the last heartbeat told them already."""
+        counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
+        if counters == self._counters_sent:
+            return None
+        self._counters_sent = counters
+        return counters
+
+    def _shutdown(self, ev: Shutdown) -> list:
+        self.stopped = True
+        return [Stop()]

@@ -1,0 +1,173 @@
+"""What a shard's core hears (events), what it asks its node to do (instructions), and the
+settings it runs with. Pure data: no sockets, no clock.
+
+`to` is a reply token the node mints per request and maps back to the peer; the core only
+hands it back and compares it (a retried request carries an equal token).
+
+Events and instructions are plain slotted dataclasses, not frozen ones: a frozen dataclass
+costs microseconds to build, and one of these is built for every push and pull. Treat them as
+immutable all the same. Tensors travel inside them as they came (views of the received frames,
+of the shard's values): nothing here copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+# ---- settings -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RestoreFrom:
+    """The checkpoint a shard starts from, and whether it is back after a crash."""
+    dir: str
+    tag: str
+    version_floor: int = 0  # the rounds the coordinator applied: pulls wait for no less
+    restart: bool = False  # back after a crash: the coordinator counts what was lost
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """Everything a shard reads from its welcome, with the defaults in this one place."""
+    rank: int
+    lo: int
+    hi: int
+    dtype: str
+    apply_mode: str  # "arrival" or "round"
+    optimizer: str
+    lr: float
+    optimizer_options: dict = field(default_factory=dict)
+    pull_timeout: float = 60.0  # a pull waiting for a version gives up after this long
+    heartbeat_interval: float = 1.0
+    coordinator_timeout: float = 60.0  # (the node's) silence after which the job is gone
+    server_threads: int = 1  # (the node's) torch threads
+    restore: RestoreFrom | None = None
+
+
+# ---- events -------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Init:
+    to: Any
+    lo: int
+    hi: int
+    values: np.ndarray
+
+
+@dataclass(slots=True)
+class Push:
+    to: Any
+    sender: str
+    rid: int  # with `sender`, what makes a retry recognisable
+    lo: int
+    hi: int
+    grad: np.ndarray
+    step: int
+    batch: int
+    version: int  # the version the gradient was computed from
+    scale: float = 1.0
+    round_size: int = 0  # contributors of the round, when the pusher knows (0: not said)
+
+
+@dataclass(slots=True)
+class PushSparse:
+    to: Any
+    sender: str
+    rid: int
+    keys: np.ndarray
+    grad: np.ndarray
+    step: int
+    batch: int
+    version: int
+    scale: float = 1.0
+    round_size: int = 0
+
+
+@dataclass(slots=True)
+class Pull:
+    """Keys [lo, hi), or the given `keys` when not None, once the shard reaches min_version."""
+    to: Any
+    now: float  # when it arrived: a pull that must wait gives up pull_timeout later
+    min_version: int = 0
+    lo: int = 0
+    hi: int = 0
+    keys: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class ApplyRound:
+    """The coordinator's word that round `step` is closed."""
+    to: Any
+    step: int
+
+
+@dataclass(slots=True)
+class Status:
+    to: Any
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    to: Any
+    tag: str
+    dir: str
+
+
+@dataclass(slots=True)
+class Restore:
+    """A checkpoint's contents, as server.checkpoint read them, to start from."""
+    tag: str
+    arrays: dict
+    meta: dict
+    version_floor: int = 0
+    announce: bool = False  # tell the coordinator what was lost (a restart after a crash)
+
+
+@dataclass(slots=True)
+class Shutdown:
+    to: Any
+
+
+@dataclass(slots=True)
+class TimePassed:
+    now: float
+
+
+# ---- instructions -------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Reply:
+    """Answer request `to` with message `op`. With `lend`, the arrays are views of the live
+    values: the node must hand the send's tracker to ShardCore.lend, so that no update writes
+    under a reply still being sent."""
+    to: Any
+    op: str
+    fields: dict
+    arrays: tuple | list = ()
+    lend: bool = False
+
+
+@dataclass(slots=True)
+class SaveShard:
+    """Write `arrays` and `meta` as this shard's part of checkpoint `tag` under `dir`."""
+    tag: str
+    dir: str
+    arrays: dict
+    meta: dict
+
+
+@dataclass(slots=True)
+class ToCoordinator:
+    """A message the coordinator did not ask for (other than heartbeats)."""
+    op: str
+    fields: dict
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    counters: dict | None  # loss counters, only when they changed since the last beat
+
+
+@dataclass(slots=True)
+class Stop:
+    """Serve no more: the job is over."""
