@@ -10,6 +10,7 @@ from paramserver.policies.base import (
 from paramserver.policies.bsp import BSP
 from paramserver.policies.dssp import DSSP
 from paramserver.policies.ebsp import ElasticBSP
+from paramserver.policies.host import PolicyHost
 from paramserver.policies.lbbsp import LBBSP
 from paramserver.policies.r2sp import R2SP
 from paramserver.policies.ssp import SSP
@@ -37,6 +38,6 @@ def policy_options(name: str) -> dict:
 
 __all__ = [
     "ASP", "BSP", "DSSP", "LBBSP", "R2SP", "SSP", "ApplyRound", "Decision", "ElasticBSP", "Event",
-    "Joined", "Left", "Note", "PolicyError", "Pushed", "Release", "SYNC_POLICIES", "SyncPolicy",
-    "Tick", "make_policy", "policy_options",
+    "Joined", "Left", "Note", "PolicyError", "PolicyHost", "Pushed", "Release", "SYNC_POLICIES",
+    "SyncPolicy", "Tick", "make_policy", "policy_options",
 ]

@@ -60,6 +60,10 @@ class Release:
     """Let `worker` start step `step` with `batch_size` samples, not before time `not_before`.
 
     `scale` multiplies the worker's next update on the server (R2SP's batch-ratio scaling).
+    A policy fills only these; the PolicyHost fills the rest as the release goes out, from
+    what it knows then: `min_version` (rounds applied, in round mode: the version the worker
+    must pull at least), `round_size` (the policy's round_size(), 0 if unknown) and `stop`
+    (the budget is spent: the worker ends instead of running the step).
     """
 
     worker: int
@@ -67,6 +71,9 @@ class Release:
     batch_size: int
     not_before: float | None = None
     scale: float = 1.0
+    min_version: int = 0
+    round_size: int = 0
+    stop: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,194 @@
+"""PolicyHost: the one interpreter of a sync policy's decisions, wherever the policy runs.
+
+A policy only says who may go on, with what, and from when. What follows from that is the same
+for the live coordinator, the simulator and the tests' driver, so it lives here once: a release
+whose not_before is still ahead is held until then, a policy with a timer is ticked at its
+deadline, each ApplyRound raises the version a released worker must pull at least, and once a
+sample budget is spent every release that goes out tells its worker to stop.
+
+The host is pure: no I/O, no clock (every time comes in as an argument), no threads, nothing
+random. Its caller feeds it events, delivers what comes back (Release, ApplyRound, Note) and
+calls advance() when next_wakeup() comes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from typing import Union
+
+from paramserver.policies.base import (
+    ApplyRound, Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy, Tick,
+)
+
+Out = Union[Release, ApplyRound, Note]
+
+
+class PolicyHost:
+    """Owns one SyncPolicy: events in, releases ready to go out, rounds and notes back.
+
+    max_samples: a budget shared by all workers. The push that reaches it is the last step:
+    `stopping` turns True before the policy hears of that push, a Note("budget_reached",
+    {"samples": n}) comes out first, and every release from then on says stop.
+
+    on_decision(decision, now), if given, sees each decision as the policy makes it, before
+    the host acts on it (a held release included, at the time it was decided): for callers
+    that watch the policy itself, such as a replay that names what triggered each release.
+    """
+
+    def __init__(self, policy: SyncPolicy, max_samples: int | None = None, *,
+                 on_decision: Callable[[Decision, float], None] | None = None):
+        if max_samples is not None and max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
+        self.policy = policy
+        self.name: str = policy.name
+        self.apply_mode: str = policy.apply_mode
+        self.max_samples = max_samples
+        self.on_decision = on_decision
+        self.rounds_applied = 0
+        self.samples_done = 0
+        self.steps_done = 0
+        self.stopping = False
+        self._round_mode = policy.apply_mode == "round"
+        self._budget = max_samples or math.inf
+        # Held releases by (not_before, order held). A worker's entry counts only while it is
+        # its entry in _held_for: `left` drops it there, and the heap skips it when reached.
+        self._held: list[tuple[float, int, Release]] = []
+        self._held_for: dict[int, Release] = {}
+        self._held_seq = 0
+
+    @property
+    def version(self) -> int:
+        """What a worker released now must pull at least: the rounds applied (round mode)."""
+        return self.rounds_applied
+
+    # ---- events ---------------------------------------------------------------------------------
+    def joined(self, worker: int, now: float) -> list[Out]:
+        return self._interpret(self.policy.handle(Joined(worker, now)), now, [])
+
+    def joined_all(self, workers: Iterable[int], now: float) -> list[Out]:
+        """The start barrier opens: every worker joins before any release goes out, so each
+        release already carries the full round size."""
+        handle = self.policy.handle
+        decisions = [d for w in workers for d in handle(Joined(w, now))]
+        return self._interpret(decisions, now, [])
+
+    def pushed(self, event: Pushed) -> list[Out]:
+        """Count the step, check the budget (this push may be the last step), then tell the
+        policy. A push the policy refuses (PolicyError) is not counted."""
+        if event.worker in self._held_for:
+            raise PolicyError(f"worker {event.worker} pushed step {event.step} while its "
+                              f"release is still held")
+        before = self.samples_done, self.steps_done, self.stopping
+        self.samples_done += event.batch_size
+        self.steps_done += 1
+        out: list[Out] = []
+        if not self.stopping and self.samples_done >= self._budget:
+            self.stopping = True
+            out.append(Note("budget_reached", {"samples": self.samples_done}))
+        try:
+            decisions = self.policy.handle(event)
+        except PolicyError:
+            self.samples_done, self.steps_done, self.stopping = before
+            raise
+        return self._interpret(decisions, event.now, out)
+
+    def left(self, worker: int, now: float, reason: str = "done") -> list[Out]:
+        """The worker is gone; a release still held for it must not reach whoever takes its id
+        next, so it is dropped."""
+        self._held_for.pop(worker, None)
+        return self._interpret(self.policy.handle(Left(worker, now, reason)), now, [])
+
+    def advance(self, now: float) -> list[Out]:
+        """Time `now` has come: the held releases due by then go out (in not_before order),
+        then the policy is ticked if its deadline has passed."""
+        out: list[Out] = []
+        held, held_for = self._held, self._held_for
+        while held and held[0][0] <= now:
+            release = heapq.heappop(held)[2]
+            if held_for.get(release.worker) is release:
+                del held_for[release.worker]
+                out.append(self._fill(release))
+        deadline = self.policy.next_deadline()
+        if deadline is not None and deadline <= now:
+            self._interpret(self.policy.handle(Tick(now)), now, out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """When advance() has something to do: the earliest held release or the policy's
+        deadline, whichever comes first (None: nothing until the next event)."""
+        held, held_for = self._held, self._held_for
+        while held and held_for.get(held[0][2].worker) is not held[0][2]:
+            heapq.heappop(held)  # dropped by `left`
+        deadline = self.policy.next_deadline()
+        if held and (deadline is None or held[0][0] < deadline):
+            return held[0][0]
+        return deadline
+
+    def stop(self) -> None:
+        """Stop the job from outside (a time budget, a failure): later releases say stop."""
+        self.stopping = True
+
+    def held(self) -> list[Release]:
+        """The releases waiting for their not_before, earliest first (as the policy made them)."""
+        live = [e for e in self._held if self._held_for.get(e[2].worker) is e[2]]
+        return [e[2] for e in sorted(live, key=lambda e: e[:2])]
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def resume_state(self) -> dict:
+        """JSON-ready: what a resumed job needs to go on counting where this one stopped."""
+        return {"rounds_applied": self.rounds_applied, "samples_done": self.samples_done,
+                "steps_done": self.steps_done, "policy": self.policy.resume_state()}
+
+    def resume(self, state: dict) -> None:
+        """Restore `resume_state()`, before any worker joins. A budget already spent stops
+        the resumed job at its first release."""
+        if self.policy.active:
+            raise PolicyError("resume() after workers joined")
+        self.rounds_applied = int(state["rounds_applied"])
+        self.samples_done = int(state["samples_done"])
+        self.steps_done = int(state["steps_done"])
+        self.policy.resume(state.get("policy", {}))
+        self.stopping = self.stopping or self.samples_done >= self._budget
+
+    # ---- decisions ------------------------------------------------------------------------------
+    def _interpret(self, decisions: list[Decision], now: float, out: list[Out]) -> list[Out]:
+        watch = self.on_decision
+        for d in decisions:
+            if watch is not None:
+                watch(d, now)
+            kind = type(d)
+            if kind is Release:
+                nb = d.not_before
+                if d.worker not in self.policy.active:
+                    raise PolicyError(f"t={now}: {d} for a worker that has not joined or has "
+                                      f"left")
+                if d.worker in self._held_for:
+                    raise PolicyError(f"t={now}: {d} while the release "
+                                      f"{self._held_for[d.worker]} is still held")
+                if nb is not None and nb > now:
+                    self._held_seq += 1
+                    heapq.heappush(self._held, (nb, self._held_seq, d))
+                    self._held_for[d.worker] = d
+                else:
+                    out.append(self._fill(d))
+            elif kind is ApplyRound:
+                if not self._round_mode:
+                    raise PolicyError(f"ApplyRound from the arrival-mode policy {self.name}: {d}")
+                self.rounds_applied += 1
+                out.append(d)
+            elif kind is Note:
+                out.append(d)
+            else:
+                raise PolicyError(f"unknown decision {d!r} from {self.name}")
+        return out
+
+    def _fill(self, d: Release) -> Release:
+        """The release as it goes out: what the worker must pull, the round, stop or not."""
+        version = self.rounds_applied if self._round_mode else 0
+        size = self.policy.round_size()
+        stop = self.stopping
+        if version == d.min_version and size == d.round_size and stop == d.stop:
+            return d
+        return Release(d.worker, d.step, d.batch_size, d.not_before, d.scale, version, size, stop)

@@ -1,0 +1,288 @@
+"""PolicyHost: events in, exactly the releases, rounds and notes that must go out, and when."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from paramserver.policies import (
+    ASP, BSP, ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
+)
+
+B = 8
+
+
+class Delayed(ASP):
+    """ASP whose every release after the first is held `delay` seconds after the push."""
+
+    def __init__(self, batch_size: int, delay: float = 0.05):
+        super().__init__(batch_size)
+        self.delay = delay
+
+    def on_pushed(self, event):
+        return [Release(d.worker, d.step, d.batch_size, event.now + self.delay)
+                for d in super().on_pushed(event)]
+
+
+class Timed(ASP):
+    """ASP with a timer: a Tick at `deadline` releases nobody but is recorded."""
+
+    def __init__(self, batch_size: int, deadline: float | None):
+        super().__init__(batch_size)
+        self.deadline, self.ticks = deadline, []
+
+    def next_deadline(self):
+        return self.deadline
+
+    def on_tick(self, event):
+        self.ticks.append(event.now)
+        self.deadline = None
+        return [Note("ticked", {"now": event.now})]
+
+
+def push(w, step, now, batch=B):
+    return Pushed(w, step, now, batch, 0.01)
+
+
+# ---- rounds -------------------------------------------------------------------------------------
+def test_bsp_round_of_two_applies_then_releases_with_the_new_version_and_round_size():
+    host = PolicyHost(BSP(B))
+    assert host.joined_all([0, 1], 0.0) == [Release(0, 0, B, round_size=2),
+                                            Release(1, 0, B, round_size=2)]
+    assert host.pushed(push(0, 0, 1.0)) == []
+    assert host.pushed(push(1, 0, 2.0)) == [
+        ApplyRound(0, (0, 1)), Release(0, 1, B, min_version=1, round_size=2),
+        Release(1, 1, B, min_version=1, round_size=2)]
+    assert (host.version, host.rounds_applied, host.samples_done, host.steps_done) == (1, 1, 16, 2)
+    assert host.next_wakeup() is None
+
+
+def test_joins_one_by_one_release_with_the_round_size_known_then():
+    host = PolicyHost(BSP(B))
+    assert host.joined(0, 0.0) == [Release(0, 0, B, round_size=1)]
+    assert host.joined(1, 0.0) == [Release(1, 0, B, round_size=2)]
+
+
+def test_arrival_mode_releases_carry_no_version_and_refuse_apply_round():
+    host = PolicyHost(ASP(B))
+    host.joined_all([0], 0.0)
+    assert host.pushed(push(0, 0, 1.0)) == [Release(0, 1, B)]
+    assert host.version == 0
+
+    class Rounding(ASP):
+        def on_pushed(self, event):
+            return [ApplyRound(event.step)] + super().on_pushed(event)
+
+    bad = PolicyHost(Rounding(B))
+    bad.joined(0, 0.0)
+    with pytest.raises(PolicyError, match="arrival-mode"):
+        bad.pushed(push(0, 0, 1.0))
+
+
+# ---- held releases ------------------------------------------------------------------------------
+def test_a_held_release_comes_out_only_when_advance_reaches_its_not_before():
+    host = PolicyHost(Delayed(B))
+    assert host.joined_all([0, 1], 0.0) == [Release(0, 0, B), Release(1, 0, B)]
+    assert host.pushed(push(0, 0, 1.0)) == []
+    assert host.next_wakeup() == pytest.approx(1.05)
+    assert host.pushed(push(1, 0, 1.01)) == []
+    assert host.advance(1.04) == []
+    assert host.advance(1.05) == [Release(0, 1, B, 1.0 + 0.05)]
+    assert host.next_wakeup() == 1.01 + 0.05
+    assert host.advance(5.0) == [Release(1, 1, B, 1.01 + 0.05)]
+    assert host.next_wakeup() is None and host.advance(9.0) == []
+
+
+def test_r2sp_spacing_is_held_until_not_before():
+    host = PolicyHost(make_policy("r2sp", B, warmup=1, gap_ratio=0.5, ema=1.0))
+    host.joined_all(range(3), 0.0)
+    assert host.pushed(push(1, 0, 1.0))[1] == Release(1, 1, B)  # the rotation starts
+    assert host.pushed(push(0, 0, 1.2)) == []
+    assert host.pushed(push(2, 0, 1.3)) == [Release(2, 1, B), Release(0, 1, B)]
+    assert host.pushed(push(1, 1, 3.0)) == [Release(1, 2, B)]
+    assert host.pushed(push(2, 1, 3.0)) == []  # T = 1.7: held r*T/N after the last one
+    (held,) = host.held()
+    assert (held.worker, held.step, held.not_before) == (2, 2, pytest.approx(3.0 + 0.5 * 1.7 / 3))
+    assert host.next_wakeup() == held.not_before
+    assert host.advance(held.not_before - 1e-9) == []
+    assert host.advance(held.not_before) == [held]
+    assert host.held() == [] and host.next_wakeup() is None
+
+
+def test_left_drops_the_release_held_for_that_worker():
+    host = PolicyHost(Delayed(B))
+    host.joined_all([0, 1], 0.0)
+    host.pushed(push(0, 0, 1.0))
+    host.pushed(push(1, 0, 1.02))
+    assert host.left(0, 1.03, "dead") == []
+    assert host.next_wakeup() == pytest.approx(1.07)  # only worker 1's is left
+    assert host.joined(0, 1.04) == [Release(0, 0, B)]  # the id comes back: a fresh start
+    assert host.advance(2.0) == [Release(1, 1, B, 1.02 + 0.05)]
+    assert host.next_wakeup() is None
+
+
+def test_protocol_breaches_the_host_sees_are_refused():
+    host = PolicyHost(Delayed(B))
+    host.joined(0, 0.0)
+    host.pushed(push(0, 0, 1.0))
+    with pytest.raises(PolicyError, match="still held"):
+        host.pushed(push(0, 1, 1.01))  # its release has not gone out yet
+
+    class Twice(Delayed):
+        def on_pushed(self, event):
+            return super().on_pushed(event) * 2
+
+    twice = PolicyHost(Twice(B))
+    twice.joined(0, 0.0)
+    with pytest.raises(PolicyError, match="still held"):
+        twice.pushed(push(0, 0, 1.0))
+
+    class Stranger(ASP):
+        def on_pushed(self, event):
+            return [Release(9, 0, self.batch_size)]
+
+    stranger = PolicyHost(Stranger(B))
+    stranger.joined(0, 0.0)
+    with pytest.raises(PolicyError, match="not joined"):
+        stranger.pushed(push(0, 0, 1.0))
+
+
+def test_a_refused_push_is_not_counted():
+    host = PolicyHost(ASP(B), max_samples=B)
+    host.joined(0, 0.0)
+    with pytest.raises(PolicyError):
+        host.pushed(push(0, 3, 1.0))
+    assert (host.samples_done, host.steps_done, host.stopping) == (0, 0, False)
+
+
+# ---- the budget ---------------------------------------------------------------------------------
+def test_the_budget_stops_before_the_policy_hears_of_the_last_push():
+    seen = []
+
+    class Spy(ASP):
+        def on_pushed(self, event):
+            seen.append((event.worker, event.step, host.stopping))
+            return super().on_pushed(event)
+
+    host = PolicyHost(Spy(B), max_samples=20)
+    host.joined_all([0, 1], 0.0)
+    assert host.pushed(push(0, 0, 1.0)) == [Release(0, 1, B)]
+    assert host.pushed(push(1, 0, 1.1)) == [Release(1, 1, B)]
+    assert host.pushed(push(0, 1, 2.0)) == [Note("budget_reached", {"samples": 24}),
+                                            Release(0, 2, B, stop=True)]
+    assert host.pushed(push(1, 1, 2.1)) == [Release(1, 2, B, stop=True)]  # no second note
+    assert seen == [(0, 0, False), (1, 0, False), (0, 1, True), (1, 1, True)]
+
+
+def test_a_release_held_while_the_budget_runs_out_says_stop_when_it_goes_out():
+    host = PolicyHost(Delayed(B), max_samples=2 * B)
+    host.joined_all([0, 1], 0.0)
+    assert host.pushed(push(0, 0, 0.01)) == []
+    assert host.pushed(push(1, 0, 0.03)) == [Note("budget_reached", {"samples": 16})]
+    assert host.advance(0.07) == [Release(0, 1, B, 0.01 + 0.05, stop=True)]
+
+
+def test_stop_from_outside_stops_every_later_release():
+    host = PolicyHost(ASP(B))
+    host.joined(0, 0.0)
+    host.stop()
+    assert host.stopping and host.pushed(push(0, 0, 1.0)) == [Release(0, 1, B, stop=True)]
+
+
+# ---- timers -------------------------------------------------------------------------------------
+def test_next_wakeup_is_the_earlier_of_held_releases_and_the_policy_deadline():
+    policy = Timed(B, deadline=5.0)
+    host = PolicyHost(policy)
+    host.joined(0, 0.0)
+    assert host.next_wakeup() == 5.0
+    assert host.advance(4.9) == [] and policy.ticks == []
+    assert host.advance(5.0) == [Note("ticked", {"now": 5.0})] and policy.ticks == [5.0]
+    assert host.next_wakeup() is None
+
+    class Both(Delayed):
+        deadline = 1.02
+
+        def next_deadline(self):
+            return self.deadline
+
+    both = PolicyHost(Both(B))
+    both.joined(0, 0.0)
+    both.pushed(push(0, 0, 1.0))  # held until 1.05
+    assert both.next_wakeup() == 1.02
+    both.policy.deadline = 2.0
+    assert both.next_wakeup() == pytest.approx(1.05)
+
+
+def test_advance_fires_held_releases_before_the_tick():
+    class HeldAndTimed(Delayed):
+        def next_deadline(self):
+            return 1.05
+
+        def on_tick(self, event):
+            return [Note("tick", {})]
+
+    host = PolicyHost(HeldAndTimed(B))
+    host.joined(0, 0.0)
+    host.pushed(push(0, 0, 1.0))
+    assert host.advance(1.05) == [Release(0, 1, B, 1.05), Note("tick", {})]
+
+
+# ---- watching and resuming ----------------------------------------------------------------------
+def test_on_decision_sees_held_releases_when_they_are_decided():
+    seen = []
+    host = PolicyHost(Delayed(B), on_decision=lambda d, now: seen.append((now, d)))
+    host.joined(0, 0.0)
+    host.pushed(push(0, 0, 1.0))
+    assert seen == [(0.0, Release(0, 0, B)), (1.0, Release(0, 1, B, 1.05))]
+
+
+def test_resume_goes_on_counting_where_the_checkpoint_stopped():
+    host = PolicyHost(BSP(B), max_samples=100)
+    host.joined_all([0, 1], 0.0)
+    host.pushed(push(0, 0, 1.0))
+    host.pushed(push(1, 0, 1.0))
+    state = host.resume_state()
+    assert state == {"rounds_applied": 1, "samples_done": 16, "steps_done": 2,
+                     "policy": {"round": 1}}
+    again = PolicyHost(BSP(B), max_samples=100)
+    again.resume(state)
+    assert again.joined_all([0, 1], 0.0) == [Release(0, 1, B, min_version=1, round_size=2),
+                                             Release(1, 1, B, min_version=1, round_size=2)]
+    spent = PolicyHost(BSP(B), max_samples=16)
+    spent.resume(state)
+    assert spent.stopping
+    with pytest.raises(PolicyError):
+        again.resume(state)  # workers joined already
+
+
+# ---- held releases, at random -------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["push", "left", "advance"]), st.integers(0, 3),
+                              st.floats(0.0, 0.1)), max_size=60))
+def test_each_held_release_goes_out_once_not_before_its_time_and_never_after_a_left(ops):
+    host = PolicyHost(Delayed(B, delay=0.03))
+    now, out = 0.0, []
+    host.joined_all(range(4), now)
+    outstanding = {w: 0 for w in range(4)}  # worker -> step released to it (None: held)
+    decided = {}  # worker -> the release held for it
+    for op, w, dt in ops:
+        now += dt
+        if op == "push" and outstanding.get(w) is not None:
+            assert host.pushed(push(w, outstanding[w], now)) == []
+            outstanding[w] = None
+            decided[w] = Release(w, host.policy.released[w], B, now + 0.03)
+        elif op == "left" and w in outstanding:
+            host.left(w, now)
+            del outstanding[w]
+            decided.pop(w, None)
+        elif op == "advance":
+            out = host.advance(now)
+            due = sorted((r for r in decided.values() if r.not_before <= now),
+                         key=lambda r: r.not_before)
+            assert [(r.worker, r.step) for r in out] == [(r.worker, r.step) for r in due]
+            for r in out:
+                assert r.not_before <= now
+                outstanding[r.worker] = r.step
+                del decided[r.worker]
+        pending = [r.not_before for r in decided.values()]
+        assert host.next_wakeup() == (min(pending) if pending else None)
