@@ -5,8 +5,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from paramserver.client.core import Handle, Release, WorkerCore
+from paramserver.client.core import Handle, WorkerCore
 from paramserver.core.keyspace import KeyRange
+from paramserver.policies.base import Release
 
 
 class Reply(SimpleNamespace):
@@ -24,7 +25,7 @@ class Reply(SimpleNamespace):
 
 def three_shards() -> WorkerCore:
     core = WorkerCore()
-    core.welcome([KeyRange(0, 4), KeyRange(4, 7), KeyRange(7, 10)], 10)
+    core.welcome(5, [KeyRange(0, 4), KeyRange(4, 7), KeyRange(7, 10)], 10)
     return core
 
 
@@ -139,8 +140,8 @@ def test_a_release_is_recorded_and_consumed_once():
     with pytest.raises(LookupError):
         core.take_release()
     core.released(Reply(step=3, batch=32, min_version=2, round_size=4))
-    assert core.take_release() == Release(3, 32, 2, round_size=4)
+    assert core.take_release() == Release(5, 3, 32, min_version=2, round_size=4)
     with pytest.raises(LookupError, match="no release is pending"):
         core.take_release()
     core.released(Reply(step=4, batch=32, min_version=3, stop=True, scale=0.5))
-    assert core.take_release() == Release(4, 32, 3, stop=True, scale=0.5)
+    assert core.take_release() == Release(5, 4, 32, scale=0.5, min_version=3, stop=True)

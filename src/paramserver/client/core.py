@@ -17,20 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from paramserver.core.keyspace import KeyRange
-
-
-@dataclass(frozen=True)
-class Release:
-    """Permission to run one step: which step, with how many samples, and which version to pull."""
-
-    step: int
-    batch_size: int
-    min_version: int
-    stop: bool = False
-    scale: float = 1.0  # weight the policy gives this step's update (pass it to push)
-    # Workers in this round (round mode), 0 if not known: pass it to a push that carries the
-    # whole step, so servers apply the round on its last push without waiting to be told.
-    round_size: int = 0
+from paramserver.policies.base import Release
 
 
 @dataclass
@@ -52,6 +39,7 @@ class WorkerCore:
         self.sent: dict[int, tuple[int, Any]] = {}  # rid -> (shard, request) until answered
         self.inbox: dict[int, Any] = {}  # rid -> reply not yet taken
         self.held: dict[int, Any] = {}  # rid -> frames of a reply lent from a server's arena
+        self.rank = 0
         self.num_keys = 0
         self.ranges: list[KeyRange] = []
         self.versions: list[int] = []  # the version each shard last answered a pull with
@@ -59,9 +47,9 @@ class WorkerCore:
         self.all_pieces: list[tuple[int, KeyRange, slice]] = []
         self.release: Release | None = None  # sent by the coordinator, not yet taken
 
-    def welcome(self, ranges: Sequence[KeyRange], num_keys: int) -> None:
-        """The job's key space and the shards' ranges, in shard order (from the welcome)."""
-        self.num_keys = int(num_keys)
+    def welcome(self, rank: int, ranges: Sequence[KeyRange], num_keys: int) -> None:
+        """This worker's rank, the job's key space and the shards' ranges in shard order."""
+        self.rank, self.num_keys = int(rank), int(num_keys)
         self.ranges = list(ranges)
         self.versions = [0] * len(self.ranges)
         self.starts = np.array([r.lo for r in self.ranges], dtype=np.int64)
@@ -192,9 +180,11 @@ class WorkerCore:
     def released(self, fields: Mapping[str, Any]) -> Release:
         """The coordinator's release (the fields of its answer to start or clock), kept until
         taken. A release not taken yet is replaced: only the newest one counts."""
-        self.release = Release(fields["step"], fields["batch"], fields["min_version"],
-                               bool(fields.get("stop", False)), float(fields.get("scale", 1.0)),
-                               int(fields.get("round_size", 0)))
+        self.release = Release(self.rank, fields["step"], fields["batch"],
+                               scale=float(fields.get("scale", 1.0)),
+                               min_version=fields["min_version"],
+                               round_size=int(fields.get("round_size", 0)),
+                               stop=bool(fields.get("stop", False)))
         return self.release
 
     def take_release(self) -> Release:

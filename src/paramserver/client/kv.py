@@ -24,15 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from paramserver.client.core import Handle, Release, WorkerCore
+from paramserver.client.core import Handle, WorkerCore
 from paramserver.client.requests import ShardRequests
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
 from paramserver.core.keyspace import KeyRange
+from paramserver.policies.base import Release
 from paramserver.transport import connect_dealer, new_context, security
 from paramserver.wire import Message
 
-# Handle and Release are the core's; callers import them from here too.
+# Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
 
 
@@ -102,7 +103,7 @@ class KVWorker:
                              connect_dealer(self.ctx, a, send_timeout=timeout,
                                             keys=self.keys, peer="server"))
                        for r, a, lo, hi in settings.shards]
-        self.core.welcome([s.range for s in self.shards], self.num_keys)
+        self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
         self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
                                       settings.retry_interval)
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,

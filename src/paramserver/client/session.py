@@ -9,15 +9,10 @@ from typing import Callable
 
 import zmq
 
-from paramserver.client.core import Release
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
-
-# Release is the core's; callers of the step protocol import it from here too.
-__all__ = ["CoordinatorSession", "Release"]
-
 
 class CoordinatorSession:
     """Calls to the coordinator at `join`, each answered by its own request id, and the
