@@ -24,8 +24,8 @@ from paramserver.policies import (
     policy_options,
 )
 from paramserver.policies.batch_split import split_batch
-from paramserver.policies.driver import Driver, VirtualWorker
 from paramserver.server.store import ShardStore
+from policy_driver import Driver, VirtualWorker
 
 BATCH = 8
 

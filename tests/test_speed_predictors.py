@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from paramserver.policies import make_policy
-from paramserver.policies.driver import Driver, VirtualWorker
 from paramserver.predict.speed_factory import SPEED_PREDICTORS, make_speed_predictor
+from policy_driver import Driver, VirtualWorker
 
 
 @pytest.fixture

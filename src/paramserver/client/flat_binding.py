@@ -1,4 +1,5 @@
-"""Make a model's parameters and gradients views into two flat buffers: pulls and pushes copy nothing."""
+"""Make a model's parameters and gradients views into two flat buffers: pulls and pushes copy
+nothing."""
 
 from __future__ import annotations
 

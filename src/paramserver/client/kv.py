@@ -19,21 +19,21 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
-from paramserver.core.keyspace import KeyRange
+from paramserver.client.core import Handle, WorkerCore
 from paramserver.client.requests import ShardRequests
-from paramserver.client.session import Release, StepProtocolMixin
-from paramserver.client.transport import WorkerTransportMixin
-from paramserver.transport import connect_dealer, new_context, security, shaping
+from paramserver.client.session import CoordinatorSession
+from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
+from paramserver.core.keyspace import KeyRange
+from paramserver.policies.base import Release
+from paramserver.transport import connect_dealer, new_context, security
 from paramserver.wire import Message
 
-# Release lives with the step protocol; callers import it from here too.
+# Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
 
 
@@ -43,18 +43,27 @@ class Shard:
     addr: str
     range: KeyRange
     sock: zmq.Socket
-    version: int = 0  # the version this worker last pulled from the shard
 
 
-@dataclass
-class Handle:
-    """An outstanding request: its per-shard request ids and how to assemble the replies."""
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the client takes from the job in its welcome, read here once with the defaults."""
 
-    kind: str
-    parts: list[tuple[int, int, slice]] = field(default_factory=list)  # (shard, rid, out slice)
-    out: np.ndarray | None = None
-    done: bool = False
-    result: object = None
+    num_keys: int
+    dtype: np.dtype
+    shards: tuple[tuple[int, str, int, int], ...]  # (rank, address, lo, hi)
+    retry_interval: float = 3.0  # seconds without an answer before a request is sent again
+    heartbeat_interval: float = 1.0
+    coordinator_timeout: float = 60.0
+    links: object = None  # the job's link table (paramserver.emulation.links)
+
+    @classmethod
+    def from_job(cls, job: dict) -> "WorkerSettings":
+        return cls(int(job["num_keys"]), np.dtype(job["dtype"]),
+                   tuple((int(r), a, int(lo), int(hi)) for r, a, lo, hi in job["shards"]),
+                   float(job.get("retry_interval", 3.0)),
+                   float(job.get("heartbeat_interval", 1.0)),
+                   float(job.get("coordinator_timeout", 60.0)), job.get("links"))
 
 
 def _as_array(values, dtype: np.dtype) -> np.ndarray:
@@ -66,85 +75,68 @@ def _as_array(values, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
-class KVWorker(StepProtocolMixin, WorkerTransportMixin):
-    """Client of one job: a DEALER per shard, one to the coordinator, and a heartbeat thread."""
+class KVWorker:
+    """Client of one job. It composes a WorkerCore (the bookkeeping), a CoordinatorSession
+    (coordinator calls and heartbeats) and ShardRequests (a DEALER per shard)."""
 
     def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
                  num_keys: int | None = None, shared_memory: bool | None = None,
                  keys: security.Keys | None = None):
-        self.timeout, self.release_timeout = timeout, release_timeout
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         # A user's script started by `paramserver launch` finds the job's keys in the environment.
         self.keys = keys if keys is not None else security.from_env(role)
-        self.ctx = new_context()
-        self.coord = connect_dealer(self.ctx, join, keys=self.keys)
         self.join = join
-        self._rid = 0
+        self.core = WorkerCore()
+        self.ctx = new_context()
+        self.session = CoordinatorSession(self.ctx, join, self.src, self.keys, self.core.next_rid,
+                                          timeout, release_timeout)
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
-        fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
-        welcome = self._call_coord(Message("register", fields), self.timeout)
+        welcome = self.session.register(role, num_keys)
         self.rank: int = welcome["rank"]
         self.job: dict = welcome["job"]
-        self.num_keys: int = self.job["num_keys"]
-        self.dtype = np.dtype(self.job["dtype"])
-        self._shaped = role == "worker" and self._shape_link()
+        settings = WorkerSettings.from_job(self.job)
+        self.num_keys, self.dtype = settings.num_keys, settings.dtype
+        self._shaped = role == "worker" and shape_link(settings.links, self.rank)
         self.shards = [Shard(r, a, KeyRange(lo, hi),
-                             connect_dealer(self.ctx, a, send_timeout=self.timeout,
+                             connect_dealer(self.ctx, a, send_timeout=timeout,
                                             keys=self.keys, peer="server"))
-                       for r, a, lo, hi in self.job["shards"]]
-        self._starts = np.array([s.range.lo for s in self.shards], dtype=np.int64)
-        # `retry_interval`: seconds without an answer before a request is sent again.
-        self.requests = ShardRequests(self.shards, self.src, self._next_rid, self.timeout,
-                                      float(self.job.get("retry_interval", 3.0)))
-        self.arena = self._offer_shared_memory(shared_memory)
-        everything = KeyRange(0, self.num_keys)
-        self._all_pieces = list(self._pieces(everything))  # the common request, worked out once
-        self._stop_beat = threading.Event()
-        self.coord_heard = time.monotonic()  # the coordinator's last answer to a heartbeat
-        self._beat = self._start_heartbeat() if heartbeat else None
+                       for r, a, lo, hi in settings.shards]
+        self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
+        self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
+                                      settings.retry_interval)
+        self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
+                                         shared_memory)
+        if heartbeat:
+            self.session.start_heartbeat(settings.heartbeat_interval,
+                                         settings.coordinator_timeout)
 
     @property
     def timeout(self) -> float:
         """Seconds any request (to the coordinator or a shard) may wait for its answer."""
-        return self._timeout
+        return self.session.timeout
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        self._timeout = seconds
-        if hasattr(self, "requests"):
-            self.requests.timeout = seconds
+        self.session.timeout = self.requests.timeout = seconds
 
-    # ---- plumbing -------------------------------------------------------------------------------
-    def _next_rid(self) -> int:
-        self._rid += 1
-        return self._rid
+    @property
+    def release_timeout(self) -> float:
+        """Seconds start() and clock() may wait for their release."""
+        return self.session.release_timeout
 
-    def _pieces(self, key_range: KeyRange):
-        """(shard index, piece range, slice into the request) for each shard the range touches."""
-        if key_range.lo == 0 and key_range.hi == self.num_keys and hasattr(self, "_all_pieces"):
-            yield from self._all_pieces
-            return
-        for i, shard in enumerate(self.shards):
-            part = shard.range.intersect(key_range)
-            if part is not None:
-                yield i, part, slice(part.lo - key_range.lo, part.hi - key_range.lo)
-
-    def _full(self, keys: KeyRange | tuple[int, int] | None) -> KeyRange:
-        r = KeyRange(0, self.num_keys) if keys is None else KeyRange(*keys) if isinstance(
-            keys, tuple) else keys
-        if r.hi > self.num_keys:
-            raise ValueError(f"key range [{r.lo}, {r.hi}) exceeds the {self.num_keys} keys")
-        return r
+    @release_timeout.setter
+    def release_timeout(self, seconds: float) -> None:
+        self.session.release_timeout = seconds
 
     # ---- the KV API -----------------------------------------------------------------------------
     def init(self, values, keys: KeyRange | tuple[int, int] | None = None) -> bool:
         """Offer initial values; the first offer per shard wins. True if ours was taken."""
-        r = self._full(keys)
+        r = self.core.key_range(keys)
         arr = _as_array(values, self.dtype)
         parts = [(i, self.requests.send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
-                 for i, p, sl in self._pieces(r)]
+                 for i, p, sl in self.core.pieces(r)]
         replies = self.requests.collect(parts, "init")
         return all(m.get("staleness", 0) >= 0 for m in replies.values())
 
@@ -154,17 +146,19 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
         counts it only from a piece that covers the shard."""
-        r = self._full(keys)
+        core = self.core
+        r = core.key_range(keys)
         arr = _as_array(values, self.dtype)
         if arr.size != r.size:
             raise ValueError(f"{arr.size} values for {r.size} keys")
         handle = Handle("push")
-        for i, p, sl in self._pieces(r):
-            fields = {"range": [p.lo, p.hi], "step": step, "version": self.shards[i].version,
+        versions, send = core.versions, self.requests.send
+        for i, p, sl in core.pieces(r):
+            fields = {"range": [p.lo, p.hi], "step": step, "version": versions[i],
                       "batch": batch, "scale": float(scale)}
             if round_size:
                 fields["round_size"] = round_size
-            handle.parts.append((i, self.requests.send(i, Message("push", fields, [arr[sl]])), sl))
+            handle.parts.append((i, send(i, Message("push", fields, [arr[sl]])), sl))
         return handle
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
@@ -185,12 +179,11 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
         order = None if k.size < 2 or np.all(k[1:] >= k[:-1]) else np.argsort(k, kind="stable")
         if order is not None:
             k, v = k[order], v[order]
-        cuts = np.searchsorted(k, self._starts[1:], side="left")
         handle = Handle("push")
-        for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, k.size])):
+        for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
             # shard counts the worker's batch in the round's average.
-            fields = {"step": step, "version": self.shards[i].version, "batch": batch,
+            fields = {"step": step, "version": self.core.versions[i], "batch": batch,
                       "scale": float(scale)}
             if round_size:
                 fields["round_size"] = round_size
@@ -206,13 +199,13 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
     def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
                    out: np.ndarray | None = None, min_version: int = 0) -> Handle:
         """Ask for a key range (default: all); servers answer once they reach `min_version`."""
-        r = self._full(keys)
+        r = self.core.key_range(keys)
         if out is None:
             out = np.empty(r.size, dtype=self.dtype)
         elif out.size != r.size or out.dtype != self.dtype:
             raise ValueError(f"out must hold {r.size} values of {self.dtype}")
         handle = Handle("pull", out=out)
-        for i, p, sl in self._pieces(r):
+        for i, p, sl in self.core.pieces(r):
             fields = {"range": [p.lo, p.hi], "min_version": min_version}
             handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
         return handle
@@ -224,7 +217,7 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
     def pull_keys(self, keys, min_version: int = 0) -> np.ndarray:
         """Values of arbitrary keys, in the order given."""
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
-        owner = np.searchsorted(self._starts, k, side="right") - 1
+        owner = self.core.owners(k)
         if k.size and (k.min() < 0 or k.max() >= self.num_keys):
             raise ValueError(f"keys must lie in [0, {self.num_keys})")
         handle = Handle("pull_keys", out=np.empty(k.size, dtype=self.dtype))
@@ -240,16 +233,9 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
             return handle.result
         replies = self.requests.collect(handle.parts, handle.kind)
         if handle.kind == "push":
-            handle.result = max((m.get("staleness", 0) for m in replies.values()), default=0)
-        else:
-            for shard, rid, sl in handle.parts:
-                reply = replies[rid]
-                handle.out[sl] = reply.arrays[0]
-                self.shards[shard].version = reply["version"]
-                reply.arrays = []
-                self.requests.let_go(rid)  # the server may overwrite those values now
-            handle.result = handle.out
-        handle.done = True
+            return self.core.push_done(handle, replies)
+        # Copied out: the server may overwrite the values it lent now.
+        self.requests.give_back(self.core.pull_done(handle, replies))
         return handle.result
 
     def borrow(self, handle: Handle) -> tuple[np.ndarray, int | None]:
@@ -259,11 +245,9 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
         A pull answered by several shards is copied as by wait (loan None)."""
         if handle.done or len(handle.parts) != 1:
             return self.wait(handle), None
-        shard, rid, _ = handle.parts[0]
+        _, rid, _ = handle.parts[0]
         reply = self.requests.collect(handle.parts, handle.kind)[rid]
-        self.shards[shard].version = reply["version"]
-        handle.done, handle.result = True, reply.arrays[0]
-        return handle.result, rid
+        return self.core.borrowed(handle, reply), rid
 
     def give_back(self, loan: int | None) -> None:
         """The borrowed values are read: the server may write over them now."""
@@ -279,18 +263,64 @@ class KVWorker(StepProtocolMixin, WorkerTransportMixin):
     @property
     def version(self) -> int:
         """The smallest shard version this worker has pulled."""
-        return min(s.version for s in self.shards)
+        return self.core.version
+
+    def shared_buffer(self, count: int | None = None) -> np.ndarray:
+        """A zeroed array of `count` values (default: one per key) for gradients: pushed from
+        it, the bytes reach servers on this host through shared memory instead of the socket.
+        Where that is unavailable (or the arena is used up) it is a plain array."""
+        return shared_buffer(self.arena, self.num_keys if count is None else int(count),
+                             self.dtype)
+
+    # ---- the step protocol ----------------------------------------------------------------------
+    def start(self) -> Release | None:
+        """Tell the coordinator this worker is ready; blocks until the policy releases step 0.
+
+        An observer's start returns None at once: it only marks it ready.
+        """
+        reply = self.session.start()
+        if reply.op == "ok":
+            return None
+        self.core.released(reply)
+        return self.core.take_release()
+
+    def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
+              free_mem: float | None = None, record: dict | None = None,
+              while_waiting=None) -> Release:
+        """Report step `step` done (its pushes acknowledged); blocks until the next release.
+
+        `record` (a flat dict) rides along into the job's metrics log at no extra round trip;
+        `while_waiting()`, if given, runs once the clock is sent, before the wait for the
+        release: work for the next step done while the round closes elsewhere.
+        """
+        fields = {"step": step, "batch": batch, "compute_time": float(compute_time)}
+        if record:
+            fields["record"] = record
+        if cpu_load is not None:
+            fields["cpu_load"] = float(cpu_load)
+        if free_mem is not None:
+            fields["free_mem"] = float(free_mem)
+        self.core.released(self.session.clock(fields, while_waiting))
+        return self.core.take_release()
+
+    def status(self) -> dict:
+        """The coordinator's view of the job (samples done, members, whether workers are done)."""
+        return self.session.status()
+
+    def report(self, record: dict) -> None:
+        """Send one metrics record (a flat dict) to the coordinator's metrics log."""
+        self.session.report(record)
+
+    def bye(self, reason: str = "done") -> None:
+        self.session.bye(reason)
 
     def close(self) -> None:
-        self._stop_beat.set()
-        if self._beat is not None:
-            self._beat.join(timeout=5)
+        self.session.close()
         for s in self.shards:
             s.sock.close(0)
-        self.coord.close(0)
         self.ctx.term()
         if self._shaped:
-            shaping.install(None)
+            unshape()
 
     def __enter__(self) -> "KVWorker":
         return self

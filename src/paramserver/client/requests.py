@@ -1,4 +1,6 @@
-"""A client's requests to the shard servers: ids, replies matched by id, re-sends, held frames.
+"""A client's requests to the shard servers over one DEALER socket per shard: sending, re-sends,
+waiting for replies, and giving lent frames back. The bookkeeping (ids, which replies are in,
+which frames are lent) is the WorkerCore's (client/core.py).
 
 Every request is kept until answered and sent again, with its own id, every `retry_interval`
 seconds while it is waited on: one may have died with a server that was restarted at the same
@@ -8,10 +10,10 @@ address, and servers apply a push only once per (sender, id).
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import zmq
 
+from paramserver.client.core import WorkerCore
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import shm
@@ -21,22 +23,28 @@ from paramserver.wire import Message, WireError
 class ShardRequests:
     """Outstanding requests of one client, over one DEALER socket per shard."""
 
-    def __init__(self, shards: list, src: str, next_rid: Callable[[], int], timeout: float,
+    def __init__(self, shards: list, src: str, core: WorkerCore, timeout: float,
                  retry_interval: float):
-        self.shards, self.src, self.next_rid = shards, src, next_rid
+        self.shards, self.src, self.core = shards, src, core
         self.timeout, self.retry_interval = timeout, retry_interval
-        self.inbox: dict[int, Message] = {}
-        self.sent: dict[int, tuple[int, Message]] = {}  # rid -> (shard, request) unanswered
-        self.held: dict[int, list] = {}  # rid -> reply frames that live in a server's arena
         self.retries = 0
         self.poller = zmq.Poller()
         for s in shards:
             self.poller.register(s.sock, zmq.POLLIN)
 
+    @property
+    def inbox(self) -> dict:
+        """Replies in and not yet taken, by request id."""
+        return self.core.inbox
+
+    @property
+    def held(self) -> dict:
+        """Frames lent from a server's arena, by request id, until let go."""
+        return self.core.held
+
     def send(self, shard: int, msg: Message) -> int:
         """Send `msg` to a shard; returns its request id."""
-        msg.rid, msg.src = self.next_rid(), self.src
-        self.sent[msg.rid] = (shard, msg)  # kept to be sent again, same rid, until answered
+        msg.rid, msg.src = self.core.request(shard, msg), self.src
         self._transmit(shard, msg)
         return msg.rid
 
@@ -48,32 +56,26 @@ class ShardRequests:
             raise TimeoutError(f"server {s.rank} at {s.addr} accepted no {msg.op!r} for "
                                f"{self.timeout:.0f} s (its queue is full)") from None
 
-    def _retry(self, rids) -> None:
-        for rid in rids:
-            entry = self.sent.get(rid)
-            if entry is not None:  # (None: given up on by an earlier wait that timed out)
-                self._transmit(*entry)
-                self.retries += 1
-
     def collect(self, parts: list[tuple[int, int, object]], what: str) -> dict[int, Message]:
         """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
         want = {rid: shard for shard, rid, _ in parts}
+        inbox = self.core.inbox
         now = time.monotonic()
         deadline, retry_at = now + self.timeout, now + self.retry_interval
-        while not all(rid in self.inbox for rid in want):
+        while not all(rid in inbox for rid in want):
             now = time.monotonic()
             if now >= deadline:
-                missing = sorted({want[r] for r in want if r not in self.inbox})
+                missing = sorted({want[r] for r in want if r not in inbox})
                 names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
                 self.forget(want)
                 raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
             if now >= retry_at:
-                self._retry([r for r in want if r not in self.inbox])
+                for entry in self.core.unanswered(want):
+                    self._transmit(*entry)
+                    self.retries += 1
                 retry_at = now + self.retry_interval
             self._receive(min(deadline, retry_at) - now)
-        replies = {rid: self.inbox.pop(rid) for rid in want}
-        for rid in want:
-            self.sent.pop(rid, None)
+        replies = self.core.take(want)
         for rid, reply in replies.items():
             if reply.op == "error":
                 for r in want:
@@ -82,9 +84,9 @@ class ShardRequests:
         return replies
 
     def _receive(self, timeout: float) -> None:
-        """Replies that arrive within `timeout` s go to the inbox; an answer to a request
-        nobody waits for any more (a retried one answered twice, an abandoned one) is dropped."""
-        # Polling every shard (one poller, built once) is as good: other replies go to the inbox.
+        """Replies that arrive within `timeout` s go to the core; one it refuses (to a request
+        nobody waits for any more: retried and answered twice, abandoned) is dropped."""
+        # Polling every shard (one poller, built once) is as good: other replies wait in the core.
         for sock, _ in self.poller.poll(max(timeout, 0.0) * 1000):
             _, reply, frames = rpc.recv(sock, routed=False)
             if reply is None:
@@ -92,22 +94,23 @@ class ShardRequests:
             if isinstance(reply, WireError):
                 shm.release_frames(frames)
                 raise RemoteError(f"a server sent a bad frame: {reply}")
-            if reply.rid not in self.sent or reply.rid in self.inbox:
+            # Frames in a server's arena stay lent (the server leaves them be) until let go.
+            lent = frames if any(isinstance(f, shm.SharedFrame) for f in frames) else None
+            if not self.core.reply(reply.rid, reply, lent):
                 shm.release_frames(frames)
-                continue
-            self.inbox[reply.rid] = reply
-            if any(isinstance(f, shm.SharedFrame) for f in frames):
-                self.held[reply.rid] = frames  # released once copied out (let_go)
 
     def let_go(self, rid: int) -> None:
         """Done with reply `rid`: frames of it that live in a server's arena are released."""
-        frames = self.held.pop(rid, None)
+        frames = self.core.let_go(rid)
         if frames:
             shm.release_frames(frames)
 
     def forget(self, rids) -> None:
         """Stop waiting for `rids`: replies already here are released, later ones dropped."""
-        for rid in rids:
-            self.sent.pop(rid, None)
-            if self.inbox.pop(rid, None) is not None:
-                self.let_go(rid)
+        self.give_back(self.core.forget(rids))
+
+    @staticmethod
+    def give_back(lent: list) -> None:
+        """Release frames lent from servers' arenas (a list of each reply's frames)."""
+        for frames in lent:
+            shm.release_frames(frames)

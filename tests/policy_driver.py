@@ -1,10 +1,11 @@
-"""Deterministic discrete-event driver: one sync policy against scripted workers in virtual time.
+"""Test helper: one sync policy against scripted workers, in virtual time, deterministically.
 
-The driver plays the coordinator and the servers: it feeds the policy Joined / Pushed / Left /
-Tick events in time order, delivers each Release at `max(now, not_before)`, counts server
-versions (one per push in arrival mode, one per ApplyRound in round mode) and checks the
-protocol as it goes. A worker that stops after its last step does what a real one does: it
-reports the step, waits for the release, then says goodbye. Nothing here reads a clock.
+The driver plays the coordinator and the servers around a PolicyHost: it tells the host of
+joins, pushes and departures in time order, calls advance() when next_wakeup() comes (held
+releases, the policy's timers), counts server versions (one per push in arrival mode, one per
+ApplyRound in round mode) and checks the protocol as it goes. A worker that stops after its
+last step does what a real one does: it reports the step, waits for the release, then says
+goodbye. Nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from paramserver.policies.base import (
-    ApplyRound, Decision, Event, Joined, Left, Note, Pushed, Release, SyncPolicy, Tick,
-)
+from paramserver.policies import ApplyRound, Decision, Note, PolicyHost, Pushed, Release, SyncPolicy
 
 StepCost = Callable[[int, int, float], float]  # (step, batch, now) -> seconds
 LoadReading = Callable[[int, float], tuple]  # (step, now) -> (cpu_load, free_mem)
@@ -46,12 +45,14 @@ class VirtualWorker:
 
 @dataclass
 class ReleaseRecord:
+    """A release that went out (one held for a worker that died first never does)."""
+
     worker: int
     step: int
     batch_size: int
     scale: float
     not_before: float | None
-    decided: float
+    decided: float  # when the policy decided it (earlier than started if it was held)
     started: float | None = None  # when the worker got it (None: it died first)
 
 
@@ -88,7 +89,7 @@ class _State:
     status: str = "pending"  # pending -> waiting <-> computing -> gone
     expected: int | None = None  # the step its next release must name (None: any, at start)
     done_step: int | None = None  # last completed step; start - 1 once first released
-    scheduled: ReleaseRecord | None = None  # a release on its way
+    scheduled: ReleaseRecord | None = None  # a release the host let go, on its way
     current: ReleaseRecord | None = None
     base_version: int = 0
     steps_done: int = 0
@@ -99,13 +100,15 @@ class Driver:
     """Runs `policy` against `workers` until nothing is left to happen.
 
     Hooks, for tests that model parameters: on_pull(worker, release), on_push(worker, record),
-    on_apply(apply_round), on_decision(driver, decision) before each decision takes effect.
+    on_apply(apply_round), on_decision(driver, decision) as the policy makes each decision,
+    before it takes effect (a held release when it is decided, not when it goes out).
     """
 
     def __init__(self, policy: SyncPolicy, workers: Sequence[VirtualWorker], *,
                  max_events: int = 1_000_000, on_pull=None, on_push=None, on_apply=None,
                  on_decision=None):
         self.policy = policy
+        self.host = PolicyHost(policy, on_decision=self._decided)
         self.states = [_State(w) for w in workers]
         self.by_id: dict[int, int] = {}  # worker id -> index of its live incarnation
         self.max_events = max_events
@@ -115,7 +118,8 @@ class Driver:
         self.version = 0
         self.queue: list[tuple[float, int, str, int]] = []
         self.seq = 0
-        self.tick_at: float | None = None
+        self.wake_at: float | None = None  # when the host next has something to do
+        self.decided_at: dict[int, float] = {}  # worker -> when its next release was decided
 
     # ---- public ---------------------------------------------------------------------------------
     def run(self) -> Trace:
@@ -124,7 +128,7 @@ class Driver:
             if st.spec.die_at is not None:
                 self._at(max(st.spec.die_at, st.spec.join), "die", i)
         handlers = {"join": self._join, "die": self._die, "deliver": self._deliver,
-                    "push": self._push_done, "tick": self._tick}
+                    "push": self._push_done, "wake": self._wake}
         for _ in range(self.max_events):
             if not self.queue:
                 break
@@ -155,15 +159,26 @@ class Driver:
         self.seq += 1
         heapq.heappush(self.queue, (t, self.seq, kind, i))
 
-    def _handle(self, event: Event) -> None:
-        for d in self.policy.handle(event):
-            if self.hooks[3]:
-                self.hooks[3](self, d)
+    def _take(self, outs: list) -> None:
+        """What the host let go of takes effect; then wake up when it next has work."""
+        for d in outs:
             self._decide(d)
-        deadline = self.policy.next_deadline()
-        if deadline is not None and (self.tick_at is None or deadline < self.tick_at):
-            self.tick_at = max(deadline, self.now)
-            self._at(self.tick_at, "tick", -1)
+        wake = self.host.next_wakeup()
+        if wake is not None and (self.wake_at is None or wake < self.wake_at):
+            self.wake_at = max(wake, self.now)
+            self._at(self.wake_at, "wake", -1)
+
+    def _decided(self, d: Decision, now: float) -> None:
+        """The host's watcher: the on_decision hook sees the policy's own order and time."""
+        if self.hooks[3]:
+            self.hooks[3](self, d)
+        if isinstance(d, Release):
+            st = self._check_release(d)  # a held one too, though it may never go out
+            self.decided_at[d.worker] = now
+            if st.done_step is None:
+                # A newcomer is placed where its first release says once it is decided, so
+                # the hook sees it there at the policy's next decision.
+                st.done_step = d.step - 1
 
     def _join(self, i: int) -> None:
         st = self.states[i]
@@ -175,7 +190,7 @@ class Driver:
         self.by_id[w] = i
         st.status = "waiting"
         self.trace.joined.append((self.now, w))
-        self._handle(Joined(w, self.now))
+        self._take(self.host.joined(w, self.now))
 
     def _die(self, i: int) -> None:
         st = self.states[i]
@@ -189,12 +204,13 @@ class Driver:
         st.status, st.left_reason = "gone", reason
         del self.by_id[st.spec.worker]
         self.trace.left.append((self.now, st.spec.worker, reason))
-        self._handle(Left(st.spec.worker, self.now, reason))
+        self.decided_at.pop(st.spec.worker, None)
+        self._take(self.host.left(st.spec.worker, self.now, reason))
 
-    def _tick(self, _: int) -> None:
-        if self.tick_at is not None and self.tick_at <= self.now:
-            self.tick_at = None
-            self._handle(Tick(self.now))
+    def _wake(self, _: int) -> None:
+        if self.wake_at is not None and self.wake_at <= self.now:
+            self.wake_at = None
+            self._take(self.host.advance(self.now))
 
     def _deliver(self, i: int) -> None:
         st = self.states[i]
@@ -225,15 +241,14 @@ class Driver:
         st.status, st.expected, st.done_step = "waiting", rec.step + 1, rec.step
         st.steps_done += 1
         cpu, mem = st.spec.load(rec.step, self.now) if st.spec.load else (None, None)
-        self._handle(Pushed(w, rec.step, self.now, rec.batch_size, push.compute_time, cpu, mem))
+        self._take(self.host.pushed(Pushed(w, rec.step, self.now, rec.batch_size,
+                                           push.compute_time, cpu, mem)))
 
     # ---- decisions ------------------------------------------------------------------------------
     def _decide(self, d: Decision) -> None:
         if isinstance(d, Release):
             self._release(d)
-        elif isinstance(d, ApplyRound):
-            if self.policy.apply_mode != "round":
-                raise DriverError(f"ApplyRound from an arrival-mode policy: {d}")
+        elif isinstance(d, ApplyRound):  # the host refuses one from an arrival-mode policy
             self.version += 1
             self.trace.rounds.append((self.now, d))
             if self.hooks[2]:
@@ -244,6 +259,17 @@ class Driver:
             raise DriverError(f"unknown decision {d!r}")
 
     def _release(self, d: Release) -> None:
+        """The host let `d` go: the worker gets it now."""
+        st = self._check_release(d)
+        if d.not_before is not None and d.not_before > self.now:
+            raise DriverError(f"t={self.now}: the host let {d} go before its not_before")
+        rec = ReleaseRecord(d.worker, d.step, d.batch_size, d.scale, d.not_before,
+                            self.decided_at.pop(d.worker, self.now))
+        st.scheduled = rec
+        self.trace.releases.append(rec)
+        self._at(self.now, "deliver", self.by_id[d.worker])
+
+    def _check_release(self, d: Release) -> _State:
         i = self.by_id.get(d.worker)
         if i is None:
             raise DriverError(f"t={self.now}: release for worker {d.worker}, which is not live")
@@ -256,13 +282,7 @@ class Driver:
                               f"but it is at step {st.expected}")
         if d.batch_size < 1 or not d.scale > 0:
             raise DriverError(f"t={self.now}: bad batch size or scale in {d}")
-        rec = ReleaseRecord(d.worker, d.step, d.batch_size, d.scale, d.not_before, self.now)
-        st.scheduled = rec
-        if st.done_step is None:
-            st.done_step = d.step - 1  # a newcomer is placed where its first release says
-        self.trace.releases.append(rec)
-        start = self.now if d.not_before is None else max(self.now, d.not_before)
-        self._at(start, "deliver", i)
+        return st
 
     def _check_nobody_waits(self) -> None:
         stuck = [st.spec.worker for st in self.states if st.status == "waiting"]

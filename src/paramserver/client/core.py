@@ -1,0 +1,196 @@
+"""The worker client's bookkeeping, with no sockets, clock or threads: what ps-lite's Customer is
+to its KVWorker.
+
+`WorkerCore` hands out request ids, keeps each request until its reply is in, matches replies to
+requests (a duplicate or stray one is refused, so the caller drops it), splits a key range into
+per-shard pieces, assembles a pull's pieces into the right slices, tracks the version each shard
+last answered with, holds the zero-copy frames lent by a server until they are given back, and
+keeps the release the coordinator sent until it is taken. Requests, replies and frames are
+opaque here: the node (client/requests.py) sends, receives and releases them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from paramserver.core.keyspace import KeyRange
+from paramserver.policies.base import Release
+
+
+@dataclass
+class Handle:
+    """An outstanding request: its per-shard request ids and how to assemble the replies."""
+
+    kind: str
+    parts: list[tuple[int, int, Any]] = field(default_factory=list)  # (shard, rid, out slice)
+    out: np.ndarray | None = None
+    done: bool = False
+    result: object = None
+
+
+class WorkerCore:
+    """Request ids, unanswered requests, replies, lent frames, shard versions, the release."""
+
+    def __init__(self) -> None:
+        self.rid = 0
+        self.sent: dict[int, tuple[int, Any]] = {}  # rid -> (shard, request) until answered
+        self.inbox: dict[int, Any] = {}  # rid -> reply not yet taken
+        self.held: dict[int, Any] = {}  # rid -> frames of a reply lent from a server's arena
+        self.rank = 0
+        self.num_keys = 0
+        self.ranges: list[KeyRange] = []
+        self.versions: list[int] = []  # the version each shard last answered a pull with
+        self.starts = np.zeros(0, dtype=np.int64)
+        self.all_pieces: list[tuple[int, KeyRange, slice]] = []
+        self.release: Release | None = None  # sent by the coordinator, not yet taken
+
+    def welcome(self, rank: int, ranges: Sequence[KeyRange], num_keys: int) -> None:
+        """This worker's rank, the job's key space and the shards' ranges in shard order."""
+        self.rank, self.num_keys = int(rank), int(num_keys)
+        self.ranges = list(ranges)
+        self.versions = [0] * len(self.ranges)
+        self.starts = np.array([r.lo for r in self.ranges], dtype=np.int64)
+        # The common request (every key) is split once.
+        self.all_pieces = self._split(KeyRange(0, self.num_keys))
+
+    # ---- key ranges -----------------------------------------------------------------------------
+    def key_range(self, keys: KeyRange | tuple[int, int] | None) -> KeyRange:
+        """`keys` as a KeyRange inside the key space (None: every key)."""
+        r = KeyRange(0, self.num_keys) if keys is None else KeyRange(*keys) if isinstance(
+            keys, tuple) else keys
+        if r.hi > self.num_keys:
+            raise ValueError(f"key range [{r.lo}, {r.hi}) exceeds the {self.num_keys} keys")
+        return r
+
+    def pieces(self, r: KeyRange) -> list[tuple[int, KeyRange, slice]]:
+        """(shard, piece of `r` it holds, slice of the request) for each shard `r` touches."""
+        if r.lo == 0 and r.hi == self.num_keys:
+            return self.all_pieces
+        return self._split(r)
+
+    def _split(self, r: KeyRange) -> list[tuple[int, KeyRange, slice]]:
+        out = []
+        for i, held in enumerate(self.ranges):
+            part = held.intersect(r)
+            if part is not None:
+                out.append((i, part, slice(part.lo - r.lo, part.hi - r.lo)))
+        return out
+
+    def sparse_cuts(self, keys: np.ndarray) -> list[tuple[int, int]]:
+        """For sorted keys: the (start, end) of each shard's run, one per shard (maybe empty)."""
+        cuts = np.searchsorted(keys, self.starts[1:], side="left").tolist()
+        return list(zip([0, *cuts], [*cuts, keys.size]))
+
+    def owners(self, keys: np.ndarray) -> np.ndarray:
+        """The shard that holds each key."""
+        return np.searchsorted(self.starts, keys, side="right") - 1
+
+    # ---- requests and replies -------------------------------------------------------------------
+    def next_rid(self) -> int:
+        self.rid += 1
+        return self.rid
+
+    def request(self, shard: int, request: Any) -> int:
+        """A new request to `shard`; kept (to be sent again, same id) until answered."""
+        self.rid += 1
+        self.sent[self.rid] = (shard, request)
+        return self.rid
+
+    def unanswered(self, rids: Iterable[int]) -> list[tuple[int, Any]]:
+        """(shard, request) of those of `rids` still waited on and not answered yet."""
+        return [self.sent[r] for r in rids if r in self.sent and r not in self.inbox]
+
+    def reply(self, rid: int, reply: Any, lent: Any = None) -> bool:
+        """A server's reply to request `rid`, its frames `lent` if they live in the server's arena.
+
+        False (refused) for a reply nobody waits for: to an unknown, abandoned or already taken
+        request, or a second answer to one answered (a retried request answered twice). The
+        caller drops it and gives its lent frames straight back."""
+        if rid not in self.sent or rid in self.inbox:
+            return False
+        self.inbox[rid] = reply
+        if lent is not None:
+            self.held[rid] = lent
+        return True
+
+    def take(self, rids: Iterable[int]) -> dict[int, Any]:
+        """The replies to `rids` (all answered): no longer waited on. Lent frames stay held."""
+        out = {}
+        for rid in rids:
+            out[rid] = self.inbox.pop(rid)
+            self.sent.pop(rid, None)
+        return out
+
+    def let_go(self, rid: int) -> Any:
+        """Done with reply `rid`: its lent frames, if any, to give back to the server."""
+        return self.held.pop(rid, None)
+
+    def forget(self, rids: Iterable[int]) -> list:
+        """Stop waiting for `rids`; later replies are refused. Returns the lent frames of
+        replies already in, to give back."""
+        lent = []
+        for rid in rids:
+            self.sent.pop(rid, None)
+            if self.inbox.pop(rid, None) is not None:
+                frames = self.held.pop(rid, None)
+                if frames:
+                    lent.append(frames)
+        return lent
+
+    # ---- finishing a request --------------------------------------------------------------------
+    @staticmethod
+    def push_done(handle: Handle, replies: Mapping[int, Any]) -> int:
+        """A push's acks are in: its result is the largest staleness any shard saw."""
+        handle.result = max((m.get("staleness", 0) for m in replies.values()), default=0)
+        handle.done = True
+        return handle.result
+
+    def pull_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
+        """A pull's pieces are in: each is copied into its slice of `handle.out` and its shard's
+        version noted. Returns the lent frames, free to give back now they are copied."""
+        out, lent = handle.out, []
+        for shard, rid, sl in handle.parts:
+            reply = replies[rid]
+            out[sl] = reply.arrays[0]
+            self.versions[shard] = reply["version"]
+            reply.arrays = []
+            frames = self.held.pop(rid, None)
+            if frames:
+                lent.append(frames)
+        handle.result, handle.done = out, True
+        return lent
+
+    def borrowed(self, handle: Handle, reply: Any) -> np.ndarray:
+        """A single-shard pull finished without a copy: its values are the reply's, still lent
+        (under the handle's one rid) until let go."""
+        shard, _, _ = handle.parts[0]
+        self.versions[shard] = reply["version"]
+        handle.done, handle.result = True, reply.arrays[0]
+        return handle.result
+
+    @property
+    def version(self) -> int:
+        """The smallest version any shard answered this worker's pulls with."""
+        return min(self.versions)
+
+    # ---- releases -------------------------------------------------------------------------------
+    def released(self, fields: Mapping[str, Any]) -> Release:
+        """The coordinator's release (the fields of its answer to start or clock), kept until
+        taken. A release not taken yet is replaced: only the newest one counts."""
+        self.release = Release(self.rank, fields["step"], fields["batch"],
+                               scale=float(fields.get("scale", 1.0)),
+                               min_version=fields["min_version"],
+                               round_size=int(fields.get("round_size", 0)),
+                               stop=bool(fields.get("stop", False)))
+        return self.release
+
+    def take_release(self) -> Release:
+        """The pending release, once: a second take without a new release is an error."""
+        release, self.release = self.release, None
+        if release is None:
+            raise LookupError("no release is pending: the coordinator has sent none since the "
+                              "last one was taken")
+        return release

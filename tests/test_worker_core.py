@@ -1,0 +1,147 @@
+"""The worker client's bookkeeping (client/core.py), driven without sockets or sleeps."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from paramserver.client.core import Handle, WorkerCore
+from paramserver.core.keyspace import KeyRange
+from paramserver.policies.base import Release
+
+
+class Reply(SimpleNamespace):
+    """Stands in for a wire Message: fields by name, arrays beside them."""
+
+    def __init__(self, arrays=(), **fields):
+        super().__init__(fields=fields, arrays=list(arrays))
+
+    def __getitem__(self, name):
+        return self.fields[name]
+
+    def get(self, name, default=None):
+        return self.fields.get(name, default)
+
+
+def three_shards() -> WorkerCore:
+    core = WorkerCore()
+    core.welcome(5, [KeyRange(0, 4), KeyRange(4, 7), KeyRange(7, 10)], 10)
+    return core
+
+
+def send(core: WorkerCore, kind: str, r: KeyRange, out=None) -> Handle:
+    handle = Handle(kind, out=out)
+    for i, piece, sl in core.pieces(r):
+        handle.parts.append((i, core.request(i, (kind, piece)), sl))
+    return handle
+
+
+def answered(core: WorkerCore, handle: Handle) -> bool:
+    return all(rid in core.inbox for _, rid, _ in handle.parts)
+
+
+def test_a_push_split_across_three_shards_completes_only_with_all_three_acks():
+    core = three_shards()
+    handle = send(core, "push", KeyRange(0, 10))
+    assert [shard for shard, _, _ in handle.parts] == [0, 1, 2]
+    assert len({rid for _, rid, _ in handle.parts}) == 3  # one request id per shard
+    for n, (shard, rid, _) in enumerate(handle.parts):
+        assert not answered(core, handle)
+        assert core.reply(rid, Reply(staleness=n))
+    assert answered(core, handle)
+    replies = core.take(rid for _, rid, _ in handle.parts)
+    assert core.push_done(handle, replies) == 2  # the largest staleness
+    assert handle.done and not core.sent and not core.inbox
+
+
+def test_a_duplicate_or_stray_reply_is_refused():
+    core = three_shards()
+    handle = send(core, "push", KeyRange(0, 4))
+    (_, rid, _), = handle.parts
+    assert core.reply(rid, Reply(staleness=0))
+    assert not core.reply(rid, Reply(staleness=0)), "a second answer (to a re-send) was taken"
+    assert not core.reply(rid + 100, Reply()), "an answer to no request was taken"
+    core.take([rid])
+    assert not core.reply(rid, Reply()), "an answer after the request was finished was taken"
+    assert not core.inbox and not core.held
+
+
+def test_an_abandoned_request_refuses_its_late_reply_and_gives_back_lent_frames():
+    core = three_shards()
+    first, second = send(core, "pull", KeyRange(0, 4)), send(core, "pull", KeyRange(4, 7))
+    (_, a, _), (_, b, _) = first.parts[0], second.parts[0]
+    assert core.reply(a, Reply(), lent=["frame-a"])
+    assert core.forget([a, b]) == [["frame-a"]]
+    assert not core.reply(b, Reply(), lent=["frame-b"])  # the caller releases these itself
+    assert not core.sent and not core.inbox and not core.held
+
+
+def test_a_pull_assembles_its_parts_into_the_right_key_ranges_and_notes_versions():
+    core = three_shards()
+    out = np.full(8, -1.0)
+    handle = send(core, "pull", KeyRange(2, 10), out=out)
+    assert [(s, sl) for s, _, sl in handle.parts] == [
+        (0, slice(0, 2)), (1, slice(2, 5)), (2, slice(5, 8))]
+    # Replies come in any order; each carries its piece's values and the shard's version.
+    for shard, rid, _ in reversed(handle.parts):
+        lo, hi = max(2, core.ranges[shard].lo), core.ranges[shard].hi
+        core.reply(rid, Reply([np.arange(lo, hi, dtype=float)], version=10 + shard),
+                   lent=[f"frames-{shard}"] if shard == 1 else None)
+    replies = core.take(rid for _, rid, _ in handle.parts)
+    lent = core.pull_done(handle, replies)
+    assert handle.result is out
+    np.testing.assert_array_equal(out, np.arange(2, 10, dtype=float))
+    assert lent == [["frames-1"]] and not core.held  # copied out: free to give back
+    assert core.versions == [10, 11, 12] and core.version == 10
+
+
+def test_versions_are_tracked_per_shard():
+    core = three_shards()
+    assert core.versions == [0, 0, 0] and core.version == 0
+    for version in (1, 2):
+        handle = send(core, "pull", KeyRange(4, 7), out=np.empty(3))
+        (_, rid, _), = handle.parts
+        core.reply(rid, Reply([np.zeros(3)], version=version))
+        core.pull_done(handle, core.take([rid]))
+    assert core.versions == [0, 2, 0] and core.version == 0
+
+
+def test_a_borrowed_pull_stays_lent_until_let_go():
+    core = three_shards()
+    handle = send(core, "pull", KeyRange(7, 10))
+    (_, rid, _), = handle.parts
+    values = np.ones(3)
+    core.reply(rid, Reply([values], version=4), lent=["shared"])
+    assert core.borrowed(handle, core.take([rid])[rid]) is values
+    assert core.versions[2] == 4 and list(core.held) == [rid]
+    assert core.let_go(rid) == ["shared"] and core.let_go(rid) is None
+
+
+def test_unanswered_requests_are_the_ones_to_send_again():
+    core = three_shards()
+    handle = send(core, "push", KeyRange(0, 10))
+    rids = [rid for _, rid, _ in handle.parts]
+    core.reply(rids[1], Reply())
+    assert [shard for shard, _ in core.unanswered(rids)] == [0, 2]
+
+
+def test_key_ranges_are_checked_and_sparse_keys_cut_per_shard():
+    core = three_shards()
+    assert core.key_range(None) == KeyRange(0, 10) and core.key_range((3, 5)) == KeyRange(3, 5)
+    with pytest.raises(ValueError, match="exceeds the 10 keys"):
+        core.key_range((5, 11))
+    keys = np.array([1, 2, 8, 9])
+    assert core.sparse_cuts(keys) == [(0, 2), (2, 2), (2, 4)]  # shard 1 hears, with no keys
+    assert core.owners(np.array([0, 4, 6, 7, 9])).tolist() == [0, 1, 1, 2, 2]
+
+
+def test_a_release_is_recorded_and_consumed_once():
+    core = three_shards()
+    with pytest.raises(LookupError):
+        core.take_release()
+    core.released(Reply(step=3, batch=32, min_version=2, round_size=4))
+    assert core.take_release() == Release(5, 3, 32, min_version=2, round_size=4)
+    with pytest.raises(LookupError, match="no release is pending"):
+        core.take_release()
+    core.released(Reply(step=4, batch=32, min_version=3, stop=True, scale=0.5))
+    assert core.take_release() == Release(5, 4, 32, scale=0.5, min_version=3, stop=True)
