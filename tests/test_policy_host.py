@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -286,3 +289,19 @@ def test_each_held_release_goes_out_once_not_before_its_time_and_never_after_a_l
                 del decided[r.worker]
         pending = [r.not_before for r in decided.values()]
         assert host.next_wakeup() == (min(pending) if pending else None)
+
+
+# ---- the per-step types -------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [Release, Pushed])
+def test_hand_written_inits_take_exactly_the_fields_with_their_defaults(cls):
+    params = list(inspect.signature(cls).parameters.values())
+    fields = dataclasses.fields(cls)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields]
+    one = cls(*range(len(fields)))
+    assert [getattr(one, f.name) for f in fields] == list(range(len(fields)))
+    assert dataclasses.replace(one, worker=9).worker == 9
+    assert hash(one) == hash(cls(*range(len(fields))))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.worker = 1
