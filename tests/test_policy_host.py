@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -305,3 +307,13 @@ def test_hand_written_inits_take_exactly_the_fields_with_their_defaults(cls):
     assert hash(one) == hash(cls(*range(len(fields))))
     with pytest.raises(dataclasses.FrozenInstanceError):
         one.worker = 1
+
+
+def test_the_host_is_pure():
+    import paramserver.policies.host as host
+    tree = ast.parse(Path(host.__file__).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    assert {n.split(".")[0] for n in names} <= {"__future__", "heapq", "math", "collections",
+                                                "typing", "paramserver"}
+    assert [n for n in names if n.startswith("paramserver")] == ["paramserver.policies.base"]
