@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from paramserver.policies import (
     ASP, BSP, ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
 )
+from paramserver.sim.replay import check_log, decision_log, load_run
+from paramserver.sim.run import SimConfig, Simulation
 
 B = 8
 
@@ -286,3 +293,67 @@ def test_each_held_release_goes_out_once_not_before_its_time_and_never_after_a_l
                 del decided[r.worker]
         pending = [r.not_before for r in decided.values()]
         assert host.next_wakeup() == (min(pending) if pending else None)
+
+
+# ---- the per-step types -------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [Release, Pushed])
+def test_hand_written_inits_take_exactly_the_fields_with_their_defaults(cls):
+    params = list(inspect.signature(cls).parameters.values())
+    fields = dataclasses.fields(cls)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields]
+    one = cls(*range(len(fields)))
+    assert [getattr(one, f.name) for f in fields] == list(range(len(fields)))
+    assert dataclasses.replace(one, worker=9).worker == 9
+    assert hash(one) == hash(cls(*range(len(fields))))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.worker = 1
+
+
+def test_the_host_is_pure():
+    import paramserver.policies.host as host
+    tree = ast.parse(Path(host.__file__).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    assert {n.split(".")[0] for n in names} <= {"__future__", "heapq", "math", "collections",
+                                                "typing", "paramserver"}
+    assert [n for n in names if n.startswith("paramserver")] == ["paramserver.policies.base"]
+
+
+# ---- one interpreter: the simulator and the replay agree ----------------------------------------
+@pytest.mark.parametrize("sync,options,budget", [
+    ("bsp", {}, None), ("asp", {}, 2000), ("ssp", {"staleness": 1}, None),
+    ("r2sp", {"warmup": 2}, 2500), ("r2sp", {"warmup": 0, "heterogeneous": True}, None),
+    ("lbbsp", {"predictor": "last"}, None), ("ebsp", {"lookahead": 4}, None),
+    ("dssp", {}, 3000),
+])
+def test_the_engine_and_the_replay_of_its_records_make_the_same_decisions(
+        tmp_path, sync, options, budget):
+    """The sim Engine hosts the policy over its events; decision_log re-runs it over the
+    records those events wrote. Same events, same host: the same releases and rounds."""
+    cfg = SimConfig(sync=sync, sync_options=options, workers=5, steps=None if budget else 12,
+                    max_samples=budget, batch_size=16, compute="classes:0.4=1,0.6=2.5",
+                    param_bytes="64KB", latency="20us")
+    sim = Simulation(cfg, tmp_path)
+    releases, rounds = {}, []
+
+    def watch(d, now):
+        if isinstance(d, Release):
+            releases[(d.worker, d.step)] = {"batch": d.batch_size, "scale": round(d.scale, 9),
+                                            "delayed": d.not_before is not None
+                                            and d.not_before > now}
+        elif isinstance(d, ApplyRound):
+            rounds.append((d.step, tuple(d.contributors)))
+
+    sim.engine.host.on_decision = watch
+    sim.advance()
+    sim.close(complete=True)
+    run = load_run(tmp_path)
+    log = decision_log(run)
+    assert check_log(run, log) == [] and not log.problems
+    assert {k: {f: r[f] for f in ("batch", "scale", "delayed")}
+            for k, r in log.releases.items()} == releases
+    assert log.rounds == rounds and (rounds or sim.policy.apply_mode == "arrival")
+    if sync == "r2sp":  # held releases are compared too
+        assert any(r["delayed"] for r in releases.values())

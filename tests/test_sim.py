@@ -3,6 +3,8 @@
 import ast
 import json
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -269,13 +271,22 @@ def test_summary_in_worker_groups_equals_the_direct_summary(tmp_path):
 
 def test_the_engine_reads_no_clock_and_does_no_io():
     import paramserver.sim as sim
-    for path in ("sim/engine.py", "sim/compute.py", "core/units.py", "sim/trace.py"):
+    for path in ("sim/engine.py", "sim/comm.py", "sim/compute.py", "core/units.py",
+                 "sim/trace.py"):
         tree = ast.parse((Path(sim.__file__).parent.parent / path).read_text())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not {n.split(".")[0] for n in names} & {"time", "threading", "socket", "zmq",
                                                        "pickle", "subprocess", "datetime"}, path
         assert not [n for n in names if n.startswith(RUNTIME + ("paramserver.cli",))]
+
+
+def test_importing_the_simulator_loads_neither_zmq_nor_torch():
+    code = ("import sys, paramserver.sim, paramserver.sim.run, paramserver.sim.engine, "
+            "paramserver.sim.train, paramserver.sim.replay; "
+            "print(sorted(m for m in ('zmq', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # ---- grammars -----------------------------------------------------------------------------------

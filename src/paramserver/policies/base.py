@@ -28,7 +28,7 @@ class Left:
     reason: str = "done"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Pushed:
     """Worker `worker` finished step `step`: its push is acknowledged by every shard."""
 
@@ -41,6 +41,19 @@ class Pushed:
     # predictors that use them; None when the worker did not measure them.
     cpu_load: float | None = None
     free_mem: float | None = None
+
+    # Written out, as Release's: one per worker step.
+    def __init__(self, worker: int, step: int, now: float, batch_size: int,
+                 compute_time: float, cpu_load: float | None = None,
+                 free_mem: float | None = None):
+        fields = self.__dict__
+        fields["worker"] = worker
+        fields["step"] = step
+        fields["now"] = now
+        fields["batch_size"] = batch_size
+        fields["compute_time"] = compute_time
+        fields["cpu_load"] = cpu_load
+        fields["free_mem"] = free_mem
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ Event = Union[Joined, Left, Pushed, Tick]
 
 # ---- decisions: what a policy asks the runtime to do --------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Release:
     """Let `worker` start step `step` with `batch_size` samples, not before time `not_before`.
 
@@ -74,6 +87,22 @@ class Release:
     min_version: int = 0
     round_size: int = 0
     stop: bool = False
+
+    # Written out because the generated __init__ of a frozen dataclass sets each field through
+    # object.__setattr__, at twice the cost, and a simulation makes a Release per worker step.
+    # (tests/test_policy_host.py checks that it takes exactly the fields, with their defaults.)
+    def __init__(self, worker: int, step: int, batch_size: int, not_before: float | None = None,
+                 scale: float = 1.0, min_version: int = 0, round_size: int = 0,
+                 stop: bool = False):
+        fields = self.__dict__
+        fields["worker"] = worker
+        fields["step"] = step
+        fields["batch_size"] = batch_size
+        fields["not_before"] = not_before
+        fields["scale"] = scale
+        fields["min_version"] = min_version
+        fields["round_size"] = round_size
+        fields["stop"] = stop
 
 
 @dataclass(frozen=True)

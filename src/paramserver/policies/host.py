@@ -35,6 +35,11 @@ class PolicyHost:
     on_decision(decision, now), if given, sees each decision as the policy makes it, before
     the host acts on it (a held release included, at the time it was decided): for callers
     that watch the policy itself, such as a replay that names what triggered each release.
+
+    PolicyError, for what breaks the protocol as far as the host can see: a release for a
+    worker that has not joined (or has left), a second release while one is held, a push from
+    a worker whose release is still held, an ApplyRound in arrival mode, an unknown decision.
+    Whether a release names the step its worker is at is for the caller, who knows the worker.
     """
 
     def __init__(self, policy: SyncPolicy, max_samples: int | None = None, *,
@@ -51,9 +56,14 @@ class PolicyHost:
         self.steps_done = 0
         self.stopping = False
         self._round_mode = policy.apply_mode == "round"
+        # Most policies leave next_deadline() and round_size() as SyncPolicy has them: no
+        # timers, and (in arrival mode) releases that go out as made until a stop. The
+        # simulator's hot loop then skips those calls and the copy.
+        self._timed = type(policy).next_deadline is not SyncPolicy.next_deadline
+        self._plain = not self._round_mode and (
+            type(policy).round_size is SyncPolicy.round_size)
         self._budget = max_samples or math.inf
-        # Held releases by (not_before, order held). A worker's entry counts only while it is
-        # its entry in _held_for: `left` drops it there, and the heap skips it when reached.
+        # Held releases by (not_before, order held), and by worker (at most one each).
         self._held: list[tuple[float, int, Release]] = []
         self._held_for: dict[int, Release] = {}
         self._held_seq = 0
@@ -80,24 +90,28 @@ class PolicyHost:
         if event.worker in self._held_for:
             raise PolicyError(f"worker {event.worker} pushed step {event.step} while its "
                               f"release is still held")
-        before = self.samples_done, self.steps_done, self.stopping
+        was_stopping = self.stopping
         self.samples_done += event.batch_size
         self.steps_done += 1
         out: list[Out] = []
-        if not self.stopping and self.samples_done >= self._budget:
+        if not was_stopping and self.samples_done >= self._budget:
             self.stopping = True
             out.append(Note("budget_reached", {"samples": self.samples_done}))
         try:
             decisions = self.policy.handle(event)
         except PolicyError:
-            self.samples_done, self.steps_done, self.stopping = before
+            self.samples_done -= event.batch_size
+            self.steps_done -= 1
+            self.stopping = was_stopping
             raise
-        return self._interpret(decisions, event.now, out)
+        return self._interpret(decisions, event.now, out) if decisions else out
 
     def left(self, worker: int, now: float, reason: str = "done") -> list[Out]:
         """The worker is gone; a release still held for it must not reach whoever takes its id
         next, so it is dropped."""
-        self._held_for.pop(worker, None)
+        if self._held_for.pop(worker, None) is not None:
+            self._held = [e for e in self._held if e[2].worker != worker]
+            heapq.heapify(self._held)
         return self._interpret(self.policy.handle(Left(worker, now, reason)), now, [])
 
     def advance(self, now: float) -> list[Out]:
@@ -105,12 +119,16 @@ class PolicyHost:
         then the policy is ticked if its deadline has passed."""
         out: list[Out] = []
         held, held_for = self._held, self._held_for
+        terms = None
         while held and held[0][0] <= now:
-            release = heapq.heappop(held)[2]
-            if held_for.get(release.worker) is release:
-                del held_for[release.worker]
-                out.append(self._fill(release))
-        deadline = self.policy.next_deadline()
+            d = heapq.heappop(held)[2]
+            del held_for[d.worker]
+            if terms is None:
+                terms = _PLAIN if self._plain and not self.stopping else self._terms()
+            if terms is not _PLAIN or d.min_version or d.round_size or d.stop:
+                d = _with_terms(d, terms)
+            out.append(d)
+        deadline = self.policy.next_deadline() if self._timed else None
         if deadline is not None and deadline <= now:
             self._interpret(self.policy.handle(Tick(now)), now, out)
         return out
@@ -118,10 +136,8 @@ class PolicyHost:
     def next_wakeup(self) -> float | None:
         """When advance() has something to do: the earliest held release or the policy's
         deadline, whichever comes first (None: nothing until the next event)."""
-        held, held_for = self._held, self._held_for
-        while held and held_for.get(held[0][2].worker) is not held[0][2]:
-            heapq.heappop(held)  # dropped by `left`
-        deadline = self.policy.next_deadline()
+        held = self._held
+        deadline = self.policy.next_deadline() if self._timed else None
         if held and (deadline is None or held[0][0] < deadline):
             return held[0][0]
         return deadline
@@ -132,8 +148,7 @@ class PolicyHost:
 
     def held(self) -> list[Release]:
         """The releases waiting for their not_before, earliest first (as the policy made them)."""
-        live = [e for e in self._held if self._held_for.get(e[2].worker) is e[2]]
-        return [e[2] for e in sorted(live, key=lambda e: e[:2])]
+        return [e[2] for e in sorted(self._held)]  # (not_before, order held) never tie
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def resume_state(self) -> dict:
@@ -153,30 +168,39 @@ class PolicyHost:
         self.stopping = self.stopping or self.samples_done >= self._budget
 
     # ---- decisions ------------------------------------------------------------------------------
+    # The simulator runs this for every worker step: the common case (a release that goes out
+    # as the policy made it) costs no call.
     def _interpret(self, decisions: list[Decision], now: float, out: list[Out]) -> list[Out]:
-        watch = self.on_decision
+        watch, active, held_for = self.on_decision, self.policy.active, self._held_for
+        terms = None  # what the releases going out now carry (see _terms)
         for d in decisions:
             if watch is not None:
                 watch(d, now)
             kind = type(d)
             if kind is Release:
-                nb = d.not_before
-                if d.worker not in self.policy.active:
+                w, nb = d.worker, d.not_before
+                if w not in active:
                     raise PolicyError(f"t={now}: {d} for a worker that has not joined or has "
                                       f"left")
-                if d.worker in self._held_for:
-                    raise PolicyError(f"t={now}: {d} while the release "
-                                      f"{self._held_for[d.worker]} is still held")
+                if w in held_for:
+                    raise PolicyError(f"t={now}: {d} while the release {held_for[w]} is still "
+                                      f"held")
                 if nb is not None and nb > now:
                     self._held_seq += 1
                     heapq.heappush(self._held, (nb, self._held_seq, d))
-                    self._held_for[d.worker] = d
-                else:
-                    out.append(self._fill(d))
+                    held_for[w] = d
+                    continue
+                if terms is None:
+                    terms = _PLAIN if self._plain and not self.stopping else self._terms()
+                if terms is not _PLAIN or d.min_version or d.round_size or d.stop:
+                    version, size, stop = terms  # _with_terms, without the call
+                    d = Release(w, d.step, d.batch_size, nb, d.scale, version, size, stop)
+                out.append(d)
             elif kind is ApplyRound:
                 if not self._round_mode:
                     raise PolicyError(f"ApplyRound from the arrival-mode policy {self.name}: {d}")
                 self.rounds_applied += 1
+                terms = None
                 out.append(d)
             elif kind is Note:
                 out.append(d)
@@ -184,11 +208,18 @@ class PolicyHost:
                 raise PolicyError(f"unknown decision {d!r} from {self.name}")
         return out
 
-    def _fill(self, d: Release) -> Release:
-        """The release as it goes out: what the worker must pull, the round, stop or not."""
+    def _terms(self) -> tuple[int, int, bool]:
+        """What a release going out now carries: (min_version, round_size, stop)."""
         version = self.rounds_applied if self._round_mode else 0
-        size = self.policy.round_size()
-        stop = self.stopping
-        if version == d.min_version and size == d.round_size and stop == d.stop:
-            return d
-        return Release(d.worker, d.step, d.batch_size, d.not_before, d.scale, version, size, stop)
+        size = 0 if self._plain else self.policy.round_size()
+        if not (version or size or self.stopping):
+            return _PLAIN
+        return version, size, self.stopping
+
+
+_PLAIN = (0, 0, False)  # the terms a Release has by default
+
+
+def _with_terms(d: Release, terms: tuple[int, int, bool]) -> Release:
+    version, size, stop = terms
+    return Release(d.worker, d.step, d.batch_size, d.not_before, d.scale, version, size, stop)

@@ -17,10 +17,13 @@ Replayed communication (`comm`, see sim.trace.CommReplay) replaces the links: ea
 and push take the times a live run recorded for that worker and step, the worker's unrecorded
 time per step (sleep overshoot, bookkeeping) follows its compute, and the coordinator's messages
 take comm.release_latency (release -> worker) and comm.clock_latency (clock -> coordinator).
+Both timings live in sim.comm; the engine holds one of them.
 
-The end: `steps` per worker, or a sample budget shared by all workers (`max_samples`), checked
-as the live coordinator does: when a clock brings the count to the budget, before the policy
-hears of that push; every release delivered from then on tells its worker to stop.
+The policy runs in a PolicyHost (policies.host): it holds releases until their not_before,
+ticks the policy, fills each release's min_version and stop. The end: `steps` per
+worker, or a sample budget shared by all workers (`max_samples`, the host's), reached when a
+clock brings the count to it, before the policy hears of that push; every release from then on
+tells its worker to stop. The engine checks what the host lets go against its workers' state.
 """
 
 from __future__ import annotations
@@ -30,11 +33,17 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from paramserver.policies.base import Joined, Left, Pushed, SyncPolicy, Tick
-from paramserver.sim.engine_decisions import EngineDecisionsMixin
-# SimError lives in engine_events; sim/__init__ and callers import it from here too.
-from paramserver.sim.engine_events import APPLIED, BUSY, CLOCK, COMPUTED, GONE, WAITING, SimError
-from paramserver.sim.engine_replay import ReplayStepsMixin
+from paramserver.policies.base import ApplyRound, Pushed, Release, SyncPolicy
+from paramserver.policies.host import PolicyHost
+from paramserver.sim.comm import LinkSteps, ReplaySteps
+
+# Event kinds (indexes into Engine.handlers) and worker states.
+READ, COMPUTED, APPLIED, CLOCK, LEAVE, WAKE = range(6)
+WAITING, RELEASED, BUSY, GONE = range(4)
+
+
+class SimError(RuntimeError):
+    """The policy broke the protocol (a release for a busy worker, a deadlock...)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class NullSink:
         pass
 
 
-class Engine(ReplayStepsMixin, EngineDecisionsMixin):
+class Engine:
     """Runs `policy` with `workers` workers of `steps` steps each; `run()` until nothing is left.
 
     cost(worker, step, batch) -> seconds; straggler: an object with factor(worker, step, t) or
@@ -88,46 +97,56 @@ class Engine(ReplayStepsMixin, EngineDecisionsMixin):
             raise ValueError(f"need workers >= 1, steps >= 1 and max_samples >= 1, got "
                              f"{workers}, {steps}, {max_samples}")
         self.policy, self.n, self.cost = policy, workers, cost
+        self.host = PolicyHost(policy, max_samples or None)
         self.steps = math.inf if steps is None else steps
-        self.max_samples = max_samples or math.inf
-        self.stopping = False
-        self.comm = comm
         self.net, self.sink = network, sink or NullSink()
         self.straggler, self.trainer = straggler, trainer
         self.round_mode = policy.apply_mode == "round"
-        self.L, self.tx = network.latency, network.transfer_time
-        self.now, self.version = 0.0, 0
+        self.comm = LinkSteps(network) if comm is None else ReplaySteps(comm)
+        self.now, self.version = 0.0, 0  # version: the servers' (pushes or rounds applied)
         self._seq = itertools.count()  # ties in time go in the order they were scheduled
-        self.events = self.steps_done = self.samples = self.rounds = 0
-        self.out_free = self.in_free = 0.0  # when each link direction is next idle
+        self.events = 0
         self.queue: list[tuple[float, int, int, int]] = []
-        self.tick_at: float | None = None
+        self.wake_at: float | None = None  # the host's next_wakeup, once scheduled
         z = [0] * workers
         self.status, self.done, self.step, self.batch = [WAITING] * workers, z[:], z[:], z[:]
         self.scale, self.pulled, self.min_version = [1.0] * workers, z[:], z[:]
-        self.wait_from, self.wait_s, self.pull_s = [0.0] * workers, [0.0] * workers, [0.0] * workers
+        self.wait_from = [-self.comm.start_wait(w) for w in range(workers)]
+        self.wait_s, self.pull_s = [0.0] * workers, [0.0] * workers
         self.push_from, self.push_s = [0.0] * workers, [0.0] * workers
         self.compute_s, self.factor, self.stale = [0.0] * workers, [1.0] * workers, z[:]
         self.handlers = (self._read, self._computed, self._applied, self._clock, self._leave,
-                         self._tick, self._deliver)
-        # Delays from a release's delivery to the pull reaching the server (READ), and to the
-        # worker's goodbye reaching the coordinator (LEAVE).
-        self.to_read = self.to_leave = 2 * self.L
-        if comm is not None:
-            self.handlers = (self._read_replay, self._computed_replay, self._applied_replay,
-                             self._clock, self._leave, self._tick, self._deliver)
-            self.to_read = comm.release_latency
-            self.to_leave = comm.release_latency + comm.clock_latency
-            self.wait_from = [-comm.start_wait(w) for w in range(workers)]
+                         self._wake)
         self.started = False
+
+    # ---- what the host counts -------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self.host.stopping
+
+    @property
+    def samples(self) -> int:
+        return self.host.samples_done
+
+    @property
+    def steps_done(self) -> int:
+        return self.host.steps_done
+
+    @property
+    def rounds(self) -> int:
+        return self.host.rounds_applied
+
+    @property
+    def total_steps(self) -> int | None:
+        """Steps of the whole run when fixed (steps per worker), None under a sample budget."""
+        return None if self.steps == math.inf else self.n * self.steps
 
     # ---- driving --------------------------------------------------------------------------------
     def start(self) -> None:
         """Open the start barrier: every worker joins at t = 0, in rank order."""
         self.started = True
         self.sink.event(0.0, "barrier_open", {"workers": self.n})
-        for w in range(self.n):
-            self._handle(Joined(w, 0.0))
+        self._take(self.host.joined_all(range(self.n), 0.0), 0.0)
 
     def run(self, max_events: int | None = None) -> bool:
         """Process events (at most `max_events`); True once the simulation has ended."""
@@ -151,18 +170,14 @@ class Engine(ReplayStepsMixin, EngineDecisionsMixin):
             tr.finish(self.now, self)
         return True
 
-    @property
-    def total_steps(self) -> int | None:
-        """Steps of the whole run when fixed (steps per worker), None under a sample budget."""
-        return None if self.steps == math.inf else self.n * self.steps
-
     def _at(self, t: float, kind: int, w: int, push=heapq.heappush) -> None:
         push(self.queue, (t, next(self._seq), kind, w))
 
     # ---- the worker's step ----------------------------------------------------------------------
     def _read(self, t: float, w: int) -> None:
-        """The pull request is at the server: read the version, queue the reply, then compute."""
-        L, arrived = self.L, t - self.L  # the release reached the worker L ago
+        """The pull is at the server: read the version; the reply, then the compute."""
+        comm = self.comm
+        arrived = t - comm.pull_lag  # when the release reached the worker
         self.wait_s[w] = arrived - self.wait_from[w]
         if self.version < self.min_version[w]:
             raise SimError(f"t={t}: worker {w} pulls version {self.version} < min_version "
@@ -170,25 +185,17 @@ class Engine(ReplayStepsMixin, EngineDecisionsMixin):
         self.pulled[w] = self.version
         if self.trainer is not None:
             self.trainer.pull(w, self.version)
-        start = t if t > self.out_free else self.out_free
-        self.out_free = end = start + self.tx
-        got = end + L
-        self.pull_s[w] = got - arrived
         step, batch = self.step[w], self.batch[w]
+        got, self.pull_s[w] = comm.pull(t, w, step)
         f = 1.0 if self.straggler is None else self.straggler.factor(w, step, got)
         self.factor[w] = f
         self.compute_s[w] = c = self.cost(w, step, batch) * f
         self.status[w] = BUSY
-        self._at(got + c, COMPUTED, w)
+        self._at(comm.compute_end(got, w, step, c), COMPUTED, w)
 
     def _computed(self, t: float, w: int) -> None:
-        """Compute ended: the push queues on the inbound link (FIFO by send time)."""
         self.push_from[w] = t
-        start = t + self.L
-        if self.in_free > start:
-            start = self.in_free
-        self.in_free = end = start + self.tx
-        self._at(end, APPLIED, w)
+        self._at(self.comm.push(t, w, self.step[w]), APPLIED, w)
 
     def _applied(self, t: float, w: int) -> None:
         """The push is in the server: staleness as the server computes it, then the ack."""
@@ -198,11 +205,12 @@ class Engine(ReplayStepsMixin, EngineDecisionsMixin):
             self.trainer.push(w, self)
         if not self.round_mode:
             self.version = v + 1
-        acked = t + self.L
+        comm = self.comm
+        acked = t + comm.ack_lag
         self.push_s[w] = acked - self.push_from[w]
         self.wait_from[w] = acked
-        if self.L:
-            self._at(acked + self.L, CLOCK, w)
+        if comm.clock_lag:
+            self._at(acked + comm.clock_lag, CLOCK, w)
         else:
             self._clock(t, w)
 
@@ -210,31 +218,63 @@ class Engine(ReplayStepsMixin, EngineDecisionsMixin):
         """The clock reaches the coordinator: the record is written and the policy told."""
         step, batch, c = self.step[w], self.batch[w], self.compute_s[w]
         extra = None if self.trainer is None else self.trainer.record(w)
-        if self.comm is not None:
-            real = self.comm.real(w, step)
-            if real is not None:
-                extra = {"real_compute_s": round(min(real, c), 6), **(extra or {})}
+        real = self.comm.real
+        if real is not None and (real := real(w, step)) is not None:
+            extra = {"real_compute_s": round(min(real, c), 6), **(extra or {})}
         self.sink.step(t, w, step, batch, c, self.wait_s[w], self.pull_s[w], self.push_s[w],
                        self.stale[w], self.factor[w], extra)
         self.done[w] += 1
-        self.steps_done += 1
-        self.samples += batch
         self.status[w] = WAITING
-        if self.samples >= self.max_samples and not self.stopping:
-            self.stopping = True  # before the policy hears of it: this was the last step
-            self.sink.event(t, "budget_reached", {"samples": self.samples})
-        self._handle(Pushed(w, step, t, batch, c))
+        self._take(self.host.pushed(Pushed(w, step, t, batch, c)), t)
 
     def _leave(self, t: float, w: int) -> None:
         self.status[w] = GONE
         self.sink.left(t, w, "done")
         self.sink.event(t, "worker_left", {"worker": w, "reason": "done"})
-        self._handle(Left(w, t, "done"))
+        self._take(self.host.left(w, t, "done"), t)
 
-    def _tick(self, t: float, _: int) -> None:
-        if self.tick_at is not None and self.tick_at <= t:
-            self.tick_at = None
-            self._handle(Tick(t))
+    def _wake(self, t: float, _: int) -> None:
+        if self.wake_at is not None and self.wake_at <= t:
+            self.wake_at = None
+            self._take(self.host.advance(t), t)
+
+    # ---- what the host lets go ------------------------------------------------------------------
+    def _take(self, outs: list, t: float) -> None:
+        for d in outs:
+            kind = type(d)
+            if kind is Release:
+                self._release(d, t)
+            elif kind is ApplyRound:
+                self._apply_round(d, t)
+            else:  # a Note
+                self.sink.event(t, d.kind, d.data)
+        wake = self.host.next_wakeup()
+        if wake is not None and (self.wake_at is None or wake < self.wake_at):
+            self.wake_at = wake if wake > t else t
+            self._at(self.wake_at, WAKE, -1)
+
+    def _release(self, d: Release, t: float) -> None:
+        """The release leaves the coordinator: it says stop past the budget or the last step."""
+        w = d.worker
+        if not 0 <= w < self.n or self.status[w] != WAITING:
+            state = "unknown" if not 0 <= w < self.n else ("waiting", "released", "busy",
+                                                           "gone")[self.status[w]]
+            raise SimError(f"t={t}: release {d} for a worker that is {state}")
+        if d.step != self.done[w] or d.batch_size < 1 or not d.scale > 0:
+            raise SimError(f"t={t}: bad release {d}: worker {w} has done {self.done[w]} steps")
+        self.status[w] = RELEASED
+        self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
+        self.min_version[w] = d.min_version
+        if d.stop or self.done[w] >= self.steps:
+            self._at(t + self.comm.to_leave, LEAVE, w)  # the worker's goodbye comes back
+        else:
+            self._at(t + self.comm.to_read, READ, w)
+
+    def _apply_round(self, d: ApplyRound, t: float) -> None:
+        self.version += 1  # the host refuses an ApplyRound in arrival mode
+        if self.trainer is not None:
+            self.trainer.apply_round(d.step, self)
+        self.sink.event(t, "apply_round", {"step": d.step, "contributors": list(d.contributors)})
 
     def _check_everyone_left(self) -> None:
         stuck = [w for w in range(self.n) if self.status[w] != GONE]

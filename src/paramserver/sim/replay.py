@@ -30,7 +30,7 @@ from pathlib import Path
 
 from paramserver.runlog.metrics import read_records, summarize
 from paramserver.policies import (
-    ApplyRound, Joined, Left, Note, PolicyError, Pushed, Release, make_policy,
+    ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
 )
 from paramserver.sim.run import SimConfig, simulate
 from paramserver.zipline.plan import SyncPlan
@@ -82,41 +82,49 @@ class DecisionLog:
 
 def decision_log(run: RunFolder, workers: int | None = None,
                  recorded_plans: bool = True) -> DecisionLog:
-    """Re-run the run's policy over its joins, clocks and departures (coordinator order).
+    """Re-run the run's policy, hosted as the coordinator hosts it, over the run's joins,
+    clocks and departures (coordinator order); time goes by as the records say.
 
     recorded_plans=False lets ElasticBSP search its plans again from the records' times.
     """
     job = run.job
     sync = job["sync"]
     policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
-    budget = job.get("max_samples") or math.inf
-    log, samples = DecisionLog(), 0
+    log = DecisionLog()
     if recorded_plans:
         _follow_recorded_plans(policy, run, log)
+    trigger: tuple = ()  # the event the policy is deciding on
 
-    def handle(event, trigger) -> None:
-        for d in policy.handle(event):
-            if isinstance(d, Release):
-                log.releases[(d.worker, d.step)] = {
-                    "trigger": trigger, "batch": d.batch_size, "scale": round(d.scale, 9),
-                    "delayed": d.not_before is not None and d.not_before > event.now,
-                    "stop": samples >= budget}
-            elif isinstance(d, ApplyRound):
-                log.rounds.append((d.step, tuple(d.contributors)))
-            elif isinstance(d, Note):
-                log.notes.append((d.kind, d.data))
-                log.marks.setdefault(d.kind, len(log.releases))
+    def watch(d, now: float) -> None:
+        # Each decision as it is made: a held release belongs to the event that decided it.
+        if isinstance(d, Release):
+            log.releases[(d.worker, d.step)] = {
+                "trigger": trigger, "batch": d.batch_size, "scale": round(d.scale, 9),
+                "delayed": d.not_before is not None and d.not_before > now,
+                "stop": host.stopping}
+        elif isinstance(d, ApplyRound):
+            log.rounds.append((d.step, tuple(d.contributors)))
+        elif isinstance(d, Note):
+            log.notes.append((d.kind, d.data))
+            log.marks.setdefault(d.kind, len(log.releases))
 
+    host = PolicyHost(policy, job.get("max_samples") or None, on_decision=watch)
     for w in range(workers or job["workers"]):
-        handle(Joined(w, 0.0), ("join", w))
+        trigger = ("join", w)
+        host.joined(w, 0.0)
     for i, r in enumerate(run.records):
+        kind = r.get("kind")
+        if kind not in ("step", "left"):
+            continue
         try:
-            if r.get("kind") == "step":
-                samples += r["batch"]
-                handle(Pushed(r["worker"], r["step"], r["t"], r["batch"], r["compute_s"]),
-                       ("push", r["worker"], r["step"]))
-            elif r.get("kind") == "left":
-                handle(Left(r["worker"], r["t"], r.get("reason", "done")), ("left", r["worker"]))
+            trigger = ("tick", r["t"])
+            host.advance(r["t"])  # held releases due by now go out, timers fire
+            if kind == "step":
+                trigger = ("push", r["worker"], r["step"])
+                host.pushed(Pushed(r["worker"], r["step"], r["t"], r["batch"], r["compute_s"]))
+            else:
+                trigger = ("left", r["worker"])
+                host.left(r["worker"], r["t"], r.get("reason", "done"))
         except PolicyError as exc:
             log.problems.append(f"re-run left the records at line {i + 1}: {exc}")
             break

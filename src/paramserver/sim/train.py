@@ -6,18 +6,35 @@ are kept copy-on-write: the parameters are cloned just before they change, and o
 worker still holds the current version, so memory is bounded by the versions still referenced
 (at most one per in-flight worker; none at all under BSP). The test split is scored at fixed
 virtual-time intervals, so accuracy against (virtual) time is measured, not guessed.
+
+Importing this module loads neither torch nor the live runtime's transport (zmq): torch and
+the pure runtime pieces (ShardStore, the flat binding) come in when a Trainer is built.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from paramserver.core.keyspace import KeyRange
-from paramserver.optim import make_rule
-from paramserver.training.evaluator import evaluate
-from paramserver.client.flat_binding import bind_to_flat
-from paramserver.server.store import ShardStore
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _score(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 4096):
+    """(accuracy, mean cross-entropy) of `model` on (X, y), as training.evaluator.evaluate
+    computes them; that module imports the worker client, and with it zmq."""
+    import torch
+
+    with torch.no_grad():
+        correct, loss_sum = 0, 0.0
+        for i in range(0, len(y), chunk):
+            out = model(X[i:i + chunk])
+            loss_sum += float(torch.nn.functional.cross_entropy(out, y[i:i + chunk],
+                                                                reduction="sum"))
+            correct += int((out.argmax(1) == y[i:i + chunk]).sum())
+    return correct / max(len(y), 1), loss_sum / max(len(y), 1)
 
 
 class Trainer:
@@ -26,6 +43,12 @@ class Trainer:
     def __init__(self, ds, model: nn.Module, keys, workers: int, apply_mode: str, *,
                  lr: float = 0.1, optimizer: str = "sgd", optimizer_options: dict | None = None,
                  eval_interval: float = 1.0, seed: int = 0, sink=None):
+        from torch import nn
+
+        from paramserver.optim import make_rule
+        from paramserver.client.flat_binding import bind_to_flat
+        from paramserver.server.store import ShardStore
+
         self.ds, self.model, self.keys, self.workers, self.seed = ds, model, keys, workers, seed
         self.sink, self.interval = sink, float(eval_interval)
         if not self.interval > 0:
@@ -114,7 +137,7 @@ class Trainer:
         v = self.store.version
         if self.last_eval is None or self.last_eval[0] != v:
             self.work.copy_(self.store.values)
-            self.last_eval = (v, *evaluate(self.model, self.X, self.y))
+            self.last_eval = (v, *_score(self.model, self.X, self.y))
         _, acc, loss = self.last_eval
         if self.sink is not None:
             self.sink.record({"t": round(t, 6), "kind": "eval", "accuracy": round(acc, 6),
