@@ -18,6 +18,7 @@ from paramserver.sim import (
     simulate,
 )
 from paramserver.sim.summary import summarize_run
+from paramserver.sim.trace import load_trace
 from paramserver.core.units import UnitError, parse_bandwidth, parse_duration, parse_size
 from paramserver.emulation.stragglers import parse_straggler
 from test_layers import RUNTIME
@@ -252,7 +253,7 @@ def test_replay_of_a_metrics_log_reproduces_its_compute_times(tmp_path):
 def test_replay_wraps_round_maps_workers_modulo_and_scales_by_batch(tmp_path):
     csv = tmp_path / "t.csv"
     csv.write_text("worker,step,compute_s,batch\n0,1,0.2,8\n0,0,0.1,8\n1,0,0.3,8\n")
-    cost = parse_compute(f"trace:{csv}").bind(4, 3, 0)
+    cost = parse_compute(f"trace:{csv}", load_trace).bind(4, 3, 0)
     assert [cost(0, s, 8) for s in range(3)] == [0.1, 0.2, 0.1]
     assert cost(3, 0, 8) == 0.3 and cost(2, 1, 16) == pytest.approx(0.4)
 
@@ -307,7 +308,15 @@ def test_compute_models():
                                   "const:0ms"])
 def test_bad_compute_specs_fail_with_a_message(spec):
     with pytest.raises(ComputeSpecError, match="--compute"):
-        parse_compute(spec)
+        parse_compute(spec, load_trace)
+
+
+def test_the_pure_compute_parser_reads_no_trace_without_a_loader(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("worker,step,compute_s,batch\n0,0,0.1,8\n")
+    with pytest.raises(ComputeSpecError, match="read by the caller"):
+        parse_compute(f"trace:{csv}")
+    assert parse_compute(f"trace:{csv}", load_trace).bind(1, 1)(0, 0, 8) == 0.1
 
 
 def test_units():

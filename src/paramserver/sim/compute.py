@@ -9,7 +9,6 @@ from collections.abc import Callable
 import numpy as np
 
 from paramserver.core.registry import Registry
-from paramserver.sim.trace import TraceError, load_trace
 from paramserver.core.units import UnitError, parse_duration
 
 COMPUTE_HELP = """\
@@ -93,12 +92,16 @@ class Classes(Term):
         return lambda w, s, b: mult[w]
 
 
+# path -> per recorded worker, its steps' (compute_s, batch); raises ValueError or OSError.
+# The parser is pure: the caller (sim.run) hands it sim.trace.load_trace, which reads the file.
+TraceLoader = Callable[[str], list[list[tuple[float, int]]]]
+
+
 class Replay(Term):
     has_cost = True
 
-    def __init__(self, path: str):
-        self.path = path
-        self.traces = load_trace(path)
+    def __init__(self, path: str, traces: list[list[tuple[float, int]]]):
+        self.path, self.traces = path, traces
 
     def bind(self, workers, steps, seed):
         traces, n = self.traces, len(self.traces)
@@ -162,12 +165,15 @@ def _classes(body: str, spec: str) -> Term:
 
 
 @TERMS.register("trace")
-def _trace(body: str, spec: str) -> Term:
+def _trace(body: str, spec: str, load: TraceLoader | None = None) -> Term:
     if not body:
         raise ComputeSpecError(f"bad --compute {spec!r}: expected trace:FILE")
+    if load is None:
+        raise ComputeSpecError(f"bad --compute {spec!r}: a trace is read by the caller; parse "
+                               f"it with load_trace")
     try:
-        return Replay(body)
-    except TraceError as exc:
+        return Replay(body, load(body))
+    except (ValueError, OSError) as exc:
         raise ComputeSpecError(f"bad --compute {spec!r}: {exc}") from None
 
 
@@ -189,8 +195,8 @@ class ComputeModel:
         return lambda w, s, b: math.prod(fn(w, s, b) for fn in fns)
 
 
-def parse_compute(spec: str | None) -> ComputeModel:
-    """Parse a --compute spec (grammar in COMPUTE_HELP)."""
+def parse_compute(spec: str | None, load_trace: TraceLoader | None = None) -> ComputeModel:
+    """Parse a --compute spec (grammar in COMPUTE_HELP); `load_trace` reads a trace:FILE term."""
     spec = (spec or "const:2ms").strip()
     terms = []
     for raw in spec.split("+"):
@@ -198,7 +204,9 @@ def parse_compute(spec: str | None) -> ComputeModel:
         if kind not in TERMS:
             raise ComputeSpecError(f"bad --compute {spec!r}: unknown model {kind!r}; known: "
                                    f"{', '.join(TERMS.names())}")
-        terms.append(TERMS.get(kind)(body.strip(), spec))
+        make = TERMS.get(kind)
+        terms.append(make(body.strip(), spec, load_trace) if kind == "trace"
+                     else make(body.strip(), spec))
     if sum(t.has_cost for t in terms) > 1:
         raise ComputeSpecError(f"bad --compute {spec!r}: only one term may give the cost "
                                f"(const:COST, lognormal:COST:SIGMA or trace:FILE)")

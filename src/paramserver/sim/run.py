@@ -12,7 +12,7 @@ from paramserver.sim.compute import parse_compute
 from paramserver.sim.engine import Engine, Network
 from paramserver.sim.records import RunWriter
 from paramserver.sim.summary import summarize_run
-from paramserver.sim.trace import CommReplay, TraceError
+from paramserver.sim.trace import CommReplay, TraceError, load_trace
 from paramserver.core.units import parse_bandwidth, parse_duration, parse_size
 from paramserver.emulation.stragglers import parse_straggler
 from paramserver.emulation.trace_io import read_trace
@@ -91,7 +91,7 @@ class Simulation:
         self.policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
         straggler = parse_straggler(cfg.straggler, cfg.seed, read_trace)
         straggler.check_workers(cfg.workers)
-        cost = parse_compute(cfg.compute).bind(cfg.workers, cfg.steps_hint(), cfg.seed)
+        cost = parse_compute(cfg.compute, load_trace).bind(cfg.workers, cfg.steps_hint(), cfg.seed)
         built = _build_task(cfg) if cfg.train or cfg.param_bytes is None else None
         itemsize = 4 if cfg.dtype == "float32" else 8
         num_keys = built[2].num_keys if built else None
