@@ -362,4 +362,5 @@ def test_task_options_for_tasks_of_their_own_and_the_ab_knobs_are_typed():
 def test_a_hand_written_job_without_eval_interval_has_no_evaluator():
     job = JobSpec.from_dict({"num_keys": 10, "workers": 2, "sync": {"name": "asp"}})
     assert job.eval_interval == 0.0 and JobSpec().eval_interval == 1.0
+    assert job.task == TaskSpec(name="demo")  # `paramserver worker` runs the demo task
     assert JobSpec.from_dict(JobSpec().to_dict()) == JobSpec()

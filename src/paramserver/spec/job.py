@@ -200,7 +200,8 @@ class Limits:
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
 # A job dict written by hand (a test's, the demo's) may leave these out; they then mean what
 # the roles always read them as, which is not the default of a job built from a config.
-_DICT_ABSENT = {"eval_interval": 0.0}  # no evaluator process
+_DICT_ABSENT = {"eval_interval": 0.0,  # no evaluator process
+                "task": {"name": "demo"}}  # workers run the demo task (constant gradients)
 
 
 # --- the job --------------------------------------------------------------------------------------
@@ -301,7 +302,7 @@ class JobSpec:
     def from_dict(cls, data: Mapping) -> "JobSpec":
         """A job dict back into a spec; unknown fields and a foreign version are refused. A
         field left out takes its default, except those of _DICT_ABSENT (no eval_interval: no
-        evaluator, as in every job dict written by hand)."""
+        evaluator; no task: the demo task), which a job dict written by hand always meant."""
         if not isinstance(data, Mapping):
             raise JobSpecError(f"a job is a JSON object, got {type(data).__name__}")
         d = {**_DICT_ABSENT, **data}
