@@ -78,7 +78,7 @@ def paramserver_job(workers: int, rounds: int) -> dict:
     cfg = TrainConfig(sync="bsp", workers=workers, servers=1, batch_size=BATCH, lr=LR,
                       steps=rounds, threads=1, seed=0)
     job = prepare_job(cfg)
-    job["eval_interval"] = None  # no evaluator: the other systems do not score a test set
+    job["eval_interval"] = 0.0  # no evaluator: the other systems do not score a test set
     return job
 
 

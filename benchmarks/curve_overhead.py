@@ -68,7 +68,7 @@ def bsp_rounds(rounds: int, keys) -> float:
     cfg = TrainConfig(sync="bsp", workers=2, servers=1, batch_size=32, lr=0.1, steps=rounds,
                       threads=1, seed=0)
     job = prepare_job(cfg)
-    job["eval_interval"] = None
+    job["eval_interval"] = 0.0  # no evaluator
     with tempfile.TemporaryDirectory() as d:
         LocalCluster(job, Path(d), job_timeout=600, keys=keys).run()
         s = summarize(read_records(Path(d) / "metrics.jsonl"), {**job, "apply_mode": "round"})

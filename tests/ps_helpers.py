@@ -49,7 +49,7 @@ def step_loop(tmp_path: Path, **options):
     with running_job(tmp_path, job) as cluster:
         kv = KVWorker(cluster.address)
         try:
-            yield kv, StepLoop(kv, job["task"])
+            yield kv, StepLoop(kv, kv.spec.job.task)
         finally:
             kv.close()
 

@@ -9,8 +9,9 @@ from paramserver.coordinator.events import (
     SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
     TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.settings import CoordinatorSettings
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.spec.job import CheckpointSpec, JobSpec, Limits, ResumeSpec, SyncSpec
+from paramserver.spec.welcome import ServerJob, WorkerJob
 
 HB = 5.0  # heartbeat timeout of these jobs
 ADDR = "tcp://h:1"
@@ -40,16 +41,31 @@ def make():
     made = []
 
     def build(resume_state=None, latest=None, **options):
-        settings = dict(workers=2, servers=1, batch_size=32, sync="bsp", num_keys=10,
-                        heartbeat_timeout=HB, dtype="float32")
-        settings.update(options)
-        state = CoordinatorState(CoordinatorSettings(**settings), resume_state, latest)
+        state = CoordinatorState(job_of(**options), resume_state, latest)
         made.append(state)
         return state
 
     yield build
     for state in made:
         state.check_invariants()
+
+
+def job_of(sync="bsp", evaluator=False, checkpoint_dir=None, checkpoint_every=None,
+           resume=None, restart_servers=False, heartbeat_timeout=HB, start_timeout=120.0,
+           start_grace=30.0, server_timeout=None, **fields) -> JobSpec:
+    """The JobSpec of a test's job: two workers, one server, 10 keys, BSP, no evaluator."""
+    fields = dict(dict(workers=2, servers=1, batch_size=32, num_keys=10), **fields)
+    job = JobSpec(
+        sync=SyncSpec(sync), eval_interval=1.0 if evaluator else 0.0,
+        checkpoint=CheckpointSpec(checkpoint_dir, checkpoint_every) if checkpoint_dir else None,
+        resume=ResumeSpec(**resume) if resume else None,
+        restart_servers=int(restart_servers) if checkpoint_dir else 0,
+        limits=Limits(heartbeat_timeout=heartbeat_timeout, start_timeout=start_timeout,
+                      start_grace=start_grace, server_timeout=server_timeout), **fields)
+    if restart_servers and not checkpoint_dir:
+        # A job the spec refuses (nothing to restart from): the core's own guard is tested.
+        object.__setattr__(job, "restart_servers", 1)
+    return job
 
 
 def register_all(state, servers=1, workers=2):
@@ -408,3 +424,30 @@ def test_the_end_takes_a_final_checkpoint_and_gives_the_evaluator_a_last_look(ma
     state.handle(Heartbeat("ev", 30.0, to="h"))
     assert state.handle(TimePassed(32.0)) == []
     assert state.handle(TimePassed(32.2)) == [Finish(None)]
+
+
+# ---- the welcomes are typed slices of the job ---------------------------------------------------
+
+def test_welcomes_parse_as_the_typed_slices_of_the_job(make):
+    state = make(num_keys=0, sync="ssp", resume={"dir": "/ck", "tag": "000000003"},
+                 checkpoint_dir="/ck", checkpoint_every=5,
+                 resume_state={"rounds_applied": 0, "samples_done": 96, "steps_done": 3,
+                               "policy": {"clocks": {"0": 2, "1": 1}},
+                               "worker_samples": {"0": 64, "1": 32}, "elapsed_s": 1.0})
+    server_out = state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr=ADDR))
+    assert server_out == []  # waits for the key space
+    out = state.handle(Registered("w0", "worker", 0.1, to="r-w0", num_keys=12))
+    server = ServerJob.from_dict(next(r for r in out if match(r, Reply, to="r0")).fields["job"])
+    assert server.shard_range == (0, 12) and server.apply_mode == "arrival"
+    assert server.optimizer == state.job.optimizer and server.server_threads == 1
+    assert server.heartbeat_interval == state.job.limits.heartbeat_interval
+    assert (server.restore.dir, server.restore.tag, server.restore.restart) == (
+        "/ck", "000000003", False)
+    worker = WorkerJob.from_dict(next(r for r in out if match(r, Reply, to="r-w0"))
+                                 .fields["job"])
+    assert worker.job.num_keys == 12 and worker.sync == "ssp" and worker.resume_samples == 64
+    assert [(s.rank, s.addr, s.lo, s.hi) for s in worker.shards] == [(0, ADDR, 0, 12)]
+    assert worker.job.limits == state.job.limits and worker.job.task == state.job.task
+    assert worker.job.resume == state.job.resume
+    # The key space learned is the core's: the job it was given still says 0.
+    assert state.job.num_keys == 0 and state.members.num_keys == 12

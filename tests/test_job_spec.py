@@ -266,3 +266,101 @@ def test_option_values_keep_their_types():
     assert flag.option("k=ema") == ("k", "ema") and flag.option("k=1e-3") == ("k", 1e-3)
     with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
         flag.option("=3")
+
+
+# --- the welcomes' slices (spec/welcome.py) -------------------------------------------------------
+from paramserver.spec.welcome import ServerJob, ShardAddress, ShardRestore, WorkerJob  # noqa: E402
+
+
+def server_job(restore=None) -> ServerJob:
+    return ServerJob.of(full_spec(), 10, 250, "round", restore)
+
+
+def worker_job() -> WorkerJob:
+    return WorkerJob.of(full_spec(), 1000, [[0, "tcp://h:1", 0, 500], [1, "tcp://h:2", 500, 1000]],
+                        "arrival", "ssp", 96)
+
+
+@pytest.mark.parametrize("restore", [None, ShardRestore("/ck", "t3", 7),
+                                     ShardRestore("/ck", "t4", 9, restart=True)])
+def test_a_server_job_round_trips_through_its_wire_form(restore):
+    job = server_job(restore)
+    wire = json.loads(json.dumps(job.to_dict()))  # what msgpack carries: lists, not tuples
+    assert ServerJob.from_dict(wire) == job
+    assert wire["shard_range"] == [10, 250] and wire["optimizer"]["options"] == {"momentum": 0.9}
+    assert job.heartbeat_interval == 0.5 and job.coordinator_timeout == 20.0
+    if restore is not None and not restore.restart:
+        assert "restart" not in wire["restore"]  # a resume's restore reads as it always has
+
+
+def test_a_worker_job_round_trips_and_carries_the_whole_job():
+    job = worker_job()
+    wire = json.loads(json.dumps(job.to_dict()))
+    assert WorkerJob.from_dict(wire) == job
+    assert wire["sync"] == "ssp" and wire["shards"][1] == [1, "tcp://h:2", 500, 1000]
+    assert (wire["apply_mode"], wire["resume_samples"], wire["num_keys"]) == ("arrival", 96, 1000)
+    # the job file's fields, less the policy's options (the coordinator's business)
+    spec = full_spec()
+    assert job.job == dataclasses.replace(spec, sync=SyncSpec("ssp"))
+    assert job.shards[0] == ShardAddress(0, "tcp://h:1", 0, 500)
+
+
+@pytest.mark.parametrize("make, where", [(lambda: server_job().to_dict(), ()),
+                                         (lambda: worker_job().to_dict(), ()),
+                                         (lambda: worker_job().to_dict(), ("task",)),
+                                         (lambda: server_job(ShardRestore("/c", "t")).to_dict(),
+                                          ("restore",))])
+def test_an_unknown_welcome_field_is_refused_by_name(make, where):
+    d = make()
+    inner = d
+    for key in where:
+        inner = inner[key]
+    inner["colour"] = "red"
+    parse = WorkerJob.from_dict if "shards" in d else ServerJob.from_dict
+    with pytest.raises(JobSpecError, match="colour"):
+        parse(d)
+
+
+@pytest.mark.parametrize("parse, make, missing", [
+    (ServerJob.from_dict, lambda: server_job().to_dict(), "server_threads"),
+    (ServerJob.from_dict, lambda: server_job().to_dict(), "shard_range"),
+    (WorkerJob.from_dict, lambda: worker_job().to_dict(), "shards"),
+    (WorkerJob.from_dict, lambda: worker_job().to_dict(), "resume_samples"),
+])
+def test_a_missing_welcome_field_is_refused_by_name(parse, make, missing):
+    d = make()
+    del d[missing]
+    with pytest.raises(JobSpecError, match=missing):
+        parse(d)
+
+
+def test_bad_welcome_values_are_refused_by_name():
+    with pytest.raises(JobSpecError, match="apply_mode"):
+        ServerJob.from_dict({**server_job().to_dict(), "apply_mode": "sometimes"})
+    with pytest.raises(JobSpecError, match="shard_range"):
+        ServerJob.from_dict({**server_job().to_dict(), "shard_range": [5, 1]})
+    with pytest.raises(JobSpecError, match="version"):
+        WorkerJob.from_dict({**worker_job().to_dict(), "version": 9})
+    with pytest.raises(JobSpecError, match="shards"):
+        WorkerJob.from_dict({**worker_job().to_dict(), "shards": [[0, "tcp://h:1"]]})
+
+
+def test_a_worker_job_from_a_job_file_without_a_version_reads_as_version_1():
+    d = worker_job().to_dict()
+    del d["version"]
+    assert WorkerJob.from_dict(d) == worker_job()
+
+
+def test_task_options_for_tasks_of_their_own_and_the_ab_knobs_are_typed():
+    t = TaskSpec(name="demo", options={"steps": 5}, model_options={"hidden": 8},
+                 pull_ahead=False, borrow=False)
+    assert JobSpec.from_dict(JobSpec(task=t).to_dict()).task == t
+    with pytest.raises(JobSpecError, match="task.pull_ahead"):
+        TaskSpec(pull_ahead="no")
+
+
+def test_a_hand_written_job_without_eval_interval_has_no_evaluator():
+    job = JobSpec.from_dict({"num_keys": 10, "workers": 2, "sync": {"name": "asp"}})
+    assert job.eval_interval == 0.0 and JobSpec().eval_interval == 1.0
+    assert job.task == TaskSpec(name="demo")  # `paramserver worker` runs the demo task
+    assert JobSpec.from_dict(JobSpec().to_dict()) == JobSpec()

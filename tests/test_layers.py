@@ -13,7 +13,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
 PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emulation", "spec",
         # The role cores: events in, instructions out (their nodes do the I/O).
-        "coordinator/state.py", "coordinator/events.py", "coordinator/settings.py",
+        "coordinator/state.py", "coordinator/events.py",
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",

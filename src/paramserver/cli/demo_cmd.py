@@ -19,11 +19,12 @@ def _run(args) -> int:
               f"{', '.join(SYNC_POLICIES.names())}", file=sys.stderr)
         return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-demo-{args.sync}")
-    # Not a JobSpec: the demo task (constant gradients for `steps`) has a grammar of its own.
+    # The demo task (constant gradients for `steps`) takes its step count as a task option.
     job = {"version": JOB_VERSION, "num_keys": args.keys, "dtype": "float32",
            "servers": args.servers,
            "workers": args.workers, "batch_size": 1, "sync": {"name": args.sync},
-           "optimizer": {"name": "sgd", "lr": 1.0}, "task": {"name": "demo", "steps": args.steps}}
+           "optimizer": {"name": "sgd", "lr": 1.0},
+           "task": {"name": "demo", "options": {"steps": args.steps}}}
     cluster = LocalCluster(job, run_dir, job_timeout=args.timeout)
     t0 = time.perf_counter()
     try:

@@ -52,11 +52,10 @@ def _clear_errors(func):
 def _run_coordinator(args) -> int:
     _setup_logging("coordinator")
     from paramserver.coordinator.node import Coordinator
-    from paramserver.spec.job import JobSpecError, check_version
+    from paramserver.spec.job import JobSpec, JobSpecError
     try:
         with open(args.job) as f:
-            job = json.load(f)
-        check_version(job)  # a file without a version is read as version 1
+            job = JobSpec.from_dict(json.load(f))  # a file without a version is version 1
     except (OSError, json.JSONDecodeError, JobSpecError) as exc:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return 2

@@ -141,7 +141,7 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     make_compressor(cfg.compress, **cfg.compress_options)
     cfg.straggler.model.check_workers(cfg.workers)
-    ds, _, keys = build(cfg.job(0, 0).to_dict()["task"], cfg.dtype)
+    ds, _, keys = build(cfg.job(0, 0).task, cfg.dtype)
     ranged = make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers])
     if cfg.schedule != "off":
         check_order(cfg.schedule)
@@ -157,7 +157,7 @@ def prepare_job(cfg: TrainConfig) -> dict:
     return prepare_spec(cfg).to_dict()
 
 
-def make_cluster(job: dict, run_dir: Path, cfg: TrainConfig, timeout: float | None,
+def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: float | None,
                  launcher: dict | None):
     """LocalCluster, or with launcher {"name": "ray", "address": ..., resources} a RayCluster."""
     if not launcher or launcher.get("name", "local") == "local":
@@ -182,13 +182,14 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
     from paramserver.runlog.progress import JobProgress
-    job = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None).to_dict()
+    spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
+    job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
                                                     indent=2))
-    cluster = make_cluster(job, run_dir, cfg, timeout, launcher)
+    cluster = make_cluster(spec, run_dir, cfg, timeout, launcher)
     label = f"{cfg.sync} x{cfg.workers}"
-    with JobProgress(run_dir / "metrics.jsonl", job["max_samples"], label, quiet) as bar:
+    with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, label, quiet) as bar:
         cluster.run(on_tick=bar.tick)
     summary = summarize(read_records(run_dir / "metrics.jsonl"),
                         {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})

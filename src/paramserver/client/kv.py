@@ -2,7 +2,7 @@
 
 Usage::
 
-    kv = KVWorker("tcp://127.0.0.1:5555")      # registers; kv.rank, kv.num_keys, kv.job
+    kv = KVWorker("tcp://127.0.0.1:5555")      # registers; kv.rank, kv.num_keys, kv.spec
     kv.init(initial_values)                      # rank 0 sets them; others' inits are ignored
     release = kv.start()                         # wait for the policy to release step 0
     params = kv.pull(min_version=release.min_version)
@@ -30,6 +30,8 @@ from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
 from paramserver.core.keyspace import KeyRange
 from paramserver.policies.base import Release
+from paramserver.spec.job import Limits
+from paramserver.spec.welcome import WorkerJob
 from paramserver.transport import connect_dealer, new_context, security
 from paramserver.wire import Message
 
@@ -47,23 +49,23 @@ class Shard:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """What the client takes from the job in its welcome, read here once with the defaults."""
+    """What the client takes from the WorkerJob of its welcome."""
 
     num_keys: int
     dtype: np.dtype
     shards: tuple[tuple[int, str, int, int], ...]  # (rank, address, lo, hi)
-    retry_interval: float = 3.0  # seconds without an answer before a request is sent again
-    heartbeat_interval: float = 1.0
-    coordinator_timeout: float = 60.0
-    links: object = None  # the job's link table (paramserver.emulation.links)
+    retry_interval: float  # seconds without an answer before a request is sent again
+    heartbeat_interval: float
+    coordinator_timeout: float
+    links: object  # the job's link table (paramserver.emulation.links.LinkTable)
 
     @classmethod
-    def from_job(cls, job: dict) -> "WorkerSettings":
-        return cls(int(job["num_keys"]), np.dtype(job["dtype"]),
-                   tuple((int(r), a, int(lo), int(hi)) for r, a, lo, hi in job["shards"]),
-                   float(job.get("retry_interval", 3.0)),
-                   float(job.get("heartbeat_interval", 1.0)),
-                   float(job.get("coordinator_timeout", 60.0)), job.get("links"))
+    def of(cls, welcome: WorkerJob) -> "WorkerSettings":
+        job, limits = welcome.job, welcome.job.limits
+        return cls(job.num_keys, np.dtype(job.dtype),
+                   tuple((s.rank, s.addr, s.lo, s.hi) for s in welcome.shards),
+                   limits.retry_interval, limits.heartbeat_interval,
+                   limits.coordinator_timeout, job.links)
 
 
 def _as_array(values, dtype: np.dtype) -> np.ndarray:
@@ -79,7 +81,8 @@ class KVWorker:
     """Client of one job. It composes a WorkerCore (the bookkeeping), a CoordinatorSession
     (coordinator calls and heartbeats) and ShardRequests (a DEALER per shard)."""
 
-    def __init__(self, join: str, *, timeout: float = 120.0, release_timeout: float = 600.0,
+    def __init__(self, join: str, *, timeout: float = 120.0,
+                 release_timeout: float = Limits.release_timeout,
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
                  num_keys: int | None = None, shared_memory: bool | None = None,
                  keys: security.Keys | None = None):
@@ -95,8 +98,9 @@ class KVWorker:
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
         welcome = self.session.register(role, num_keys)
         self.rank: int = welcome["rank"]
-        self.job: dict = welcome["job"]
-        settings = WorkerSettings.from_job(self.job)
+        self.job: dict = welcome["job"]  # the welcome's job as it came (user scripts read it)
+        self.spec: WorkerJob = WorkerJob.from_dict(self.job)  # parsed once, typed
+        settings = WorkerSettings.of(self.spec)
         self.num_keys, self.dtype = settings.num_keys, settings.dtype
         self._shaped = role == "worker" and shape_link(settings.links, self.rank)
         self.shards = [Shard(r, a, KeyRange(lo, hi),

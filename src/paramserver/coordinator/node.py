@@ -20,10 +20,10 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
     TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.settings import CoordinatorSettings
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import latest
+from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security
 from paramserver.wire import Message, WireError
 
@@ -66,7 +66,7 @@ class CoordinatorNode:
     """Runs a CoordinatorState: turns messages into its events and its instructions into
     messages and log lines. A reply token is (transport peer, request id)."""
 
-    def __init__(self, job: dict, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, job: JobSpec, host: str = "127.0.0.1", port: int = 0,
                  address_file: str | None = None, events_path: str | None = None,
                  metrics_path: str | None = None, keys=None, advertise: str | None = None):
         self.keys = keys  # security.Keys: CURVE; INSECURE: plaintext off loopback
@@ -77,14 +77,13 @@ class CoordinatorNode:
         self.events = open(events_path, "a", buffering=1) if events_path else None
         self.metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
         self.t0 = time.monotonic()
-        settings = CoordinatorSettings.from_job(job)
         resume = None
-        if settings.resume is not None:
-            resume = load_coordinator_state(settings.resume["dir"], settings.resume["tag"])
-            log.info("resuming from checkpoint %s: %d samples done", settings.resume["tag"],
+        if job.resume is not None:
+            resume = load_coordinator_state(job.resume.dir, job.resume.tag)
+            log.info("resuming from checkpoint %s: %d samples done", job.resume.tag,
                      resume["samples_done"])
-        root = settings.checkpoint_dir
-        self.state = CoordinatorState(settings, resume,
+        root = job.checkpoint.dir if job.checkpoint is not None else None
+        self.state = CoordinatorState(job, resume,
                                       latest(Path(root)) if root is not None else None)
         self.finished = False
         self.failure: str | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from paramserver.coordinator.events import AppendEvent, Registered, Reply, ShardRestored
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.membership import Member
+from paramserver.spec.welcome import ServerJob, ShardRestore
 
 
 class ServerRecovery:
@@ -24,7 +25,7 @@ class ServerRecovery:
         self.server_restarts = 0
 
     def back(self, event: Registered, member: Member, schedule: CheckpointSchedule,
-             version_floor: int, server_job: dict, out: list) -> str | None:
+             version_floor: int, server_job: ServerJob, out: list) -> str | None:
         """Welcome the server back with what to restore; or a failure (nothing to restore)."""
         tag = schedule.latest if schedule.enabled else None
         if tag is None:
@@ -39,10 +40,9 @@ class ServerRecovery:
                                    {"tag": schedule.pending_tag, "server": member.rank}))
             schedule.abort()
         member.link, member.last_seen, member.silent_since = event.link, now, None
-        restore = {"dir": str(schedule.root), "tag": tag, "version_floor": version_floor,
-                   "restart": True}
+        restore = ShardRestore(str(schedule.root), tag, version_floor, restart=True)
         out.append(Reply(event.to, "welcome", {
-            "rank": member.rank, "job": dict(server_job, restore=restore)}))
+            "rank": member.rank, "job": server_job.with_restore(restore).to_dict()}))
         self.server_restarts += 1
         out.append(AppendEvent(now, "server_rejoined",
                                {"rank": member.rank, "addr": member.addr, "checkpoint": tag}))

@@ -11,6 +11,8 @@ barrier, budget, end of job); the node's loop turns are `TimePassed` events.
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
@@ -20,41 +22,48 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.membership import Membership
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier
 from paramserver.coordinator.server_recovery import ServerRecovery
-from paramserver.coordinator.settings import CoordinatorSettings
 from paramserver.policies import (
     ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
 )
+from paramserver.spec.job import JobSpec
+from paramserver.spec.welcome import ServerJob, ShardRestore, WorkerJob
 
 _OK: dict = {}  # the empty fields of an "ok" reply; never changed
 
 
 class CoordinatorState:
-    """The coordinator's state and rules. `resume` is the coordinator's part of the checkpoint
-    the job resumes from (as saved in SaveCoordinatorState); `latest_checkpoint` the newest
-    committed tag in the checkpoint folder when the node started."""
+    """The coordinator's state and rules, for the job `job`. `resume` is the coordinator's part
+    of the checkpoint the job resumes from (as saved in SaveCoordinatorState);
+    `latest_checkpoint` the newest committed tag in the checkpoint folder when the node
+    started. The key space (job.num_keys, or learned from the first worker when that is 0) is
+    the state's own (`members.num_keys`): the job is never written to."""
 
-    def __init__(self, settings: CoordinatorSettings, resume: dict | None = None,
+    def __init__(self, job: JobSpec, resume: dict | None = None,
                  latest_checkpoint: str | None = None, now: float = 0.0):
-        s = self.settings = settings
-        policy = make_policy(s.sync, s.batch_size, **s.sync_options)
-        self.host = PolicyHost(policy, s.max_samples)
+        self.job = job
+        limits, ckpt = job.limits, job.checkpoint
+        policy = make_policy(job.sync.name, job.batch_size, **job.sync.options)
+        self.host = PolicyHost(policy, job.max_samples or None)
         self.round_mode = policy.apply_mode == "round"
-        self.members = Membership(s.servers, s.workers, s.num_keys, s.heartbeat_timeout,
-                                  s.start_grace)
-        self.budget = Budget(s.max_seconds)
-        self.schedule = CheckpointSchedule(s.checkpoint_dir, s.checkpoint_every,
-                                           s.checkpoint_seconds, now, latest_checkpoint)
+        self.members = Membership(job.servers, job.workers, job.num_keys,
+                                  limits.heartbeat_timeout, limits.start_grace)
+        self.budget = Budget(job.max_seconds or None)
+        self.schedule = CheckpointSchedule(
+            None if ckpt is None else str(PurePath(ckpt.dir)),
+            None if ckpt is None else ckpt.every, None if ckpt is None else ckpt.seconds,
+            now, latest_checkpoint)
         self.checkpoints = self.schedule.enabled
-        self.recovery = ServerRecovery(s.restart_servers, s.silent_server_limit,
-                                       s.restart_timeout)
+        self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
+                                       limits.restart_timeout)
         elapsed = 0.0
         if resume is not None:
             self.host.resume(resume)
             self.budget.worker_samples = {int(k): v for k, v in resume["worker_samples"].items()}
             self.schedule.last_count = self.progress
             elapsed = float(resume.get("elapsed_s", 0.0))
-        self.barrier = StartBarrier(s.workers, s.evaluator, s.start_timeout, elapsed)
-        self.end = EndOfJob(s.observer_grace)
+        self.barrier = StartBarrier(job.workers, bool(job.eval_interval), limits.start_timeout,
+                                    elapsed)
+        self.end = EndOfJob(limits.observer_grace)
         self.failure: str | None = None
         self.finished = False
         self._members_due: float | None = None  # as the last TimePassed found it
@@ -178,12 +187,9 @@ class CoordinatorState:
             out.append(Warn(f"refused register from {e.src}: {exc}"))
             out.append(Reply(e.to, "error", {"msg": str(exc), "code": "refused"}))
 
-    def _server_job(self, rank: int) -> dict:
-        s, shard = self.settings, self.members.ranges[rank]
-        return {"shard_range": [shard.lo, shard.hi], "dtype": s.dtype,
-                "apply_mode": self.host.apply_mode, "optimizer": s.optimizer,
-                "heartbeat_interval": s.heartbeat_interval,
-                "coordinator_timeout": s.coordinator_timeout}
+    def _server_job(self, rank: int) -> ServerJob:
+        shard = self.members.ranges[rank]
+        return ServerJob.of(self.job, shard.lo, shard.hi, self.host.apply_mode)
 
     def _register_server(self, e: Registered, now: float, out: list) -> None:
         if e.addr is None:
@@ -199,9 +205,9 @@ class CoordinatorState:
             return
         member = members.add_server(e)
         job = self._server_job(member.rank)
-        if self.settings.resume is not None:
-            job["restore"] = dict(self.settings.resume, version_floor=self.progress)
-        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job}))
+        if self.job.resume is not None:
+            job = job.with_restore(ShardRestore.of_resume(self.job.resume, self.progress))
+        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job.to_dict()}))
         out.append(AppendEvent(now, "server_joined", {"rank": member.rank, "addr": e.addr}))
         if members.servers_complete:
             pending, members.pending_workers = members.pending_workers, []
@@ -212,11 +218,10 @@ class CoordinatorState:
         member = self.members.add_worker(e)
         if member is None:
             return  # waits for a rank
-        job = dict(self.settings.worker_job)
-        job.update(num_keys=self.members.num_keys, shards=self.members.shard_map(),
-                   apply_mode=self.host.apply_mode, sync=self.host.name,
-                   resume_samples=self.budget.worker_samples.get(member.rank, 0))
-        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job}))
+        job = WorkerJob.of(self.job, self.members.num_keys, self.members.shard_map(),
+                           self.host.apply_mode, self.host.name,
+                           self.budget.worker_samples.get(member.rank, 0))
+        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job.to_dict()}))
         out.append(AppendEvent(now, f"{e.role}_registered", {"rank": member.rank, "src": e.src}))
 
     # ---- the step protocol ----------------------------------------------------------------------
@@ -389,7 +394,7 @@ class CoordinatorState:
         if late:
             for waiter in members.expired_waiters(now):
                 out.append(Reply(waiter.to, "error", {
-                    "msg": f"all {self.settings.workers} worker ranks of this job are taken",
+                    "msg": f"all {self.job.workers} worker ranks of this job are taken",
                     "code": "refused"}))
         failure = self.recovery.check(now, members.roster.servers, out)
         if failure is not None:
@@ -434,7 +439,7 @@ class CoordinatorState:
         out.append(AppendEvent(now, "barrier_open", {"workers": len(started)}))
         # All join before any release goes out: each release then tells the full round size.
         self._apply(self.host.joined_all([m.rank for m in started], now), now, out)
-        if self.settings.restart_servers and self.settings.resume is None:
+        if self.job.restart_servers and self.job.resume is None:
             # A server that dies before the first scheduled checkpoint restarts from this.
             self._maybe_checkpoint(now, out, final=True)
 
@@ -494,4 +499,4 @@ class CoordinatorState:
         if self.failure is not None:
             assert self.finished and host.stopping
         assert sum(self.budget.worker_samples.values()) <= host.samples_done or (
-            self.settings.resume is not None)
+            self.job.resume is not None)

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from paramserver.spec.job import JobSpec
 from paramserver.transport import security, shaping
 
 _PR_SET_PDEATHSIG = 1
@@ -59,9 +60,11 @@ class Child:
 
 @dataclass
 class LocalCluster:
-    """Starts and supervises one job's processes; `run()` returns when the job is over."""
+    """Starts and supervises one job's processes; `run()` returns when the job is over. `job`
+    is a JobSpec or its dict form (parsed here once: a bad job fails before any process
+    starts); afterwards `spec` is the JobSpec and `job` its dict, as written to job.json."""
 
-    job: dict
+    job: JobSpec | dict
     run_dir: Path
     host: str = "127.0.0.1"
     startup_timeout: float = 60.0
@@ -80,6 +83,10 @@ class LocalCluster:
     address: str = ""
     keys_dir: str | None = None
     _own_keys: bool = False
+
+    def __post_init__(self):
+        self.spec = self.job if isinstance(self.job, JobSpec) else JobSpec.from_dict(self.job)
+        self.job = self.spec.to_dict()  # a copy: the caller's dict is never written to
 
     def _prepare_keys(self) -> None:
         """Every child finds the job's keys through $PARAMSERVER_KEYS (a user's worker script
@@ -112,7 +119,7 @@ class LocalCluster:
         if self._own_keys or not self.keys_dir:  # a name from the shell is not in our folder
             env.pop(security.NAME_ENV, None)
         env.pop(shaping.ENV, None)  # links come from the job: servers by index, workers by rank
-        link = self.job.get("links", {}).get("s", {}) if role == "server" else {}
+        link = self.spec.links.to_dict().get("s", {}) if role == "server" else {}
         if link.get(str(index), link.get("*")):
             env[shaping.ENV] = link.get(str(index), link.get("*"))
         command = command or [sys.executable, "-m", "paramserver", role, *args]
@@ -136,9 +143,10 @@ class LocalCluster:
         outlive their peer, are off; the coordinator learns that servers may come back."""
         if not self.restart_servers:
             return
-        self.job["restart_servers"] = self.restart_servers
+        self.spec = replace(self.spec, restart_servers=self.restart_servers)
+        self.job = self.spec.to_dict()
         self.env = {**(self.env or {}), "PARAMSERVER_SHM": "0"}
-        self.server_ports = [_free_port(self.host) for _ in range(self.job["servers"])]
+        self.server_ports = [_free_port(self.host) for _ in range(self.spec.servers)]
 
     def start(self, spawn_workers: bool = True) -> str:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -162,14 +170,14 @@ class LocalCluster:
                                   f"{self.startup_timeout:.0f} s")
             time.sleep(0.02)
         self.address = addr_file.read_text().strip()
-        for s in range(self.job["servers"]):
+        for s in range(self.spec.servers):
             self._spawn_server(s)
         if spawn_workers:
-            for w in range(self.job["workers"]):
+            for w in range(self.spec.workers):
                 self.add_worker(w)
-            if self.job.get("eval_interval"):
+            if self.spec.eval_interval:
                 self._spawn("evaluator", 0, ["--join", self.address, "--interval",
-                                             str(self.job["eval_interval"])])
+                                             str(self.spec.eval_interval)])
         return self.address
 
     def add_worker(self, index: int) -> Child:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paramserver.spec.job import JobSpec
 from paramserver.transport import security
 
 
@@ -37,10 +38,11 @@ def _tail(path: Path, lines: int = 12) -> str:
         return "(no log)"
 
 
-def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port: int = 5555,
-            python: str | None = None, keys: bool = True) -> LabRun:
-    """Coordinator + servers (+ evaluator when job["eval_interval"]) on host 0, worker k on host
-    k (k = 1..workers), over TCP to host 0's address; returns when the coordinator is done.
+def run_job(lab: NetLab, job: JobSpec | dict, run_dir: Path, timeout: float = 300.0,
+            port: int = 5555, python: str | None = None, keys: bool = True) -> LabRun:
+    """Coordinator + servers (+ an evaluator when the job has an eval_interval) on host 0,
+    worker k on host k (k = 1..workers), over TCP to host 0's address; returns when the
+    coordinator is done.
 
     The coordinator listens on host 0's `port`: the namespace is the run's own, so a fixed port
     cannot collide, and every other role starts at once with the address it will have (they
@@ -54,7 +56,8 @@ def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port:
     """
     from paramserver.runlog.metrics import read_records
 
-    workers = int(job["workers"])
+    spec = job if isinstance(job, JobSpec) else JobSpec.from_dict(job)  # bad: fails here
+    workers = spec.workers
     if lab.hosts < workers + 1:
         raise ValueError(f"{workers} workers need {workers + 1} hosts, the lab has {lab.hosts}")
     python = python or sys.executable
@@ -62,7 +65,7 @@ def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port:
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     job_path = run_dir / "job.json"
-    job_path.write_text(json.dumps(job, indent=2))
+    job_path.write_text(json.dumps(spec.to_dict(), indent=2))
     addr_file = run_dir / "coordinator.addr"
     addr_file.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -98,11 +101,11 @@ def run_job(lab: NetLab, job: dict, run_dir: Path, timeout: float = 300.0, port:
                 raise failure("the coordinator did not publish its address")
             time.sleep(0.05)
         address = f"tcp://{host0}:{port}" if port else addr_file.read_text().strip()
-        for s in range(int(job["servers"])):
+        for s in range(spec.servers):
             spawn(0, f"server-{s}", ["server", "--join", address, "--bind", host0, *plain])
-        if job.get("eval_interval"):
+        if spec.eval_interval:
             spawn(0, "evaluator", ["evaluator", "--join", address,
-                                   "--interval", str(job["eval_interval"])])
+                                   "--interval", str(spec.eval_interval)])
         for k in range(1, workers + 1):
             spawn(k, f"worker-host{k}", ["worker", "--join", address,
                                          "--result-dir", str(run_dir / "results" / f"host-{k}")])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paramserver.launch.local import LaunchError, _die_with_parent
+from paramserver.spec.job import JobSpec
 from paramserver.transport import security
 
 
@@ -122,13 +123,18 @@ class Resources:
     server_cpus: float = 1.0
 
 
-def demand(job: dict, r: Resources) -> tuple[float, float]:
+def _spec(job: JobSpec | dict) -> JobSpec:
+    return job if isinstance(job, JobSpec) else JobSpec.from_dict(job)
+
+
+def demand(job: JobSpec | dict, r: Resources) -> tuple[float, float]:
     """(CPUs, GPUs) the job's processes ask Ray for."""
-    return (job["workers"] * r.worker_cpus + job["servers"] * r.server_cpus,
-            job["workers"] * r.worker_gpus)
+    spec = _spec(job)
+    return (spec.workers * r.worker_cpus + spec.servers * r.server_cpus,
+            spec.workers * r.worker_gpus)
 
 
-def check_resources(job: dict, r: Resources, available: dict) -> None:
+def check_resources(job: JobSpec | dict, r: Resources, available: dict) -> None:
     """Fail before placing anything when the cluster cannot hold the job's requests (Ray
     would wait for them forever)."""
     cpus, gpus = demand(job, r)
@@ -141,9 +147,10 @@ def check_resources(job: dict, r: Resources, available: dict) -> None:
 
 @dataclass
 class RayCluster:
-    """Same contract as LocalCluster (`run(on_tick)`, `worker_results()`), on a Ray cluster."""
+    """Same contract as LocalCluster (`run(on_tick)`, `worker_results()`), on a Ray cluster;
+    `job` a JobSpec or its dict (then `spec` is the JobSpec, `job` its dict)."""
 
-    job: dict
+    job: JobSpec | dict
     run_dir: Path
     address: str | None = None  # None: start a local Ray instance; "auto" or HOST:PORT: join
     resources: Resources = field(default_factory=Resources)
@@ -154,6 +161,10 @@ class RayCluster:
     join: str = ""
     timings: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self.spec = _spec(self.job)
+        self.job = self.spec.to_dict()
+
     def run(self, on_tick=None) -> None:
         ray = import_ray()
         t0 = time.monotonic()
@@ -162,12 +173,12 @@ class RayCluster:
             # A local instance gets CPUs enough for the job, like the local launcher would
             # start every process; a cluster has what it has (check_resources).
             cpus = None if self.address else max(os.cpu_count() or 1, math.ceil(
-                demand(self.job, self.resources)[0]))
+                demand(self.spec, self.resources)[0]))
             ray.init(address=self.address, num_cpus=cpus, include_dashboard=False,
                      log_to_driver=False)
         self.timings["ray_init_s"] = time.monotonic() - t0
         try:
-            check_resources(self.job, self.resources, ray.cluster_resources())
+            check_resources(self.spec, self.resources, ray.cluster_resources())
             self._start(ray)
             self.timings["startup_s"] = time.monotonic() - t0
             self._wait(ray, on_tick)
@@ -198,28 +209,28 @@ class RayCluster:
 
     def _start(self, ray) -> None:
         import json
-        keys, r, job = self._keys(), self.resources, self.job
+        keys, r, spec = self._keys(), self.resources, self.spec
         # A local instance: every process on this host, loopback (shared memory applies).
         bind = "127.0.0.1" if self.address is None else "{node_ip}"
         coord = self._spawn(ray, "coordinator", "coordinator", [
             "--job", "{dir}/job.json", "--bind", bind, "--address-file", "{dir}/coordinator.addr",
             "--events", "{dir}/events.jsonl", "--metrics", "{dir}/metrics.jsonl"], keys,
-            files={"job.json": json.dumps(job)})
+            files={"job.json": json.dumps(self.job)})
         try:
             self.join = ray.get(coord.address.remote(self.startup_timeout),
                                 timeout=self.startup_timeout + 30)
         except Exception as exc:  # ray wraps the actor's error; the message carries the log
             raise LaunchError(f"coordinator did not start under Ray: {exc}") from None
-        for s in range(job["servers"]):
+        for s in range(spec.servers):
             self._spawn(ray, f"server {s}", "server", ["--join", self.join, "--bind", bind], keys,
                         cpus=r.server_cpus)
-        for w in range(job["workers"]):
+        for w in range(spec.workers):
             self._spawn(ray, f"worker {w}", "worker",
                         ["--join", self.join, "--result-dir", "{dir}/results"], keys,
                         cpus=r.worker_cpus, gpus=r.worker_gpus, restarts=self.restart_workers)
-        if job.get("eval_interval"):
+        if spec.eval_interval:
             self._spawn(ray, "evaluator", "evaluator",
-                        ["--join", self.join, "--interval", str(job["eval_interval"])], keys)
+                        ["--join", self.join, "--interval", str(spec.eval_interval)], keys)
 
     def _poll(self, ray, actor):
         try:

@@ -17,6 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.spec.job import JobSpec, Limits
+
+_LIMITS = Limits()
+
 
 # ---- settings -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -40,9 +44,11 @@ class ShardSettings:
     lr: float
     optimizer_options: dict = field(default_factory=dict)
     pull_timeout: float = 60.0  # a pull waiting for a version gives up after this long
-    heartbeat_interval: float = 1.0
-    coordinator_timeout: float = 60.0  # (the node's) silence after which the job is gone
-    server_threads: int = 1  # (the node's) torch threads
+    # The rest comes from the welcome's ServerJob; these defaults (for cores built by hand)
+    # are the job spec's own.
+    heartbeat_interval: float = _LIMITS.heartbeat_interval
+    coordinator_timeout: float = _LIMITS.coordinator_timeout  # (the node's) silence: job gone
+    server_threads: int = JobSpec.server_threads  # (the node's) torch threads
     restore: RestoreFrom | None = None
 
 

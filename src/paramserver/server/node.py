@@ -17,6 +17,7 @@ from paramserver.server.events import (
     SaveShard, ShardSettings, Shutdown, Status, Stop, TimePassed, ToCoordinator,
 )
 from paramserver.server.store import StoreError
+from paramserver.spec.welcome import ServerJob
 from paramserver.transport import (
     advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
 )
@@ -30,22 +31,18 @@ WRITE_OPS = ("init", "push", "push_sparse")
 
 
 def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
-    """The one place that reads the job dict of a welcome: typed settings for core and node."""
-    job = welcome["job"]
-    lo, hi = job["shard_range"]
-    opt = job["optimizer"]
-    restore = None
-    if job.get("restore"):
-        r = job["restore"]
-        restore = RestoreFrom(r["dir"], r["tag"], int(r.get("version_floor", 0)),
-                              bool(r.get("restart")))
+    """The one place that reads the job of a welcome: parsed as a ServerJob, mapped to the
+    settings of core and node."""
+    job = ServerJob.from_dict(welcome["job"])
+    lo, hi = job.shard_range
+    opt, r = job.optimizer, job.restore
+    restore = None if r is None else RestoreFrom(r.dir, r.tag, r.version_floor, r.restart)
     return ShardSettings(
-        rank=welcome["rank"], lo=lo, hi=hi, dtype=job["dtype"], apply_mode=job["apply_mode"],
-        optimizer=opt["name"], lr=opt["lr"], optimizer_options=dict(opt.get("options", {})),
-        pull_timeout=pull_timeout,
-        heartbeat_interval=float(job.get("heartbeat_interval", 1.0)),
-        coordinator_timeout=float(job.get("coordinator_timeout", 60.0)),
-        server_threads=int(job.get("server_threads", 1)), restore=restore)
+        rank=welcome["rank"], lo=lo, hi=hi, dtype=job.dtype, apply_mode=job.apply_mode,
+        optimizer=opt.name, lr=opt.lr, optimizer_options=dict(opt.options),
+        pull_timeout=pull_timeout, heartbeat_interval=job.heartbeat_interval,
+        coordinator_timeout=job.coordinator_timeout, server_threads=job.server_threads,
+        restore=restore)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------

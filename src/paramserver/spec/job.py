@@ -105,6 +105,7 @@ class TaskSpec:
 
     name: str = "train"
     model: str = "mlp"
+    model_options: Mapping = field(default_factory=dict)
     dataset: str = "digits"
     data_dir: str | None = None
     dataset_options: Mapping = field(default_factory=dict)
@@ -116,6 +117,11 @@ class TaskSpec:
     compress_options: Mapping = field(default_factory=dict)
     push_range: str = "all"  # compression/ranges.py grammar
     schedule: str = "off"  # per-layer requests: off, fifo, lifo, stalest
+    # Round mode: the next step's pull goes out with this step's push (benchmarks/ turn it
+    # off for A/B runs), and a single shard's reply is computed on in place (borrow).
+    pull_ahead: bool = True
+    borrow: bool = True
+    options: Mapping = field(default_factory=dict)  # a task of its own's (the demo's steps)
 
     def __post_init__(self):
         for key in ("name", "model", "dataset", "straggler", "device_time", "compress",
@@ -127,7 +133,10 @@ class TaskSpec:
         _int("task.threads", self.threads, 1)
         if self.schedule not in SCHEDULES:
             _fail("task.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
-        _freeze(self, "task", "dataset_options", "compress_options")
+        for key in ("pull_ahead", "borrow"):
+            if not isinstance(getattr(self, key), bool):
+                _fail(f"task.{key}", getattr(self, key), "true or false")
+        _freeze(self, "task", "model_options", "dataset_options", "compress_options", "options")
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,10 @@ class Limits:
 
 
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
+# A job dict written by hand (a test's, the demo's) may leave these out; they then mean what
+# the roles always read them as, which is not the default of a job built from a config.
+_DICT_ABSENT = {"eval_interval": 0.0,  # no evaluator process
+                "task": {"name": "demo"}}  # workers run the demo task (constant gradients)
 
 
 # --- the job --------------------------------------------------------------------------------------
@@ -287,10 +300,12 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "JobSpec":
-        """A job dict back into a spec; unknown fields and a foreign version are refused."""
+        """A job dict back into a spec; unknown fields and a foreign version are refused. A
+        field left out takes its default, except those of _DICT_ABSENT (no eval_interval: no
+        evaluator; no task: the demo task), which a job dict written by hand always meant."""
         if not isinstance(data, Mapping):
             raise JobSpecError(f"a job is a JSON object, got {type(data).__name__}")
-        d = dict(data)
+        d = {**_DICT_ABSENT, **data}
         d["version"] = check_version(d)
         limits = {k: d.pop(k) for k in _LIMIT_KEYS if k in d}
         nested = {"sync": SyncSpec, "optimizer": OptimizerSpec, "task": TaskSpec,
@@ -317,6 +332,11 @@ def check_version(data: Mapping) -> int:
         raise JobSpecError(f"job version {version!r} is not supported: this paramserver reads "
                            f"version {JOB_VERSION} (was the job written by another release?)")
     return version
+
+
+def task_from_dict(data: Mapping) -> TaskSpec:
+    """A task table (the job's "task", or a simulator's) as a TaskSpec; unknown fields refused."""
+    return _part(TaskSpec, "task", data)
 
 
 def _part(cls, key: str, data: Any):

@@ -7,11 +7,13 @@ import time
 import numpy as np
 
 from paramserver.client.kv import KVWorker
+from paramserver.spec.job import TaskSpec
 
 
-def run(kv: KVWorker, task: dict) -> dict:
-    """Push a constant gradient of (rank + 1) for `steps` steps; return counts and timings."""
-    steps = int(task.get("steps", 20))
+def run(kv: KVWorker, task: TaskSpec) -> dict:
+    """Push a constant gradient of (rank + 1) for `steps` steps (a task option, 20 if not
+    given); return counts and timings."""
+    steps = int(task.options.get("steps", 20))
     if kv.rank == 0:
         kv.init(np.zeros(kv.num_keys, dtype=kv.dtype))
     release = kv.start()

@@ -30,8 +30,7 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
     torch.set_num_threads(1)
     kv = KVWorker(join, role="observer", keys=keys)
     try:
-        task = kv.job.get("task", {})
-        ds, model, keys = build(task, kv.job["dtype"])
+        ds, model, keys = build(kv.spec.job.task, kv.spec.job.dtype)
         X, y = ds.test.X.to(keys.dtype), ds.test.y
         flat = keys.new_buffer()
         kv.start()  # ready: the coordinator holds the start of training until now

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import Mapping
 
 import psutil
 import torch
@@ -17,17 +18,20 @@ from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
 from paramserver.client.kv import KVWorker
+from paramserver.spec.job import TaskSpec, task_from_dict
 
 # Borrowed pull replies are read-only buffers; the model only reads its parameters.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def build(task: dict, dtype: str):
-    """Dataset, model and key space exactly as every process of the job builds them."""
-    ds = load_dataset(task.get("dataset", "digits"), task.get("data_dir"),
-                      seed=int(task.get("seed", 0)), **task.get("dataset_options", {}))
-    model = build_model(task.get("model", "mlp"), ds.input_shape, ds.num_classes,
-                        seed=int(task.get("seed", 0)), **task.get("model_options", {}))
+def build(task: TaskSpec | Mapping, dtype: str):
+    """Dataset, model and key space exactly as every process of the job builds them (`task` a
+    TaskSpec, or a task table such as the simulator's)."""
+    if not isinstance(task, TaskSpec):
+        task = task_from_dict(task)
+    ds = load_dataset(task.dataset, task.data_dir, seed=task.seed, **task.dataset_options)
+    model = build_model(task.model, ds.input_shape, ds.num_classes, seed=task.seed,
+                        **task.model_options)
     model = model.to(getattr(torch, dtype))
     return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
 
@@ -55,39 +59,38 @@ class HostLoad:
 class StepLoop:
     """One worker's training state; `step()` runs one released step and returns its record."""
 
-    def __init__(self, kv: KVWorker, task: dict):
+    def __init__(self, kv: KVWorker, task: TaskSpec):
         self.kv, self.task = kv, task
-        torch.set_num_threads(int(task.get("threads", 1)))
-        self.ds, self.model, self.keys = build(task, kv.job["dtype"])
+        job = kv.spec.job
+        torch.set_num_threads(task.threads)
+        self.ds, self.model, self.keys = build(task, job.dtype)
         # Gradients live where a server on this host reads pushes in place (shared memory).
         self.params, self.grads = self.keys.new_buffer(), torch.from_numpy(kv.shared_buffer())
         bind_to_flat(self.model, self.keys, self.params, self.grads)
         self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
-        self.sampler = self.ds.sampler(kv.rank, int(kv.job["workers"]),
-                                       seed=int(task.get("seed", 0)))
-        self._skip(int(kv.job.get("resume_samples", 0)))
-        self.pacer = Pacer(kv.rank, task.get("straggler", "none"), task.get("device_time", "off"))
+        self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
+        self._skip(kv.spec.resume_samples)
+        self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.compressor = make_compressor(task.get("compress", "none"),
-                                          **task.get("compress_options", {}))
+        self.compressor = make_compressor(task.compress, **task.compress_options)
         self.dense = self.compressor.name == "none"  # the identity: push the buffer as is
-        self.plan = make_plan(task.get("push_range"), self.keys.num_keys,
+        self.plan = make_plan(task.push_range, self.keys.num_keys,
                               [layer.keys for layer in self.keys.layers])
         self.held = None if self.plan is None else RangeAccumulator(
             self.keys.num_keys, self.grads_np.dtype)
         self.grads_bound = GradsBoundCheck(self.model, self.grads)
-        schedule = task.get("schedule", "off")
+        schedule = task.schedule
         self.layered = None if schedule == "off" else LayerRequests(
             kv, self.model, self.keys, self.params_np, self.grads_np, schedule)
         # Round mode: the next step's pull goes out with this step's push and the server
         # answers it the moment the round is applied, while the release is on its way.
-        self.pull_ahead = (bool(task.get("pull_ahead", True)) and self.plan is None
-                           and kv.job.get("apply_mode") == "round" and self.layered is None)
+        self.pull_ahead = (task.pull_ahead and self.plan is None
+                           and kv.spec.apply_mode == "round" and self.layered is None)
         self.ahead = None  # (min_version, handle) of a pull sent ahead
         # A pull sent ahead to a single shard is not copied: the model computes on the reply
         # in place (the server's arena on this host) and hands it back before pushing, so by
         # the round's last push no worker reads the values the server then updates in place.
-        self.borrowing = self.pull_ahead and len(kv.shards) == 1 and task.get("borrow", True)
+        self.borrowing = self.pull_ahead and len(kv.shards) == 1 and task.borrow
         self.loan, self.own_params = None, True
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
@@ -218,7 +221,7 @@ class StepLoop:
         return self.kv.push_sparse(sparse.keys, sparse.values, **tags), sparse.nbytes
 
 
-def run(kv: KVWorker, task: dict) -> dict:
+def run(kv: KVWorker, task: TaskSpec) -> dict:
     """Train until the coordinator's release says stop; returns this worker's totals."""
     loop = StepLoop(kv, task)
     if kv.rank == 0:

@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 def run_worker(join: str, result_dir: str | None = None, keys=None) -> int:
     kv = KVWorker(join, keys=keys)
     try:
-        task = kv.job.get("task", {"name": "demo"})
-        result = load_task(task["name"])(kv, task)
+        task = kv.spec.job.task
+        result = load_task(task.name)(kv, task)
         kv.bye()
     finally:
         kv.close()

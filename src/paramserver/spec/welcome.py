@@ -1,0 +1,217 @@
+"""What each role is told of the job in its `welcome`: typed slices of the JobSpec.
+
+The coordinator's core builds a `ServerJob` (one shard's part: its key range, the update rule,
+the limits a server keeps) or a `WorkerJob` (the whole job as the worker sees it: the learned
+key space, where each shard listens, the policy's apply mode and name, the samples its rank
+already did) from its JobSpec; the message carries `to_dict()`, and the receiving node parses it
+once with `from_dict()`, which refuses unknown or missing fields and names them. Every default
+stays in spec/job.py: these slices copy values out of a JobSpec, they add none of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping
+
+from paramserver.spec.job import (
+    DTYPES, JobSpec, JobSpecError, OptimizerSpec, ResumeSpec, SyncSpec, _fail, _int, _name, _num,
+    _part, _plain,
+)
+
+APPLY_MODES = ("round", "arrival")
+
+
+def _fields_of(cls, data: Any, what: str) -> dict:
+    """`data` as keyword arguments of `cls`: a table with no unknown and no missing field."""
+    if not isinstance(data, Mapping):
+        raise JobSpecError(f"a {what} is a table, got {type(data).__name__}")
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise JobSpecError(f"unknown {what} field(s) {', '.join(map(repr, unknown))}")
+    return dict(data)
+
+
+def _required(d: dict, key: str, what: str):
+    try:
+        return d.pop(key)
+    except KeyError:
+        raise JobSpecError(f"{what} field {key!r} is missing") from None
+
+
+def _apply_mode(v: Any) -> None:
+    if v not in APPLY_MODES:
+        _fail("apply_mode", v, f"one of {', '.join(APPLY_MODES)}")
+
+
+@dataclass(frozen=True)
+class ShardRestore:
+    """The checkpoint a shard server loads before it serves: the job's resume point (restart
+    False) or, for a server back from the dead, the newest committed checkpoint."""
+
+    dir: str
+    tag: str
+    version_floor: int = 0  # versions the job already counts (pulls wait for no less)
+    restart: bool = False
+
+    def __post_init__(self):
+        _name("restore.dir", self.dir)
+        _name("restore.tag", self.tag)
+        _int("restore.version_floor", self.version_floor, 0)
+        if not isinstance(self.restart, bool):
+            _fail("restore.restart", self.restart, "true or false")
+
+    @classmethod
+    def of_resume(cls, resume: ResumeSpec, version_floor: int) -> "ShardRestore":
+        return cls(resume.dir, resume.tag, version_floor)
+
+    def to_dict(self) -> dict:
+        out = {"dir": self.dir, "tag": self.tag, "version_floor": self.version_floor}
+        if self.restart:  # the wire leaves it out for a resume, as it always has
+            out["restart"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ShardRestore":
+        return cls(**_fields_of(cls, data, "restore"))
+
+
+@dataclass(frozen=True)
+class ServerJob:
+    """One shard server's part of the job."""
+
+    shard_range: tuple[int, int]  # [lo, hi) of the key space
+    dtype: str
+    apply_mode: str  # "round": the coordinator applies whole rounds; "arrival": each push
+    optimizer: OptimizerSpec
+    heartbeat_interval: float
+    coordinator_timeout: float
+    server_threads: int
+    restore: ShardRestore | None = None
+
+    def __post_init__(self):
+        r = self.shard_range
+        if (not isinstance(r, (tuple, list)) or len(r) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+                or not 0 <= r[0] <= r[1]):
+            _fail("shard_range", r, "[lo, hi] with 0 <= lo <= hi")
+        object.__setattr__(self, "shard_range", (r[0], r[1]))
+        if self.dtype not in DTYPES:
+            _fail("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        _apply_mode(self.apply_mode)
+        if not isinstance(self.optimizer, OptimizerSpec):
+            _fail("optimizer", self.optimizer, "an OptimizerSpec")
+        _num("heartbeat_interval", self.heartbeat_interval)
+        _num("coordinator_timeout", self.coordinator_timeout)
+        _int("server_threads", self.server_threads, 1)
+        if self.restore is not None and not isinstance(self.restore, ShardRestore):
+            _fail("restore", self.restore, "a ShardRestore or null")
+
+    @classmethod
+    def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
+           restore: ShardRestore | None = None) -> "ServerJob":
+        """Shard [lo, hi) of `job`."""
+        limits = job.limits
+        return cls((lo, hi), job.dtype, apply_mode, job.optimizer, limits.heartbeat_interval,
+                   limits.coordinator_timeout, job.server_threads, restore)
+
+    def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
+        return replace(self, restore=restore)
+
+    def to_dict(self) -> dict:
+        out = {"shard_range": list(self.shard_range), "dtype": self.dtype,
+               "apply_mode": self.apply_mode, "optimizer": _plain(self.optimizer),
+               "heartbeat_interval": self.heartbeat_interval,
+               "coordinator_timeout": self.coordinator_timeout,
+               "server_threads": self.server_threads}
+        if self.restore is not None:
+            out["restore"] = self.restore.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ServerJob":
+        d = _fields_of(cls, data, "server job")
+        what = "server job"
+        args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name != "restore"}
+        args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
+        restore = d.pop("restore", None)
+        return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore))
+
+
+@dataclass(frozen=True)
+class ShardAddress:
+    """Where shard `rank`, keys [lo, hi), listens."""
+
+    rank: int
+    addr: str
+    lo: int
+    hi: int
+
+    def __post_init__(self):
+        _int("shards.rank", self.rank, 0)
+        _name("shards.addr", self.addr)
+        _int("shards.lo", self.lo, 0)
+        _int("shards.hi", self.hi, self.lo)
+
+    def to_list(self) -> list:
+        return [self.rank, self.addr, self.lo, self.hi]
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """The job as a worker (or the evaluator) is told it. `job.num_keys` is the key space the
+    coordinator settled on (learned from the first worker when the job file said 0), and
+    `job.sync` carries the policy's name only: its options are the coordinator's business."""
+
+    job: JobSpec
+    shards: tuple[ShardAddress, ...]
+    apply_mode: str
+    resume_samples: int  # samples this rank's data stream already went through
+
+    def __post_init__(self):
+        if not isinstance(self.job, JobSpec):
+            _fail("job", self.job, "a JobSpec")
+        if self.job.sync.options:
+            object.__setattr__(self, "job", replace(self.job, sync=SyncSpec(self.job.sync.name)))
+        shards = tuple(self.shards)
+        if not all(isinstance(s, ShardAddress) for s in shards):
+            _fail("shards", self.shards, "a list of ShardAddress")
+        object.__setattr__(self, "shards", shards)
+        _apply_mode(self.apply_mode)
+        _int("resume_samples", self.resume_samples, 0)
+
+    @classmethod
+    def of(cls, job: JobSpec, num_keys: int, shards, apply_mode: str, sync: str,
+           resume_samples: int) -> "WorkerJob":
+        """`job` as told to a worker: `sync` is the name of the policy the coordinator runs,
+        `shards` (rank, addr, lo, hi) tuples."""
+        return cls(replace(job, num_keys=num_keys, sync=SyncSpec(sync)),
+                   tuple(ShardAddress(*s) for s in shards), apply_mode, resume_samples)
+
+    @property
+    def sync(self) -> str:
+        return self.job.sync.name
+
+    def to_dict(self) -> dict:
+        """The welcome's job: the job file's fields, `sync` as the policy's name, and the
+        worker's own fields beside them."""
+        out = self.job.to_dict()
+        out.update(sync=self.job.sync.name, shards=[s.to_list() for s in self.shards],
+                   apply_mode=self.apply_mode, resume_samples=self.resume_samples)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "WorkerJob":
+        if not isinstance(data, Mapping):
+            raise JobSpecError(f"a worker job is a table, got {type(data).__name__}")
+        d, what = dict(data), "worker job"
+        shards = _required(d, "shards", what)
+        apply_mode = _required(d, "apply_mode", what)
+        resume_samples = _required(d, "resume_samples", what)
+        sync = _required(d, "sync", what)
+        _name("sync", sync)
+        if not isinstance(shards, (list, tuple)) or not all(
+                isinstance(s, (list, tuple)) and len(s) == 4 for s in shards):
+            _fail("shards", shards, "a list of [rank, address, lo, hi]")
+        return cls(JobSpec.from_dict({**d, "sync": {"name": sync}}),
+                   tuple(ShardAddress(*s) for s in shards), apply_mode, resume_samples)
