@@ -219,8 +219,9 @@ class Engine:
         """The clock reaches the coordinator: the record is written and the policy told."""
         step, batch, c = self.step[w], self.batch[w], self.compute_s[w]
         extra = None if self.trainer is None else self.trainer.record(w)
-        real = self.comm.real
-        if real is not None and (real := real(w, step)) is not None:
+        measured = self.comm.real  # None for modelled links: nothing was measured
+        real = None if measured is None else measured(w, step)
+        if real is not None:
             extra = {"real_compute_s": round(min(real, c), 6), **(extra or {})}
         self.sink.step(t, w, step, batch, c, self.wait_s[w], self.pull_s[w], self.push_s[w],
                        self.stale[w], self.factor[w], extra)
