@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
-from paramserver.policies.base import ApplyRound, Pushed, Release, SyncPolicy
+from paramserver.policies.base import ApplyRound, PolicyError, Pushed, Release, SyncPolicy
 from paramserver.policies.host import PolicyHost
 from paramserver.sim.comm import LinkSteps, ReplaySteps
 
@@ -150,18 +150,21 @@ class Engine:
 
     def run(self, max_events: int | None = None) -> bool:
         """Process events (at most `max_events`); True once the simulation has ended."""
-        if not self.started:
-            self.start()
         q, pop, handlers, tr = self.queue, heappop, self.handlers, self.trainer
         budget = math.inf if max_events is None else max_events
         n = 0
-        while q and n < budget:
-            t, _, kind, w = pop(q)
-            if tr is not None and t > tr.next_eval:
-                tr.advance(t, self)
-            self.now = t
-            handlers[kind](t, w)
-            n += 1
+        try:
+            if not self.started:
+                self.start()
+            while q and n < budget:
+                t, _, kind, w = pop(q)
+                if tr is not None and t > tr.next_eval:
+                    tr.advance(t, self)
+                self.now = t
+                handlers[kind](t, w)
+                n += 1
+        except PolicyError as exc:  # what the host or the policy saw: a protocol breach too
+            raise SimError(f"t={self.now}: {exc}") from exc
         self.events += n
         if q:
             return False
