@@ -12,7 +12,7 @@ import pytest
 
 from paramserver.cli.main import main
 from paramserver.runlog.metrics import read_records, summarize
-from paramserver.policies import SYNC_POLICIES, Release, make_policy
+from paramserver.policies import SYNC_POLICIES, ApplyRound, Release, make_policy
 from paramserver.sim import (
     ComputeSpecError, Engine, Network, NullSink, SimConfig, SimError, Simulation, parse_compute,
     simulate,
@@ -175,6 +175,16 @@ def test_a_policy_that_breaks_the_protocol_is_reported():
     sink = Capture()
     engine = Engine(Twice(4), 2, 3, parse_compute("const:1ms").bind(2, 3), Network(), sink)
     with pytest.raises(SimError, match="release"):
+        engine.run()
+
+
+def test_breaches_the_policy_host_sees_are_reported_as_sim_errors():
+    class Rounding(type(make_policy("asp", 1))):
+        def on_pushed(self, event):
+            return [ApplyRound(event.step)] + super().on_pushed(event)
+
+    engine = Engine(Rounding(4), 2, 3, parse_compute("const:1ms").bind(2, 3), Network())
+    with pytest.raises(SimError, match="arrival-mode"):
         engine.run()
 
 

@@ -13,8 +13,8 @@ calls advance() when next_wakeup() comes.
 
 from __future__ import annotations
 
-import heapq
 import math
+from heapq import heapify, heappop, heappush
 from collections.abc import Callable, Iterable
 from typing import Union
 
@@ -111,7 +111,7 @@ class PolicyHost:
         next, so it is dropped."""
         if self._held_for.pop(worker, None) is not None:
             self._held = [e for e in self._held if e[2].worker != worker]
-            heapq.heapify(self._held)
+            heapify(self._held)
         return self._interpret(self.policy.handle(Left(worker, now, reason)), now, [])
 
     def advance(self, now: float) -> list[Out]:
@@ -121,7 +121,7 @@ class PolicyHost:
         held, held_for = self._held, self._held_for
         terms = None
         while held and held[0][0] <= now:
-            d = heapq.heappop(held)[2]
+            d = heappop(held)[2]
             del held_for[d.worker]
             if terms is None:
                 terms = _PLAIN if self._plain and not self.stopping else self._terms()
@@ -187,7 +187,7 @@ class PolicyHost:
                                       f"held")
                 if nb is not None and nb > now:
                     self._held_seq += 1
-                    heapq.heappush(self._held, (nb, self._held_seq, d))
+                    heappush(self._held, (nb, self._held_seq, d))
                     held_for[w] = d
                     continue
                 if terms is None:
