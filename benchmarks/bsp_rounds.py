@@ -53,7 +53,7 @@ from torch import nn
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import read_records, summarize
 from paramserver.client.flat_binding import bind_to_flat
-from paramserver.training.train_task import build
+from paramserver.training.workload import build
 
 TASK = {"name": "train", "model": "mlp", "dataset": "digits", "seed": 0}
 BATCH, LR = 32, 0.1

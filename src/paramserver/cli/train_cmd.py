@@ -135,7 +135,7 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     from paramserver.compression.schedule import check_order
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
-    from paramserver.training.train_task import build
+    from paramserver.training.workload import build
     cfg.validate()
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)

@@ -22,21 +22,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _score(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 4096):
-    """(accuracy, mean cross-entropy) of `model` on (X, y), as training.evaluator.evaluate
-    computes them; that module imports the worker client, and with it zmq."""
-    import torch
-
-    with torch.no_grad():
-        correct, loss_sum = 0, 0.0
-        for i in range(0, len(y), chunk):
-            out = model(X[i:i + chunk])
-            loss_sum += float(torch.nn.functional.cross_entropy(out, y[i:i + chunk],
-                                                                reduction="sum"))
-            correct += int((out.argmax(1) == y[i:i + chunk]).sum())
-    return correct / max(len(y), 1), loss_sum / max(len(y), 1)
-
-
 class Trainer:
     """The engine's trainer hooks: pull / push / apply_round / record / advance / finish."""
 
@@ -137,7 +122,9 @@ class Trainer:
         v = self.store.version
         if self.last_eval is None or self.last_eval[0] != v:
             self.work.copy_(self.store.values)
-            self.last_eval = (v, *_score(self.model, self.X, self.y))
+            from paramserver.training.workload import evaluate  # torch: loaded already
+
+            self.last_eval = (v, *evaluate(self.model, self.X, self.y))
         _, acc, loss = self.last_eval
         if self.sink is not None:
             self.sink.record({"t": round(t, 6), "kind": "eval", "accuracy": round(acc, 6),

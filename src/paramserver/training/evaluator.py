@@ -6,23 +6,11 @@ import logging
 import time
 
 import torch
-from torch import nn
 
-from paramserver.training.train_task import build
+from paramserver.training.workload import build, evaluate
 from paramserver.client.kv import KVWorker
 
 log = logging.getLogger(__name__)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 4096):
-    """(accuracy, mean cross-entropy) of `model` on (X, y)."""
-    correct, loss_sum = 0, 0.0
-    for i in range(0, len(y), chunk):
-        out = model(X[i:i + chunk])
-        loss_sum += float(nn.functional.cross_entropy(out, y[i:i + chunk], reduction="sum"))
-        correct += int((out.argmax(1) == y[i:i + chunk]).sum())
-    return correct / max(len(y), 1), loss_sum / max(len(y), 1)
 
 
 def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:

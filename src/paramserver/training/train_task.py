@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Mapping
 
 import psutil
 import torch
@@ -12,28 +11,16 @@ from torch import nn
 
 from paramserver.compression import make_compressor
 from paramserver.compression.ranges import RangeAccumulator, make_plan
-from paramserver.data import load_dataset
-from paramserver.models import ModelKeys, build_model
+from paramserver.models import ModelKeys
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
 from paramserver.client.kv import KVWorker
-from paramserver.spec.job import TaskSpec, task_from_dict
+from paramserver.spec.job import TaskSpec
+from paramserver.training.workload import build
 
 # Borrowed pull replies are read-only buffers; the model only reads its parameters.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-
-def build(task: TaskSpec | Mapping, dtype: str):
-    """Dataset, model and key space exactly as every process of the job builds them (`task` a
-    TaskSpec, or a task table such as the simulator's)."""
-    if not isinstance(task, TaskSpec):
-        task = task_from_dict(task)
-    ds = load_dataset(task.dataset, task.data_dir, seed=task.seed, **task.dataset_options)
-    model = build_model(task.model, ds.input_shape, ds.num_classes, seed=task.seed,
-                        **task.model_options)
-    model = model.to(getattr(torch, dtype))
-    return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
 
 
 class HostLoad:

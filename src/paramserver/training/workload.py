@@ -1,0 +1,37 @@
+"""The workload every process of a job builds the same way (data set, model, key space) and how
+a model is scored. It needs torch but no socket, so the simulator trains and scores with it
+without loading the live runtime."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from paramserver.data import load_dataset
+from paramserver.models import ModelKeys, build_model
+from paramserver.spec.job import TaskSpec, task_from_dict
+
+
+def build(task: TaskSpec | Mapping, dtype: str):
+    """Dataset, model and key space exactly as every process of the job builds them (`task` a
+    TaskSpec, or a task table such as the simulator's)."""
+    if not isinstance(task, TaskSpec):
+        task = task_from_dict(task)
+    ds = load_dataset(task.dataset, task.data_dir, seed=task.seed, **task.dataset_options)
+    model = build_model(task.model, ds.input_shape, ds.num_classes, seed=task.seed,
+                        **task.model_options)
+    model = model.to(getattr(torch, dtype))
+    return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, chunk: int = 4096):
+    """(accuracy, mean cross-entropy) of `model` on (X, y)."""
+    correct, loss_sum = 0, 0.0
+    for i in range(0, len(y), chunk):
+        out = model(X[i:i + chunk])
+        loss_sum += float(nn.functional.cross_entropy(out, y[i:i + chunk], reduction="sum"))
+        correct += int((out.argmax(1) == y[i:i + chunk]).sum())
+    return correct / max(len(y), 1), loss_sum / max(len(y), 1)
