@@ -8,7 +8,7 @@ import pytest
 from paramserver.server.core import ShardCore
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, SaveShard,
-    ShardSettings, Shutdown, Status, Stop, TimePassed, ToCoordinator,
+    ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 
 N = 4
@@ -19,9 +19,17 @@ def core(mode="arrival", pull_timeout=10.0, heartbeat_interval=1.0, **kw):
     c = ShardCore(ShardSettings(rank=3, lo=0, hi=N, dtype="float64", apply_mode=mode,
                                 optimizer="sgd", lr=LR, pull_timeout=pull_timeout,
                                 heartbeat_interval=heartbeat_interval, **kw))
-    assert c.handle(Init("i", 0, N, np.arange(N, dtype=np.float64))) == [
+    assert run(c, Init("i", 0, N, np.arange(N, dtype=np.float64))) == [
         Reply("i", "ack", {"version": 0, "staleness": 0})]
     return c
+
+
+def run(c, event):
+    """What the node carries out for `event`: a Then's event is fed back in its place."""
+    out = c.handle(event)
+    if not any(type(ins) is Then for ins in out):
+        return out
+    return [x for ins in out for x in (run(c, ins.event) if type(ins) is Then else [ins])]
 
 
 RIDS = itertools.count(1000)
@@ -43,10 +51,10 @@ def ops(out):
 # ---- arrival mode --------------------------------------------------------------------------------
 def test_an_arrival_push_applies_at_once_and_bumps_the_version():
     c = core()
-    out = c.handle(push("p1", "w0", 1.0))
+    out = run(c, push("p1", "w0", 1.0))
     assert out == [Reply("p1", "ack", {"version": 1, "staleness": 0})]
     np.testing.assert_allclose(values(c), np.arange(N) - LR)
-    out = c.handle(push("p2", "w1", 2.0, version=0))  # computed from version 0: one behind
+    out = run(c, push("p2", "w1", 2.0, version=0))  # computed from version 0: one behind
     assert out == [Reply("p2", "ack", {"version": 2, "staleness": 1})]
     np.testing.assert_allclose(values(c), np.arange(N) - LR * 3)
     assert c.store.updates_applied == 2
@@ -55,11 +63,11 @@ def test_an_arrival_push_applies_at_once_and_bumps_the_version():
 def test_a_push_before_init_and_a_range_outside_the_shard_are_refused():
     c = ShardCore(ShardSettings(rank=0, lo=0, hi=N, dtype="float64", apply_mode="arrival",
                                 optimizer="sgd", lr=LR))
-    [err] = c.handle(push("p", "w0", 1.0))
+    [err] = run(c, push("p", "w0", 1.0))
     assert (err.to, err.op, err.fields["code"]) == ("p", "error", "refused")
     assert "not initialized" in err.fields["msg"]
-    c.handle(Init("i", 0, N, np.zeros(N)))
-    [err] = c.handle(Pull("q", 0.0, 0, 0, N + 1))
+    run(c, Init("i", 0, N, np.zeros(N)))
+    [err] = run(c, Pull("q", 0.0, 0, 0, N + 1))
     assert err.op == "error" and "outside this shard" in err.fields["msg"]
     assert len(c.pulls) == 0  # a refused pull does not wait
 
@@ -67,25 +75,25 @@ def test_a_push_before_init_and_a_range_outside_the_shard_are_refused():
 # ---- exactly once --------------------------------------------------------------------------------
 def test_a_retried_push_is_answered_from_the_dedup_table_and_not_applied_twice():
     c = core()
-    first = c.handle(push("p1", "w0", 1.0, rid=7))
+    first = run(c, push("p1", "w0", 1.0, rid=7))
     after = values(c)
-    again = c.handle(push("p1-retry", "w0", 1.0, rid=7))
+    again = run(c, push("p1-retry", "w0", 1.0, rid=7))
     assert again == [Reply("p1-retry", "ack", first[0].fields)]
     np.testing.assert_array_equal(values(c), after)
     assert c.store.version == 1 and c.duplicates == 1
     # The same request id from another sender is another push.
-    assert c.handle(push("p2", "w1", 1.0, rid=7))[0].fields["version"] == 2
+    assert run(c, push("p2", "w1", 1.0, rid=7))[0].fields["version"] == 2
     # The next heartbeat tells the count, the one after says nothing new.
-    [beat] = c.handle(TimePassed(100.0))
+    [beat] = run(c, TimePassed(100.0))
     assert beat == Heartbeat({"late_pushes": 0, "duplicates": 1})
-    assert c.handle(TimePassed(101.0)) == [Heartbeat(None)]
+    assert run(c, TimePassed(101.0)) == [Heartbeat(None)]
 
 
 def test_a_retried_sparse_push_is_applied_once_too():
     c = core()
     ev = PushSparse("s", "w0", 5, np.array([1, 3]), np.array([1.0, 1.0]), 0, 1, 0)
-    c.handle(ev)
-    c.handle(ev)
+    run(c, ev)
+    run(c, ev)
     np.testing.assert_allclose(values(c), [0, 1 - LR, 2, 3 - LR])
     assert c.duplicates == 1 and c.store.version == 1
 
@@ -94,10 +102,10 @@ def test_a_retried_sparse_push_is_applied_once_too():
 def test_round_pushes_aggregate_and_the_round_applies_when_round_size_pushed():
     c = core("round")
     before = values(c)
-    out = c.handle(push("a", "w0", 1.0, round_size=2, batch=1))
+    out = run(c, push("a", "w0", 1.0, round_size=2, batch=1))
     assert out == [Reply("a", "ack", {"version": 0, "staleness": 0})]
     np.testing.assert_array_equal(values(c), before)  # aggregated, not applied
-    out = c.handle(push("b", "w1", 4.0, round_size=2, batch=3))
+    out = run(c, push("b", "w1", 4.0, round_size=2, batch=3))
     assert out == [Reply("b", "ack", {"version": 0, "staleness": 0})]
     assert c.store.version == 1 and c.store.last_round == 0
     np.testing.assert_allclose(values(c), before - LR * (1 * 1.0 + 3 * 4.0) / 4)
@@ -105,38 +113,49 @@ def test_round_pushes_aggregate_and_the_round_applies_when_round_size_pushed():
 
 def test_a_full_round_is_applied_once_when_the_coordinators_apply_round_comes_after():
     c = core("round")
-    c.handle(push("a", "w0", 1.0, round_size=2))
-    c.handle(push("b", "w1", 3.0, round_size=2))
+    run(c, push("a", "w0", 1.0, round_size=2))
+    run(c, push("b", "w1", 3.0, round_size=2))
     applied = values(c)
     assert c.store.updates_applied == 1
-    assert c.handle(ApplyRound("coord", 0)) == []  # no reply, nothing applied
+    assert run(c, ApplyRound("coord", 0)) == []  # no reply, nothing applied
     assert c.store.version == 1 and c.store.updates_applied == 1
     np.testing.assert_array_equal(values(c), applied)
     # The next round is untouched by the late word about the last one.
-    c.handle(push("c", "w0", 1.0, step=1, round_size=2))
-    assert c.handle(ApplyRound("coord", 0)) == []
+    run(c, push("c", "w0", 1.0, step=1, round_size=2))
+    assert run(c, ApplyRound("coord", 0)) == []
     assert c.store.round_step == 1 and c.store.version == 1
+
+
+def test_the_last_push_of_a_round_is_acked_before_the_round_is_applied():
+    c = core("round")
+    run(c, push("a", "w0", 1.0, round_size=2))
+    ack, then = c.handle(push("b", "w1", 3.0, round_size=2))
+    # The ack leaves first: the shard applies while the pusher's clock is on its way.
+    assert ack == Reply("b", "ack", {"version": 0, "staleness": 0})
+    assert type(then) is Then and then.event.step == 0
+    assert c.store.version == 0 and c.store.updates_applied == 0
+    assert c.handle(then.event) == [] and c.store.version == 1
 
 
 def test_without_a_round_size_the_coordinator_applies_the_round():
     c = core("round")
-    c.handle(push("a", "w0", 1.0))
-    c.handle(push("b", "w1", 3.0))
-    c.handle(push("c", "w2", 5.0))
+    run(c, push("a", "w0", 1.0))
+    run(c, push("b", "w1", 3.0))
+    run(c, push("c", "w2", 5.0))
     assert c.store.version == 0 and c.store.round_step == 0
-    assert c.handle(ApplyRound("coord", 0)) == []
+    assert run(c, ApplyRound("coord", 0)) == []
     assert c.store.version == 1
     np.testing.assert_allclose(values(c), np.arange(N) - LR * 3.0)
     # A push for the round just applied comes too late: dropped, counted, told in a beat.
-    assert c.handle(push("d", "w3", 100.0))[0].fields == {"version": 1, "staleness": 1}
+    assert run(c, push("d", "w3", 100.0))[0].fields == {"version": 1, "staleness": 1}
     assert c.store.late_pushes == 1 and c.store.round_step is None
-    assert c.handle(TimePassed(0.0)) == [Heartbeat({"late_pushes": 1, "duplicates": 0})]
+    assert run(c, TimePassed(0.0)) == [Heartbeat({"late_pushes": 1, "duplicates": 0})]
 
 
 def test_apply_round_for_a_step_other_than_the_open_one_is_refused_to_the_coordinator():
     c = core("round")
-    c.handle(push("a", "w0", 1.0, step=2))
-    [err] = c.handle(ApplyRound("coord", 1))
+    run(c, push("a", "w0", 1.0, step=2))
+    [err] = run(c, ApplyRound("coord", 1))
     assert (err.to, err.op, err.fields["code"]) == ("coord", "error", "refused")
     assert c.store.version == 0
 
@@ -144,11 +163,11 @@ def test_apply_round_for_a_step_other_than_the_open_one_is_refused_to_the_coordi
 # ---- pulls that wait -----------------------------------------------------------------------------
 def test_a_pull_ahead_waits_and_is_answered_by_the_round_that_reaches_it():
     c = core("round")
-    assert c.handle(Pull("q", 5.0, 1, 0, N)) == ()
+    assert run(c, Pull("q", 5.0, 1, 0, N)) == ()
     assert len(c.pulls) == 1 and c.next_wakeup() == -float("inf")  # the first beat is due
-    c.handle(push("a", "w0", 2.0, round_size=2))
+    run(c, push("a", "w0", 2.0, round_size=2))
     assert len(c.pulls) == 1
-    out = c.handle(push("b", "w1", 2.0, round_size=2))
+    out = run(c, push("b", "w1", 2.0, round_size=2))
     # The pusher's ack leaves first, then the values of the round it completed.
     assert ops(out) == [("Reply", "b", "ack"), ("Reply", "q", "values")]
     reply = out[1]
@@ -161,9 +180,9 @@ def test_a_pull_ahead_waits_and_is_answered_by_the_round_that_reaches_it():
 
 def test_a_pull_ahead_is_answered_by_the_arrival_push_that_reaches_it():
     c = core()
-    assert c.handle(Pull("q", 0.0, 2, 1, 3)) == ()
-    assert ops(c.handle(push("a", "w0", 1.0))) == [("Reply", "a", "ack")]
-    out = c.handle(push("b", "w0", 1.0))
+    assert run(c, Pull("q", 0.0, 2, 1, 3)) == ()
+    assert ops(run(c, push("a", "w0", 1.0))) == [("Reply", "a", "ack")]
+    out = run(c, push("b", "w0", 1.0))
     assert ops(out) == [("Reply", "q", "values"), ("Reply", "b", "ack")]
     assert out[0].fields == {"version": 2, "range": [1, 3]}
     np.testing.assert_allclose(out[0].arrays[0], [1 - 2 * LR, 2 - 2 * LR])
@@ -171,28 +190,28 @@ def test_a_pull_ahead_is_answered_by_the_arrival_push_that_reaches_it():
 
 def test_a_pull_ahead_is_answered_by_the_coordinators_apply_round():
     c = core("round")
-    c.handle(push("a", "w0", 1.0))
-    c.handle(Pull("q", 0.0, 1, 0, N))
-    out = c.handle(ApplyRound("coord", 0))
+    run(c, push("a", "w0", 1.0))
+    run(c, Pull("q", 0.0, 1, 0, N))
+    out = run(c, ApplyRound("coord", 0))
     assert ops(out) == [("Reply", "q", "values")] and out[0].fields["version"] == 1
 
 
 def test_a_waiting_pull_times_out_at_its_deadline_in_event_time():
     c = core(pull_timeout=10.0)
-    c.handle(TimePassed(0.0))  # the first heartbeat; the next is due at 1.0
-    assert c.handle(Pull("q", 3.0, 5, 0, N)) == ()
-    assert c.handle(Pull("q", 4.0, 5, 0, N)) == ()  # a retry: no second place in the queue
+    run(c, TimePassed(0.0))  # the first heartbeat; the next is due at 1.0
+    assert run(c, Pull("q", 3.0, 5, 0, N)) == ()
+    assert run(c, Pull("q", 4.0, 5, 0, N)) == ()  # a retry: no second place in the queue
     assert len(c.pulls) == 1
-    c.handle(TimePassed(12.9))
+    run(c, TimePassed(12.9))
     assert c.next_wakeup() == 13.0
     assert len(c.pulls) == 1
-    out = c.handle(TimePassed(13.0))
+    out = run(c, TimePassed(13.0))
     assert out == [Reply("q", "error", {"msg": "server s3 waited 10 s for version 5 (at 0)",
                                         "code": "timeout"})]
     assert len(c.pulls) == 0 and c.next_wakeup() == 13.9
     # Expired is gone: reaching the version later answers nobody.
     for i in range(5):
-        assert ops(c.handle(push(f"p{i}", "w0", 0.0, rid=i))) == [("Reply", f"p{i}", "ack")]
+        assert ops(run(c, push(f"p{i}", "w0", 0.0, rid=i))) == [("Reply", f"p{i}", "ack")]
 
 
 def uninitialized(pull_timeout=1.0):
@@ -202,27 +221,27 @@ def uninitialized(pull_timeout=1.0):
 
 def test_a_pull_before_init_waits_for_the_initial_values():
     c = uninitialized()
-    assert c.handle(Pull("q", 0.0, 0, 0, N)) == ()
-    assert c.handle(TimePassed(0.5)) == [Heartbeat(None)]
-    out = c.handle(Init("i", 0, N, np.ones(N)))
+    assert run(c, Pull("q", 0.0, 0, 0, N)) == ()
+    assert run(c, TimePassed(0.5)) == [Heartbeat(None)]
+    out = run(c, Init("i", 0, N, np.ones(N)))
     assert ops(out) == [("Reply", "q", "values"), ("Reply", "i", "ack")]
     np.testing.assert_array_equal(out[0].arrays[0], np.ones(N))
     c = uninitialized()
-    c.handle(Pull("q", 0.0, 0, 0, N))
-    err, beat = c.handle(TimePassed(1.0))
+    run(c, Pull("q", 0.0, 0, 0, N))
+    err, beat = run(c, TimePassed(1.0))
     assert err.fields["msg"] == "server s0 waited 1 s for initial values"
     assert isinstance(beat, Heartbeat)
 
 
 def test_an_update_while_a_reply_is_out_copies_on_write():
     c = core()
-    [reply] = c.handle(Pull("q", 0.0, 0, 0, N))
+    [reply] = run(c, Pull("q", 0.0, 0, 0, N))
     sent = reply.arrays[0]
 
     class Loan:
         done = False
     c.lend(Loan())
-    c.handle(push("p", "w0", 1.0))
+    run(c, push("p", "w0", 1.0))
     np.testing.assert_array_equal(sent, np.arange(N))  # the reply in flight saw no change
     np.testing.assert_allclose(values(c), np.arange(N) - LR)
     assert c.store.copies_on_write == 1
@@ -232,26 +251,26 @@ def test_an_update_while_a_reply_is_out_copies_on_write():
 def test_sparse_push_and_pull():
     c = core()
     keys = np.array([3, 0, 3], dtype=np.int64)
-    out = c.handle(PushSparse("s", "w0", 1, keys, np.array([1.0, 2.0, 4.0]), 0, 1, 0))
+    out = run(c, PushSparse("s", "w0", 1, keys, np.array([1.0, 2.0, 4.0]), 0, 1, 0))
     assert out == [Reply("s", "ack", {"version": 1, "staleness": 0})]
     np.testing.assert_allclose(values(c), [0 - 2 * LR, 1, 2, 3 - 5 * LR])
-    [reply] = c.handle(Pull("k", 0.0, 1, keys=np.array([3, 1], dtype=np.int64)))
+    [reply] = run(c, Pull("k", 0.0, 1, keys=np.array([3, 1], dtype=np.int64)))
     assert reply.fields == {"version": 1} and not reply.lend
     np.testing.assert_allclose(reply.arrays[0], [3 - 5 * LR, 1])
-    [err] = c.handle(Pull("k2", 0.0, keys=np.array([1.0])))
+    [err] = run(c, Pull("k2", 0.0, keys=np.array([1.0])))
     assert err.fields["msg"] == "keys must be int64"
-    [err] = c.handle(PushSparse("s2", "w0", 2, np.array([1.0]), np.array([1.0]), 0, 1, 0))
+    [err] = run(c, PushSparse("s2", "w0", 2, np.array([1.0]), np.array([1.0]), 0, 1, 0))
     assert err.fields["msg"] == "sparse keys must be int64"
-    [err] = c.handle(Pull("k3", 0.0, keys=np.array([N], dtype=np.int64)))
+    [err] = run(c, Pull("k3", 0.0, keys=np.array([N], dtype=np.int64)))
     assert "outside this shard" in err.fields["msg"]
 
 
 def test_sparse_pushes_make_a_full_round_and_a_waiting_sparse_pull_gets_it():
     c = core("round")
     keys = np.array([1, 2], dtype=np.int64)
-    assert c.handle(Pull("k", 0.0, 1, keys=keys)) == ()
-    c.handle(PushSparse("a", "w0", 1, keys, np.array([1.0, 1.0]), 0, 1, 0, 1.0, 2))
-    out = c.handle(PushSparse("b", "w1", 1, keys, np.array([3.0, 3.0]), 0, 1, 0, 1.0, 2))
+    assert run(c, Pull("k", 0.0, 1, keys=keys)) == ()
+    run(c, PushSparse("a", "w0", 1, keys, np.array([1.0, 1.0]), 0, 1, 0, 1.0, 2))
+    out = run(c, PushSparse("b", "w1", 1, keys, np.array([3.0, 3.0]), 0, 1, 0, 1.0, 2))
     assert ops(out) == [("Reply", "b", "ack"), ("Reply", "k", "values")]
     np.testing.assert_allclose(out[1].arrays[0], [1 - 2 * LR, 2 - 2 * LR])
 
@@ -259,16 +278,16 @@ def test_sparse_pushes_make_a_full_round_and_a_waiting_sparse_pull_gets_it():
 # ---- heartbeats, status, checkpoints, the end ----------------------------------------------------
 def test_heartbeats_follow_event_time():
     c = core(heartbeat_interval=2.0)
-    assert c.handle(TimePassed(10.0)) == [Heartbeat(None)]
+    assert run(c, TimePassed(10.0)) == [Heartbeat(None)]
     assert c.next_wakeup() == 12.0
-    assert c.handle(TimePassed(11.9)) == ()
-    assert c.handle(TimePassed(12.0)) == [Heartbeat(None)]
+    assert run(c, TimePassed(11.9)) == ()
+    assert run(c, TimePassed(12.0)) == [Heartbeat(None)]
 
 
 def test_status_tells_the_shards_counters():
     c = core()
-    c.handle(Pull("q", 0.0, 9, 0, N))
-    [reply] = c.handle(Status("st"))
+    run(c, Pull("q", 0.0, 9, 0, N))
+    [reply] = run(c, Status("st"))
     assert reply.op == "state"
     assert reply.fields["state"] == {
         "rank": 3, "range": [0, N], "version": 0, "initialized": True, "updates_applied": 0,
@@ -278,8 +297,8 @@ def test_status_tells_the_shards_counters():
 
 def test_checkpoint_then_restore_keeps_values_version_and_the_dedup_table():
     c = core()
-    c.handle(push("p", "w0", 1.0, rid=11))
-    save, saved = c.handle(Checkpoint("coord", "t1", "/ckpt"))
+    run(c, push("p", "w0", 1.0, rid=11))
+    save, saved = run(c, Checkpoint("coord", "t1", "/ckpt"))
     assert save == SaveShard("t1", "/ckpt", save.arrays, save.meta)
     assert saved == Reply("coord", "saved", {"tag": "t1", "version": 1})
     assert save.meta["version"] == 1 and save.meta["applied"] == [["w0", [[11, {
@@ -303,7 +322,7 @@ def test_checkpoint_then_restore_keeps_values_version_and_the_dedup_table():
 
 def test_shutdown_stops_the_node():
     c = core()
-    assert c.handle(Shutdown("coord")) == [Stop()] and c.stopped
+    assert run(c, Shutdown("coord")) == [Stop()] and c.stopped
 
 
 @pytest.mark.parametrize("mode", ["arrival", "round"])
@@ -319,8 +338,8 @@ def test_a_push_never_copies_its_gradient_on_the_way_in(mode, monkeypatch):
             seen.append(g)
             return apply(values, index, g, *args, **kwargs)
         monkeypatch.setattr(c.store.rule, "apply", spy)
-        c.handle(Push("p", "w0", 1, 0, N, grad, 0, 1, 0))
+        run(c, Push("p", "w0", 1, 0, N, grad, 0, 1, 0))
         assert np.shares_memory(seen[0].numpy(), grad)
     else:
-        c.handle(Push("p", "w0", 1, 0, N, grad, 0, 2, 0))
+        run(c, Push("p", "w0", 1, 0, N, grad, 0, 2, 0))
         np.testing.assert_allclose(c.store.round_sum.numpy(), 2 * grad)

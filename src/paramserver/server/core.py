@@ -20,7 +20,7 @@ from paramserver.optim import make_rule
 from paramserver.server.dedup import DedupTable
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, SaveShard,
-    ShardSettings, Shutdown, Status, Stop, TimePassed, ToCoordinator,
+    ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.pulls import PendingPulls
 from paramserver.server.store import ShardStore, StoreError
@@ -113,11 +113,10 @@ class ShardCore:
         ack = Reply(ev.to, "ack", fields)
         st = self.store
         if st.round_full:
-            # The round's last push: apply now (after its ack, so the pusher's clock leaves
-            # first) rather than after the coordinator hears every clock and says so.
-            out = [ack]
-            st.apply_round(st.round_step)
-            return self._serve(out)
+            # The round's last push: apply it now rather than after the coordinator hears every
+            # clock and says so, but after its ack has gone, so the pusher's clock is on its way
+            # while the shard applies (ApplyRound is idempotent by step).
+            return [ack, Then(ApplyRound(None, st.round_step))]
         if not self.pulls:
             return [ack]
         out = self._serve([])  # arrival mode: the push made a version pulls may wait for

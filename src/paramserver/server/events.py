@@ -154,6 +154,14 @@ class Reply:
 
 
 @dataclass(slots=True)
+class Then:
+    """Feed `event` back to the core once the instructions before this one are carried out: work
+    that must not delay a reply already decided (a full round's apply after the last push's
+    ack, so that pusher's clock is on its way while the shard applies)."""
+    event: Any
+
+
+@dataclass(slots=True)
 class SaveShard:
     """Write `arrays` and `meta` as this shard's part of checkpoint `tag` under `dir`."""
     tag: str

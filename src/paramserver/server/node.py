@@ -14,7 +14,7 @@ from paramserver.server.checkpoint import read_shard, write_shard
 from paramserver.server.core import ShardCore
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, RestoreFrom,
-    SaveShard, ShardSettings, Shutdown, Status, Stop, TimePassed, ToCoordinator,
+    SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.store import StoreError
 from paramserver.spec.welcome import ServerJob
@@ -260,6 +260,8 @@ class ServerNode:
                         self.core.lend(tracker)
                 else:
                     rpc.send(self.router, msg, ident)
+            elif kind is Then:
+                self._execute(self.core.handle(ins.event))
             elif kind is Heartbeat:
                 fields = {} if ins.counters is None else {"counters": ins.counters}
                 rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
