@@ -13,6 +13,8 @@ Measured side by side in one run (this machine is shared and noisy, so compare r
   push        paramserver push alone (the server applies SGD before acking); push tcp: no shm
 
 Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
+       python benchmarks/pushpull.py --tcp-vs-zmq [--bytes 3730000] [--rounds 7]
+         (stack tcp beside bare zmq only, alternating, in one run: medians and their ratio)
 """
 
 from __future__ import annotations
@@ -186,11 +188,35 @@ def fmt(nbytes: int) -> str:
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} KB"
 
 
+def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int) -> None:
+    """`stack tcp` against bare `zmq`, alternating which goes first, `rounds` times each: the
+    ratio of their medians is the TCP path's overhead over ZeroMQ itself."""
+    t: dict[str, list[float]] = {"zmq": [], "tcp": []}
+    for i in range(rounds):
+        for name in ("zmq", "tcp") if i % 2 == 0 else ("tcp", "zmq"):
+            t[name].append(bench_zmq(nbytes, repeats) if name == "zmq" else
+                           bench_stack(nbytes, repeats, 1, shared=False))
+        print(f"round {i}: zmq {t['zmq'][-1] * 1e3:.3f} ms  stack tcp {t['tcp'][-1] * 1e3:.3f} ms"
+              f"  ratio {t['tcp'][-1] / t['zmq'][-1]:.2f}", flush=True)
+    zmq_ms, tcp_ms = (statistics.median(t[k]) * 1e3 for k in ("zmq", "tcp"))
+    ratios = [b / a for a, b in zip(t["zmq"], t["tcp"])]
+    print(f"{fmt(nbytes)} push+pull, medians of {rounds} rounds: bare zmq echo {zmq_ms:.3f} ms, "
+          f"stack tcp {tcp_ms:.3f} ms, ratio {tcp_ms / zmq_ms:.2f} (per-round ratios "
+          f"{min(ratios):.2f}-{max(ratios):.2f})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed batches per measurement")
+    parser.add_argument("--tcp-vs-zmq", action="store_true", help="only `stack tcp` beside "
+                        "bare `zmq`, alternating, at --bytes: medians and their ratio")
+    parser.add_argument("--bytes", type=int, default=3_730_000, help="size for --tcp-vs-zmq")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds for --tcp-vs-zmq")
     args = parser.parse_args()
+    if args.tcp_vs_zmq:
+        tcp_vs_zmq(args.bytes, args.rounds, args.repeats)
+        return 0
     sizes = [64 << 10, 3_730_000, 64 << 20] if args.quick else SIZES
     repeats = 3 if args.quick else args.repeats
     print(f"{'size':>9} {'memcpy':>9} {'socket':>9} {'zmq':>9} {'stack':>9} {'stack tcp':>9} "

@@ -95,6 +95,27 @@ def test_a_pull_assembles_its_parts_into_the_right_key_ranges_and_notes_versions
     assert core.versions == [10, 11, 12] and core.version == 10
 
 
+def test_a_pull_without_out_takes_one_shards_own_reply_uncopied_but_copies_a_lent_one():
+    core = three_shards()
+    for lent in (None, ["shared"]):
+        handle = Handle("pull", out=np.empty(3), out_ours=True)
+        handle.parts.append((2, core.request(2, ("pull", KeyRange(7, 10))), slice(0, 3)))
+        values = np.arange(3.0)
+        core.reply(handle.parts[0][1], Reply([values], version=6), lent=lent)
+        given_back = core.pull_done(handle, core.take([handle.parts[0][1]]))
+        np.testing.assert_array_equal(handle.result, [0.0, 1.0, 2.0])
+        assert core.versions[2] == 6 and not core.held
+        if lent is None:  # this process's own frame: nobody else writes it
+            assert handle.result is values and given_back == []
+        else:  # lent from a server's arena: copied, then given back
+            assert handle.result is not values and given_back == [["shared"]]
+    # A caller's `out` is always written, and so is a pull assembled from several shards.
+    out = np.empty(3)
+    handle = send(core, "pull", KeyRange(7, 10), out=out)
+    core.reply(handle.parts[0][1], Reply([np.ones(3)], version=7))
+    assert core.pull_done(handle, core.take([handle.parts[0][1]])) == [] and handle.result is out
+
+
 def test_versions_are_tracked_per_shard():
     core = three_shards()
     assert core.versions == [0, 0, 0] and core.version == 0

@@ -177,6 +177,27 @@ def test_a_job_on_this_host_pushes_and_pulls_through_shared_memory_exactly(tmp_p
             kv.close()
 
 
+def test_a_pull_without_out_from_one_shard_on_this_host_is_a_copy_the_server_cannot_touch(
+        tmp_path):
+    from ps_helpers import make_job, running_job
+
+    from paramserver.client.kv import KVWorker
+
+    num_keys = 200_000  # one shard of 800 KB: replies come by reference from its arena
+    job = make_job(num_keys, 1, 1, sync="asp", lr=1.0, dtype="float32")
+    with running_job(tmp_path, job) as cluster:
+        kv = KVWorker(cluster.address)
+        try:
+            kv.init(np.zeros(num_keys, dtype=np.float32))
+            before = kv.pull()
+            for step in range(5):  # the server writes its values in place once let go
+                kv.push(np.ones(num_keys, dtype=np.float32), step=step, batch=1)
+            assert (before == 0.0).all() and (kv.pull() == -5.0).all()
+            assert not kv.requests.held
+        finally:
+            kv.close()
+
+
 def test_shared_memory_off_in_the_environment_keeps_bytes(tmp_path, monkeypatch):
     from ps_helpers import make_job, running_job
 
@@ -188,6 +209,11 @@ def test_shared_memory_off_in_the_environment_keeps_bytes(tmp_path, monkeypatch)
         try:
             assert kv.arena is None
             kv.init(np.ones(50_000))
-            np.testing.assert_array_equal(kv.pull(), np.ones(50_000))
+            first = kv.pull()  # the reply's own frame, handed over uncopied: the caller's
+            np.testing.assert_array_equal(first, np.ones(50_000))
+            first[:] = 7.0
+            kv.push(np.ones(50_000), step=0, batch=1)
+            np.testing.assert_array_equal(kv.pull(), np.zeros(50_000))  # lr 1: 1 - 1
+            assert (first == 7.0).all()
         finally:
             kv.close()

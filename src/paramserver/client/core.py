@@ -29,6 +29,9 @@ class Handle:
     out: np.ndarray | None = None
     done: bool = False
     result: object = None
+    # `out` was made for this pull (the caller gave none): a reply of the worker's own, whole,
+    # may stand in for it uncopied (see pull_done).
+    out_ours: bool = False
 
 
 class WorkerCore:
@@ -150,8 +153,20 @@ class WorkerCore:
 
     def pull_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
         """A pull's pieces are in: each is copied into its slice of `handle.out` and its shard's
-        version noted. Returns the lent frames, free to give back now they are copied."""
+        version noted. Returns the lent frames, free to give back now they are copied.
+
+        A pull the caller gave no `out` for, answered whole by one shard in a frame this process
+        owns (one that came through the socket, not lent from a server's arena), is handed over
+        as it came: no server can write to it, and the copy would be most of the pull's cost."""
         out, lent = handle.out, []
+        if handle.out_ours and len(handle.parts) == 1:
+            shard, rid, _ = handle.parts[0]
+            values = replies[rid].arrays[0]
+            if (rid not in self.held and values.size == out.size and values.dtype == out.dtype
+                    and values.flags.writeable):
+                self.versions[shard] = replies[rid]["version"]
+                handle.result, handle.out, handle.done = values, values, True
+                return lent
         for shard, rid, sl in handle.parts:
             reply = replies[rid]
             out[sl] = reply.arrays[0]

@@ -32,7 +32,7 @@ from paramserver.core.keyspace import KeyRange
 from paramserver.policies.base import Release
 from paramserver.spec.job import Limits
 from paramserver.spec.welcome import WorkerJob
-from paramserver.transport import connect_dealer, new_context, security
+from paramserver.transport import connect_dealer, keep_freed_memory, new_context, security
 from paramserver.wire import Message
 
 # Handle is the core's and Release the policies' (one type): callers import them here too.
@@ -85,12 +85,14 @@ class KVWorker:
                  release_timeout: float = Limits.release_timeout,
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
                  num_keys: int | None = None, shared_memory: bool | None = None,
-                 keys: security.Keys | None = None):
+                 keys: security.Keys | None = None, reuse_memory: bool = True):
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         # A user's script started by `paramserver launch` finds the job's keys in the environment.
         self.keys = keys if keys is not None else security.from_env(role)
         self.join = join
         self.core = WorkerCore()
+        if reuse_memory:  # pull replies land in reused memory: see keep_freed_memory
+            keep_freed_memory()
         self.ctx = new_context()
         self.session = CoordinatorSession(self.ctx, join, self.src, self.keys, self.core.next_rid,
                                           timeout, release_timeout)
@@ -204,18 +206,20 @@ class KVWorker:
                    out: np.ndarray | None = None, min_version: int = 0) -> Handle:
         """Ask for a key range (default: all); servers answer once they reach `min_version`."""
         r = self.core.key_range(keys)
-        if out is None:
+        ours = out is None
+        if ours:
             out = np.empty(r.size, dtype=self.dtype)
         elif out.size != r.size or out.dtype != self.dtype:
             raise ValueError(f"out must hold {r.size} values of {self.dtype}")
-        handle = Handle("pull", out=out)
+        handle = Handle("pull", out=out, out_ours=ours)
         for i, p, sl in self.core.pieces(r):
             fields = {"range": [p.lo, p.hi], "min_version": min_version}
             handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
         return handle
 
     def pull(self, keys=None, out: np.ndarray | None = None, min_version: int = 0) -> np.ndarray:
-        """Blocking pull; returns the values (written into `out` when given)."""
+        """Blocking pull; returns the values (written into `out` when given; without `out`, one
+        shard's reply that came through the socket is returned as it came, uncopied)."""
         return self.wait(self.pull_async(keys, out, min_version))
 
     def pull_keys(self, keys, min_version: int = 0) -> np.ndarray:

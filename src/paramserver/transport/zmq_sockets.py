@@ -37,8 +37,10 @@ def keep_freed_memory() -> bool:
     frames. With one arena (the zmq I/O thread shares the main heap), no mmap and no trimming, a
     freed frame's memory serves the next one. The price: the process keeps its peak heap.
 
-    Process-wide: call it in a dedicated process (a server) before creating the zmq context.
-    Returns False where this is not glibc (then nothing changed).
+    Process-wide: call it before creating the zmq context (its I/O thread then shares the main
+    heap). Servers call it, and so does every KVWorker (pull replies are as large as pushes)
+    unless made with reuse_memory=False. Returns False where this is not glibc (then nothing
+    changed).
     """
     if not sys.platform.startswith("linux"):
         return False

@@ -9,7 +9,8 @@ import msgpack
 import numpy as np
 
 from paramserver.wire.protocol import (
-    DTYPES, MAX_ELEMENTS, MAX_RECORD_FIELDS, NONNEG, OPS, PROTOCOL_VERSION, RANGE, RECORD, SCHEMAS,
+    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_RECORD_FIELDS, NONNEG, OPS, PROTOCOL_VERSION, RANGE,
+    RECORD, SCHEMAS, STR,
 )
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -138,16 +139,41 @@ def _check_value(name: str, kind, value) -> None:
         raise WireError(f"field {name!r} is NaN")
 
 
+_MISSING = object()
+_RANGE_END = 1 << 62
+
+
+def _plainly_valid(kind, value) -> bool:
+    """The common well-formed values, accepted without _check_value's general tests (msgpack
+    yields plain ints and floats); anything else goes through _check_value, which names the
+    fault. Every message passes here, so it is kept to a few type tests."""
+    tv = type(value)
+    if kind == NONNEG:
+        return tv is int and value >= 0
+    if kind == RANGE:
+        return (tv is list and len(value) == 2 and type(value[0]) is int
+                and type(value[1]) is int and 0 <= value[0] <= value[1] < _RANGE_END)
+    if kind is INT or kind is STR:
+        return tv is kind
+    if kind == FLOAT:
+        return tv is int or tv is float and value == value
+    return False
+
+
 def _check_fields(op: str, fields: dict) -> None:
     schema = SCHEMAS[op]
+    known = 0
     for name, (kind, required) in schema.items():
-        if name not in fields:
+        value = fields.get(name, _MISSING)
+        if value is _MISSING:
             if required:
                 raise WireError(f"op {op!r} needs field {name!r}")
             continue
-        _check_value(name, kind, fields[name])
-    unknown = set(fields) - set(schema)
-    if unknown:
+        known += 1
+        if not _plainly_valid(kind, value):
+            _check_value(name, kind, value)
+    if known != len(fields):
+        unknown = set(fields) - set(schema)
         raise WireError(f"op {op!r} has unknown fields {sorted(unknown)}")
 
 
