@@ -229,6 +229,8 @@ class ServerNode:
             except (StoreError, ValueError, KeyError, TypeError) as exc:
                 rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                        rid=msg.rid, src=self.src), ident)
+            if not rpc.queued(sock):
+                return
 
     def _dispatch(self, ident, msg: Message, from_worker: bool) -> None:
         """The message as an event for the core (refused here when the peer may not send it),
