@@ -14,7 +14,8 @@ Measured side by side in one run (this machine is shared and noisy, so compare r
 
 Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
        python benchmarks/pushpull.py --tcp-vs-zmq [--bytes 3730000] [--rounds 7]
-         (stack tcp beside bare zmq only, alternating, in one run: medians and their ratio)
+         (stack tcp beside bare zmq, and beside bare zmq doing a push+pull's work, taking
+          turns in one run: medians and their ratios)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import zmq
 
 from paramserver.launch.local import LocalCluster
 from paramserver.client.kv import KVWorker
+from paramserver.transport import keep_freed_memory
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 3_730_000, 16 << 20, 64 << 20]
 CTX = mp.get_context("spawn")
@@ -106,7 +108,9 @@ def bench_socket(nbytes: int, repeats: int, one_way: bool = False) -> float:
         proc.kill()
 
 
-def _zmq_echo(addr_q):
+def _zmq_echo(addr_q, keep_memory=False):
+    if keep_memory:
+        keep_freed_memory()
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -118,9 +122,11 @@ def _zmq_echo(addr_q):
         router.send_multipart(frames, copy=False)
 
 
-def bench_zmq(nbytes: int, repeats: int) -> float:
+def bench_zmq(nbytes: int, repeats: int, keep_memory: bool = False) -> float:
+    """Echo of N bytes; with `keep_memory` the echo process keeps freed memory as paramserver's
+    processes do (call keep_freed_memory in this one too, before its first context)."""
     q = CTX.Queue()
-    proc = CTX.Process(target=_zmq_echo, args=(q,), daemon=True)
+    proc = CTX.Process(target=_zmq_echo, args=(q, keep_memory), daemon=True)
     proc.start()
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
@@ -130,6 +136,54 @@ def bench_zmq(nbytes: int, repeats: int) -> float:
     def step():
         dealer.send(payload, copy=False)
         dealer.recv(copy=False)
+    try:
+        return timed(step, iterations(nbytes), repeats)
+    finally:
+        dealer.send(b"")
+        proc.join(5)
+        proc.kill()
+        dealer.close(0)
+        ctx.term()
+
+
+def _zmq_pushpull_server(addr_q, keep_memory):
+    """The work of a push+pull with nothing around it: add the pushed float32s into the values
+    and ack; answer a 1-byte request with the values, zero-copy."""
+    if keep_memory:
+        keep_freed_memory()
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    addr_q.put(router.bind_to_random_port("tcp://127.0.0.1"))
+    values = None
+    while True:
+        ident, body = router.recv_multipart(copy=False)
+        if len(body) == 0:
+            return
+        if len(body) > 1:
+            grad = np.frombuffer(body.buffer, np.float32)
+            values = np.zeros_like(grad) if values is None else values
+            values += grad
+            router.send_multipart([ident, b"ack"])
+        else:
+            router.send_multipart([ident, values], copy=False)
+
+
+def bench_zmq_pushpull(nbytes: int, repeats: int, keep_memory: bool = False) -> float:
+    """Bare ZeroMQ doing what a stack push+pull does: the push and its ack, the pull request
+    and its reply, the server's add, the copy of the reply into the caller's array."""
+    q = CTX.Queue()
+    proc = CTX.Process(target=_zmq_pushpull_server, args=(q, keep_memory), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
+    grad, out = np.full(nbytes // 4, 1e-6, np.float32), np.empty(nbytes // 4, np.float32)
+
+    def step():
+        dealer.send(grad, copy=False)
+        dealer.recv(copy=False)
+        dealer.send(b"p")
+        np.copyto(out, np.frombuffer(dealer.recv(copy=False).buffer, np.float32))
     try:
         return timed(step, iterations(nbytes), repeats)
     finally:
@@ -189,22 +243,33 @@ def fmt(nbytes: int) -> str:
 
 
 def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int) -> None:
-    """`stack tcp` against bare `zmq`, alternating which goes first, `rounds` times each: the
-    ratio of their medians is the TCP path's overhead over ZeroMQ itself."""
-    t: dict[str, list[float]] = {"zmq": [], "tcp": []}
+    """`stack tcp` against bare `zmq` (the echo), and against bare ZeroMQ doing a push+pull's
+    work (`zmq p+p`: bench_zmq_pushpull), the three taking turns `rounds` times: the ratios of
+    their medians are the TCP path's overhead over ZeroMQ itself. Every process here keeps
+    freed memory, as the stack's do, so that the baselines are ZeroMQ at its best."""
+    keep_freed_memory()  # this process is the bare clients' end
+    runs = {"zmq": lambda: bench_zmq(nbytes, repeats, keep_memory=True),
+            "p+p": lambda: bench_zmq_pushpull(nbytes, repeats, keep_memory=True),
+            "tcp": lambda: bench_stack(nbytes, repeats, 1, shared=False)}
+    t: dict[str, list[float]] = {k: [] for k in runs}
     for i in range(rounds):
-        for name in ("zmq", "tcp") if i % 2 == 0 else ("tcp", "zmq"):
-            t[name].append(bench_zmq(nbytes, repeats) if name == "zmq" else
-                           bench_stack(nbytes, repeats, 1, shared=False))
-        print(f"round {i}: zmq {t['zmq'][-1] * 1e3:.3f} ms  stack tcp {t['tcp'][-1] * 1e3:.3f} ms"
-              f"  ratio {t['tcp'][-1] / t['zmq'][-1]:.2f}", flush=True)
-    zmq_ms, tcp_ms = (statistics.median(t[k]) * 1e3 for k in ("zmq", "tcp"))
+        order = list(runs)[i % 3:] + list(runs)[:i % 3]  # each goes first in turn
+        for name in order:
+            t[name].append(runs[name]())
+        print(f"round {i}: zmq {t['zmq'][-1] * 1e3:.3f} ms  zmq p+p {t['p+p'][-1] * 1e3:.3f} ms"
+              f"  stack tcp {t['tcp'][-1] * 1e3:.3f} ms  tcp/zmq {t['tcp'][-1] / t['zmq'][-1]:.2f}",
+              flush=True)
+    med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+    best = {k: min(v) * 1e3 for k, v in t.items()}
     ratios = [b / a for a, b in zip(t["zmq"], t["tcp"])]
-    print(f"{fmt(nbytes)} push+pull, medians of {rounds} rounds: bare zmq echo {zmq_ms:.3f} ms, "
-          f"stack tcp {tcp_ms:.3f} ms, ratio {tcp_ms / zmq_ms:.2f} (per-round ratios "
-          f"{min(ratios):.2f}-{max(ratios):.2f}); best rounds (the least disturbed): "
-          f"{min(t['zmq']) * 1e3:.3f} and {min(t['tcp']) * 1e3:.3f} ms, ratio "
-          f"{min(t['tcp']) / min(t['zmq']):.2f}")
+    print(f"{fmt(nbytes)} push+pull, medians of {rounds} rounds: bare zmq echo {med['zmq']:.3f} "
+          f"ms, zmq p+p {med['p+p']:.3f} ms, stack tcp {med['tcp']:.3f} ms; stack tcp/zmq "
+          f"{med['tcp'] / med['zmq']:.2f} (per-round {min(ratios):.2f}-{max(ratios):.2f}), "
+          f"zmq p+p/zmq {med['p+p'] / med['zmq']:.2f}, stack tcp/zmq p+p "
+          f"{med['tcp'] / med['p+p']:.2f}")
+    print(f"best rounds (the least disturbed): zmq {best['zmq']:.3f} ms, zmq p+p "
+          f"{best['p+p']:.3f} ms, stack tcp {best['tcp']:.3f} ms; stack tcp/zmq "
+          f"{best['tcp'] / best['zmq']:.2f}")
 
 
 def main() -> int:
@@ -212,7 +277,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     parser.add_argument("--repeats", type=int, default=5, help="timed batches per measurement")
     parser.add_argument("--tcp-vs-zmq", action="store_true", help="only `stack tcp` beside "
-                        "bare `zmq`, alternating, at --bytes: medians and their ratio")
+                        "bare `zmq` and `zmq p+p` (bare ZeroMQ doing a push+pull's work), "
+                        "taking turns, at --bytes: medians and their ratios")
     parser.add_argument("--bytes", type=int, default=3_730_000, help="size for --tcp-vs-zmq")
     parser.add_argument("--rounds", type=int, default=7, help="rounds for --tcp-vs-zmq")
     args = parser.parse_args()
