@@ -90,7 +90,7 @@ class ShardCore:
             self.duplicates += 1
             return [Reply(ev.to, "ack", done)]
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
-                            ev.scale, ev.round_size)
+                            ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
 
     def _push_sparse(self, ev: PushSparse) -> list:
@@ -104,7 +104,7 @@ class ShardCore:
             self.duplicates += 1
             return [Reply(ev.to, "ack", done)]
         res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
-                             ev.scale, ev.round_size)
+                             ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
 
     def _pushed(self, ev, res) -> list:

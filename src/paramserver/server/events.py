@@ -74,6 +74,7 @@ class Push:
     version: int  # the version the gradient was computed from
     scale: float = 1.0
     round_size: int = 0  # contributors of the round, when the pusher knows (0: not said)
+    parts: int = 0  # messages the pusher sends this shard for the step (0: not said)
 
 
 @dataclass(slots=True)
@@ -88,6 +89,7 @@ class PushSparse:
     version: int
     scale: float = 1.0
     round_size: int = 0
+    parts: int = 0
 
 
 @dataclass(slots=True)

@@ -63,14 +63,15 @@ def _push(msg: Message, to) -> Push:
     f = msg.fields
     lo, hi = f["range"]
     return Push(to, msg.src, msg.rid, lo, hi, _arrays(msg, 1)[0], f["step"], f["batch"],
-                f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0))
+                f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
+                f.get("parts", 0))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:
     keys, values = _arrays(msg, 2)
     f = msg.fields
     return PushSparse(to, msg.src, msg.rid, keys, values, f["step"], f["batch"], f["version"],
-                      float(f.get("scale", 1.0)), f.get("round_size", 0))
+                      float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0))
 
 
 def _pull(msg: Message, to) -> Pull:

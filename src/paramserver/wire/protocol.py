@@ -25,9 +25,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "init": {"range": _f(RANGE)},
     "push": {"range": _f(RANGE), "step": _f(NONNEG), "version": _f(NONNEG),
              "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False),
-             "round_size": _f(NONNEG, False)},
+             "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False)},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
-                    "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False)},
+                    "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
+                    "parts": _f(NONNEG, False)},
     "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False)},
     "pull_keys": {"min_version": _f(NONNEG, False)},
     # server -> worker
