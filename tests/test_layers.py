@@ -12,6 +12,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
 PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emulation", "spec",
+        "sparse",
         # The role cores: events in, instructions out (their nodes do the I/O).
         "coordinator/state.py", "coordinator/events.py",
         "coordinator/membership.py", "coordinator/progress.py",
