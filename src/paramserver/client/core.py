@@ -163,6 +163,22 @@ class WorkerCore:
         handle.result, handle.done = out, True
         return lent
 
+    def rows_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
+        """A pull_rows' pieces are in: each shard's rows go to the positions of its keys in
+        the request (`handle.out` is (len(keys), dim)), and its version is noted. Returns the
+        lent frames, as pull_done."""
+        out, lent = handle.out, []
+        for shard, rid, positions in handle.parts:
+            reply = replies[rid]
+            out[positions] = reply.arrays[0].reshape(len(positions), out.shape[1])
+            self.versions[shard] = reply["version"]
+            reply.arrays = []
+            frames = self.held.pop(rid, None)
+            if frames:
+                lent.append(frames)
+        handle.result, handle.done = out, True
+        return lent
+
     def borrowed(self, handle: Handle, reply: Any) -> np.ndarray:
         """A single-shard pull finished without a copy: its values are the reply's, still lent
         (under the handle's one rid) until let go."""
