@@ -29,6 +29,8 @@ class Handle:
     out: np.ndarray | None = None
     done: bool = False
     result: object = None
+    # A pull_rows of repeated keys asks for each key once: result = out[expand].
+    expand: np.ndarray | None = None
 
 
 class WorkerCore:
@@ -160,7 +162,8 @@ class WorkerCore:
             frames = self.held.pop(rid, None)
             if frames:
                 lent.append(frames)
-        handle.result, handle.done = out, True
+        handle.result = out if handle.expand is None else out[handle.expand]
+        handle.done = True
         return lent
 
     def rows_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
@@ -176,7 +179,8 @@ class WorkerCore:
             frames = self.held.pop(rid, None)
             if frames:
                 lent.append(frames)
-        handle.result, handle.done = out, True
+        handle.result = out if handle.expand is None else out[handle.expand]
+        handle.done = True
         return lent
 
     def borrowed(self, handle: Handle, reply: Any) -> np.ndarray:
