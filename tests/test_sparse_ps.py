@@ -100,6 +100,28 @@ def table_rows_in_metrics(run_dir) -> bool:
                                  for r in read_records(path))
 
 
+# ---- the spec -----------------------------------------------------------------------------------
+def test_tables_travel_in_the_job_and_the_server_welcome():
+    from paramserver.spec.job import JobSpec, JobSpecError, TableSpec
+    from paramserver.spec.welcome import ServerJob
+    job = JobSpec.from_dict(_job(3, 1, "bsp"))
+    assert job.tables == (TableSpec(**TABLE),)
+    assert JobSpec.from_dict(job.to_dict()) == job
+    assert JobSpec.from_dict(make_job(4, 1, 1)).tables == ()  # a dense job's file as before
+    shard = ServerJob.from_dict(ServerJob.of(job, 0, 2, "round").to_dict())
+    assert shard.tables == job.tables and shard.servers == 3
+    assert TableSpec("t", 2, row_budget=10).capacity(3) == 4  # rounded up
+    for bad, field in (({"name": "Emb"}, "tables.name"), ({"dim": 0}, "tables.emb.dim"),
+                       ({"optimizer": "adam"}, "tables.emb.optimizer"),
+                       ({"evict": "fifo"}, "tables.emb.evict"),
+                       ({"admit_after": 0}, "tables.emb.admit_after"),
+                       ({"row_budget": 0}, "tables.emb.row_budget")):
+        with pytest.raises(JobSpecError, match=f"'{field}'"):
+            JobSpec.from_dict({**_job(1, 1, "asp"), "tables": [{**TABLE, **bad}]})
+    with pytest.raises(JobSpecError, match="distinct names"):
+        JobSpec.from_dict({**_job(1, 1, "asp"), "tables": [TABLE, TABLE]})
+
+
 # ---- exactness ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("sync", ["asp", "bsp"])
 def test_rows_of_8_concurrent_workers_equal_a_numpy_reference(tmp_path, sync):
