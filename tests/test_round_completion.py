@@ -18,9 +18,9 @@ def round_store():
     return s
 
 
-def push(s, worker, lo=0, hi=10, step=0, value=1.0, round_size=2):
+def push(s, worker, lo=0, hi=10, step=0, value=1.0, round_size=2, parts=0):
     return s.push_dense(worker, lo, hi, np.full(hi - lo, value), step=step, batch=1,
-                        base_version=step, scale=1.0, round_size=round_size)
+                        base_version=step, scale=1.0, round_size=round_size, parts=parts)
 
 
 def test_the_round_is_full_once_round_size_contributors_pushed():
@@ -45,6 +45,45 @@ def test_a_piece_of_the_shard_never_completes_a_round():
     push(s, "b", 5, 10)
     assert not s.round_full  # pieces do not say they are the whole step: the coordinator does
     assert s.apply_round(0)
+
+
+def test_pieces_that_say_how_many_they_are_complete_the_round_with_the_last_one():
+    """A large push streamed in chunks: each chunk says the step comes in `parts` messages,
+    and the round is full exactly when every contributor's last chunk is in, in any order."""
+    s = round_store()
+    push(s, "a", 0, 4, parts=3)
+    push(s, "b", 4, 10, parts=2, value=3.0)
+    push(s, "a", 7, 10, parts=3)
+    assert not s.round_full
+    push(s, "b", 0, 4, parts=2, value=3.0)
+    assert not s.round_full, "b is complete but a still owes a chunk"
+    push(s, "a", 4, 7, parts=3)
+    assert s.round_full
+    assert s.apply_round(0)
+    np.testing.assert_allclose(s.read(0, 10).numpy(), -(1 + 3) / 2)
+    # The counts start over with the next round.
+    push(s, "a", 0, 10, step=1)
+    assert not s.round_full
+    push(s, "b", 0, 5, step=1, parts=2)
+    assert not s.round_full
+    push(s, "b", 5, 10, step=1, parts=2)
+    assert s.round_full
+
+
+def test_a_sparse_push_beside_a_dense_one_is_one_more_part():
+    """Rows (a sparse push) and the dense values of one step: two parts, neither alone fills."""
+    s = round_store()
+    for w in ("a", "b"):
+        push(s, w, parts=2)
+    assert not s.round_full
+    for w in ("a", "b"):
+        s.push_sparse(w, np.array([1, 1], dtype=np.int64), np.array([1.0, 1.0]), step=0,
+                      batch=1, base_version=0, scale=1.0, round_size=2, parts=2)
+    assert s.round_full
+    s.apply_round(0)
+    expected = np.full(10, -1.0)
+    expected[1] -= 2.0  # each worker's two values for key 1 add up, averaged over 2 batches
+    np.testing.assert_allclose(s.read(0, 10).numpy(), expected)
 
 
 def applied_round():

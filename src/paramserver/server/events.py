@@ -50,6 +50,8 @@ class ShardSettings:
     coordinator_timeout: float = _LIMITS.coordinator_timeout  # (the node's) silence: job gone
     server_threads: int = JobSpec.server_threads  # (the node's) torch threads
     restore: RestoreFrom | None = None
+    tables: tuple = ()  # the job's TableSpecs (spec.job), each shard keeping its share
+    servers: int = 1  # shards sharing each table's row budget
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -74,6 +76,7 @@ class Push:
     version: int  # the version the gradient was computed from
     scale: float = 1.0
     round_size: int = 0  # contributors of the round, when the pusher knows (0: not said)
+    parts: int = 0  # messages the pusher sends this shard for the step (0: not said)
 
 
 @dataclass(slots=True)
@@ -88,6 +91,7 @@ class PushSparse:
     version: int
     scale: float = 1.0
     round_size: int = 0
+    parts: int = 0
 
 
 @dataclass(slots=True)
@@ -99,6 +103,33 @@ class Pull:
     lo: int = 0
     hi: int = 0
     keys: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class PullRows:
+    """Rows of `keys` (int64) of sparse table `table`, once the shard reaches min_version."""
+    to: Any
+    now: float
+    table: str
+    keys: np.ndarray
+    min_version: int = 0
+
+
+@dataclass(slots=True)
+class PushRows:
+    """Gradients of rows of `table`: `grads` holds len(keys) * dim float32, row after row."""
+    to: Any
+    sender: str
+    rid: int
+    table: str
+    keys: np.ndarray
+    grads: np.ndarray
+    step: int
+    batch: int
+    version: int
+    scale: float = 1.0
+    round_size: int = 0
+    parts: int = 0
 
 
 @dataclass(slots=True)

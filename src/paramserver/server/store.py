@@ -51,8 +51,13 @@ class ShardStore:
         self.round_sum: torch.Tensor | None = None
         self.round_batches: dict[str, int] = {}
         # Contributors the open round waits for, as its pushes say (0: not said): once that
-        # many pushed, the round is full and may be applied without waiting to be told.
+        # many have sent all their parts, the round is full and may be applied without waiting
+        # to be told. A contributor's step may reach this shard in several messages (chunks of
+        # a large push, a table's rows beside the dense values): each says how many (`parts`).
         self.round_size = 0
+        self.round_got: dict[str, int] = {}  # pushes received this round, by contributor
+        self.round_need: dict[str, int] = {}  # parts announced, by contributor
+        self.round_complete = 0  # contributors whose every part is in
         self.last_round: int | None = None  # the last round applied, full or told
         self.late_pushes = 0  # pushes for a round applied already: dropped
         # Replies still being sent from views of `values` (see read(shared=True) and lend()),
@@ -140,9 +145,11 @@ class ShardStore:
 
     # ---- updates --------------------------------------------------------------------------------
     def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
-             base_version: int, scale: float, round_size: int = 0) -> PushResult:
+             base_version: int, scale: float, round_size: int = 0,
+             parts: int = 0) -> PushResult:
         """Apply (arrival mode) or add to the round (round mode). `round_size`: how many
-        contributors the round has, when the pusher knows it and this push is all it sends."""
+        contributors the round has, when the pusher knows it; `parts`: how many pushes this
+        pusher sends the shard for the step (0: unknown, so its pushes never fill the round)."""
         staleness = max(self.version - base_version, 0)
         if self.apply_mode == "arrival":
             self._writable()
@@ -154,32 +161,44 @@ class ShardStore:
             self.late_pushes += 1
         else:
             self._accumulate(worker, index, grad, step, batch, scale)
-            self.round_size = max(self.round_size, round_size)
+            if round_size and parts:
+                self.round_size = max(self.round_size, round_size)
+                self._count_part(worker, parts)
         return PushResult(self.version, staleness)
+
+    def _count_part(self, worker: str, parts: int) -> None:
+        got = self.round_got.get(worker, 0) + 1
+        self.round_got[worker] = got
+        need = self.round_need.setdefault(worker, parts)
+        if got == need:
+            self.round_complete += 1
 
     @property
     def round_full(self) -> bool:
-        """Every contributor the open round waits for has pushed: it can be applied now."""
-        return self.round_step is not None and 0 < self.round_size <= len(self.round_batches)
+        """Every contributor the open round waits for has sent all its parts: it can be
+        applied now."""
+        return self.round_step is not None and 0 < self.round_size <= self.round_complete
 
     # (The tags are spelled out, not **tags: these run for every push.)
     def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, step: int, batch: int,
-                   base_version: int, scale: float, round_size: int = 0) -> PushResult:
+                   base_version: int, scale: float, round_size: int = 0,
+                   parts: int = 0) -> PushResult:
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
-        if index.start != 0 or index.stop != self.range.size:
-            round_size = 0  # one piece of several: it cannot complete the round alone
+        if not parts and index.start == 0 and index.stop == self.range.size:
+            parts = 1  # the whole shard in one push: the pusher's step is in
         return self.push(worker, index, self._tensor(array), step, batch, base_version, scale,
-                         round_size)
+                         round_size, parts)
 
     def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, step: int,
                     batch: int, base_version: int, scale: float,
-                    round_size: int = 0) -> PushResult:
+                    round_size: int = 0, parts: int = 0) -> PushResult:
         if keys.size != array.size:
             raise StoreError(f"sparse push has {keys.size} keys but {array.size} values")
+        # A worker's sparse push reaches every shard, keys or not: one message unless it says.
         return self.push(worker, self.local_keys(keys), self._tensor(array), step, batch,
-                         base_version, scale, round_size)
+                         base_version, scale, round_size, parts or 1)
 
     def _accumulate(self, worker, index, grad, step, batch, scale) -> None:
         weight = batch * scale
@@ -224,6 +243,7 @@ class ShardStore:
         self.updates_applied += 1
         # (the sum is reset by the next round's first push)
         self.round_step, self.round_batches, self.round_size = None, {}, 0
+        self.round_got, self.round_need, self.round_complete = {}, {}, 0
         return True
 
     # ---- checkpoints (the files are server.checkpoint's) ----------------------------------------
