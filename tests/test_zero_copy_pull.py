@@ -84,6 +84,7 @@ def test_tracker_of_a_zero_copy_send_finishes_when_zmq_lets_go():
         tracker = send_frames(a, [b"head", memoryview(big).cast("B")], track=True)
         frames = b.recv_multipart(copy=False)
         np.testing.assert_array_equal(np.frombuffer(frames[1].buffer, np.float64), big)
+        assert not tracker.done  # the receiver still holds the big frame
         del frames  # inproc hands the message over: done once the receiver drops it
         tracker.wait(5)
         assert tracker.done

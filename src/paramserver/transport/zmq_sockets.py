@@ -126,6 +126,9 @@ def send_frames(sock: zmq.Socket, frames: Sequence, identity: bytes | None = Non
         return loan
     pending = []
     for i, part in enumerate(parts):
+        if type(part) is bytes or type(part) is Peer:  # immutable: nothing to wait for
+            sock.send(part, _SNDMORE if i < last else 0, copy=False)
+            continue
         tracker = sock.send(part, _SNDMORE if i < last else 0, copy=False, track=True)
         if tracker is not None and not tracker.done:
             pending.append(tracker)
