@@ -42,6 +42,9 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
+    p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="model option, e.g. hidden=256 for mlp; dim=16, row_budget=100000, "
+                        "admit_after=2, table_lr=0.05 for dlrm (repeatable)")
     p.add_argument("--dataset", default=d.dataset,
                    help=f"{catalog.listed(catalog.DATASETS)} (default {d.dataset})")
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
@@ -114,7 +117,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         sync_options = flag.options(getattr(args, "sync_opt", None))
     return TrainConfig(
         sync=sync, sync_options=sync_options,
-        workers=args.workers, servers=args.servers, model=args.model, dataset=args.dataset,
+        workers=args.workers, servers=args.servers, model=args.model,
+        model_options=flag.options(args.model_opt), dataset=args.dataset,
         data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
         epochs=args.epochs, steps=args.steps, max_seconds=args.max_seconds,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,

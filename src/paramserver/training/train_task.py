@@ -15,6 +15,7 @@ from paramserver.models import ModelKeys
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
+from paramserver.training.sparse_step import SparseRows
 from paramserver.client.kv import KVWorker
 from paramserver.spec.job import TaskSpec
 from paramserver.training.workload import build
@@ -57,6 +58,12 @@ class StepLoop:
         self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
         self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
         self._skip(kv.spec.resume_samples)
+        # A model with a sparse table (DLRM): each step also pulls its batch's rows and pushes
+        # their gradients with the dense gradient, in one push_step.
+        table = getattr(self.model, "sparse_table", None)
+        self.rows = None if table is None else SparseRows(
+            self.model, self.sampler,
+            lambda keys, version: kv.pull_rows(table, keys, min_version=version))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
         self.compressor = make_compressor(task.compress, **task.compress_options)
@@ -92,12 +99,18 @@ class StepLoop:
             samples -= take
 
     def compute(self, batch: int) -> float:
-        """Forward and backward on the next batch; gradients land in the flat buffer."""
-        xb, yb = self.sampler.next_batch(batch)
+        """Forward and backward on the next batch (with a sparse table: the batch fetched with
+        its rows); dense gradients land in the flat buffer."""
+        if self.rows is None:
+            xb, yb = self.sampler.next_batch(batch)
         if not self.grads_zeroed:
             self.grads.zero_()
         self.grads_zeroed = False
-        loss = self.loss_fn(self.model(xb.to(self.params.dtype)), yb)
+        if self.rows is None:
+            out = self.model(xb.to(self.params.dtype))
+        else:
+            out, yb = self.rows.forward(self.params.dtype)
+        loss = self.loss_fn(out, yb)
         loss.backward()
         if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
@@ -119,6 +132,8 @@ class StepLoop:
             return self.step_layered(release, wait_s)
         t_a = time.perf_counter()
         pull_bytes = self.pull(release)
+        if self.rows is not None:
+            pull_bytes += self.rows.fetch(release.batch_size, release.min_version)
         t_b = time.perf_counter()
         loss = self.compute(release.batch_size)
         self.kv.give_back(self.loan)
@@ -200,6 +215,9 @@ class StepLoop:
             values = self.held.take(w)
             return self.kv.push(values, w, **tags), values.nbytes
         tags["round_size"] = release.round_size  # the whole step in one push per shard
+        if self.rows is not None:  # dense values and rows in one step, so a round waits for both
+            staleness = self.kv.push_step(dense=self.grads_np, rows=self.rows.grads(), **tags)
+            return staleness, self.nbytes + self.rows.nbytes()
         if self.dense:
             return self.kv.push(self.grads_np, **tags), self.nbytes
         sparse = self.compressor.compress(self.grads)
