@@ -12,12 +12,13 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
 PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emulation", "spec",
+        "sparse",
         # The role cores: events in, instructions out (their nodes do the I/O).
         "coordinator/state.py", "coordinator/events.py",
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
-        "server/pulls.py", "client/core.py",
+        "server/pulls.py", "server/tables.py", "client/core.py",
         # The simulator's core.
         "sim/engine.py", "sim/comm.py", "sim/compute.py",
         # Scoring beside the evaluator.

@@ -29,6 +29,8 @@ class Handle:
     out: np.ndarray | None = None
     done: bool = False
     result: object = None
+    # A pull_rows of repeated keys asks for each key once: result = out[expand].
+    expand: np.ndarray | None = None
 
 
 class WorkerCore:
@@ -160,7 +162,25 @@ class WorkerCore:
             frames = self.held.pop(rid, None)
             if frames:
                 lent.append(frames)
-        handle.result, handle.done = out, True
+        handle.result = out if handle.expand is None else out[handle.expand]
+        handle.done = True
+        return lent
+
+    def rows_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
+        """A pull_rows' pieces are in: each shard's rows go to the positions of its keys in
+        the request (`handle.out` is (len(keys), dim)), and its version is noted. Returns the
+        lent frames, as pull_done."""
+        out, lent = handle.out, []
+        for shard, rid, positions in handle.parts:
+            reply = replies[rid]
+            out[positions] = reply.arrays[0].reshape(len(positions), out.shape[1])
+            self.versions[shard] = reply["version"]
+            reply.arrays = []
+            frames = self.held.pop(rid, None)
+            if frames:
+                lent.append(frames)
+        handle.result = out if handle.expand is None else out[handle.expand]
+        handle.done = True
         return lent
 
     def borrowed(self, handle: Handle, reply: Any) -> np.ndarray:

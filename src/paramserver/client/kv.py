@@ -30,10 +30,12 @@ from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
 from paramserver.core.keyspace import KeyRange
 from paramserver.policies.base import Release
-from paramserver.spec.job import Limits
+from paramserver.sparse.placement import shard_of
+from paramserver.spec.job import Limits, TableSpec
 from paramserver.spec.welcome import WorkerJob
 from paramserver.transport import connect_dealer, new_context, security
 from paramserver.wire import Message
+from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
 
 # Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
@@ -77,6 +79,38 @@ def _as_array(values, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
+def _as_keys(keys) -> np.ndarray:
+    """Row keys as int64 (hashed ids given as uint64 are viewed as int64, bit for bit); the
+    count is checked before anything is copied, so a batch far too big fails at once."""
+    size = getattr(keys, "size", None)
+    if size is None:
+        keys = np.asarray(keys)
+        size = keys.size
+    if size > MAX_KEYS_PER_REQUEST:
+        raise ValueError(f"{size} keys in one request; at most {MAX_KEYS_PER_REQUEST} "
+                         f"(split the batch)")
+    if hasattr(keys, "detach"):
+        keys = keys.detach().cpu().numpy()
+    k = np.asarray(keys)
+    if k.dtype == np.uint64:
+        k = k.view(np.int64)
+    elif k.dtype != np.int64:
+        raise ValueError(f"row keys must be int64 (or uint64 hashed ids), got {k.dtype}")
+    return np.ascontiguousarray(k.reshape(-1))
+
+
+def _as_grads(grads, count: int, dim: int) -> np.ndarray:
+    if hasattr(grads, "detach"):
+        grads = grads.detach().cpu().numpy()
+    g = np.asarray(grads)
+    if g.dtype != np.float32:
+        raise ValueError(f"row gradients must be float32, got {g.dtype}")
+    if g.size != count * dim:
+        raise ValueError(f"{count} keys need gradients of shape ({count}, {dim}), got "
+                         f"{g.shape}")
+    return np.ascontiguousarray(g.reshape(count, dim))
+
+
 class KVWorker:
     """Client of one job. It composes a WorkerCore (the bookkeeping), a CoordinatorSession
     (coordinator calls and heartbeats) and ShardRequests (a DEALER per shard)."""
@@ -110,6 +144,7 @@ class KVWorker:
         self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
         self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
                                       settings.retry_interval)
+        self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
                                          shared_memory)
         if heartbeat:
@@ -231,6 +266,138 @@ class KVWorker:
             handle.parts.append((int(i), self.requests.send(int(i), msg), idx))
         return self.wait(handle)
 
+    # ---- sparse tables --------------------------------------------------------------------------
+    # A key's rows live on shard shard_of(key): the same on every client. A push's duplicate
+    # keys are sent as they are and summed by the shard's table (with the round's, in round
+    # mode); a pull asks for each distinct key once and copies its row to every place the key
+    # has in the request (Zipf batches repeat keys a lot: fewer bytes, less work on the shard).
+    def _table(self, name: str) -> TableSpec:
+        spec = self.tables.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self.tables)) or "none"
+            raise ValueError(f"unknown table {name!r} (this job's tables: {known})")
+        return spec
+
+    def _by_shard(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(shard, positions in `keys`) for every shard, in shard order (maybe empty)."""
+        owner = shard_of(keys, len(self.shards))
+        order = np.argsort(owner, kind="stable")
+        cuts = np.searchsorted(owner[order], np.arange(1, len(self.shards))).tolist()
+        return list(enumerate(np.split(order, cuts)))
+
+    def pull_rows_async(self, table: str, keys, min_version: int = 0) -> Handle:
+        """Ask for the rows of `keys` (int64, duplicates allowed); finish with wait()."""
+        spec = self._table(table)
+        k = _as_keys(keys)
+        expand = None
+        if k.size > 1:
+            uniq, inverse = np.unique(k, return_inverse=True)
+            if uniq.size < k.size:
+                k, expand = uniq, inverse
+        handle = Handle("pull_rows", out=np.empty((k.size, spec.dim), dtype=np.float32),
+                        expand=expand)
+        for i, idx in self._by_shard(k):
+            if idx.size:
+                msg = Message("pull_rows", {"table": table, "min_version": min_version},
+                              [k[idx]])
+                handle.parts.append((i, self.requests.send(i, msg), idx))
+        if not handle.parts:
+            handle.done, handle.result = True, handle.out  # no keys
+        return handle
+
+    def pull_rows(self, table: str, keys, min_version: int = 0) -> np.ndarray:
+        """Rows of `keys`, float32 (len(keys), dim), in the order of `keys`; a key without a
+        row yet reads as its initial row. Waits until the shards reach `min_version`."""
+        return self.wait(self.pull_rows_async(table, keys, min_version))
+
+    def _rows_messages(self, table: str, keys, grads, fields: dict, every_shard: bool,
+                       parts: list[int] | None = None) -> list[tuple[int, int, slice]]:
+        """Send a push_rows per shard with keys (every shard with `every_shard`: in round mode
+        each shard counts the pusher's batch); `parts[i]`: the step's messages to shard i."""
+        spec = self._table(table)
+        k = _as_keys(keys)
+        g = _as_grads(grads, k.size, spec.dim)
+        sent = []
+        for i, idx in self._by_shard(k):
+            if not (idx.size or every_shard):
+                continue
+            f = {**fields, "table": table, "version": self.core.versions[i]}
+            if parts is not None:
+                f["parts"] = parts[i]
+            msg = Message("push_rows", f, [k[idx], g[idx].reshape(-1)])
+            sent.append((i, self.requests.send(i, msg), slice(0, 0)))
+        return sent
+
+    @staticmethod
+    def _push_fields(step: int, batch: int, scale: float, round_size: int) -> dict:
+        fields = {"step": step, "batch": batch, "scale": float(scale)}
+        if round_size:
+            fields["round_size"] = round_size
+        return fields
+
+    def push_rows_async(self, table: str, keys, grads, *, step: int, batch: int,
+                        scale: float = 1.0, round_size: int = 0) -> Handle:
+        """Send gradients (float32, (len(keys), dim)) for rows of `table`; returns at once.
+        `round_size` (the release's): give it when these rows are all the step sends."""
+        handle = Handle("push")
+        handle.parts = self._rows_messages(
+            table, keys, grads, self._push_fields(step, batch, scale, round_size),
+            every_shard=bool(round_size), parts=[1] * len(self.shards) if round_size else None)
+        return handle
+
+    def push_rows(self, table: str, keys, grads, *, step: int, batch: int, scale: float = 1.0,
+                  round_size: int = 0) -> int:
+        """Blocking push_rows_async; returns the largest staleness any shard saw."""
+        return self.wait(self.push_rows_async(table, keys, grads, step=step, batch=batch,
+                                              scale=scale, round_size=round_size))
+
+    def push_step_async(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
+                        scale: float = 1.0, round_size: int = 0) -> Handle:
+        """Everything one step pushes: the dense gradient (all keys) and {table: (keys,
+        grads)}. In round mode (`round_size`) every shard hears once per table and once for
+        its dense piece, and each message says how many that is (`parts`), so a shard applies
+        the round only once every contributor's values and rows are in."""
+        rows = rows or {}
+        for name in rows:
+            self._table(name)  # before anything is sent
+        handle = Handle("push")
+        if not round_size:
+            # Rows first: the dense push advances the version, and rows sent after it would
+            # count the step's own dense update as staleness.
+            for name, (keys, grads) in rows.items():
+                handle.parts += self.push_rows_async(name, keys, grads, step=step, batch=batch,
+                                                     scale=scale).parts
+            if dense is not None:
+                handle.parts += self.push_async(dense, step=step, batch=batch,
+                                                scale=scale).parts
+            return handle
+        fields = self._push_fields(step, batch, scale, round_size)
+        has_dense = dense is not None and self.num_keys > 0
+        parts = [int(has_dense) + len(rows)] * len(self.shards)
+        for name, (keys, grads) in rows.items():
+            handle.parts += self._rows_messages(name, keys, grads, fields, True, parts)
+        if has_dense:
+            handle.parts += self._dense_parts(dense, fields, parts)
+        return handle
+
+    def push_step(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
+                  scale: float = 1.0, round_size: int = 0) -> int:
+        """Blocking push_step_async; returns the largest staleness any shard saw."""
+        return self.wait(self.push_step_async(dense, rows, step=step, batch=batch, scale=scale,
+                                              round_size=round_size))
+
+    def _dense_parts(self, values, fields: dict, parts: list[int]) -> list:
+        """A dense push of every key whose messages carry the step's `parts` per shard."""
+        arr = _as_array(values, self.dtype)
+        if arr.size != self.num_keys:
+            raise ValueError(f"{arr.size} values for {self.num_keys} keys")
+        sent = []
+        for i, p, sl in self.core.pieces(KeyRange(0, self.num_keys)):
+            f = {**fields, "range": [p.lo, p.hi], "version": self.core.versions[i],
+                 "parts": parts[i]}
+            sent.append((i, self.requests.send(i, Message("push", f, [arr[sl]])), sl))
+        return sent
+
     def wait(self, handle: Handle):
         """Finish an async request: a push returns its max staleness, a pull its values."""
         if handle.done:
@@ -238,6 +405,9 @@ class KVWorker:
         replies = self.requests.collect(handle.parts, handle.kind)
         if handle.kind == "push":
             return self.core.push_done(handle, replies)
+        if handle.kind == "pull_rows":
+            self.requests.give_back(self.core.rows_done(handle, replies))
+            return handle.result
         # Copied out: the server may overwrite the values it lent now.
         self.requests.give_back(self.core.pull_done(handle, replies))
         return handle.result

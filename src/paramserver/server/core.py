@@ -1,8 +1,9 @@
 """The shard's logic as a state machine: events in, instructions out; no sockets, no clock.
 
 ShardCore composes the objects that own the shard's state: ShardStore (values, version,
-optimizer state, the round aggregate), DedupTable (replies to pushes already applied) and
-PendingPulls (pulls waiting for a version). It owns two rules of its own: a push that makes
+optimizer state, the round aggregate), ShardTables (the sparse tables and their rows of the
+open round), DedupTable (replies to pushes already applied) and PendingPulls (pulls waiting for
+a version). It owns two rules of its own: a push that makes
 the round full applies it at once, and heartbeats go out every heartbeat_interval of event
 time carrying the loss counters when they changed.
 
@@ -19,13 +20,15 @@ from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
 from paramserver.server.dedup import DedupTable
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, SaveShard,
-    ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
+    ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
+    Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.pulls import PendingPulls
-from paramserver.server.store import ShardStore, StoreError
+from paramserver.server.store import PushResult, ShardStore, StoreError
+from paramserver.server.tables import ShardTables
 
 _NOTHING = ()
+_NO_KEYS = np.empty(0, dtype=np.int64)
 
 
 class ShardCore:
@@ -38,6 +41,7 @@ class ShardCore:
         rule = make_rule(settings.optimizer, settings.lr, **settings.optimizer_options)
         self.store = ShardStore(KeyRange(settings.lo, settings.hi), settings.dtype, rule,
                                 settings.apply_mode, alloc=alloc)
+        self.tables = ShardTables(settings.tables, settings.servers)
         # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
         self.dedup = DedupTable()
         self.pulls = PendingPulls()
@@ -50,7 +54,7 @@ class ShardCore:
             Push: self._push, PushSparse: self._push_sparse, Pull: self._pull,
             ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
             Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
-            Shutdown: self._shutdown,
+            Shutdown: self._shutdown, PullRows: self._pull_rows, PushRows: self._push_rows,
         }
 
     def handle(self, event) -> list | tuple:
@@ -107,6 +111,30 @@ class ShardCore:
                              ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
 
+    def _push_rows(self, ev: PushRows) -> list:
+        """Rows share the shard's version, dedup table and round. In arrival mode they are
+        applied now and leave the version alone: it counts the dense updates, which
+        staleness-aware rules read, and a step's rows would count twice beside its dense
+        values. In round mode they join the store's round as one of the pusher's `parts` (a
+        push of no dense keys) and are applied with it, the round advancing the version."""
+        st = self.store
+        table, grads = self.tables.checked(ev.table, ev.keys, ev.grads)  # refused: nothing done
+        done = self.dedup.lookup(ev.sender, ev.rid)
+        if done is not None:
+            self.duplicates += 1
+            return [Reply(ev.to, "ack", done)]
+        if st.apply_mode == "arrival":
+            self.tables.apply(table, ev.keys, grads, ev.scale)
+            return self._pushed(ev, PushResult(st.version, max(st.version - ev.version, 0)))
+        late = st.last_round is not None and ev.step <= st.last_round
+        # The store counts the part and the batch and refuses a push for another round's step,
+        # before the rows are kept.
+        res = st.push_sparse(ev.sender, _NO_KEYS, np.empty(0, st.dtype), ev.step, ev.batch,
+                             ev.version, ev.scale, ev.round_size, ev.parts)
+        if not late:
+            self.tables.add_to_round(ev.table, ev.keys, grads, ev.batch * ev.scale)
+        return self._pushed(ev, res)
+
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}
         self.dedup.remember(ev.sender, ev.rid, fields)
@@ -126,7 +154,10 @@ class ShardCore:
     def _apply_round(self, ev: ApplyRound) -> list:
         # Idempotent by step: a round its last push applied already is not applied again.
         # No reply: the coordinator waits for none, and every message costs both ends CPU.
-        self.store.apply_round(ev.step)
+        st = self.store
+        total = sum(st.round_batches.values())
+        if st.apply_round(ev.step) and self.tables:
+            self.tables.apply_round(total)
         return self._serve([])
 
     # ---- reads ----------------------------------------------------------------------------------
@@ -144,6 +175,18 @@ class ShardCore:
         self.pulls.add(ev, ev.now + self.settings.pull_timeout)
         return _NOTHING
 
+    def _pull_rows(self, ev: PullRows) -> list | tuple:
+        st = self.store
+        self.tables.checked(ev.table, ev.keys)  # refused now, not when finally served
+        if st.version >= ev.min_version:
+            return [self._rows(ev)]
+        self.pulls.add(ev, ev.now + self.settings.pull_timeout)
+        return _NOTHING
+
+    def _rows(self, ev: PullRows) -> Reply:
+        rows = self.tables.pull(ev.table, ev.keys)
+        return Reply(ev.to, "rows", {"version": self.store.version}, [rows.reshape(-1)])
+
     def _values(self, ev: Pull) -> Reply:
         """A range goes straight from the store's buffer, no copy (hence `lend`); keys are
         gathered, already a private copy."""
@@ -158,27 +201,32 @@ class ShardCore:
         """Answer the waiting pulls the shard's version now satisfies (appended to `out`)."""
         if self.pulls and self.store.initialized:
             for pull in self.pulls.reached(self.store.version):
-                out.append(self._values(pull))
+                out.append(self._rows(pull) if type(pull) is PullRows else self._values(pull))
         return out
 
     def _status(self, ev: Status) -> list:
         st = self.store
-        return [Reply(ev.to, "state", {"state": {
+        state = {
             "rank": self.settings.rank, "range": [st.range.lo, st.range.hi],
             "version": st.version, "initialized": st.initialized,
             "updates_applied": st.updates_applied, "lost_updates": self.lost_updates,
             "duplicates": self.duplicates, "late_pushes": st.late_pushes,
-            "copies_on_write": st.copies_on_write, "pending_pulls": len(self.pulls)}})]
+            "copies_on_write": st.copies_on_write, "pending_pulls": len(self.pulls)}
+        if self.tables:
+            state["tables"] = self.tables.counters()
+        return [Reply(ev.to, "state", {"state": state})]
 
     # ---- checkpoints, time, the end -------------------------------------------------------------
     def _checkpoint(self, ev: Checkpoint) -> list:
         arrays, meta = self.store.snapshot()
+        arrays.update(self.tables.snapshot())  # only the rows that exist
         meta["applied"] = self.dedup.dump()  # the retries of saved pushes stay answered
         return [SaveShard(ev.tag, ev.dir, arrays, meta),
                 Reply(ev.to, "saved", {"tag": ev.tag, "version": self.store.version})]
 
     def _restore(self, ev: Restore) -> list:
         self.lost_updates = self.store.restore(ev.arrays, ev.meta, ev.version_floor)
+        self.tables.restore(ev.arrays)
         # The pushes in the checkpoint stay applied once: their retries are answered.
         self.dedup = DedupTable.load(ev.meta.get("applied", []), self.dedup.window,
                                      self.dedup.senders)
@@ -208,8 +256,11 @@ class ShardCore:
 
     def _changed_counters(self) -> dict | None:
         """The loss counters for the job's metrics (summed in summary.json): pushes dropped
-        as late, retries answered twice; None when the last heartbeat told them already."""
+        as late, retries answered twice; with tables, their rows, admissions and evictions
+        (summed over tables); None when the last heartbeat told them already."""
         counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
+        if self.tables:
+            counters.update(self.tables.beat_counters())
         if counters == self._counters_sent:
             return None
         self._counters_sent = counters

@@ -50,6 +50,8 @@ class ShardSettings:
     coordinator_timeout: float = _LIMITS.coordinator_timeout  # (the node's) silence: job gone
     server_threads: int = JobSpec.server_threads  # (the node's) torch threads
     restore: RestoreFrom | None = None
+    tables: tuple = ()  # the job's TableSpecs (spec.job), each shard keeping its share
+    servers: int = 1  # shards sharing each table's row budget
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -101,6 +103,33 @@ class Pull:
     lo: int = 0
     hi: int = 0
     keys: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class PullRows:
+    """Rows of `keys` (int64) of sparse table `table`, once the shard reaches min_version."""
+    to: Any
+    now: float
+    table: str
+    keys: np.ndarray
+    min_version: int = 0
+
+
+@dataclass(slots=True)
+class PushRows:
+    """Gradients of rows of `table`: `grads` holds len(keys) * dim float32, row after row."""
+    to: Any
+    sender: str
+    rid: int
+    table: str
+    keys: np.ndarray
+    grads: np.ndarray
+    step: int
+    batch: int
+    version: int
+    scale: float = 1.0
+    round_size: int = 0
+    parts: int = 0
 
 
 @dataclass(slots=True)

@@ -13,8 +13,9 @@ from paramserver.net import rpc
 from paramserver.server.checkpoint import read_shard, write_shard
 from paramserver.server.core import ShardCore
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, Pull, Push, PushSparse, Reply, Restore, RestoreFrom,
-    SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
+    ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
+    Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
+    ToCoordinator,
 )
 from paramserver.server.store import StoreError
 from paramserver.spec.welcome import ServerJob
@@ -25,9 +26,10 @@ from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
 
-WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status")
+WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pull_rows",
+              "push_rows")
 # Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
-WRITE_OPS = ("init", "push", "push_sparse")
+WRITE_OPS = ("init", "push", "push_sparse", "push_rows")
 
 
 def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
@@ -42,7 +44,7 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
         optimizer=opt.name, lr=opt.lr, optimizer_options=dict(opt.options),
         pull_timeout=pull_timeout, heartbeat_interval=job.heartbeat_interval,
         coordinator_timeout=job.coordinator_timeout, server_threads=job.server_threads,
-        restore=restore)
+        restore=restore, tables=job.tables, servers=job.servers)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
@@ -85,13 +87,27 @@ def _pull_keys(msg: Message, to) -> Pull:
                 keys=_arrays(msg, 1)[0])
 
 
+def _pull_rows(msg: Message, to) -> PullRows:
+    f = msg.fields
+    return PullRows(to, time.monotonic(), f["table"], _arrays(msg, 1)[0], f.get("min_version", 0))
+
+
+def _push_rows(msg: Message, to) -> PushRows:
+    keys, grads = _arrays(msg, 2)
+    f = msg.fields
+    return PushRows(to, msg.src, msg.rid, f["table"], keys, grads, f["step"], f["batch"],
+                    f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
+                    f.get("parts", 0))
+
+
 def _coordinator_error(msg: Message, to) -> None:
     log.warning("coordinator reported: %s", msg["msg"])
 
 
 EVENTS = {
     "init": _init, "push": _push, "push_sparse": _push_sparse, "pull": _pull,
-    "pull_keys": _pull_keys, "status": lambda msg, to: Status(to),
+    "pull_keys": _pull_keys, "pull_rows": _pull_rows, "push_rows": _push_rows,
+    "status": lambda msg, to: Status(to),
     "apply_round": lambda msg, to: ApplyRound(to, msg["step"]),
     "checkpoint": lambda msg, to: Checkpoint(to, msg["tag"], msg["dir"]),
     "shutdown": lambda msg, to: Shutdown(to),

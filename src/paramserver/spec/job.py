@@ -11,6 +11,7 @@ versions existed) is read as version 1, the format it has.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -20,6 +21,10 @@ from paramserver.emulation.links import LinkTable
 JOB_VERSION = 1
 DTYPES = ("float32", "float64")
 SCHEDULES = ("off", "fifo", "lifo", "stalest")
+TABLE_OPTIMIZERS = ("adagrad", "sgd")
+TABLE_EVICTIONS = ("lru", "lfu")
+MAX_TABLE_DIM = 4096
+_TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class JobSpecError(ValueError):
@@ -197,6 +202,52 @@ class Limits:
                   f"<= heartbeat_timeout ({self.heartbeat_timeout:g})")
 
 
+@dataclass(frozen=True)
+class TableSpec:
+    """A sparse embedding table beside the dense shards: rows of `dim` floats under 64-bit keys,
+    created on first push, spread over the shards by key hash. Each shard keeps at most
+    ceil(row_budget / servers) rows of it."""
+
+    name: str  # how pull_rows/push_rows name it: [a-z][a-z0-9_]{0,31}
+    dim: int  # floats per row, 1..4096
+    optimizer: str = "adagrad"  # per-row optimizer state: "adagrad" or "sgd"
+    lr: float = 0.05
+    init_scale: float = 0.01  # a row starts uniform(-init_scale, init_scale), seeded by its key
+    row_budget: int = 1_000_000  # rows kept over all shards
+    admit_after: int = 1  # pushes a key must be seen in before it gets a row (1: at once)
+    evict: str = "lru"  # which row goes when a shard's share of the budget is full: lru or lfu
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _TABLE_NAME.fullmatch(self.name):
+            _fail("tables.name", self.name, "a name matching [a-z][a-z0-9_]{0,31}")
+        where = f"tables.{self.name}"
+        if not _is_int(self.dim) or not 1 <= self.dim <= MAX_TABLE_DIM:
+            _fail(f"{where}.dim", self.dim, f"an integer in 1..{MAX_TABLE_DIM}")
+        if self.optimizer not in TABLE_OPTIMIZERS:
+            _fail(f"{where}.optimizer", self.optimizer, f"one of {', '.join(TABLE_OPTIMIZERS)}")
+        _num(f"{where}.lr", self.lr)
+        _num(f"{where}.init_scale", self.init_scale, open_lo=False)
+        _int(f"{where}.row_budget", self.row_budget, 1)
+        _int(f"{where}.admit_after", self.admit_after, 1)
+        if self.evict not in TABLE_EVICTIONS:
+            _fail(f"{where}.evict", self.evict, f"one of {', '.join(TABLE_EVICTIONS)}")
+
+    def capacity(self, servers: int) -> int:
+        """Rows one of `servers` shards keeps: its share of the budget, rounded up."""
+        return -(-self.row_budget // servers)
+
+
+def _tables(v: Any) -> tuple:
+    """The job's tables as TableSpecs (tables from a dict are parsed), names unique."""
+    if not isinstance(v, (list, tuple)):
+        _fail("tables", v, "a list of tables")
+    out = tuple(t if isinstance(t, TableSpec) else _part(TableSpec, "tables", t) for t in v)
+    names = [t.name for t in out]
+    if len(set(names)) != len(names):
+        _fail("tables", names, "tables of distinct names")
+    return out
+
+
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
 # A job dict written by hand (a test's, the demo's) may leave these out; they then mean what
 # the roles always read them as, which is not the default of a job built from a config.
@@ -228,6 +279,7 @@ class JobSpec:
     task: TaskSpec = field(default_factory=TaskSpec)
     limits: Limits = field(default_factory=Limits)
     resume: ResumeSpec | None = None
+    tables: tuple[TableSpec, ...] = ()  # sparse embedding tables (none: a dense job)
 
     def __post_init__(self):
         if self.version != JOB_VERSION:
@@ -256,6 +308,7 @@ class JobSpec:
                 self.checkpoint.every or self.checkpoint.seconds)):
             raise JobSpecError("job field 'restart_servers' needs checkpoints to restart from: "
                                "give --checkpoint-every or --checkpoint-seconds")
+        object.__setattr__(self, "tables", _tables(self.tables))
 
     @classmethod
     def from_config(cls, config, num_keys: int, train_size: int) -> "JobSpec":
@@ -297,6 +350,8 @@ class JobSpec:
                "task": _plain(self.task)}
         if self.resume is not None:
             out["resume"] = _plain(self.resume)
+        if self.tables:  # (left out when empty: job files of dense jobs read as before)
+            out["tables"] = [_plain(t) for t in self.tables]
         return out
 
     @classmethod

@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from paramserver.spec.job import (
-    DTYPES, JobSpec, JobSpecError, OptimizerSpec, ResumeSpec, SyncSpec, _fail, _int, _name, _num,
-    _part, _plain,
+    DTYPES, JobSpec, JobSpecError, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail, _int,
+    _name, _num, _part, _plain, _tables,
 )
 
 APPLY_MODES = ("round", "arrival")
@@ -88,6 +88,9 @@ class ServerJob:
     coordinator_timeout: float
     server_threads: int
     restore: ShardRestore | None = None
+    # The job's sparse tables and how many shards share each one's row budget.
+    tables: tuple[TableSpec, ...] = ()
+    servers: int = 1
 
     def __post_init__(self):
         r = self.shard_range
@@ -106,6 +109,8 @@ class ServerJob:
         _int("server_threads", self.server_threads, 1)
         if self.restore is not None and not isinstance(self.restore, ShardRestore):
             _fail("restore", self.restore, "a ShardRestore or null")
+        object.__setattr__(self, "tables", _tables(self.tables))
+        _int("servers", self.servers, 1)
 
     @classmethod
     def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
@@ -113,7 +118,8 @@ class ServerJob:
         """Shard [lo, hi) of `job`."""
         limits = job.limits
         return cls((lo, hi), job.dtype, apply_mode, job.optimizer, limits.heartbeat_interval,
-                   limits.coordinator_timeout, job.server_threads, restore)
+                   limits.coordinator_timeout, job.server_threads, restore, job.tables,
+                   job.servers)
 
     def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
         return replace(self, restore=restore)
@@ -126,16 +132,21 @@ class ServerJob:
                "server_threads": self.server_threads}
         if self.restore is not None:
             out["restore"] = self.restore.to_dict()
+        if self.tables:
+            out["tables"] = [_plain(t) for t in self.tables]
+        out["servers"] = self.servers
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "ServerJob":
         d = _fields_of(cls, data, "server job")
         what = "server job"
-        args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name != "restore"}
+        optional = ("restore", "tables", "servers")
+        args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name not in optional}
         args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
         restore = d.pop("restore", None)
-        return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore))
+        return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore),
+                   tables=d.pop("tables", ()), servers=d.pop("servers", 1))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ PROTOCOL_VERSION = 1
 # Tensor frames may only carry these dtypes; keys are always int64.
 DTYPES = ("float32", "float64", "int64")
 MAX_ELEMENTS = 1 << 31
+# Keys in one pull_rows/push_rows: a bigger batch is refused (by the client before sending, by
+# the server if one comes anyway) rather than answered with gigabytes in one message.
+MAX_KEYS_PER_REQUEST = 1 << 22
 
 INT, FLOAT, STR, BOOL, LIST, DICT = int, (int, float), str, bool, (list, tuple), dict
 RANGE = "range"  # [lo, hi) of non-negative ints
@@ -31,9 +34,15 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                     "parts": _f(NONNEG, False)},
     "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False)},
     "pull_keys": {"min_version": _f(NONNEG, False)},
+    # sparse tables: one int64 keys array; push_rows adds float32 grads (len(keys) * dim)
+    "pull_rows": {"table": _f(STR), "min_version": _f(NONNEG, False)},
+    "push_rows": {"table": _f(STR), "step": _f(NONNEG), "version": _f(NONNEG),
+                  "batch": _f(NONNEG), "scale": _f(FLOAT, False),
+                  "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False)},
     # server -> worker
     "ack": {"version": _f(NONNEG), "staleness": _f(INT, False)},
     "values": {"version": _f(NONNEG), "range": _f(RANGE, False)},
+    "rows": {"version": _f(NONNEG)},  # one float32 array: len(keys) * dim, in key order
     # anyone -> coordinator
     "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False),
                  "num_keys": _f(NONNEG, False)},

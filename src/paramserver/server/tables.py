@@ -1,0 +1,128 @@
+"""A shard's sparse tables: name -> SparseTable, and the rows pushed into the open round.
+
+Beside the dense values a shard holds its share of each of the job's sparse tables (the keys
+that paramserver.sparse.placement.shard_of places on it). In arrival mode pushed rows go to the
+table at once; in round mode they are kept, batch-weighted like the dense values
+(store.ShardStore._accumulate), and applied with the round, averaged over the round's batches.
+Duplicate keys, within one push or across the round's pushes, are summed by SparseTable.push.
+
+Everything a request carries is checked before anything changes: a refused push leaves the
+tables as they were.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver.server.store import StoreError
+# (the wire's limit, wire.protocol.MAX_KEYS_PER_REQUEST, is the same number: a test checks)
+from paramserver.sparse.table import MAX_KEYS_PER_REQUEST, SparseTable
+
+# The arrays of table `name` in a shard's checkpoint are named PREFIX + name + "." + array.
+PREFIX = "table."
+# Counters summed over tables for the heartbeat (a metrics record holds at most 64 fields; the
+# status reply has every table's own).
+BEAT_COUNTERS = ("rows", "created", "admitted", "not_admitted", "dropped", "evicted")
+
+
+class ShardTables:
+    """The sparse tables of one shard and the round's rows not yet applied."""
+
+    def __init__(self, specs, servers: int, seed: int = 0):
+        """`specs`: the job's TableSpecs; each table keeps ceil(row_budget / servers) rows."""
+        self.tables = {s.name: SparseTable.of(s, s.capacity(servers), seed=seed) for s in specs}
+        self.dims = {s.name: s.dim for s in specs}
+        # Round mode: (keys, batch-weighted grads) pushed this round, by table.
+        self._round: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.round_rows = 0  # rows held for the open round
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def checked(self, name: str, keys: np.ndarray, grads: np.ndarray | None = None):
+        """(table, grads as (len(keys), dim)) for a request, or StoreError naming what is wrong."""
+        table = self.tables.get(name)
+        if table is None:
+            known = ", ".join(sorted(self.tables)) or "none"
+            raise StoreError(f"unknown table {name!r} (this job's tables: {known})")
+        if keys.dtype != np.int64:
+            raise StoreError(f"table {name!r}: keys must be int64, got {keys.dtype}")
+        if keys.size > MAX_KEYS_PER_REQUEST:
+            raise StoreError(f"table {name!r}: {keys.size} keys in one request; at most "
+                             f"{MAX_KEYS_PER_REQUEST} are served (split the batch)")
+        if grads is None:
+            return table, None
+        dim = self.dims[name]
+        if grads.dtype != np.float32:
+            raise StoreError(f"table {name!r}: gradients must be float32, got {grads.dtype}")
+        if grads.size != keys.size * dim:
+            raise StoreError(f"table {name!r} has rows of {dim} values: {keys.size} keys need "
+                             f"{keys.size * dim} gradient values, got {grads.size}")
+        return table, grads.reshape(keys.size, dim)
+
+    # ---- reads and updates ----------------------------------------------------------------------
+    def pull(self, name: str, keys: np.ndarray) -> np.ndarray:
+        table, _ = self.checked(name, keys)
+        return table.pull(keys)
+
+    @staticmethod
+    def apply(table: SparseTable, keys: np.ndarray, grads: np.ndarray, scale: float) -> None:
+        """Arrival mode: the rows' update now."""
+        table.push(keys, grads, scale=scale)
+
+    def add_to_round(self, name: str, keys: np.ndarray, grads: np.ndarray,
+                     weight: float) -> None:
+        """Round mode: keep the rows, weighted by the pusher's batch times its scale."""
+        if not keys.size:
+            return
+        # A copy either way: the frames the rows came in go back to the socket's pool.
+        weighted = grads * np.float32(weight) if weight != 1 else grads.copy()
+        self._round.setdefault(name, []).append((keys.copy(), weighted))
+        self.round_rows += keys.size
+
+    def apply_round(self, total_batch: int) -> None:
+        """The round's rows, averaged over its `total_batch` samples, as one push per table."""
+        scale = 1.0 / max(total_batch, 1)
+        for name, parts in self._round.items():
+            keys = np.concatenate([k for k, _ in parts])
+            grads = np.concatenate([g for _, g in parts])
+            self.tables[name].push(keys, grads, scale=scale)
+        self.drop_round()
+
+    def drop_round(self) -> None:
+        self._round, self.round_rows = {}, 0
+
+    # ---- counters and checkpoints ---------------------------------------------------------------
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Each table's counters (SparseTable.counters), by table name."""
+        return {name: dict(t.counters()) for name, t in self.tables.items()}
+
+    def beat_counters(self) -> dict[str, int]:
+        """The counters summed over tables, named table_<counter>, for the heartbeat."""
+        out = dict.fromkeys((f"table_{c}" for c in BEAT_COUNTERS), 0)
+        for counters in self.counters().values():
+            for c in BEAT_COUNTERS:
+                out[f"table_{c}"] += int(counters.get(c, 0))
+        return out
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every table's rows that exist, and their optimizer and admission state."""
+        out = {}
+        for name, table in self.tables.items():
+            out.update({f"{PREFIX}{name}.{k}": v for k, v in table.snapshot().items()})
+        return out
+
+    def restore(self, arrays: dict) -> None:
+        """The tables of a checkpoint's arrays (a table the checkpoint lacks stays empty)."""
+        found: dict[str, dict] = {}
+        for key, value in arrays.items():
+            if key.startswith(PREFIX):
+                name, _, array = key[len(PREFIX):].partition(".")
+                found.setdefault(name, {})[array] = value
+        unknown = sorted(set(found) - set(self.tables))
+        if unknown:
+            raise StoreError(f"the checkpoint holds tables {unknown} this job does not have")
+        for name, table_arrays in found.items():
+            self.tables[name].restore(table_arrays)
+        self.drop_round()

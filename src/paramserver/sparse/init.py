@@ -1,0 +1,52 @@
+"""Deterministic per-key initial rows: the same key gives the same row on every shard, after a
+restore and in a local reference, whatever batch it arrives in and in whatever order.
+
+Each row is a pure function of (seed, key, column): a counter-based hash, splitmix64 of the
+key's own hash plus the column pair's counter, gives 64 bits per two columns; each column
+takes 24 of them as a uniform value in (-scale, scale), computed in float64 and rounded once
+to float32 so every platform agrees.
+"""
+import math
+
+import numpy as np
+
+from paramserver.sparse.mix import GOLDEN, SALT_INIT, as_u64, mix64
+
+_LOW24 = np.uint64(0xFFFFFF)
+_S40, _S8 = np.uint64(40), np.uint64(8)
+
+
+def check_scale(scale: float) -> float:
+    """`scale` as a float, or ValueError when it is not finite and >= 0."""
+    s = float(scale)
+    if not math.isfinite(s) or s < 0:
+        raise ValueError(f"init scale must be finite and >= 0, got {scale!r}")
+    return s
+
+
+def initial_rows(keys: np.ndarray, dim: int, scale: float, seed: int = 0) -> np.ndarray:
+    """Rows (len(keys), dim) float32, uniform in (-scale, scale), a function of (seed, key)."""
+    keys = np.asarray(keys)
+    if keys.dtype != np.int64 or keys.ndim != 1:
+        raise ValueError(f"keys must be a 1-D int64 array, got {keys.dtype} {keys.shape}")
+    if int(dim) < 1:
+        raise ValueError(f"dim must be >= 1, got {dim!r}")
+    dim = int(dim)
+    s = check_scale(scale)
+    n = len(keys)
+    if n == 0 or s == 0.0:
+        return np.zeros((n, dim), np.float32)
+    seed_mix = mix64(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], np.uint64) ^ SALT_INIT)
+    base = mix64(as_u64(np.ascontiguousarray(keys)) ^ seed_mix)
+    pairs = (dim + 1) // 2
+    counters = GOLDEN * np.arange(1, pairs + 1, dtype=np.uint64)
+    z = mix64(base[:, None] + counters[None, :])                    # (n, pairs)
+    u = np.empty((n, 2 * pairs), np.uint64)
+    np.right_shift(z, _S40, out=u[:, 0::2])
+    np.bitwise_and(np.right_shift(z, _S8), _LOW24, out=u[:, 1::2])
+    # An odd number in (-2^24, 2^24) over 2^24: symmetric about 0, never reaching +-1.
+    f = u[:, :dim].astype(np.float64)
+    f *= 2.0
+    f += 1.0 - 2.0**24
+    f *= s * 2.0**-24
+    return f.astype(np.float32)
