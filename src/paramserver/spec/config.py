@@ -82,8 +82,8 @@ class TrainConfig:
             return self.steps * self.batch_size * self.workers
         return int(self.epochs * train_size)
 
-    def job(self, num_keys: int, train_size: int) -> JobSpec:
-        return JobSpec.from_config(self, num_keys, train_size)
+    def job(self, num_keys: int, train_size: int, tables: tuple = ()) -> JobSpec:
+        return JobSpec.from_config(self, num_keys, train_size, tables)
 
     def to_job(self, num_keys: int, train_size: int) -> dict:
         """The job dict handed to the coordinator, servers and workers (JobSpec.to_dict)."""
