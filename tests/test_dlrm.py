@@ -280,3 +280,35 @@ def test_dlrm_trains_through_two_servers_to_an_auc_well_above_chance(tmp_path, s
     assert {r["worker"] for r in steps} == {0, 1}
     if sync == "bsp":
         assert max(r["staleness"] for r in steps) == 0
+
+
+def test_a_compare_report_of_click_models_is_scored_by_auc(tmp_path):
+    """report.html of dlrm runs: time to the target AUC (default 0.7), AUC columns."""
+    import json
+
+    from paramserver.report import build_report, collect, table_rows
+    root = tmp_path / "cmp"
+    plan = {"scenarios": {"one-slow": {"straggler": "1:3", "description": "slow"}},
+            "policies": ["bsp", "asp"], "repeats": 1, "target_accuracy": None}
+    root.mkdir()
+    (root / "compare.json").write_text(json.dumps(plan))
+    for policy, hit in (("bsp", 3.0), ("asp", 1.5)):
+        job = {"sync": {"name": policy}, "workers": 2, "batch_size": 8,
+               "task": {"model": "dlrm", "dataset": "clicks"}}
+        records = [{"t": t, "kind": "step", "worker": w, "step": n, "batch": 8, "compute_s": 0.1,
+                    "wait_s": 0.0, "pull_s": 0.0, "push_s": 0.0, "staleness": 0}
+                   for n, t in enumerate((1.0, 2.0, 4.0)) for w in (0, 1)]
+        records += [{"t": t, "kind": "eval", "accuracy": 0.6, "auc": auc, "samples": 8,
+                     "final": t == 5.0}
+                    for t, auc in ((0.5, 0.55), (hit, 0.71), (5.0, 0.72))]
+        run = root / "runs" / "one-slow" / policy / "rep-0"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps(summarize(records, job)))
+    c = collect(root)
+    assert (c.score, c.target) == ("auc", 0.7)
+    rows = {r.policy: r for r in table_rows(c)}
+    assert (rows["bsp"].tta_median, rows["asp"].tta_median) == (3.0, 1.5)
+    assert rows["asp"].speedup == 2.0 and rows["asp"].final_accuracy == 0.72
+    page = build_report(root).read_text()
+    assert "Time to test AUC 0.7" in page and "final AUC" in page and "0.7200" in page
