@@ -20,6 +20,7 @@ from paramserver.client.kv import KVWorker
 from paramserver.net.rpc import RemoteError
 from paramserver.policies import SYNC_POLICIES
 from paramserver.runlog.checkpoint import latest
+from paramserver.runlog.metrics import read_records
 from paramserver.sparse.init import initial_rows
 from paramserver.wire import Message
 from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
@@ -85,6 +86,42 @@ def run_threads(target, n: int, timeout: float = 120.0) -> list:
     return errors
 
 
+def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def table_rows_in_metrics(run_dir) -> bool:
+    """Whether a shard's heartbeat brought its tables' rows into the job's metrics."""
+    path = run_dir / "metrics.jsonl"
+    return path.exists() and any(r.get("kind") == "server" and r.get("table_rows", 0) > 0
+                                 for r in read_records(path))
+
+
+# ---- the spec -----------------------------------------------------------------------------------
+def test_tables_travel_in_the_job_and_the_server_welcome():
+    from paramserver.spec.job import JobSpec, JobSpecError, TableSpec
+    from paramserver.spec.welcome import ServerJob
+    job = JobSpec.from_dict(_job(3, 1, "bsp"))
+    assert job.tables == (TableSpec(**TABLE),)
+    assert JobSpec.from_dict(job.to_dict()) == job
+    assert JobSpec.from_dict(make_job(4, 1, 1)).tables == ()  # a dense job's file as before
+    shard = ServerJob.from_dict(ServerJob.of(job, 0, 2, "round").to_dict())
+    assert shard.tables == job.tables and shard.servers == 3
+    assert TableSpec("t", 2, row_budget=10).capacity(3) == 4  # rounded up
+    for bad, field in (({"name": "Emb"}, "tables.name"), ({"dim": 0}, "tables.emb.dim"),
+                       ({"optimizer": "adam"}, "tables.emb.optimizer"),
+                       ({"evict": "fifo"}, "tables.emb.evict"),
+                       ({"admit_after": 0}, "tables.emb.admit_after"),
+                       ({"row_budget": 0}, "tables.emb.row_budget")):
+        with pytest.raises(JobSpecError, match=f"'{field}'"):
+            JobSpec.from_dict({**_job(1, 1, "asp"), "tables": [{**TABLE, **bad}]})
+    with pytest.raises(JobSpecError, match="distinct names"):
+        JobSpec.from_dict({**_job(1, 1, "asp"), "tables": [TABLE, TABLE]})
+
+
 # ---- exactness ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("sync", ["asp", "bsp"])
 def test_rows_of_8_concurrent_workers_equal_a_numpy_reference(tmp_path, sync):
@@ -115,6 +152,8 @@ def test_rows_of_8_concurrent_workers_equal_a_numpy_reference(tmp_path, sync):
                 done.wait()  # every push acknowledged: all applied (ASP) or in rounds (BSP)
                 finals[kv.rank] = (kv.pull_rows("emb", KEY_SPACE, release.min_version),
                                    kv.pull(min_version=release.min_version))
+                if kv.rank == 0:  # the job lasts until the shards' next heartbeats are in
+                    wait_for(lambda: table_rows_in_metrics(cluster.run_dir), "table counters")
                 done.wait()  # nobody leaves before all have read: the job ends with the last
                 kv.bye()
             finally:
@@ -187,6 +226,8 @@ def test_bad_row_requests_get_clear_errors_and_the_server_keeps_serving(tmp_path
             with pytest.raises(ValueError, match="unknown table 'nope'"):
                 kv.pull_rows("nope", keys)
             huge = np.broadcast_to(np.int64(7), (10**9,))  # no memory: refused by its size
+            import torch
+            np.testing.assert_array_equal(kv.pull_rows("emb", torch.from_numpy(keys)), before)
             with pytest.raises(ValueError, match=f"at most {MAX_KEYS_PER_REQUEST}"):
                 kv.pull_rows("emb", huge)
             # ...and the server refuses what comes anyway, naming the fault.
@@ -233,7 +274,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_with_the_same_rows(tmp_path
     SIGKILLed server is restarted from it; keys created after the restart start from their
     initial rows as anywhere else."""
     from paramserver.launch.local import LocalCluster
-    from test_server_recovery import _server, _wait_for
+    from test_server_recovery import _server  # the live process holding a shard
     job = _job(2, 1, "bsp", checkpoint={"dir": str(tmp_path / "ckpt"), "every": 2})
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
                            restart_servers=1)
@@ -245,7 +286,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_with_the_same_rows(tmp_path
         with KVWorker(cluster.address) as kv:
             kv.init(np.zeros(DENSE_KEYS, np.float32))
             release = _bsp_steps(kv, kv.start(), 4)  # rounds 0..3; checkpoints at 2 and 4
-            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+            wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
             before = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
             os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
             after = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
@@ -273,10 +314,7 @@ def test_a_resumed_job_starts_from_the_tables_checkpoint(tmp_path):
             kv.init(np.zeros(DENSE_KEYS, np.float32))
             release = _bsp_steps(kv, kv.start(), 3)
             saved = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
-            deadline = time.monotonic() + 30
-            while latest(ckpt) != f"{3:09d}":
-                assert time.monotonic() < deadline, "no checkpoint 3"
-                time.sleep(0.02)
+            wait_for(lambda: latest(ckpt) == f"{3:09d}", "checkpoint 3")
             kv.bye()
     assert not np.allclose(saved, initial_rows(KEY_SPACE, DIM, SCALE))
     resumed = _job(2, 1, "bsp", resume={"dir": str(ckpt), "tag": f"{3:09d}"})

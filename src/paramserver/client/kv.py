@@ -82,16 +82,12 @@ def _as_array(values, dtype: np.dtype) -> np.ndarray:
 def _as_keys(keys) -> np.ndarray:
     """Row keys as int64 (hashed ids given as uint64 are viewed as int64, bit for bit); the
     count is checked before anything is copied, so a batch far too big fails at once."""
-    size = getattr(keys, "size", None)
-    if size is None:
-        keys = np.asarray(keys)
-        size = keys.size
-    if size > MAX_KEYS_PER_REQUEST:
-        raise ValueError(f"{size} keys in one request; at most {MAX_KEYS_PER_REQUEST} "
-                         f"(split the batch)")
-    if hasattr(keys, "detach"):
+    if hasattr(keys, "detach"):  # torch tensor, without importing torch here
         keys = keys.detach().cpu().numpy()
-    k = np.asarray(keys)
+    k = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
+    if k.size > MAX_KEYS_PER_REQUEST:
+        raise ValueError(f"{k.size} keys in one request; at most {MAX_KEYS_PER_REQUEST} "
+                         f"(split the batch)")
     if k.dtype == np.uint64:
         k = k.view(np.int64)
     elif k.dtype != np.int64:
@@ -338,7 +334,9 @@ class KVWorker:
     def push_rows_async(self, table: str, keys, grads, *, step: int, batch: int,
                         scale: float = 1.0, round_size: int = 0) -> Handle:
         """Send gradients (float32, (len(keys), dim)) for rows of `table`; returns at once.
-        `round_size` (the release's): give it when these rows are all the step sends."""
+        `round_size` (the release's): give it when these rows are all the step sends; a step
+        that also pushes dense values or other tables' rows in round mode uses push_step, or
+        the round may be applied before all of it is in."""
         handle = Handle("push")
         handle.parts = self._rows_messages(
             table, keys, grads, self._push_fields(step, batch, scale, round_size),

@@ -3,9 +3,9 @@
 ShardCore composes the objects that own the shard's state: ShardStore (values, version,
 optimizer state, the round aggregate), ShardTables (the sparse tables and their rows of the
 open round), DedupTable (replies to pushes already applied) and PendingPulls (pulls waiting for
-a version). It owns two rules of its own: a push that makes
-the round full applies it at once, and heartbeats go out every heartbeat_interval of event
-time carrying the loss counters when they changed.
+a version). It owns two rules of its own: a push that makes the round full applies it at once,
+and heartbeats go out every heartbeat_interval of event time carrying the loss counters when
+they changed.
 
 Replies that carry views of the live values (range pulls) are sent zero-copy; the node hands
 the send's tracker back through lend(). Until then the store does not know the view is out,
@@ -176,6 +176,9 @@ class ShardCore:
         return _NOTHING
 
     def _pull_rows(self, ev: PullRows) -> list | tuple:
+        """Rows now if the shard has reached min_version; else kept with the waiting pulls,
+        which are served once the shard is initialized too (a job inits its dense values
+        before it trains)."""
         st = self.store
         self.tables.checked(ev.table, ev.keys)  # refused now, not when finally served
         if st.version >= ev.min_version:
