@@ -180,6 +180,22 @@ class LocalTable:
         self.rows[where] -= self.lr * grads / (np.sqrt(self.acc[where]) + 1e-10)
 
 
+class LocalRows:
+    """The RowSource of a local table: a request is answered at once."""
+
+    def __init__(self, table: LocalTable):
+        self.table = table
+
+    def start(self, keys, min_version):
+        return self.table.pull(keys)
+
+    def wait(self, request):
+        return request
+
+    def abandon(self, request):
+        pass
+
+
 def train_locally(ds, steps: int, batch: int = 256, lr: float = 0.1, shuffle_labels=False):
     """The worker's step with the servers replaced by a local table and a local SGD."""
     model = build_model("dlrm", ds.input_shape, ds.num_classes, sparse_fields=ds.sparse_fields)
@@ -188,7 +204,7 @@ def train_locally(ds, steps: int, batch: int = 256, lr: float = 0.1, shuffle_lab
     if shuffle_labels:
         sampler.y = sampler.y[torch.randperm(len(sampler.y), generator=torch.Generator()
                                              .manual_seed(0))]
-    rows = SparseRows(model, sampler, lambda keys, version: table.pull(keys))
+    rows = SparseRows(model, sampler, LocalRows(table))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = torch.nn.CrossEntropyLoss()
     for _ in range(steps):
@@ -208,6 +224,51 @@ def one_thread():
     torch.set_num_threads(1)  # as a worker runs (--threads 1): tiny layers, a shared machine
     yield
     torch.set_num_threads(threads)
+
+
+class RecordingRows:
+    """A RowSource that records requests and abandons (rows all zero)."""
+
+    def __init__(self, dim: int):
+        self.dim, self.started, self.abandoned = dim, [], []
+
+    def start(self, keys, min_version):
+        self.started.append((len(keys), min_version))
+        return np.zeros((len(keys), self.dim), np.float32)
+
+    def wait(self, request):
+        return request
+
+    def abandon(self, request):
+        self.abandoned.append(len(request))
+
+
+def test_rows_asked_ahead_are_asked_again_without_skipping_or_repeating_a_sample():
+    ds = load_dataset("clicks", **SMALL)
+    model = build_model("dlrm", ds.input_shape, 2, sparse_fields=ds.sparse_fields, dim=4)
+    source = RecordingRows(4)
+    rows = SparseRows(model, ds.sampler(0, 1, seed=3), source)
+    trained = []
+
+    def train(size, version):
+        rows.request(size, version)
+        rows.receive()
+        trained.append(rows.ready[0])  # the batch's dense features: unique per sample
+        out, _ = rows.forward(torch.float32)
+        assert out.shape == (size, 2)
+
+    train(8, 0)
+    rows.request(8, 1)  # ahead, as the train task does after its push
+    train(8, 1)  # the release agrees: nothing asked again
+    rows.request(8, 2)
+    train(8, 5)  # another version (a restored shard): the same samples asked again
+    rows.request(8, 6)
+    train(5, 6)  # another batch size (LB-BSP): 5 of the 8 drawn, 3 held
+    train(6, 6)  # the 3 held, then 3 new
+    assert source.abandoned and len(source.abandoned) == 2
+    assert [v for _, v in source.started] == [0, 1, 2, 5, 6, 6, 6]
+    reference = ds.sampler(0, 1, seed=3).next_sparse_batch(8 + 8 + 8 + 5 + 6)[0]
+    assert torch.equal(torch.cat(trained), reference)
 
 
 def test_the_signal_is_learnable_and_shuffled_labels_are_not(one_thread):

@@ -15,7 +15,7 @@ from paramserver.models import ModelKeys
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
-from paramserver.training.sparse_step import SparseRows
+from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
 from paramserver.spec.job import TaskSpec
 from paramserver.training.workload import build
@@ -62,8 +62,7 @@ class StepLoop:
         # their gradients with the dense gradient, in one push_step.
         table = getattr(self.model, "sparse_table", None)
         self.rows = None if table is None else SparseRows(
-            self.model, self.sampler,
-            lambda keys, version: kv.pull_rows(table, keys, min_version=version))
+            self.model, self.sampler, TableRows(kv, table))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
         self.compressor = make_compressor(task.compress, **task.compress_options)
@@ -131,9 +130,11 @@ class StepLoop:
         if self.layered is not None:
             return self.step_layered(release, wait_s)
         t_a = time.perf_counter()
+        if self.rows is not None:  # on its way while the dense pull is (or was asked ahead)
+            self.rows.request(release.batch_size, release.min_version)
         pull_bytes = self.pull(release)
         if self.rows is not None:
-            pull_bytes += self.rows.fetch(release.batch_size, release.min_version)
+            pull_bytes += self.rows.receive()
         t_b = time.perf_counter()
         loss = self.compute(release.batch_size)
         self.kv.give_back(self.loan)
@@ -146,6 +147,8 @@ class StepLoop:
         if self.pull_ahead:
             version = release.min_version + 1  # what the release after this round will ask
             self.ahead = version, self.kv.pull_async(out=self.params_np, min_version=version)
+            if self.rows is not None:  # the next batch's rows, likewise
+                self.rows.request(release.batch_size, version)
         t_d = time.perf_counter()
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
