@@ -152,10 +152,10 @@ class DictTable:
 
     def push(self, keys, grads, scale=1.0):
         sums = {}
-        for k, g in zip(keys.tolist(), grads):
+        for k, g in zip(keys.tolist(), grads.astype(np.float64)):
             sums[k] = sums[k] + g if k in sums else g.copy()
         for k, g in sums.items():
-            g = g * F32(scale)
+            g = g.astype(F32) * F32(scale)
             if k not in self.rows:
                 self.seen[k] = self.seen.get(k, 0) + 1
                 if self.seen[k] < self.admit_after:
@@ -492,3 +492,16 @@ def test_memory_stays_bounded_by_capacity_over_a_long_stream(admit_after):
     if admit_after > 1:
         bound += cap * 3 * 8 + 2 * cap * 8 + index
     assert peak <= bound, (peak, bound)
+
+
+def test_key_index_survives_chains_that_reach_the_padding():
+    # Keys that all hash to the last home positions: their chains run into the padding, so
+    # the index must grow (or re-place) rather than lose or misplace any of them.
+    ix = KeyIndex()
+    cand = rand_keys(np.random.default_rng(13), 400_000)
+    homes = ix._home(cand)
+    crowd = cand[homes >= ix.size - 4][:300]
+    assert len(crowd) > keymap.PAD
+    ix.insert(crowd, np.arange(len(crowd)))
+    assert ix.get(crowd).tolist() == list(range(len(crowd)))
+    assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()

@@ -6,7 +6,7 @@
 - A key gets a row on its first admitted push, starting at `initial_rows` (seeded by the key),
   so a key that was never pushed, or was evicted, reads the same on every shard and after a
   restore. A pull never creates a row.
-- Push: duplicates are summed (in the order they appear), multiplied by `scale`, then the
+- Push: duplicates are summed (in float64, rounded once), multiplied by `scale`, then the
   optimizer runs once per unique key. Adagrad keeps a per-row-per-column accumulator like
   torch.optim.Adagrad (initial accumulator 0, eps 1e-10, no lr decay); SGD keeps nothing.
 - Admission: with admit_after = k > 1 a key needs to be in k pushes before it gets a row. The
@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from paramserver.sparse.init import initial_rows
 from paramserver.sparse.keymap import KeyIndex
@@ -418,15 +417,16 @@ class SparseTable:
         self._freq = _grow(self._freq, n)
 
     def _apply(self, slots: np.ndarray, g: np.ndarray) -> None:
-        """One optimizer step on unique slots with their summed gradients."""
+        """One optimizer step on unique slots with their summed gradients (g is ours)."""
         rows = self._rows[slots]
         if self._adagrad:
             acc = self._accum[slots]
-            acc += g * g
+            sq = np.multiply(g, g)
+            acc += sq
             self._accum[slots] = acc
-            std = np.sqrt(acc)
+            std = np.sqrt(acc, out=sq)
             std += ADAGRAD_EPS
-            g = g / std
+            np.divide(g, std, out=g)
         g *= self._lr
         rows -= g
         self._rows[slots] = rows
@@ -479,21 +479,29 @@ class SparseTable:
 
 
 def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and the sum of each one's grads, added in the order they came
-    (torch's index_add_ adds sequentially; numpy's reduceat does not)."""
-    order = np.argsort(keys, kind="stable")
+    """Sorted unique keys and the sum of each one's grads. Sums of several grads are taken
+    in float64 and rounded once to float32, so they do not depend on the order the
+    duplicates came in (exactly so while the grads of a key span under 2^29 in magnitude)."""
+    order = np.argsort(keys)
     sk = keys[order]
     first = np.empty(len(sk), bool)
     first[0] = True
     np.not_equal(sk[1:], sk[:-1], out=first[1:])
     uniq = sk[first]
+    g = grads[order]
     if len(uniq) == len(keys):
-        return uniq, grads[order]
-    inverse = np.empty(len(keys), np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    out = torch.zeros((len(uniq), grads.shape[1]), dtype=torch.float32)
-    out.index_add_(0, torch.from_numpy(inverse), torch.from_numpy(grads))
-    return uniq, out.numpy()
+        return uniq, g
+    out = g[first]
+    starts = np.flatnonzero(first)
+    counts = np.diff(starts, append=len(keys))
+    multi = counts > 1
+    # Only keys with several grads need a sum; most keys in a batch have one.
+    part = g[np.repeat(multi, counts)].astype(np.float64)
+    mc = counts[multi]
+    at = np.zeros(len(mc), np.int64)
+    np.cumsum(mc[:-1], out=at[1:])
+    out[multi] = np.add.reduceat(part, at, axis=0)
+    return uniq, out
 
 
 def _array(arrays, name: str, dtype, shape: tuple) -> np.ndarray:
