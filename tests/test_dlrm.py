@@ -373,3 +373,11 @@ def test_a_compare_report_of_click_models_is_scored_by_auc(tmp_path):
     assert rows["asp"].speedup == 2.0 and rows["asp"].final_accuracy == 0.72
     page = build_report(root).read_text()
     assert "Time to test AUC 0.7" in page and "final AUC" in page and "0.7200" in page
+
+
+def test_the_simulator_refuses_to_train_a_model_with_a_sparse_table(tmp_path, capsys):
+    from paramserver.cli.main import main
+    code = main(["simulate", "--train", "--model", "dlrm", "--dataset", "clicks",
+                 "--dataset-opt", "train=500", "--dataset-opt", "test=100", "--workers", "2",
+                 "--steps", "2", "--quiet", "--out", str(tmp_path / "sim")])
+    assert code == 2 and "sparse table" in capsys.readouterr().err
