@@ -167,7 +167,7 @@ def test_synthetic_deterministic_and_configurable():
 
 
 def test_registry_errors_list_names_and_options():
-    assert set(DATASETS.names()) == {"digits", "mnist", "synthetic"}
+    assert set(DATASETS.names()) == {"digits", "mnist", "synthetic", "clicks"}
     with pytest.raises(UnknownNameError, match="digits"):
         load_dataset("cifar")
     with pytest.raises(ValueError, match="accepted: test_fraction"):

@@ -42,6 +42,9 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
+    p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="model option, e.g. hidden=256 for mlp; dim=16, row_budget=100000, "
+                        "admit_after=2, table_lr=0.05 for dlrm (repeatable)")
     p.add_argument("--dataset", default=d.dataset,
                    help=f"{catalog.listed(catalog.DATASETS)} (default {d.dataset})")
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
@@ -114,7 +117,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         sync_options = flag.options(getattr(args, "sync_opt", None))
     return TrainConfig(
         sync=sync, sync_options=sync_options,
-        workers=args.workers, servers=args.servers, model=args.model, dataset=args.dataset,
+        workers=args.workers, servers=args.servers, model=args.model,
+        model_options=flag.options(args.model_opt), dataset=args.dataset,
         data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
         epochs=args.epochs, steps=args.steps, max_seconds=args.max_seconds,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
@@ -133,6 +137,7 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     from paramserver.compression import make_compressor
     from paramserver.compression.ranges import make_plan
     from paramserver.compression.schedule import check_order
+    from paramserver.models import sparse_tables
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
     from paramserver.training.workload import build
@@ -141,7 +146,8 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     make_compressor(cfg.compress, **cfg.compress_options)
     cfg.straggler.model.check_workers(cfg.workers)
-    ds, _, keys = build(cfg.job(0, 0).task, cfg.dtype)
+    ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype)
+    tables = sparse_tables(model)  # DLRM's embedding rows live in a table on the servers
     ranged = make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers])
     if cfg.schedule != "off":
         check_order(cfg.schedule)
@@ -149,7 +155,10 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
                               ("--schedule", cfg.schedule != "off")) if on]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
-    return cfg.job(keys.num_keys, len(ds.train))
+    if tables and chosen:
+        raise ValueError(f"--model {cfg.model} (rows in a sparse table) cannot be combined with "
+                         f"{chosen[0]} yet")
+    return cfg.job(keys.num_keys, len(ds.train), tables)
 
 
 def prepare_job(cfg: TrainConfig) -> dict:
@@ -204,6 +213,11 @@ def print_summary(s: dict, run_dir: Path) -> None:
     print(f"{s['sync']}: {s['steps']} steps in {s['wall_time_s']:.1f} s, final test accuracy "
           f"{'-' if acc is None else f'{acc:.4f}'}, mean wait {s['mean_wait_fraction']:.1%}")
     print(f"  time to accuracy: {tta}")
+    if s.get("final_test_auc") is not None:  # a click model (dlrm)
+        tt_auc = ", ".join(f"{k}: {'-' if v is None else f'{v:.1f}s'}"
+                           for k, v in s["time_to_auc"].items())
+        print(f"  test AUC: final {s['final_test_auc']:.4f}, best {s['best_test_auc']:.4f}; "
+              f"time to AUC: {tt_auc}")
     if s.get("diverged_at_s") is not None:
         print(f"  diverged: the test loss is not a finite number from {s['diverged_at_s']:.1f} s "
               f"on (try a smaller --lr, or --optimizer dynsgd for asynchronous policies)")

@@ -6,6 +6,7 @@ import inspect
 from typing import Callable
 
 from paramserver.data.base import Dataset, Split
+from paramserver.data.clicks import load_clicks
 from paramserver.data.digits import load_digits
 from paramserver.data.idx import IdxFormatError, read_idx, write_idx
 from paramserver.data.mnist import load_mnist
@@ -17,6 +18,7 @@ DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
 DATASETS.register("digits")(load_digits)
 DATASETS.register("mnist")(load_mnist)
 DATASETS.register("synthetic")(load_synthetic)
+DATASETS.register("clicks")(load_clicks)
 DEFAULT_DATASET = "digits"
 
 

@@ -12,16 +12,28 @@ from paramserver.data.sampler import BatchSampler
 
 @dataclass(frozen=True)
 class Split:
-    """Features X (float32; images (N, C, H, W), vectors (N, D)) and int64 labels y."""
+    """Features X (float32; images (N, C, H, W), vectors (N, D)) and int64 labels y; a data
+    set with categorical fields (clicks) adds their int64 ids (N, F), which no float holds
+    exactly (ids range over 10^12)."""
 
     X: torch.Tensor
     y: torch.Tensor
+    ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.X.dtype != torch.float32 or self.y.dtype != torch.int64:
             raise TypeError(f"expected float32 X and int64 y, got {self.X.dtype}, {self.y.dtype}")
         if self.y.ndim != 1 or len(self.X) != len(self.y):
             raise ValueError(f"X {tuple(self.X.shape)} and y {tuple(self.y.shape)} do not match")
+        if self.ids is not None and (self.ids.dtype != torch.int64 or self.ids.ndim != 2
+                                     or len(self.ids) != len(self.y)):
+            raise ValueError(f"ids must be int64 (N, fields) with N = {len(self.y)}; got "
+                             f"{self.ids.dtype} {tuple(self.ids.shape)}")
+
+    @property
+    def fields(self) -> int:
+        """Categorical fields per sample (0: none)."""
+        return 0 if self.ids is None else int(self.ids.shape[1])
 
     def __len__(self) -> int:
         return len(self.y)
@@ -39,6 +51,8 @@ class Dataset:
     def __post_init__(self) -> None:
         if self.train.X.shape[1:] != self.test.X.shape[1:]:
             raise ValueError("train and test samples have different shapes")
+        if self.train.fields != self.test.fields:
+            raise ValueError("train and test samples have different categorical fields")
         for split in (self.train, self.test):
             if len(split) and not (0 <= int(split.y.min()) and int(split.y.max()) < self.num_classes):
                 raise ValueError(f"labels outside [0, {self.num_classes})")
@@ -47,6 +61,11 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one sample: (C, H, W) for images, (D,) for feature vectors."""
         return tuple(self.train.X.shape[1:])
+
+    @property
+    def sparse_fields(self) -> int:
+        """Categorical fields per sample, whose ids a model looks up in a sparse table."""
+        return self.train.fields
 
     def shard_indices(self, rank: int, num_workers: int, seed: int = 0) -> np.ndarray:
         """Training-set indices of worker `rank`'s shard; all ranks must pass the same seed."""
@@ -68,13 +87,20 @@ class Dataset:
     def sampler(self, rank: int, num_workers: int, seed: int = 0) -> BatchSampler:
         """A BatchSampler over worker `rank`'s shard; its shuffling stream differs per rank."""
         X, y = self.shard(rank, num_workers, seed)
+        ids = None
+        if self.train.ids is not None:
+            index = torch.from_numpy(self.shard_indices(rank, num_workers, seed))
+            ids = self.train.ids.index_select(0, index)
         stream = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
-        return BatchSampler(X, y, seed=stream)
+        return BatchSampler(X, y, seed=stream, ids=ids)
 
     def describe(self) -> dict:
         """A JSON-ready summary for run logs."""
-        return {"dataset": self.name, "train": len(self.train), "test": len(self.test),
-                "input_shape": list(self.input_shape), "num_classes": self.num_classes}
+        out = {"dataset": self.name, "train": len(self.train), "test": len(self.test),
+               "input_shape": list(self.input_shape), "num_classes": self.num_classes}
+        if self.sparse_fields:
+            out["sparse_fields"] = self.sparse_fields
+        return out
 
 
 def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
@@ -102,9 +128,13 @@ def stratified_split(labels: np.ndarray, test_fraction: float,
 
 
 def make_dataset(name: str, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
-                 y_test: np.ndarray, num_classes: int) -> Dataset:
-    """Wrap numpy arrays as a Dataset (float32 features, int64 labels)."""
-    def split(X: np.ndarray, y: np.ndarray) -> Split:
+                 y_test: np.ndarray, num_classes: int, ids_train: np.ndarray | None = None,
+                 ids_test: np.ndarray | None = None) -> Dataset:
+    """Wrap numpy arrays as a Dataset (float32 features, int64 labels and categorical ids)."""
+    def split(X: np.ndarray, y: np.ndarray, ids: np.ndarray | None) -> Split:
         return Split(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)),
-                     torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)))
-    return Dataset(name, split(X_train, y_train), split(X_test, y_test), int(num_classes))
+                     torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)),
+                     None if ids is None else torch.from_numpy(
+                         np.ascontiguousarray(ids, dtype=np.int64)))
+    return Dataset(name, split(X_train, y_train, ids_train), split(X_test, y_test, ids_test),
+                   int(num_classes))

@@ -13,15 +13,17 @@ class BatchSampler:
     A batch that crosses an epoch boundary takes the epoch's remaining samples and fills up from
     the next permutation, so every batch has exactly the requested size and every sample is seen
     once per epoch. A batch larger than the shard spans several epochs (samples then repeat).
-    Deterministic given (shard, seed).
+    Deterministic given (shard, seed). A shard with categorical ids (N, F) draws them along.
     """
 
-    def __init__(self, X: torch.Tensor, y: torch.Tensor, seed: int = 0):
-        if len(X) != len(y):
-            raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+    def __init__(self, X: torch.Tensor, y: torch.Tensor, seed: int = 0,
+                 ids: torch.Tensor | None = None):
+        if len(X) != len(y) or (ids is not None and len(ids) != len(y)):
+            raise ValueError(f"X has {len(X)} samples but y has {len(y)}"
+                             + ("" if ids is None else f" and ids {len(ids)}"))
         if len(X) == 0:
             raise ValueError("cannot sample batches from an empty shard")
-        self.X, self.y = X, y
+        self.X, self.y, self.ids = X, y, ids
         self._rng = np.random.default_rng(seed)
         self._perm = self._rng.permutation(len(X))
         self._pos = 0
@@ -57,3 +59,12 @@ class BatchSampler:
         """The next (X, y) batch of exactly `batch_size` samples (copies, safe to modify)."""
         index = torch.from_numpy(self.next_indices(batch_size))
         return self.X.index_select(0, index), self.y.index_select(0, index)
+
+    def next_sparse_batch(self, batch_size: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next (X, ids, y) batch, for a shard with categorical ids."""
+        if self.ids is None:
+            raise ValueError("this shard has no categorical ids (not a click log)")
+        index = torch.from_numpy(self.next_indices(batch_size))
+        return (self.X.index_select(0, index), self.ids.index_select(0, index),
+                self.y.index_select(0, index))

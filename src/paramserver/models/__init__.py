@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from paramserver.models.dlrm import dlrm
 from paramserver.models.keyspace import Layer, ModelKeys
 from paramserver.models.nets import cnn, logreg, mlp
 from paramserver.core.registry import Registry
@@ -16,18 +17,33 @@ MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 MODELS.register("mlp")(mlp)
 MODELS.register("cnn")(cnn)
 MODELS.register("logreg")(logreg)
+MODELS.register("dlrm")(dlrm)
 DEFAULT_MODEL = "mlp"
 
 
 def model_options(name: str) -> list[str]:
     """The keyword options the model registered as `name` accepts."""
     params = inspect.signature(MODELS.get(name)).parameters
-    return [p for p in params if p not in ("input_shape", "num_classes")]
+    return [p for p in params if p not in ("input_shape", "num_classes", "sparse_fields")]
+
+
+def takes_sparse_fields(name: str) -> bool:
+    """Whether model `name` looks categorical ids up in a sparse table (DLRM)."""
+    return "sparse_fields" in inspect.signature(MODELS.get(name)).parameters
+
+
+def sparse_tables(model: nn.Module) -> tuple:
+    """The sparse tables (spec.job.TableSpec) the job of `model` must carry; () for a model
+    whose parameters are all dense."""
+    tables = getattr(model, "tables", None)
+    return tuple(tables()) if callable(tables) else ()
 
 
 def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
-                dtype: torch.dtype = torch.float32, **options) -> nn.Module:
-    """Build model `name` for samples of `input_shape`; same seed, same initial weights.
+                dtype: torch.dtype = torch.float32, sparse_fields: int = 0,
+                **options) -> nn.Module:
+    """Build model `name` for samples of `input_shape` (and `sparse_fields` categorical ids, for
+    a model that takes them); same seed, same initial weights.
 
     The global torch RNG is left as it was, so building a model never perturbs other streams.
     """
@@ -38,10 +54,16 @@ def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
                          f"accepted: {', '.join(model_options(name)) or '(none)'}")
     if int(num_classes) < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
+    if takes_sparse_fields(name):
+        options["sparse_fields"] = int(sparse_fields)
+    elif sparse_fields:
+        raise ValueError(f"model {name!r} cannot use the data set's {sparse_fields} categorical "
+                         f"fields; use --model dlrm")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = factory(tuple(int(d) for d in input_shape), int(num_classes), **options)
     return model.to(dtype)
 
 
-__all__ = ["DEFAULT_MODEL", "Layer", "MODELS", "ModelKeys", "build_model", "model_options"]
+__all__ = ["DEFAULT_MODEL", "Layer", "MODELS", "ModelKeys", "build_model", "model_options",
+           "sparse_tables", "takes_sparse_fields"]

@@ -7,9 +7,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paramserver.runlog.metrics import read_records, summarize, time_to_accuracy
+from paramserver.runlog.metrics import read_records, summarize, time_to_accuracy, time_to_auc
 
 DEFAULT_TARGET = 0.95
+# What a run is scored by: accuracy, or the test AUC for click models (dlrm), whose accuracy
+# sits near the share of the majority class. score -> (label, default target).
+SCORES = {"accuracy": ("test accuracy", DEFAULT_TARGET), "auc": ("test AUC", 0.70)}
+
+
+def fmt_target(score: str, target: float) -> str:
+    """'95% test accuracy', 'test AUC 0.7'."""
+    return f"{100 * target:g}% test accuracy" if score == "accuracy" else f"test AUC {target:g}"
 SINGLE = "single"  # the folder name of the one-worker reference runs in a compare folder
 _REP = re.compile(r"rep-(\d+)$")
 # Without a plan, policies appear in this order: the BSP baseline first, as in compare's default.
@@ -56,13 +64,19 @@ class Run:
         """Seconds from the last step to the last evaluation."""
         return max(0.0, self.evals[-1]["t"] - self.train_time) if self.evals else 0.0
 
+    @property
+    def score(self) -> str:
+        """"auc" when the evaluator scored the run's AUC (a click model), else "accuracy"."""
+        return "auc" if any(e.get("auc") is not None for e in self.evals) else "accuracy"
+
     def time_to(self, target: float) -> float | None:
-        """Seconds until the test accuracy first reached target (the summary's value if any)."""
+        """Seconds until the run's score first reached target (the summary's value if any)."""
         key = f"{target:g}"
-        known = self.summary.get("time_to_accuracy") or {}
+        auc = self.score == "auc"
+        known = self.summary.get("time_to_auc" if auc else "time_to_accuracy") or {}
         if key in known:
             return known[key]
-        return time_to_accuracy(self.evals, (target,))[key]
+        return (time_to_auc if auc else time_to_accuracy)(self.evals, (target,))[key]
 
 
 @dataclass
@@ -75,8 +89,14 @@ class Collection:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def score(self) -> str:
+        """What the runs are scored by: AUC when any run is a click model's."""
+        return "auc" if any(r.score == "auc" for r in self.runs) else "accuracy"
+
+    @property
     def target(self) -> float:
-        return float((self.plan or {}).get("target_accuracy") or DEFAULT_TARGET)
+        """The plan's target on the runs' score, else the score's default."""
+        return float((self.plan or {}).get("target_accuracy") or SCORES[self.score][1])
 
     def scenarios(self) -> list[str]:
         planned = list(((self.plan or {}).get("scenarios") or {}).keys())

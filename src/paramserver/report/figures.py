@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from paramserver.report import series
-from paramserver.report.collect import Collection
+from paramserver.report.collect import SCORES, Collection, fmt_target
 from paramserver.report.series import policy_color
 from paramserver.report.table import Row
 
@@ -41,8 +41,9 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def plot_accuracy(data: dict, scenario: str, target: float, x: str, path: Path) -> Path:
-    """Test accuracy against wall time or steps: thin lines per repeat, thick median."""
+def plot_accuracy(data: dict, scenario: str, target: float, x: str, path: Path,
+                  score: str = "accuracy") -> Path:
+    """Test accuracy (or AUC) against wall time or steps: thin lines per repeat, thick median."""
     fig, (ax,) = _canvas()
     for policy, d in data.items():
         color, dashed = policy_color(policy), "--" if policy == "single" else "-"
@@ -55,12 +56,16 @@ def plot_accuracy(data: dict, scenario: str, target: float, x: str, path: Path) 
         # Markers: short runs have few evaluations, and a single one draws no line at all.
         ax.plot(xs, ys, color=color, lw=2.2, ls=dashed, label=label, drawstyle="steps-post",
                 marker="o" if len(xs) < 30 else None, ms=5)
-    ax.axhline(target, color="black", lw=0.8, ls=":", label=f"target {100 * target:g}%")
+    label = SCORES[score][0]
+    ax.axhline(target, color="black", lw=0.8, ls=":",
+               label=f"target {100 * target:g}%" if score == "accuracy" else f"target {target:g}")
     ax.set_xlabel("wall time since start (s)" if x == "time" else "steps (samples / global batch)")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(_accuracy_floor(data), 1.0)
+    ax.set_ylabel(label)
+    top = 1.0 if score == "accuracy" else min(1.0, max(
+        [target] + [max(d["median"][1]) for d in data.values() if len(d["median"][1])]) + 0.03)
+    ax.set_ylim(_accuracy_floor(data), top)
     ax.set_xlim(left=0)  # every run starts at 0, even where its first evaluation came late
-    ax.set_title(f"{scenario}: test accuracy against {'wall time' if x == 'time' else 'steps'}")
+    ax.set_title(f"{scenario}: {label} against {'wall time' if x == 'time' else 'steps'}")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
     return _save(fig, path)
@@ -138,7 +143,8 @@ def plot_throughput(data: dict, scenario: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_tta(bars: list[dict], scenario: str, target: float, path: Path) -> Path:
+def plot_tta(bars: list[dict], scenario: str, target: float, path: Path,
+             score: str = "accuracy") -> Path:
     """Time to target per policy: median bar, min–max whisker, speedup over BSP on top."""
     fig, (ax,) = _canvas(width=min(10.0, 1.3 * len(bars) + 3))
     top = max((b["max"] for b in bars if b["max"] is not None), default=1.0)
@@ -155,8 +161,8 @@ def plot_tta(bars: list[dict], scenario: str, target: float, path: Path) -> Path
     ax.set_xticks(range(len(bars)), [b["policy"] for b in bars])
     ax.set_xlim(-0.7, len(bars) - 0.3)  # room for a "not reached" label at either end
     ax.set_ylim(0, top * 1.3)
-    ax.set_ylabel(f"seconds to {100 * target:g}% test accuracy")
-    ax.set_title(f"{scenario}: time to {100 * target:g}% accuracy (median, min–max)")
+    ax.set_ylabel(f"seconds to {fmt_target(score, target)}")
+    ax.set_title(f"{scenario}: time to {fmt_target(score, target)} (median, min–max)")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -168,22 +174,23 @@ def slug(name: str) -> str:
 def draw_all(collection: Collection, rows: list[Row], outdir: Path) -> list[FigureFile]:
     """Every figure of every scenario into outdir; returns them in reading order."""
     outdir.mkdir(parents=True, exist_ok=True)
-    target, out = collection.target, []
+    target, score, out = collection.target, collection.score, []
     for scenario in collection.scenarios():
         def path(kind):
             return outdir / f"{kind}-{slug(scenario)}.png"
         drawn = {
             "accuracy_time": lambda p: plot_accuracy(series.accuracy_series(
-                collection, scenario, "time"), scenario, target, "time", p),
+                collection, scenario, "time"), scenario, target, "time", p, score),
             "accuracy_steps": lambda p: plot_accuracy(series.accuracy_series(
-                collection, scenario, "steps"), scenario, target, "steps", p),
+                collection, scenario, "steps"), scenario, target, "steps", p, score),
             "breakdown": lambda p: plot_breakdown(series.breakdown_series(collection, scenario),
                                                   scenario, p),
             "staleness": lambda p: plot_staleness(series.staleness_series(collection, scenario),
                                                   scenario, p),
             "throughput": lambda p: plot_throughput(series.throughput_series(collection, scenario),
                                                     scenario, p),
-            "tta": lambda p: plot_tta(series.tta_series(rows, scenario), scenario, target, p),
+            "tta": lambda p: plot_tta(series.tta_series(rows, scenario), scenario, target, p,
+                                      score),
         }
         for kind in KINDS:
             # A figure that cannot be drawn is reported, not fatal: the table still stands.

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from statistics import median
 
-from paramserver.report.collect import SINGLE, Collection
+from paramserver.report.collect import SINGLE, Collection, fmt_target
 from paramserver.report.figures import FigureFile
-from paramserver.report.table import Row, fmt_pct, render_table
+from paramserver.report.table import Row, fmt_pct, fmt_score, render_table
 
 CAPTIONS = {
     "accuracy_time": "Test accuracy against wall time. Read the horizontal distance between "
@@ -79,7 +79,7 @@ def plan_section(c: Collection) -> str:
         ("policies", ", ".join(c.policies()) + ("" if SINGLE not in c.policies() else
                                                 "  (single = one worker, same global batch)")),
         ("repeats", plan.get("repeats", _max_repeats(c))),
-        ("target accuracy", f"{100 * c.target:g}%"), ("runs read", len(c.runs))]))
+        ("target", fmt_target(c.score, c.target)), ("runs read", len(c.runs))]))
     config = dict(plan.get("config") or _recorded_settings(c))
     if plan.get("config"):
         # The plan's config is the template; these two are set per run by policy and scenario.
@@ -118,7 +118,8 @@ def warnings_section(c: Collection, rows: list[Row]) -> str:
     """Skipped runs, recomputed summaries, and every run that never reached the target."""
     items = list(c.warnings)
     items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) never reached "
-              f"{100 * c.target:g}% (best {fmt_pct(r.summary.get('best_test_accuracy'))})"
+              f"{fmt_target(c.score, c.target)} (best "
+              f"{fmt_score(c.score, r.summary.get(f'best_test_{c.score}'))})"
               for r in c.runs if r.time_to(c.target) is None]
     items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) diverged: its test "
               f"loss is not a finite number from {r.summary['diverged_at_s']:.1f} s on, so its "
@@ -190,11 +191,12 @@ def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> 
     body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
             f"<code>{_e(c.root)}</code>; everything below is drawn from their log files.</p>",
             plan_section(c), notes_section(c), warnings_section(c, rows),
-            f"<h2>Time to {100 * c.target:g}% test accuracy</h2>",
+            f"<h2>Time to {fmt_target(c.score, c.target)}</h2>",
             "<p>Median and min–max over repeats; a repeat that never reached the target counts "
             "as slower than any that did. Speedup = median BSP time / median policy time. "
             "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
-            render_table(rows, c.target), fidelity_section(rows), figures_section(c, figures)]
+            render_table(rows, c.target, c.score), fidelity_section(rows),
+            figures_section(c, figures)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"
             + "\n".join(b for b in body if b) + "\n</body></html>\n")

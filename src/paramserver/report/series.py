@@ -23,12 +23,13 @@ def policy_color(policy: str) -> str:
 
 
 def run_curve(run: Run, x: str) -> tuple[list[float], list[float]]:
-    """Test accuracy of one run against wall time ("time") or global steps ("steps")."""
+    """Test accuracy (AUC for a click model) of one run against wall time ("time") or global
+    steps ("steps")."""
     if x == "time":
         xs = [e["t"] for e in run.evals]
     else:
         xs = [e.get("samples", 0) / run.global_batch for e in run.evals]
-    return xs, [e["accuracy"] for e in run.evals]
+    return xs, [e[run.score] for e in run.evals]
 
 
 def median_curve(curves: list[tuple]) -> tuple[np.ndarray, np.ndarray]:

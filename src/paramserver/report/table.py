@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from statistics import mean, median
 
-from paramserver.report.collect import SINGLE, Collection, Run
+from paramserver.report.collect import SINGLE, Collection, Run, fmt_target
 
 BASELINE = "bsp"  # speedups are against this policy in the same scenario
 
@@ -31,6 +31,7 @@ class Row:
     real_compute_share: float | None
     push_bytes: float | None = None  # per worker step, median over repeats
     speedup: float | None = None  # median BSP time / median time of this policy
+    score: str = "accuracy"  # what final/best_accuracy hold: accuracy, or AUC (click models)
 
     @property
     def reference(self) -> bool:
@@ -42,7 +43,8 @@ def _median_or_none(values) -> float | None:
     return median(values) if values else None
 
 
-def policy_row(scenario: str, policy: str, runs: list[Run], target: float) -> Row:
+def policy_row(scenario: str, policy: str, runs: list[Run], target: float,
+               score: str = "accuracy") -> Row:
     """Aggregate the repeats of one policy; a repeat that never reached the target counts as
     infinitely slow, so the median is "not reached" once half of them missed it."""
     times = [run.time_to(target) for run in runs]
@@ -53,8 +55,8 @@ def policy_row(scenario: str, policy: str, runs: list[Run], target: float) -> Ro
         scenario=scenario, policy=policy, repeats=len(runs), reached=len(reached),
         tta_median=None if math.isinf(mid) else mid,
         tta_min=reached[0] if reached else None, tta_max=reached[-1] if reached else None,
-        final_accuracy=_median_or_none(x.get("final_test_accuracy") for x in s),
-        best_accuracy=_median_or_none(x.get("best_test_accuracy") for x in s),
+        final_accuracy=_median_or_none(x.get(f"final_test_{score}") for x in s),
+        best_accuracy=_median_or_none(x.get(f"best_test_{score}") for x in s), score=score,
         wait_fraction=mean(x.get("mean_wait_fraction") or 0.0 for x in s),
         staleness=mean(x.get("mean_staleness") or 0.0 for x in s),
         samples_per_s=median(run.samples_per_s for run in runs),
@@ -67,7 +69,8 @@ def table_rows(collection: Collection, target: float | None = None) -> list[Row]
     target = collection.target if target is None else target
     rows = []
     for scenario in collection.scenarios():
-        group = [policy_row(scenario, p, collection.select(scenario, p), target)
+        group = [policy_row(scenario, p, collection.select(scenario, p), target,
+                            collection.score)
                  for p in collection.policies(scenario)]
         base = next((r.tta_median for r in group if r.policy == BASELINE), None)
         for row in group:
@@ -91,8 +94,13 @@ def _cells(row: Row) -> list[str]:
     name = f"{row.policy} (reference)" if row.reference else row.policy
     return [name, f"{row.reached}/{row.repeats}", fmt_seconds(row.tta_median), spread,
             "–" if row.speedup is None else f"×{row.speedup:.2f}",
-            fmt_pct(row.final_accuracy), fmt_pct(row.best_accuracy), fmt_pct(row.wait_fraction),
+            fmt_score(row.score, row.final_accuracy), fmt_score(row.score, row.best_accuracy),
+            fmt_pct(row.wait_fraction),
             f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}", fmt_bytes(row.push_bytes)]
+
+
+def fmt_score(score: str, value: float | None) -> str:
+    return fmt_pct(value) if score == "accuracy" or value is None else f"{value:.4f}"
 
 
 def fmt_bytes(value: float | None) -> str:
@@ -107,17 +115,19 @@ HEADERS = ["policy", "repeats reaching target", "time to target (s, median)", "m
            "samples/s (training)", "push bytes/step"]
 
 
-def render_table(rows: list[Row], target: float) -> str:
+def render_table(rows: list[Row], target: float, score: str = "accuracy") -> str:
     """The rows as one HTML table, a header row per scenario."""
+    headers = HEADERS if score == "accuracy" else [
+        {"final acc.": "final AUC", "best acc.": "best AUC"}.get(h, h) for h in HEADERS]
     out = ["<table class='tta'>",
-           "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS) + "</tr></thead>",
+           "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr></thead>",
            "<tbody>"]
     scenario = None
     for row in rows:
         if row.scenario != scenario:
             scenario = row.scenario
             out.append(f"<tr class='scenario'><th colspan='{len(HEADERS)}'>scenario "
-                       f"{html.escape(scenario)} — target accuracy {100 * target:g}%</th></tr>")
+                       f"{html.escape(scenario)} — target {fmt_target(score, target)}</th></tr>")
         cls = " class='reference'" if row.reference else (
             " class='missed'" if row.tta_median is None else "")
         out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row))

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 DEFAULT_TARGETS = (0.8, 0.9, 0.95, 0.97, 0.98)
+AUC_TARGETS = (0.6, 0.65, 0.7, 0.72, 0.75)  # click models (DLRM): chance is 0.5
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -52,6 +53,16 @@ def time_to_accuracy(evals: list[dict], targets=DEFAULT_TARGETS) -> dict[str, fl
     return out
 
 
+def time_to_auc(evals: list[dict], targets=AUC_TARGETS) -> dict[str, float | None]:
+    """Seconds until the test AUC first reached each target; {} when no evaluation scored AUC
+    (a model without a click score)."""
+    scored = [e for e in evals if e.get("auc") is not None]
+    if not scored:
+        return {}
+    return {f"{t:g}": next((round(e["t"], 4) for e in scored if e["auc"] >= t), None)
+            for t in targets}
+
+
 def diverged_at(evals: list[dict]) -> float | None:
     """When the test loss first stopped being a finite number (the model diverged: its
     accuracy from then on is chance), or None."""
@@ -82,6 +93,10 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "final_test_accuracy": evals[-1]["accuracy"] if evals else None,
         "best_test_accuracy": max((e["accuracy"] for e in evals), default=None),
         "time_to_accuracy": time_to_accuracy(evals, targets),
+        "final_test_auc": evals[-1].get("auc") if evals else None,
+        "best_test_auc": max((e["auc"] for e in evals if e.get("auc") is not None),
+                             default=None),
+        "time_to_auc": time_to_auc(evals),
         "diverged_at_s": diverged_at(evals),
         "mean_wait_fraction": (sum(w["wait_fraction"] for w in workers.values()) / len(workers)
                                if workers else 0.0),

@@ -93,6 +93,9 @@ class Simulation:
         straggler.check_workers(cfg.workers)
         cost = parse_compute(cfg.compute, load_trace).bind(cfg.workers, cfg.steps_hint(), cfg.seed)
         built = _build_task(cfg) if cfg.train or cfg.param_bytes is None else None
+        if built and cfg.train and getattr(built[1], "sparse_table", None):
+            raise ValueError(f"simulate --train cannot train --model {cfg.model} yet: its rows "
+                             f"live in a sparse table; use paramserver train")
         itemsize = 4 if cfg.dtype == "float32" else 8
         num_keys = built[2].num_keys if built else None
         nbytes = parse_size(cfg.param_bytes, "--param-bytes") if cfg.param_bytes else (

@@ -27,6 +27,7 @@ class TrainConfig:
     workers: int = JobSpec.workers
     servers: int = JobSpec.servers
     model: str = TaskSpec.model
+    model_options: dict = field(default_factory=dict)  # --model-opt (dlrm: dim, row_budget, ...)
     dataset: str = TaskSpec.dataset
     data_dir: str | None = TaskSpec.data_dir
     dataset_options: dict = field(default_factory=dict)
@@ -81,8 +82,8 @@ class TrainConfig:
             return self.steps * self.batch_size * self.workers
         return int(self.epochs * train_size)
 
-    def job(self, num_keys: int, train_size: int) -> JobSpec:
-        return JobSpec.from_config(self, num_keys, train_size)
+    def job(self, num_keys: int, train_size: int, tables: tuple = ()) -> JobSpec:
+        return JobSpec.from_config(self, num_keys, train_size, tables)
 
     def to_job(self, num_keys: int, train_size: int) -> dict:
         """The job dict handed to the coordinator, servers and workers (JobSpec.to_dict)."""
@@ -94,6 +95,7 @@ class TrainConfig:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out.update(straggler=str(self.straggler), device_time=self.device_time.text(),
                    links=self.links.args())
-        for key in ("sync_options", "dataset_options", "optimizer_options", "compress_options"):
+        for key in ("sync_options", "model_options", "dataset_options", "optimizer_options",
+                    "compress_options"):
             out[key] = dict(out[key])
         return out

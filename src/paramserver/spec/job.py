@@ -311,9 +311,11 @@ class JobSpec:
         object.__setattr__(self, "tables", _tables(self.tables))
 
     @classmethod
-    def from_config(cls, config, num_keys: int, train_size: int) -> "JobSpec":
+    def from_config(cls, config, num_keys: int, train_size: int,
+                    tables: tuple[TableSpec, ...] = ()) -> "JobSpec":
         """The job of `config` (spec.config.TrainConfig) for a model of `num_keys` parameters
-        and a training set of `train_size` samples (they size the key space and the budget)."""
+        and a training set of `train_size` samples (they size the key space and the budget),
+        with the sparse `tables` the model needs (DLRM's "emb")."""
         c = config
         return cls(
             num_keys=num_keys, dtype=c.dtype, servers=c.servers, workers=c.workers,
@@ -324,13 +326,14 @@ class JobSpec:
             links=c.links,
             checkpoint=CheckpointSpec(c.checkpoint_dir, c.checkpoint_every,
                                       c.checkpoint_seconds) if c.checkpoint_dir else None,
-            task=TaskSpec(model=c.model, dataset=c.dataset, data_dir=c.data_dir,
+            task=TaskSpec(model=c.model, model_options=c.model_options,
+                          dataset=c.dataset, data_dir=c.data_dir,
                           dataset_options=c.dataset_options, seed=c.seed,
                           straggler=str(c.straggler), device_time=c.device_time.text(),
                           threads=c.threads, compress=c.compress,
                           compress_options=c.compress_options, push_range=c.push_range,
                           schedule=c.schedule),
-            limits=Limits(heartbeat_timeout=c.heartbeat_timeout))
+            limits=Limits(heartbeat_timeout=c.heartbeat_timeout), tables=tuple(tables))
 
     def with_resume(self, resume: ResumeSpec | None) -> "JobSpec":
         return replace(self, resume=resume)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from paramserver.training.workload import build, evaluate
+from paramserver.training.workload import build, evaluate, evaluate_sparse
 from paramserver.client.kv import KVWorker
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,7 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
     try:
         ds, model, keys = build(kv.spec.job.task, kv.spec.job.dtype)
         X, y = ds.test.X.to(keys.dtype), ds.test.y
+        table = getattr(model, "sparse_table", None)  # DLRM: rows from the servers, AUC
         flat = keys.new_buffer()
         kv.start()  # ready: the coordinator holds the start of training until now
         last = -float("inf")
@@ -32,10 +33,16 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
             last = time.monotonic()
             kv.pull(out=flat.numpy())
             keys.load_flat(model, flat)
-            accuracy, loss = evaluate(model, X, y)
+            scores = {}
+            if table is None:
+                accuracy, loss = evaluate(model, X, y)
+            else:
+                accuracy, loss, auc = evaluate_sparse(
+                    model, X, ds.test.ids, y, lambda k: kv.pull_rows(table, k))
+                scores["auc"] = round(auc, 6)
             kv.report({"kind": "eval", "accuracy": round(accuracy, 6), "test_loss": round(loss, 6),
-                       "samples": state["samples_done"], "version": kv.version, "final": final,
-                       "age_s": time.monotonic() - last})
+                       **scores, "samples": state["samples_done"], "version": kv.version,
+                       "final": final, "age_s": time.monotonic() - last})
             if final:
                 break
         kv.bye()

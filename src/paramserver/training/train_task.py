@@ -15,6 +15,7 @@ from paramserver.models import ModelKeys
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
+from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
 from paramserver.spec.job import TaskSpec
 from paramserver.training.workload import build
@@ -57,6 +58,11 @@ class StepLoop:
         self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
         self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
         self._skip(kv.spec.resume_samples)
+        # A model with a sparse table (DLRM): each step also pulls its batch's rows and pushes
+        # their gradients with the dense gradient, in one push_step.
+        table = getattr(self.model, "sparse_table", None)
+        self.rows = None if table is None else SparseRows(
+            self.model, self.sampler, TableRows(kv, table))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
         self.compressor = make_compressor(task.compress, **task.compress_options)
@@ -92,12 +98,18 @@ class StepLoop:
             samples -= take
 
     def compute(self, batch: int) -> float:
-        """Forward and backward on the next batch; gradients land in the flat buffer."""
-        xb, yb = self.sampler.next_batch(batch)
+        """Forward and backward on the next batch (with a sparse table: the batch fetched with
+        its rows); dense gradients land in the flat buffer."""
+        if self.rows is None:
+            xb, yb = self.sampler.next_batch(batch)
         if not self.grads_zeroed:
             self.grads.zero_()
         self.grads_zeroed = False
-        loss = self.loss_fn(self.model(xb.to(self.params.dtype)), yb)
+        if self.rows is None:
+            out = self.model(xb.to(self.params.dtype))
+        else:
+            out, yb = self.rows.forward(self.params.dtype)
+        loss = self.loss_fn(out, yb)
         loss.backward()
         if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
@@ -118,7 +130,11 @@ class StepLoop:
         if self.layered is not None:
             return self.step_layered(release, wait_s)
         t_a = time.perf_counter()
+        if self.rows is not None:  # on its way while the dense pull is (or was asked ahead)
+            self.rows.request(release.batch_size, release.min_version)
         pull_bytes = self.pull(release)
+        if self.rows is not None:
+            pull_bytes += self.rows.receive()
         t_b = time.perf_counter()
         loss = self.compute(release.batch_size)
         self.kv.give_back(self.loan)
@@ -131,6 +147,8 @@ class StepLoop:
         if self.pull_ahead:
             version = release.min_version + 1  # what the release after this round will ask
             self.ahead = version, self.kv.pull_async(out=self.params_np, min_version=version)
+            if self.rows is not None:  # the next batch's rows, likewise
+                self.rows.request(release.batch_size, version)
         t_d = time.perf_counter()
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
@@ -200,6 +218,9 @@ class StepLoop:
             values = self.held.take(w)
             return self.kv.push(values, w, **tags), values.nbytes
         tags["round_size"] = release.round_size  # the whole step in one push per shard
+        if self.rows is not None:  # dense values and rows in one step, so a round waits for both
+            staleness = self.kv.push_step(dense=self.grads_np, rows=self.rows.grads(), **tags)
+            return staleness, self.nbytes + self.rows.nbytes()
         if self.dense:
             return self.kv.push(self.grads_np, **tags), self.nbytes
         sparse = self.compressor.compress(self.grads)
