@@ -45,6 +45,7 @@ class ShardStore:
         self.apply_mode = apply_mode
         self.version = 0
         self.initialized = False
+        self._init_runs: list[tuple[int, int]] = []  # local runs an init has set, merged
         self.updates_applied = 0
         # Round mode: the running sum of batch-weighted pushes of the current round only.
         self.round_step: int | None = None
@@ -93,7 +94,9 @@ class ShardStore:
             raise StoreError(f"init of [{lo}, {hi}) carries {array.size} values")
         self._writable()
         self.values[index] = self._tensor(array)
-        self.initialized = index.start == 0 and index.stop == self.range.size or self.initialized
+        # A large init comes in chunks: the shard is initialized once they cover it.
+        self._init_runs = _merge(self._init_runs, index.start, index.stop)
+        self.initialized = self._init_runs == [(0, self.range.size)]
         return True
 
     def read(self, lo: int, hi: int, shared: bool = False) -> torch.Tensor:
@@ -272,3 +275,14 @@ class ShardStore:
         lost = max(0, version_floor - meta["version"])
         self.version = max(meta["version"], version_floor)
         return lost
+
+
+def _merge(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Sorted disjoint runs with [lo, hi) added, touching runs joined."""
+    out = []
+    for a, b in sorted([*runs, (lo, hi)]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -183,6 +183,11 @@ class Limits:
     retry_interval: float = 3.0  # a worker resends an unanswered shard request after this
     release_timeout: float = 600.0  # a worker's wait for its release (read by KVWorker's
     # constructor today; written here so the one default is visible)
+    # Not times, but limits of the same kind: a worker sends a request's piece for a shard
+    # larger than chunk_bytes as chunks of that size, chunks_in_flight unanswered per shard
+    # (benchmarks/dense_scale.py measured the default; see benchmarks/README.md).
+    chunk_bytes: int = 16 << 20
+    chunks_in_flight: int = 2
 
     def __post_init__(self):
         _num("heartbeat_timeout", self.heartbeat_timeout)
@@ -192,6 +197,8 @@ class Limits:
             object.__setattr__(self, "server_timeout", max(6 * self.heartbeat_timeout, 30.0))
         for f in fields(self):
             _num(f.name, getattr(self, f.name))
+        _int("chunk_bytes", self.chunk_bytes, 8)
+        _int("chunks_in_flight", self.chunks_in_flight, 1)
         if self.heartbeat_interval > self.heartbeat_timeout:
             _fail("heartbeat_interval", self.heartbeat_interval,
                   f"<= heartbeat_timeout ({self.heartbeat_timeout:g})")
