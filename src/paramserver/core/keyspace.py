@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -41,3 +42,25 @@ def split_balanced(num_keys: int, num_shards: int) -> list[KeyRange]:
         ranges.append(KeyRange(lo, hi))
         lo = hi
     return ranges
+
+
+# --servers auto: a shard per SHARD_BYTES of parameters, no more shards than the cores the
+# workers leave (a shard is one single-threaded process: one more on a busy core only adds
+# switches), and each shard's process overhead must fit beside the model.
+SHARD_BYTES = 256 << 20
+SHARD_OVERHEAD_BYTES = 200 << 20  # an idle shard process: interpreter, torch, sockets
+MAX_AUTO_SERVERS = 64
+AUTO_SERVERS_HELP = ("auto: one shard per 256 MB of parameters, at most one per core the "
+                     "workers leave free (at least 1, at most 64), fewer if the machine's "
+                     "free memory cannot hold each shard's process beside the model")
+
+
+def auto_servers(param_bytes: int, workers: int, cores: int, free_bytes: int) -> int:
+    """The shard count `--servers auto` picks for a model of `param_bytes` trained by
+    `workers` workers on a machine with `cores` cores and `free_bytes` of free memory."""
+    by_size = max(1, math.ceil(param_bytes / SHARD_BYTES))
+    by_cores = max(1, cores - workers)
+    # Workers hold params + grads each; shards the params once more (plus state).
+    spare = free_bytes - (2 * workers + 1) * param_bytes
+    by_memory = max(1, spare // SHARD_OVERHEAD_BYTES)
+    return int(min(by_size, by_cores, by_memory, MAX_AUTO_SERVERS))

@@ -9,13 +9,14 @@ import torch
 from torch import nn
 
 from paramserver.models.keyspace import Layer, ModelKeys
-from paramserver.models.nets import cnn, logreg, mlp
+from paramserver.models.nets import cnn, logreg, mlp, wide
 from paramserver.core.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 MODELS.register("mlp")(mlp)
 MODELS.register("cnn")(cnn)
 MODELS.register("logreg")(logreg)
+MODELS.register("wide")(wide)
 DEFAULT_MODEL = "mlp"
 
 
@@ -26,10 +27,13 @@ def model_options(name: str) -> list[str]:
 
 
 def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
-                dtype: torch.dtype = torch.float32, **options) -> nn.Module:
+                dtype: torch.dtype = torch.float32, shape_only: bool = False,
+                **options) -> nn.Module:
     """Build model `name` for samples of `input_shape`; same seed, same initial weights.
 
     The global torch RNG is left as it was, so building a model never perturbs other streams.
+    `shape_only` builds it on torch's meta device: shapes and the key space, no memory (how
+    the launcher sizes a job of 10^9 parameters without holding them).
     """
     factory = MODELS.get(name)
     unknown = sorted(set(options) - set(model_options(name)))
@@ -38,6 +42,10 @@ def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
                          f"accepted: {', '.join(model_options(name)) or '(none)'}")
     if int(num_classes) < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
+    if shape_only:
+        with torch.device("meta"):
+            model = factory(tuple(int(d) for d in input_shape), int(num_classes), **options)
+        return model.to(dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = factory(tuple(int(d) for d in input_shape), int(num_classes), **options)

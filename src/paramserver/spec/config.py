@@ -27,6 +27,7 @@ class TrainConfig:
     workers: int = JobSpec.workers
     servers: int = JobSpec.servers
     model: str = TaskSpec.model
+    model_size: int | None = None  # parameters, for a model sized by count (--model-size)
     dataset: str = TaskSpec.dataset
     data_dir: str | None = TaskSpec.data_dir
     dataset_options: dict = field(default_factory=dict)
