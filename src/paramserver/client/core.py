@@ -64,14 +64,14 @@ def chunk_pieces(pieces: Sequence[tuple[int, KeyRange, slice]],
 
 class Stream:
     """The chunks of one request, at most `window` of them unanswered per shard: the next one
-    goes when an earlier one is answered, so neither end holds more than window x chunk bytes
-    of it at a time. Replies are taken oldest first (each shard answers in order)."""
+    goes when an earlier one to the same shard is answered, so neither end holds more than
+    window x chunk bytes of it at a time."""
 
     def __init__(self, per_shard: list[list[Chunk]], window: int):
         self.todo = [deque(runs) for runs in per_shard]
         self.window = window
         self.busy = [0] * len(per_shard)  # unanswered chunks, by position in `todo`
-        self.waiting: deque[tuple[int, int, Chunk]] = deque()  # (position, rid, chunk)
+        self.waiting: dict[int, tuple[int, Chunk]] = {}  # rid -> (position, chunk), unanswered
         self.most_in_flight = 0  # the largest number unanswered at once, all shards together
 
     def ready(self) -> list[tuple[int, Chunk]]:
@@ -87,27 +87,20 @@ class Stream:
 
     def sent(self, pos: int, rid: int, chunk: Chunk) -> None:
         self.busy[pos] += 1
-        self.waiting.append((pos, rid, chunk))
+        self.waiting[rid] = (pos, chunk)
         self.most_in_flight = max(self.most_in_flight, len(self.waiting))
 
-    def oldest(self) -> tuple[int, int, Chunk]:
-        """The unanswered chunk sent first: (position, rid, chunk)."""
-        return self.waiting[0]
-
-    def answered(self) -> tuple[int, int, Chunk]:
-        """The oldest unanswered chunk has its reply: it leaves the window."""
-        pos, rid, chunk = self.waiting.popleft()
+    def answered(self, rid: int) -> Chunk:
+        """Chunk `rid` has its reply: it leaves its shard's window."""
+        pos, chunk = self.waiting.pop(rid)
         self.busy[pos] -= 1
-        return pos, rid, chunk
-
-    def rids(self) -> list[int]:
-        return [rid for _, rid, _ in self.waiting]
+        return chunk
 
     def drop(self) -> list[int]:
         """Give up: nothing more is sent; returns the rids still unanswered."""
         for todo in self.todo:
             todo.clear()
-        rids = self.rids()
+        rids = list(self.waiting)
         self.waiting.clear()
         self.busy = [0] * len(self.busy)
         return rids

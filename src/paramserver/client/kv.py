@@ -329,30 +329,40 @@ class KVWorker:
             stream.sent(pos, send(chunk.shard, handle.message(chunk)), chunk)
 
     def _drive(self, target: Handle) -> None:
-        """Take replies to chunks, oldest first over every chunked request, sending the next
+        """Take replies to chunks as they come, over every chunked request, sending the next
         chunks as room opens, until `target` is finished (a chunked one) or its replies are
         all in (a plain one, collected by the caller) or no chunk is unanswered."""
         core, requests = self.core, self.requests
-        plain = [rid for _, rid, _ in target.parts]
+        plain = [(shard, rid, None) for shard, rid, _ in target.parts]
         while not target.done:
-            if target.stream is None and all(rid in core.inbox for rid in plain):
+            if target.stream is None and all(rid in core.inbox for _, rid, _ in plain):
                 return
-            live = [h for h in self._streams if h.stream.waiting]
-            if not live:
+            waiting = [(h, rid, chunk) for h in self._streams
+                       for rid, (_, chunk) in h.stream.waiting.items()]
+            if not waiting:
                 return
-            handle = min(live, key=lambda h: h.stream.waiting[0][1])  # (rids grow with time)
-            _, rid, chunk = handle.stream.oldest()
             try:
-                reply = requests.collect([(chunk.shard, rid, None)], handle.kind)[rid]
+                requests.wait_any([(c.shard, rid, None) for _, rid, c in waiting] + plain,
+                                  target.kind)
             except BaseException:
-                self._end_stream(handle)
-                handle.done = True
+                for h in list(self._streams):
+                    self._end_stream(h)
+                    h.done = True
                 raise
-            handle.stream.answered()
-            self._take_chunk(handle, rid, chunk, reply)
-            self._send_ready(handle)
-            if handle.stream.done:
-                self._finish_stream(handle)
+            for handle, rid, chunk in waiting:
+                if rid not in core.inbox:
+                    continue
+                try:
+                    reply = requests.collect([(chunk.shard, rid, None)], handle.kind)[rid]
+                except BaseException:
+                    self._end_stream(handle)
+                    handle.done = True
+                    raise
+                handle.stream.answered(rid)
+                self._take_chunk(handle, rid, chunk, reply)
+                self._send_ready(handle)
+                if handle.stream.done:
+                    self._finish_stream(handle)
 
     def _take_chunk(self, handle: Handle, rid: int, chunk: Chunk, reply: Message) -> None:
         seen = handle.result
