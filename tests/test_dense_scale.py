@@ -244,3 +244,22 @@ def test_servers_auto_follows_size_cores_and_memory():
     assert auto_servers(4 * 10**9, 2, 2, 64 * gib) == 1  # no core left: one shard
     # 13 GiB free: 1.96 GB beside the worker (2 x 4 GB) and the shards (4 GB): 9 processes
     assert auto_servers(4 * 10**9, 1, 16, 13 * gib) == 9
+
+
+def test_a_large_shard_keeps_one_spare_copy_for_copy_on_write():
+    from paramserver.optim import make_rule
+    from paramserver.server.store import ShardStore, spare_buffers
+    assert spare_buffers(1 << 30) == 1  # a 1 GB shard: one retired copy, not three
+    assert spare_buffers(100 << 20) == 2
+    assert spare_buffers(4 << 20) == 3  # small shards as before
+    store = ShardStore(KeyRange(0, 1000), "float32", make_rule("sgd", 1.0), "arrival")
+    assert store.spares == 3
+    store.init(0, 1000, np.zeros(1000, np.float32))
+
+    class Lent:  # a reply still reading the values in place (a zmq tracker's `done`)
+        done = False
+    store.spares = 1
+    for _ in range(4):
+        store.lend(Lent())
+        store.push_dense("w", 0, 1000, np.ones(1000, np.float32), 0, 1, 0, 1.0)
+    assert store.copies_on_write == 4 and len(store._retired) == 1

@@ -16,6 +16,18 @@ from paramserver.optim import UpdateRule, add_at
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+# Older value buffers kept for copy on write (a push while a pull reply still reads the values
+# in place): up to 3 for a small shard, as many as fit in SPARE_BYTES for a large one but at
+# least 1, so a 1 GB shard keeps one spare copy, not three.
+MAX_SPARES = 3
+SPARE_BYTES = 256 << 20
+
+
+def spare_buffers(nbytes: int) -> int:
+    """Retired value buffers a shard of `nbytes` keeps for copy on write."""
+    return max(1, min(MAX_SPARES, SPARE_BYTES // max(int(nbytes), 1)))
+
+
 class StoreError(ValueError):
     """A request this shard cannot serve (outside its range, wrong dtype, wrong round...)."""
 
@@ -65,6 +77,7 @@ class ShardStore:
         # and older value buffers that replies in flight may still read.
         self._loans: list = []
         self._retired: list[tuple[torch.Tensor, list]] = []
+        self.spares = spare_buffers(key_range.size * self.dtype.itemsize)
         self.copies_on_write = 0
 
     # ---- reads and writes of raw values ---------------------------------------------------------
@@ -133,7 +146,7 @@ class ShardStore:
             fresh = self._new_buffer()
         fresh.copy_(self.values)
         self._retired.append((self.values, self._loans))
-        del self._retired[:-3]  # the replies keep older buffers alive; we need not
+        del self._retired[:-self.spares]  # the replies keep older buffers alive; we need not
         self.values, self._loans = fresh, []
         self.copies_on_write += 1
 
