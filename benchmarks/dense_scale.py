@@ -17,6 +17,8 @@ and VmHWM (the kernel's peak of anon + shmem).
 
 Usage: python benchmarks/dense_scale.py [--sizes 1e7,1e8] [--servers 4] [--chunk-mb 4,16,64,off]
        [--in-flight 1,2,4] [--repeats 3] [--tcp] [--optimizer sgd]
+       python benchmarks/dense_scale.py --train --model wide --model-size 1e9 --workers 1 \
+       --servers 4 --steps 2 --eval-interval 0       (peak memory of a training job's processes)
 Rows are labelled chunk MB/in flight (chunks unanswered per shard).
 A size of 1e9 needs ~14 GB free (the worker's gradient and output, 4 GB each; the shards'
 values, 4 GB; spares): the script refuses a size it cannot fit in free memory.
@@ -213,6 +215,63 @@ def bench_stack(num_keys: int, servers: int, chunk_bytes: int, in_flight: int, r
             cluster.stop()
 
 
+def role_of(proc: psutil.Process) -> str:
+    """'server 2', 'worker 0', ... from a job process's log file name, else its command."""
+    try:
+        cmd = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    if "paramserver" in cmd:
+        role = cmd[cmd.index("paramserver") + 1] if cmd.index("paramserver") + 1 < len(cmd) \
+            else "?"
+        return f"{role} {proc.pid}"
+    return f"launcher {proc.pid}"
+
+
+def train_memory(train_args: list[str], params: int, state_per_param: int) -> int:
+    """Run `paramserver train ARGS` and report the peak memory of each of its processes."""
+    import subprocess
+    cmd = [sys.executable, "-m", "paramserver", "train", *train_args]
+    t0 = time.perf_counter()
+    top = subprocess.Popen(cmd)
+    peaks: dict[str, dict] = {}
+    roles: dict[int, str] = {}  # named at first sight: an exited process has no command line
+    try:
+        while top.poll() is None:
+            try:
+                procs = [psutil.Process(top.pid), *psutil.Process(top.pid).children(True)]
+            except psutil.Error:
+                break
+            for proc in procs:
+                s = MemorySampler.read(proc.pid)
+                if not s:
+                    continue
+                role = roles.setdefault(proc.pid, role_of(proc))
+                p = peaks.setdefault(role, {"anon": 0, "shmem": 0, "pss": 0, "hwm": 0})
+                p["anon"] = max(p["anon"], s.get("RssAnon", 0))
+                p["shmem"] = max(p["shmem"], s.get("RssShmem", 0))
+                p["pss"] = max(p["pss"], s.get("Pss", 0))
+                p["hwm"] = max(p["hwm"], s.get("VmHWM", 0))
+            time.sleep(0.2)
+    finally:
+        if top.poll() is None:
+            top.kill()
+        top.wait(60)
+    nbytes = params * 4
+    print(f"\ntrain {' '.join(train_args)}: exit {top.returncode} in "
+          f"{time.perf_counter() - t0:.0f} s; params {gb(nbytes)} GB, server state "
+          f"{state_per_param} x params")
+    total = 0
+    for name, m in sorted(peaks.items()):
+        total += m["pss"]
+        print(f"  {name:<20} anon {gb(m['anon']):>6} GB  shmem {gb(m['shmem']):>6} GB  "
+              f"pss {gb(m['pss']):>6} GB  hwm {gb(m['hwm']):>6} GB  "
+              f"pss x{m['pss'] / nbytes:5.2f} params")
+    print(f"  sum of peak Pss {gb(total)} GB = x{total / nbytes:.2f} params "
+          f"(each process's peak; they need not coincide)")
+    return top.returncode
+
+
 def gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
@@ -227,8 +286,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tcp", action="store_true", help="also with shared memory off")
     p.add_argument("--optimizer", default="sgd", help="server update rule (state counted)")
+    p.add_argument("--train", nargs=argparse.REMAINDER,
+                   help="instead: run `paramserver train` with the arguments that follow "
+                        "(give --model-size) and report each process's peak memory")
     args = p.parse_args()
     state_per_param = {"sgd": 0, "momentum": 1, "adagrad-global": 1}.get(args.optimizer, 1)
+    if args.train:
+        size = parse_count(args.train[args.train.index("--model-size") + 1])
+        return train_memory(args.train, size, state_per_param)
     for size in [parse_count(s) for s in args.sizes.split(",")]:
         nbytes = size * 4
         need = 3.5 * nbytes + (1 << 30)

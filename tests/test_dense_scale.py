@@ -263,3 +263,37 @@ def test_a_large_shard_keeps_one_spare_copy_for_copy_on_write():
         store.lend(Lent())
         store.push_dense("w", 0, 1000, np.ones(1000, np.float32), 0, 1, 0, 1.0)
     assert store.copies_on_write == 4 and len(store._retired) == 1
+
+
+def test_shard_cuts_move_to_layer_edges_only_when_the_bytes_stay_balanced():
+    from paramserver.core.keyspace import split_balanced, split_by_bytes
+    from paramserver.models import ModelKeys, build_model
+    # The wide model: 8 equal square layers, small input and output layers around them.
+    keys = ModelKeys(build_model("wide", (64,), 10, shape_only=True, size=10**8))
+    edges = [layer.keys.lo for layer in keys.layers[1:]]
+    for shards in (2, 4, 8):
+        ranges = split_by_bytes(keys.num_keys, shards, edges)
+        assert all(r.lo in edges for r in ranges[1:])  # no layer split
+        ideal = keys.num_keys / shards
+        assert all(abs(r.size - ideal) <= 0.05 * ideal for r in ranges)
+        assert ranges[0].lo == 0 and ranges[-1].hi == keys.num_keys
+    # Three big layers over 4 shards cannot stay whole: cut where the balance says.
+    assert split_by_bytes(300, 4, [100, 200]) == split_balanced(300, 4)
+    # A small layer beside a cut: the cut moves onto its edge.
+    cut = split_by_bytes(1000, 2, [497, 900])
+    assert [(r.lo, r.hi) for r in cut] == [(0, 497), (497, 1000)]
+    assert all(r.size >= 1 for r in split_by_bytes(4, 3, [1, 2, 3]))  # every shard has keys
+
+
+def test_a_job_carries_its_layer_edges_to_the_coordinator(tmp_path):
+    from paramserver.cli.train_cmd import prepare_spec
+    from paramserver.spec.config import TrainConfig
+    from paramserver.spec.job import JobSpec
+    spec = prepare_spec(TrainConfig(model="wide", model_size=10**6, servers=4, workers=1,
+                                    eval_interval=0, steps=1))
+    assert len(spec.layer_edges) == 9 and spec.servers == 4
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+    auto = prepare_spec(TrainConfig(model="wide", model_size=10**6, servers="auto", workers=1,
+                                    eval_interval=0, steps=1))
+    assert auto.servers >= 1  # 4 MB: one shard
+    assert JobSpec().to_dict().get("layer_edges") is None  # old job files stay as they were

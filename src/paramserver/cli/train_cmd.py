@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -157,12 +158,12 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
                               ("--schedule", cfg.schedule != "off")) if on]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
-    return cfg.job(keys.num_keys, len(ds.train))
+    edges = tuple(layer.keys.lo for layer in keys.layers[1:])
+    return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train)), layer_edges=edges)
 
 
 def resolve_servers(cfg: TrainConfig) -> TrainConfig:
     """`cfg` with `--servers auto` replaced by the count for its model on this machine."""
-    import dataclasses
     import os
 
     import psutil

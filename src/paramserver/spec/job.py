@@ -205,6 +205,15 @@ class Limits:
 
 
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
+START_SECONDS_PER_GB = 60.0  # a worker builds, binds and offers a model before it starts
+
+
+def start_timeout_for(num_keys: int, dtype: str) -> float:
+    """The start barrier's wait for a model of `num_keys`: the default, plus a minute per
+    whole GB of parameters (a worker of 10^9 float32 parameters builds 4 GB, binds it to its
+    flat buffer and pushes it to the shards as their initial values before it starts)."""
+    nbytes = num_keys * (8 if dtype == "float64" else 4)
+    return Limits.start_timeout + START_SECONDS_PER_GB * (nbytes // 10**9)
 # A job dict written by hand (a test's, the demo's) may leave these out; they then mean what
 # the roles always read them as, which is not the default of a job built from a config.
 _DICT_ABSENT = {"eval_interval": 0.0,  # no evaluator process
@@ -235,8 +244,15 @@ class JobSpec:
     task: TaskSpec = field(default_factory=TaskSpec)
     limits: Limits = field(default_factory=Limits)
     resume: ResumeSpec | None = None
+    # Keys where the model's layers start: the cuts between shards move to them when that
+    # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
+    layer_edges: tuple = ()
 
     def __post_init__(self):
+        edges = self.layer_edges
+        if not isinstance(edges, (list, tuple)) or not all(_is_int(e) and e >= 0 for e in edges):
+            _fail("layer_edges", edges, "a list of key offsets")
+        object.__setattr__(self, "layer_edges", tuple(edges))
         if self.version != JOB_VERSION:
             raise JobSpecError(f"job version {self.version!r} is not supported: this "
                                f"paramserver reads version {JOB_VERSION}")
@@ -286,7 +302,8 @@ class JobSpec:
                           threads=c.threads, compress=c.compress,
                           compress_options=c.compress_options, push_range=c.push_range,
                           schedule=c.schedule),
-            limits=Limits(heartbeat_timeout=c.heartbeat_timeout))
+            limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
+                          start_timeout=start_timeout_for(num_keys, c.dtype)))
 
     def with_resume(self, resume: ResumeSpec | None) -> "JobSpec":
         return replace(self, resume=resume)
@@ -305,6 +322,8 @@ class JobSpec:
                "task": _plain(self.task)}
         if self.resume is not None:
             out["resume"] = _plain(self.resume)
+        if self.layer_edges:
+            out["layer_edges"] = list(self.layer_edges)
         return out
 
     @classmethod
