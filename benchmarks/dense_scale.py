@@ -43,6 +43,7 @@ import psutil
 from paramserver.client.kv import KVWorker
 from paramserver.core.units import parse_count
 from paramserver.launch.local import LocalCluster
+from paramserver.wire import Message
 
 CTX = mp.get_context("spawn")
 BLOCK = 256 << 20
@@ -155,8 +156,8 @@ class MemorySampler:
         self.sample()
 
 
-def _worker(addr: str, repeats: int, ready, go, out_q) -> None:
-    kv = KVWorker(addr)
+def _worker(addr: str, repeats: int, shared: bool, ready, go, out_q) -> None:
+    kv = KVWorker(addr, shared_memory=shared)
     grad = kv.shared_buffer()  # in shared memory: shards on this host read pushes in place
     kv.init(grad)  # zeros
     out = np.empty(kv.num_keys, kv.dtype)
@@ -180,7 +181,12 @@ def _worker(addr: str, repeats: int, ready, go, out_q) -> None:
         t, m = once()
         times.append(t)
         most = max(most, m)
-    out_q.put({"times": times, "in_flight": most, "retries": kv.requests.retries})
+    states = []
+    for shard in range(len(kv.shards)):
+        rid = kv.requests.send(shard, Message("status", {}))
+        states.append(kv.requests.collect([(shard, rid, None)], "status")[rid]["state"])
+    out_q.put({"times": times, "in_flight": most, "retries": kv.requests.retries,
+               "copies_on_write": sum(s["copies_on_write"] for s in states)})
     kv.close()
 
 
@@ -196,7 +202,7 @@ def bench_stack(num_keys: int, servers: int, chunk_bytes: int, in_flight: int, r
         try:
             cluster.start(spawn_workers=False)
             ready, go, q = CTX.Event(), CTX.Event(), CTX.Queue()
-            proc = CTX.Process(target=_worker, args=(cluster.address, repeats, ready, go, q))
+            proc = CTX.Process(target=_worker, args=(cluster.address, repeats, shared, ready, go, q))
             proc.start()
             pids = {c.name: c.proc.pid for c in cluster.children}
             pids["worker"] = proc.pid
@@ -285,6 +291,7 @@ def main() -> int:
     p.add_argument("--in-flight", default="2", help="chunks unanswered per shard, e.g. 1,2,4")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tcp", action="store_true", help="also with shared memory off")
+    p.add_argument("--tcp-chunk-mb", help="chunk sizes for the --tcp runs (default: --chunk-mb)")
     p.add_argument("--optimizer", default="sgd", help="server update rule (state counted)")
     p.add_argument("--train", nargs=argparse.REMAINDER,
                    help="instead: run `paramserver train` with the arguments that follow "
@@ -308,7 +315,8 @@ def main() -> int:
         print(f"  raw TCP     {t_tcp:8.3f} s  {2 * nbytes / t_tcp / 1e9:6.2f} GB/s", flush=True)
         runs = [(c, k, True) for c in args.chunk_mb.split(",") for k in args.in_flight.split(",")]
         if args.tcp:
-            runs += [(c, k, False) for c, k, _ in runs]
+            runs += [(c, k, False) for c in (args.tcp_chunk_mb or args.chunk_mb).split(",")
+                     for k in args.in_flight.split(",")]
         for chunk, k, shared in runs:
             chunk_bytes = 1 << 40 if chunk == "off" else int(float(chunk) * (1 << 20))
             if chunk == "off" and nbytes // args.servers >= 1 << 31:
@@ -320,7 +328,8 @@ def main() -> int:
             label = f"chunk {chunk}/{k}{'' if shared else ' tcp'}"
             print(f"  {label:<14} {t:8.3f} s  {2 * nbytes / t / 1e9:6.2f} GB/s  "
                   f"x{t / t_mem:5.2f} memcpy  x{t / t_tcp:5.2f} TCP  "
-                  f"in flight <= {r['in_flight']}  retries {r['retries']}", flush=True)
+                  f"in flight <= {r['in_flight']}  copies on write {r['copies_on_write']}",
+                  flush=True)
             shard_bytes = nbytes / args.servers * (1 + state_per_param)
             for name, m in sorted(r["memory"].items()):
                 base = nbytes if name == "worker" else shard_bytes if name.startswith(
