@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
+import queue
 import socket
 import statistics
 import sys
@@ -190,6 +190,11 @@ def _worker(addr: str, repeats: int, shared: bool, ready, go, out_q) -> None:
     kv.close()
 
 
+def cluster_state(cluster: LocalCluster) -> str:
+    return ", ".join(f"{c.name} {'up' if c.proc.poll() is None else f'exit {c.proc.returncode}'}"
+                     for c in cluster.children)
+
+
 def bench_stack(num_keys: int, servers: int, chunk_bytes: int, in_flight: int, repeats: int,
                 shared: bool, optimizer: str) -> dict:
     job = {"num_keys": num_keys, "dtype": "float32", "servers": servers, "workers": 1,
@@ -210,7 +215,14 @@ def bench_stack(num_keys: int, servers: int, chunk_bytes: int, in_flight: int, r
                 raise RuntimeError("the worker did not get ready in 600 s")
             with MemorySampler(pids) as mem:
                 go.set()
-                result = q.get(timeout=3600)
+                result = None
+                while result is None:  # (a worker that died sends nothing: do not wait on)
+                    try:
+                        result = q.get(timeout=1.0)
+                    except queue.Empty:
+                        if not proc.is_alive():
+                            raise RuntimeError(f"the worker exited with {proc.exitcode}; "
+                                               f"servers: {cluster_state(cluster)}") from None
             proc.join(60)
             if proc.is_alive():
                 proc.kill()
