@@ -209,6 +209,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
     from paramserver.runlog.progress import JobProgress
+    if cfg.servers == flag.AUTO:  # config.json keeps the count: a resume gets the same shards
+        cfg = resolve_servers(cfg)
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
