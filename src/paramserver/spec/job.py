@@ -168,9 +168,10 @@ class ResumeSpec:
 
 @dataclass(frozen=True)
 class Limits:
-    """Every timeout and interval of the job, in seconds. In the job dict they sit at the top
-    level, where the roles read them. None for heartbeat_interval and server_timeout means
-    derived from heartbeat_timeout, resolved here once."""
+    """Every timeout and interval of the job, in seconds, and the chunking of large requests
+    (bytes, a count). In the job dict they sit at the top level, where the roles read them.
+    None for heartbeat_interval and server_timeout means derived from heartbeat_timeout,
+    resolved here once."""
 
     heartbeat_timeout: float = 5.0  # silence after which a worker is declared dead
     heartbeat_interval: float | None = None  # None: min(1 s, heartbeat_timeout / 4)
