@@ -207,7 +207,8 @@ def bench_stack(num_keys: int, servers: int, chunk_bytes: int, in_flight: int, r
         try:
             cluster.start(spawn_workers=False)
             ready, go, q = CTX.Event(), CTX.Event(), CTX.Queue()
-            proc = CTX.Process(target=_worker, args=(cluster.address, repeats, shared, ready, go, q))
+            proc = CTX.Process(target=_worker,
+                               args=(cluster.address, repeats, shared, ready, go, q))
             proc.start()
             pids = {c.name: c.proc.pid for c in cluster.children}
             pids["worker"] = proc.pid
