@@ -54,4 +54,4 @@ def test_options_dtype_and_errors():
         build_model("mlp", (4,), 3, width=3)
     with pytest.raises(UnknownNameError, match="mlp, cnn, logreg"):
         build_model("resnet", (4,), 3)
-    assert MODELS.names() == ["mlp", "cnn", "logreg", "dlrm"]
+    assert MODELS.names() == ["mlp", "cnn", "logreg", "dlrm", "wide"]

@@ -104,6 +104,18 @@ positive_seconds = _typed(lambda t: units.parse_seconds(t, "duration", allow_zer
 duration = _typed(lambda t: units.parse_duration(t, "duration"), "duration")
 size = _typed(lambda t: units.parse_size(t, "size"), "size")
 bandwidth = _typed(lambda t: units.parse_bandwidth(t, "bandwidth"), "bandwidth")
+model_size = _typed(lambda t: units.parse_count(t, "model size"), "count")
+AUTO = "auto"
+
+
+def _servers(text: str) -> int | str:
+    """A shard count, or "auto" (resolved once the model's size is known)."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    return _count(1)(text)
+
+
+servers = _typed(_servers, "servers")
 
 
 def checked_text(parser: Callable) -> Callable:

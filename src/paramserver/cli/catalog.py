@@ -5,7 +5,7 @@ the truth, and tests/test_cli_help.py checks that each tuple here equals its reg
 """
 
 SYNC_POLICIES = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp")
-MODELS = ("mlp", "cnn", "logreg", "dlrm")
+MODELS = ("mlp", "cnn", "logreg", "dlrm", "wide")
 DATASETS = ("digits", "mnist", "synthetic", "clicks")
 COMPRESSORS = ("none", "topk", "std", "dynamic")
 UPDATE_RULES = ("sgd", "momentum", "consgd", "dynsgd", "staleness-aware", "adagrad-global",

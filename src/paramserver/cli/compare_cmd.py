@@ -11,7 +11,7 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
-from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args
+from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
 from paramserver.spec.config import TrainConfig
@@ -158,6 +158,8 @@ def _run(args) -> int:
         policies = _policies(args.sync)
         scenarios = parse_scenarios(args.scenario, read_trace)
         base = config_from_args(args, "bsp", sync_options={})
+        if base.servers == flag.AUTO:  # one count for every run of the comparison
+            base = resolve_servers(base)
         base.validate()
         out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")
         variants = parse_variants(args.compress_variant)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.cli.args import parse_options  # noqa: F401  (kept for callers of this module)
+from paramserver.core.keyspace import AUTO_SERVERS_HELP
 from paramserver.emulation.device_time import DEVICE_TIME_HELP
 from paramserver.emulation.links import HELP as LINK_HELP
 from paramserver.emulation.stragglers import STRAGGLER_HELP
@@ -38,13 +40,16 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     d = d or TrainConfig()
     p.add_argument("--workers", type=flag.positive_int, default=d.workers,
                    help=f"workers (default {d.workers})")
-    p.add_argument("--servers", type=flag.positive_int, default=d.servers,
-                   help=f"shards (default {d.servers})")
+    p.add_argument("--servers", type=flag.servers, default=d.servers,
+                   help=f"shards, or {AUTO_SERVERS_HELP} (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="model option, e.g. hidden=256 for mlp; dim=16, row_budget=100000, "
                         "admit_after=2, table_lr=0.05 for dlrm (repeatable)")
+    p.add_argument("--model-size", type=flag.model_size, metavar="COUNT",
+                   help="parameters of a model sized by count (wide: the hidden width is "
+                        "picked to match), e.g. 1e8, 500M, 1G")
     p.add_argument("--dataset", default=d.dataset,
                    help=f"{catalog.listed(catalog.DATASETS)} (default {d.dataset})")
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
@@ -118,7 +123,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
     return TrainConfig(
         sync=sync, sync_options=sync_options,
         workers=args.workers, servers=args.servers, model=args.model,
-        model_options=flag.options(args.model_opt), dataset=args.dataset,
+        model_options=flag.options(args.model_opt), model_size=args.model_size,
+        dataset=args.dataset,
         data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
         epochs=args.epochs, steps=args.steps, max_seconds=args.max_seconds,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
@@ -141,12 +147,15 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
     from paramserver.training.workload import build
+    if cfg.servers == flag.AUTO:
+        cfg = resolve_servers(cfg)
     cfg.validate()
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     make_compressor(cfg.compress, **cfg.compress_options)
     cfg.straggler.model.check_workers(cfg.workers)
-    ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype)
+    # Only the key space is needed here: a model of 10^9 parameters is not built for it.
+    ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)
     tables = sparse_tables(model)  # DLRM's embedding rows live in a table on the servers
     ranged = make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers])
     if cfg.schedule != "off":
@@ -158,7 +167,25 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     if tables and chosen:
         raise ValueError(f"--model {cfg.model} (rows in a sparse table) cannot be combined with "
                          f"{chosen[0]} yet")
-    return cfg.job(keys.num_keys, len(ds.train), tables)
+    edges = tuple(layer.keys.lo for layer in keys.layers[1:])
+    return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
+
+
+def resolve_servers(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with `--servers auto` replaced by the count for its model on this machine."""
+    import os
+
+    import psutil
+    import torch
+
+    from paramserver.core.keyspace import auto_servers
+    from paramserver.training.workload import build
+    probe = dataclasses.replace(cfg, servers=1)
+    _, _, keys = build(probe.job(0, 0).task, cfg.dtype, shape_only=True)
+    param_bytes = keys.num_keys * torch.tensor([], dtype=getattr(torch, cfg.dtype)).element_size()
+    count = auto_servers(param_bytes, cfg.workers, os.cpu_count() or 1,
+                         psutil.virtual_memory().available)
+    return dataclasses.replace(cfg, servers=count)
 
 
 def prepare_job(cfg: TrainConfig) -> dict:
@@ -191,6 +218,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
     from paramserver.runlog.progress import JobProgress
+    if cfg.servers == flag.AUTO:  # config.json keeps the count: a resume gets the same shards
+        cfg = resolve_servers(cfg)
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ opaque here: the node (client/requests.py) sends, receives and releases them.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -34,6 +35,84 @@ class Handle:
     out_ours: bool = False
     # A pull_rows of repeated keys asks for each key once: result = out[expand].
     expand: np.ndarray | None = None
+    stream: "Stream | None" = None  # a request sent in chunks (then `parts` stays empty)
+    message: Any = None  # a chunked request's chunk -> Message
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One message of a chunked request: keys `keys` of shard `shard`, `out` its slice of the
+    request's array, the `index`-th of the `count` chunks that shard gets."""
+
+    shard: int
+    keys: KeyRange
+    out: slice
+    index: int
+    count: int
+
+
+def chunk_pieces(pieces: Sequence[tuple[int, KeyRange, slice]],
+                 chunk: int) -> list[list[Chunk]]:
+    """Each piece cut into runs of at most `chunk` keys, one list per piece (shard order)."""
+    out = []
+    for shard, r, sl in pieces:
+        n = -(-r.size // chunk) if r.size else 1
+        runs = []
+        for j in range(n):
+            lo = r.lo + j * chunk
+            hi = min(lo + chunk, r.hi)
+            runs.append(Chunk(shard, KeyRange(lo, hi),
+                              slice(sl.start + lo - r.lo, sl.start + hi - r.lo), j, n))
+        out.append(runs)
+    return out
+
+
+class Stream:
+    """The chunks of one request, at most `window` of them unanswered per shard: the next one
+    goes when an earlier one to the same shard is answered, so neither end holds more than
+    window x chunk bytes of it at a time."""
+
+    def __init__(self, per_shard: list[list[Chunk]], window: int):
+        self.todo = [deque(runs) for runs in per_shard]
+        self.window = window
+        self.busy = [0] * len(per_shard)  # unanswered chunks, by position in `todo`
+        self.waiting: dict[int, tuple[int, Chunk]] = {}  # rid -> (position, chunk), unanswered
+        self.most_in_flight = 0  # the largest number unanswered at once, all shards together
+
+    def ready(self) -> list[tuple[int, Chunk]]:
+        """(position, chunk) of the chunks that may go now; the caller sends each and calls
+        sent()."""
+        out = []
+        for pos, todo in enumerate(self.todo):
+            room = self.window - self.busy[pos]
+            while room > 0 and todo:
+                out.append((pos, todo.popleft()))
+                room -= 1
+        return out
+
+    def sent(self, pos: int, rid: int, chunk: Chunk) -> None:
+        self.busy[pos] += 1
+        self.waiting[rid] = (pos, chunk)
+        self.most_in_flight = max(self.most_in_flight, len(self.waiting))
+
+    def answered(self, rid: int) -> Chunk:
+        """Chunk `rid` has its reply: it leaves its shard's window."""
+        pos, chunk = self.waiting.pop(rid)
+        self.busy[pos] -= 1
+        return chunk
+
+    def drop(self) -> list[int]:
+        """Give up: nothing more is sent; returns the rids still unanswered."""
+        for todo in self.todo:
+            todo.clear()
+        rids = list(self.waiting)
+        self.waiting.clear()
+        self.busy = [0] * len(self.busy)
+        return rids
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not any(self.todo)
 
 
 class WorkerCore:
@@ -50,6 +129,10 @@ class WorkerCore:
         self.versions: list[int] = []  # the version each shard last answered a pull with
         self.starts = np.zeros(0, dtype=np.int64)
         self.all_pieces: list[tuple[int, KeyRange, slice]] = []
+        # Pieces larger than `chunk` keys go as chunks, `window` unanswered per shard.
+        self.chunk = 1 << 62
+        self.window = 1
+        self.largest_piece = 0  # of all_pieces: the common request is checked in one compare
         self.release: Release | None = None  # sent by the coordinator, not yet taken
 
     def welcome(self, rank: int, ranges: Sequence[KeyRange], num_keys: int) -> None:
@@ -60,6 +143,25 @@ class WorkerCore:
         self.starts = np.array([r.lo for r in self.ranges], dtype=np.int64)
         # The common request (every key) is split once.
         self.all_pieces = self._split(KeyRange(0, self.num_keys))
+        self.largest_piece = max((p.size for _, p, _ in self.all_pieces), default=0)
+
+    def chunking(self, chunk: int, window: int) -> None:
+        """Pieces above `chunk` keys are sent as chunks, `window` unanswered per shard."""
+        if chunk < 1 or window < 1:
+            raise ValueError(f"chunks need chunk >= 1 key and window >= 1, got {chunk}, {window}")
+        self.chunk, self.window = int(chunk), int(window)
+
+    def stream(self, r: KeyRange, pieces) -> "Stream | None":
+        """The chunks of a request for `r` (split into `pieces`), or None when every piece
+        fits in one message: the common case costs one comparison."""
+        if r.size <= self.chunk:
+            return None
+        if pieces is self.all_pieces:
+            if self.largest_piece <= self.chunk:
+                return None
+        elif max(p.size for _, p, _ in pieces) <= self.chunk:
+            return None
+        return Stream(chunk_pieces(pieces, self.chunk), self.window)
 
     # ---- key ranges -----------------------------------------------------------------------------
     def key_range(self, keys: KeyRange | tuple[int, int] | None) -> KeyRange:

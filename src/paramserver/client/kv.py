@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core import Chunk, Handle, Stream, WorkerCore
 from paramserver.client.requests import ShardRequests
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
@@ -60,6 +60,8 @@ class WorkerSettings:
     heartbeat_interval: float
     coordinator_timeout: float
     links: object  # the job's link table (paramserver.emulation.links.LinkTable)
+    chunk_bytes: int = Limits.chunk_bytes  # larger pieces of a request go as chunks
+    chunks_in_flight: int = Limits.chunks_in_flight  # unanswered chunks per shard
 
     @classmethod
     def of(cls, welcome: WorkerJob) -> "WorkerSettings":
@@ -67,7 +69,8 @@ class WorkerSettings:
         return cls(job.num_keys, np.dtype(job.dtype),
                    tuple((s.rank, s.addr, s.lo, s.hi) for s in welcome.shards),
                    limits.retry_interval, limits.heartbeat_interval,
-                   limits.coordinator_timeout, job.links)
+                   limits.coordinator_timeout, job.links, limits.chunk_bytes,
+                   limits.chunks_in_flight)
 
 
 def _as_array(values, dtype: np.dtype) -> np.ndarray:
@@ -140,6 +143,10 @@ class KVWorker:
                                             keys=self.keys, peer="server"))
                        for r, a, lo, hi in settings.shards]
         self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
+        self.core.chunking(max(1, settings.chunk_bytes // self.dtype.itemsize),
+                           settings.chunks_in_flight)
+        self._arrival = self.spec.apply_mode == "arrival"
+        self._streams: list[Handle] = []  # chunked requests with chunks unanswered
         self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
                                       settings.retry_interval)
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
@@ -172,8 +179,14 @@ class KVWorker:
         """Offer initial values; the first offer per shard wins. True if ours was taken."""
         r = self.core.key_range(keys)
         arr = _as_array(values, self.dtype)
+        pieces = self.core.pieces(r)
+        stream = self.core.stream(r, pieces)
+        if stream is not None:
+            handle = self._start(Handle("init", stream=stream), lambda c: Message(
+                "init", {"range": [c.keys.lo, c.keys.hi]}, [arr[c.out]]))
+            return self.wait(handle) >= 0
         parts = [(i, self.requests.send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
-                 for i, p, sl in self.core.pieces(r)]
+                 for i, p, sl in pieces]
         replies = self.requests.collect(parts, "init")
         return all(m.get("staleness", 0) >= 0 for m in replies.values())
 
@@ -188,15 +201,38 @@ class KVWorker:
         arr = _as_array(values, self.dtype)
         if arr.size != r.size:
             raise ValueError(f"{arr.size} values for {r.size} keys")
+        pieces = core.pieces(r)
+        stream = core.stream(r, pieces)
+        if stream is not None:
+            return self._push_chunks(arr, stream, step, batch, scale, round_size)
         handle = Handle("push")
         versions, send = core.versions, self.requests.send
-        for i, p, sl in core.pieces(r):
+        for i, p, sl in pieces:
             fields = {"range": [p.lo, p.hi], "step": step, "version": versions[i],
                       "batch": batch, "scale": float(scale)}
             if round_size:
                 fields["round_size"] = round_size
             handle.parts.append((i, send(i, Message("push", fields, [arr[sl]])), sl))
         return handle
+
+    def _push_chunks(self, arr: np.ndarray, stream: Stream, step: int, batch: int,
+                     scale: float, round_size: int) -> Handle:
+        """A push with pieces above the chunk size: each chunk is a push of its own saying how
+        many the shard gets (`parts`), so a round fills only with a pusher's last chunk.
+
+        In arrival mode a shard applies each chunk as it comes and moves its version per chunk:
+        chunk j says the version the worker pulled plus j, so the worker's own earlier chunks
+        do not count as staleness; the push's staleness is the largest any chunk saw."""
+        versions, arrival = self.core.versions, self._arrival
+
+        def message(c: Chunk) -> Message:
+            fields = {"range": [c.keys.lo, c.keys.hi], "step": step,
+                      "version": versions[c.shard] + (c.index if arrival else 0),
+                      "batch": batch, "scale": float(scale), "parts": c.count}
+            if round_size:
+                fields["round_size"] = round_size
+            return Message("push", fields, [arr[c.out]])
+        return self._start(Handle("push", stream=stream), message)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
              round_size: int = 0) -> int:
@@ -242,8 +278,13 @@ class KVWorker:
             out = np.empty(r.size, dtype=self.dtype)
         elif out.size != r.size or out.dtype != self.dtype:
             raise ValueError(f"out must hold {r.size} values of {self.dtype}")
+        pieces = self.core.pieces(r)
+        stream = self.core.stream(r, pieces)
+        if stream is not None:
+            return self._start(Handle("pull", out=out, stream=stream), lambda c: Message(
+                "pull", {"range": [c.keys.lo, c.keys.hi], "min_version": min_version}))
         handle = Handle("pull", out=out, out_ours=ours)
-        for i, p, sl in self.core.pieces(r):
+        for i, p, sl in pieces:
             fields = {"range": [p.lo, p.hi], "min_version": min_version}
             handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
         return handle
@@ -404,6 +445,12 @@ class KVWorker:
         """Finish an async request: a push returns its max staleness, a pull its values."""
         if handle.done:
             return handle.result
+        if handle.stream is not None or self._streams:
+            # Chunks of any request still to send go out as earlier ones are answered: a
+            # pull may wait for a round that only another request's last chunk fills.
+            self._drive(handle)
+            if handle.done:
+                return handle.result
         replies = self.requests.collect(handle.parts, handle.kind)
         if handle.kind == "push":
             return self.core.push_done(handle, replies)
@@ -419,7 +466,7 @@ class KVWorker:
         from a server on this host lives in its shared arena, which the server does not
         write while lent: hand the loan back (give_back) as soon as the values are read.
         A pull answered by several shards is copied as by wait (loan None)."""
-        if handle.done or len(handle.parts) != 1:
+        if handle.done or len(handle.parts) != 1 or handle.stream is not None:
             return self.wait(handle), None
         _, rid, _ = handle.parts[0]
         reply = self.requests.collect(handle.parts, handle.kind)[rid]
@@ -434,7 +481,93 @@ class KVWorker:
         """Give up on an async request: its replies, now or later, are dropped (and frames
         of them that live in a server's arena released)."""
         self.requests.forget(rid for _, rid, _ in handle.parts)
+        if handle.stream is not None:
+            self._end_stream(handle)
         handle.done, handle.result = True, None
+
+    # ---- chunked requests -----------------------------------------------------------------------
+    def _start(self, handle: Handle, message) -> Handle:
+        """Send the first chunks of a chunked request (`message(chunk)` makes each); the rest
+        go from wait() as replies come in."""
+        handle.message = message
+        handle.result = {}  # push: largest staleness; pull: smallest version, by shard
+        self._streams.append(handle)
+        self._send_ready(handle)
+        return handle
+
+    def _send_ready(self, handle: Handle) -> None:
+        stream, send = handle.stream, self.requests.send
+        for pos, chunk in stream.ready():
+            stream.sent(pos, send(chunk.shard, handle.message(chunk)), chunk)
+
+    def _drive(self, target: Handle) -> None:
+        """Take replies to chunks as they come, over every chunked request, sending the next
+        chunks as room opens, until `target` is finished (a chunked one) or its replies are
+        all in (a plain one, collected by the caller) or no chunk is unanswered."""
+        core, requests = self.core, self.requests
+        plain = [(shard, rid, None) for shard, rid, _ in target.parts]
+        while not target.done:
+            if target.stream is None and all(rid in core.inbox for _, rid, _ in plain):
+                return
+            waiting = [(h, rid, chunk) for h in self._streams
+                       for rid, (_, chunk) in h.stream.waiting.items()]
+            if not waiting:
+                return
+            try:
+                requests.wait_any([(c.shard, rid, None) for _, rid, c in waiting] + plain,
+                                  target.kind)
+            except BaseException:
+                for h in list(self._streams):
+                    self._end_stream(h)
+                    h.done = True
+                raise
+            for handle, rid, chunk in waiting:
+                if rid not in core.inbox:
+                    continue
+                try:
+                    reply = requests.collect([(chunk.shard, rid, None)], handle.kind)[rid]
+                except BaseException:
+                    self._end_stream(handle)
+                    handle.done = True
+                    raise
+                handle.stream.answered(rid)
+                self._take_chunk(handle, rid, chunk, reply)
+                self._send_ready(handle)
+                if handle.stream.done:
+                    self._finish_stream(handle)
+
+    def _take_chunk(self, handle: Handle, rid: int, chunk: Chunk, reply: Message) -> None:
+        seen = handle.result
+        if handle.kind == "pull":
+            handle.out[chunk.out] = reply.arrays[0]
+            reply.arrays = []
+            self.requests.let_go(rid)  # copied: frames lent from the server's arena go back
+            v = reply["version"]
+            seen[chunk.shard] = min(seen.get(chunk.shard, v), v)
+        else:
+            s = reply.get("staleness", 0)
+            seen[chunk.shard] = max(seen.get(chunk.shard, s), s) if handle.kind == "push" \
+                else min(seen.get(chunk.shard, s), s)  # init: -1 if any chunk was ignored
+
+    def _finish_stream(self, handle: Handle) -> None:
+        self._streams.remove(handle)
+        seen = handle.result
+        if handle.kind == "pull":
+            # A shard's version is the oldest any chunk was read at (in arrival mode chunks
+            # read later may be newer): later pushes count staleness from there.
+            for shard, v in seen.items():
+                self.core.versions[shard] = v
+            handle.result = handle.out
+        elif handle.kind == "push":
+            handle.result = max(seen.values(), default=0)
+        else:
+            handle.result = min(seen.values(), default=0)
+        handle.done = True
+
+    def _end_stream(self, handle: Handle) -> None:
+        self.requests.forget(handle.stream.drop())
+        if handle in self._streams:
+            self._streams.remove(handle)
 
     @property
     def version(self) -> int:

@@ -83,6 +83,28 @@ class ShardRequests:
                 raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
         return replies
 
+    def wait_any(self, parts: list[tuple[int, int, object]], what: str) -> None:
+        """Wait until a reply to any of `parts` (shard, rid, ...) is in, left in the inbox for
+        collect(); re-sends and the deadline as collect's. (Chunked requests take replies as
+        they come: one shard's may wait for a version while another's are due.)"""
+        want = {rid: shard for shard, rid, _ in parts}
+        inbox = self.core.inbox
+        now = time.monotonic()
+        deadline, retry_at = now + self.timeout, now + self.retry_interval
+        while not any(rid in inbox for rid in want):
+            now = time.monotonic()
+            if now >= deadline:
+                names = ", ".join(f"server {s} at {self.shards[s].addr}"
+                                  for s in sorted(set(want.values())))
+                self.forget(want)
+                raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
+            if now >= retry_at:
+                for entry in self.core.unanswered(want):
+                    self._transmit(*entry)
+                    self.retries += 1
+                retry_at = now + self.retry_interval
+            self._receive(min(deadline, retry_at) - now)
+
     def _receive(self, timeout: float) -> None:
         """Replies that arrive within `timeout` s go to the core; one it refuses (to a request
         nobody waits for any more: retried and answered twice, abandoned) is dropped."""

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from paramserver.core.keyspace import split_balanced
+from paramserver.core.keyspace import split_by_bytes
 from paramserver.coordinator.events import Registered
 from paramserver.policies import Release
 
@@ -43,11 +43,12 @@ class Membership:
     waiting for a rank, and the silence limits."""
 
     def __init__(self, servers: int, workers: int, num_keys: int, heartbeat_timeout: float,
-                 start_grace: float):
+                 start_grace: float, layer_edges=()):
         self.servers_expected, self.workers_expected = servers, workers
         self.roster = Roster()
         self.num_keys = num_keys
-        self.ranges = split_balanced(num_keys, servers) if num_keys else None
+        self.layer_edges = tuple(layer_edges)  # cuts between shards prefer these (layers)
+        self.ranges = split_by_bytes(num_keys, servers, self.layer_edges) if num_keys else None
         self.pending_servers: list[Registered] = []  # answered once the key space is known
         self.pending_workers: list[Registered] = []  # answered once every shard is up
         self.rank_waiters: list[tuple[Registered, float]] = []
@@ -101,7 +102,7 @@ class Membership:
     def learn_key_space(self, num_keys: int) -> list[Registered]:
         """Set the key space; returns the server registrations that waited for it."""
         self.num_keys = num_keys
-        self.ranges = split_balanced(num_keys, self.servers_expected)
+        self.ranges = split_by_bytes(num_keys, self.servers_expected, self.layer_edges)
         pending, self.pending_servers = self.pending_servers, []
         return pending
 

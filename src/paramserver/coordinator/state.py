@@ -46,7 +46,7 @@ class CoordinatorState:
         self.host = PolicyHost(policy, job.max_samples or None)
         self.round_mode = policy.apply_mode == "round"
         self.members = Membership(job.servers, job.workers, job.num_keys,
-                                  limits.heartbeat_timeout, limits.start_grace)
+                                  limits.heartbeat_timeout, limits.start_grace, job.layer_edges)
         self.budget = Budget(job.max_seconds or None)
         self.schedule = CheckpointSchedule(
             None if ckpt is None else str(PurePath(ckpt.dir)),

@@ -77,6 +77,21 @@ def parse_size(text: str, what: str = "size") -> float:
     return float(m[1]) * _BYTES[unit]
 
 
+_COUNT = re.compile(rf"^{_NUMBER}\s*([kKmMgGbBtT]?)$")
+_COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
+COUNT_EXAMPLES = "e.g. 1e9, 500M, 2.5G, 100k"
+
+
+def parse_count(text: str, what: str = "count") -> int:
+    """'500M' -> 500_000_000, '1e9' -> 10**9, '100k' -> 100_000 (decimal; B and G both 1e9):
+    a count of things such as parameters, not bytes."""
+    m = _COUNT.match(str(text).strip())
+    value = float(m[1]) * _COUNT_UNITS[m[2].lower()] if m else math.nan
+    if not math.isfinite(value) or value < 1:
+        raise UnitError(f"bad {what} {text!r}: expected a count >= 1, {COUNT_EXAMPLES}")
+    return int(round(value))
+
+
 def parse_bitrate(text: str, what: str = "rate") -> float:
     """Bits per second from '10Gbit/s', '100mbit', '1.25GB/s', '800Mbps'; unlimited -> inf."""
     raw = str(text).strip().lower()

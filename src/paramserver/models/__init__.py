@@ -10,7 +10,7 @@ from torch import nn
 
 from paramserver.models.dlrm import dlrm
 from paramserver.models.keyspace import Layer, ModelKeys
-from paramserver.models.nets import cnn, logreg, mlp
+from paramserver.models.nets import cnn, logreg, mlp, wide
 from paramserver.core.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
@@ -18,6 +18,7 @@ MODELS.register("mlp")(mlp)
 MODELS.register("cnn")(cnn)
 MODELS.register("logreg")(logreg)
 MODELS.register("dlrm")(dlrm)
+MODELS.register("wide")(wide)
 DEFAULT_MODEL = "mlp"
 
 
@@ -41,11 +42,13 @@ def sparse_tables(model: nn.Module) -> tuple:
 
 def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
                 dtype: torch.dtype = torch.float32, sparse_fields: int = 0,
-                **options) -> nn.Module:
+                shape_only: bool = False, **options) -> nn.Module:
     """Build model `name` for samples of `input_shape` (and `sparse_fields` categorical ids, for
     a model that takes them); same seed, same initial weights.
 
     The global torch RNG is left as it was, so building a model never perturbs other streams.
+    `shape_only` builds it on torch's meta device: shapes and the key space, no memory (how
+    the launcher sizes a job of 10^9 parameters without holding them).
     """
     factory = MODELS.get(name)
     unknown = sorted(set(options) - set(model_options(name)))
@@ -59,6 +62,10 @@ def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
     elif sparse_fields:
         raise ValueError(f"model {name!r} cannot use the data set's {sparse_fields} categorical "
                          f"fields; use --model dlrm")
+    if shape_only:
+        with torch.device("meta"):
+            model = factory(tuple(int(d) for d in input_shape), int(num_classes), **options)
+        return model.to(dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = factory(tuple(int(d) for d in input_shape), int(num_classes), **options)

@@ -1,4 +1,5 @@
-"""The networks workers train: the seeds' MNIST MLP, a small CNN and logistic regression."""
+"""The networks workers train: the seeds' MNIST MLP, a small CNN, logistic regression, and a
+wide MLP sized by its parameter count for the dense-at-scale work (`--model-size`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,41 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, channels: int = 16,
 def logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """Multinomial logistic regression: one dense layer on the flattened input."""
     return nn.Sequential(nn.Flatten(), nn.Linear(_flat_size(input_shape), num_classes))
+
+
+def wide_width(size: int, inputs: int, num_classes: int, layers: int) -> int:
+    """The hidden width H at which `wide` has about `size` parameters: inputs*H + H (the first
+    layer), layers*(H*H + H), H*num_classes + num_classes (the output) add up to `size`."""
+    a, b, c = layers, inputs + 1 + layers + num_classes, num_classes - size
+    if a == 0:
+        return max(1, round(-c / b))
+    return max(1, round((-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)))
+
+
+def wide(input_shape: tuple[int, ...], num_classes: int, size: int = 10_000_000,
+         layers: int = 8) -> nn.Sequential:
+    """A wide MLP of about `size` parameters (within 1% from 1e5 on): an input layer to width
+    H, `layers` square H x H layers with ReLU, the output layer; H is picked from `size`.
+
+    The parameters sit in `layers` equal blocks, so shards cut by bytes fall on layer edges
+    when the shard count divides `layers` (8 by default: 1, 2, 4 or 8 shards), and no one
+    tensor is a large part of the model (a worker binds the model to its flat buffer one
+    tensor at a time, so its peak is the parameters plus one layer)."""
+    size, layers = int(size), int(layers)
+    if size < 1 or layers < 0:
+        raise ValueError(f"wide needs size >= 1 and layers >= 0, got {size=}, {layers=}")
+    inputs = _flat_size(input_shape)
+    h = wide_width(size, inputs, num_classes, layers)
+    blocks: list[nn.Module] = [nn.Flatten(), nn.Linear(inputs, h), nn.ReLU()]
+    for _ in range(layers):
+        blocks += [nn.Linear(h, h), nn.ReLU()]
+    blocks.append(nn.Linear(h, num_classes))
+    return nn.Sequential(*blocks)
+
+
+def wide_params(input_shape: tuple[int, ...], num_classes: int, size: int,
+                layers: int = 8) -> int:
+    """The exact parameter count `wide` builds for `size` (no tensor allocated)."""
+    inputs = _flat_size(input_shape)
+    h = wide_width(int(size), inputs, num_classes, int(layers))
+    return inputs * h + h + int(layers) * (h * h + h) + h * num_classes + num_classes

@@ -17,7 +17,7 @@ from paramserver.server.events import (
     Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
     ToCoordinator,
 )
-from paramserver.server.store import StoreError
+from paramserver.server.store import StoreError, spare_buffers
 from paramserver.spec.welcome import ServerJob
 from paramserver.transport import (
     advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
@@ -168,8 +168,6 @@ class ServerNode:
             log.info("restored shard %d from checkpoint %s (%d updates lost)", s.rank, r.tag,
                      self.core.lost_updates)
 
-    # Values plus spares for copy-on-write while workers still read replies in place.
-    SHARED_BUFFERS = 4
 
     def _shared_values(self, size: int, dtype: str):
         """An allocator of value buffers in a shared arena, for workers on this host to read
@@ -178,7 +176,9 @@ class ServerNode:
         if not (wanted and shm.local_address(self.addr)):
             return None
         try:
-            arena = shm.Arena(self.SHARED_BUFFERS * (size * np.dtype(dtype).itemsize + 64))
+            # Values plus spares for copy-on-write while workers still read replies in place.
+            nbytes = size * np.dtype(dtype).itemsize
+            arena = shm.Arena((1 + spare_buffers(nbytes)) * (nbytes + 64))
         except OSError:
             return None
         shm.serve_shared(self.router, arena)

@@ -16,6 +16,18 @@ from paramserver.optim import UpdateRule, add_at
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+# Older value buffers kept for copy on write (a push while a pull reply still reads the values
+# in place): up to 3 for a small shard, as many as fit in SPARE_BYTES for a large one but at
+# least 1, so a 1 GB shard keeps one spare copy, not three.
+MAX_SPARES = 3
+SPARE_BYTES = 256 << 20
+
+
+def spare_buffers(nbytes: int) -> int:
+    """Retired value buffers a shard of `nbytes` keeps for copy on write."""
+    return max(1, min(MAX_SPARES, SPARE_BYTES // max(int(nbytes), 1)))
+
+
 class StoreError(ValueError):
     """A request this shard cannot serve (outside its range, wrong dtype, wrong round...)."""
 
@@ -45,6 +57,7 @@ class ShardStore:
         self.apply_mode = apply_mode
         self.version = 0
         self.initialized = False
+        self._init_runs: list[tuple[int, int]] = []  # local runs an init has set, merged
         self.updates_applied = 0
         # Round mode: the running sum of batch-weighted pushes of the current round only.
         self.round_step: int | None = None
@@ -64,6 +77,7 @@ class ShardStore:
         # and older value buffers that replies in flight may still read.
         self._loans: list = []
         self._retired: list[tuple[torch.Tensor, list]] = []
+        self.spares = spare_buffers(key_range.size * self.dtype.itemsize)
         self.copies_on_write = 0
 
     # ---- reads and writes of raw values ---------------------------------------------------------
@@ -93,7 +107,9 @@ class ShardStore:
             raise StoreError(f"init of [{lo}, {hi}) carries {array.size} values")
         self._writable()
         self.values[index] = self._tensor(array)
-        self.initialized = index.start == 0 and index.stop == self.range.size or self.initialized
+        # A large init comes in chunks: the shard is initialized once they cover it.
+        self._init_runs = _merge(self._init_runs, index.start, index.stop)
+        self.initialized = self._init_runs == [(0, self.range.size)]
         return True
 
     def read(self, lo: int, hi: int, shared: bool = False) -> torch.Tensor:
@@ -130,7 +146,7 @@ class ShardStore:
             fresh = self._new_buffer()
         fresh.copy_(self.values)
         self._retired.append((self.values, self._loans))
-        del self._retired[:-3]  # the replies keep older buffers alive; we need not
+        del self._retired[:-self.spares]  # the replies keep older buffers alive; we need not
         self.values, self._loans = fresh, []
         self.copies_on_write += 1
 
@@ -272,3 +288,14 @@ class ShardStore:
         lost = max(0, version_floor - meta["version"])
         self.version = max(meta["version"], version_floor)
         return lost
+
+
+def _merge(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Sorted disjoint runs with [lo, hi) added, touching runs joined."""
+    out = []
+    for a, b in sorted([*runs, (lo, hi)]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -28,6 +28,7 @@ class TrainConfig:
     servers: int = JobSpec.servers
     model: str = TaskSpec.model
     model_options: dict = field(default_factory=dict)  # --model-opt (dlrm: dim, row_budget, ...)
+    model_size: int | None = None  # parameters, for a model sized by count (--model-size)
     dataset: str = TaskSpec.dataset
     data_dir: str | None = TaskSpec.data_dir
     dataset_options: dict = field(default_factory=dict)

@@ -173,9 +173,10 @@ class ResumeSpec:
 
 @dataclass(frozen=True)
 class Limits:
-    """Every timeout and interval of the job, in seconds. In the job dict they sit at the top
-    level, where the roles read them. None for heartbeat_interval and server_timeout means
-    derived from heartbeat_timeout, resolved here once."""
+    """Every timeout and interval of the job, in seconds, and the chunking of large requests
+    (bytes, a count). In the job dict they sit at the top level, where the roles read them.
+    None for heartbeat_interval and server_timeout means derived from heartbeat_timeout,
+    resolved here once."""
 
     heartbeat_timeout: float = 5.0  # silence after which a worker is declared dead
     heartbeat_interval: float | None = None  # None: min(1 s, heartbeat_timeout / 4)
@@ -188,6 +189,11 @@ class Limits:
     retry_interval: float = 3.0  # a worker resends an unanswered shard request after this
     release_timeout: float = 600.0  # a worker's wait for its release (read by KVWorker's
     # constructor today; written here so the one default is visible)
+    # Not times, but limits of the same kind: a worker sends a request's piece for a shard
+    # larger than chunk_bytes as chunks of that size, chunks_in_flight unanswered per shard
+    # (benchmarks/dense_scale.py measured the default; see benchmarks/README.md).
+    chunk_bytes: int = 16 << 20
+    chunks_in_flight: int = 2
 
     def __post_init__(self):
         _num("heartbeat_timeout", self.heartbeat_timeout)
@@ -197,6 +203,8 @@ class Limits:
             object.__setattr__(self, "server_timeout", max(6 * self.heartbeat_timeout, 30.0))
         for f in fields(self):
             _num(f.name, getattr(self, f.name))
+        _int("chunk_bytes", self.chunk_bytes, 8)
+        _int("chunks_in_flight", self.chunks_in_flight, 1)
         if self.heartbeat_interval > self.heartbeat_timeout:
             _fail("heartbeat_interval", self.heartbeat_interval,
                   f"<= heartbeat_timeout ({self.heartbeat_timeout:g})")
@@ -249,6 +257,15 @@ def _tables(v: Any) -> tuple:
 
 
 _LIMIT_KEYS = tuple(f.name for f in fields(Limits))
+START_SECONDS_PER_GB = 60.0  # a worker builds, binds and offers a model before it starts
+
+
+def start_timeout_for(num_keys: int, dtype: str) -> float:
+    """The start barrier's wait for a model of `num_keys`: the default, plus a minute per
+    whole GB of parameters (a worker of 10^9 float32 parameters builds 4 GB, binds it to its
+    flat buffer and pushes it to the shards as their initial values before it starts)."""
+    nbytes = num_keys * (8 if dtype == "float64" else 4)
+    return Limits.start_timeout + START_SECONDS_PER_GB * (nbytes // 10**9)
 # A job dict written by hand (a test's, the demo's) may leave these out; they then mean what
 # the roles always read them as, which is not the default of a job built from a config.
 _DICT_ABSENT = {"eval_interval": 0.0,  # no evaluator process
@@ -280,8 +297,15 @@ class JobSpec:
     limits: Limits = field(default_factory=Limits)
     resume: ResumeSpec | None = None
     tables: tuple[TableSpec, ...] = ()  # sparse embedding tables (none: a dense job)
+    # Keys where the model's layers start: the cuts between shards move to them when that
+    # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
+    layer_edges: tuple = ()
 
     def __post_init__(self):
+        edges = self.layer_edges
+        if not isinstance(edges, (list, tuple)) or not all(_is_int(e) and e >= 0 for e in edges):
+            _fail("layer_edges", edges, "a list of key offsets")
+        object.__setattr__(self, "layer_edges", tuple(edges))
         if self.version != JOB_VERSION:
             raise JobSpecError(f"job version {self.version!r} is not supported: this "
                                f"paramserver reads version {JOB_VERSION}")
@@ -326,14 +350,18 @@ class JobSpec:
             links=c.links,
             checkpoint=CheckpointSpec(c.checkpoint_dir, c.checkpoint_every,
                                       c.checkpoint_seconds) if c.checkpoint_dir else None,
-            task=TaskSpec(model=c.model, model_options=c.model_options,
-                          dataset=c.dataset, data_dir=c.data_dir,
+            task=TaskSpec(model=c.model, dataset=c.dataset,
+                          model_options=c.model_options if c.model_size is None
+                          else {**c.model_options, "size": c.model_size},
+                          data_dir=c.data_dir,
                           dataset_options=c.dataset_options, seed=c.seed,
                           straggler=str(c.straggler), device_time=c.device_time.text(),
                           threads=c.threads, compress=c.compress,
                           compress_options=c.compress_options, push_range=c.push_range,
                           schedule=c.schedule),
-            limits=Limits(heartbeat_timeout=c.heartbeat_timeout), tables=tuple(tables))
+            limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
+                          start_timeout=start_timeout_for(num_keys, c.dtype)),
+            tables=tuple(tables))
 
     def with_resume(self, resume: ResumeSpec | None) -> "JobSpec":
         return replace(self, resume=resume)
@@ -354,6 +382,8 @@ class JobSpec:
             out["resume"] = _plain(self.resume)
         if self.tables:  # (left out when empty: job files of dense jobs read as before)
             out["tables"] = [_plain(t) for t in self.tables]
+        if self.layer_edges:
+            out["layer_edges"] = list(self.layer_edges)
         return out
 
     @classmethod

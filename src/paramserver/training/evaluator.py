@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from paramserver.client.flat_binding import point_params_at
 from paramserver.training.workload import build, evaluate, evaluate_sparse
 from paramserver.client.kv import KVWorker
 
@@ -21,7 +22,9 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
         ds, model, keys = build(kv.spec.job.task, kv.spec.job.dtype)
         X, y = ds.test.X.to(keys.dtype), ds.test.y
         table = getattr(model, "sparse_table", None)  # DLRM: rows from the servers, AUC
-        flat = keys.new_buffer()
+        # The model computes on views of the pulled values: no second copy of the parameters.
+        flat = torch.empty(keys.num_keys, dtype=keys.dtype)
+        point_params_at(model, keys, flat)
         kv.start()  # ready: the coordinator holds the start of training until now
         last = -float("inf")
         while True:
@@ -32,7 +35,6 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
                 continue
             last = time.monotonic()
             kv.pull(out=flat.numpy())
-            keys.load_flat(model, flat)
             scores = {}
             if table is None:
                 accuracy, loss = evaluate(model, X, y)

@@ -53,7 +53,11 @@ class StepLoop:
         torch.set_num_threads(task.threads)
         self.ds, self.model, self.keys = build(task, job.dtype)
         # Gradients live where a server on this host reads pushes in place (shared memory).
-        self.params, self.grads = self.keys.new_buffer(), torch.from_numpy(kv.shared_buffer())
+        # The parameters' buffer is left untouched (empty) until bind_to_flat copies each
+        # tensor in and frees it: the worker's peak is the parameters plus one tensor, where a
+        # zeroed buffer would hold two copies of the model at once.
+        self.params = torch.empty(self.keys.num_keys, dtype=self.keys.dtype)
+        self.grads = torch.from_numpy(kv.shared_buffer())
         bind_to_flat(self.model, self.keys, self.params, self.grads)
         self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
         self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)

@@ -16,14 +16,16 @@ from paramserver.spec.job import TaskSpec, task_from_dict
 from paramserver.training.auc import roc_auc
 
 
-def build(task: TaskSpec | Mapping, dtype: str):
+def build(task: TaskSpec | Mapping, dtype: str, shape_only: bool = False):
     """Dataset, model and key space exactly as every process of the job builds them (`task` a
-    TaskSpec, or a task table such as the simulator's)."""
+    TaskSpec, or a task table such as the simulator's). `shape_only`: the model on torch's meta
+    device, for a process that needs only the key space (see build_model)."""
     if not isinstance(task, TaskSpec):
         task = task_from_dict(task)
     ds = load_dataset(task.dataset, task.data_dir, seed=task.seed, **task.dataset_options)
     model = build_model(task.model, ds.input_shape, ds.num_classes, seed=task.seed,
-                        sparse_fields=ds.sparse_fields, **task.model_options)
+                        sparse_fields=ds.sparse_fields, shape_only=shape_only,
+                        **task.model_options)
     model = model.to(getattr(torch, dtype))
     return ds, model, ModelKeys(model, dtype=getattr(torch, dtype))
 
