@@ -484,10 +484,10 @@ def test_memory_stays_bounded_by_capacity_over_a_long_stream(admit_after):
     assert c["created"] > 900_000 and c["candidates"] <= cap
     # Bound from capacity alone: per row slot, the row and its Adagrad state (2 * dim * 4)
     # and 3 int64 (key, last touch, count); the free-slot stack (<= 2 * cap int64); the key
-    # index (12 bytes a slot, <= 2 * (cap + batch) / REBUILD_LOAD slots); the candidates the
-    # same again without the rows.
+    # index (SLOT_BYTES a position, <= 2 * (cap + batch) / REBUILD_LOAD + PAD positions); the
+    # candidates the same again without the rows.
     per_slot = 2 * dim * 4 + 3 * 8
-    index = 12 * 2 * (cap + batch) / keymap.REBUILD_LOAD
+    index = keymap.SLOT_BYTES * (2 * (cap + batch) / keymap.REBUILD_LOAD + keymap.PAD)
     bound = cap * per_slot + 2 * cap * 8 + index
     if admit_after > 1:
         bound += cap * 3 * 8 + 2 * cap * 8 + index

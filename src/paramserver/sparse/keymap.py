@@ -6,16 +6,16 @@ index keeps live + tombstones <= MAX_LOAD of its size and rebuilds itself (tombs
 dropped, size chosen from the live count) when an insert would pass that, so its memory is
 bounded by the number of live keys, not by how many keys ever passed through.
 
-Lookups and inserts take whole batches. Each step reads a window of WINDOW neighbouring
-positions for every key still unresolved, as one row gather through a sliding-window view
-(a memcpy of 64 bytes a key, not 8 scattered reads), so at this load almost every chain ends
-in the first step and numpy's per-call overhead is paid a few times per batch, not once per
-probe. Chains do not wrap around: keys hash to [0, size) and the arrays run on for PAD more
+Keys and values sit side by side (one int64 pair a position). Lookups and inserts take
+whole batches: each step reads a window of WINDOW neighbouring positions for every key still
+unresolved as one item of a byte-string view whose items overlap (a 64-byte copy a key, one
+or two cache lines, instead of numpy's much slower element or row gathers), so at this load
+most chains end in the first step and numpy's per-call overhead is paid a few times per
+batch, not once per probe. Chains do not wrap around: keys hash to [0, size) and the arrays run on for PAD more
 positions, whose last WINDOW are kept EMPTY so every chain ends inside the arrays; an insert
 that would pass them rebuilds the index twice as large.
 """
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from paramserver.sparse.mix import SALT_INDEX, as_u64, mix64
 
@@ -25,8 +25,9 @@ MAX_LOAD = 0.5      # live + tombstones, as a fraction of the index size
 REBUILD_LOAD = 0.375  # the most live keys a rebuilt index starts with
 MIN_SIZE = 1024
 MAX_SIZE = 1 << 31  # values are int32
-WINDOW = 8          # positions a step reads per key
+WINDOW = 4          # positions a step reads per key
 PAD = 256           # positions past the hashed range
+SLOT_BYTES = 16     # a key and its value
 _ROW = np.dtype(f"u{WINDOW}")  # a row of WINDOW bools seen as one unsigned integer
 
 
@@ -46,7 +47,7 @@ def _first(mask: np.ndarray, packed: np.ndarray, rows: np.ndarray) -> np.ndarray
 def index_size_for(live: int) -> int:
     """The index size (a power of two) a rebuild picks for `live` keys: load <= REBUILD_LOAD,
     leaving room for at least a third as many again (new keys or tombstones) before the next
-    rebuild. Bytes per live key: 12 / load, so between 24 and 64 (plus PAD positions)."""
+    rebuild. Bytes per live key: 16 / load, so between 32 and 86 (plus PAD positions)."""
     need = max(MIN_SIZE, int(live / REBUILD_LOAD) + 1)
     return min(MAX_SIZE, 1 << (need - 1).bit_length())
 
@@ -62,18 +63,27 @@ class KeyIndex:
             raise ValueError(f"index size must be a power of two <= {MAX_SIZE}, got {size}")
         self.size = size
         self.mask = np.uint64(size - 1)
-        self.keys = np.zeros(size + PAD, np.int64)
-        self.vals = np.full(size + PAD, EMPTY, np.int32)
-        self._wkeys = sliding_window_view(self.keys, WINDOW)
-        self._wvals = sliding_window_view(self.vals, WINDOW)
+        n = size + PAD
+        self.pairs = np.zeros(2 * n, np.int64)
+        self.keys = self.pairs[0::2]
+        self.vals = self.pairs[1::2]
+        self.vals[:] = EMPTY
+        # Item i: the WINDOW (key, value) pairs from position i on, as one byte string.
+        self._win = np.ndarray(shape=(n - WINDOW + 1,), dtype=f"V{SLOT_BYTES * WINDOW}",
+                               buffer=self.pairs, strides=(SLOT_BYTES,))
         self.live = 0
         self.deleted = 0
+
+    def _read(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, values), each (len(start), WINDOW), at the windows from these positions."""
+        w = self._win[start].view(np.int64).reshape(len(start), WINDOW, 2)
+        return w[:, :, 0], w[:, :, 1]
 
     def __len__(self) -> int:
         return self.live
 
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.vals.nbytes
+        return self.pairs.nbytes
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
         return (mix64(as_u64(keys) ^ SALT_INDEX) & self.mask).astype(np.int64)
@@ -87,8 +97,8 @@ class KeyIndex:
         todo = None
         want = keys
         while True:
-            v = self._wvals[start]
-            hit = self._wkeys[start] == want[:, None]
+            k, v = self._read(start)
+            hit = k == want[:, None]
             hit &= v >= 0
             # WINDOW bools of a row read as one integer: any() and the first True without a
             # reduction over a short axis (slow in numpy).
@@ -134,7 +144,7 @@ class KeyIndex:
         todo = np.arange(len(keys))
         last = len(self.vals) - WINDOW          # the first position kept EMPTY
         while len(todo):
-            v = self._wvals[pos]
+            v = self._read(pos)[1]
             free = v < 0
             packed = free.view(_ROW)[:, 0]
             has = packed != 0
