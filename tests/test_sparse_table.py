@@ -505,3 +505,17 @@ def test_key_index_survives_chains_that_reach_the_padding():
     ix.insert(crowd, np.arange(len(crowd)))
     assert ix.get(crowd).tolist() == list(range(len(crowd)))
     assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()
+
+
+def test_push_and_pull_leave_the_callers_arrays_alone():
+    rng = np.random.default_rng(14)
+    t = SparseTable(4, capacity=50)
+    for _ in range(5):
+        keys = zipf_keys(rng, 64, space=100)
+        grads = rng.standard_normal((64, 4)).astype(F32)
+        k0, g0 = keys.copy(), grads.copy()
+        t.push(keys, grads, scale=2.0)
+        out = t.pull(keys)
+        out += 1.0                       # the pulled rows are a copy, not the table
+        assert np.array_equal(keys, k0) and np.array_equal(grads, g0)
+    assert not np.array_equal(t.pull(keys), out)

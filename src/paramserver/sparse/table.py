@@ -144,8 +144,11 @@ class SlotPool:
         return self.free.nbytes
 
 
-def _grow(a: np.ndarray, n: int, fill=0) -> np.ndarray:
-    out = np.full((n,) + a.shape[1:], fill, a.dtype)
+def _grow(a: np.ndarray, n: int) -> np.ndarray:
+    """`a` with room for n rows. The new rows are left unwritten (a slot's row, state and
+    bookkeeping are all set when the slot is handed out), so their pages cost nothing until
+    used."""
+    out = np.empty((n,) + a.shape[1:], a.dtype)
     out[:len(a)] = a
     return out
 
