@@ -519,3 +519,12 @@ def test_push_and_pull_leave_the_callers_arrays_alone():
         out += 1.0                       # the pulled rows are a copy, not the table
         assert np.array_equal(keys, k0) and np.array_equal(grads, g0)
     assert not np.array_equal(t.pull(keys), out)
+    # Strided keys and grads (slices, Fortran order) are taken as they are.
+    keys = zipf_keys(rng, 128, space=100)
+    grads = np.asfortranarray(rng.standard_normal((64, 4)).astype(F32))
+    u = SparseTable(4, capacity=50)
+    t.restore(u.snapshot())
+    t.push(keys[::2], grads)
+    u.push(keys[::2].copy(), np.ascontiguousarray(grads))
+    assert snapshots_equal(t.snapshot(), u.snapshot())
+    np.testing.assert_array_equal(t.pull(keys[1::2]), u.pull(keys[1::2].copy()))

@@ -35,6 +35,7 @@ MAX_CAPACITY = (1 << 31) - 1
 OPTIMIZERS = ("adagrad", "sgd")
 EVICTIONS = ("lru", "lfu")
 ADAGRAD_EPS = np.float32(1e-10)
+PREALLOCATE_BYTES = 2 << 30
 SNAPSHOT_VERSION = 1
 COUNTERS = ("rows", "capacity", "created", "admitted", "not_admitted", "dropped", "evicted",
             "updated", "pulls", "pushes", "pulled_keys", "pushed_keys", "candidates")
@@ -340,7 +341,7 @@ class SparseTable:
         self._count["pushed_keys"] += len(keys)
         if len(keys) == 0:
             return
-        uniq, g = _sum_duplicates(keys, grads)
+        uniq, g = _sum_duplicates(keys, np.ascontiguousarray(grads))
         if scale != 1.0:
             g *= np.float32(scale)
         slots = self._index.get(uniq)
@@ -412,7 +413,15 @@ class SparseTable:
         return slots
 
     def _grow(self, need: int) -> None:
-        n = min(self.config.capacity, max(need, 2 * len(self._slot_key), 1024))
+        # Up to PREALLOCATE_BYTES of rows, the arrays are made at full capacity at once: the
+        # unwritten part is only address space (no page is touched before its slot is handed
+        # out), and no push pays for copying them as they double.
+        cap = self.config.capacity
+        row_bytes = self._rows.shape[1] * 4 * (2 if self._adagrad else 1) + 24
+        if cap * row_bytes <= PREALLOCATE_BYTES:
+            n = cap
+        else:
+            n = min(cap, max(need, 2 * len(self._slot_key), 1024))
         self._slot_key = _grow(self._slot_key, n)
         self._rows = _grow(self._rows, n)
         if self._accum is not None:
