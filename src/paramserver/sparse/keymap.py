@@ -128,14 +128,38 @@ class KeyIndex:
         if n == 0:
             return
         if self.live + self.deleted + n > MAX_LOAD * self.size:
-            self.rebuild(self.live + n)
-        left = self._place(keys, values)
-        while len(left):      # a chain ran into the padding: a larger index, all re-placed
             live_keys, live_vals = self.items()
-            keys = np.concatenate([live_keys, keys[left]])
-            values = np.concatenate([live_vals, values[left]])
-            self._alloc(min(MAX_SIZE, 2 * self.size))
-            left = self._place(keys, values)
+            self._build(np.concatenate([live_keys, keys]), np.concatenate([live_vals, values]),
+                        index_size_for(self.live + n))
+            return
+        left = self._place(keys, values)
+        if len(left):         # a chain ran into the padding: a larger index, all re-placed
+            live_keys, live_vals = self.items()
+            self._build(np.concatenate([live_keys, keys[left]]),
+                        np.concatenate([live_vals, values[left]]), 2 * self.size)
+
+    def _build(self, keys: np.ndarray, values: np.ndarray, size: int) -> None:
+        """A fresh index of `size` (or larger) holding exactly these keys.
+
+        Placed in the order of their home positions, key i lands at
+        max(home_i, position_{i-1} + 1), which is i + the running maximum of home_j - j: the
+        layout linear probing would give, computed in a few whole-array passes instead of
+        probing key by key (this is what makes growing the index cheap)."""
+        steps = np.arange(len(keys))
+        while True:
+            homes = self._home_for(keys, size)
+            order = np.argsort(homes)
+            pos = np.maximum.accumulate(homes[order] - steps) + steps
+            if not len(pos) or pos[-1] < size + PAD - WINDOW or size >= MAX_SIZE:
+                break
+            size *= 2
+        self._alloc(size)
+        self.keys[pos] = keys[order]
+        self.vals[pos] = values[order]
+        self.live = len(keys)
+
+    def _home_for(self, keys: np.ndarray, size: int) -> np.ndarray:
+        return (mix64(as_u64(keys) ^ SALT_INDEX) & np.uint64(size - 1)).astype(np.int64)
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Put each key at the first free position (EMPTY or DELETED) of its chain; the
@@ -174,12 +198,6 @@ class KeyIndex:
         self.vals[positions] = DELETED
         self.live -= len(positions)
         self.deleted += len(positions)
-
-    def rebuild(self, live_after: int) -> None:
-        """Re-place the live keys in an index sized for `live_after` keys, tombstones gone."""
-        keys, vals = self.items()
-        self._alloc(index_size_for(live_after))
-        self.insert(keys, vals)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         occupied = self.vals >= 0
