@@ -11,9 +11,10 @@ whole batches: each step reads a window of WINDOW neighbouring positions for eve
 unresolved as one item of a byte-string view whose items overlap (a 64-byte copy a key, one
 or two cache lines, instead of numpy's much slower element or row gathers), so at this load
 most chains end in the first step and numpy's per-call overhead is paid a few times per
-batch, not once per probe. Chains do not wrap around: keys hash to [0, size) and the arrays run on for PAD more
-positions, whose last WINDOW are kept EMPTY so every chain ends inside the arrays; an insert
-that would pass them rebuilds the index twice as large.
+batch, not once per probe. Chains do not wrap around: keys hash to [0, size) and the arrays
+run on for PAD more positions, whose last WINDOW are kept EMPTY so every chain ends inside
+the arrays; an insert that would pass them rebuilds the index twice as large. Rebuilds place
+all keys at once in home order (see `_build`).
 """
 import numpy as np
 
