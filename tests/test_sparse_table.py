@@ -1,6 +1,7 @@
 """The sparse table (paramserver.sparse): per-key init, placement, the key index, and
 SparseTable's updates, admission, eviction, counters, snapshot/restore and bad input, checked
 against independent references (a dict of rows with a per-key optimizer loop, and torch)."""
+import itertools
 import math
 
 import numpy as np
@@ -492,6 +493,14 @@ def test_memory_stays_bounded_by_capacity_over_a_long_stream(admit_after):
     if admit_after > 1:
         bound += cap * 3 * 8 + 2 * cap * 8 + index
     assert peak <= bound, (peak, bound)
+
+
+def test_first_true_of_a_packed_window():
+    rows = np.array([r for r in itertools.product([False, True], repeat=keymap.WINDOW)
+                     if any(r)], bool)
+    packed = rows.view(np.dtype(f"u{keymap.WINDOW}"))[:, 0]
+    assert keymap._first(rows, packed, np.arange(len(rows))).tolist() \
+        == rows.argmax(axis=1).tolist()
 
 
 def test_key_index_survives_chains_that_reach_the_padding():

@@ -26,17 +26,24 @@ MAX_LOAD = 0.5      # live + tombstones, as a fraction of the index size
 REBUILD_LOAD = 0.375  # the most live keys a rebuilt index starts with
 MIN_SIZE = 1024
 MAX_SIZE = 1 << 31  # values are int32
-WINDOW = 4          # positions a step reads per key
+WINDOW = 4          # positions a step reads per key (_first_true assumes 4)
 PAD = 256           # positions past the hashed range
 SLOT_BYTES = 16     # a key and its value
 _ROW = np.dtype(f"u{WINDOW}")  # a row of WINDOW bools seen as one unsigned integer
 
 
+# (bytes b0..b3 of a packed row, each 0 or 1) * _GATHER >> 24 == b0 << 3 | b1 << 2 | b2 << 1 | b3
+# (the four products land on bits 27..24, every other product below bit 24 or past bit 31);
+# _FIRST maps that nibble to the index of the first set byte.
+_GATHER = np.uint32(0x08040201)
+_FIRST = np.array([0 if m & 8 else 1 if m & 4 else 2 if m & 2 else 3 for m in range(16)],
+                  np.int64)
+
+
 def _first_true(rows: np.ndarray) -> np.ndarray:
-    """Index of the first True in each row of WINDOW bools packed as one little-endian int
-    (nonzero): its lowest set byte."""
-    low = rows & (~rows + np.array(1, rows.dtype))      # the lowest set bit alone
-    return np.log2(low.astype(np.float64)).astype(np.int64) >> 3
+    """Index of the first True in each row of WINDOW (4) bools packed as one little-endian
+    uint32 (nonzero)."""
+    return _FIRST[(rows * _GATHER) >> np.uint32(24)]
 
 
 def _first(mask: np.ndarray, packed: np.ndarray, rows: np.ndarray) -> np.ndarray:
