@@ -1,8 +1,11 @@
 """One shard's sparse table: rows of a fixed dimension for 64-bit keys, under a row budget.
 
 - Keys (any int64; hashed uint64 ids viewed as int64) map to row slots through a numpy
-  open-addressing index (keymap.KeyIndex). Rows live in preallocated-on-growth float32 arrays
-  indexed by slot; evicted slots go to a free stack and are reused.
+  open-addressing index (keymap.KeyIndex). Rows live in float32 arrays indexed by slot (made
+  at full capacity when they fit in PREALLOCATE_BYTES, pages touched only as slots are used;
+  doubled as needed otherwise); evicted slots go to a free stack and are reused.
+- Memory is bounded by capacity alone: rows and optimizer state, 3 int64 of bookkeeping and
+  at most 86 bytes of index a slot, plus the candidate table (see `nbytes`).
 - A key gets a row on its first admitted push, starting at `initial_rows` (seeded by the key),
   so a key that was never pushed, or was evicted, reads the same on every shard and after a
   restore. A pull never creates a row.
