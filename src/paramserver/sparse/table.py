@@ -406,9 +406,9 @@ class SparseTable:
         if self._pool.top > len(self._slot_key):
             self._grow(self._pool.top)
         self._slot_key[slots] = keys
-        self._rows[slots] = self.initial(keys)
+        put_rows(self._rows, slots, self.initial(keys))
         if self._accum is not None:
-            self._accum[slots] = 0.0
+            put_rows(self._accum, slots, np.zeros((len(keys), self.dim), np.float32))
         self._last[slots] = self._tick
         self._freq[slots] = 0
         self._index.insert(keys, slots)
