@@ -1,6 +1,7 @@
 """The sparse table (paramserver.sparse): per-key init, placement, the key index, and
 SparseTable's updates, admission, eviction, counters, snapshot/restore and bad input, checked
 against independent references (a dict of rows with a per-key optimizer loop, and torch)."""
+import itertools
 import math
 
 import numpy as np
@@ -484,14 +485,22 @@ def test_memory_stays_bounded_by_capacity_over_a_long_stream(admit_after):
     assert c["created"] > 900_000 and c["candidates"] <= cap
     # Bound from capacity alone: per row slot, the row and its Adagrad state (2 * dim * 4)
     # and 3 int64 (key, last touch, count); the free-slot stack (<= 2 * cap int64); the key
-    # index (12 bytes a slot, <= 2 * (cap + batch) / REBUILD_LOAD slots); the candidates the
-    # same again without the rows.
+    # index (SLOT_BYTES a position, <= 2 * (cap + batch) / REBUILD_LOAD + PAD positions); the
+    # candidates the same again without the rows.
     per_slot = 2 * dim * 4 + 3 * 8
-    index = 12 * 2 * (cap + batch) / keymap.REBUILD_LOAD
+    index = keymap.SLOT_BYTES * (2 * (cap + batch) / keymap.REBUILD_LOAD + keymap.PAD)
     bound = cap * per_slot + 2 * cap * 8 + index
     if admit_after > 1:
         bound += cap * 3 * 8 + 2 * cap * 8 + index
     assert peak <= bound, (peak, bound)
+
+
+def test_first_true_of_a_packed_window():
+    rows = np.array([r for r in itertools.product([False, True], repeat=keymap.WINDOW)
+                     if any(r)], bool)
+    packed = rows.view(np.dtype(f"u{keymap.WINDOW}"))[:, 0]
+    assert keymap._first(rows, packed, np.arange(len(rows))).tolist() \
+        == rows.argmax(axis=1).tolist()
 
 
 def test_key_index_survives_chains_that_reach_the_padding():
@@ -505,3 +514,26 @@ def test_key_index_survives_chains_that_reach_the_padding():
     ix.insert(crowd, np.arange(len(crowd)))
     assert ix.get(crowd).tolist() == list(range(len(crowd)))
     assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()
+
+
+def test_push_and_pull_leave_the_callers_arrays_alone():
+    rng = np.random.default_rng(14)
+    t = SparseTable(4, capacity=50)
+    for _ in range(5):
+        keys = zipf_keys(rng, 64, space=100)
+        grads = rng.standard_normal((64, 4)).astype(F32)
+        k0, g0 = keys.copy(), grads.copy()
+        t.push(keys, grads, scale=2.0)
+        out = t.pull(keys)
+        out += 1.0                       # the pulled rows are a copy, not the table
+        assert np.array_equal(keys, k0) and np.array_equal(grads, g0)
+    assert not np.array_equal(t.pull(keys), out)
+    # Strided keys and grads (slices, Fortran order) are taken as they are.
+    keys = zipf_keys(rng, 128, space=100)
+    grads = np.asfortranarray(rng.standard_normal((64, 4)).astype(F32))
+    u = SparseTable(4, capacity=50)
+    t.restore(u.snapshot())
+    t.push(keys[::2], grads)
+    u.push(keys[::2].copy(), np.ascontiguousarray(grads))
+    assert snapshots_equal(t.snapshot(), u.snapshot())
+    np.testing.assert_array_equal(t.pull(keys[1::2]), u.pull(keys[1::2].copy()))

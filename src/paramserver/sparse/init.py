@@ -3,8 +3,9 @@ restore and in a local reference, whatever batch it arrives in and in whatever o
 
 Each row is a pure function of (seed, key, column): a counter-based hash, splitmix64 of the
 key's own hash plus the column pair's counter, gives 64 bits per two columns; each column
-takes 24 of them as a uniform value in (-scale, scale), computed in float64 and rounded once
-to float32 so every platform agrees.
+takes the top 24 bits of one 32-bit half as an odd integer in (-2^24, 2^24), exact in
+float32, and one float32 multiply scales it into (-scale, scale). IEEE arithmetic and the
+explicit half order make every platform agree.
 """
 import math
 
@@ -12,8 +13,6 @@ import numpy as np
 
 from paramserver.sparse.mix import GOLDEN, SALT_INIT, as_u64, mix64
 
-_LOW24 = np.uint64(0xFFFFFF)
-_S40, _S8 = np.uint64(40), np.uint64(8)
 
 
 def check_scale(scale: float) -> float:
@@ -41,12 +40,13 @@ def initial_rows(keys: np.ndarray, dim: int, scale: float, seed: int = 0) -> np.
     pairs = (dim + 1) // 2
     counters = GOLDEN * np.arange(1, pairs + 1, dtype=np.uint64)
     z = mix64(base[:, None] + counters[None, :])                    # (n, pairs)
-    u = np.empty((n, 2 * pairs), np.uint64)
-    np.right_shift(z, _S40, out=u[:, 0::2])
-    np.bitwise_and(np.right_shift(z, _S8), _LOW24, out=u[:, 1::2])
-    # An odd number in (-2^24, 2^24) over 2^24: symmetric about 0, never reaching +-1.
-    f = u[:, :dim].astype(np.float64)
-    f *= 2.0
-    f += 1.0 - 2.0**24
-    f *= s * 2.0**-24
-    return f.astype(np.float32)
+    halves = z.view(np.uint32).reshape(n, pairs, 2)                 # (low, high) on this host
+    if not np.little_endian:
+        halves = np.ascontiguousarray(halves[:, :, ::-1])
+    u = halves.reshape(n, 2 * pairs)[:, :dim]
+    np.right_shift(u, np.uint32(8), out=u)                          # 24 bits, < 2^31
+    f = u.view(np.int32).astype(np.float32)
+    f *= np.float32(2.0)
+    f += np.float32(1.0 - 2.0**24)                                  # odd, |f| < 2^24: exact
+    f *= np.float32(s) * np.float32(2.0**-24)
+    return f

@@ -1,8 +1,11 @@
 """One shard's sparse table: rows of a fixed dimension for 64-bit keys, under a row budget.
 
 - Keys (any int64; hashed uint64 ids viewed as int64) map to row slots through a numpy
-  open-addressing index (keymap.KeyIndex). Rows live in preallocated-on-growth float32 arrays
-  indexed by slot; evicted slots go to a free stack and are reused.
+  open-addressing index (keymap.KeyIndex). Rows live in float32 arrays indexed by slot (made
+  at full capacity when they fit in PREALLOCATE_BYTES, pages touched only as slots are used;
+  doubled as needed otherwise); evicted slots go to a free stack and are reused.
+- Memory is bounded by capacity alone: rows and optimizer state, 3 int64 of bookkeeping and
+  at most 86 bytes of index a slot, plus the candidate table (see `nbytes`).
 - A key gets a row on its first admitted push, starting at `initial_rows` (seeded by the key),
   so a key that was never pushed, or was evicted, reads the same on every shard and after a
   restore. A pull never creates a row.
@@ -35,6 +38,7 @@ MAX_CAPACITY = (1 << 31) - 1
 OPTIMIZERS = ("adagrad", "sgd")
 EVICTIONS = ("lru", "lfu")
 ADAGRAD_EPS = np.float32(1e-10)
+PREALLOCATE_BYTES = 2 << 30
 SNAPSHOT_VERSION = 1
 COUNTERS = ("rows", "capacity", "created", "admitted", "not_admitted", "dropped", "evicted",
             "updated", "pulls", "pushes", "pulled_keys", "pushed_keys", "candidates")
@@ -144,8 +148,11 @@ class SlotPool:
         return self.free.nbytes
 
 
-def _grow(a: np.ndarray, n: int, fill=0) -> np.ndarray:
-    out = np.full((n,) + a.shape[1:], fill, a.dtype)
+def _grow(a: np.ndarray, n: int) -> np.ndarray:
+    """`a` with room for n rows. The new rows are left unwritten (a slot's row, state and
+    bookkeeping are all set when the slot is handed out), so their pages cost nothing until
+    used."""
+    out = np.empty((n,) + a.shape[1:], a.dtype)
     out[:len(a)] = a
     return out
 
@@ -300,11 +307,12 @@ class SparseTable:
         slots = self._index.get(keys)
         have = slots >= 0
         if have.all():
-            out = self._rows[slots]
+            out = take_rows(self._rows, slots)
         else:
             out = np.empty((len(keys), self.dim), np.float32)
-            out[have] = self._rows[slots[have]]
-            out[~have] = self.initial(keys[~have])
+            put_rows(out, have, take_rows(self._rows, slots[have]))
+            missing = ~have
+            put_rows(out, missing, self.initial(keys[missing]))
         self._count["pulls"] += 1
         self._count["pulled_keys"] += len(keys)
         return out
@@ -336,7 +344,7 @@ class SparseTable:
         self._count["pushed_keys"] += len(keys)
         if len(keys) == 0:
             return
-        uniq, g = _sum_duplicates(keys, grads)
+        uniq, g = _sum_duplicates(keys, np.ascontiguousarray(grads))
         if scale != 1.0:
             g *= np.float32(scale)
         slots = self._index.get(uniq)
@@ -398,9 +406,9 @@ class SparseTable:
         if self._pool.top > len(self._slot_key):
             self._grow(self._pool.top)
         self._slot_key[slots] = keys
-        self._rows[slots] = self.initial(keys)
+        put_rows(self._rows, slots, self.initial(keys))
         if self._accum is not None:
-            self._accum[slots] = 0.0
+            put_rows(self._accum, slots, np.zeros((len(keys), self.dim), np.float32))
         self._last[slots] = self._tick
         self._freq[slots] = 0
         self._index.insert(keys, slots)
@@ -408,7 +416,15 @@ class SparseTable:
         return slots
 
     def _grow(self, need: int) -> None:
-        n = min(self.config.capacity, max(need, 2 * len(self._slot_key), 1024))
+        # Up to PREALLOCATE_BYTES of rows, the arrays are made at full capacity at once: the
+        # unwritten part is only address space (no page is touched before its slot is handed
+        # out), and no push pays for copying them as they double.
+        cap = self.config.capacity
+        row_bytes = self._rows.shape[1] * 4 * (2 if self._adagrad else 1) + 24
+        if cap * row_bytes <= PREALLOCATE_BYTES:
+            n = cap
+        else:
+            n = min(cap, max(need, 2 * len(self._slot_key), 1024))
         self._slot_key = _grow(self._slot_key, n)
         self._rows = _grow(self._rows, n)
         if self._accum is not None:
@@ -418,18 +434,18 @@ class SparseTable:
 
     def _apply(self, slots: np.ndarray, g: np.ndarray) -> None:
         """One optimizer step on unique slots with their summed gradients (g is ours)."""
-        rows = self._rows[slots]
+        rows = take_rows(self._rows, slots)
         if self._adagrad:
-            acc = self._accum[slots]
+            acc = take_rows(self._accum, slots)
             sq = np.multiply(g, g)
             acc += sq
-            self._accum[slots] = acc
+            put_rows(self._accum, slots, acc)
             std = np.sqrt(acc, out=sq)
             std += ADAGRAD_EPS
             np.divide(g, std, out=g)
         g *= self._lr
         rows -= g
-        self._rows[slots] = rows
+        put_rows(self._rows, slots, rows)
 
     # ---- snapshot --------------------------------------------------------------------------
 
@@ -478,6 +494,20 @@ class SparseTable:
         built.install(self)
 
 
+def _rows_of(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous 2-D array seen as a 1-D array of one byte string per row: numpy gathers
+    and scatters whole rows of that several times faster than rows of numbers."""
+    return a.view(f"V{a.shape[1] * a.itemsize}").reshape(len(a))
+
+
+def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return _rows_of(a)[idx].view(a.dtype).reshape(len(idx), a.shape[1])
+
+
+def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
+    _rows_of(a)[idx] = _rows_of(np.ascontiguousarray(values, a.dtype))
+
+
 def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique keys and the sum of each one's grads. Sums of several grads are taken
     in float64 and rounded once to float32, so they do not depend on the order the
@@ -487,21 +517,19 @@ def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np
     first = np.empty(len(sk), bool)
     first[0] = True
     np.not_equal(sk[1:], sk[:-1], out=first[1:])
-    uniq = sk[first]
-    g = grads[order]
-    if len(uniq) == len(keys):
-        return uniq, g
-    out = g[first]
     starts = np.flatnonzero(first)
+    if len(starts) == len(keys):
+        return sk, take_rows(grads, order)
+    out = take_rows(grads, order[starts])
     counts = np.diff(starts, append=len(keys))
     multi = counts > 1
     # Only keys with several grads need a sum; most keys in a batch have one.
-    part = g[np.repeat(multi, counts)].astype(np.float64)
+    part = take_rows(grads, order[np.repeat(multi, counts)]).astype(np.float64)
     mc = counts[multi]
     at = np.zeros(len(mc), np.int64)
     np.cumsum(mc[:-1], out=at[1:])
     out[multi] = np.add.reduceat(part, at, axis=0)
-    return uniq, out
+    return sk[starts], out
 
 
 def _array(arrays, name: str, dtype, shape: tuple) -> np.ndarray:
