@@ -259,6 +259,144 @@ def cluster_status_tables(kv) -> dict:
     return reply["state"]["tables"]["emb"]
 
 
+# ---- a step's dense values in chunks beside its rows --------------------------------------------
+CHUNKED_KEYS = 97  # two shards (49 + 48 keys) in chunks of 8 float32 keys: 7 and 6 chunks
+
+
+def _chunked_job(workers: int, sync: str) -> dict:
+    return make_job(CHUNKED_KEYS, 2, workers, sync=sync, dtype="float32", lr=LR,
+                    tables=[TABLE], retry_interval=0.5, chunk_bytes=32, chunks_in_flight=2)
+
+
+def counting_sends(kv) -> list:
+    """Every message kv sends to a shard from now on, as (shard, op, fields)."""
+    sent, send = [], kv.requests.send
+
+    def counted(shard, msg):
+        rid = send(shard, msg)
+        sent.append((shard, msg.op, dict(msg.fields)))
+        return rid
+    kv.requests.send = counted
+    return sent
+
+
+def add_rows(rows: np.ndarray, keys, grads, weight: float) -> None:
+    where = {int(k): i for i, k in enumerate(KEY_SPACE)}
+    for k, g in zip(np.asarray(keys).tolist(), grads):
+        rows[where[k]] -= LR * weight * g
+
+
+def test_a_bsp_step_of_chunked_dense_values_and_rows_applies_each_round_once(tmp_path):
+    """3 workers push_step dense values larger than the chunk size beside rows; no clocks, so
+    only the messages' `parts` can fill a round: a pull of round s+1 is served only once every
+    worker's chunks and rows of step s are in, and never before (a round applied early would
+    drop the rest as late). Values and rows equal the batch-weighted numpy reference."""
+    workers, steps = 3, 3
+    batch_of = (lambda r: r + 1)
+    ref_rows = rows_reference(workers, steps, batch_of, "bsp")
+    init = (np.arange(CHUNKED_KEYS) / 8).astype(np.float32)
+    ref_dense = [init.astype(np.float64)]
+    for step in range(steps):
+        grads = sum(batch_of(r) * known_gradient(r, step, CHUNKED_KEYS, np.float64)
+                    for r in range(workers))
+        ref_dense.append(ref_dense[-1] - LR * grads / sum(map(batch_of, range(workers))))
+    seen, messages = {}, {}
+    with running_job(tmp_path, _chunked_job(workers, "bsp")) as cluster:
+        kvs = [KVWorker(cluster.address) for _ in range(workers)]
+        try:
+            kvs[0].init(init)
+
+            def worker(i):
+                kv = kvs[i]
+                kv.timeout = 30.0
+                sent = counting_sends(kv)
+                for step in range(steps):
+                    sent.clear()
+                    keys, grads = step_rows(i, step)
+                    dense = known_gradient(i, step, CHUNKED_KEYS, np.float32)
+                    kv.push_step(dense, {"emb": (keys, grads)}, step=step, batch=batch_of(i),
+                                 round_size=workers)
+                    messages[(i, step)] = list(sent)
+                    assert not kv.core.sent and not kv._streams  # every message answered
+                    seen[(i, step)] = (kv.pull(min_version=step + 1),
+                                       kv.pull_rows("emb", KEY_SPACE, min_version=step + 1))
+
+            assert run_threads(worker, workers) == []
+            for shard in range(2):
+                rid = kvs[0].requests.send(shard, Message("status"))
+                state = kvs[0].requests.collect([(shard, rid, None)], "status")[rid]["state"]
+                assert (state["version"], state["updates_applied"], state["late_pushes"]) == (
+                    steps, steps, 0), state
+        finally:
+            for kv in kvs:
+                kv.close()
+    chunk = 32 // 4
+    for (rank, step), sent in messages.items():
+        pushes = [(s, f) for s, op, f in sent if op == "push"]
+        # The dense part went in chunks: 7 + 6 of them, none above the chunk size.
+        assert len(pushes) == 13 and all(f["range"][1] - f["range"][0] <= chunk
+                                         for _, f in pushes), pushes
+        for shard in range(2):
+            to_shard = [f for s, op, f in sent if s == shard]
+            # Each says all the step sends that shard: its chunks and the table's rows.
+            assert {f["parts"] for f in to_shard} == {len(to_shard)}, (rank, step, shard)
+    for (rank, step), (dense, rows) in seen.items():
+        np.testing.assert_allclose(dense, ref_dense[step + 1], rtol=0, atol=1e-5,
+                                   err_msg=f"worker {rank} after step {step}")
+        np.testing.assert_allclose(rows, ref_rows[step + 1], rtol=0, atol=1e-6,
+                                   err_msg=f"worker {rank} after step {step}")
+
+
+def test_an_asp_step_of_chunked_dense_values_and_rows_is_one_handle(tmp_path):
+    """Under ASP the push_step handle covers every chunk and row message: not done when sent,
+    done with nothing unanswered once waited on, and its staleness is the largest any chunk or
+    row saw: worker b pulled before a's step, whose chunks moved shard i's version by its
+    chunk count, so each of b's chunks to shard i sees that many updates it has not read."""
+    from paramserver.sparse.placement import shard_of
+    init = (np.arange(CHUNKED_KEYS) / 8).astype(np.float32)
+    with running_job(tmp_path, _chunked_job(2, "asp")) as cluster:
+        a, b = KVWorker(cluster.address), KVWorker(cluster.address)
+        try:
+            a.init(init)
+            b.pull()  # b reads version 0 everywhere
+            sent = counting_sends(a)
+            keys_a, grads_a = step_rows(0, 0)
+            dense_a = known_gradient(0, 0, CHUNKED_KEYS, np.float32)
+            h = a.push_step_async(dense_a, {"emb": (keys_a, grads_a)}, step=0, batch=1)
+            assert not h.done and a.core.sent
+            assert a.wait(h) == 0 and h.done
+            assert not a.core.sent and not a.core.inbox and not a._streams
+            row_shards = set(shard_of(keys_a, 2).tolist())
+            assert sum(op == "push" for _, op, _ in sent) == 13
+            assert sum(op == "push_rows" for _, op, _ in sent) == len(row_shards)
+            versions = []
+            for shard in range(2):
+                rid = a.requests.send(shard, Message("status"))
+                versions.append(a.requests.collect([(shard, rid, None)], "status")[rid][
+                    "state"]["version"])
+            assert sorted(versions) == [6, 7]  # one update per chunk
+            # b's rows go to the shard with fewer chunks only: they see less staleness than
+            # b's dense chunks to the other shard, which the handle must report.
+            low = int(np.argmin(versions))
+            keys_b = KEY_SPACE[shard_of(KEY_SPACE, 2) == low]
+            grads_b = np.full((keys_b.size, DIM), 0.25, np.float32)
+            dense_b = known_gradient(1, 0, CHUNKED_KEYS, np.float32)
+            h = b.push_step_async(dense_b, {"emb": (keys_b, grads_b)}, step=0, batch=1)
+            assert b.wait(h) == max(versions)
+            assert not b.core.sent and not b.core.inbox and not b._streams
+            dense = a.pull(min_version=0)
+            rows = a.pull_rows("emb", KEY_SPACE)
+        finally:
+            a.close()
+            b.close()
+    np.testing.assert_allclose(dense, init - LR * (dense_a.astype(np.float64) + dense_b),
+                               rtol=0, atol=1e-5)
+    ref = initial_rows(KEY_SPACE, DIM, SCALE).astype(np.float64)
+    add_rows(ref, keys_a, grads_a, 1.0)
+    add_rows(ref, keys_b, grads_b, 1.0)
+    np.testing.assert_allclose(rows, ref, rtol=0, atol=1e-6)
+
+
 # ---- checkpoints and a crashed server -----------------------------------------------------------
 def _bsp_steps(kv, release, steps: int, offset: int = 0):
     for _ in range(steps):

@@ -23,7 +23,10 @@ from paramserver.policies.base import Release
 
 @dataclass
 class Handle:
-    """An outstanding request: its per-shard request ids and how to assemble the replies."""
+    """An outstanding request: its per-shard request ids and how to assemble the replies.
+
+    A request is one-message `parts`, a chunked `stream`, or (a push of a step's dense values
+    in chunks beside its tables' rows) both: it is done when both are answered."""
 
     kind: str
     parts: list[tuple[int, int, Any]] = field(default_factory=list)  # (shard, rid, out slice)
@@ -35,7 +38,7 @@ class Handle:
     out_ours: bool = False
     # A pull_rows of repeated keys asks for each key once: result = out[expand].
     expand: np.ndarray | None = None
-    stream: "Stream | None" = None  # a request sent in chunks (then `parts` stays empty)
+    stream: "Stream | None" = None  # the part of the request sent in chunks
     message: Any = None  # a chunked request's chunk -> Message
 
 
@@ -78,6 +81,11 @@ class Stream:
         self.busy = [0] * len(per_shard)  # unanswered chunks, by position in `todo`
         self.waiting: dict[int, tuple[int, Chunk]] = {}  # rid -> (position, chunk), unanswered
         self.most_in_flight = 0  # the largest number unanswered at once, all shards together
+        # Messages each shard gets, by shard: a round-mode push says it in `parts`.
+        self.counts = {runs[0].shard: len(runs) for runs in per_shard if runs}
+        # By shard, from the replies: a push's largest staleness, a pull's oldest version,
+        # an init's smallest staleness (-1 if a chunk was ignored).
+        self.seen: dict[int, int] = {}
 
     def ready(self) -> list[tuple[int, Chunk]]:
         """(position, chunk) of the chunks that may go now; the caller sends each and calls
@@ -250,10 +258,13 @@ class WorkerCore:
     # ---- finishing a request --------------------------------------------------------------------
     @staticmethod
     def push_done(handle: Handle, replies: Mapping[int, Any]) -> int:
-        """A push's acks are in: its result is the largest staleness any shard saw."""
-        handle.result = max((m.get("staleness", 0) for m in replies.values()), default=0)
-        handle.done = True
-        return handle.result
+        """A push's acks are in (its one-message parts' and, with a stream, its chunks'): its
+        result is the largest staleness any shard saw."""
+        result = max((m.get("staleness", 0) for m in replies.values()), default=0)
+        if handle.stream is not None:
+            result = max(result, max(handle.stream.seen.values(), default=0))
+        handle.result, handle.done = result, True
+        return result
 
     def pull_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
         """A pull's pieces are in: each is copied into its slice of `handle.out` and its shard's

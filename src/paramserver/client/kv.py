@@ -202,37 +202,42 @@ class KVWorker:
         if arr.size != r.size:
             raise ValueError(f"{arr.size} values for {r.size} keys")
         pieces = core.pieces(r)
-        stream = core.stream(r, pieces)
-        if stream is not None:
-            return self._push_chunks(arr, stream, step, batch, scale, round_size)
-        handle = Handle("push")
-        versions, send = core.versions, self.requests.send
-        for i, p, sl in pieces:
-            fields = {"range": [p.lo, p.hi], "step": step, "version": versions[i],
-                      "batch": batch, "scale": float(scale)}
-            if round_size:
-                fields["round_size"] = round_size
-            handle.parts.append((i, send(i, Message("push", fields, [arr[sl]])), sl))
-        return handle
+        return self._send_dense(Handle("push"), arr, pieces, core.stream(r, pieces),
+                                self._push_fields(step, batch, scale, round_size))
 
-    def _push_chunks(self, arr: np.ndarray, stream: Stream, step: int, batch: int,
-                     scale: float, round_size: int) -> Handle:
-        """A push with pieces above the chunk size: each chunk is a push of its own saying how
-        many the shard gets (`parts`), so a round fills only with a pusher's last chunk.
+    def _send_dense(self, handle: Handle, arr: np.ndarray, pieces, stream: Stream | None,
+                    fields: dict, beside: int | None = None) -> Handle:
+        """The one place dense push messages are made: one per piece into `handle.parts`, or,
+        with a `stream`, its chunks (the first now, the rest from wait()). `fields`: the step's
+        (see _push_fields), handed over; `beside`: the step's other messages to each shard
+        (its tables' rows, in round mode), so each message says in `parts` all the shard gets.
+        A chunk always says its count (with nothing beside, one message needs no word).
 
         In arrival mode a shard applies each chunk as it comes and moves its version per chunk:
         chunk j says the version the worker pulled plus j, so the worker's own earlier chunks
         do not count as staleness; the push's staleness is the largest any chunk saw."""
-        versions, arrival = self.core.versions, self._arrival
+        versions = self.core.versions
+        if stream is None:
+            send, last = self.requests.send, pieces[-1] if pieces else None
+            for piece in pieces:
+                i, p, sl = piece
+                # `fields` is handed over: the last message takes it (the common push, one
+                # shard's, builds one dict as it always did), the others a copy.
+                f = fields if piece is last else fields.copy()
+                f["range"], f["version"] = [p.lo, p.hi], versions[i]
+                if beside is not None:
+                    f["parts"] = 1 + beside
+                handle.parts.append((i, send(i, Message("push", f, [arr[sl]])), sl))
+            return handle
+        arrival, extra = self._arrival, beside or 0
 
         def message(c: Chunk) -> Message:
-            fields = {"range": [c.keys.lo, c.keys.hi], "step": step,
-                      "version": versions[c.shard] + (c.index if arrival else 0),
-                      "batch": batch, "scale": float(scale), "parts": c.count}
-            if round_size:
-                fields["round_size"] = round_size
-            return Message("push", fields, [arr[c.out]])
-        return self._start(Handle("push", stream=stream), message)
+            f = {**fields, "range": [c.keys.lo, c.keys.hi],
+                 "version": versions[c.shard] + (c.index if arrival else 0),
+                 "parts": c.count + extra}
+            return Message("push", f, [arr[c.out]])
+        handle.stream = stream
+        return self._start(handle, message)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
              round_size: int = 0) -> int:
@@ -396,31 +401,35 @@ class KVWorker:
 
     def push_step_async(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
                         scale: float = 1.0, round_size: int = 0) -> Handle:
-        """Everything one step pushes: the dense gradient (all keys) and {table: (keys,
-        grads)}. In round mode (`round_size`) every shard hears once per table and once for
-        its dense piece, and each message says how many that is (`parts`), so a shard applies
-        the round only once every contributor's values and rows are in."""
+        """Everything one step pushes: the dense gradient (all keys, in chunks when a shard's
+        piece is above the chunk size) and {table: (keys, grads)}; one handle for all of it.
+        In round mode (`round_size`) every shard hears once per table and once per dense
+        message, and each message says how many that is (`parts`), so a shard applies the
+        round only once every contributor's values and rows are in."""
         rows = rows or {}
         for name in rows:
             self._table(name)  # before anything is sent
-        handle = Handle("push")
-        if not round_size:
-            # Rows first: the dense push advances the version, and rows sent after it would
-            # count the step's own dense update as staleness.
-            for name, (keys, grads) in rows.items():
-                handle.parts += self.push_rows_async(name, keys, grads, step=step, batch=batch,
-                                                     scale=scale).parts
-            if dense is not None:
-                handle.parts += self.push_async(dense, step=step, batch=batch,
-                                                scale=scale).parts
-            return handle
         fields = self._push_fields(step, batch, scale, round_size)
-        has_dense = dense is not None and self.num_keys > 0
-        parts = [int(has_dense) + len(rows)] * len(self.shards)
+        dense_msgs: dict[int, int] = {}  # dense messages by shard
+        if dense is not None and self.num_keys > 0:
+            arr = _as_array(dense, self.dtype)
+            if arr.size != self.num_keys:
+                raise ValueError(f"{arr.size} values for {self.num_keys} keys")
+            r = KeyRange(0, self.num_keys)
+            pieces = self.core.pieces(r)
+            stream = self.core.stream(r, pieces)
+            dense_msgs = stream.counts if stream is not None else {i: 1 for i, _, _ in pieces}
+        parts = ([dense_msgs.get(i, 0) + len(rows) for i in range(len(self.shards))]
+                 if round_size else None)
+        handle = Handle("push")
+        # Rows first: in arrival mode the dense chunks advance the version, and rows sent
+        # after them would count the step's own dense update as staleness.
         for name, (keys, grads) in rows.items():
-            handle.parts += self._rows_messages(name, keys, grads, fields, True, parts)
-        if has_dense:
-            handle.parts += self._dense_parts(dense, fields, parts)
+            handle.parts += self._rows_messages(name, keys, grads, fields, bool(round_size),
+                                                parts)
+        if dense_msgs:
+            self._send_dense(handle, arr, pieces, stream, fields,
+                             len(rows) if round_size else None)
         return handle
 
     def push_step(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
@@ -428,18 +437,6 @@ class KVWorker:
         """Blocking push_step_async; returns the largest staleness any shard saw."""
         return self.wait(self.push_step_async(dense, rows, step=step, batch=batch, scale=scale,
                                               round_size=round_size))
-
-    def _dense_parts(self, values, fields: dict, parts: list[int]) -> list:
-        """A dense push of every key whose messages carry the step's `parts` per shard."""
-        arr = _as_array(values, self.dtype)
-        if arr.size != self.num_keys:
-            raise ValueError(f"{arr.size} values for {self.num_keys} keys")
-        sent = []
-        for i, p, sl in self.core.pieces(KeyRange(0, self.num_keys)):
-            f = {**fields, "range": [p.lo, p.hi], "version": self.core.versions[i],
-                 "parts": parts[i]}
-            sent.append((i, self.requests.send(i, Message("push", f, [arr[sl]])), sl))
-        return sent
 
     def wait(self, handle: Handle):
         """Finish an async request: a push returns its max staleness, a pull its values."""
@@ -490,7 +487,6 @@ class KVWorker:
         """Send the first chunks of a chunked request (`message(chunk)` makes each); the rest
         go from wait() as replies come in."""
         handle.message = message
-        handle.result = {}  # push: largest staleness; pull: smallest version, by shard
         self._streams.append(handle)
         self._send_ready(handle)
         return handle
@@ -502,12 +498,16 @@ class KVWorker:
 
     def _drive(self, target: Handle) -> None:
         """Take replies to chunks as they come, over every chunked request, sending the next
-        chunks as room opens, until `target` is finished (a chunked one) or its replies are
-        all in (a plain one, collected by the caller) or no chunk is unanswered."""
+        chunks as room opens, until `target` is finished (a chunked one) or its chunks are
+        answered and its one-message parts' replies all in (collected by the caller) or no
+        chunk is unanswered."""
         core, requests = self.core, self.requests
         plain = [(shard, rid, None) for shard, rid, _ in target.parts]
         while not target.done:
-            if target.stream is None and all(rid in core.inbox for _, rid, _ in plain):
+            # Only replies still due are waited for: one already in would end every wait_any
+            # at once, and the chunks' replies would never be read.
+            plain = [p for p in plain if p[1] not in core.inbox]
+            if (target.stream is None or target.stream.done) and not plain:
                 return
             waiting = [(h, rid, chunk) for h in self._streams
                        for rid, (_, chunk) in h.stream.waiting.items()]
@@ -537,7 +537,7 @@ class KVWorker:
                     self._finish_stream(handle)
 
     def _take_chunk(self, handle: Handle, rid: int, chunk: Chunk, reply: Message) -> None:
-        seen = handle.result
+        seen = handle.stream.seen
         if handle.kind == "pull":
             handle.out[chunk.out] = reply.arrays[0]
             reply.arrays = []
@@ -551,7 +551,9 @@ class KVWorker:
 
     def _finish_stream(self, handle: Handle) -> None:
         self._streams.remove(handle)
-        seen = handle.result
+        if handle.parts:  # one-message parts beside: wait() collects them and finishes it
+            return
+        seen = handle.stream.seen
         if handle.kind == "pull":
             # A shard's version is the oldest any chunk was read at (in arrival mode chunks
             # read later may be newer): later pushes count staleness from there.
