@@ -297,3 +297,36 @@ def test_a_job_carries_its_layer_edges_to_the_coordinator(tmp_path):
                                     eval_interval=0, steps=1))
     assert auto.servers >= 1  # 4 MB: one shard
     assert JobSpec().to_dict().get("layer_edges") is None  # old job files stay as they were
+
+
+# ---- shard load, measured -----------------------------------------------------------------------
+def test_a_shard_given_more_keys_reports_more_busy_time(tmp_path):
+    """Each push gives shard 0 all its keys and shard 1 a thousandth of its own: the busy
+    seconds the shards' heartbeats bring into the job's metrics say shard 0 worked more, and
+    the summary calls the shards unbalanced."""
+    import time
+    from paramserver.cli.train_cmd import unbalanced_line
+    from paramserver.runlog.metrics import read_records, summarize
+    keys = 1 << 22  # 8 MB a shard: applying a push outweighs a message's fixed costs
+    job = make_job(keys, 2, 1, sync="asp", dtype="float32", lr=0.1)
+    with running_job(tmp_path, job) as cluster:
+        with KVWorker(cluster.address) as kv:
+            kv.init(np.zeros(keys, np.float32))
+            kv.start()  # the job's metrics start with training
+            (s0, s1) = (s.range for s in kv.shards)
+            big, small = np.ones(s0.size, np.float32), np.ones(s1.size // 1000, np.float32)
+            for step in range(100):
+                kv.push(big, (s0.lo, s0.hi), step=step, batch=1)
+                kv.push(small, (s1.lo, s1.lo + small.size), step=step, batch=1)
+            path = cluster.run_dir / "metrics.jsonl"
+            deadline = time.monotonic() + 20
+            while True:  # the next heartbeats bring the busy time in
+                s = summarize(read_records(path), job) if path.exists() else {}
+                busy = {k: v["busy_s"] for k, v in s.get("per_shard", {}).items()}
+                if busy.get("0", 0) > 3 * busy.get("1", 0) > 0:
+                    break
+                assert time.monotonic() < deadline, f"no busy shard 0 in the metrics: {busy}"
+                time.sleep(0.1)
+            kv.bye()
+    assert s["shard_imbalance"] > 1.5 and 0 < s["per_shard"]["0"]["busy_fraction"] <= 1, s
+    assert "shards unbalanced" in unbalanced_line(s)

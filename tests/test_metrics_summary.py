@@ -78,3 +78,24 @@ def test_divergence_is_the_first_evaluation_whose_loss_is_not_finite(tmp_path):
         {"t": 3.5, "kind": "eval", "accuracy": 0.1, "test_loss": float("nan")}]))
     assert summarize(read_records(path), JOB)["diverged_at_s"] == 3.5
     assert summarize(RECORDS, JOB)["diverged_at_s"] is None
+
+
+def test_shard_load_is_each_shards_busy_share_and_the_imbalance():
+    from paramserver.cli.train_cmd import unbalanced_line
+    from paramserver.runlog.metrics import UNBALANCED
+    beats = [{"t": 1.0, "kind": "server", "server": 0, "busy_s": 0.5},
+             {"t": 2.0, "kind": "server", "server": 0, "busy_s": 1.5},  # the last one counts
+             {"t": 2.0, "kind": "server", "server": 1, "busy_s": 0.5}]
+    s = summarize(RECORDS + beats, {**JOB, "servers": 3})
+    # shard 2 never reported: idle. Mean (1.5 + 0.5 + 0) / 3 = 2/3; wall 3 s.
+    assert s["per_shard"] == {"0": {"busy_s": 1.5, "busy_fraction": 0.5},
+                              "1": {"busy_s": 0.5, "busy_fraction": round(0.5 / 3, 4)},
+                              "2": {"busy_s": 0.0, "busy_fraction": 0.0}}
+    assert s["shard_imbalance"] == pytest.approx(1.5 / (2 / 3), abs=1e-4)
+    assert s["shard_imbalance"] > UNBALANCED
+    assert "busy 2.2x the shards' mean" in unbalanced_line(s)
+    even = summarize(RECORDS + [{**b, "busy_s": 1.0} for b in beats], {**JOB, "servers": 2})
+    assert even["shard_imbalance"] == 1.0 and unbalanced_line(even) is None
+    # Runs that measured nothing (the simulator's, older ones) say so.
+    assert summarize(RECORDS, JOB)["shard_imbalance"] is None
+    assert summarize(RECORDS, JOB)["per_shard"] == {}

@@ -89,6 +89,18 @@ def test_a_retried_push_is_answered_from_the_dedup_table_and_not_applied_twice()
     assert run(c, TimePassed(101.0)) == [Heartbeat(None)]
 
 
+def test_the_nodes_busy_time_rides_on_the_heartbeat_when_it_changed():
+    """The core has no clock: the node's measured busy seconds come in TimePassed, and the
+    heartbeat tells them (to the millisecond) beside the loss counters."""
+    c = core()
+    assert run(c, TimePassed(0.0)) == [Heartbeat(None)]  # nothing measured yet
+    [beat] = run(c, TimePassed(10.0, busy=0.25))
+    assert beat == Heartbeat({"late_pushes": 0, "duplicates": 0, "busy_s": 0.25})
+    assert run(c, TimePassed(20.0, busy=0.2501)) == [Heartbeat(None)]  # the same ms: quiet
+    [beat] = run(c, TimePassed(30.0, busy=1.0))
+    assert beat.counters["busy_s"] == 1.0
+
+
 def test_a_retried_sparse_push_is_applied_once_too():
     c = core()
     ev = PushSparse("s", "w0", 5, np.array([1, 3]), np.array([1.0, 1.0]), 0, 1, 0)

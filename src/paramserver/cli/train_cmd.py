@@ -255,7 +255,24 @@ def print_summary(s: dict, run_dir: Path) -> None:
               f"updates lost: {s['lost_updates']}")
     if s.get("late_pushes"):
         print(f"  pushes dropped as late (workers joining a closing round): {s['late_pushes']}")
+    line = unbalanced_line(s)
+    if line:
+        print(line)
     print(f"  run folder: {run_dir}")
+
+
+def unbalanced_line(s: dict) -> str | None:
+    """A line about the shards' load when the busiest one was busy more than UNBALANCED times
+    the mean, else None."""
+    from paramserver.runlog.metrics import UNBALANCED
+    imbalance = s.get("shard_imbalance")
+    if imbalance is None or imbalance <= UNBALANCED:
+        return None
+    shares = ", ".join(
+        f"{rank}: " + ("-" if v["busy_fraction"] is None else f"{v['busy_fraction']:.0%}")
+        for rank, v in s["per_shard"].items())
+    return (f"  shards unbalanced: the busiest was busy {imbalance:.1f}x the shards' mean "
+            f"(busy share of the wall time, by shard: {shares})")
 
 
 BUDGET_OPTIONS = ("epochs", "steps", "max_seconds")

@@ -9,6 +9,9 @@ from pathlib import Path
 
 DEFAULT_TARGETS = (0.8, 0.9, 0.95, 0.97, 0.98)
 AUC_TARGETS = (0.6, 0.65, 0.7, 0.72, 0.75)  # click models (DLRM): chance is 0.5
+# The busiest shard's busy time over the shards' mean above which a run's shards are called
+# unbalanced (`paramserver train` says so).
+UNBALANCED = 1.5
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -110,6 +113,7 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "per_worker": {str(k): v for k, v in workers.items()},
         **_restarts(records),
         **_server_counters(records),
+        **shard_load(records, job.get("servers") or 0, wall),
     }
 
 
@@ -118,6 +122,27 @@ def _restarts(records: list[dict]) -> dict:
     restarts = [r for r in records if r.get("kind") == "restart" and r.get("role") == "server"]
     return {"server_restarts": len(restarts),
             "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts)}
+
+
+def shard_load(records: list[dict], servers: int, wall: float) -> dict:
+    """Each shard's busy seconds (handling messages, as its last heartbeat said), that as a
+    share of the run's wall time, and the imbalance: the busiest shard's busy time over the
+    shards' mean (1.0: even; None: no shard measured any). A shard that never reported counts
+    as idle."""
+    busy: dict[int, float] = {}
+    for r in records:
+        if r.get("kind") == "server" and "busy_s" in r:
+            busy[int(r.get("server", 0))] = float(r["busy_s"])
+    if not busy:
+        return {"per_shard": {}, "shard_imbalance": None}
+    for rank in range(servers):
+        busy.setdefault(rank, 0.0)
+    mean = sum(busy.values()) / len(busy)
+    per_shard = {str(rank): {"busy_s": round(b, 4),
+                             "busy_fraction": round(min(b / wall, 1.0), 4) if wall else None}
+                 for rank, b in sorted(busy.items())}
+    return {"per_shard": per_shard,
+            "shard_imbalance": round(max(busy.values()) / mean, 4) if mean else None}
 
 
 def _server_counters(records: list[dict]) -> dict:

@@ -47,6 +47,7 @@ class ShardCore:
         self.pulls = PendingPulls()
         self.duplicates = 0  # retried pushes answered from the dedup table
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
+        self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
         self.stopped = False
         self._beat_due = float("-inf")  # the first look at the clock beats
         self._counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last beat told
@@ -242,6 +243,7 @@ class ShardCore:
 
     def _time_passed(self, ev: TimePassed) -> list | tuple:
         now = ev.now
+        self.busy_s = ev.busy
         if now < self._beat_due and now < self.pulls.next_deadline:
             return _NOTHING
         out = []
@@ -258,12 +260,16 @@ class ShardCore:
         return out
 
     def _changed_counters(self) -> dict | None:
-        """The loss counters for the job's metrics (summed in summary.json): pushes dropped
-        as late, retries answered twice; with tables, their rows, admissions and evictions
-        (summed over tables); None when the last heartbeat told them already."""
+        """The counters for the job's metrics (summed in summary.json): pushes dropped as
+        late, retries answered twice; with tables, their rows, admissions and evictions
+        (summed over tables); once the node has measured any, its busy seconds (to the
+        millisecond: a shard with nothing to do stays quiet); None when the last heartbeat
+        told them already."""
         counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
         if self.tables:
             counters.update(self.tables.beat_counters())
+        if self.busy_s:
+            counters["busy_s"] = round(self.busy_s, 3)
         if counters == self._counters_sent:
             return None
         self._counters_sent = counters

@@ -169,6 +169,9 @@ class Shutdown:
 @dataclass(slots=True)
 class TimePassed:
     now: float
+    # Seconds the node has spent handling messages so far (its busy time, for the shards'
+    # load in the job's metrics): the core has no clock, so the node measures and tells it.
+    busy: float = 0.0
 
 
 # ---- instructions -------------------------------------------------------------------------------

@@ -211,15 +211,21 @@ class ServerNode:
         poller.register(self.coord, zmq.POLLIN)
         core = self.core
         self.coord_heard = time.monotonic()
+        # Seconds spent receiving, handling and answering messages (wall time, the shard's
+        # load: its torch threads included), beside the time spent waiting for them.
+        busy = 0.0
+        clock = time.perf_counter
         while self.running:
             now = time.monotonic()
             if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
-                self._execute(core.handle(TimePassed(now)))
+                self._execute(core.handle(TimePassed(now, busy)))
             timeout = max(0.0, core.next_wakeup() - now)
             for sock, _ in poller.poll(timeout * 1000):
                 if sock is self.coord:
                     self.coord_heard = time.monotonic()
+                began = clock()
                 self._drain(sock)
+                busy += clock() - began
             self._check_coordinator()
 
     def _check_coordinator(self) -> None:
