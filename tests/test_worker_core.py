@@ -54,6 +54,25 @@ def test_a_push_split_across_three_shards_completes_only_with_all_three_acks():
     assert handle.done and not core.sent and not core.inbox
 
 
+def test_a_push_of_chunks_beside_one_message_parts_takes_the_largest_staleness_of_both():
+    """push_step's handle: the dense chunks' stream and the rows' parts; the stream counts how
+    many messages each shard gets (its `parts` in round mode) and keeps what its acks said."""
+    core = three_shards()
+    core.chunking(2, 1)
+    r = KeyRange(0, 10)
+    stream = core.stream(r, core.pieces(r))
+    assert stream.counts == {0: 2, 1: 2, 2: 2}  # 4, 3 and 3 keys in chunks of 2
+    handle = send(core, "push", KeyRange(0, 10))
+    handle.stream = stream
+    stream.seen.update({0: 1, 1: 5})  # the chunks' acks, as KVWorker takes them
+    for shard, rid, _ in handle.parts:
+        core.reply(rid, Reply(staleness=shard))
+    replies = core.take(rid for _, rid, _ in handle.parts)
+    assert core.push_done(handle, replies) == 5 and handle.done
+    stream.seen.clear()
+    assert core.push_done(handle, replies) == 2  # the parts' largest then
+
+
 def test_a_duplicate_or_stray_reply_is_refused():
     core = three_shards()
     handle = send(core, "push", KeyRange(0, 4))
