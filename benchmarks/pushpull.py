@@ -14,8 +14,10 @@ Measured side by side in one run (this machine is shared and noisy, so compare r
 
 Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
        python benchmarks/pushpull.py --tcp-vs-zmq [--bytes 3730000] [--rounds 7]
+                                     [--tcp-chunks off,0.5:4,1:2]
          (stack tcp beside bare zmq, and beside bare zmq doing a push+pull's work, taking
-          turns in one run: medians and their ratios)
+          turns in one run: medians and their ratios; --tcp-chunks adds stack tcp variants
+          with other TCP chunk sizes and numbers in flight)
 """
 
 from __future__ import annotations
@@ -210,11 +212,12 @@ def _stack_worker(addr, nbytes, repeats, out_q, push_only, shared):
 
 
 def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False,
-                shared: bool = True) -> float:
+                shared: bool = True, limits: dict | None = None) -> float:
+    """`limits`: job limits to set (e.g. tcp_chunk_bytes), the job's defaults otherwise."""
     num_keys = nbytes // 4
     job = {"num_keys": num_keys, "dtype": "float32", "servers": 1, "workers": workers,
            "batch_size": 1, "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1.0},
-           "heartbeat_timeout": 60.0}
+           "heartbeat_timeout": 60.0, **(limits or {})}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(job, Path(tmp), keys=None,  # plaintext; CURVE: curve_overhead.py
                                env=None if shared else {"PARAMSERVER_SHM": "0"})
@@ -242,23 +245,38 @@ def fmt(nbytes: int) -> str:
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} KB"
 
 
-def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int) -> None:
+def _chunking(text: str) -> dict:
+    """'MB[:in_flight]' as job limits for the TCP path ('off': one message per shard)."""
+    size, _, window = text.partition(":")
+    limits = {"tcp_chunk_bytes": 1 << 40 if size == "off" else int(float(size) * (1 << 20))}
+    if window:
+        limits["tcp_chunks_in_flight"] = int(window)
+    return limits
+
+
+def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str]) -> None:
     """`stack tcp` against bare `zmq` (the echo), and against bare ZeroMQ doing a push+pull's
-    work (`zmq p+p`: bench_zmq_pushpull), the three taking turns `rounds` times: the ratios of
+    work (`zmq p+p`: bench_zmq_pushpull), all taking turns `rounds` times: the ratios of
     their medians are the TCP path's overhead over ZeroMQ itself. Every process here keeps
-    freed memory, as the stack's do, so that the baselines are ZeroMQ at its best."""
+    freed memory, as the stack's do, so that the baselines are ZeroMQ at its best.
+    `chunkings` ('MB[:in_flight]'): more `stack tcp` variants with those TCP chunk limits."""
     keep_freed_memory()  # this process is the bare clients' end
     runs = {"zmq": lambda: bench_zmq(nbytes, repeats, keep_memory=True),
             "p+p": lambda: bench_zmq_pushpull(nbytes, repeats, keep_memory=True),
             "tcp": lambda: bench_stack(nbytes, repeats, 1, shared=False)}
+    for c in chunkings:
+        runs[f"tcp {c}"] = lambda c=c: bench_stack(nbytes, repeats, 1, shared=False,
+                                                   limits=_chunking(c))
     t: dict[str, list[float]] = {k: [] for k in runs}
     for i in range(rounds):
-        order = list(runs)[i % 3:] + list(runs)[:i % 3]  # each goes first in turn
+        names = list(runs)
+        order = names[i % len(names):] + names[:i % len(names)]  # each goes first in turn
         for name in order:
             t[name].append(runs[name]())
+        extra = "".join(f"  stack {k} {t[k][-1] * 1e3:.3f} ms" for k in names[3:])
         print(f"round {i}: zmq {t['zmq'][-1] * 1e3:.3f} ms  zmq p+p {t['p+p'][-1] * 1e3:.3f} ms"
-              f"  stack tcp {t['tcp'][-1] * 1e3:.3f} ms  tcp/zmq {t['tcp'][-1] / t['zmq'][-1]:.2f}",
-              flush=True)
+              f"  stack tcp {t['tcp'][-1] * 1e3:.3f} ms  tcp/zmq {t['tcp'][-1] / t['zmq'][-1]:.2f}"
+              f"{extra}", flush=True)
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
     best = {k: min(v) * 1e3 for k, v in t.items()}
     ratios = [b / a for a, b in zip(t["zmq"], t["tcp"])]
@@ -270,6 +288,12 @@ def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int) -> None:
     print(f"best rounds (the least disturbed): zmq {best['zmq']:.3f} ms, zmq p+p "
           f"{best['p+p']:.3f} ms, stack tcp {best['tcp']:.3f} ms; stack tcp/zmq "
           f"{best['tcp'] / best['zmq']:.2f}")
+    for k in list(runs)[3:]:
+        r = [b / a for a, b in zip(t["zmq"], t[k])]
+        print(f"stack {k} (MB[:in flight]): median {med[k]:.3f} ms, /zmq "
+              f"{med[k] / med['zmq']:.2f} (per-round {min(r):.2f}-{max(r):.2f}), /zmq p+p "
+              f"{med[k] / med['p+p']:.2f}, /stack tcp {med[k] / med['tcp']:.2f}; best "
+              f"{best[k]:.3f} ms")
 
 
 def main() -> int:
@@ -281,9 +305,14 @@ def main() -> int:
                         "taking turns, at --bytes: medians and their ratios")
     parser.add_argument("--bytes", type=int, default=3_730_000, help="size for --tcp-vs-zmq")
     parser.add_argument("--rounds", type=int, default=7, help="rounds for --tcp-vs-zmq")
+    parser.add_argument("--tcp-chunks", default="", metavar="MB[:K],...",
+                        help="with --tcp-vs-zmq: more `stack tcp` variants taking turns, each "
+                        "with TCP chunks of MB megabytes ('off': none), K in flight (e.g. "
+                        "off,0.5:4,1:2); plain `stack tcp` keeps the job's defaults")
     args = parser.parse_args()
     if args.tcp_vs_zmq:
-        tcp_vs_zmq(args.bytes, args.rounds, args.repeats)
+        tcp_vs_zmq(args.bytes, args.rounds, args.repeats,
+                   [c for c in args.tcp_chunks.split(",") if c])
         return 0
     sizes = [64 << 10, 3_730_000, 64 << 20] if args.quick else SIZES
     repeats = 3 if args.quick else args.repeats

@@ -194,6 +194,13 @@ class Limits:
     # (benchmarks/dense_scale.py measured the default; see benchmarks/README.md).
     chunk_bytes: int = 16 << 20
     chunks_in_flight: int = 2
+    # A shard reached over TCP (not through shared memory) gets chunks of at most
+    # min(chunk_bytes, tcp_chunk_bytes), tcp_chunks_in_flight unanswered, so that its add of a
+    # chunk and the worker's copy of a pulled one may overlap the next one's transfer. Smaller
+    # TCP chunks lost on a 2-core host (benchmarks/README.md, issue 17): the default is
+    # chunk_bytes' (a host with cores to spare may gain from 2 MB).
+    tcp_chunk_bytes: int = 16 << 20
+    tcp_chunks_in_flight: int = 2
 
     def __post_init__(self):
         _num("heartbeat_timeout", self.heartbeat_timeout)
@@ -205,6 +212,8 @@ class Limits:
             _num(f.name, getattr(self, f.name))
         _int("chunk_bytes", self.chunk_bytes, 8)
         _int("chunks_in_flight", self.chunks_in_flight, 1)
+        _int("tcp_chunk_bytes", self.tcp_chunk_bytes, 8)
+        _int("tcp_chunks_in_flight", self.tcp_chunks_in_flight, 1)
         if self.heartbeat_interval > self.heartbeat_timeout:
             _fail("heartbeat_interval", self.heartbeat_interval,
                   f"<= heartbeat_timeout ({self.heartbeat_timeout:g})")
