@@ -14,10 +14,11 @@ Measured side by side in one run (this machine is shared and noisy, so compare r
 
 Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
        python benchmarks/pushpull.py --tcp-vs-zmq [--bytes 3730000] [--rounds 7]
-                                     [--tcp-chunks off,0.5:4,1:2]
+                                     [--tcp-chunks off,0.5:4,1:2] [--zmq-pieces 2:2,4:2]
          (stack tcp beside bare zmq, and beside bare zmq doing a push+pull's work, taking
           turns in one run: medians and their ratios; --tcp-chunks adds stack tcp variants
-          with other TCP chunk sizes and numbers in flight)
+          with other TCP chunk sizes and numbers in flight, --zmq-pieces zmq p+p variants
+          with the push and pull cut into pieces)
 """
 
 from __future__ import annotations
@@ -196,6 +197,69 @@ def bench_zmq_pushpull(nbytes: int, repeats: int, keep_memory: bool = False) -> 
         ctx.term()
 
 
+def _zmq_pieces_server(addr_q, keep_memory):
+    """bench_zmq_pushpull's server for pieces: a push is [lo, hi as int64, values], added into
+    values[lo:hi] and acked; a pull is [lo, hi], answered with values[lo:hi], zero-copy."""
+    if keep_memory:
+        keep_freed_memory()
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    addr_q.put(router.bind_to_random_port("tcp://127.0.0.1"))
+    values = None
+    while True:
+        ident, head, *body = router.recv_multipart(copy=False)
+        if len(head) == 0:
+            return
+        lo, hi, size = np.frombuffer(head.buffer, np.int64).tolist()
+        values = np.zeros(size, np.float32) if values is None else values
+        if body:
+            values[lo:hi] += np.frombuffer(body[0].buffer, np.float32)
+            router.send_multipart([ident, b"ack"])
+        else:
+            router.send_multipart([ident, values[lo:hi]], copy=False)
+
+
+def bench_zmq_pieces(nbytes: int, repeats: int, pieces: int, window: int) -> float:
+    """bench_zmq_pushpull with the push and the pull each cut into `pieces` messages, `window`
+    unanswered at a time (the server adds piece k while k+1 is on the wire; the client copies
+    pulled piece k while k+1 arrives): what chunking can win with nothing around it."""
+    q = CTX.Queue()
+    proc = CTX.Process(target=_zmq_pieces_server, args=(q, True), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
+    n = nbytes // 4
+    grad, out = np.full(n, 1e-6, np.float32), np.empty(n, np.float32)
+    cuts = np.linspace(0, n, pieces + 1).astype(np.int64)
+    heads = [np.array([cuts[k], cuts[k + 1], n], np.int64).tobytes() for k in range(pieces)]
+
+    def phase(push: bool) -> None:
+        sent = got = 0
+        while got < pieces:
+            while sent - got < window and sent < pieces:
+                lo, hi = cuts[sent], cuts[sent + 1]
+                dealer.send_multipart([heads[sent], grad[lo:hi]] if push else [heads[sent]],
+                                      copy=False)
+                sent += 1
+            reply = dealer.recv(copy=False)  # one server: replies come in order
+            if not push:
+                np.copyto(out[cuts[got]:cuts[got + 1]], np.frombuffer(reply.buffer, np.float32))
+            got += 1
+
+    def step():
+        phase(True)
+        phase(False)
+    try:
+        return timed(step, iterations(nbytes), repeats)
+    finally:
+        dealer.send(b"")
+        proc.join(5)
+        proc.kill()
+        dealer.close(0)
+        ctx.term()
+
+
 def _stack_worker(addr, nbytes, repeats, out_q, push_only, shared):
     kv = KVWorker(addr, shared_memory=shared)
     grad = kv.shared_buffer()  # shared memory with a server on this host, else a plain array
@@ -254,12 +318,14 @@ def _chunking(text: str) -> dict:
     return limits
 
 
-def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str]) -> None:
+def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str],
+               zmq_pieces: list[str] = ()) -> None:
     """`stack tcp` against bare `zmq` (the echo), and against bare ZeroMQ doing a push+pull's
     work (`zmq p+p`: bench_zmq_pushpull), all taking turns `rounds` times: the ratios of
     their medians are the TCP path's overhead over ZeroMQ itself. Every process here keeps
     freed memory, as the stack's do, so that the baselines are ZeroMQ at its best.
-    `chunkings` ('MB[:in_flight]'): more `stack tcp` variants with those TCP chunk limits."""
+    `chunkings` ('MB[:in_flight]'): more `stack tcp` variants with those TCP chunk limits;
+    `zmq_pieces` ('K:W'): `zmq p+p` variants in K pieces, W in flight (bench_zmq_pieces)."""
     keep_freed_memory()  # this process is the bare clients' end
     runs = {"zmq": lambda: bench_zmq(nbytes, repeats, keep_memory=True),
             "p+p": lambda: bench_zmq_pushpull(nbytes, repeats, keep_memory=True),
@@ -267,13 +333,18 @@ def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str]) -> 
     for c in chunkings:
         runs[f"tcp {c}"] = lambda c=c: bench_stack(nbytes, repeats, 1, shared=False,
                                                    limits=_chunking(c))
+    for c in zmq_pieces:
+        k, _, w = c.partition(":")
+        runs[f"p+p {c}"] = lambda k=int(k), w=int(w or 1): bench_zmq_pieces(nbytes, repeats,
+                                                                              k, w)
     t: dict[str, list[float]] = {k: [] for k in runs}
     for i in range(rounds):
         names = list(runs)
         order = names[i % len(names):] + names[:i % len(names)]  # each goes first in turn
         for name in order:
             t[name].append(runs[name]())
-        extra = "".join(f"  stack {k} {t[k][-1] * 1e3:.3f} ms" for k in names[3:])
+        extra = "".join(f"  {'' if k.startswith('p+p') else 'stack '}{k} {t[k][-1] * 1e3:.3f} ms"
+                        for k in names[3:])
         print(f"round {i}: zmq {t['zmq'][-1] * 1e3:.3f} ms  zmq p+p {t['p+p'][-1] * 1e3:.3f} ms"
               f"  stack tcp {t['tcp'][-1] * 1e3:.3f} ms  tcp/zmq {t['tcp'][-1] / t['zmq'][-1]:.2f}"
               f"{extra}", flush=True)
@@ -290,7 +361,9 @@ def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str]) -> 
           f"{best['tcp'] / best['zmq']:.2f}")
     for k in list(runs)[3:]:
         r = [b / a for a, b in zip(t["zmq"], t[k])]
-        print(f"stack {k} (MB[:in flight]): median {med[k]:.3f} ms, /zmq "
+        label = f"zmq {k} (pieces:in flight)" if k.startswith("p+p") else \
+            f"stack {k} (MB[:in flight])"
+        print(f"{label}: median {med[k]:.3f} ms, /zmq "
               f"{med[k] / med['zmq']:.2f} (per-round {min(r):.2f}-{max(r):.2f}), /zmq p+p "
               f"{med[k] / med['p+p']:.2f}, /stack tcp {med[k] / med['tcp']:.2f}; best "
               f"{best[k]:.3f} ms")
@@ -309,10 +382,14 @@ def main() -> int:
                         help="with --tcp-vs-zmq: more `stack tcp` variants taking turns, each "
                         "with TCP chunks of MB megabytes ('off': none), K in flight (e.g. "
                         "off,0.5:4,1:2); plain `stack tcp` keeps the job's defaults")
+    parser.add_argument("--zmq-pieces", default="", metavar="K:W,...",
+                        help="with --tcp-vs-zmq: more `zmq p+p` variants taking turns, the "
+                        "push and the pull each in K pieces, W unanswered (e.g. 2:2,4:2)")
     args = parser.parse_args()
     if args.tcp_vs_zmq:
         tcp_vs_zmq(args.bytes, args.rounds, args.repeats,
-                   [c for c in args.tcp_chunks.split(",") if c])
+                   [c for c in args.tcp_chunks.split(",") if c],
+                   [c for c in args.zmq_pieces.split(",") if c])
         return 0
     sizes = [64 << 10, 3_730_000, 64 << 20] if args.quick else SIZES
     repeats = 3 if args.quick else args.repeats

@@ -67,6 +67,9 @@ def test_chunk_sizes_and_windows_may_differ_by_shard():
     stream = core.stream(KeyRange(0, 100), core.pieces(KeyRange(0, 100)))
     assert [len(t) for t in stream.todo] == [1, 4] and stream.window == [2, 3]
     assert core.stream(KeyRange(0, 40), core.pieces(KeyRange(0, 40))) is None
+    core.chunking(50, 2, run=[10, 70])  # only shard 1's piece is above 50; runs <= chunk
+    stream = core.stream(KeyRange(0, 100), core.all_pieces)
+    assert [len(t) for t in stream.todo] == [1, 2] and core.runs == [10, 50]
     core.chunking(60, 1)  # one size for every shard: everything fits
     assert core.all_fit and core.stream(KeyRange(0, 100), core.all_pieces) is None
     with pytest.raises(ValueError, match="2 shards"):
@@ -334,27 +337,29 @@ def _tcp_steps(kv: KVWorker, steps: int = 3) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("sync", ["asp", "bsp"])  # arrival mode, round mode
 def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync):
-    """Shared memory off: 0.25 MB TCP chunks (8 per shard, 3 in flight) give exactly what one
-    message per shard gives; a worker that shares memory with the shards keeps chunk_bytes."""
+    """Shared memory off: pieces (1.87 MB) above chunk_bytes (1 MB) go in 0.25 MB TCP chunks
+    (8 per shard, 3 in flight) and give exactly what one message per shard gives; a worker
+    that shares memory with the shards uses chunk_bytes and chunks_in_flight."""
     results = {}
-    for tcp_chunk in (1 << 18, 1 << 30):
+    for chunk_bytes in (1 << 20, 1 << 30):
         job = make_job(TCP_KEYS, 2, 1, sync=sync, dtype="float32", lr=0.5,
-                       tcp_chunk_bytes=tcp_chunk, tcp_chunks_in_flight=3)
-        with running_job(tmp_path / str(tcp_chunk), job) as cluster:
+                       chunk_bytes=chunk_bytes, chunks_in_flight=2,
+                       tcp_chunk_bytes=1 << 18, tcp_chunks_in_flight=3)
+        with running_job(tmp_path / str(chunk_bytes), job) as cluster:
             kv = KVWorker(cluster.address, shared_memory=False)
             try:
-                assert kv.core.chunks == [min(tcp_chunk, 16 << 20) // 4] * 2
+                assert kv.core.runs == [min(1 << 18, chunk_bytes) // 4] * 2
                 assert kv.core.windows == [3, 3]
-                results[tcp_chunk] = _tcp_steps(kv)
+                results[chunk_bytes] = _tcp_steps(kv)
             finally:
                 kv.close()
-            if tcp_chunk < 1 << 20:
+            if chunk_bytes == 1 << 20:
                 near = KVWorker(cluster.address, role="observer", shared_memory=True)
                 try:
                     if near.arena is not None:  # shared memory offered to every shard
-                        assert near.core.chunks == [(16 << 20) // 4] * 2
+                        assert near.core.runs == [(1 << 20) // 4] * 2
                         assert near.core.windows == [2, 2]
                 finally:
                     near.close()
-    for chunked, whole in zip(results[1 << 18], results[1 << 30]):
+    for chunked, whole in zip(results[1 << 20], results[1 << 30]):
         np.testing.assert_array_equal(chunked, whole)

@@ -53,11 +53,11 @@ class Chunk:
 
 def chunk_pieces(pieces: Sequence[tuple[int, KeyRange, slice]],
                  chunk: int | Sequence[int]) -> list[list[Chunk]]:
-    """Each piece cut into runs of at most `chunk` keys (or `chunk[shard]`, by shard), one list
-    per piece (shard order)."""
+    """Each piece cut into runs of at most `chunk` keys (or `chunk[k]` for the k-th piece),
+    one list per piece (shard order)."""
     out = []
-    for shard, r, sl in pieces:
-        size = chunk if isinstance(chunk, int) else chunk[shard]
+    for k, (shard, r, sl) in enumerate(pieces):
+        size = chunk if isinstance(chunk, int) else chunk[k]
         n = -(-r.size // size) if r.size else 1
         runs = []
         for j in range(n):
@@ -132,8 +132,10 @@ class WorkerCore:
         self.versions: list[int] = []  # the version each shard last answered a pull with
         self.starts = np.zeros(0, dtype=np.int64)
         self.all_pieces: list[tuple[int, KeyRange, slice]] = []
-        # A piece for shard i larger than chunks[i] keys goes as chunks, windows[i] unanswered.
+        # A piece for shard i larger than chunks[i] keys goes as chunks of runs[i] keys,
+        # windows[i] unanswered.
         self.chunks: list[int] = []
+        self.runs: list[int] = []
         self.windows: list[int] = []
         self.chunk = 1 << 62  # the smallest of `chunks`: most requests are checked in one compare
         self.all_fit = True  # every piece of all_pieces fits its shard's chunk
@@ -149,19 +151,25 @@ class WorkerCore:
         self.all_pieces = self._split(KeyRange(0, self.num_keys))
         self.chunking(1 << 62, 1)
 
-    def chunking(self, chunk: int | Sequence[int], window: int | Sequence[int]) -> None:
-        """Pieces above `chunk` keys are sent as chunks, `window` unanswered per shard; either
-        may be one value per shard (in shard order) instead of one for all."""
+    def chunking(self, chunk: int | Sequence[int], window: int | Sequence[int],
+                 run: int | Sequence[int] | None = None) -> None:
+        """Pieces above `chunk` keys are sent as chunks of `run` keys (default and at most
+        `chunk`), `window` unanswered per shard; each may be one value per shard (in shard
+        order) instead of one for all."""
         n = len(self.ranges)
-        chunks = [int(chunk)] * n if isinstance(chunk, (int, np.integer)) else list(map(int, chunk))
-        windows = [int(window)] * n if isinstance(window, (int, np.integer)) \
-            else list(map(int, window))
-        if len(chunks) != n or len(windows) != n:
-            raise ValueError(f"chunk sizes and windows for {n} shards, got {len(chunks)} and "
-                             f"{len(windows)}")
-        if min(chunks, default=1) < 1 or min(windows, default=1) < 1:
-            raise ValueError(f"chunks need chunk >= 1 key and window >= 1, got {chunk}, {window}")
+
+        def per_shard(v) -> list[int]:
+            return [int(v)] * n if isinstance(v, (int, np.integer)) else list(map(int, v))
+        chunks, windows = per_shard(chunk), per_shard(window)
+        runs = chunks if run is None else per_shard(run)
+        if not len(chunks) == len(windows) == len(runs) == n:
+            raise ValueError(f"chunk sizes and windows for {n} shards, got {len(chunks)}, "
+                             f"{len(windows)} and {len(runs)}")
+        if min(chunks + runs + windows, default=1) < 1:
+            raise ValueError(f"chunks need chunk and run >= 1 key and window >= 1, got "
+                             f"{chunk}, {run}, {window}")
         self.chunks, self.windows = chunks, windows
+        self.runs = [min(r, c) for r, c in zip(runs, chunks)]
         self.chunk = min(chunks, default=1 << 62)
         self.all_fit = all(p.size <= chunks[i] for i, p, _ in self.all_pieces)
 
@@ -176,7 +184,9 @@ class WorkerCore:
                 return None
         elif all(p.size <= chunks[i] for i, p, _ in pieces):
             return None
-        return Stream(chunk_pieces(pieces, chunks), [self.windows[i] for i, _, _ in pieces])
+        # A piece over its shard's chunk goes in runs; one under it stays whole (one chunk).
+        sizes = [self.runs[i] if p.size > chunks[i] else chunks[i] for i, p, _ in pieces]
+        return Stream(chunk_pieces(pieces, sizes), [self.windows[i] for i, _, _ in pieces])
 
     # ---- key ranges -----------------------------------------------------------------------------
     def key_range(self, keys: KeyRange | tuple[int, int] | None) -> KeyRange:

@@ -158,17 +158,18 @@ class KVWorker:
                                          settings.coordinator_timeout)
 
     def _chunking(self, settings: WorkerSettings) -> None:
-        """Chunk sizes by shard. Over TCP smaller chunks pipeline: the shard adds one while the
-        next is on the wire, and the worker copies a pulled one while the next arrives. Through
-        shared memory there is no transfer to overlap, so a shard offered the arena (every
-        shard or none) keeps the large chunk and a request under it stays one message."""
+        """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
+        tcp_chunk_bytes, tcp_chunks_in_flight unanswered: smaller chunks pipeline (the shard
+        adds one while the next is on the wire, the worker copies a pulled one while the next
+        arrives). Through shared memory there is no transfer to overlap, so a worker that
+        offered its shards the arena (every shard or none) keeps chunk_bytes."""
         itemsize = self.dtype.itemsize
+        chunk = max(1, settings.chunk_bytes // itemsize)
         if self.arena is not None:
-            chunk, window = settings.chunk_bytes, settings.chunks_in_flight
+            self.core.chunking(chunk, settings.chunks_in_flight)
         else:
-            chunk = min(settings.chunk_bytes, settings.tcp_chunk_bytes)
-            window = settings.tcp_chunks_in_flight
-        self.core.chunking(max(1, chunk // itemsize), window)
+            self.core.chunking(chunk, settings.tcp_chunks_in_flight,
+                               run=max(1, settings.tcp_chunk_bytes // itemsize))
 
     @property
     def timeout(self) -> float:
