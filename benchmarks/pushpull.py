@@ -310,9 +310,12 @@ def fmt(nbytes: int) -> str:
 
 
 def _chunking(text: str) -> dict:
-    """'MB[:in_flight]' as job limits for the TCP path ('off': one message per shard)."""
+    """'MB[:in_flight]' as job limits for a worker on TCP: pieces above MB go in MB chunks
+    (chunk_bytes and tcp_chunk_bytes both MB), in_flight unanswered; 'off': one message per
+    shard."""
     size, _, window = text.partition(":")
-    limits = {"tcp_chunk_bytes": 1 << 40 if size == "off" else int(float(size) * (1 << 20))}
+    nbytes = 1 << 40 if size == "off" else int(float(size) * (1 << 20))
+    limits = {"chunk_bytes": nbytes, "tcp_chunk_bytes": nbytes}
     if window:
         limits["tcp_chunks_in_flight"] = int(window)
     return limits
@@ -380,8 +383,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="rounds for --tcp-vs-zmq")
     parser.add_argument("--tcp-chunks", default="", metavar="MB[:K],...",
                         help="with --tcp-vs-zmq: more `stack tcp` variants taking turns, each "
-                        "with TCP chunks of MB megabytes ('off': none), K in flight (e.g. "
-                        "off,0.5:4,1:2); plain `stack tcp` keeps the job's defaults")
+                        "cutting pieces above MB megabytes into MB chunks ('off': none), K in "
+                        "flight (e.g. off,0.5:4,1:2); plain `stack tcp` keeps the job's "
+                        "defaults")
     parser.add_argument("--zmq-pieces", default="", metavar="K:W,...",
                         help="with --tcp-vs-zmq: more `zmq p+p` variants taking turns, the "
                         "push and the pull each in K pieces, W unanswered (e.g. 2:2,4:2)")
