@@ -14,8 +14,11 @@ Measured side by side in one run (this machine is shared and noisy, so compare r
 
 Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
        python benchmarks/pushpull.py --tcp-vs-zmq [--bytes 3730000] [--rounds 7]
+                                     [--tcp-chunks off,0.5:4,1:2] [--zmq-pieces 2:2,4:2]
          (stack tcp beside bare zmq, and beside bare zmq doing a push+pull's work, taking
-          turns in one run: medians and their ratios)
+          turns in one run: medians and their ratios; --tcp-chunks adds stack tcp variants
+          with other TCP chunk sizes and numbers in flight, --zmq-pieces zmq p+p variants
+          with the push and pull cut into pieces)
 """
 
 from __future__ import annotations
@@ -194,6 +197,69 @@ def bench_zmq_pushpull(nbytes: int, repeats: int, keep_memory: bool = False) -> 
         ctx.term()
 
 
+def _zmq_pieces_server(addr_q, keep_memory):
+    """bench_zmq_pushpull's server for pieces: a push is [lo, hi as int64, values], added into
+    values[lo:hi] and acked; a pull is [lo, hi], answered with values[lo:hi], zero-copy."""
+    if keep_memory:
+        keep_freed_memory()
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    addr_q.put(router.bind_to_random_port("tcp://127.0.0.1"))
+    values = None
+    while True:
+        ident, head, *body = router.recv_multipart(copy=False)
+        if len(head) == 0:
+            return
+        lo, hi, size = np.frombuffer(head.buffer, np.int64).tolist()
+        values = np.zeros(size, np.float32) if values is None else values
+        if body:
+            values[lo:hi] += np.frombuffer(body[0].buffer, np.float32)
+            router.send_multipart([ident, b"ack"])
+        else:
+            router.send_multipart([ident, values[lo:hi]], copy=False)
+
+
+def bench_zmq_pieces(nbytes: int, repeats: int, pieces: int, window: int) -> float:
+    """bench_zmq_pushpull with the push and the pull each cut into `pieces` messages, `window`
+    unanswered at a time (the server adds piece k while k+1 is on the wire; the client copies
+    pulled piece k while k+1 arrives): what chunking can win with nothing around it."""
+    q = CTX.Queue()
+    proc = CTX.Process(target=_zmq_pieces_server, args=(q, True), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
+    n = nbytes // 4
+    grad, out = np.full(n, 1e-6, np.float32), np.empty(n, np.float32)
+    cuts = np.linspace(0, n, pieces + 1).astype(np.int64)
+    heads = [np.array([cuts[k], cuts[k + 1], n], np.int64).tobytes() for k in range(pieces)]
+
+    def phase(push: bool) -> None:
+        sent = got = 0
+        while got < pieces:
+            while sent - got < window and sent < pieces:
+                lo, hi = cuts[sent], cuts[sent + 1]
+                dealer.send_multipart([heads[sent], grad[lo:hi]] if push else [heads[sent]],
+                                      copy=False)
+                sent += 1
+            reply = dealer.recv(copy=False)  # one server: replies come in order
+            if not push:
+                np.copyto(out[cuts[got]:cuts[got + 1]], np.frombuffer(reply.buffer, np.float32))
+            got += 1
+
+    def step():
+        phase(True)
+        phase(False)
+    try:
+        return timed(step, iterations(nbytes), repeats)
+    finally:
+        dealer.send(b"")
+        proc.join(5)
+        proc.kill()
+        dealer.close(0)
+        ctx.term()
+
+
 def _stack_worker(addr, nbytes, repeats, out_q, push_only, shared):
     kv = KVWorker(addr, shared_memory=shared)
     grad = kv.shared_buffer()  # shared memory with a server on this host, else a plain array
@@ -210,11 +276,12 @@ def _stack_worker(addr, nbytes, repeats, out_q, push_only, shared):
 
 
 def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False,
-                shared: bool = True) -> float:
+                shared: bool = True, limits: dict | None = None) -> float:
+    """`limits`: job limits to set (e.g. tcp_chunk_bytes), the job's defaults otherwise."""
     num_keys = nbytes // 4
     job = {"num_keys": num_keys, "dtype": "float32", "servers": 1, "workers": workers,
            "batch_size": 1, "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1.0},
-           "heartbeat_timeout": 60.0}
+           "heartbeat_timeout": 60.0, **(limits or {})}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(job, Path(tmp), keys=None,  # plaintext; CURVE: curve_overhead.py
                                env=None if shared else {"PARAMSERVER_SHM": "0"})
@@ -242,23 +309,48 @@ def fmt(nbytes: int) -> str:
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} KB"
 
 
-def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int) -> None:
+def _chunking(text: str) -> dict:
+    """'MB[:in_flight]' as job limits for a worker on TCP: pieces above MB go in MB chunks
+    (chunk_bytes and tcp_chunk_bytes both MB), in_flight unanswered; 'off': one message per
+    shard."""
+    size, _, window = text.partition(":")
+    nbytes = 1 << 40 if size == "off" else int(float(size) * (1 << 20))
+    limits = {"chunk_bytes": nbytes, "tcp_chunk_bytes": nbytes}
+    if window:
+        limits["tcp_chunks_in_flight"] = int(window)
+    return limits
+
+
+def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str],
+               zmq_pieces: list[str] = ()) -> None:
     """`stack tcp` against bare `zmq` (the echo), and against bare ZeroMQ doing a push+pull's
-    work (`zmq p+p`: bench_zmq_pushpull), the three taking turns `rounds` times: the ratios of
+    work (`zmq p+p`: bench_zmq_pushpull), all taking turns `rounds` times: the ratios of
     their medians are the TCP path's overhead over ZeroMQ itself. Every process here keeps
-    freed memory, as the stack's do, so that the baselines are ZeroMQ at its best."""
+    freed memory, as the stack's do, so that the baselines are ZeroMQ at its best.
+    `chunkings` ('MB[:in_flight]'): more `stack tcp` variants with those TCP chunk limits;
+    `zmq_pieces` ('K:W'): `zmq p+p` variants in K pieces, W in flight (bench_zmq_pieces)."""
     keep_freed_memory()  # this process is the bare clients' end
     runs = {"zmq": lambda: bench_zmq(nbytes, repeats, keep_memory=True),
             "p+p": lambda: bench_zmq_pushpull(nbytes, repeats, keep_memory=True),
             "tcp": lambda: bench_stack(nbytes, repeats, 1, shared=False)}
+    for c in chunkings:
+        runs[f"tcp {c}"] = lambda c=c: bench_stack(nbytes, repeats, 1, shared=False,
+                                                   limits=_chunking(c))
+    for c in zmq_pieces:
+        k, _, w = c.partition(":")
+        runs[f"p+p {c}"] = lambda k=int(k), w=int(w or 1): bench_zmq_pieces(nbytes, repeats,
+                                                                              k, w)
     t: dict[str, list[float]] = {k: [] for k in runs}
     for i in range(rounds):
-        order = list(runs)[i % 3:] + list(runs)[:i % 3]  # each goes first in turn
+        names = list(runs)
+        order = names[i % len(names):] + names[:i % len(names)]  # each goes first in turn
         for name in order:
             t[name].append(runs[name]())
+        extra = "".join(f"  {'' if k.startswith('p+p') else 'stack '}{k} {t[k][-1] * 1e3:.3f} ms"
+                        for k in names[3:])
         print(f"round {i}: zmq {t['zmq'][-1] * 1e3:.3f} ms  zmq p+p {t['p+p'][-1] * 1e3:.3f} ms"
-              f"  stack tcp {t['tcp'][-1] * 1e3:.3f} ms  tcp/zmq {t['tcp'][-1] / t['zmq'][-1]:.2f}",
-              flush=True)
+              f"  stack tcp {t['tcp'][-1] * 1e3:.3f} ms  tcp/zmq {t['tcp'][-1] / t['zmq'][-1]:.2f}"
+              f"{extra}", flush=True)
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
     best = {k: min(v) * 1e3 for k, v in t.items()}
     ratios = [b / a for a, b in zip(t["zmq"], t["tcp"])]
@@ -270,6 +362,14 @@ def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int) -> None:
     print(f"best rounds (the least disturbed): zmq {best['zmq']:.3f} ms, zmq p+p "
           f"{best['p+p']:.3f} ms, stack tcp {best['tcp']:.3f} ms; stack tcp/zmq "
           f"{best['tcp'] / best['zmq']:.2f}")
+    for k in list(runs)[3:]:
+        r = [b / a for a, b in zip(t["zmq"], t[k])]
+        label = f"zmq {k} (pieces:in flight)" if k.startswith("p+p") else \
+            f"stack {k} (MB[:in flight])"
+        print(f"{label}: median {med[k]:.3f} ms, /zmq "
+              f"{med[k] / med['zmq']:.2f} (per-round {min(r):.2f}-{max(r):.2f}), /zmq p+p "
+              f"{med[k] / med['p+p']:.2f}, /stack tcp {med[k] / med['tcp']:.2f}; best "
+              f"{best[k]:.3f} ms")
 
 
 def main() -> int:
@@ -281,9 +381,19 @@ def main() -> int:
                         "taking turns, at --bytes: medians and their ratios")
     parser.add_argument("--bytes", type=int, default=3_730_000, help="size for --tcp-vs-zmq")
     parser.add_argument("--rounds", type=int, default=7, help="rounds for --tcp-vs-zmq")
+    parser.add_argument("--tcp-chunks", default="", metavar="MB[:K],...",
+                        help="with --tcp-vs-zmq: more `stack tcp` variants taking turns, each "
+                        "cutting pieces above MB megabytes into MB chunks ('off': none), K in "
+                        "flight (e.g. off,0.5:4,1:2); plain `stack tcp` keeps the job's "
+                        "defaults")
+    parser.add_argument("--zmq-pieces", default="", metavar="K:W,...",
+                        help="with --tcp-vs-zmq: more `zmq p+p` variants taking turns, the "
+                        "push and the pull each in K pieces, W unanswered (e.g. 2:2,4:2)")
     args = parser.parse_args()
     if args.tcp_vs_zmq:
-        tcp_vs_zmq(args.bytes, args.rounds, args.repeats)
+        tcp_vs_zmq(args.bytes, args.rounds, args.repeats,
+                   [c for c in args.tcp_chunks.split(",") if c],
+                   [c for c in args.zmq_pieces.split(",") if c])
         return 0
     sizes = [64 << 10, 3_730_000, 64 << 20] if args.quick else SIZES
     repeats = 3 if args.quick else args.repeats

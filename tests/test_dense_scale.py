@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from paramserver.client.core import Stream, chunk_pieces
+from paramserver.client.core import Stream, WorkerCore, chunk_pieces
 from paramserver.client.kv import KVWorker
 from paramserver.core.keyspace import KeyRange, auto_servers
 from paramserver.core.units import UnitError, parse_count
@@ -57,6 +57,23 @@ def test_a_stream_keeps_at_most_its_window_unanswered_per_shard():
     assert stream.most_in_flight == 6
     assert sorted((c.keys.lo, c.keys.hi) for c in sent) == [(lo, lo + 4) for lo in range(0, 60, 4)]
 
+
+
+def test_chunk_sizes_and_windows_may_differ_by_shard():
+    core = WorkerCore()
+    core.welcome(0, [KeyRange(0, 40), KeyRange(40, 100)], 100)
+    core.chunking([64, 16], [2, 3])  # shard 0 fits whole, shard 1 goes in 4 chunks
+    assert core.chunk == 16 and not core.all_fit
+    stream = core.stream(KeyRange(0, 100), core.pieces(KeyRange(0, 100)))
+    assert [len(t) for t in stream.todo] == [1, 4] and stream.window == [2, 3]
+    assert core.stream(KeyRange(0, 40), core.pieces(KeyRange(0, 40))) is None
+    core.chunking(50, 2, run=[10, 70])  # only shard 1's piece is above 50; runs <= chunk
+    stream = core.stream(KeyRange(0, 100), core.all_pieces)
+    assert [len(t) for t in stream.todo] == [1, 2] and core.runs == [10, 50]
+    core.chunking(60, 1)  # one size for every shard: everything fits
+    assert core.all_fit and core.stream(KeyRange(0, 100), core.all_pieces) is None
+    with pytest.raises(ValueError, match="2 shards"):
+        core.chunking([8], 1)
 
 # ---- real processes -----------------------------------------------------------------------------
 def _job(sync: str, chunk_bytes: int, workers: int = 1, **extra) -> dict:
@@ -330,3 +347,50 @@ def test_a_shard_given_more_keys_reports_more_busy_time(tmp_path):
             kv.bye()
     assert s["shard_imbalance"] > 1.5 and 0 < s["per_shard"]["0"]["busy_fraction"] <= 1, s
     assert "shards unbalanced" in unbalanced_line(s)
+# ---- TCP chunks: smaller pieces where the bytes cross a socket ----------------------------------
+TCP_KEYS = 3_730_000 // 4  # the 3.73 MB float32 model of benchmarks/pushpull.py
+
+
+def _tcp_steps(kv: KVWorker, steps: int = 3) -> list[np.ndarray]:
+    kv.init(np.arange(TCP_KEYS, dtype=np.float32) / 8)
+    release = kv.start()
+    out = np.empty(TCP_KEYS, np.float32)
+    seen = []
+    for s in range(steps):
+        seen.append(kv.pull(out=out, min_version=release.min_version).copy())
+        kv.push(known_gradient(0, s, TCP_KEYS, np.float32), step=release.step, batch=1,
+                round_size=release.round_size)
+        release = kv.clock(release.step, 1, 0.0)
+    seen.append(kv.pull(min_version=release.min_version).copy())
+    seen.append(kv.pull((1000, 700_000), min_version=release.min_version).copy())
+    return seen
+
+
+@pytest.mark.parametrize("sync", ["asp", "bsp"])  # arrival mode, round mode
+def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync):
+    """Shared memory off: pieces (1.87 MB) above chunk_bytes (1 MB) go in 0.25 MB TCP chunks
+    (8 per shard, 3 in flight) and give exactly what one message per shard gives; a worker
+    that shares memory with the shards uses chunk_bytes and chunks_in_flight."""
+    results = {}
+    for chunk_bytes in (1 << 20, 1 << 30):
+        job = make_job(TCP_KEYS, 2, 1, sync=sync, dtype="float32", lr=0.5,
+                       chunk_bytes=chunk_bytes, chunks_in_flight=2,
+                       tcp_chunk_bytes=1 << 18, tcp_chunks_in_flight=3)
+        with running_job(tmp_path / str(chunk_bytes), job) as cluster:
+            kv = KVWorker(cluster.address, shared_memory=False)
+            try:
+                assert kv.core.runs == [min(1 << 18, chunk_bytes) // 4] * 2
+                assert kv.core.windows == [3, 3]
+                results[chunk_bytes] = _tcp_steps(kv)
+            finally:
+                kv.close()
+            if chunk_bytes == 1 << 20:
+                near = KVWorker(cluster.address, role="observer", shared_memory=True)
+                try:
+                    if near.arena is not None:  # shared memory offered to every shard
+                        assert near.core.runs == [(1 << 20) // 4] * 2
+                        assert near.core.windows == [2, 2]
+                finally:
+                    near.close()
+    for chunked, whole in zip(results[1 << 20], results[1 << 30]):
+        np.testing.assert_array_equal(chunked, whole)

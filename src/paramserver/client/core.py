@@ -55,15 +55,17 @@ class Chunk:
 
 
 def chunk_pieces(pieces: Sequence[tuple[int, KeyRange, slice]],
-                 chunk: int) -> list[list[Chunk]]:
-    """Each piece cut into runs of at most `chunk` keys, one list per piece (shard order)."""
+                 chunk: int | Sequence[int]) -> list[list[Chunk]]:
+    """Each piece cut into runs of at most `chunk` keys (or `chunk[k]` for the k-th piece),
+    one list per piece (shard order)."""
     out = []
-    for shard, r, sl in pieces:
-        n = -(-r.size // chunk) if r.size else 1
+    for k, (shard, r, sl) in enumerate(pieces):
+        size = chunk if isinstance(chunk, int) else chunk[k]
+        n = -(-r.size // size) if r.size else 1
         runs = []
         for j in range(n):
-            lo = r.lo + j * chunk
-            hi = min(lo + chunk, r.hi)
+            lo = r.lo + j * size
+            hi = min(lo + size, r.hi)
             runs.append(Chunk(shard, KeyRange(lo, hi),
                               slice(sl.start + lo - r.lo, sl.start + hi - r.lo), j, n))
         out.append(runs)
@@ -73,11 +75,12 @@ def chunk_pieces(pieces: Sequence[tuple[int, KeyRange, slice]],
 class Stream:
     """The chunks of one request, at most `window` of them unanswered per shard: the next one
     goes when an earlier one to the same shard is answered, so neither end holds more than
-    window x chunk bytes of it at a time."""
+    window x chunk bytes of it at a time. `window` may differ by shard: one per list of
+    `per_shard`."""
 
-    def __init__(self, per_shard: list[list[Chunk]], window: int):
+    def __init__(self, per_shard: list[list[Chunk]], window: int | Sequence[int]):
         self.todo = [deque(runs) for runs in per_shard]
-        self.window = window
+        self.window = [window] * len(per_shard) if isinstance(window, int) else list(window)
         self.busy = [0] * len(per_shard)  # unanswered chunks, by position in `todo`
         self.waiting: dict[int, tuple[int, Chunk]] = {}  # rid -> (position, chunk), unanswered
         self.most_in_flight = 0  # the largest number unanswered at once, all shards together
@@ -92,7 +95,7 @@ class Stream:
         sent()."""
         out = []
         for pos, todo in enumerate(self.todo):
-            room = self.window - self.busy[pos]
+            room = self.window[pos] - self.busy[pos]
             while room > 0 and todo:
                 out.append((pos, todo.popleft()))
                 room -= 1
@@ -137,10 +140,13 @@ class WorkerCore:
         self.versions: list[int] = []  # the version each shard last answered a pull with
         self.starts = np.zeros(0, dtype=np.int64)
         self.all_pieces: list[tuple[int, KeyRange, slice]] = []
-        # Pieces larger than `chunk` keys go as chunks, `window` unanswered per shard.
-        self.chunk = 1 << 62
-        self.window = 1
-        self.largest_piece = 0  # of all_pieces: the common request is checked in one compare
+        # A piece for shard i larger than chunks[i] keys goes as chunks of runs[i] keys,
+        # windows[i] unanswered.
+        self.chunks: list[int] = []
+        self.runs: list[int] = []
+        self.windows: list[int] = []
+        self.chunk = 1 << 62  # the smallest of `chunks`: most requests are checked in one compare
+        self.all_fit = True  # every piece of all_pieces fits its shard's chunk
         self.release: Release | None = None  # sent by the coordinator, not yet taken
 
     def welcome(self, rank: int, ranges: Sequence[KeyRange], num_keys: int) -> None:
@@ -151,25 +157,44 @@ class WorkerCore:
         self.starts = np.array([r.lo for r in self.ranges], dtype=np.int64)
         # The common request (every key) is split once.
         self.all_pieces = self._split(KeyRange(0, self.num_keys))
-        self.largest_piece = max((p.size for _, p, _ in self.all_pieces), default=0)
+        self.chunking(1 << 62, 1)
 
-    def chunking(self, chunk: int, window: int) -> None:
-        """Pieces above `chunk` keys are sent as chunks, `window` unanswered per shard."""
-        if chunk < 1 or window < 1:
-            raise ValueError(f"chunks need chunk >= 1 key and window >= 1, got {chunk}, {window}")
-        self.chunk, self.window = int(chunk), int(window)
+    def chunking(self, chunk: int | Sequence[int], window: int | Sequence[int],
+                 run: int | Sequence[int] | None = None) -> None:
+        """Pieces above `chunk` keys are sent as chunks of `run` keys (default and at most
+        `chunk`), `window` unanswered per shard; each may be one value per shard (in shard
+        order) instead of one for all."""
+        n = len(self.ranges)
+
+        def per_shard(v) -> list[int]:
+            return [int(v)] * n if isinstance(v, (int, np.integer)) else list(map(int, v))
+        chunks, windows = per_shard(chunk), per_shard(window)
+        runs = chunks if run is None else per_shard(run)
+        if not len(chunks) == len(windows) == len(runs) == n:
+            raise ValueError(f"chunk sizes and windows for {n} shards, got {len(chunks)}, "
+                             f"{len(windows)} and {len(runs)}")
+        if min(chunks + runs + windows, default=1) < 1:
+            raise ValueError(f"chunks need chunk and run >= 1 key and window >= 1, got "
+                             f"{chunk}, {run}, {window}")
+        self.chunks, self.windows = chunks, windows
+        self.runs = [min(r, c) for r, c in zip(runs, chunks)]
+        self.chunk = min(chunks, default=1 << 62)
+        self.all_fit = all(p.size <= chunks[i] for i, p, _ in self.all_pieces)
 
     def stream(self, r: KeyRange, pieces) -> "Stream | None":
         """The chunks of a request for `r` (split into `pieces`), or None when every piece
         fits in one message: the common case costs one comparison."""
         if r.size <= self.chunk:
             return None
+        chunks = self.chunks
         if pieces is self.all_pieces:
-            if self.largest_piece <= self.chunk:
+            if self.all_fit:
                 return None
-        elif max(p.size for _, p, _ in pieces) <= self.chunk:
+        elif all(p.size <= chunks[i] for i, p, _ in pieces):
             return None
-        return Stream(chunk_pieces(pieces, self.chunk), self.window)
+        # A piece over its shard's chunk goes in runs; one under it stays whole (one chunk).
+        sizes = [self.runs[i] if p.size > chunks[i] else chunks[i] for i, p, _ in pieces]
+        return Stream(chunk_pieces(pieces, sizes), [self.windows[i] for i, _, _ in pieces])
 
     # ---- key ranges -----------------------------------------------------------------------------
     def key_range(self, keys: KeyRange | tuple[int, int] | None) -> KeyRange:

@@ -62,6 +62,8 @@ class WorkerSettings:
     links: object  # the job's link table (paramserver.emulation.links.LinkTable)
     chunk_bytes: int = Limits.chunk_bytes  # larger pieces of a request go as chunks
     chunks_in_flight: int = Limits.chunks_in_flight  # unanswered chunks per shard
+    tcp_chunk_bytes: int = Limits.tcp_chunk_bytes  # the same for a shard reached over TCP
+    tcp_chunks_in_flight: int = Limits.tcp_chunks_in_flight
 
     @classmethod
     def of(cls, welcome: WorkerJob) -> "WorkerSettings":
@@ -70,7 +72,7 @@ class WorkerSettings:
                    tuple((s.rank, s.addr, s.lo, s.hi) for s in welcome.shards),
                    limits.retry_interval, limits.heartbeat_interval,
                    limits.coordinator_timeout, job.links, limits.chunk_bytes,
-                   limits.chunks_in_flight)
+                   limits.chunks_in_flight, limits.tcp_chunk_bytes, limits.tcp_chunks_in_flight)
 
 
 def _as_array(values, dtype: np.dtype) -> np.ndarray:
@@ -143,8 +145,6 @@ class KVWorker:
                                             keys=self.keys, peer="server"))
                        for r, a, lo, hi in settings.shards]
         self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
-        self.core.chunking(max(1, settings.chunk_bytes // self.dtype.itemsize),
-                           settings.chunks_in_flight)
         self._arrival = self.spec.apply_mode == "arrival"
         self._streams: list[Handle] = []  # chunked requests with chunks unanswered
         self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
@@ -152,9 +152,24 @@ class KVWorker:
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
                                          shared_memory)
+        self._chunking(settings)
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
                                          settings.coordinator_timeout)
+
+    def _chunking(self, settings: WorkerSettings) -> None:
+        """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
+        tcp_chunk_bytes, tcp_chunks_in_flight unanswered: smaller chunks pipeline (the shard
+        adds one while the next is on the wire, the worker copies a pulled one while the next
+        arrives). Through shared memory there is no transfer to overlap, so a worker that
+        offered its shards the arena (every shard or none) keeps chunk_bytes."""
+        itemsize = self.dtype.itemsize
+        chunk = max(1, settings.chunk_bytes // itemsize)
+        if self.arena is not None:
+            self.core.chunking(chunk, settings.chunks_in_flight)
+        else:
+            self.core.chunking(chunk, settings.tcp_chunks_in_flight,
+                               run=max(1, settings.tcp_chunk_bytes // itemsize))
 
     @property
     def timeout(self) -> float:
