@@ -59,22 +59,7 @@ class ShardRequests:
     def collect(self, parts: list[tuple[int, int, object]], what: str) -> dict[int, Message]:
         """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
         want = {rid: shard for shard, rid, _ in parts}
-        inbox = self.core.inbox
-        now = time.monotonic()
-        deadline, retry_at = now + self.timeout, now + self.retry_interval
-        while not all(rid in inbox for rid in want):
-            now = time.monotonic()
-            if now >= deadline:
-                missing = sorted({want[r] for r in want if r not in inbox})
-                names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
-                self.forget(want)
-                raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
-            if now >= retry_at:
-                for entry in self.core.unanswered(want):
-                    self._transmit(*entry)
-                    self.retries += 1
-                retry_at = now + self.retry_interval
-            self._receive(min(deadline, retry_at) - now)
+        self._await(want, all, what)
         replies = self.core.take(want)
         for rid, reply in replies.items():
             if reply.op == "error":
@@ -87,15 +72,20 @@ class ShardRequests:
         """Wait until a reply to any of `parts` (shard, rid, ...) is in, left in the inbox for
         collect(); re-sends and the deadline as collect's. (Chunked requests take replies as
         they come: one shard's may wait for a version while another's are due.)"""
-        want = {rid: shard for shard, rid, _ in parts}
+        self._await({rid: shard for shard, rid, _ in parts}, any, what)
+
+    def _await(self, want: dict[int, int], enough, what: str) -> None:
+        """Receive until `enough` (all or any) of the requests `want` (rid -> shard) have
+        replies, re-sending the unanswered every retry_interval; past the timeout, forget them
+        and fail naming the servers still silent."""
         inbox = self.core.inbox
         now = time.monotonic()
         deadline, retry_at = now + self.timeout, now + self.retry_interval
-        while not any(rid in inbox for rid in want):
+        while not enough(rid in inbox for rid in want):
             now = time.monotonic()
             if now >= deadline:
-                names = ", ".join(f"server {s} at {self.shards[s].addr}"
-                                  for s in sorted(set(want.values())))
+                missing = sorted({want[r] for r in want if r not in inbox})
+                names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
                 self.forget(want)
                 raise TimeoutError(f"{names} did not answer {what} within {self.timeout:.0f} s")
             if now >= retry_at:
