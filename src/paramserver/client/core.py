@@ -307,26 +307,24 @@ class WorkerCore:
                 self.versions[shard] = replies[rid]["version"]
                 handle.result, handle.out, handle.done = values, values, True
                 return lent
-        for shard, rid, sl in handle.parts:
-            reply = replies[rid]
-            out[sl] = reply.arrays[0]
-            self.versions[shard] = reply["version"]
-            reply.arrays = []
-            frames = self.held.pop(rid, None)
-            if frames:
-                lent.append(frames)
-        handle.result = out if handle.expand is None else out[handle.expand]
-        handle.done = True
-        return lent
+        return self._assemble(handle, replies)
 
     def rows_done(self, handle: Handle, replies: Mapping[int, Any]) -> list:
         """A pull_rows' pieces are in: each shard's rows go to the positions of its keys in
         the request (`handle.out` is (len(keys), dim)), and its version is noted. Returns the
         lent frames, as pull_done."""
+        return self._assemble(handle, replies)
+
+    def _assemble(self, handle: Handle, replies: Mapping[int, Any]) -> list:
+        """Each piece's reply copied to its place in `handle.out` (a slice of a flat array, or
+        the row positions of a (keys, dim) one), its shard's version noted; returns the frames
+        lent from servers' arenas, which the caller releases."""
         out, lent = handle.out, []
-        for shard, rid, positions in handle.parts:
+        rows = out.ndim > 1
+        for shard, rid, where in handle.parts:
             reply = replies[rid]
-            out[positions] = reply.arrays[0].reshape(len(positions), out.shape[1])
+            values = reply.arrays[0]
+            out[where] = values.reshape(-1, out.shape[1]) if rows else values
             self.versions[shard] = reply["version"]
             reply.arrays = []
             frames = self.held.pop(rid, None)
