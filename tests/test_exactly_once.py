@@ -8,20 +8,21 @@ import numpy as np
 import pytest
 
 from paramserver.net import rpc
-from paramserver.server.dedup import DedupTable
+from paramserver.server.dedup import FORGOTTEN, DedupTable
 from paramserver.wire import Message
 from ps_helpers import started_client
 
 
 class ReferenceTable:
-    """What the table must remember: per sender its last `window` rids, the `senders` most
-    recently heard senders; written plainly with lists."""
+    """What the table must remember: per sender its last `window` rids and the highest rid it
+    let go of, the `senders` most recently heard senders; written plainly with lists."""
 
     def __init__(self, window, senders):
         self.window, self.senders = window, senders
         self.order: list[str] = []  # least recently heard first
         self.rids: dict[str, list] = {}
         self.replies: dict[tuple, dict] = {}
+        self.floor: dict[str, int] = {}
 
     def remember(self, sender, rid, reply):
         if sender in self.order:
@@ -30,13 +31,19 @@ class ReferenceTable:
         if len(self.order) > self.senders:
             gone = self.order.pop(0)
             del self.rids[gone]
+            self.floor.pop(gone, None)
         rids = self.rids.setdefault(sender, [])
         rids.append(rid)  # the test's rids only grow, as a client's do
         self.replies[(sender, rid)] = reply
+        for old in rids[:-self.window]:
+            self.floor[sender] = max(self.floor.get(sender, -1), old)
         del rids[:-self.window]
 
     def lookup(self, sender, rid):
-        return self.replies.get((sender, rid)) if rid in self.rids.get(sender, []) else None
+        if rid in self.rids.get(sender, []):
+            return self.replies[(sender, rid)]
+        floor = self.floor.get(sender)
+        return FORGOTTEN if floor is not None and rid <= floor else None
 
 
 def test_dedup_table_answers_like_the_reference_and_stays_bounded():
@@ -60,7 +67,9 @@ def test_dedup_table_forgets_the_oldest_request_and_sender():
     table = DedupTable(window=2, senders=2)
     for rid in (1, 2, 3):
         table.remember("a", rid, {"version": rid})
-    assert table.lookup("a", 1) is None and table.lookup("a", 3) == {"version": 3}
+    # rid 1 fell out of the window: it may have been applied, so it is not "never applied".
+    assert table.lookup("a", 1) is FORGOTTEN and table.lookup("a", 3) == {"version": 3}
+    assert table.lookup("a", 5) is None  # above the window: fresh
     table.remember("b", 1, {"version": 10})
     table.remember("a", 4, {"version": 4})  # a is now the most recently heard
     table.remember("c", 1, {"version": 20})  # so b falls out
@@ -68,6 +77,43 @@ def test_dedup_table_forgets_the_oldest_request_and_sender():
     assert table.lookup("a", 4) == {"version": 4} and table.lookup("c", 1) == {"version": 20}
     with pytest.raises(ValueError):
         DedupTable(window=0)
+
+
+def test_a_dump_keeps_what_the_window_let_go_and_an_old_dump_still_reads():
+    table = DedupTable(window=2)
+    for rid in (1, 2, 3, 4):
+        table.remember("a", rid, {"version": rid})
+    again = DedupTable.load(table.dump(), 2)
+    assert again.lookup("a", 2) is FORGOTTEN and again.lookup("a", 4) == {"version": 4}
+    old = DedupTable.load([["a", [[3, {"version": 3}], [4, {"version": 4}]]]], 2)
+    assert old.lookup("a", 4) == {"version": 4} and old.lookup("a", 9) is None
+
+
+def test_a_retry_older_than_the_window_is_refused_and_counted_never_applied():
+    """The hole: a retry that comes after more than a window of newer pushes from its sender
+    was applied a second time. Now the shard refuses it loudly and counts it."""
+    from paramserver.server.core import ShardCore
+    from paramserver.server.events import Init, Push, ShardSettings, Status
+    n = 4
+    c = ShardCore(ShardSettings(rank=0, lo=0, hi=n, dtype="float64", apply_mode="arrival",
+                                optimizer="sgd", lr=1.0))
+    c.handle(Init("i", 0, n, np.zeros(n)))
+
+    def push(rid):
+        return c.handle(Push("w", "a", rid, 0, n, np.ones(n), 0, 1, 0))
+
+    window = c.dedup.window
+    for rid in range(1, window + 3):  # rid 1 and 2 fall out of the window
+        assert push(rid)[-1].op == "ack"
+    before = c.store.values.numpy().copy()
+    out = push(1)
+    assert [r.op for r in out] == ["error"] and "refused rather than applied twice" in \
+        out[0].fields["msg"]
+    np.testing.assert_array_equal(c.store.values.numpy(), before)
+    assert push(window + 2)[-1].op == "ack" and c.duplicates == 1  # in the window: answered
+    np.testing.assert_array_equal(c.store.values.numpy(), before)
+    state = c.handle(Status("s"))[0].fields["state"]
+    assert state["refused_retries"] == 1 and state["updates_applied"] == window + 2
 
 
 def _server_pid(cluster):

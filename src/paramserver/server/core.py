@@ -18,7 +18,7 @@ import numpy as np
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
-from paramserver.server.dedup import DedupTable
+from paramserver.server.dedup import FORGOTTEN, DedupTable
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
     Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
@@ -46,6 +46,7 @@ class ShardCore:
         self.dedup = DedupTable()
         self.pulls = PendingPulls()
         self.duplicates = 0  # retried pushes answered from the dedup table
+        self.refused_retries = 0  # retries older than the dedup window: refused, not applied
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
         self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
         self.stopped = False
@@ -90,9 +91,8 @@ class ShardCore:
         st = self.store
         if not st.initialized:
             raise StoreError("shard not initialized: a worker must init before pushing")
-        done = self.dedup.lookup(ev.sender, ev.rid)
+        done = self._applied_before(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
-            self.duplicates += 1
             return [Reply(ev.to, "ack", done)]
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
                             ev.scale, ev.round_size, ev.parts)
@@ -104,9 +104,8 @@ class ShardCore:
             raise StoreError("shard not initialized: a worker must init before pushing")
         if ev.keys.dtype != np.int64:
             raise StoreError("sparse keys must be int64")
-        done = self.dedup.lookup(ev.sender, ev.rid)
+        done = self._applied_before(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
-            self.duplicates += 1
             return [Reply(ev.to, "ack", done)]
         res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
                              ev.scale, ev.round_size, ev.parts)
@@ -120,9 +119,8 @@ class ShardCore:
         push of no dense keys) and are applied with it, the round advancing the version."""
         st = self.store
         table, grads = self.tables.checked(ev.table, ev.keys, ev.grads)  # refused: nothing done
-        done = self.dedup.lookup(ev.sender, ev.rid)
-        if done is not None:
-            self.duplicates += 1
+        done = self._applied_before(ev)
+        if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if st.apply_mode == "arrival":
             self.tables.apply(table, ev.keys, grads, ev.scale)
@@ -135,6 +133,20 @@ class ShardCore:
         if not late:
             self.tables.add_to_round(ev.table, ev.keys, grads, ev.batch * ev.scale)
         return self._pushed(ev, res)
+
+    def _applied_before(self, ev) -> dict | None:
+        """The ack a retried push got the first time, or None for a push never applied. A
+        retry older than the dedup table remembers may have been applied: it is refused (the
+        pusher hears why) and counted, never applied a second time."""
+        done = self.dedup.lookup(ev.sender, ev.rid)
+        if done is FORGOTTEN:
+            self.refused_retries += 1
+            raise StoreError(f"request {ev.rid} from {ev.sender} is older than the last "
+                             f"{self.dedup.window} this shard remembers: it may have been "
+                             f"applied already, so it is refused rather than applied twice")
+        if done is not None:
+            self.duplicates += 1
+        return done
 
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}
@@ -214,8 +226,8 @@ class ShardCore:
             "rank": self.settings.rank, "range": [st.range.lo, st.range.hi],
             "version": st.version, "initialized": st.initialized,
             "updates_applied": st.updates_applied, "lost_updates": self.lost_updates,
-            "duplicates": self.duplicates, "late_pushes": st.late_pushes,
-            "copies_on_write": st.copies_on_write, "pending_pulls": len(self.pulls)}
+            "duplicates": self.duplicates, "refused_retries": self.refused_retries,
+            "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write, "pending_pulls": len(self.pulls)}
         if self.tables:
             state["tables"] = self.tables.counters()
         return [Reply(ev.to, "state", {"state": state})]
@@ -261,11 +273,14 @@ class ShardCore:
 
     def _changed_counters(self) -> dict | None:
         """The counters for the job's metrics (summed in summary.json): pushes dropped as
-        late, retries answered twice; with tables, their rows, admissions and evictions
+        late, retries answered twice, retries refused as older than the dedup window; with
+        tables, their rows, admissions and evictions
         (summed over tables); once the node has measured any, its busy seconds (to the
         millisecond: a shard with nothing to do stays quiet); None when the last heartbeat
         told them already."""
         counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
+        if self.refused_retries:
+            counters["refused_retries"] = self.refused_retries
         if self.tables:
             counters.update(self.tables.beat_counters())
         if self.busy_s:
