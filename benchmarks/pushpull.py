@@ -24,6 +24,7 @@ Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import socket
 import statistics
@@ -111,6 +112,26 @@ def bench_socket(nbytes: int, repeats: int, one_way: bool = False) -> float:
         proc.kill()
 
 
+@contextlib.contextmanager
+def zmq_peer(target, *args):
+    """A DEALER connected to `target(addr_q, *args)` run in a process of its own; the peer is
+    told to stop (an empty frame), joined and reaped on the way out."""
+    q = CTX.Queue()
+    proc = CTX.Process(target=target, args=(q, *args), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
+    try:
+        yield dealer
+    finally:
+        dealer.send(b"")
+        proc.join(5)
+        proc.kill()
+        dealer.close(0)
+        ctx.term()
+
+
 def _zmq_echo(addr_q, keep_memory=False):
     if keep_memory:
         keep_freed_memory()
@@ -128,25 +149,13 @@ def _zmq_echo(addr_q, keep_memory=False):
 def bench_zmq(nbytes: int, repeats: int, keep_memory: bool = False) -> float:
     """Echo of N bytes; with `keep_memory` the echo process keeps freed memory as paramserver's
     processes do (call keep_freed_memory in this one too, before its first context)."""
-    q = CTX.Queue()
-    proc = CTX.Process(target=_zmq_echo, args=(q, keep_memory), daemon=True)
-    proc.start()
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
-    payload = np.ones(nbytes, np.uint8)
+    with zmq_peer(_zmq_echo, keep_memory) as dealer:
+        payload = np.ones(nbytes, np.uint8)
 
-    def step():
-        dealer.send(payload, copy=False)
-        dealer.recv(copy=False)
-    try:
+        def step():
+            dealer.send(payload, copy=False)
+            dealer.recv(copy=False)
         return timed(step, iterations(nbytes), repeats)
-    finally:
-        dealer.send(b"")
-        proc.join(5)
-        proc.kill()
-        dealer.close(0)
-        ctx.term()
 
 
 def _zmq_pushpull_server(addr_q, keep_memory):
@@ -174,27 +183,15 @@ def _zmq_pushpull_server(addr_q, keep_memory):
 def bench_zmq_pushpull(nbytes: int, repeats: int, keep_memory: bool = False) -> float:
     """Bare ZeroMQ doing what a stack push+pull does: the push and its ack, the pull request
     and its reply, the server's add, the copy of the reply into the caller's array."""
-    q = CTX.Queue()
-    proc = CTX.Process(target=_zmq_pushpull_server, args=(q, keep_memory), daemon=True)
-    proc.start()
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
-    grad, out = np.full(nbytes // 4, 1e-6, np.float32), np.empty(nbytes // 4, np.float32)
+    with zmq_peer(_zmq_pushpull_server, keep_memory) as dealer:
+        grad, out = np.full(nbytes // 4, 1e-6, np.float32), np.empty(nbytes // 4, np.float32)
 
-    def step():
-        dealer.send(grad, copy=False)
-        dealer.recv(copy=False)
-        dealer.send(b"p")
-        np.copyto(out, np.frombuffer(dealer.recv(copy=False).buffer, np.float32))
-    try:
+        def step():
+            dealer.send(grad, copy=False)
+            dealer.recv(copy=False)
+            dealer.send(b"p")
+            np.copyto(out, np.frombuffer(dealer.recv(copy=False).buffer, np.float32))
         return timed(step, iterations(nbytes), repeats)
-    finally:
-        dealer.send(b"")
-        proc.join(5)
-        proc.kill()
-        dealer.close(0)
-        ctx.term()
 
 
 def _zmq_pieces_server(addr_q, keep_memory):
@@ -223,41 +220,29 @@ def bench_zmq_pieces(nbytes: int, repeats: int, pieces: int, window: int) -> flo
     """bench_zmq_pushpull with the push and the pull each cut into `pieces` messages, `window`
     unanswered at a time (the server adds piece k while k+1 is on the wire; the client copies
     pulled piece k while k+1 arrives): what chunking can win with nothing around it."""
-    q = CTX.Queue()
-    proc = CTX.Process(target=_zmq_pieces_server, args=(q, True), daemon=True)
-    proc.start()
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
-    n = nbytes // 4
-    grad, out = np.full(n, 1e-6, np.float32), np.empty(n, np.float32)
-    cuts = np.linspace(0, n, pieces + 1).astype(np.int64)
-    heads = [np.array([cuts[k], cuts[k + 1], n], np.int64).tobytes() for k in range(pieces)]
+    with zmq_peer(_zmq_pieces_server, True) as dealer:
+        n = nbytes // 4
+        grad, out = np.full(n, 1e-6, np.float32), np.empty(n, np.float32)
+        cuts = np.linspace(0, n, pieces + 1).astype(np.int64)
+        heads = [np.array([cuts[k], cuts[k + 1], n], np.int64).tobytes() for k in range(pieces)]
 
-    def phase(push: bool) -> None:
-        sent = got = 0
-        while got < pieces:
-            while sent - got < window and sent < pieces:
-                lo, hi = cuts[sent], cuts[sent + 1]
-                dealer.send_multipart([heads[sent], grad[lo:hi]] if push else [heads[sent]],
-                                      copy=False)
-                sent += 1
-            reply = dealer.recv(copy=False)  # one server: replies come in order
-            if not push:
-                np.copyto(out[cuts[got]:cuts[got + 1]], np.frombuffer(reply.buffer, np.float32))
-            got += 1
+        def phase(push: bool) -> None:
+            sent = got = 0
+            while got < pieces:
+                while sent - got < window and sent < pieces:
+                    lo, hi = cuts[sent], cuts[sent + 1]
+                    dealer.send_multipart([heads[sent], grad[lo:hi]] if push else [heads[sent]],
+                                          copy=False)
+                    sent += 1
+                reply = dealer.recv(copy=False)  # one server: replies come in order
+                if not push:
+                    np.copyto(out[cuts[got]:cuts[got + 1]], np.frombuffer(reply.buffer, np.float32))
+                got += 1
 
-    def step():
-        phase(True)
-        phase(False)
-    try:
+        def step():
+            phase(True)
+            phase(False)
         return timed(step, iterations(nbytes), repeats)
-    finally:
-        dealer.send(b"")
-        proc.join(5)
-        proc.kill()
-        dealer.close(0)
-        ctx.term()
 
 
 def _stack_worker(addr, nbytes, repeats, out_q, push_only, shared):
