@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from paramserver.coordinator.events import (
@@ -10,6 +12,7 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.policies import SYNC_POLICIES
 from paramserver.spec.job import CheckpointSpec, JobSpec, Limits, ResumeSpec, SyncSpec
 from paramserver.spec.welcome import ServerJob, WorkerJob
 
@@ -152,6 +155,91 @@ def test_a_time_budget_stops_the_next_releases(make):
     out = state.handle(Clocked("w1", 0, 32, 0.1, 10.7, to="c1"))
     assert match(out[0], AppendEvent, kind="budget_reached", samples=32)
     assert all(r.stop for r in only(out, SendRelease)) and len(only(out, SendRelease)) == 2
+
+
+def test_a_spent_budget_stops_a_worker_held_for_a_round_that_will_not_fill(make):
+    # Three workers; the budget runs out on the second push of the round. The first worker,
+    # held for the third's push, hears stop at once rather than waiting for it.
+    state = make(workers=3, max_samples=64)
+    register_all(state, workers=3)
+    for w in range(3):
+        state.handle(Started(f"w{w}", 0.5 + w / 10, to=f"s{w}"))
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.0, to="c0"))
+    out = state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    assert any(match(i, AppendEvent, kind="budget_reached") for i in out)
+    assert sorted(r.to for r in only(out, SendRelease) if r.stop) == ["c0", "c1"]
+    out = state.handle(Clocked("w2", 0, 32, 0.1, 2.0, to="c2"))  # the last one hears it too
+    assert [r.to for r in only(out, SendRelease) if r.stop] == ["c2"]
+
+
+@pytest.mark.parametrize("sync", SYNC_POLICIES.names())
+@pytest.mark.parametrize("seed", range(4))
+def test_once_the_budget_is_spent_no_worker_is_left_waiting(make, sync, seed):
+    """Workers of uneven speed clock in a random order until the budget runs out: from then
+    on every worker that asks for a release hears stop within the policy's own hold, whatever
+    the policy was waiting for (a round, the slowest clock, another's next push)."""
+    rng = random.Random(seed)
+    workers, batch = 4, 32
+    state = make(sync=sync, workers=workers, max_samples=batch * 13, heartbeat_timeout=1e6)
+    register_all(state, workers=workers)
+    free, waiting, steps, now = {}, {}, [0] * workers, 1.0
+    for w in range(workers):
+        for r in only(state.handle(Started(f"w{w}", 0.5, to=f"w{w}-0")), SendRelease):
+            free[int(r.to[1:].split("-")[0])] = r
+    speed = [1.0, 1.0, 2.0, 5.0]  # a persistent straggler, as the policies expect
+    for _ in range(400):
+        if not free:  # everyone waits: let time pass to the policy's next hold or deadline
+            wake = state.next_wakeup()
+            assert wake is not None, f"{sync}: every worker waits and nothing is due"
+            now = max(now, wake)
+            out = state.handle(TimePassed(now))
+        else:
+            w = rng.choice(sorted(free))
+            del free[w]
+            now += speed[w] * rng.uniform(0.05, 0.15)
+            waiting[w] = f"w{w}-{steps[w] + 1}"
+            out = state.handle(Clocked(f"w{w}", steps[w], batch, 0.1, now, to=waiting[w]))
+            steps[w] += 1
+        for r in only(out, SendRelease):
+            w = int(r.to[1:].split("-")[0])
+            assert waiting.pop(w, None) == r.to or r.to.endswith("-0")
+            free[w] = r
+        if state.stopping:
+            break
+    assert state.stopping, f"{sync}: the budget was never spent"
+    # From the budget on, a worker's next clock or its wait ends in stop: drive the rest.
+    for _ in range(100):
+        if not waiting and not free:
+            break
+        for w, r in list(free.items()):
+            del free[w]
+            if r.stop:
+                continue
+            waiting[w] = f"w{w}-{steps[w] + 1}"
+            out = state.handle(Clocked(f"w{w}", steps[w], batch, 0.1, now, to=waiting[w]))
+            steps[w] += 1
+            for rel in only(out, SendRelease):
+                free[int(rel.to[1:].split("-")[0])] = rel
+                waiting.pop(int(rel.to[1:].split("-")[0]), None)
+        if waiting and not free:
+            wake = state.next_wakeup()
+            assert wake is not None, f"{sync}: workers {sorted(waiting)} wait past the budget " \
+                f"and nothing is due"
+            now = max(now, wake)
+            for rel in only(state.handle(TimePassed(now)), SendRelease):
+                free[int(rel.to[1:].split("-")[0])] = rel
+                waiting.pop(int(rel.to[1:].split("-")[0]), None)
+    assert not waiting, f"{sync}: workers {sorted(waiting)} still wait after the budget"
+
+
+def test_a_time_budget_stops_a_worker_already_waiting(make):
+    state = make(workers=3, max_seconds=10.0, heartbeat_timeout=100.0)
+    register_all(state, workers=3)
+    for w in range(3):
+        state.handle(Started(f"w{w}", 0.5 + w / 10, to=f"s{w}"))
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.0, to="c0"))  # held for the round
+    out = state.handle(TimePassed(11.0))
+    assert [r.to for r in only(out, SendRelease) if r.stop] == ["c0"]
 
 
 # ---- liveness and the end of the job ------------------------------------------------------------

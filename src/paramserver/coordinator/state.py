@@ -274,6 +274,20 @@ class CoordinatorState:
                 if d.kind == "budget_reached":
                     self.budget.closed = True
                 out.append(AppendEvent(now, d.kind, dict(d.data)))
+        if self.host.stopping:
+            self._stop_waiting(out)
+
+    def _stop_waiting(self, out: list) -> None:
+        """Once the budget is spent no step will come that a held worker waits for (ElasticBSP
+        holds one for another's next push, a round may never fill): every worker still waiting
+        is told to stop now, not left to wait for a release that cannot come."""
+        host = self.host
+        for m in self.members.roster.workers.values():
+            if m.waiting is not None and m.ready is None:
+                out.append(SendRelease(m.waiting, m.steps, self.job.batch_size,
+                                       host.version if self.round_mode else 0,
+                                       host.policy.round_size(), True))
+                m.waiting = None
 
     def _deliver(self, d: Release, out: list, refill: bool = False) -> None:
         member = self.members.by_rank.get(d.worker)
@@ -448,6 +462,7 @@ class CoordinatorState:
         if self.budget.reached(now, self.barrier.t_start, self.host.stopping):
             self.host.stop()
             out.append(AppendEvent(now, "budget_reached", {"samples": self.host.samples_done}))
+            self._stop_waiting(out)
 
     def _check_finished(self, now: float, out: list) -> None:
         verdict = self.end.check(now, self.barrier.open, self.members.roster, self.schedule)
