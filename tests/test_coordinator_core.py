@@ -347,14 +347,18 @@ def test_a_worker_that_finds_every_rank_taken_is_refused_after_a_while(make):
         "msg": "all 2 worker ranks of this job are taken", "code": "refused"})]
 
 
-def test_a_request_from_an_unknown_worker_is_refused(make):
+def test_a_request_from_an_unknown_worker_is_refused_as_unknown(make):
+    # `unknown`, not `refused`: after a coordinator restart the sender re-registers.
     state = make()
     start_round(state)
     out = state.handle(Clocked("ghost", 0, 32, 0.1, 1.0, to="c"))
-    assert isinstance(out[0], Warn)
-    assert match(out[1], Reply, to="c", op="error", code="refused",
-                 msg="unknown worker 'ghost' (never registered)")
+    assert out == [Reply("c", "error", {"msg": "unknown worker 'ghost' (never registered "
+                                               "here)", "code": "unknown"})]
     assert state.samples_done == 0
+    # One that left is refused for good: it has nothing to come back to.
+    state.handle(Bye("w0", 1.1, to="b"))
+    out = state.handle(Clocked("w0", 1, 32, 0.1, 1.2, to="c2"))
+    assert match(out[1], Reply, to="c2", op="error", code="refused")
 
 
 def test_a_worker_may_not_take_a_servers_name(make):

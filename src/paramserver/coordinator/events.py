@@ -27,6 +27,7 @@ class Registered:
     link: Any = None
     addr: str | None = None  # a server's address
     num_keys: int | None = None  # a worker's model size, when it knows it
+    rejoin: dict | None = None  # a live member back to a restarted coordinator: who it is
 
 
 @dataclass(slots=True)

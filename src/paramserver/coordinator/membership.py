@@ -27,6 +27,17 @@ class Member:
     started: bool = False
     steps: int = 0
     silent_since: float | None = None  # a server: when it was found silent (see recovery)
+    # A worker taken back by a restarted coordinator: its step = the policy's step + offset
+    # (the rebuilt policy counts from where it joined); `behind` its clock that the release it
+    # holds already answers (see takeback.py).
+    offset: int = 0
+    joining: Any = None  # its WorkerBack, until the policy's join release comes
+    behind: int | None = None
+
+
+class UnknownMember(ValueError):
+    """A message from a member this coordinator never registered: after a coordinator restart
+    the sender re-registers (the reply's code is `unknown`)."""
 
 
 @dataclass
@@ -83,7 +94,9 @@ class Membership:
     def worker(self, src: str) -> Member:
         member = self.roster.workers.get(src)
         if member is None:
-            why = self.roster.gone.get(src, "never registered")
+            why = self.roster.gone.get(src)
+            if why is None:
+                raise UnknownMember(f"unknown worker {src!r} (never registered here)")
             raise ValueError(f"unknown worker {src!r} ({why})")
         return member
 
@@ -115,6 +128,47 @@ class Membership:
         self.roster.servers[f"s{member.rank}"] = member
         self.relinked()
         return member
+
+    def rejoin_server(self, event: Registered, rank: int, lo: int, hi: int) -> Member:
+        """A live server back to a restarted coordinator, with the rank and range it serves."""
+        if not 0 <= rank < self.servers_expected:
+            raise ValueError(f"server rank {rank} is not one of this job's "
+                             f"{self.servers_expected}")
+        shard = self.ranges[rank]
+        if (shard.lo, shard.hi) != (lo, hi):
+            raise ValueError(f"server rank {rank} serves keys [{lo}, {hi}), the job's shard "
+                             f"{rank} is [{shard.lo}, {shard.hi}): not this job's server")
+        held = self.roster.servers.get(f"s{rank}")
+        if held is not None and held.addr != event.addr:
+            raise ValueError(f"server rank {rank} is already back at {held.addr}")
+        member = Member(rank, event.addr, event.now, link=event.link)
+        self.roster.servers[f"s{rank}"] = member
+        self.relinked()
+        return member
+
+    def rejoin_worker(self, event: Registered, rank: int) -> tuple[Member, bool]:
+        """A live worker or observer back to a restarted coordinator under its rank; (member,
+        True) if it was back already (a second re-registration changes nothing)."""
+        roster, src = self.roster, event.src
+        group = roster.observers if event.role == "observer" else roster.workers
+        member = group.get(src)
+        if member is not None:
+            if member.rank != rank:
+                raise ValueError(f"{src!r} is back as rank {member.rank}, not {rank}")
+            member.last_seen = event.now
+            return member, True
+        if src in roster.gone:
+            raise ValueError(f"worker {src!r} is gone ({roster.gone[src]})")
+        if group is roster.workers:
+            if not 0 <= rank < self.workers_expected or rank in self.by_rank:
+                raise ValueError(f"worker rank {rank} is taken or not one of this job's "
+                                 f"{self.workers_expected}")
+        elif any(m.rank == rank for m in group.values()):
+            raise ValueError(f"observer rank {rank} is taken")
+        member = group[src] = Member(rank, last_seen=event.now)
+        if group is roster.workers:
+            self.by_rank[rank] = member
+        return member, False
 
     def relinked(self) -> None:
         """A server registered or came back on a new connection."""

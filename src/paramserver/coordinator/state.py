@@ -19,9 +19,10 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
     TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.membership import Membership
+from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier
 from paramserver.coordinator.server_recovery import ServerRecovery
+from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.policies import (
     ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
 )
@@ -36,10 +37,15 @@ class CoordinatorState:
     of the checkpoint the job resumes from (as saved in SaveCoordinatorState);
     `latest_checkpoint` the newest committed tag in the checkpoint folder when the node
     started. The key space (job.num_keys, or learned from the first worker when that is 0) is
-    the state's own (`members.num_keys`): the job is never written to."""
+    the state's own (`members.num_keys`): the job is never written to.
+
+    `take_back`: this coordinator replaces one that died; the dict is the coordinator's part of
+    the job's latest checkpoint ({} without one) and `elapsed` the job's seconds of training
+    so far. It takes back the live servers and workers (see takeback.py)."""
 
     def __init__(self, job: JobSpec, resume: dict | None = None,
-                 latest_checkpoint: str | None = None, now: float = 0.0):
+                 latest_checkpoint: str | None = None, now: float = 0.0,
+                 take_back: dict | None = None, elapsed: float = 0.0):
         self.job = job
         limits, ckpt = job.limits, job.checkpoint
         policy = make_policy(job.sync.name, job.batch_size, **job.sync.options)
@@ -55,7 +61,16 @@ class CoordinatorState:
         self.checkpoints = self.schedule.enabled
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
                                        limits.restart_timeout)
-        elapsed = 0.0
+        self.takeback: TakeBack | None = None
+        if take_back is not None:
+            self.takeback = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
+                                     take_back, job.batch_size)
+            # Servers hold the parameters: without all of them back there is no job.
+            self.takeback_fails_at = now + limits.server_timeout
+            if self.members.ranges is None and take_back.get("num_keys"):
+                self.members.learn_key_space(int(take_back["num_keys"]))
+        else:
+            elapsed = 0.0
         if resume is not None:
             self.host.resume(resume)
             self.budget.worker_samples = {int(k): v for k, v in resume["worker_samples"].items()}
@@ -82,15 +97,12 @@ class CoordinatorState:
         reply and a warning."""
         out: list = []
         self._members_due_fresh = False
-        try:
-            self._handlers[type(event)](event, out)
-        except (PolicyError, ValueError, KeyError, TypeError) as exc:
-            src = getattr(event, "src", "?")
-            out.append(Warn(f"refused {getattr(event, 'op', '?')} from {src}: {exc}"))
-            to = getattr(event, "to", None)
-            if to is not None:
-                out.append(Reply(to, "error", {"msg": str(exc), "code": "refused"}))
+        self._dispatch(event, out)
         now = event.now
+        if self.takeback is not None:
+            self._check_takeback(now, out)
+            if self.takeback is not None:
+                return out
         if not self.barrier.open:
             self._check_start_barrier(now, out)
         budget = self.budget
@@ -99,6 +111,20 @@ class CoordinatorState:
         if self.barrier.open and not self.members.roster.workers:
             self._check_finished(now, out)
         return out
+
+    def _dispatch(self, event, out: list) -> None:
+        try:
+            self._handlers[type(event)](event, out)
+        except UnknownMember as exc:  # after a coordinator restart: it re-registers
+            to = getattr(event, "to", None)
+            if to is not None:
+                out.append(Reply(to, "error", {"msg": str(exc), "code": "unknown"}))
+        except (PolicyError, ValueError, KeyError, TypeError) as exc:
+            src = getattr(event, "src", "?")
+            out.append(Warn(f"refused {getattr(event, 'op', '?')} from {src}: {exc}"))
+            to = getattr(event, "to", None)
+            if to is not None:
+                out.append(Reply(to, "error", {"msg": str(exc), "code": "refused"}))
 
     def next_wakeup(self) -> float | None:
         """When a TimePassed has something to do, None if only events can change anything."""
@@ -123,6 +149,10 @@ class CoordinatorState:
         t = self.recovery.next_deadline(self.members.roster.servers)
         if t is not None and (due is None or t < due):
             due = t
+        if self.takeback is not None:
+            t = min(self.takeback.deadline, self.takeback_fails_at)
+            if due is None or t < due:
+                due = t
         return due
 
     # ---- queries --------------------------------------------------------------------------------
@@ -171,7 +201,11 @@ class CoordinatorState:
             else:
                 self._register_server(e, e.now, out)
         elif role in ("worker", "observer"):
-            if not members.servers_complete:
+            if e.rejoin is not None:
+                self._rejoin_worker(e, out)
+            elif self.takeback is not None:
+                self.takeback.fresh.append(e)  # a replacement: once the job is taken back
+            elif not members.servers_complete:
                 members.pending_workers.append(e)
             else:
                 self._register_worker(e, e.now, out)
@@ -195,6 +229,9 @@ class CoordinatorState:
         if e.addr is None:
             raise ValueError("a server must register with its address")
         members = self.members
+        if e.rejoin is not None:
+            self._rejoin_server(e, now, out)
+            return
         back = members.server_at(e.addr)
         if back is not None:  # only one process can listen there: the old one is dead
             failure = self.recovery.back(e, back, self.schedule, self.progress,
@@ -213,6 +250,50 @@ class CoordinatorState:
             pending, members.pending_workers = members.pending_workers, []
             for worker in pending:
                 self._admit(self._register_worker, worker, now, out)
+
+    def _rejoin_server(self, e: Registered, now: float, out: list) -> None:
+        """A live server back to this (restarted) coordinator: its shard and version are the
+        job's; it goes on serving as it was."""
+        back = ServerBack.of(e.rejoin)
+        member = self.members.rejoin_server(e, back.rank, back.lo, back.hi)
+        out.append(Reply(e.to, "welcome", {"rank": member.rank,
+                                           "job": self._server_job(member.rank).to_dict()}))
+        out.append(AppendEvent(now, "server_taken_back", {"rank": member.rank, "addr": e.addr,
+                                                         "version": back.version}))
+        if self.takeback is not None:
+            self.takeback.server_back(back)
+        members = self.members
+        if members.servers_complete and members.pending_workers:
+            pending, members.pending_workers = members.pending_workers, []
+            for worker in pending:
+                self._admit(self._register_worker, worker, now, out)
+
+    def _rejoin_worker(self, e: Registered, out: list) -> None:
+        """A live worker (or evaluator) back under its rank, with the step it is at; the job
+        it was given holds (the welcome's job is empty)."""
+        back = WorkerBack.of(e.rejoin)
+        member, again = self.members.rejoin_worker(e, back.rank)
+        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": {}}))
+        if again:
+            return
+        out.append(AppendEvent(e.now, f"{e.role}_taken_back", {
+            "rank": member.rank, "src": e.src, "step": back.step, "clocked": back.clocked}))
+        if e.role == "observer":
+            member.started = True
+            return
+        member.steps = max(back.step, 0)
+        if self.takeback is not None:
+            self.takeback.worker_back(e.src, back)
+            member.started = back.step >= 0
+        elif back.step >= 0:  # back after the rebuild: it joins the running policy
+            self._join_taken_back([member], [back], e.now, out)
+
+    def _join_taken_back(self, members: list[Member], backs: list[WorkerBack], now: float,
+                         out: list) -> None:
+        for m, back in zip(members, backs):
+            m.started, m.joining, m.waiting, m.ready = True, back, None, None
+        ranks = [m.rank for m in members]
+        self._apply(self.host.joined_all(ranks, now), now, out)
 
     def _register_worker(self, e: Registered, now: float, out: list) -> None:
         member = self.members.add_worker(e)
@@ -233,6 +314,9 @@ class CoordinatorState:
             out.append(Reply(e.to, "ok", _OK))
             return
         member = members.worker(e.src)
+        if self.takeback is not None:
+            self.takeback.defer(e)
+            return
         member.last_seen, member.waiting, member.started = now, e.to, True
         if member.ready is not None:
             ready, member.ready = member.ready, None
@@ -242,13 +326,18 @@ class CoordinatorState:
 
     def _on_clocked(self, e: Clocked, out: list) -> None:
         member = self.members.worker(e.src)
+        if self.takeback is not None:
+            self.takeback.defer(e)  # answered once the policy is rebuilt
+            return
         now = e.now
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
+        if member.behind is not None and self._caught_up(member, e, out):
+            return
         budget = self.budget
         if not budget.closed and budget.max_seconds:  # time's up: this step is the last one
             self._check_budget(now, out)
-        decisions = self.host.pushed(Pushed(member.rank, e.step, now, e.batch, e.compute_time,
-                                            e.cpu_load, e.free_mem))
+        decisions = self.host.pushed(Pushed(member.rank, e.step - member.offset, now, e.batch,
+                                            e.compute_time, e.cpu_load, e.free_mem))
         budget.count(member.rank, e.batch)
         self._apply(decisions, now, out)
         if e.record is not None and self.barrier.t_start is not None:
@@ -258,6 +347,20 @@ class CoordinatorState:
                 **e.record}))
         if self.checkpoints:
             self._maybe_checkpoint(now, out)
+
+    def _caught_up(self, member: Member, e: Clocked, out: list) -> bool:
+        """A taken-back worker's re-sent clock of a round that completed before the old
+        coordinator died: the release it holds is the answer (counted, not pushed again)."""
+        behind, member.behind = member.behind, None
+        if e.step != behind or member.ready is None:
+            return False
+        host = self.host
+        host.samples_done += e.batch
+        host.steps_done += 1
+        self.budget.count(member.rank, e.batch)
+        ready, member.ready = member.ready, None
+        self._deliver(ready, out, refill=True)
+        return True
 
     def _apply(self, decisions: list, now: float, out: list) -> None:
         for d in decisions:
@@ -293,6 +396,8 @@ class CoordinatorState:
         member = self.members.by_rank.get(d.worker)
         if member is None:
             return  # released after it left: nothing to tell
+        if member.joining is not None and self._joined_back(member, d):
+            return
         if member.waiting is None:
             member.ready = d  # decided before the worker asked for it
             return
@@ -301,13 +406,30 @@ class CoordinatorState:
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
                         host.version if self.round_mode else 0, host.policy.round_size(),
                         host.stopping)
-        out.append(SendRelease(member.waiting, d.step, d.batch_size, d.min_version,
-                               d.round_size, d.stop, d.scale))
+        out.append(SendRelease(member.waiting, d.step + member.offset, d.batch_size,
+                               d.min_version, d.round_size, d.stop, d.scale))
         member.waiting = None
+
+    def _joined_back(self, member: Member, d: Release) -> bool:
+        """The policy's join release of a taken-back worker, which already holds a release:
+        True if it is swallowed. In round mode steps are rounds, the same in policy and
+        workers; a worker one round behind (its clock of a completed round unanswered) keeps
+        this release for its re-sent clock. In arrival mode the rebuilt policy counts steps
+        from its join: the worker's steps are the policy's plus `offset`."""
+        back, member.joining = member.joining, None
+        if not self.round_mode:
+            member.offset = back.step - d.step
+            return True
+        if d.step > back.step and back.clocked:
+            member.ready, member.behind = d, back.step
+        return True
 
     def _on_heartbeat(self, e: Heartbeat, out: list) -> None:
         role, member = self.members.find(e.src)
         if member is None:
+            if e.src not in self.members.roster.gone:  # a coordinator restart: come back
+                out.append(Reply(e.to, "error", {"msg": f"unknown member {e.src!r}",
+                                                 "code": "unknown"}))
             return
         member.last_seen = e.now
         # Members hear back, to know we are alive; a server only on the connection it
@@ -330,12 +452,18 @@ class CoordinatorState:
             return
         members.worker(e.src)
         out.append(Reply(e.to, "ok", _OK))
+        if self.takeback is not None:  # not in the policy yet
+            self.takeback.forget(e.src)
+            members.drop_worker(e.src, e.reason)
+            return
         self._drop_worker(e.src, e.reason, e.now, out)
 
     def _on_report(self, e: Report, out: list) -> None:
         role, member = self.members.find(e.src)
         if member is not None:
             member.last_seen = e.now
+        if role is None and e.src not in self.members.roster.gone:
+            raise UnknownMember(f"report from {e.src!r}, which is not registered here")
         if role not in ("worker", "observer"):
             raise ValueError(f"report from {e.src!r}, which is no registered worker or "
                              f"observer")
@@ -439,6 +567,49 @@ class CoordinatorState:
             self.barrier.lost_before_start += 1
         if members.rank_waiters:
             self._admit(self._register_worker, members.rank_waiters.pop(0)[0], now, out)
+
+    # ---- coordinator recovery -------------------------------------------------------------------
+    def _check_takeback(self, now: float, out: list) -> None:
+        """Once every server and worker is back (or the deadline passed): rebuild the policy
+        from what they said, then answer the requests that waited for it."""
+        tb = self.takeback
+        if not tb.ready(now):
+            if now >= self.takeback_fails_at:
+                missing = sorted(set(range(self.job.servers)) - set(tb.servers))
+                self.takeback = None
+                self._fail(f"server(s) {missing} did not come back to the restarted "
+                           f"coordinator within {self.job.limits.server_timeout:.0f} s", now,
+                           out)
+            return
+        self.takeback = None
+        plan = tb.plan(self.round_mode)
+        saved, host = tb.saved, self.host
+        policy_state = dict(saved.get("policy", {}))
+        if self.round_mode:
+            policy_state["round"] = plan.round  # the round-mode policies' (BSP's) counter
+        host.resume({"rounds_applied": plan.round, "samples_done": plan.samples,
+                     "steps_done": plan.steps, "policy": policy_state})
+        self.budget.worker_samples = dict(plan.worker_samples)
+        self.schedule.last_count, self.schedule.last_time = self.progress, now
+        roster = self.members.roster
+        out.append(AppendEvent(now, "taken_back", {
+            "servers": len(roster.servers), "workers": len(tb.workers), "round": plan.round,
+            "samples": plan.samples, "versions": {str(r): b.version
+                                                  for r, b in sorted(tb.servers.items())}}))
+        if plan.open_barrier:
+            barrier = self.barrier
+            barrier.open, barrier.t_start = True, now - barrier.elapsed_before
+            back = sorted(((roster.workers[src], b) for src, b in tb.workers.items()
+                           if src in roster.workers and b.step >= 0),
+                          key=lambda mb: mb[0].rank)
+            if back:
+                self._join_taken_back([m for m, _ in back], [b for _, b in back], now, out)
+            if host.stopping:
+                self.budget.closed = True
+        for e in tb.deferred:
+            self._dispatch(e, out)
+        for e in tb.fresh:
+            self._admit(self._register_worker, e, now, out)
 
     # ---- housekeeping ---------------------------------------------------------------------------
     def _check_start_barrier(self, now: float, out: list) -> None:

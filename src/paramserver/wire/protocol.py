@@ -45,7 +45,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "rows": {"version": _f(NONNEG)},  # one float32 array: len(keys) * dim, in key order
     # anyone -> coordinator
     "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False),
-                 "num_keys": _f(NONNEG, False)},
+                 "num_keys": _f(NONNEG, False), "rejoin": _f(RECORD, False)},
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
               "record": _f(RECORD, False)},

@@ -1,0 +1,133 @@
+"""Coordinator recovery: a restarted coordinator takes back the live servers and workers.
+
+A coordinator restarted at the address of the one that died knows the job and the checkpoint
+on disk, but not where the job is now: the servers hold the parameters and their versions, the
+workers know the release they hold and whether their clock of it is unanswered. They re-register
+with that identity (a `rejoin` record: rank, step, clocked, samples; a server its rank, range
+and version) when the new coordinator answers one of their messages with `unknown`. The live
+state wins over the checkpoint: the counters are re-derived from what comes back, the
+checkpoint gives only what no live process holds (the policy's own saved state, the samples of
+ranks that are gone).
+
+`TakeBack` collects the re-registrations until every server and every worker rank is back, or
+`deadline` passes (a live member re-registers within a few heartbeat intervals), then says how
+to rebuild: `plan()`. Pure: times come from the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paramserver.coordinator.events import Clocked, Registered, Started
+
+
+@dataclass(frozen=True)
+class WorkerBack:
+    """What a re-registering worker says of itself: the step of the release it holds (-1: none
+    yet), whether its clock of that step is unanswered (it sends it again), the samples its rank
+    has drawn with their clocks answered."""
+
+    rank: int
+    step: int
+    clocked: bool
+    samples: int
+
+    @classmethod
+    def of(cls, record: dict) -> "WorkerBack":
+        return cls(_nonneg(record, "rank"), _int(record, "step", -1, -1), bool(
+            record.get("clocked", False)), _nonneg(record, "samples", 0))
+
+
+@dataclass(frozen=True)
+class ServerBack:
+    rank: int
+    lo: int
+    hi: int
+    version: int
+
+    @classmethod
+    def of(cls, record: dict) -> "ServerBack":
+        return cls(_nonneg(record, "rank"), _nonneg(record, "lo"), _nonneg(record, "hi"),
+                   _nonneg(record, "version", 0))
+
+
+def _int(record: dict, name: str, low: int, default: int | None = None) -> int:
+    value = record.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"rejoin field {name!r} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _nonneg(record: dict, name: str, default: int | None = None) -> int:
+    return _int(record, name, 0, default)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the policy is rebuilt: `round` is the round in progress (round mode: every earlier
+    one is applied), `samples`/`steps` the job's progress, `worker_samples` by rank."""
+
+    open_barrier: bool
+    round: int
+    samples: int
+    steps: int
+    worker_samples: dict
+
+
+class TakeBack:
+    """The re-registrations of one take-back. `saved` is the coordinator's part of the latest
+    checkpoint ({} without one)."""
+
+    def __init__(self, deadline: float, servers: int, workers: int, saved: dict,
+                 batch_size: int):
+        self.deadline = deadline
+        self.servers_expected, self.workers_expected = servers, workers
+        self.saved = saved
+        self.batch_size = batch_size
+        self.workers: dict[str, WorkerBack] = {}
+        self.servers: dict[int, ServerBack] = {}
+        self.deferred: list = []  # Clocked/Started of members back before the rebuild
+        self.fresh: list[Registered] = []  # new members (a replacement worker): after it
+
+    def worker_back(self, src: str, back: WorkerBack) -> None:
+        self.workers[src] = back
+
+    def server_back(self, back: ServerBack) -> None:
+        self.servers[back.rank] = back
+
+    def defer(self, event: Clocked | Started) -> None:
+        self.deferred.append(event)
+
+    def forget(self, src: str) -> None:
+        """A worker that said bye before the rebuild."""
+        self.workers.pop(src, None)
+        self.deferred = [e for e in self.deferred if e.src != src]
+
+    def ready(self, now: float) -> bool:
+        """Every server is back, and every worker rank or the deadline has come."""
+        if len(self.servers) < self.servers_expected:
+            return False
+        return len(self.workers) >= self.workers_expected or now >= self.deadline
+
+    def plan(self, round_mode: bool) -> Plan:
+        back = list(self.workers.values())
+        released = [w.step for w in back if w.step >= 0]
+        saved = self.saved
+        # Round mode: the furthest release names the round in progress (a worker one behind
+        # clocked the round before, which completed: its re-sent clock gets this round's
+        # release). With no worker back, the servers' versions count the rounds applied.
+        if released:
+            rnd = max(released)
+        else:
+            rnd = max((s.version for s in self.servers.values()),
+                      default=int(saved.get("rounds_applied", 0)))
+        if not round_mode:
+            rnd = int(saved.get("rounds_applied", 0))
+        by_rank = {int(k): int(v) for k, v in saved.get("worker_samples", {}).items()}
+        for w in back:  # the live count wins: it may be behind the checkpoint's only if reset
+            by_rank[w.rank] = max(w.samples, by_rank.get(w.rank, 0))
+        samples = sum(by_rank.values())
+        steps = int(saved.get("steps_done", 0)) + max(
+            0, samples - int(saved.get("samples_done", 0))) // max(1, self.batch_size)
+        return Plan(bool(released) or bool(saved.get("samples_done")), rnd, samples, steps,
+                    by_rank)

@@ -1,0 +1,158 @@
+"""Coordinator recovery in the core: a restarted coordinator takes back live servers and workers
+from their re-registrations, driven by events alone (no sockets, no processes, no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramserver.coordinator.events import (
+    AppendEvent, Bye, Clocked, Finish, Heartbeat, Registered, Reply, SendRelease, Started,
+    TimePassed, ToServers,
+)
+from paramserver.coordinator.state import CoordinatorState
+from test_coordinator_core import HB, job_of, match, only
+
+# The coordinator's part of a checkpoint taken at round 2 (64 samples a round, 2 workers).
+SAVED = {"rounds_applied": 2, "samples_done": 128, "steps_done": 4, "policy": {"round": 2},
+         "worker_samples": {"0": 64, "1": 64}, "sync": "bsp", "num_keys": 10,
+         "elapsed_s": 3.0}
+
+
+@pytest.fixture
+def restarted():
+    made = []
+
+    def build(saved=SAVED, **options):
+        options.setdefault("server_timeout", 30.0)
+        state = CoordinatorState(job_of(**options), take_back=dict(saved), elapsed=9.0)
+        made.append(state)
+        return state
+
+    yield build
+    for state in made:
+        state.check_invariants()
+
+
+def server_back(state, version, t=0.1, rank=0, lo=0, hi=10):
+    return state.handle(Registered(f"s{rank}", "server", t, to=f"rs{rank}", link=f"L{rank}",
+                                   addr=f"tcp://h:{rank + 1}",
+                                   rejoin={"rank": rank, "lo": lo, "hi": hi,
+                                           "version": version}))
+
+
+def worker_back(state, w, step, clocked, samples, t=0.2):
+    return state.handle(Registered(f"w{w}", "worker", t, to=f"rw{w}", num_keys=10,
+                                   rejoin={"rank": w, "step": step, "clocked": clocked,
+                                           "samples": samples}))
+
+
+def test_an_unknown_member_is_told_to_come_back(restarted):
+    state = restarted()
+    out = state.handle(Heartbeat("w0", 0.05, to="h"))
+    assert out == [Reply("h", "error", {"msg": "unknown member 'w0'", "code": "unknown"})]
+    out = state.handle(Clocked("w1", 5, 32, 0.1, 0.06, to="c"))
+    assert match(out[0], Reply, to="c", op="error", code="unknown")
+
+
+def test_bsp_mid_round_the_live_state_wins_over_the_checkpoint(restarted):
+    state = restarted()
+    out = server_back(state, version=5)  # rounds 0..4 applied: ahead of the checkpoint's 2
+    assert match(out[0], Reply, to="rs0", op="welcome", rank=0)
+    assert out[0].fields["job"]["shard_range"] == [0, 10]
+    assert match(out[1], AppendEvent, kind="server_taken_back", rank=0, version=5)
+    out = worker_back(state, 0, step=5, clocked=True, samples=5 * 32)
+    assert out[0] == Reply("rw0", "welcome", {"rank": 0, "job": {}})
+    # w0's clock of round 5 is sent again; it waits for the rebuild.
+    assert state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5")) == []
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.4)
+    taken = [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    assert taken and taken[0].data["round"] == 5 and taken[0].data["versions"] == {"0": 5}
+    assert not only(out, SendRelease)  # the round waits for w1's push
+    assert state.rounds_applied == 5 and state.samples_done == 10 * 32 + 32
+    assert state.barrier.open and state.barrier.t_start == pytest.approx(0.4 - 9.0)
+    out = state.handle(Clocked("w1", 5, 32, 0.1, 0.5, to="c1-5"))
+    assert match(out[0], ToServers, op="apply_round", step=5, contributors=[0, 1])
+    releases = only(out, SendRelease)
+    assert [(r.to, r.step, r.min_version, r.round_size) for r in releases] == [
+        ("c0-5", 6, 6, 2), ("c1-5", 6, 6, 2)]
+    assert state.samples_done == 12 * 32
+
+
+def test_bsp_a_worker_whose_release_was_lost_gets_the_round_that_completed(restarted):
+    # The old coordinator applied round 5 and released w0 into 6, then died before w1's
+    # release went out: w1 clocked 5 and still waits.
+    state = restarted()
+    server_back(state, version=6)
+    worker_back(state, 0, step=6, clocked=False, samples=6 * 32)
+    out = worker_back(state, 1, step=5, clocked=True, samples=5 * 32)
+    assert state.rounds_applied == 6
+    assert not only(out, SendRelease)
+    out = state.handle(Clocked("w1", 5, 32, 0.1, 0.5, to="c1-5"))
+    assert not only(out, ToServers)  # not pushed again: round 5 is applied
+    assert [(r.to, r.step, r.min_version) for r in only(out, SendRelease)] == [
+        ("c1-5", 6, 6)]
+    assert state.samples_done == 12 * 32
+    state.handle(Clocked("w0", 6, 32, 0.1, 0.6, to="c0-6"))
+    out = state.handle(Clocked("w1", 6, 32, 0.1, 0.7, to="c1-6"))
+    assert match(out[0], ToServers, op="apply_round", step=6, contributors=[0, 1])
+
+
+def test_asp_workers_go_on_from_their_own_steps(restarted):
+    state = restarted(saved={}, sync="asp")
+    server_back(state, version=123)
+    worker_back(state, 0, step=40, clocked=True, samples=40 * 32)
+    state.handle(Clocked("w0", 40, 32, 0.1, 0.25, to="c0"))
+    out = worker_back(state, 1, step=12, clocked=False, samples=12 * 32, t=0.3)
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0", 41)]
+    out = state.handle(Clocked("w1", 12, 32, 0.1, 0.4, to="c1"))
+    assert [(r.to, r.step, r.min_version) for r in only(out, SendRelease)] == [("c1", 13, 0)]
+    assert state.samples_done == 52 * 32 + 2 * 32
+
+
+def test_the_deadline_rebuilds_with_those_back_and_the_round_closes_without_the_rest(
+        restarted):
+    state = restarted()
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=True, samples=5 * 32)
+    state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5"))
+    assert state.next_wakeup() == pytest.approx(HB)
+    out = state.handle(TimePassed(HB + 0.01))
+    assert match(out[0], AppendEvent, kind="taken_back", workers=1)
+    assert match(only(out, ToServers)[0], ToServers, op="apply_round", step=5, contributors=[0])
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-5", 6)]
+
+
+def test_a_server_that_does_not_come_back_ends_the_job_naming_it(restarted):
+    state = restarted(servers=2, server_timeout=10.0)
+    server_back(state, version=5, hi=5)
+    worker_back(state, 0, step=5, clocked=False, samples=0)
+    assert not only(state.handle(TimePassed(HB + 1)), Finish)  # servers are waited for longer
+    out = state.handle(TimePassed(10.01))
+    assert Finish("server(s) [1] did not come back to the restarted coordinator within "
+                  "10 s") in out
+
+
+def test_rejoins_are_checked_and_idempotent(restarted):
+    state = restarted()
+    out = server_back(state, version=5, lo=0, hi=7)
+    assert match(out[-1], Reply, op="error", code="refused")
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=0)
+    out = worker_back(state, 0, step=5, clocked=False, samples=0)  # twice: same answer
+    assert out == [Reply("rw0", "welcome", {"rank": 0, "job": {}})]
+    out = state.handle(Registered("w9", "worker", 0.3, to="r9",
+                                  rejoin={"rank": 0, "step": 5, "samples": 0}))
+    assert match(out[-1], Reply, to="r9", op="error", code="refused")
+
+
+def test_a_fresh_worker_waits_for_the_take_back_and_a_leaver_is_let_go(restarted):
+    state = restarted()
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    assert state.handle(Registered("new", "worker", 0.3, to="r-new")) == []
+    state.handle(Bye("w0", 0.35, to="b"))
+    out = state.handle(TimePassed(HB + 0.01))
+    assert [match(i, Reply, to="r-new", op="welcome", rank=0) for i in out].count(True) == 1
+    # The newcomer joins the running round through its start.
+    out = state.handle(Started("new", HB + 0.1, to="s-new"))
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("s-new", 5)]
