@@ -10,7 +10,7 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers,
 )
 from paramserver.coordinator.state import CoordinatorState
-from test_coordinator_core import HB, job_of, match, only
+from test_coordinator_core import HB, job_of, match, only, start_round
 
 # The coordinator's part of a checkpoint taken at round 2 (64 samples a round, 2 workers).
 SAVED = {"rounds_applied": 2, "samples_done": 128, "steps_done": 4, "policy": {"round": 2},
@@ -25,6 +25,21 @@ def restarted():
     def build(saved=SAVED, **options):
         options.setdefault("server_timeout", 30.0)
         state = CoordinatorState(job_of(**options), take_back=dict(saved), elapsed=9.0)
+        made.append(state)
+        return state
+
+    yield build
+    for state in made:
+        state.check_invariants()
+
+
+@pytest.fixture
+def make_live():
+    made = []
+
+    def build(**options):
+        state = CoordinatorState(job_of(**options))
+        start_round(state)
         made.append(state)
         return state
 
@@ -156,3 +171,15 @@ def test_a_fresh_worker_waits_for_the_take_back_and_a_leaver_is_let_go(restarted
     # The newcomer joins the running round through its start.
     out = state.handle(Started("new", HB + 0.1, to="s-new"))
     assert [(r.to, r.step) for r in only(out, SendRelease)] == [("s-new", 5)]
+
+
+def test_a_clock_sent_twice_is_answered_once_and_never_pushed_twice(make_live):
+    # A worker re-sends a clock whose answer it did not see (its first copy may still come).
+    state = make_live()
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.0, to="c0"))
+    assert state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0-again")) == []
+    out = state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-again", 1), ("c1", 1)]
+    out = state.handle(Clocked("w1", 0, 32, 0.1, 1.3, to="c1-again"))
+    assert [(r.to, r.step, r.min_version) for r in out] == [("c1-again", 1, 1)]
+    assert state.samples_done == 64 and state.rounds_applied == 1

@@ -50,7 +50,8 @@ def _run(args) -> int:
     from paramserver.launch.local import LaunchError, LocalCluster
     from paramserver.runlog.metrics import read_records
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
-    cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command)
+    cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
+                           restart_coordinator=args.restart_coordinator)
     try:
         cluster.run()
     except LaunchError as exc:
@@ -100,5 +101,8 @@ def register(sub) -> None:
     p.add_argument("--out", help="run folder (default runs/<time>-launch-<sync>)")
     p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
                    help="give up after this many s")
+    p.add_argument("--restart-coordinator", type=flag.count, default=0,
+                   help="restart a coordinator that dies, up to N times, at the same address; "
+                        "it takes back the running servers and workers (default 0)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     p.set_defaults(func=_run)

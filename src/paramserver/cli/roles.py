@@ -63,7 +63,8 @@ def _run_coordinator(args) -> int:
     keys = _keys(args, "coordinator")
     security.check_bind(args.bind, "tcp", keys)
     coordinator = Coordinator(job, args.bind, args.port, args.address_file, args.events,
-                              args.metrics, keys=keys, advertise=args.advertise)
+                              args.metrics, keys=keys, advertise=args.advertise,
+                              take_back=args.take_back)
     if "torch" in sys.modules:  # a predictor (NARX) loaded torch: one thread, no idle spinning
         sys.modules["torch"].set_num_threads(1)
     return coordinator.run()
@@ -140,6 +141,10 @@ def register(sub) -> None:
     p.add_argument("--address-file", help="write the bound address here once listening")
     p.add_argument("--events", help="append coordinator events (JSONL) to this file")
     p.add_argument("--metrics", help="append the job's metrics (JSONL) to this file")
+    p.add_argument("--take-back", action="store_true",
+                   help="replace a coordinator of this job that died: bind its address (--port), "
+                        "take back the live servers and workers as they re-register, with the "
+                        "job's latest checkpoint for what none of them holds")
     _security_args(p, binds=True)
     p.set_defaults(func=_run_coordinator)
 

@@ -109,6 +109,11 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                         "same address (needs --checkpoint-every or --checkpoint-seconds; the "
                         "updates lost since are counted in summary.json). With 0, a server's "
                         f"death stops the job (default {d.restart_servers})")
+    p.add_argument("--restart-coordinator", type=flag.count, default=d.restart_coordinator,
+                   help="restart a coordinator that dies, up to N times, at the same address: "
+                        "it takes back the live servers and workers without restarting them "
+                        "(with checkpoints, it also reads the latest one). With 0, the "
+                        f"coordinator's death stops the job (default {d.restart_coordinator})")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=flag.positive_int,
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
@@ -134,7 +139,7 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
-        links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
+        restart_coordinator=args.restart_coordinator, links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
@@ -200,7 +205,8 @@ def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: 
         from paramserver.launch.local import LocalCluster
         return LocalCluster(job, run_dir, job_timeout=timeout,
                             restart_workers=cfg.restart_workers,
-                            restart_servers=cfg.restart_servers)
+                            restart_servers=cfg.restart_servers,
+                            restart_coordinator=cfg.restart_coordinator)
     from paramserver.launch.ray_launcher import RayCluster, Resources
     return RayCluster(job, run_dir, address=launcher.get("address"),
                       resources=Resources(**launcher.get("resources", {})), job_timeout=timeout,
@@ -324,7 +330,8 @@ def _launcher(args) -> dict:
     if args.launcher == "local":
         return {"name": "local"}
     # Not wired through Ray yet: refuse rather than silently run without them.
-    for flag, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume)):
+    for flag, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume),
+                       ("--restart-coordinator", args.restart_coordinator)):
         if used:
             raise ValueError(f"{flag} is not supported with --launcher ray yet; "
                              f"use the local launcher for it")

@@ -1,10 +1,17 @@
 """A worker's line to the coordinator: its DEALER, the calls of the step protocol (register,
-start, clock, status, report, bye), the heartbeat thread, and judging the coordinator alive."""
+start, clock, status, report, bye), the heartbeat thread, and judging the coordinator alive.
+
+A coordinator restarted at the same address (`train --restart-coordinator`) does not know this
+worker: it answers `unknown`. The session then registers again with its identity (rank, the
+step of the release it holds, whether its clock of it is unanswered, its rank's samples) and
+sends the request it waits on again; the heartbeat thread does the same when its beats come
+back `unknown`, so a worker waiting for a release is taken back within a beat or two."""
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import zmq
@@ -13,6 +20,27 @@ from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
+
+# The longest a wait for an answer goes without looking whether the session re-registered.
+POLL = 0.25
+
+
+@dataclass
+class Identity:
+    """What this member tells a restarted coordinator about itself (see takeback.py)."""
+
+    role: str = "worker"
+    rank: int | None = None
+    num_keys: int | None = None
+    step: int = -1  # the step of the release held; -1: none yet
+    clocked: bool = False  # its clock is sent and unanswered
+    samples: int = 0  # the rank's samples, counted when their clock is answered
+    pending_batch: int = 0
+
+    def rejoin(self) -> dict:
+        return {"rank": self.rank, "step": self.step, "clocked": self.clocked,
+                "samples": self.samples}
+
 
 class CoordinatorSession:
     """Calls to the coordinator at `join`, each answered by its own request id, and the
@@ -28,6 +56,10 @@ class CoordinatorSession:
         self.coordinator_timeout = 60.0
         self._stop_beat = threading.Event()
         self._beat: threading.Thread | None = None
+        self.me = Identity()
+        self._rejoin_lock = threading.Lock()
+        self.rejoined_at = 0.0  # monotonic time of the last re-registration
+        self.rejoins = 0
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -41,10 +73,15 @@ class CoordinatorSession:
         sock = connect_dealer(self.ctx, self.join, keys=self.keys)
         try:
             while not self._stop_beat.wait(interval):
+                sent = time.monotonic()
                 rpc.send(sock, Message("heartbeat", src=self.src))
+                unknown = False
                 while sock.poll(0):  # the answers to earlier beats: the coordinator is alive
-                    rpc.recv(sock, routed=False)
+                    _, reply, _ = rpc.recv(sock, routed=False)
                     self.heard = time.monotonic()
+                    unknown = unknown or _unknown(reply)
+                if unknown:
+                    self.rejoin(sock, sent - interval)
         finally:
             sock.close(0)
 
@@ -59,21 +96,56 @@ class CoordinatorSession:
             raise TimeoutError(f"the coordinator at {self.join} has been silent for "
                                f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
 
+    # ---- a restarted coordinator -------------------------------------------------------------------
+    def rejoin(self, sock, asked_at: float) -> bool:
+        """Register again, with this member's identity, over `sock` (the caller's thread owns
+        it), unless that was done since `asked_at`; True once re-registered."""
+        me = self.me
+        if me.rank is None:
+            return False  # never welcomed: nothing to come back as
+        with self._rejoin_lock:
+            if self.rejoined_at > asked_at:
+                return True
+            fields = {"role": me.role, "rejoin": me.rejoin()}
+            if me.num_keys:
+                fields["num_keys"] = int(me.num_keys)
+            msg = Message("register", fields, rid=self.next_rid(), src=self.src)
+            rpc.send(sock, msg)
+            deadline = time.monotonic() + self.timeout
+            while (left := deadline - time.monotonic()) > 0:
+                if not sock.poll(min(left, POLL) * 1000):
+                    continue
+                _, reply, _ = rpc.recv(sock, routed=False)
+                if reply is None or isinstance(reply, WireError) or reply.rid != msg.rid:
+                    continue
+                if reply.op != "welcome" or reply["rank"] != me.rank:
+                    raise RemoteError(f"the restarted coordinator at {self.join} did not take "
+                                      f"back {me.role} rank {me.rank}: "
+                                      f"{reply.get('msg', reply.op)}")
+                self.rejoined_at, self.heard = time.monotonic(), time.monotonic()
+                self.rejoins += 1
+                return True
+            return False  # not answered: the next beat or poll tries again
+
     # ---- calls ----------------------------------------------------------------------------------
     def call(self, msg: Message, timeout: float, while_waiting=None) -> Message:
-        """Send `msg` and wait for the answer to it (an error answer raises RemoteError)."""
+        """Send `msg` and wait for the answer to it (an error answer raises RemoteError). If
+        the coordinator was restarted meanwhile, `msg` goes again to the new one."""
         msg.rid, msg.src = self.next_rid(), self.src
         rpc.send(self.sock, msg)
         if while_waiting is not None:
             while_waiting()
-        since = time.monotonic()
+        since = sent = time.monotonic()
         deadline = since + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
-            if not self.sock.poll(min(left, 1.0) * 1000):
+            if not self.sock.poll(min(left, POLL) * 1000):
+                if self.rejoined_at > sent and msg.op != "register":
+                    sent = self._send_again(msg)  # its answer died with the old coordinator
+                    continue
                 self._check_alive(since)
                 continue
             _, reply, _ = rpc.recv(self.sock, routed=False)
@@ -84,21 +156,44 @@ class CoordinatorSession:
             if reply.rid != msg.rid:
                 continue  # a late answer to an earlier, timed-out request
             if reply.op == "error":
+                if _unknown(reply) and msg.op != "register" and self.rejoin(self.sock, sent):
+                    sent = self._send_again(msg)
+                    continue
                 raise RemoteError(f"coordinator refused {msg.op!r}: {reply['msg']}")
             return reply
+
+    def _send_again(self, msg: Message) -> float:
+        msg.rid = self.next_rid()
+        rpc.send(self.sock, msg)
+        return time.monotonic()
 
     def register(self, role: str, num_keys: int | None) -> Message:
         """Join the job as `role`; the welcome carries the rank and the job."""
         fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
-        return self.call(Message("register", fields), self.timeout)
+        welcome = self.call(Message("register", fields), self.timeout)
+        job = welcome["job"]
+        self.me = Identity(role, welcome["rank"], num_keys or job.get("num_keys"),
+                           samples=int(job.get("resume_samples", 0)))
+        return welcome
 
     def start(self) -> Message:
         """Ready: the answer is the release of step 0 (or "ok" for an observer)."""
-        return self.call(Message("start"), self.release_timeout)
+        reply = self.call(Message("start"), self.release_timeout)
+        if reply.op == "release":
+            with self._rejoin_lock:
+                self.me.step = reply["step"]
+        return reply
 
     def clock(self, fields: dict, while_waiting=None) -> Message:
         """A step done: the answer is the next release."""
-        return self.call(Message("clock", fields), self.release_timeout, while_waiting)
+        me = self.me
+        with self._rejoin_lock:  # the heartbeat thread may be telling who we are
+            me.clocked, me.pending_batch = True, fields["batch"]
+        reply = self.call(Message("clock", fields), self.release_timeout, while_waiting)
+        with self._rejoin_lock:
+            me.step, me.clocked = reply["step"], False
+            me.samples += me.pending_batch
+        return reply
 
     def status(self) -> dict:
         return self.call(Message("status"), self.timeout)["state"]
@@ -114,3 +209,9 @@ class CoordinatorSession:
         if self._beat is not None:
             self._beat.join(timeout=5)
         self.sock.close(0)
+
+
+def _unknown(reply) -> bool:
+    """A coordinator's answer saying it does not know the sender: it was restarted."""
+    return (isinstance(reply, Message) and reply.op == "error"
+            and reply.get("code") == "unknown")

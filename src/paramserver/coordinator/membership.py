@@ -33,6 +33,8 @@ class Member:
     offset: int = 0
     joining: Any = None  # its WorkerBack, until the policy's join release comes
     behind: int | None = None
+    last_release: Any = None  # the SendRelease that answered its last clock (sent again to a
+    # repeat of that clock: a worker re-sends one whose answer it did not get)
 
 
 class UnknownMember(ValueError):

@@ -22,7 +22,7 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.net import rpc
-from paramserver.runlog.checkpoint import latest
+from paramserver.runlog.checkpoint import CheckpointError, latest
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security
 from paramserver.wire import Message, WireError
@@ -36,7 +36,8 @@ MAX_WAIT = 0.2
 # ---- op -> event: how each request becomes a stimulus of the core (dask's stream_handlers) ----
 
 def _register(msg: Message, now: float, to, link) -> Registered:
-    return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"))
+    return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"),
+                      msg.get("rejoin"))
 
 
 def _clock(msg: Message, now: float, to, link) -> Clocked:
@@ -68,7 +69,8 @@ class CoordinatorNode:
 
     def __init__(self, job: JobSpec, host: str = "127.0.0.1", port: int = 0,
                  address_file: str | None = None, events_path: str | None = None,
-                 metrics_path: str | None = None, keys=None, advertise: str | None = None):
+                 metrics_path: str | None = None, keys=None, advertise: str | None = None,
+                 take_back: bool = False):
         self.keys = keys  # security.Keys: CURVE; INSECURE: plaintext off loopback
         self.secured = isinstance(keys, security.Keys)  # senders' key roles are checked
         self.host, self.port = host, port
@@ -77,14 +79,22 @@ class CoordinatorNode:
         self.events = open(events_path, "a", buffering=1) if events_path else None
         self.metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
         self.t0 = time.monotonic()
-        resume = None
-        if job.resume is not None:
-            resume = load_coordinator_state(job.resume.dir, job.resume.tag)
-            log.info("resuming from checkpoint %s: %d samples done", job.resume.tag,
-                     resume["samples_done"])
         root = job.checkpoint.dir if job.checkpoint is not None else None
-        self.state = CoordinatorState(job, resume,
-                                      latest(Path(root)) if root is not None else None)
+        last = latest(Path(root)) if root is not None else None
+        if take_back:
+            saved = _saved_state(root, last)
+            elapsed = _elapsed_so_far(metrics_path, saved)
+            log.info("taking back the job from checkpoint %s, %.1f s into training", last,
+                     elapsed)
+            self.state = CoordinatorState(job, None, last, take_back=saved, elapsed=elapsed)
+        else:
+            resume = None
+            if job.resume is not None:
+                resume = load_coordinator_state(job.resume.dir, job.resume.tag)
+                log.info("resuming from checkpoint %s: %d samples done", job.resume.tag,
+                         resume["samples_done"])
+            self.state = CoordinatorState(job, resume, last)
+        self.take_back = take_back
         self.finished = False
         self.failure: str | None = None
         self._execute = {
@@ -103,7 +113,8 @@ class CoordinatorNode:
                 f.write(addr)
             os.replace(self.address_file + ".tmp", self.address_file)
         log.info("coordinator at %s, policy %s", addr, self.state.host.name)
-        self.record("start", address=addr, policy=self.state.host.name)
+        self.record("restart" if self.take_back else "start", address=addr,
+                    policy=self.state.host.name)
         try:
             self._loop()
         finally:
@@ -209,6 +220,37 @@ class CoordinatorNode:
             log.error("%s", i.failure)
             self.failure = i.failure
         self.finished = True
+
+
+def _saved_state(root: str | None, tag: str | None) -> dict:
+    """The coordinator's part of the latest checkpoint, {} without one (or unreadable: the
+    live members hold what matters)."""
+    if tag is None:
+        return {}
+    try:
+        return load_coordinator_state(root, tag)
+    except (OSError, ValueError, KeyError, CheckpointError) as exc:
+        log.warning("taking back without checkpoint %s: %s", tag, exc)
+        return {}
+
+
+def _elapsed_so_far(metrics_path: str | None, saved: dict) -> float:
+    """Seconds of training before this coordinator: the last metrics line's time plus the
+    seconds since it was written (the checkpoint's figure without one)."""
+    try:
+        with open(metrics_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = f.read().splitlines()
+            mtime = os.fstat(f.fileno()).st_mtime
+        for line in reversed(lines):
+            try:
+                t = json.loads(line)["t"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            return max(0.0, float(t) + max(0.0, time.time() - mtime))
+    except (OSError, TypeError):
+        pass
+    return float(saved.get("elapsed_s", 0.0))
 
 
 Coordinator = CoordinatorNode  # the name cli/roles.py and older callers use

@@ -330,6 +330,15 @@ class CoordinatorState:
             self.takeback.defer(e)  # answered once the policy is rebuilt
             return
         now = e.now
+        if e.step + 1 == member.steps and member.started:  # this clock again: not a new step
+            member.last_seen = now
+            if member.waiting is not None:
+                member.waiting = e.to  # the release goes to the request still waited on
+            elif member.last_release is not None:
+                again = member.last_release
+                out.append(SendRelease(e.to, again.step, again.batch, again.min_version,
+                                       again.round_size, again.stop, again.scale))
+            return
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
         if member.behind is not None and self._caught_up(member, e, out):
             return
@@ -406,8 +415,10 @@ class CoordinatorState:
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
                         host.version if self.round_mode else 0, host.policy.round_size(),
                         host.stopping)
-        out.append(SendRelease(member.waiting, d.step + member.offset, d.batch_size,
-                               d.min_version, d.round_size, d.stop, d.scale))
+        member.last_release = release = SendRelease(
+            member.waiting, d.step + member.offset, d.batch_size, d.min_version, d.round_size,
+            d.stop, d.scale)
+        out.append(release)
         member.waiting = None
 
     def _joined_back(self, member: Member, d: Release) -> bool:

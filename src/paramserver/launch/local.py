@@ -79,6 +79,11 @@ class LocalCluster:
     restart_servers: int = 0  # how many dead servers to restart (from the latest checkpoint)
     server_restarts: int = 0
     server_ports: list[int] = field(default_factory=list)  # fixed when servers may restart
+    # How many times a dead coordinator is restarted at its address (--take-back): it takes
+    # back the live servers and workers. Its port is then fixed up front.
+    restart_coordinator: int = 0
+    coordinator_restarts: int = 0
+    coordinator_port: int = 0
     children: list[Child] = field(default_factory=list)
     address: str = ""
     keys_dir: str | None = None
@@ -156,10 +161,9 @@ class LocalCluster:
         job_path.write_text(json.dumps(self.job, indent=2))
         addr_file = self.run_dir / "coordinator.addr"
         addr_file.unlink(missing_ok=True)
-        coord = self._spawn("coordinator", 0, [
-            "--job", str(job_path), "--bind", self.host, "--address-file", str(addr_file),
-            "--events", str(self.run_dir / "events.jsonl"),
-            "--metrics", str(self.run_dir / "metrics.jsonl")])
+        if self.restart_coordinator:
+            self.coordinator_port = _free_port(self.host)
+        coord = self._spawn_coordinator()
         deadline = time.monotonic() + self.startup_timeout
         while not addr_file.exists():
             if coord.proc.poll() is not None:
@@ -180,6 +184,31 @@ class LocalCluster:
                                              str(self.spec.eval_interval)])
         return self.address
 
+    def _spawn_coordinator(self, take_back: bool = False) -> Child:
+        args = ["--job", str(self.run_dir / "job.json"), "--bind", self.host,
+                "--address-file", str(self.run_dir / "coordinator.addr"),
+                "--events", str(self.run_dir / "events.jsonl"),
+                "--metrics", str(self.run_dir / "metrics.jsonl")]
+        if self.coordinator_port:
+            args += ["--port", str(self.coordinator_port)]
+        return self._spawn("coordinator", 0, args + (["--take-back"] if take_back else []))
+
+    @property
+    def coordinator(self) -> Child:
+        """The coordinator process now (the latest one, after restarts)."""
+        return next(c for c in reversed(self.children) if c.role == "coordinator")
+
+    def _restart_coordinator(self, c: Child) -> bool:
+        """Restart a coordinator that died (killed, or crashed), not one that ended the job
+        (0) or failed it (1) or was given a bad job (2), while the budget lasts."""
+        if (c.replaced or c.proc.returncode in (0, 1, 2)
+                or self.coordinator_restarts >= self.restart_coordinator):
+            return False
+        c.replaced = True
+        self.coordinator_restarts += 1
+        self._spawn_coordinator(take_back=True)
+        return True
+
     def add_worker(self, index: int) -> Child:
         if self.worker_cmd:
             return self._spawn("worker", index, [], command=self.worker_cmd)
@@ -192,6 +221,8 @@ class LocalCluster:
         for c in list(self.children):
             code = c.proc.poll()
             if code in (None, 0) or c.replaced or c.role not in ("coordinator", "server"):
+                continue
+            if c.role == "coordinator" and self._restart_coordinator(c):
                 continue
             if c.role == "server" and self.server_restarts < self.restart_servers:
                 c.replaced = True
@@ -208,12 +239,13 @@ class LocalCluster:
                     if self.restart_servers else
                     " (server recovery is off: --restart-servers N restarts dead servers from "
                     "the latest checkpoint)")
+        elif c.role == "coordinator" and not self.restart_coordinator:
+            msg += " (--restart-coordinator N restarts a dead coordinator)"
         return f"{msg}:\n{c.tail()}"
 
     def wait(self, poll: float = 0.05, on_tick=None) -> None:
-        coord = self.children[0]
         deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
-        while coord.proc.poll() is None:
+        while (coord := self.coordinator).proc.poll() is None or self._restart_coordinator(coord):
             failed = self._vital_failure()
             if failed is not None:
                 raise LaunchError(self._failure_message(failed))
@@ -227,7 +259,7 @@ class LocalCluster:
             for c in self.children:  # a server's death, seen by the coordinator first
                 if c.role == "server" and not c.replaced and c.proc.poll() not in (None, 0):
                     raise LaunchError(self._failure_message(c))
-            raise LaunchError(f"coordinator exited with {coord.proc.returncode}:\n{coord.tail()}")
+            raise LaunchError(self._failure_message(coord))
 
     def _replace_dead_workers(self) -> None:
         """Start a new worker for each one that died, while the restart budget lasts."""

@@ -142,6 +142,8 @@ class ServerNode:
         self.src = "server"
         self.running = True
         self.core: ShardCore | None = None
+        self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
+        self._rejoin_at = -1e9
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -263,12 +265,43 @@ class ServerNode:
                 raise ValueError(f"op {msg.op!r} is not served by a parameter server")
             if msg.op in WRITE_OPS:
                 security.check_role(ident, "worker", self.secured)
+        elif msg.op in ("error", "welcome"):
+            self._from_coordinator(msg)
+            return
         as_event = EVENTS.get(msg.op)
         if as_event is None:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
         event = as_event(msg, (ident, msg.rid))
         if event is not None:
             self._execute(self.core.handle(event))
+
+    def _from_coordinator(self, msg: Message) -> None:
+        """A restarted coordinator does not know this server (`unknown`): register again with
+        the shard's rank, range and version, and go on serving meanwhile. A refusal of that
+        ends the server: the job it serves is not the coordinator's."""
+        if msg.op == "welcome":
+            if msg["rank"] != self.settings.rank:
+                raise SystemExit(f"server {self.src}: the restarted coordinator gave rank "
+                                 f"{msg['rank']}, this server holds shard {self.settings.rank}")
+            log.info("server %s taken back by the restarted coordinator", self.src)
+            return
+        if msg.rid and msg.rid == self._rejoin_rid:
+            raise SystemExit(f"server {self.src}: the restarted coordinator at {self.join} "
+                             f"refused to take it back: {msg['msg']}")
+        if msg.get("code") != "unknown":
+            log.warning("coordinator reported: %s", msg["msg"])
+            return
+        now = time.monotonic()
+        if now - self._rejoin_at < self.settings.heartbeat_interval:
+            return  # one re-registration in flight per beat
+        self._rejoin_at, self._rejoin_rid = now, self._rejoin_rid + 1
+        st = self.core.store
+        rpc.send(self.coord, Message("register", {"role": "server", "addr": self.addr,
+                                                  "rejoin": {"rank": self.settings.rank,
+                                                             "lo": st.range.lo,
+                                                             "hi": st.range.hi,
+                                                             "version": st.version}},
+                                     rid=self._rejoin_rid, src=self.src))
 
     # ---- instructions ---------------------------------------------------------------------------
     def _execute(self, instructions) -> None:

@@ -53,6 +53,7 @@ class TrainConfig:
     links: LinkTable = field(default_factory=LinkTable)  # or --link texts
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     restart_servers: int = JobSpec.restart_servers  # dead servers restarted from a checkpoint
+    restart_coordinator: int = 0  # dead coordinators restarted at the same address
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
     checkpoint_seconds: float | None = None
@@ -70,7 +71,8 @@ class TrainConfig:
         """Fail early, with the field named, on values no run could use."""
         checks = [("epochs", self.epochs > 0),
                   ("steps", self.steps is None or self.steps >= 1),
-                  ("restart_workers", self.restart_workers >= 0)]
+                  ("restart_workers", self.restart_workers >= 0),
+                  ("restart_coordinator", self.restart_coordinator >= 0)]
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise JobSpecError(f"invalid value for {', '.join(bad)}: "
