@@ -22,9 +22,10 @@ SAVED = {"rounds_applied": 2, "samples_done": 128, "steps_done": 4, "policy": {"
 def restarted():
     made = []
 
-    def build(saved=SAVED, **options):
+    def build(saved=SAVED, latest=None, **options):
         options.setdefault("server_timeout", 30.0)
-        state = CoordinatorState(job_of(**options), take_back=dict(saved), elapsed=9.0)
+        state = CoordinatorState(job_of(**options), None, latest, take_back=dict(saved),
+                                 elapsed=9.0)
         made.append(state)
         return state
 
@@ -183,3 +184,18 @@ def test_a_clock_sent_twice_is_answered_once_and_never_pushed_twice(make_live):
     out = state.handle(Clocked("w1", 0, 32, 0.1, 1.3, to="c1-again"))
     assert [(r.to, r.step, r.min_version) for r in out] == [("c1-again", 1, 1)]
     assert state.samples_done == 64 and state.rounds_applied == 1
+
+
+def test_a_server_restarted_during_the_take_back_is_restored_from_the_checkpoint(restarted):
+    state = restarted(servers=2, checkpoint_dir="/ck", checkpoint_every=2, restart_servers=True,
+                      latest="000000002")
+    server_back(state, version=5, hi=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    worker_back(state, 1, step=5, clocked=False, samples=5 * 32)
+    assert not only(state.handle(TimePassed(0.3)), SendRelease)
+    out = state.handle(Registered("new", "server", 0.4, to="r-new", link="L9",
+                                  addr="tcp://h:2"))
+    welcome = [i for i in out if match(i, Reply, to="r-new", op="welcome", rank=1)]
+    assert welcome and welcome[0].fields["job"]["restore"] == {
+        "dir": "/ck", "tag": "000000002", "version_floor": 5, "restart": True}
+    assert state.members.roster.servers["s1"].addr == "tcp://h:2"

@@ -232,6 +232,9 @@ class CoordinatorState:
         if e.rejoin is not None:
             self._rejoin_server(e, now, out)
             return
+        if self.takeback is not None:
+            self.takeback.fresh_servers.append(e)
+            return
         back = members.server_at(e.addr)
         if back is not None:  # only one process can listen there: the old one is dead
             failure = self.recovery.back(e, back, self.schedule, self.progress,
@@ -474,7 +477,8 @@ class CoordinatorState:
         if member is not None:
             member.last_seen = e.now
         if role is None and e.src not in self.members.roster.gone:
-            raise UnknownMember(f"report from {e.src!r}, which is not registered here")
+            raise UnknownMember(f"report from {e.src!r}, which is no registered worker or "
+                                f"observer here")
         if role not in ("worker", "observer"):
             raise ValueError(f"report from {e.src!r}, which is no registered worker or "
                              f"observer")
@@ -617,6 +621,13 @@ class CoordinatorState:
                 self._join_taken_back([m for m, _ in back], [b for _, b in back], now, out)
             if host.stopping:
                 self.budget.closed = True
+        for e in tb.fresh_servers:  # a restarted server: its shard from the checkpoint
+            member = self.members.add_server(e)
+            failure = self.recovery.back(e, member, self.schedule, self.progress,
+                                         self._server_job(member.rank), out)
+            if failure is not None:
+                self._fail(failure, now, out)
+                return
         for e in tb.deferred:
             self._dispatch(e, out)
         for e in tb.fresh:

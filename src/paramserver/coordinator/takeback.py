@@ -88,6 +88,9 @@ class TakeBack:
         self.servers: dict[int, ServerBack] = {}
         self.deferred: list = []  # Clocked/Started of members back before the rebuild
         self.fresh: list[Registered] = []  # new members (a replacement worker): after it
+        # Servers started afresh (one that died with the coordinator, restarted): restored
+        # from the checkpoint once the rest is taken back.
+        self.fresh_servers: list[Registered] = []
 
     def worker_back(self, src: str, back: WorkerBack) -> None:
         self.workers[src] = back
@@ -105,7 +108,7 @@ class TakeBack:
 
     def ready(self, now: float) -> bool:
         """Every server is back, and every worker rank or the deadline has come."""
-        if len(self.servers) < self.servers_expected:
+        if len(self.servers) + len(self.fresh_servers) < self.servers_expected:
             return False
         return len(self.workers) >= self.workers_expected or now >= self.deadline
 
