@@ -139,7 +139,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
-        restart_coordinator=args.restart_coordinator, links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
+        restart_coordinator=args.restart_coordinator,
+        links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 

@@ -96,7 +96,7 @@ class CoordinatorSession:
             raise TimeoutError(f"the coordinator at {self.join} has been silent for "
                                f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
 
-    # ---- a restarted coordinator -------------------------------------------------------------------
+    # ---- a restarted coordinator ---------------------------------------------------------------
     def rejoin(self, sock, asked_at: float) -> bool:
         """Register again, with this member's identity, over `sock` (the caller's thread owns
         it), unless that was done since `asked_at`; True once re-registered."""
