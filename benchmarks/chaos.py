@@ -1,14 +1,22 @@
-"""Chaos runs: real training jobs with random SIGKILLs of workers and of one server.
+"""Chaos runs: real training jobs with random SIGKILLs of workers, a server and the coordinator.
 
 Each run trains the digits MLP with 4 workers and 2 shard servers under one sync policy; at
-random moments (fractions of the sample budget) it SIGKILLs workers (the launcher replaces
-them, --restart-workers) and one server (restarted from the latest checkpoint,
---restart-servers). It reports whether the job finished, its accuracy, and the updates the
-restarted shard lost next to what the checkpoint interval predicts: the progress at the kill
-(rounds applied, or worker steps under arrival-mode policies) minus the checkpoint restored.
+random moments (fractions of the sample budget, so in a random order) it SIGKILLs workers (the
+launcher replaces them, --restart-workers), one server (restarted from the latest checkpoint,
+--restart-servers) and the coordinator (restarted at its address, --restart-coordinator: it
+takes back the live servers and workers). It reports whether the job finished, its accuracy,
+how long the take-back took, and the updates the restarted shard lost next to what the
+checkpoint interval predicts: the progress at the kill (rounds applied, or worker steps under
+arrival-mode policies) minus the checkpoint restored. The coordinator's death loses nothing:
+its part is re-derived from the live members, so it adds nothing to the prediction.
+
+The server's and the coordinator's deaths are kept at least `VITAL_GAP` of the budget apart:
+each one's recovery is measured on its own (a server restarted during a take-back is handled,
+but its lost updates are then not predicted from the progress at its kill).
 
 Usage:
   python benchmarks/chaos.py --policies bsp,asp,ssp,ebsp,r2sp,lbbsp,dssp [--seeds 0]
+  python benchmarks/chaos.py --no-coordinator ...   # workers and a server only, as before
   python benchmarks/chaos.py --intervals 5,10,20,40 --policies bsp,asp --seeds 0,1,2
 """
 
@@ -33,6 +41,9 @@ from paramserver.runlog.checkpoint import latest
 from paramserver.launch.local import LocalCluster
 
 
+VITAL_GAP = 0.15  # of the budget, between the server's and the coordinator's deaths
+
+
 class Watch:
     """Follows a run's metrics and events files: steps and rounds so far, new lines only."""
 
@@ -40,6 +51,7 @@ class Watch:
         self.files = {"metrics": run_dir / "metrics.jsonl", "events": run_dir / "events.jsonl"}
         self.offsets = {k: 0 for k in self.files}
         self.steps = self.rounds = 0
+        self.taken_back = 0  # restarted coordinators that took the job back
 
     def update(self) -> None:
         for name, path in self.files.items():
@@ -56,17 +68,30 @@ class Watch:
                     self.steps += 1
                 elif name == "events" and '"event": "apply_round"' in line:
                     self.rounds += 1
+                elif name == "events" and '"event": "taken_back"' in line:
+                    self.taken_back += 1
 
 
 class Chaos:
     """The kill plan of one run, carried out from the launcher's supervision tick."""
 
     def __init__(self, cluster: LocalCluster, rng: random.Random, worker_kills: int,
-                 kill_server: bool, round_mode: bool, budget_steps: int):
+                 kill_server: bool, round_mode: bool, budget_steps: int,
+                 kill_coordinator: bool = False):
         self.cluster, self.rng, self.round_mode = cluster, rng, round_mode
         self.watch = Watch(cluster.run_dir)
         self.worker_at = sorted(rng.uniform(0.15, 0.6) * budget_steps for _ in range(worker_kills))
         self.server_at = rng.uniform(0.25, 0.7) * budget_steps if kill_server else None
+        self.coordinator_at = None
+        if kill_coordinator:
+            at = rng.uniform(0.2, 0.75)
+            while self.server_at is not None and abs(
+                    at * budget_steps - self.server_at) < VITAL_GAP * budget_steps:
+                at = rng.uniform(0.2, 0.75)
+            self.coordinator_at = at * budget_steps
+        self.coordinator_kill: dict | None = None
+        self.order: list[str] = []  # what was killed, in order
+        self.killed_pids: set[int] = set()
         self.ckpt = Path(cluster.job["checkpoint"]["dir"]) if cluster.job.get("checkpoint") \
             else None
         self.workers_killed: list[int] = []
@@ -80,6 +105,25 @@ class Chaos:
             self._kill_worker()
         if self.server_at is not None and steps >= self.server_at and self.server_kill is None:
             self._kill_server()
+        if (self.coordinator_at is not None and steps >= self.coordinator_at
+                and self.coordinator_kill is None):
+            self._kill_coordinator()
+        kill = self.coordinator_kill
+        if kill is not None and "take_back_s" not in kill and self.watch.taken_back:
+            kill["take_back_s"] = round(time.monotonic() - kill["t"], 2)
+
+    def _kill_coordinator(self) -> None:
+        coord = self.cluster.coordinator
+        if coord.proc.poll() is not None:
+            return
+        os.kill(coord.proc.pid, signal.SIGKILL)
+        self.order.append("coordinator")
+        self.coordinator_kill = {"t": time.monotonic(), "steps_at_kill": self.watch.steps,
+                                 "pids": self._pids()}
+
+    def _pids(self) -> dict:
+        return {f"{c.role} {c.index}": c.proc.pid for c in self.cluster.children
+                if c.role in ("server", "worker") and c.proc.poll() is None}
 
     def _live(self, role: str) -> list:
         return [c for c in self.cluster.children
@@ -91,6 +135,8 @@ class Chaos:
             victim = self.rng.choice(live)
             os.kill(victim.proc.pid, signal.SIGKILL)
             self.workers_killed.append(victim.index)
+            self.order.append("worker")
+            self.killed_pids.add(victim.proc.pid)
 
     def _kill_server(self) -> None:
         live = self._live("server")
@@ -100,6 +146,8 @@ class Chaos:
         progress = self.watch.rounds if self.round_mode else self.watch.steps
         victim = self.rng.choice(live)
         os.kill(victim.proc.pid, signal.SIGKILL)
+        self.order.append("server")
+        self.killed_pids.add(victim.proc.pid)
         self.server_kill = {"index": victim.index, "latest_at_kill": tag,
                             "progress_at_kill": progress, "t": time.monotonic()}
 
@@ -118,20 +166,23 @@ def expected_lost(kill: dict, restored_tag: str, round_mode: bool, workers: int)
 
 def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
               kill_server: bool = True, checkpoint_every: int = 10, epochs: float = 6.0,
-              workers: int = 4, servers: int = 2, timeout: float = 400.0) -> dict:
+              workers: int = 4, servers: int = 2, timeout: float = 400.0,
+              kill_coordinator: bool = False) -> dict:
     """One chaos run; returns what happened and what was predicted."""
     cfg = TrainConfig(sync=sync, workers=workers, servers=servers, epochs=epochs, seed=seed,
                       heartbeat_timeout=4.0, eval_interval=1.0,
                       restart_workers=worker_kills + 2,  # slack for a worker starved at startup
                       restart_servers=1 if kill_server else 0,
+                      restart_coordinator=1 if kill_coordinator else 0,
                       checkpoint_dir=str(out / "checkpoints"), checkpoint_every=checkpoint_every)
     job = prepare_job(cfg)
     round_mode = SYNC_POLICIES.get(sync).apply_mode == "round"
     cluster = LocalCluster(job, out, job_timeout=timeout, restart_workers=cfg.restart_workers,
-                           restart_servers=cfg.restart_servers)
+                           restart_servers=cfg.restart_servers,
+                           restart_coordinator=cfg.restart_coordinator)
     budget_steps = job["max_samples"] // cfg.batch_size
     chaos = Chaos(cluster, random.Random(seed), worker_kills, kill_server, round_mode,
-                  budget_steps)
+                  budget_steps, kill_coordinator)
     t0 = time.monotonic()
     cluster.run(on_tick=chaos.tick)
     wall = time.monotonic() - t0
@@ -148,7 +199,18 @@ def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
               "workers_killed": len(chaos.workers_killed), "worker_restarts": cluster.restarts,
               "server_restarts": summary["server_restarts"],
               "lost_updates": summary["lost_updates"], "server_kill": chaos.server_kill,
-              "restored": [r["checkpoint"] for r in restarts]}
+              "restored": [r["checkpoint"] for r in restarts],
+              "order": chaos.order, "coordinator_restarts": cluster.coordinator_restarts}
+    kill = chaos.coordinator_kill
+    if kill is not None:
+        # Taken back, not restarted: every server and worker alive at the kill ended on its
+        # own (exit 0), unless the plan killed it later.
+        at_kill = set(kill["pids"].values())
+        result["take_back_s"] = kill.get("take_back_s")
+        result["members_kept"] = sum(
+            1 for c in cluster.children if c.proc.pid in at_kill and (
+                c.proc.pid in chaos.killed_pids or c.proc.returncode == 0))
+        result["members_at_kill"] = len(kill["pids"])
     if chaos.server_kill and restarts:
         result["expected_lost"] = expected_lost(chaos.server_kill, restarts[0]["checkpoint"],
                                                 round_mode, workers)
@@ -164,22 +226,28 @@ def _sweep(args) -> list[dict]:
                 with tempfile.TemporaryDirectory() as tmp:
                     r = chaos_run(sync, Path(tmp), seed=seed, checkpoint_every=every,
                                   worker_kills=0 if args.intervals else args.worker_kills,
-                                  epochs=args.epochs)
+                                  epochs=args.epochs,
+                                  kill_coordinator=not (args.intervals or args.no_coordinator))
                 print(json.dumps(r), file=sys.stderr, flush=True)
                 results.append(r)
     return results
 
 
 def _print_runs(results: list[dict]) -> None:
-    print("| policy | seed | every | wall s | steps | final acc | best acc after restart "
-          "| workers killed/restarted | server restarts | lost updates | predicted |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| policy | seed | kill order | wall s | steps | final acc | best acc after restart "
+          "| workers killed/restarted | server restarts | coordinator restarts | take-back s "
+          "| members kept | lost updates | predicted |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         acc, best = ("-" if a is None else f"{a:.3f}"
                      for a in (r["final_accuracy"], r["best_accuracy_after_restart"]))
-        print(f"| {r['sync']} | {r['seed']} | {r['checkpoint_every']} | {r['wall_s']} | "
+        kept = (f"{r['members_kept']}/{r['members_at_kill']}" if "members_kept" in r else "-")
+        order = ", ".join(r["order"])
+        print(f"| {r['sync']} | {r['seed']} | {order} | {r['wall_s']} | "
               f"{r['steps']} | {acc} | {best} | {r['workers_killed']}/{r['worker_restarts']} | "
-              f"{r['server_restarts']} | {r['lost_updates']} | {r.get('expected_lost')} |")
+              f"{r['server_restarts']} | {r['coordinator_restarts']} | "
+              f"{r.get('take_back_s', '-')} | {kept} | {r['lost_updates']} | "
+              f"{r.get('expected_lost')} |")
 
 
 def _print_intervals(results: list[dict]) -> None:
@@ -201,6 +269,8 @@ def main() -> int:
     p.add_argument("--intervals", help="comma-separated checkpoint intervals: lost-update "
                                        "measurement (server kill only)")
     p.add_argument("--worker-kills", type=int, default=2)
+    p.add_argument("--no-coordinator", action="store_true",
+                   help="do not kill the coordinator (workers and a server only)")
     p.add_argument("--epochs", type=float, default=6.0)
     args = p.parse_args()
     results = _sweep(args)
