@@ -181,7 +181,8 @@ def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
                            restart_servers=cfg.restart_servers,
                            restart_coordinator=cfg.restart_coordinator)
     budget_steps = job["max_samples"] // cfg.batch_size
-    chaos = Chaos(cluster, random.Random(seed), worker_kills, kill_server, round_mode,
+    # Seeded by policy too: each policy's run gets its own kill order.
+    chaos = Chaos(cluster, random.Random(f"{sync}:{seed}"), worker_kills, kill_server, round_mode,
                   budget_steps, kill_coordinator)
     t0 = time.monotonic()
     cluster.run(on_tick=chaos.tick)

@@ -1,5 +1,6 @@
-"""Chaos: 4-worker digits runs with random SIGKILLs of workers and of one server (restarted
-from its checkpoint) finish, reach the target accuracy, and lose the updates predicted."""
+"""Chaos: 4-worker digits runs with random SIGKILLs of workers, of one server (restarted from
+its checkpoint) and of the coordinator (restarted, it takes the job back) finish, reach the
+target accuracy, and lose the updates predicted."""
 
 import importlib.util
 import json
@@ -33,11 +34,14 @@ def check(r: dict, worker_kills: int) -> None:
     assert at_kill <= restored <= r["server_kill"]["progress_at_kill"], r
     low, high = r["expected_lost"]
     assert low <= r["lost_updates"] <= high, r
+    # The coordinator's death restarts nobody else and loses nothing more.
+    assert r["coordinator_restarts"] == 1 and r["take_back_s"] is not None, r
+    assert r["members_kept"] == r["members_at_kill"], r
 
 
-def test_chaos_asp_with_a_worker_and_a_server_killed(tmp_path):
+def test_chaos_asp_with_a_worker_a_server_and_the_coordinator_killed(tmp_path):
     r = chaos.chaos_run("asp", tmp_path, seed=3, worker_kills=1, checkpoint_every=EVERY,
-                        epochs=6.0)
+                        epochs=6.0, kill_coordinator=True)
     check(r, 1)
 
 
@@ -45,5 +49,5 @@ def test_chaos_asp_with_a_worker_and_a_server_killed(tmp_path):
 @pytest.mark.parametrize("sync", POLICIES)
 def test_chaos_every_policy(tmp_path, sync):
     r = chaos.chaos_run(sync, tmp_path, seed=POLICIES.index(sync), worker_kills=2,
-                        checkpoint_every=EVERY, epochs=6.0)
+                        checkpoint_every=EVERY, epochs=6.0, kill_coordinator=True)
     check(r, 2)

@@ -165,13 +165,22 @@ def test_a_fresh_worker_waits_for_the_take_back_and_a_leaver_is_let_go(restarted
     state = restarted()
     server_back(state, version=5)
     worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    state.handle(Bye("w0", 0.25, to="b"))  # done before the rebuild: not in the policy
     assert state.handle(Registered("new", "worker", 0.3, to="r-new")) == []
-    state.handle(Bye("w0", 0.35, to="b"))
     out = state.handle(TimePassed(HB + 0.01))
     assert [match(i, Reply, to="r-new", op="welcome", rank=0) for i in out].count(True) == 1
     # The newcomer joins the running round through its start.
     out = state.handle(Started("new", HB + 0.1, to="s-new"))
     assert [(r.to, r.step) for r in only(out, SendRelease)] == [("s-new", 5)]
+
+
+def test_a_replacement_counts_for_its_rank_so_the_take_back_does_not_wait(restarted):
+    state = restarted()
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = state.handle(Registered("new", "worker", 0.3, to="r-new"))
+    assert match(out[0], AppendEvent, kind="taken_back", workers=1)
+    assert [match(i, Reply, to="r-new", op="welcome", rank=1) for i in out].count(True) == 1
 
 
 def test_a_clock_sent_twice_is_answered_once_and_never_pushed_twice(make_live):
@@ -199,3 +208,15 @@ def test_a_server_restarted_during_the_take_back_is_restored_from_the_checkpoint
     assert welcome and welcome[0].fields["job"]["restore"] == {
         "dir": "/ck", "tag": "000000002", "version_floor": 5, "restart": True}
     assert state.members.roster.servers["s1"].addr == "tcp://h:2"
+
+
+def test_a_registration_sent_again_is_answered_as_the_first(make_live, restarted):
+    # Its answer may have died with the old coordinator: the repeat must not be refused.
+    state = restarted()
+    assert state.handle(Registered("new", "worker", 0.1, to="r1")) == []
+    assert state.handle(Registered("new", "worker", 0.2, to="r2")) == []
+    server_back(state, version=5)
+    out = state.handle(TimePassed(HB + 0.01))
+    assert [i.to for i in out if match(i, Reply, op="welcome")] == ["r2"]
+    out = state.handle(Registered("new", "worker", HB + 0.1, to="r3"))
+    assert match(out[0], Reply, to="r3", op="welcome", rank=0) and len(out) == 1

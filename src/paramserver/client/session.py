@@ -23,6 +23,9 @@ from paramserver.wire import Message, WireError
 
 # The longest a wait for an answer goes without looking whether the session re-registered.
 POLL = 0.25
+# A first registration unanswered this long is sent again: a coordinator that died with it
+# never answers, and its replacement knows nothing of it (a repeat is answered as the first).
+REGISTER_AGAIN = 2.0
 
 
 @dataclass
@@ -143,7 +146,11 @@ class CoordinatorSession:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
             if not self.sock.poll(min(left, POLL) * 1000):
-                if self.rejoined_at > sent and msg.op != "register":
+                if msg.op == "register":
+                    if time.monotonic() - sent > REGISTER_AGAIN:
+                        sent = self._send_again(msg)
+                    continue
+                if self.rejoined_at > sent:
                     sent = self._send_again(msg)  # its answer died with the old coordinator
                     continue
                 self._check_alive(since)

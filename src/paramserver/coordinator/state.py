@@ -203,6 +203,8 @@ class CoordinatorState:
         elif role in ("worker", "observer"):
             if e.rejoin is not None:
                 self._rejoin_worker(e, out)
+            elif self._registered_again(e, out):
+                pass
             elif self.takeback is not None:
                 self.takeback.fresh.append(e)  # a replacement: once the job is taken back
             elif not members.servers_complete:
@@ -298,15 +300,42 @@ class CoordinatorState:
         ranks = [m.rank for m in members]
         self._apply(self.host.joined_all(ranks, now), now, out)
 
+    def _registered_again(self, e: Registered, out: list) -> bool:
+        """A worker's registration sent again (its answer may have died with a coordinator):
+        a waiting one now waits on the new request, a welcomed one that has not started is
+        welcomed again; True if it was one."""
+        members, src = self.members, e.src
+        queues = [members.pending_workers]
+        if self.takeback is not None:
+            queues.append(self.takeback.fresh)
+        for queue in queues:
+            for i, queued in enumerate(queue):
+                if queued.src == src and queued.role == e.role:
+                    queue[i] = e
+                    return True
+        for i, (queued, deadline) in enumerate(members.rank_waiters):
+            if queued.src == src and queued.role == e.role:
+                members.rank_waiters[i] = (e, deadline)
+                return True
+        group = members.roster.observers if e.role == "observer" else members.roster.workers
+        member = group.get(src)
+        if member is None or member.started:
+            return False
+        self._welcome_worker(member, e, out)
+        return True
+
     def _register_worker(self, e: Registered, now: float, out: list) -> None:
         member = self.members.add_worker(e)
         if member is None:
             return  # waits for a rank
+        self._welcome_worker(member, e, out)
+        out.append(AppendEvent(now, f"{e.role}_registered", {"rank": member.rank, "src": e.src}))
+
+    def _welcome_worker(self, member: Member, e: Registered, out: list) -> None:
         job = WorkerJob.of(self.job, self.members.num_keys, self.members.shard_map(),
                            self.host.apply_mode, self.host.name,
                            self.budget.worker_samples.get(member.rank, 0))
         out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job.to_dict()}))
-        out.append(AppendEvent(now, f"{e.role}_registered", {"rank": member.rank, "src": e.src}))
 
     # ---- the step protocol ----------------------------------------------------------------------
     def _on_started(self, e: Started, out: list) -> None:

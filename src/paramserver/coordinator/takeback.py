@@ -110,7 +110,9 @@ class TakeBack:
         """Every server is back, and every worker rank or the deadline has come."""
         if len(self.servers) + len(self.fresh_servers) < self.servers_expected:
             return False
-        return len(self.workers) >= self.workers_expected or now >= self.deadline
+        # A replacement worker (fresh) takes a dead one's rank: it is not waited for either.
+        fresh = sum(e.role == "worker" for e in self.fresh)
+        return len(self.workers) + fresh >= self.workers_expected or now >= self.deadline
 
     def plan(self, round_mode: bool) -> Plan:
         back = list(self.workers.values())
