@@ -220,3 +220,31 @@ def test_a_registration_sent_again_is_answered_as_the_first(make_live, restarted
     assert [i.to for i in out if match(i, Reply, op="welcome")] == ["r2"]
     out = state.handle(Registered("new", "worker", HB + 0.1, to="r3"))
     assert match(out[0], Reply, to="r3", op="welcome", rank=0) and len(out) == 1
+
+
+def test_a_worker_back_after_the_rebuild_joins_the_running_policy(restarted):
+    state = restarted()
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=True, samples=5 * 32)
+    state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5"))
+    out = state.handle(TimePassed(HB + 0.01))  # w1 was slow: round 5 closes without it
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-5", 6)]
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=HB + 0.1)
+    assert match(out[1], AppendEvent, kind="worker_taken_back", rank=1)
+    assert not only(out, SendRelease)
+    # Its clock of round 5 (applied without it) is answered with round 6, not pushed.
+    out = state.handle(Clocked("w1", 5, 32, 0.1, HB + 0.2, to="c1-5"))
+    assert [(r.to, r.step, r.min_version) for r in out] == [("c1-5", 6, 6)]
+    state.handle(Clocked("w0", 6, 32, 0.1, HB + 0.3, to="c0-6"))
+    out = state.handle(Clocked("w1", 6, 32, 0.1, HB + 0.4, to="c1-6"))
+    assert match(out[0], ToServers, op="apply_round", step=6, contributors=[0, 1])
+
+
+def test_asp_a_worker_back_after_the_rebuild_keeps_its_steps(restarted):
+    state = restarted(saved={}, sync="asp")
+    server_back(state, version=50)
+    worker_back(state, 0, step=30, clocked=False, samples=30 * 32)
+    state.handle(TimePassed(HB + 0.01))
+    worker_back(state, 1, step=17, clocked=True, samples=17 * 32, t=HB + 0.1)
+    out = state.handle(Clocked("w1", 17, 32, 0.1, HB + 0.2, to="c1"))
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c1", 18)]

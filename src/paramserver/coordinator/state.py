@@ -456,14 +456,15 @@ class CoordinatorState:
     def _joined_back(self, member: Member, d: Release) -> bool:
         """The policy's join release of a taken-back worker, which already holds a release:
         True if it is swallowed. In round mode steps are rounds, the same in policy and
-        workers; a worker one round behind (its clock of a completed round unanswered) keeps
-        this release for its re-sent clock. In arrival mode the rebuilt policy counts steps
-        from its join: the worker's steps are the policy's plus `offset`."""
+        workers; a worker behind (its clock of a completed round unanswered, or, back after
+        the rebuild, still in a round that closed without it) keeps this release for its
+        clock of that round. In arrival mode the rebuilt policy counts steps from its join:
+        the worker's steps are the policy's plus `offset`."""
         back, member.joining = member.joining, None
         if not self.round_mode:
             member.offset = back.step - d.step
             return True
-        if d.step > back.step and back.clocked:
+        if d.step > back.step:
             member.ready, member.behind = d, back.step
         return True
 
