@@ -282,18 +282,27 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     """The saved configuration of run folder `args.resume`, its budget extended from the CLI."""
     run_dir = Path(args.resume)
     try:
-        saved = json.loads((run_dir / "config.json").read_text())["config"]
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        doc = json.loads((run_dir / "config.json").read_text())
+        saved = doc["config"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot resume {run_dir}: no readable config.json ({exc})") from None
     for name in BUDGET_OPTIONS:  # a budget given on the command line replaces the saved one
         if getattr(args, name) != parser_defaults.get(name):
             saved[name] = getattr(args, name)
     cfg = TrainConfig(**saved)
+    from paramserver.coordinator.checkpoint_keeper import usable_checkpoint
     from paramserver.runlog.checkpoint import latest
-    tag = latest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
-    if tag is None:
+    if not cfg.checkpoint_dir or latest(Path(cfg.checkpoint_dir)) is None:
         raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
                          f"(was it run with --checkpoint-dir?)")
+    job = doc.get("job") or {}  # the job it ran: its server count resolved
+    tag, warnings = usable_checkpoint(cfg.checkpoint_dir, int(job.get("servers", cfg.servers)),
+                                      job.get("dtype", cfg.dtype))
+    for warning in warnings:
+        print(f"paramserver train: {warning}", file=sys.stderr)
+    if tag is None:
+        raise ValueError(f"cannot resume {run_dir}: no kept checkpoint in "
+                         f"{cfg.checkpoint_dir} is usable")
     return cfg, run_dir, {"dir": cfg.checkpoint_dir, "tag": tag}
 
 
