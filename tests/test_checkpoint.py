@@ -88,7 +88,7 @@ def test_a_checkpoint_a_dead_server_never_confirms_is_abandoned(tmp_path):
 import hashlib  # noqa: E402
 import json  # noqa: E402
 
-from paramserver.server.checkpoint import read_shard, restore_shard, write_shard  # noqa: E402
+from paramserver.server.checkpoint import read_shard, write_shard  # noqa: E402
 from paramserver.server.core import ShardCore  # noqa: E402
 from paramserver.server.events import Checkpoint, Init, ShardSettings  # noqa: E402
 from paramserver.server.events import PushRows, SaveShard  # noqa: E402
@@ -252,6 +252,7 @@ def test_a_sparse_table_checkpoint_gets_the_same_checks(tmp_path):
 
 
 def test_an_unusable_checkpoint_falls_back_to_the_previous_kept_one_naming_both(tmp_path):
+    from paramserver.server.checkpoint import restore_shard
     core = _core()
     core.handle(Init(("w", 1), 0, 10, np.arange(10.0)))
     for tag in ("000000002", "000000004"):
