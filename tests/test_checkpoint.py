@@ -294,3 +294,27 @@ def test_a_resume_takes_the_newest_checkpoint_whose_every_part_is_usable(tmp_pat
     assert "checkpoint 000000004 is unusable" in warnings[0] and "truncated" in warnings[0]
     assert usable_checkpoint(tmp_path, 2, "float32")[0] is None  # another job's checkpoints
     assert usable_checkpoint(tmp_path, 3, "float64")[0] is None
+
+
+def test_a_shard_saves_checkpoint_0_once_its_init_makes_it_whole_and_before_the_ack(tmp_path):
+    from paramserver.server.events import Push, Reply
+    from paramserver.spec.welcome import INITIAL_TAG
+    core = ShardCore(ShardSettings(rank=0, lo=0, hi=10, dtype="float32", apply_mode="arrival",
+                                   optimizer="sgd", lr=1.0, tables=(TABLE,),
+                                   initial_checkpoint_dir=str(tmp_path)))
+    first = core.handle(Init(("w", 1), 0, 6, np.ones(6, np.float32)))  # a chunk: not whole yet
+    assert [type(i) for i in first] == [Reply]
+    out = core.handle(Init(("w", 2), 6, 10, np.ones(4, np.float32)))
+    assert [type(i) for i in out] == [SaveShard, Reply]  # on disk before its initializer goes on
+    save = out[0]
+    assert save.tag == INITIAL_TAG and save.dir == str(tmp_path)
+    np.testing.assert_array_equal(save.arrays["values"], np.ones(10, np.float32))
+    assert save.arrays["table.emb.keys"].size == 0  # rows start by key: none exists yet
+    write_shard(str(tmp_path), save.tag, 0, save.arrays, save.meta)
+    core.handle(Push(("w", 3), "w", 3, 0, 10, np.ones(10, np.float32), 0, 1, 0))
+    # The coordinator's commit of checkpoint 0 must not overwrite the initial values.
+    assert [i.op for i in core.handle(Checkpoint(("c", 1), INITIAL_TAG, str(tmp_path)))] == [
+        "saved"]
+    arrays, _ = read_shard(str(tmp_path), INITIAL_TAG, 0, _core(dtype="float32",
+                                                               optimizer="sgd").store)
+    np.testing.assert_array_equal(arrays["values"], np.ones(10, np.float32))

@@ -208,3 +208,33 @@ def test_a_server_killed_before_the_first_checkpoint_comes_back_from_its_initial
     records = read_records(tmp_path / "run" / "metrics.jsonl")
     assert [(r["server"], r["checkpoint"], r["lost_updates"]) for r in records
             if r["kind"] == "restart"] == [(1, f"{0:09d}", 0)]
+
+
+def test_a_restarted_server_with_no_usable_checkpoint_ends_the_job_at_once_naming_why(tmp_path):
+    """Not the coordinator's restart_timeout (120 s) later with 'did not come back': the
+    server exits as soon as it has looked, and the launcher names what it found."""
+    # Plaintext: this test is about the checkpoint, not about how a keyed process exits.
+    cluster = LocalCluster(_job(tmp_path), tmp_path / "run", job_timeout=120, restart_servers=1,
+                           keys=None)
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor, errors = _supervised(cluster)
+        kv = KVWorker(cluster.address)
+        kv.timeout = 5.0
+        try:
+            kv.init(np.zeros(KEYS))
+            _steps(kv, kv.start(), 5)
+            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+            for tag in (2, 4):
+                path = tmp_path / "ckpt" / f"ckpt-{tag:09d}" / "server-1" / "values.npy"
+                path.write_bytes(path.read_bytes()[:-8])
+            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            supervisor.join(60)  # well within the coordinator's restart_timeout
+            assert not supervisor.is_alive()
+        finally:
+            kv.close()
+    finally:
+        cluster.stop()
+    (error,) = errors
+    assert isinstance(error, LaunchError)
+    assert "no usable checkpoint of shard 1" in str(error) and "truncated" in str(error)
