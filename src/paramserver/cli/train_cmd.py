@@ -105,9 +105,10 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help="replace up to N workers that die; a replacement takes the dead one's "
                         f"rank and data shard and rejoins (default {d.restart_workers})")
     p.add_argument("--restart-servers", type=flag.count, default=d.restart_servers,
-                   help="restart up to N servers that die, from the latest checkpoint at the "
-                        "same address (needs --checkpoint-every or --checkpoint-seconds; the "
-                        "updates lost since are counted in summary.json). With 0, a server's "
+                   help="restart up to N servers that die, from the latest usable checkpoint "
+                        "at the same address (the initial parameters before the first one; "
+                        "needs --checkpoint-every or --checkpoint-seconds; the updates lost "
+                        "since are counted in summary.json). With 0, a server's "
                         f"death stops the job (default {d.restart_servers})")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=flag.positive_int,
@@ -375,7 +376,8 @@ def register(sub) -> None:
     add_training_args(p)
     p.add_argument("--out", help="run folder (default runs/<time>-<sync>)")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its latest checkpoint (its saved "
+                   help="continue the run in RUN_DIR from its newest usable checkpoint (an "
+                        "unusable one is named and the previous kept one used; its saved "
                         "settings; --epochs/--steps/--max-seconds given here extend the budget)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
