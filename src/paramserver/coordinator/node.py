@@ -13,7 +13,7 @@ from pathlib import Path
 import zmq
 
 from paramserver.coordinator.checkpoint_keeper import (
-    load_coordinator_state, save_coordinator_state,
+    load_coordinator_state, save_coordinator_state, usable_checkpoint,
 )
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
@@ -82,6 +82,10 @@ class CoordinatorNode:
         root = job.checkpoint.dir if job.checkpoint is not None else None
         last = latest(Path(root)) if root is not None else None
         if take_back:
+            if root is not None:  # the newest that passes its checks (a torn one is skipped)
+                last, warnings = usable_checkpoint(root, job.servers, job.dtype)
+                for warning in warnings:
+                    log.warning("%s", warning)
             saved = _saved_state(root, last)
             elapsed = _elapsed_so_far(metrics_path, saved)
             log.info("taking back the job from checkpoint %s, %.1f s into training", last,
