@@ -44,7 +44,9 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
         optimizer=opt.name, lr=opt.lr, optimizer_options=dict(opt.options),
         pull_timeout=pull_timeout, heartbeat_interval=job.heartbeat_interval,
         coordinator_timeout=job.coordinator_timeout, server_threads=job.server_threads,
-        restore=restore, tables=job.tables, servers=job.servers)
+        restore=restore, tables=job.tables, servers=job.servers,
+        max_pending_pulls=job.max_pending_pulls, max_unacked_pushes=job.max_unacked_pushes,
+        max_message_bytes=job.max_message_bytes)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
@@ -66,30 +68,32 @@ def _push(msg: Message, to) -> Push:
     lo, hi = f["range"]
     return Push(to, msg.src, msg.rid, lo, hi, _arrays(msg, 1)[0], f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                f.get("parts", 0))
+                f.get("parts", 0), f.get("wm"))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:
     keys, values = _arrays(msg, 2)
     f = msg.fields
     return PushSparse(to, msg.src, msg.rid, keys, values, f["step"], f["batch"], f["version"],
-                      float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0))
+                      float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0),
+                      f.get("wm"))
 
 
 def _pull(msg: Message, to) -> Pull:
     f = msg.fields
     lo, hi = f["range"]
-    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi)
+    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi, client=to[0])
 
 
 def _pull_keys(msg: Message, to) -> Pull:
     return Pull(to, time.monotonic(), msg.fields.get("min_version", 0),
-                keys=_arrays(msg, 1)[0])
+                keys=_arrays(msg, 1)[0], client=to[0])
 
 
 def _pull_rows(msg: Message, to) -> PullRows:
     f = msg.fields
-    return PullRows(to, time.monotonic(), f["table"], _arrays(msg, 1)[0], f.get("min_version", 0))
+    return PullRows(to, time.monotonic(), f["table"], _arrays(msg, 1)[0],
+                    f.get("min_version", 0), client=to[0])
 
 
 def _push_rows(msg: Message, to) -> PushRows:
@@ -97,7 +101,7 @@ def _push_rows(msg: Message, to) -> PushRows:
     f = msg.fields
     return PushRows(to, msg.src, msg.rid, f["table"], keys, grads, f["step"], f["batch"],
                     f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                    f.get("parts", 0))
+                    f.get("parts", 0), f.get("wm"))
 
 
 def _coordinator_error(msg: Message, to) -> None:

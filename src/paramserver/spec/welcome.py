@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from paramserver.spec.job import (
-    DTYPES, JobSpec, JobSpecError, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail, _int,
+    DTYPES, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail, _int,
     _name, _num, _part, _plain, _tables,
 )
 
@@ -91,6 +91,10 @@ class ServerJob:
     # The job's sparse tables and how many shards share each one's row budget.
     tables: tuple[TableSpec, ...] = ()
     servers: int = 1
+    # Bounds the server enforces (spec.job.Limits); the message size resolved for this shard.
+    max_message_bytes: int = Limits.chunk_bytes
+    max_pending_pulls: int = Limits.max_pending_pulls
+    max_unacked_pushes: int = Limits.max_unacked_pushes
 
     def __post_init__(self):
         r = self.shard_range
@@ -111,6 +115,9 @@ class ServerJob:
             _fail("restore", self.restore, "a ShardRestore or null")
         object.__setattr__(self, "tables", _tables(self.tables))
         _int("servers", self.servers, 1)
+        _int("max_message_bytes", self.max_message_bytes, 1)
+        _int("max_pending_pulls", self.max_pending_pulls, 1)
+        _int("max_unacked_pushes", self.max_unacked_pushes, 1)
 
     @classmethod
     def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
@@ -119,7 +126,8 @@ class ServerJob:
         limits = job.limits
         return cls((lo, hi), job.dtype, apply_mode, job.optimizer, limits.heartbeat_interval,
                    limits.coordinator_timeout, job.server_threads, restore, job.tables,
-                   job.servers)
+                   job.servers, job.message_limit(hi - lo), limits.max_pending_pulls,
+                   limits.max_unacked_pushes)
 
     def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
         return replace(self, restore=restore)
@@ -135,18 +143,23 @@ class ServerJob:
         if self.tables:
             out["tables"] = [_plain(t) for t in self.tables]
         out["servers"] = self.servers
+        out.update(max_message_bytes=self.max_message_bytes,
+                   max_pending_pulls=self.max_pending_pulls,
+                   max_unacked_pushes=self.max_unacked_pushes)
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "ServerJob":
         d = _fields_of(cls, data, "server job")
         what = "server job"
-        optional = ("restore", "tables", "servers")
+        optional = ("restore", "tables", "servers", "max_message_bytes", "max_pending_pulls",
+                    "max_unacked_pushes")
         args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name not in optional}
         args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
         restore = d.pop("restore", None)
         return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore),
-                   tables=d.pop("tables", ()), servers=d.pop("servers", 1))
+                   tables=d.pop("tables", ()), servers=d.pop("servers", 1),
+                   **{k: d.pop(k) for k in optional[3:] if k in d})
 
 
 @dataclass(frozen=True)
