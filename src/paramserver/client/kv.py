@@ -648,6 +648,8 @@ class KVWorker:
         for s in self.shards:
             s.sock.close(0)
         self.ctx.term()
+        if self.arena is not None:  # the shards see it let go and unmap it
+            self.arena.close()
         if self._shaped:
             unshape()
 

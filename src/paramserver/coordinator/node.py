@@ -26,6 +26,7 @@ from paramserver.runlog.checkpoint import latest
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security
 from paramserver.wire import Message, WireError
+from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,11 @@ class CoordinatorNode:
     # ---- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
         ctx = new_context()
+        # Every message to the coordinator is a header (at most 64 KB): a larger frame drops
+        # its sender's connection before it is read.
         self.sock, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
-                                      advertise=self.advertise)
+                                      advertise=self.advertise,
+                                      max_message=CONTROL_MESSAGE_BYTES)
         if self.address_file:
             with open(self.address_file + ".tmp", "w") as f:
                 f.write(addr)

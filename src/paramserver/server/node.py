@@ -20,11 +20,20 @@ from paramserver.server.events import (
 from paramserver.server.store import StoreError, spare_buffers
 from paramserver.spec.welcome import ServerJob
 from paramserver.transport import (
-    advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
+    PortHold, advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context,
+    return_freed_memory, security, shm,
 )
+from paramserver.transport.shm_arena import drop_departed
+from paramserver.transport.zmq_sockets import router_address
 from paramserver.wire import Message, WireError
+from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+# keep_freed_memory keeps freed frames' memory for the next frame, which suits frames up to the
+# chunk size (16 MB by default) that come all day; after one above this size the heap's free
+# pages go back to the kernel at the next tick, so a rare big frame leaves no peak behind.
+TRIM_ABOVE = 64 << 20
 
 WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pull_rows",
               "push_rows")
@@ -146,6 +155,7 @@ class ServerNode:
         self.src = "server"
         self.running = True
         self.core: ShardCore | None = None
+        self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -158,8 +168,13 @@ class ServerNode:
             raise RuntimeError(f"coordinator refused registration: {getattr(msg, 'fields', msg)}")
         return msg
 
-    def _build_core(self, welcome: Message) -> None:
+    def _build_core(self, welcome: Message, ctx: zmq.Context, hold) -> None:
         s = self.settings = shard_settings(welcome, self.pull_timeout)
+        # Bound only now, when the job has said how large a frame may be: ZeroMQ then refuses a
+        # larger one before it is read, rather than this process holding it.
+        self.router, self.addr = bind_router(ctx, self.host, self.port, keys=self.keys,
+                                             advertise=self.advertise,
+                                             max_message=s.max_message_bytes, hold=hold)
         self.src = f"s{s.rank}"
         self.core = ShardCore(s, alloc=self._shared_values(s.hi - s.lo, s.dtype))
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
@@ -192,19 +207,26 @@ class ServerNode:
         if self.reuse_memory:
             keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
-        self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
-                                        advertise=self.advertise)
-        self.addr = addr
-        self.coord = connect_dealer(ctx, self.join, keys=self.keys)
+        # The port is held until the welcome says the largest frame to accept (see _build_core).
+        hold = PortHold(self.host, self.port)
+        addr = router_address(self.host, hold.port, advertise=self.advertise)
+        self.router = None
+        # The coordinator sends headers only (welcomes, commands): nothing large may come.
+        self.coord = connect_dealer(ctx, self.join, keys=self.keys,
+                                    max_message=CONTROL_MESSAGE_BYTES)
         try:
-            self._build_core(self._register(addr))
+            try:
+                self._build_core(self._register(addr), ctx, hold)
+            finally:
+                hold.release()
             st = self.core.store
             log.info("server %s serving keys [%d, %d) at %s", self.src, st.range.lo,
                      st.range.hi, addr)
             self._loop()
             return 0
         finally:
-            self.router.close(0)
+            if self.router is not None:
+                self.router.close(0)
             self.coord.close(0)
             ctx.term()
 
@@ -219,10 +241,14 @@ class ServerNode:
         # load: its torch threads included), beside the time spent waiting for them.
         busy = 0.0
         clock = time.perf_counter
+        tidy_at = 0.0
         while self.running:
             now = time.monotonic()
             if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
                 self._execute(core.handle(TimePassed(now, busy)))
+            if now >= tidy_at:
+                tidy_at = now + self.settings.heartbeat_interval
+                self._tidy()
             timeout = max(0.0, core.next_wakeup() - now)
             for sock, _ in poller.poll(timeout * 1000):
                 if sock is self.coord:
@@ -231,6 +257,16 @@ class ServerNode:
                 self._drain(sock)
                 busy += clock() - began
             self._check_coordinator()
+
+    def _tidy(self) -> None:
+        """Memory nothing else gives back: the arenas of clients that left or died, and the
+        heap's free pages after a big frame."""
+        gone = drop_departed(self.router)
+        if gone:
+            log.info("unmapped the shared memory of %d client(s) that left", gone)
+        if self.big_frame:
+            self.big_frame = False
+            return_freed_memory()
 
     def _check_coordinator(self) -> None:
         """The coordinator answers every heartbeat: long silence means it is gone, and a
@@ -248,6 +284,9 @@ class ServerNode:
                 ident, msg, frames = rpc.recv_nowait(sock, routed)
             except zmq.Again:
                 return
+            for f in frames:
+                if len(f) > TRIM_ABOVE:
+                    self.big_frame = True
             if isinstance(msg, WireError):
                 rpc.refuse(sock, ident, msg, self.src, frames)
                 continue

@@ -10,6 +10,9 @@ MAX_ELEMENTS = 1 << 31
 # Keys in one pull_rows/push_rows: a bigger batch is refused (by the client before sending, by
 # the server if one comes anyway) rather than answered with gigabytes in one message.
 MAX_KEYS_PER_REQUEST = 1 << 22
+# The largest frame a control socket takes (the coordinator's, a server's from the
+# coordinator): those messages are headers only (at most codec.MAX_HEADER_BYTES, 64 KB).
+CONTROL_MESSAGE_BYTES = 1 << 20
 
 INT, FLOAT, STR, BOOL, LIST, DICT = int, (int, float), str, bool, (list, tuple), dict
 RANGE = "range"  # [lo, hi) of non-negative ints
