@@ -166,10 +166,27 @@ def _client(addr: str, keys: int, hold: float) -> None:
     kv = KVWorker(addr, role="observer", heartbeat=False)
     grad = kv.shared_buffer()
     grad[:] = 1.0
-    kv.push(grad, step=0, batch=1)
-    kv.pull()
+    for step in range(5):  # the first may go before the arenas' handshake is done
+        kv.push(grad, step=step, batch=1)
+        kv.pull()
+        time.sleep(0.05)
     time.sleep(hold)
     kv.close()
+
+
+def arenas(proc: psutil.Process) -> tuple[int, float]:
+    """(arenas mapped, MB of them resident) in `proc`, its own arena among them."""
+    inodes, rss = set(), 0
+    with open(f"/proc/{proc.pid}/smaps") as f:
+        mapped = False
+        for line in f:
+            if "-" in line.split()[0] and len(line.split()) >= 5 and ":" in line.split()[3]:
+                mapped = "paramserver-arena" in line
+                if mapped:
+                    inodes.add(line.split()[4])
+            elif mapped and line.startswith("Rss:"):
+                rss += int(line.split()[1])
+    return len(inodes), rss / 1024
 
 
 def churn(args) -> None:
@@ -179,8 +196,10 @@ def churn(args) -> None:
         kv = KVWorker(j.cluster.address, shared_memory=False)
         kv.init(np.zeros(keys, np.float32))
         time.sleep(1.0)
+        n, shared = arenas(j.server)
         print(f"churn: {args.clients} clients of {keys * 4 / MB:.1f} MB arenas; server RSS "
-              f"{j.rss_mb():.0f} MB at the start")
+              f"{j.rss_mb():.0f} MB at the start, {n} arena(s) mapped ({shared:.1f} MB "
+              f"resident)")
         for i in range(args.clients):
             kill = args.kill_every and (i + 1) % args.kill_every == 0
             p = ctx.Process(target=_client, args=(j.cluster.address, keys, 30.0 if kill else 0))
@@ -191,7 +210,9 @@ def churn(args) -> None:
             p.join(120)
             if (i + 1) % 10 == 0:
                 time.sleep(1.0)  # a tick or two for the shard to tidy
-                print(f"  after {i + 1:3d} clients: server RSS {j.rss_mb():.0f} MB")
+                n, shared = arenas(j.server)
+                print(f"  after {i + 1:3d} clients: server RSS {j.rss_mb():.0f} MB, {n} "
+                      f"arena(s) mapped ({shared:.1f} MB resident)")
         kv.close()
 
 

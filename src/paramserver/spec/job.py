@@ -389,7 +389,8 @@ class JobSpec:
                           compress_options=c.compress_options, push_range=c.push_range,
                           schedule=c.schedule),
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
-                          start_timeout=start_timeout_for(num_keys, c.dtype)),
+                          start_timeout=start_timeout_for(num_keys, c.dtype),
+                          max_message_bytes=c.max_message_bytes),
             tables=tuple(tables))
 
     def message_limit(self, keys: int | None = None) -> int:
