@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from paramserver.spec.job import (
-    DTYPES, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail, _int,
-    _name, _num, _part, _plain, _tables,
+    DTYPES, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail,
+    _int, _name, _num, _part, _plain, _tables,
 )
 
 APPLY_MODES = ("round", "arrival")

@@ -83,7 +83,9 @@ class PortHold:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if port:  # a port given (a restarted server's) may have connections in TIME_WAIT
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Without SO_REUSEADDR no other socket may bind the port while it is held.
         self._sock.bind(("0.0.0.0" if is_wildcard(host) else host, port))
         self.port = self._sock.getsockname()[1]
 
