@@ -92,17 +92,18 @@ class PendingPulls:
         return [p for _, p in ready]
 
     def expire(self, now: float) -> list[Pull]:
-        """Remove and return the pulls whose deadline is `now` or earlier."""
+        """Remove and return, in arrival order, the pulls whose deadline is `now` or earlier."""
         heap, expired = self._by_deadline, []
         while heap and heap[0][0] <= now:
             _, seq, to = heapq.heappop(heap)
             pull = self._take(to, seq)
             if pull is not None:
-                expired.append(pull)
+                expired.append((seq, pull))
         if not self._pulls:  # nothing waits: drop what is left of answered pulls' entries
             self._by_version.clear()
             self._by_deadline.clear()
-        return expired
+        expired.sort(key=lambda sp: sp[0])  # in arrival order, as reached()
+        return [p for _, p in expired]
 
     def _compact(self) -> None:
         """Heaps rebuilt from the pulls still waiting: entries of pulls answered or expired
