@@ -82,11 +82,12 @@ class PortHold:
     its address when it registers, but binds only once the welcome told it its limits."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
         if port:  # a port given (a restarted server's) may have connections in TIME_WAIT
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Without SO_REUSEADDR no other socket may bind the port while it is held.
-        self._sock.bind(("0.0.0.0" if is_wildcard(host) else host, port))
+        self._sock.bind(("0.0.0.0" if is_wildcard(host) else host.strip("[]"), port))
         self.port = self._sock.getsockname()[1]
 
     def release(self) -> None:
