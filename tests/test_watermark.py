@@ -66,6 +66,24 @@ def test_a_push_beyond_the_depth_and_a_sender_beyond_the_table_are_refused_not_f
     assert again.dump() == table.dump() and again.lookup("a", 1) is FORGOTTEN
 
 
+def test_the_client_watermark_is_its_lowest_unanswered_push_per_shard():
+    from paramserver.client.core import WorkerCore
+    from paramserver.core.keyspace import KeyRange
+    core = WorkerCore()
+    core.welcome(0, [KeyRange(0, 4), KeyRange(4, 8)], 8)
+    a = core.request(0, "push a", push=True)
+    core.request(0, "pull", push=False)  # pulls are not applied: they hold no watermark
+    b = core.request(0, "push b", push=True)
+    c = core.request(1, "push c", push=True)
+    assert (core.watermark(0), core.watermark(1)) == (a, c)
+    core.reply(b, "ack b")  # answered behind an unanswered one: still counted
+    assert (core.watermark(0), core.unacked(0)) == (a, 2)
+    core.reply(a, "ack a")
+    assert (core.watermark(0), core.unacked(0)) == (core.rid + 1, 0)
+    core.forget([c])  # given up on: never sent again
+    assert core.watermark(1) == core.rid + 1 and core.oldest_push(1) is None
+
+
 # ---- live: real processes, real sockets ----------------------------------------------------------
 def _state(kv, shard=0):
     rid = kv.requests.send(shard, Message("status"))
