@@ -30,6 +30,7 @@ class RestoreFrom:
     tag: str
     version_floor: int = 0  # the rounds the coordinator applied: pulls wait for no less
     restart: bool = False  # back after a crash: the coordinator counts what was lost
+    initial: bool = False  # uncommitted checkpoint 0: none saved means start empty
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ShardSettings:
     max_pending_pulls: int = _LIMITS.max_pending_pulls  # waiting pulls per client
     max_unacked_pushes: int = _LIMITS.max_unacked_pushes  # the dedup table's depth per sender
     max_message_bytes: int = _LIMITS.chunk_bytes  # (the node's) largest frame received
+    initial_checkpoint_dir: str | None = None  # where checkpoint 0 goes once initialized
 
 
 # ---- events -------------------------------------------------------------------------------------
