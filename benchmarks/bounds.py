@@ -14,6 +14,8 @@ server process with psutil:
 - churn: --clients clients (default 60) one after another, each a process that maps the
   shard's arena and offers its own, pushes from its shared buffer, pulls, then leaves (every
   --kill-every'th is SIGKILLed instead); the shard's RSS after each 10.
+- hotpath: what the exactly-once watermark costs per push (the shard core, the codec, the
+  client's bookkeeping), with and without it, interleaved in one process (this tree only).
 
 Run it against two trees for before/after (the script runs the tree on PYTHONPATH):
   PYTHONPATH=/work/main/src .venv/bin/python benchmarks/bounds.py all
@@ -216,9 +218,80 @@ def churn(args) -> None:
         kv.close()
 
 
+# ---- hotpath -------------------------------------------------------------------------------------
+def hotpath(args) -> None:
+    """The watermark's cost per push, piece by piece, with and without it in one process."""
+    import statistics
+    from paramserver.client.core import WorkerCore
+    from paramserver.core.keyspace import KeyRange
+    from paramserver.server.core import ShardCore
+    from paramserver.server.events import Init, Push, ShardSettings
+    from paramserver.wire import decode, encode
+    n, g = 16, np.ones(16, np.float32)
+
+    def core():
+        c = ShardCore(ShardSettings(rank=0, lo=0, hi=n, dtype="float32",
+                                    apply_mode="arrival", optimizer="sgd", lr=0.1))
+        c.handle(Init("i", 0, n, np.zeros(n, np.float32)))
+        return c
+
+    def pushes(c, marked):
+        rid = [0]
+
+        def run(k):
+            for _ in range(k):
+                rid[0] += 1
+                r = rid[0]
+                c.handle(Push(("p", r), "w", r, 0, n, g, 0, 1, 0, 1.0, 0, 0,
+                              r if marked else None))
+        return run
+
+    def codec(wm):
+        f = {"range": [0, n], "step": 0, "version": 0, "batch": 1, "scale": 1.0}
+        m = Message("push", dict(f, wm=5) if wm else f, [g], rid=5, src="w-1234-abcdef")
+
+        def run(k):
+            for _ in range(k):
+                decode(encode(m))
+        return run
+
+    wc = WorkerCore()
+    wc.welcome(0, [KeyRange(0, n)], n)
+
+    def client(marked):
+        def run(k):
+            for _ in range(k):
+                if marked:
+                    wc.unacked(0)
+                rid = wc.request(0, None, marked)
+                if marked:
+                    wc.watermark(0)
+                wc.reply(rid, 1)
+                wc.take([rid])
+        return run
+
+    def per_call(fn, reps=20000):
+        times = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            fn(reps)
+            times.append((time.perf_counter() - t0) / reps)
+        return statistics.median(times) * 1e6
+
+    for name, a, b in (("shard core handle(Push)", pushes(core(), False), pushes(core(), True)),
+                       ("encode+decode of a push", codec(False), codec(True)),
+                       ("client bookkeeping", client(False), client(True))):
+        x, y = [], []
+        for _ in range(3):  # interleaved
+            x.append(per_call(a))
+            y.append(per_call(b))
+        print(f"{name}: {statistics.median(x):.2f} us without the watermark, "
+              f"{statistics.median(y):.2f} us with")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("scenario", choices=("frame", "flood", "churn", "all"))
+    ap.add_argument("scenario", choices=("frame", "flood", "churn", "hotpath", "all"))
     ap.add_argument("--frame-mb", type=int, default=1024)
     ap.add_argument("--limit-mb", type=int, default=0, help="max_message_bytes (0: derived)")
     ap.add_argument("--pulls", type=int, default=20000)
@@ -233,7 +306,7 @@ def main() -> int:
     for name in (("frame", "flood", "churn") if args.scenario == "all" else (args.scenario,)):
         a = argparse.Namespace(**vars(args))
         a.clients = args.clients or (60 if name == "churn" else 1)
-        {"frame": frame, "flood": flood, "churn": churn}[name](a)
+        {"frame": frame, "flood": flood, "churn": churn, "hotpath": hotpath}[name](a)
     return 0
 
 
