@@ -21,6 +21,7 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import latest
 from paramserver.spec.job import JobSpec
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # The longest the loop sleeps without looking at the time (the core's wake-up may be later).
 MAX_WAIT = 0.2
+# What turning a parsed request into an event may raise: refused with an error reply.
+REFUSED = (ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
 # ---- op -> event: how each request becomes a stimulus of the core (dask's stream_handlers) ----
@@ -87,6 +90,8 @@ class CoordinatorNode:
                                       latest(Path(root)) if root is not None else None)
         self.finished = False
         self.failure: str | None = None
+        # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
+        self.refusals = RefusalLog(log.warning, time.monotonic)
         self._execute = {
             SendRelease: self._send_release, ToServers: self._to_servers, Reply: self._reply,
             AppendEvent: self._append_event, AppendMetric: self._append_metric,
@@ -136,6 +141,7 @@ class CoordinatorNode:
             if sock.poll(wait * 1000):
                 self._drain()
             self.execute(state.handle(TimePassed(self.now())))
+            self.refusals.flush()
 
     def _drain(self) -> None:
         handle, execute, events, sock = self.state.handle, self.execute, EVENTS, self.sock
@@ -145,7 +151,7 @@ class CoordinatorNode:
             except zmq.Again:
                 return
             if isinstance(msg, WireError):
-                rpc.refuse(sock, ident, msg, "coord", frames)
+                rpc.refuse(sock, ident, msg, "coord", frames, self.refusals)
                 continue
             try:
                 make = events.get(msg.op)
@@ -158,8 +164,9 @@ class CoordinatorNode:
                     if role is not None:
                         security.check_role(ident, role, True)
                 event = make(msg, time.monotonic() - self.t0, (ident, msg.rid), ident)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
+            except REFUSED as exc:
+                self.refusals.refused(f"{msg.src!r} ({rpc.peer_name(ident)})",
+                                      f"{msg.op}: {exc}")
                 self._reply(Reply((ident, msg.rid), "error", {"msg": str(exc),
                                                              "code": "refused"}))
                 continue

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.server.checkpoint import read_shard, write_shard
 from paramserver.server.core import ShardCore
@@ -30,6 +31,9 @@ WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pul
               "push_rows")
 # Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
 WRITE_OPS = ("init", "push", "push_sparse", "push_rows")
+# What a request that parsed may still raise in its handling: refused with an error reply, the
+# server goes on. (OverflowError, IndexError: numbers that fit the wire but not an array.)
+REFUSED = (StoreError, ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
 def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
@@ -142,6 +146,8 @@ class ServerNode:
         self.src = "server"
         self.running = True
         self.core: ShardCore | None = None
+        # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
+        self.refusals = RefusalLog(log.warning, time.monotonic)
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -227,6 +233,7 @@ class ServerNode:
                 self._drain(sock)
                 busy += clock() - began
             self._check_coordinator()
+            self.refusals.flush()
 
     def _check_coordinator(self) -> None:
         """The coordinator answers every heartbeat: long silence means it is gone, and a
@@ -245,11 +252,14 @@ class ServerNode:
             except zmq.Again:
                 return
             if isinstance(msg, WireError):
-                rpc.refuse(sock, ident, msg, self.src, frames)
+                rpc.refuse(sock, ident, msg, self.src, frames, self.refusals)
                 continue
             try:
                 self._dispatch(ident, msg, routed)
-            except (StoreError, ValueError, KeyError, TypeError) as exc:
+            except REFUSED as exc:
+                # As the coordinator does: a refused role or op is seen in the log.
+                self.refusals.refused(f"{msg.src!r} ({rpc.peer_name(ident)})",
+                                      f"{msg.op}: {exc}")
                 rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                        rid=msg.rid, src=self.src), ident)
             if not rpc.queued(sock):
