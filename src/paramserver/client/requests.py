@@ -112,7 +112,8 @@ class ShardRequests:
                 continue
             if isinstance(reply, WireError):
                 shm.release_frames(frames)
-                self.refusals.refused(self._name(sock), str(reply))
+                name = self._name(sock)
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
                 continue
             # Frames in a server's arena stay lent (the server leaves them be) until let go.
             lent = frames if any(isinstance(f, shm.SharedFrame) for f in frames) else None

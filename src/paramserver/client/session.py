@@ -88,7 +88,8 @@ class CoordinatorSession:
             if reply is None:
                 continue
             if isinstance(reply, WireError):
-                self.refusals.refused(f"the coordinator at {self.join}", str(reply))
+                name = f"the coordinator at {self.join}"
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
                 continue
             if reply.rid != msg.rid:
                 continue  # a late answer to an earlier, timed-out request

@@ -165,8 +165,8 @@ class CoordinatorNode:
                         security.check_role(ident, role, True)
                 event = make(msg, time.monotonic() - self.t0, (ident, msg.rid), ident)
             except REFUSED as exc:
-                self.refusals.refused(f"{msg.src!r} ({rpc.peer_name(ident)})",
-                                      f"{msg.op}: {exc}")
+                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
                 self._reply(Reply((ident, msg.rid), "error", {"msg": str(exc),
                                                              "code": "refused"}))
                 continue
@@ -209,7 +209,10 @@ class CoordinatorNode:
         save_coordinator_state(self.state.schedule.root, i.tag, i.state)
 
     def _warn(self, i: Warn) -> None:
-        log.warning("%s", i.message)
+        if i.source is not None:  # a refused request: a flood of them costs a few lines
+            self.refusals.refused(repr(i.source), i.message)
+        else:
+            log.warning("%s", i.message)
 
     def _finish(self, i: Finish) -> None:
         if i.failure is not None:

@@ -39,8 +39,9 @@ class RefusalLog:
         self.total = 0  # refusals since start, logged or not
         self._due = float("inf")  # the earliest end of an open window
 
-    def refused(self, source: str, text: str) -> None:
-        """`source` (who sent it) had a frame or request refused for reason `text`."""
+    def refused(self, source: str, line: str) -> None:
+        """`source` (who sent it) had a frame or request refused; `line` says so (it is
+        written if this source's burst allows)."""
         now = self.clock()
         self.total += 1
         if now >= self._due:
@@ -55,7 +56,7 @@ class RefusalLog:
                 self._due = min(self._due, now + self.window)
         if w.logged < self.burst:
             w.logged += 1
-            self.emit(f"refused a frame from {source}: {text}")
+            self.emit(line)
         else:
             w.suppressed += 1
 

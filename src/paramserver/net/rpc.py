@@ -59,7 +59,8 @@ def refuse(sock: zmq.Socket, identity: bytes | None, error: WireError, src: str,
             rid = head["rid"]
     except Exception:  # the header itself may be the garbage, or there are no frames
         pass
-    refusals.refused(peer_name(identity), str(error))
+    peer = peer_name(identity)
+    refusals.refused(peer, f"refused a frame from {peer}: {error}")
     send(sock, reply_error(rid, src, str(error)), identity)
 
 

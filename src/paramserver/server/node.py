@@ -258,8 +258,8 @@ class ServerNode:
                 self._dispatch(ident, msg, routed)
             except REFUSED as exc:
                 # As the coordinator does: a refused role or op is seen in the log.
-                self.refusals.refused(f"{msg.src!r} ({rpc.peer_name(ident)})",
-                                      f"{msg.op}: {exc}")
+                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
                 rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                        rid=msg.rid, src=self.src), ident)
             if not rpc.queued(sock):
