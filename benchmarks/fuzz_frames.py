@@ -43,21 +43,29 @@ def rss_mb(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2 ** 20
 
 
-def flood(ctx, addr: str, n: int, rng: random.Random, seeds) -> tuple[int, float]:
-    """n hostile frames to the ROUTER at `addr`: (answers received, seconds)."""
+def flood(ctx, addr: str, n: int, rng: random.Random, seeds,
+          pid: int | None = None) -> tuple[int, float, list[float]]:
+    """n hostile frames to the ROUTER at `addr`: (answers received, seconds, the RSS of
+    process `pid` in MB after each quarter of them)."""
     rogues = [fuzz_wire.Rogue(ctx, addr, seeds) for _ in range(ROGUES)]
+    quarters = {n * q // 4 for q in (1, 2, 3)}
+    rss = []
     t0 = time.perf_counter()
     for i in range(n):
         frames = fuzz_wire.mutate(rng, seeds)
         if frames:
             rogues[i % ROGUES].send(frames)
+        if pid is not None and i + 1 in quarters:
+            rss.append(rss_mb(pid))
     for r in rogues:
         r.drain(2000)
     secs = time.perf_counter() - t0
+    if pid is not None:
+        rss.append(rss_mb(pid))
     answers = sum(r.replies for r in rogues)
     for r in rogues:
         r.close()
-    return answers, secs
+    return answers, secs, rss
 
 
 def worker_path(m: int, rng: random.Random, seeds) -> dict:
@@ -119,16 +127,16 @@ def main() -> int:
                     flood(ctx, addr, WARMUP, rng, seeds)
                     warm = rss_mb(pid)
                     log_before = child.log_path.stat().st_size
-                    answers, secs = flood(ctx, addr, args.frames, rng, seeds)
-                    end = rss_mb(pid)
+                    answers, secs, rss = flood(ctx, addr, args.frames, rng, seeds, pid)
                     alive = child.proc.poll() is None
                     ok &= alive
+                    grown = child.log_path.stat().st_size - log_before
                     print(f"{name}: {args.frames:,} frames in {secs:.0f} s "
                           f"({args.frames / secs:,.0f} frames/s), {answers:,} answers; "
                           f"alive: {alive}; RSS {cold:.1f} MB at start, {warm:.1f} MB after "
-                          f"{WARMUP:,} warm-up frames, {end:.1f} MB at the end "
-                          f"({end - warm:+.1f} MB); log +{child.log_path.stat().st_size - log_before:,} "
-                          f"bytes", flush=True)
+                          f"{WARMUP:,} warm-up frames, then after each quarter: "
+                          f"{', '.join(f'{r:.1f}' for r in rss)} MB "
+                          f"({rss[-1] - warm:+.1f} MB); log +{grown:,} bytes", flush=True)
             finally:
                 ctx.destroy(linger=0)
             before = kv.pull()

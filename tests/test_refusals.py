@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from paramserver.client.kv import KVWorker
-from paramserver.core.ratelimit import OTHERS, RefusalLog
+from paramserver.core.ratelimit import MAX_LINE, OTHERS, RefusalLog
 from paramserver.net import rpc
 from paramserver.transport import connect_dealer, shm
 from paramserver.transport.shm_frames import (
@@ -65,6 +65,12 @@ def test_a_window_with_nothing_held_back_ends_silently():
     clock.t = 5.0
     log.flush()
     assert lines == ["refused a frame from p: bad"] and not log.windows
+
+
+def test_lines_quoting_a_sender_are_cut():
+    lines = []
+    RefusalLog(lines.append, Clock()).refused("p", "version " + "x" * 60_000)
+    assert len(lines[0]) <= MAX_LINE and lines[0].endswith("...")
 
 
 def test_refusal_log_settings_are_checked():

@@ -14,6 +14,8 @@ from typing import Callable
 # Refusals from senders beyond `max_sources` in one window are counted under this name, so a
 # flood from ever new identities cannot grow the table either.
 OTHERS = "other peers"
+# A refusal's reason may quote the sender's bytes (a 60 KB "protocol version"): lines are cut.
+MAX_LINE = 400
 
 
 @dataclass
@@ -56,7 +58,7 @@ class RefusalLog:
                 self._due = min(self._due, now + self.window)
         if w.logged < self.burst:
             w.logged += 1
-            self.emit(line)
+            self.emit(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
         else:
             w.suppressed += 1
 
