@@ -10,6 +10,7 @@ a ROUTER standing where a shard would be answers a DEALER that offered its arena
 client's ShardRequests takes them in (rpc.recv, the handshake, the codec, WorkerCore.reply).
 
 Usage: python benchmarks/fuzz_frames.py [--frames 1000000] [--worker-frames 200000] [--seed 0]
+                                        [--roles server,coordinator]
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=1_000_000, help="per role (server, coordinator)")
     p.add_argument("--worker-frames", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--roles", default="server,coordinator",
+                   help="which live roles to flood, comma-separated")
     args = p.parse_args()
     rng = random.Random(args.seed)
     seeds = fuzz_wire.ShmSeeds()
@@ -122,6 +125,8 @@ def main() -> int:
             ctx = zmq.Context()
             try:
                 for name, (child, addr) in roles.items():
+                    if name not in args.roles.split(","):
+                        continue
                     pid = child.proc.pid
                     cold = rss_mb(pid)
                     flood(ctx, addr, WARMUP, rng, seeds)
