@@ -9,15 +9,19 @@ address, and servers apply a push only once per (sender, id).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import zmq
 
 from paramserver.client.core import WorkerCore
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import shm
 from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
 
 
 # Requests a shard applies once, by (sender, rid): each carries the sender's watermark (wm).
@@ -41,6 +45,9 @@ class ShardRequests:
         self.max_unacked = max_unacked
         self.max_message = max_message or [1 << 62] * len(shards)
         self.retries = 0
+        # Bad frames from a server are dropped (the request is re-sent, or times out naming
+        # the server) and logged at a bounded rate.
+        self.refusals = RefusalLog(log.warning, time.monotonic)
         self.poller = zmq.Poller()
         for s in shards:
             self.poller.register(s.sock, zmq.POLLIN)
@@ -131,11 +138,17 @@ class ShardRequests:
                 continue
             if isinstance(reply, WireError):
                 shm.release_frames(frames)
-                raise RemoteError(f"a server sent a bad frame: {reply}")
+                name = self._name(sock)
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
+                continue
             # Frames in a server's arena stay lent (the server leaves them be) until let go.
             lent = frames if any(isinstance(f, shm.SharedFrame) for f in frames) else None
             if not self.core.reply(reply.rid, reply, lent):
                 shm.release_frames(frames)
+
+    def _name(self, sock) -> str:
+        return next((f"server {s.rank} at {s.addr}" for s in self.shards if s.sock is sock),
+                    "a server")
 
     def let_go(self, rid: int) -> None:
         """Done with reply `rid`: frames of it that live in a server's arena are released."""

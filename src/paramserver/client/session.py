@@ -3,16 +3,21 @@ start, clock, status, report, bye), the heartbeat thread, and judging the coordi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
 
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
+
 
 class CoordinatorSession:
     """Calls to the coordinator at `join`, each answered by its own request id, and the
@@ -28,6 +33,9 @@ class CoordinatorSession:
         self.coordinator_timeout = 60.0
         self._stop_beat = threading.Event()
         self._beat: threading.Thread | None = None
+        # Bad frames from the coordinator are dropped (the call waits on, bounded by its
+        # timeout) and logged at a bounded rate.
+        self.refusals = RefusalLog(log.warning, time.monotonic)
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -80,7 +88,9 @@ class CoordinatorSession:
             if reply is None:
                 continue
             if isinstance(reply, WireError):
-                raise RemoteError(f"coordinator sent a bad frame: {reply}")
+                name = f"the coordinator at {self.join}"
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
+                continue
             if reply.rid != msg.rid:
                 continue  # a late answer to an earlier, timed-out request
             if reply.op == "error":

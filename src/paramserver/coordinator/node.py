@@ -21,6 +21,7 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import latest
 from paramserver.spec.job import JobSpec
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # The longest the loop sleeps without looking at the time (the core's wake-up may be later).
 MAX_WAIT = 0.2
+# What turning a parsed request into an event may raise: refused with an error reply.
+REFUSED = (ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
 # ---- op -> event: how each request becomes a stimulus of the core (dask's stream_handlers) ----
@@ -88,6 +91,8 @@ class CoordinatorNode:
                                       latest(Path(root)) if root is not None else None)
         self.finished = False
         self.failure: str | None = None
+        # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
+        self.refusals = RefusalLog(log.warning, time.monotonic)
         self._execute = {
             SendRelease: self._send_release, ToServers: self._to_servers, Reply: self._reply,
             AppendEvent: self._append_event, AppendMetric: self._append_metric,
@@ -140,6 +145,7 @@ class CoordinatorNode:
             if sock.poll(wait * 1000):
                 self._drain()
             self.execute(state.handle(TimePassed(self.now())))
+            self.refusals.flush()
 
     def _drain(self) -> None:
         handle, execute, events, sock = self.state.handle, self.execute, EVENTS, self.sock
@@ -149,7 +155,7 @@ class CoordinatorNode:
             except zmq.Again:
                 return
             if isinstance(msg, WireError):
-                rpc.refuse(sock, ident, msg, "coord", frames)
+                rpc.refuse(sock, ident, msg, "coord", frames, self.refusals)
                 continue
             try:
                 make = events.get(msg.op)
@@ -162,8 +168,9 @@ class CoordinatorNode:
                     if role is not None:
                         security.check_role(ident, role, True)
                 event = make(msg, time.monotonic() - self.t0, (ident, msg.rid), ident)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
+            except REFUSED as exc:
+                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
                 self._reply(Reply((ident, msg.rid), "error", {"msg": str(exc),
                                                              "code": "refused"}))
                 continue
@@ -206,7 +213,10 @@ class CoordinatorNode:
         save_coordinator_state(self.state.schedule.root, i.tag, i.state)
 
     def _warn(self, i: Warn) -> None:
-        log.warning("%s", i.message)
+        if i.source is not None:  # a refused request: a flood of them costs a few lines
+            self.refusals.refused(repr(i.source), i.message)
+        else:
+            log.warning("%s", i.message)
 
     def _finish(self, i: Finish) -> None:
         if i.failure is not None:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
@@ -41,6 +42,9 @@ WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pul
               "push_rows")
 # Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
 WRITE_OPS = ("init", "push", "push_sparse", "push_rows")
+# What a request that parsed may still raise in its handling: refused with an error reply, the
+# server goes on. (OverflowError, IndexError: numbers that fit the wire but not an array.)
+REFUSED = (StoreError, ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
 def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
@@ -160,6 +164,8 @@ class ServerNode:
         self.running = True
         self.core: ShardCore | None = None
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
+        # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
+        self.refusals = RefusalLog(log.warning, time.monotonic)
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -276,6 +282,7 @@ class ServerNode:
                 self._drain(sock)
                 busy += clock() - began
             self._check_coordinator()
+            self.refusals.flush()
 
     def _tidy(self) -> None:
         """Memory nothing else gives back: the arenas of clients that left or died, and the
@@ -307,11 +314,14 @@ class ServerNode:
                 if len(f) > TRIM_ABOVE:
                     self.big_frame = True
             if isinstance(msg, WireError):
-                rpc.refuse(sock, ident, msg, self.src, frames)
+                rpc.refuse(sock, ident, msg, self.src, frames, self.refusals)
                 continue
             try:
                 self._dispatch(ident, msg, routed)
-            except (StoreError, ValueError, KeyError, TypeError) as exc:
+            except REFUSED as exc:
+                # As the coordinator does: a refused role or op is seen in the log.
+                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
                 rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                        rid=msg.rid, src=self.src), ident)
             if not rpc.queued(sock):

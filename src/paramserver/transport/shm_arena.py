@@ -9,8 +9,13 @@ import weakref
 import numpy as np
 import zmq
 
-HEADER_BYTES = 4096  # the arena's first page: release counters, one uint64 per slot
-SLOTS = HEADER_BYTES // 8
+from paramserver.transport.shm_frames import (
+    HEADER_BYTES, SLOTS, ArenaDesc, ShmFrameError, parse_arena,
+)
+
+# The name Arena gives its memfd: a peer maps only files of that name (a hostile hello may name
+# any process's descriptor).
+MEMFD_NAME = "paramserver-arena"
 
 
 def _host_token() -> str:
@@ -42,7 +47,7 @@ class Arena:
 
     def __init__(self, nbytes: int):
         self.size = HEADER_BYTES + _round_up(max(int(nbytes), 1), 4096)
-        self.fd = os.memfd_create("paramserver-arena", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.map = mmap.mmap(self.fd, self.size)
         self.bytes = np.frombuffer(self.map, dtype=np.uint8)
@@ -83,13 +88,17 @@ class Arena:
 class PeerArena:
     """A peer's arena, mapped read-only here, until the peer lets go of it (close)."""
 
-    def __init__(self, desc: dict):
-        self.path = f"/proc/{int(desc['pid'])}/fd/{int(desc['fd'])}"
+    def __init__(self, desc: ArenaDesc):
+        self.path = f"/proc/{desc.pid}/fd/{desc.fd}"
+        if not os.readlink(self.path).startswith(f"/memfd:{MEMFD_NAME}"):
+            raise ValueError(f"{self.path} is not a paramserver arena")
         with open(self.path, "rb") as f:
-            self.map = mmap.mmap(f.fileno(), int(desc["size"]), prot=mmap.PROT_READ)
             st = os.fstat(f.fileno())
+            if st.st_size < desc.size:
+                raise ValueError(f"{self.path} is smaller than the {desc.size} bytes announced")
+            self.map = mmap.mmap(f.fileno(), desc.size, prot=mmap.PROT_READ)
         self.file = (st.st_dev, st.st_ino)  # the memfd itself, to tell it from a reused fd
-        self.size = int(desc["size"])
+        self.size = desc.size
         self.view = memoryview(self.map)
         self.counters = np.frombuffer(self.map, dtype=np.uint64, count=SLOTS)
         self.closed = False
@@ -116,12 +125,20 @@ class PeerArena:
         return True
 
     @staticmethod
-    def attach(desc) -> "PeerArena | None":
-        if not isinstance(desc, dict) or desc.get("host") != _host_token() or not desc["host"]:
+    def attach(desc: ArenaDesc | dict) -> "PeerArena | None":
+        """The peer's arena mapped, or None where it cannot be (another host or pid namespace,
+        no access, not an arena): then frames travel as bytes. A dict is Arena.describe()'s
+        form, parsed first."""
+        if isinstance(desc, dict):
+            try:
+                desc = parse_arena(desc)
+            except ShmFrameError:
+                return None
+        if desc.host != _host_token() or not desc.host:
             return None
         try:
             return PeerArena(desc)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, OverflowError):
             return None
 
     def frame(self, offset: int, length: int) -> memoryview | None:

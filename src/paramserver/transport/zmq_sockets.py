@@ -226,14 +226,19 @@ def recv_message(sock: zmq.Socket, routed: bool,
                  flags: int = 0) -> tuple[Peer | None, list | None]:
     """One message: (peer identity for ROUTERs, a Peer; frames). Frames sent by reference from
     a peer's shared arena come as shm.SharedFrame (with `.buffer`); a transport-level message
-    (the shared-memory handshake) is answered here and yields (identity, None)."""
+    (the shared-memory handshake) is answered here and yields (identity, None). One that does
+    not parse raises shm.ShmFrameError, its `peer` the sender."""
     frames = recv_all(sock, flags)
     identity = Peer(frames[0]) if routed else None
     body = frames[1:] if routed else frames
     if body:
         head = body[0].buffer
         if len(head) and head[0] == 0:
-            body = shm.intercept(sock, identity, body)
+            try:
+                body = shm.intercept(sock, identity, body)
+            except shm.ShmFrameError as exc:
+                exc.peer = identity  # for the caller's refusal: who sent it
+                raise
         if body is not None and shaping.active():
             shaping.on_recv(body)
     return identity, body
