@@ -147,8 +147,11 @@ class KVWorker:
         self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
         self._arrival = self.spec.apply_mode == "arrival"
         self._streams: list[Handle] = []  # chunked requests with chunks unanswered
-        self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
-                                      settings.retry_interval)
+        limits = self.spec.job.limits
+        self.requests = ShardRequests(
+            self.shards, self.src, self.core, timeout, settings.retry_interval,
+            limits.max_unacked_pushes,
+            [self.spec.job.message_limit(s.range.size) for s in self.shards])
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
                                          shared_memory)
@@ -645,6 +648,8 @@ class KVWorker:
         for s in self.shards:
             s.sock.close(0)
         self.ctx.term()
+        if self.arena is not None:  # the shards see it let go and unmap it
+            self.arena.close()
         if self._shaped:
             unshape()
 

@@ -9,6 +9,7 @@ back `unknown`, so a worker waiting for a release is taken back within a beat or
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -16,10 +17,13 @@ from typing import Callable
 
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
 
 # The longest a wait for an answer goes without looking whether the session re-registered.
 POLL = 0.25
@@ -63,6 +67,9 @@ class CoordinatorSession:
         self._rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0  # monotonic time of the last re-registration
         self.rejoins = 0
+        # Bad frames from the coordinator are dropped (the call waits on, bounded by its
+        # timeout) and logged at a bounded rate.
+        self.refusals = RefusalLog(log.warning, time.monotonic)
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -159,7 +166,9 @@ class CoordinatorSession:
             if reply is None:
                 continue
             if isinstance(reply, WireError):
-                raise RemoteError(f"coordinator sent a bad frame: {reply}")
+                name = f"the coordinator at {self.join}"
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
+                continue
             if reply.rid != msg.rid:
                 continue  # a late answer to an earlier, timed-out request
             if reply.op == "error":
