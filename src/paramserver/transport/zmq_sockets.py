@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sys
+import threading
 from typing import Sequence
 
 import zmq
@@ -15,6 +17,13 @@ from paramserver.transport.addresses import is_wildcard
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
 DEFAULT_HWM = 64
+# No send waits longer than this by default: a peer that died leaves its queue full, and a send
+# into it must not hold the process past its own judgement that the peer is gone.
+SEND_TIMEOUT = 30.0
+# How long closing a context may wait for sockets it does not know of (see terminate).
+TERM_TIMEOUT = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def new_context() -> zmq.Context:
@@ -90,20 +99,44 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
 
 
 def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
-                   hwm: int = DEFAULT_HWM, send_timeout: float | None = None,
+                   hwm: int = DEFAULT_HWM, send_timeout: float = SEND_TIMEOUT,
                    keys=None, peer: str = "coordinator") -> zmq.Socket:
-    """Connect a DEALER; with `send_timeout` (s) a send to a full, unread queue raises zmq.Again.
+    """Connect a DEALER; a send to a queue that stays full for `send_timeout` s (0: at once)
+    raises zmq.Again. (A DEALER keeps queueing for a peer that died: without the bound, the
+    65th send after its death would block forever.)
 
     With `keys` it is a CURVE client that trusts only the public key of role `peer`."""
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, hwm)
     security.secure_dealer(sock, keys, peer)
-    if send_timeout is not None:
-        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+    sock.setsockopt(zmq.SNDTIMEO, max(0, int(send_timeout * 1000)))
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(addr)
     return sock
+
+
+def terminate(ctx: zmq.Context, sockets: Sequence = (), timeout: float = TERM_TIMEOUT) -> bool:
+    """Close `sockets` and the context, waiting at most `timeout` s; False if it did not end.
+
+    zmq_ctx_term waits for every socket of the context to close, so one left open anywhere (a
+    thread's, a monitor's) would hold the process forever. Past the bound the context is left
+    to the process's exit, with a warning: nothing that is still open can be waited for."""
+    for sock in sockets:
+        if sock is not None:
+            sock.close(0)
+    done = threading.Event()
+
+    def term() -> None:
+        ctx.term()
+        done.set()
+
+    threading.Thread(target=term, name="paramserver-term", daemon=True).start()
+    if done.wait(timeout):
+        return True
+    log.warning("the ZeroMQ context did not close within %g s (a socket was left open); "
+                "exiting without it", timeout)
+    return False
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence, identity: bytes | None = None,
