@@ -23,11 +23,14 @@ class CoordinatorSession:
         self.ctx, self.join, self.src, self.keys = ctx, join, src, keys
         self.next_rid = next_rid
         self.timeout, self.release_timeout = timeout, release_timeout
-        self.sock = connect_dealer(ctx, join, keys=keys)
+        # A call's send waits at most `timeout` for room in the coordinator's queue.
+        self.sock = connect_dealer(ctx, join, keys=keys, send_timeout=timeout)
         self.heard = time.monotonic()  # the coordinator's last answer to a heartbeat
         self.coordinator_timeout = 60.0
         self._stop_beat = threading.Event()
         self._beat: threading.Thread | None = None
+        # The shard servers' liveness (client/links.ShardLinks), judged during calls as well.
+        self.servers = None
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -38,32 +41,37 @@ class CoordinatorSession:
         self._beat.start()
 
     def _heartbeat(self, interval: float) -> None:
-        sock = connect_dealer(self.ctx, self.join, keys=self.keys)
+        # A beat never waits: a dead coordinator's queue fills, and a thread blocked in a send
+        # would outlive the session (and keep the context from closing).
+        sock = connect_dealer(self.ctx, self.join, keys=self.keys, send_timeout=0)
         try:
             while not self._stop_beat.wait(interval):
-                rpc.send(sock, Message("heartbeat", src=self.src))
+                rpc.send_or_drop(sock, Message("heartbeat", src=self.src))
                 while sock.poll(0):  # the answers to earlier beats: the coordinator is alive
                     rpc.recv(sock, routed=False)
                     self.heard = time.monotonic()
         finally:
             sock.close(0)
 
-    def _check_alive(self, waiting_since: float) -> None:
+    def check_alive(self, waiting_since: float) -> None:
         """A coordinator that died must not leave its workers waiting for their release
         (release_timeout, minutes) with nothing to wait for."""
-        if self._beat is None:
-            return  # no heartbeats, nothing to judge by
-        silent = time.monotonic() - max(self.heard, waiting_since)
-        limit = self.coordinator_timeout
-        if silent > limit:
-            raise TimeoutError(f"the coordinator at {self.join} has been silent for "
-                               f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
+        if self._beat is not None:  # without heartbeats, nothing to judge it by
+            silent = time.monotonic() - max(self.heard, waiting_since)
+            limit = self.coordinator_timeout
+            if silent > limit:
+                raise TimeoutError(f"the coordinator at {self.join} has been silent for "
+                                   f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
+        if self.servers is not None:  # (second: servers leave once their coordinator is gone)
+            self.servers.check()
 
     # ---- calls ----------------------------------------------------------------------------------
     def call(self, msg: Message, timeout: float, while_waiting=None) -> Message:
         """Send `msg` and wait for the answer to it (an error answer raises RemoteError)."""
         msg.rid, msg.src = self.next_rid(), self.src
-        rpc.send(self.sock, msg)
+        if not rpc.send_or_drop(self.sock, msg):
+            raise TimeoutError(f"coordinator at {self.join} accepted no {msg.op!r} for "
+                               f"{self.timeout:.0f} s (its queue is full)")
         if while_waiting is not None:
             while_waiting()
         since = time.monotonic()
@@ -74,7 +82,7 @@ class CoordinatorSession:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
             if not self.sock.poll(min(left, 1.0) * 1000):
-                self._check_alive(since)
+                self.check_alive(since)
                 continue
             _, reply, _ = rpc.recv(self.sock, routed=False)
             if reply is None:

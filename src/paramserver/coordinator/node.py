@@ -24,7 +24,7 @@ from paramserver.coordinator.state import CoordinatorState
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import latest
 from paramserver.spec.job import JobSpec
-from paramserver.transport import advertised_host, bind_router, new_context, security
+from paramserver.transport import advertised_host, bind_router, new_context, security, terminate
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,7 @@ class CoordinatorNode:
         finally:
             self._to_servers(self.state.shutdown(
                 "job finished" if self.finished else "coordinator stopping"))
-            self.sock.close(0)
-            ctx.term()
+            terminate(ctx, (self.sock,))
             for f in (self.events, self.metrics):
                 if f:
                     f.close()

@@ -21,6 +21,7 @@ from paramserver.server.store import StoreError, spare_buffers
 from paramserver.spec.welcome import ServerJob
 from paramserver.transport import (
     advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
+    terminate,
 )
 from paramserver.wire import Message, WireError
 
@@ -142,6 +143,7 @@ class ServerNode:
         self.src = "server"
         self.running = True
         self.core: ShardCore | None = None
+        self.dropped = 0  # messages to the coordinator dropped on its full queue
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -188,11 +190,14 @@ class ServerNode:
         if self.reuse_memory:
             keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
-        self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
-                                        advertise=self.advertise)
-        self.addr = addr
-        self.coord = connect_dealer(ctx, self.join, keys=self.keys)
+        self.router = self.coord = None
         try:
+            self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
+                                            advertise=self.advertise)
+            self.addr = addr
+            # Sends to the coordinator never wait: a dead one's queue fills (64 heartbeats) and
+            # a blocked send would stop the loop that judges it gone (_check_coordinator).
+            self.coord = connect_dealer(ctx, self.join, keys=self.keys, send_timeout=0)
             self._build_core(self._register(addr))
             st = self.core.store
             log.info("server %s serving keys [%d, %d) at %s", self.src, st.range.lo,
@@ -200,9 +205,7 @@ class ServerNode:
             self._loop()
             return 0
         finally:
-            self.router.close(0)
-            self.coord.close(0)
-            ctx.term()
+            terminate(ctx, (self.router, self.coord))
 
     # ---- main loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -278,7 +281,7 @@ class ServerNode:
                 ident, rid = ins.to
                 msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
                 if ident is None:
-                    rpc.send(self.coord, msg)
+                    self._to_coordinator(msg)
                 elif ins.lend:  # from the live values: the store copies on write until it is out
                     tracker = rpc.send(self.router, msg, ident, track=True)
                     if tracker is not None:
@@ -289,12 +292,21 @@ class ServerNode:
                 self._execute(self.core.handle(ins.event))
             elif kind is Heartbeat:
                 fields = {} if ins.counters is None else {"counters": ins.counters}
-                rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
+                self._to_coordinator(Message("heartbeat", fields, src=self.src))
             elif kind is SaveShard:
                 write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)
             elif kind is ToCoordinator:
-                rpc.send(self.coord, Message(ins.op, ins.fields, src=self.src))
+                self._to_coordinator(Message(ins.op, ins.fields, src=self.src))
             elif kind is Stop:
                 self.running = False
             else:
                 raise TypeError(f"no way to carry out {ins!r}")
+
+    def _to_coordinator(self, msg: Message) -> None:
+        """Send to the coordinator, or drop when its queue is full: it is gone or hopelessly
+        behind, and _check_coordinator ends the server once it has been silent too long."""
+        if not rpc.send_or_drop(self.coord, msg):
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # 1, 2, 4, ...: the log stays short
+                log.warning("the coordinator's queue is full: dropped %s (%d dropped so far)",
+                            msg.op, self.dropped)
