@@ -53,7 +53,7 @@ class ShardLinks:
             if since is not None and now - since > self.limit:
                 s = self.shards[i]
                 raise TimeoutError(f"server {s.rank} at {s.addr} has been unreachable for "
-                                      f"{now - since:.1f} s (limit {self.limit:g} s): it is gone")
+                                   f"{now - since:.1f} s (limit {self.limit:g} s): it is gone")
 
     def close(self) -> None:
         for m in self.monitors:

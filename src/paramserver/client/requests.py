@@ -22,7 +22,7 @@ from paramserver.wire import Message, WireError
 
 
 # The longest a wait goes without asking whether its peers are still there.
-PEER_CHECK = 0.5
+PEER_CHECK = 0.25
 
 
 class ShardRequests:

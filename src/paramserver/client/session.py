@@ -14,6 +14,10 @@ from paramserver.net.rpc import RemoteError
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
 
+# The longest a call waits without asking whether its peers are still there.
+PEER_CHECK = 0.25
+
+
 class CoordinatorSession:
     """Calls to the coordinator at `join`, each answered by its own request id, and the
     heartbeats whose answers tell the coordinator is alive."""
@@ -81,7 +85,7 @@ class CoordinatorSession:
             if left <= 0:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
-            if not self.sock.poll(min(left, 1.0) * 1000):
+            if not self.sock.poll(min(left, PEER_CHECK) * 1000):
                 self.check_alive(since)
                 continue
             _, reply, _ = rpc.recv(self.sock, routed=False)
