@@ -236,6 +236,8 @@ class ServerNode:
         server without it would serve a job that no longer exists forever."""
         silent = time.monotonic() - self.coord_heard
         if silent > self.settings.coordinator_timeout:
+            log.error("the coordinator at %s has been silent for %.1f s; exiting", self.join,
+                      silent)
             raise SystemExit(f"server {self.src}: the coordinator at {self.join} has been "
                              f"silent for {silent:.0f} s; exiting")
 
