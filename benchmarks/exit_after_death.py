@@ -52,12 +52,13 @@ def _job(folder: Path, workers: int, beat: float, timeout: float) -> Path:
     return path
 
 
-def _wait(what: str, ready, procs: dict) -> None:
+def _wait(what: str, ready, procs: dict, folder: Path) -> None:
     deadline = time.monotonic() + STARTUP
     while not ready():
         for name, p in procs.items():
             if p.poll() is not None:
-                raise RuntimeError(f"{name} exited before {what}")
+                tail = (folder / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"{name} exited before {what}:\n{tail}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"no {what} within {STARTUP:.0f} s")
         time.sleep(0.05)
@@ -85,14 +86,14 @@ def one(case, curve: bool, beat: float, timeout: float) -> float:
             start("coordinator", ["coordinator", "--job", str(_job(folder, workers, beat,
                                                                     timeout)),
                                   "--address-file", str(addr_file), "--events", str(events)])
-            _wait("the coordinator's address", addr_file.exists, procs)
+            _wait("the coordinator's address", addr_file.exists, procs, folder)
             addr = addr_file.read_text().strip()
             for r in roles:
                 start(r, [r, "--join", addr])
             text = lambda: events.read_text() if events.exists() else ""  # noqa: E731
             mark = '"barrier_open"' if "worker" in roles else (
                 '"observer_registered"' if "evaluator" in roles else '"server_joined"')
-            _wait(mark, lambda: mark in text(), procs)
+            _wait(mark, lambda: mark in text(), procs, folder)
             time.sleep(1.0)  # (beats sent after the death fill the dead peer's queue)
             os.kill(procs[peer].pid, signal.SIGKILL)
             procs[peer].wait(10)
