@@ -41,3 +41,23 @@ def test_resumed_bsp_run_matches_an_uninterrupted_one(tmp_path):
     summary = json.loads((stopped / "summary.json").read_text())
     assert summary["steps"] == 80  # both parts' step records, 2 workers x 40 rounds
 
+
+
+def test_a_resume_whose_latest_checkpoint_is_corrupt_falls_back_to_the_previous_kept_one(
+        tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train("--steps", "40", "--checkpoint-every", "10", "--out", str(straight))
+    train("--steps", "25", "--checkpoint-every", "10", "--out", str(stopped))
+    ckpt = stopped / "checkpoints"
+    assert latest(ckpt) == f"{25:09d}"
+    path = ckpt / f"ckpt-{25:09d}" / "server-0" / "values.npy"
+    path.write_bytes(path.read_bytes()[:-4])  # a copy cut short
+    proc = train("--resume", str(stopped), "--steps", "40", "--timeout", "120")
+    assert (f"checkpoint {25:09d} is unusable (" in proc.stderr and "truncated" in proc.stderr
+            and f"falling back to the previous kept checkpoint {20:09d}" in proc.stderr)
+    coordinator_log = (stopped / "logs" / "coordinator-0.log").read_text()
+    assert f"resuming from checkpoint {20:09d}" in coordinator_log
+    tag_a, a = final_values(straight / "checkpoints")
+    tag_b, b = final_values(ckpt)
+    assert tag_a == tag_b == f"{40:09d}"
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-9)  # rounds 20..39 done again, as before

@@ -115,3 +115,126 @@ def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):
             cluster.wait()
     finally:
         cluster.stop()
+
+
+def _supervised(cluster):
+    """cluster.wait in a thread; what it raised lands in the returned list."""
+    errors: list = []
+
+    def wait():
+        try:
+            cluster.wait()
+        except Exception as exc:  # the test asserts on it
+            errors.append(exc)
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_a_restarted_server_whose_checkpoint_is_truncated_falls_back_to_the_previous_one(
+        tmp_path):
+    cluster = LocalCluster(_job(tmp_path), tmp_path / "run", job_timeout=120, restart_servers=1)
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor, errors = _supervised(cluster)
+        kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
+        kv.timeout = 30.0
+        try:
+            kv.init(np.zeros(KEYS))
+            release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
+            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+            path = tmp_path / "ckpt" / f"ckpt-{4:09d}" / "server-1" / "values.npy"
+            path.write_bytes(path.read_bytes()[:-8])
+            victim = _server(cluster, 1)
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            release = _steps(kv, release, 5)
+            final = kv.pull(min_version=release.min_version)
+            kv.bye()
+        finally:
+            kv.close()
+        supervisor.join(60)
+        assert not supervisor.is_alive() and not errors
+    finally:
+        cluster.stop()
+    grads = [known_gradient(0, s, KEYS, np.float64) for s in range(10)]
+    expected = -sum(grads)
+    for lost in (2, 3, 4):  # shard 1 restored to checkpoint 2: rounds 2..4 are gone there
+        expected[5:] += grads[lost][5:]
+    np.testing.assert_array_equal(final, expected)
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["server"], r["checkpoint"], r["lost_updates"]) for r in records
+            if r["kind"] == "restart"] == [(1, f"{2:09d}", 3)]
+    log = victim.log_path.read_text()  # (the restarted server writes to the same log)
+    assert (f"checkpoint {4:09d} is unusable (" in log and "values.npy is truncated" in log
+            and f"falling back to the previous kept checkpoint {2:09d}" in log)
+
+
+@pytest.mark.parametrize("when", ["before the start", "after the start"])
+def test_a_server_killed_before_the_first_checkpoint_comes_back_from_its_initial_values(
+        tmp_path, when):
+    """Checkpoint 0 is the initial values: each shard saves it when its init comes, so a
+    server lost before any scheduled checkpoint (even before the coordinator committed
+    checkpoint 0) is restored from it and the job goes on."""
+    job = _job(tmp_path)
+    job["checkpoint"]["every"] = 1000
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, restart_servers=1)
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor, errors = _supervised(cluster)
+        kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
+        kv.timeout = 30.0
+        try:
+            init = np.arange(KEYS, dtype=np.float64) * 10
+            kv.init(init)
+            if when == "before the start":
+                os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+                release = kv.start()
+            else:
+                release = kv.start()
+                os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            release = _steps(kv, release, 4)
+            final = kv.pull(min_version=release.min_version)
+            kv.bye()
+        finally:
+            kv.close()
+        supervisor.join(60)
+        assert not supervisor.is_alive() and not errors
+    finally:
+        cluster.stop()
+    # Nothing was applied before the death: nothing is lost.
+    expected = init - sum(known_gradient(0, s, KEYS, np.float64) for s in range(4))
+    np.testing.assert_array_equal(final, expected)
+    assert cluster.server_restarts == 1
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["server"], r["checkpoint"], r["lost_updates"]) for r in records
+            if r["kind"] == "restart"] == [(1, f"{0:09d}", 0)]
+
+
+def test_a_restarted_server_with_no_usable_checkpoint_ends_the_job_at_once_naming_why(tmp_path):
+    """Not the coordinator's restart_timeout (120 s) later with 'did not come back': the
+    server exits as soon as it has looked, and the launcher names what it found."""
+    # Plaintext: this test is about the checkpoint, not about how a keyed process exits.
+    cluster = LocalCluster(_job(tmp_path), tmp_path / "run", job_timeout=120, restart_servers=1,
+                           keys=None)
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor, errors = _supervised(cluster)
+        kv = KVWorker(cluster.address)
+        kv.timeout = 5.0
+        try:
+            kv.init(np.zeros(KEYS))
+            _steps(kv, kv.start(), 5)
+            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+            for tag in (2, 4):
+                path = tmp_path / "ckpt" / f"ckpt-{tag:09d}" / "server-1" / "values.npy"
+                path.write_bytes(path.read_bytes()[:-8])
+            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            supervisor.join(60)  # well within the coordinator's restart_timeout
+            assert not supervisor.is_alive()
+        finally:
+            kv.close()
+    finally:
+        cluster.stop()
+    (error,) = errors
+    assert isinstance(error, LaunchError)
+    assert "no usable checkpoint of shard 1" in str(error) and "truncated" in str(error)

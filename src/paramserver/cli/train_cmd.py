@@ -105,9 +105,10 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
                    help="replace up to N workers that die; a replacement takes the dead one's "
                         f"rank and data shard and rejoins (default {d.restart_workers})")
     p.add_argument("--restart-servers", type=flag.count, default=d.restart_servers,
-                   help="restart up to N servers that die, from the latest checkpoint at the "
-                        "same address (needs --checkpoint-every or --checkpoint-seconds; the "
-                        "updates lost since are counted in summary.json). With 0, a server's "
+                   help="restart up to N servers that die, from the latest usable checkpoint "
+                        "at the same address (the initial parameters before the first one; "
+                        "needs --checkpoint-every or --checkpoint-seconds; the updates lost "
+                        "since are counted in summary.json). With 0, a server's "
                         f"death stops the job (default {d.restart_servers})")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=flag.positive_int,
@@ -282,18 +283,27 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     """The saved configuration of run folder `args.resume`, its budget extended from the CLI."""
     run_dir = Path(args.resume)
     try:
-        saved = json.loads((run_dir / "config.json").read_text())["config"]
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        doc = json.loads((run_dir / "config.json").read_text())
+        saved = doc["config"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot resume {run_dir}: no readable config.json ({exc})") from None
     for name in BUDGET_OPTIONS:  # a budget given on the command line replaces the saved one
         if getattr(args, name) != parser_defaults.get(name):
             saved[name] = getattr(args, name)
     cfg = TrainConfig(**saved)
+    from paramserver.coordinator.checkpoint_keeper import usable_checkpoint
     from paramserver.runlog.checkpoint import latest
-    tag = latest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
-    if tag is None:
+    if not cfg.checkpoint_dir or latest(Path(cfg.checkpoint_dir)) is None:
         raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
                          f"(was it run with --checkpoint-dir?)")
+    job = doc.get("job") or {}  # the job it ran: its server count resolved
+    tag, warnings = usable_checkpoint(cfg.checkpoint_dir, int(job.get("servers", cfg.servers)),
+                                      job.get("dtype", cfg.dtype))
+    for warning in warnings:
+        print(f"paramserver train: {warning}", file=sys.stderr)
+    if tag is None:
+        raise ValueError(f"cannot resume {run_dir}: no kept checkpoint in "
+                         f"{cfg.checkpoint_dir} is usable")
     return cfg, run_dir, {"dir": cfg.checkpoint_dir, "tag": tag}
 
 
@@ -366,7 +376,8 @@ def register(sub) -> None:
     add_training_args(p)
     p.add_argument("--out", help="run folder (default runs/<time>-<sync>)")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its latest checkpoint (its saved "
+                   help="continue the run in RUN_DIR from its newest usable checkpoint (an "
+                        "unusable one is named and the previous kept one used; its saved "
                         "settings; --epochs/--steps/--max-seconds given here extend the budget)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,

@@ -1,12 +1,24 @@
-"""The coordinator's part of a checkpoint on disk: the node writes it, and reads it to resume."""
+"""The coordinator's part of a checkpoint on disk: the node writes it, and reads it to resume.
+
+`usable_checkpoint` is what a resume (or a restarted coordinator) starts from: the newest kept
+checkpoint whose every part passes the checks (the coordinator's state typed, each shard's
+manifest and files, the shards' key ranges tiling the key space in the job's dtype), with a
+warning for each newer one refused, naming both it and the one used instead.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
-from paramserver.runlog.checkpoint import commit, read_part, write_part
+from paramserver.runlog.checkpoint import (
+    CheckpointError, ShardMeta, commit, newest_usable, part_folder, read_part, verify_part,
+    write_part,
+)
 
 COORDINATOR_PART = "coordinator"
+# The fields of the coordinator's saved state a resume reads (CoordinatorState, PolicyHost).
+_COUNTS = ("rounds_applied", "samples_done", "steps_done", "num_keys")
 
 
 def save_coordinator_state(root: str | Path, tag: str, state: dict) -> None:
@@ -15,7 +27,66 @@ def save_coordinator_state(root: str | Path, tag: str, state: dict) -> None:
     commit(Path(root), tag)
 
 
+def check_coordinator_state(state: Mapping[str, Any], where: str) -> dict:
+    """`state` once every field a resume reads is there and of its kind (CheckpointError
+    naming the field otherwise)."""
+    def bad(key: str, want: str) -> CheckpointError:
+        if key not in state:
+            return CheckpointError(f"{where}: coordinator state field {key!r} is missing")
+        return CheckpointError(f"{where}: coordinator state field {key!r} must be {want}, got "
+                               f"{state[key]!r}")
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    for key in _COUNTS:
+        if not count(state.get(key)):
+            raise bad(key, "an integer >= 0")
+    samples = state.get("worker_samples")
+    if not isinstance(samples, dict) or not all(
+            isinstance(k, str) and k.isdigit() and count(v) for k, v in samples.items()):
+        raise bad("worker_samples", "an object of rank -> samples")
+    if not isinstance(state.get("policy", {}), dict):
+        raise bad("policy", "an object")
+    elapsed = state.get("elapsed_s", 0.0)
+    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or elapsed < 0:
+        raise bad("elapsed_s", "a number >= 0")
+    return dict(state)
+
+
 def load_coordinator_state(root: str | Path, tag: str) -> dict:
-    """The coordinator's saved state of checkpoint `tag` (checksums verified)."""
+    """The coordinator's saved state of checkpoint `tag` (files and fields checked)."""
     _, meta = read_part(Path(root), tag, COORDINATOR_PART)
-    return meta
+    return check_coordinator_state(meta, str(part_folder(Path(root), tag, COORDINATOR_PART)))
+
+
+def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> None:
+    """CheckpointError unless checkpoint `tag` is whole and fits a job of `servers` shards
+    holding `dtype` values: the coordinator's state, and each shard's part with its files
+    (sizes, headers, checksums), the shards' ranges tiling [0, num_keys) in rank order."""
+    root = Path(root)
+    state = load_coordinator_state(root, tag)
+    lo = 0
+    for rank in range(servers):
+        part = f"server-{rank}"
+        manifest = verify_part(root, tag, part)
+        meta = ShardMeta.from_dict(manifest.meta, str(part_folder(root, tag, part)))
+        if str(meta.dtype) != dtype:
+            raise CheckpointError(f"{part_folder(root, tag, part)} holds {meta.dtype} values, "
+                                  f"the job {dtype}")
+        if meta.lo != lo:
+            raise CheckpointError(f"{part_folder(root, tag, part)} holds keys [{meta.lo}, "
+                                  f"{meta.hi}), shard {rank} of {servers} starts at {lo}")
+        lo = meta.hi
+    if lo != state["num_keys"]:
+        raise CheckpointError(f"checkpoint {tag} in {root}: its {servers} shards hold keys "
+                              f"[0, {lo}) of the job's {state['num_keys']}")
+
+
+def usable_checkpoint(root: str | Path, servers: int, dtype: str,
+                      newest: str | None = None) -> tuple[str | None, list[str]]:
+    """(tag, warnings): the newest kept checkpoint in `root` (from `newest`, LATEST when None)
+    that passes check_checkpoint, and a warning for each newer one that did not, naming it
+    and the one used instead; (None, the reasons) when none passes."""
+    return newest_usable(Path(root), lambda tag: check_checkpoint(root, tag, servers, dtype),
+                         newest)

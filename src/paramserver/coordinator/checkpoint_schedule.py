@@ -13,8 +13,13 @@ class CheckpointSchedule:
     """
 
     def __init__(self, root: str | None, every: int | None = None,
-                 seconds: float | None = None, now: float = 0.0, latest: str | None = None):
+                 seconds: float | None = None, now: float = 0.0, latest: str | None = None,
+                 keeps_initial: bool = False):
         self.root = root
+        # Checkpoint 0: each shard saves its initial values under INITIAL_TAG as soon as it
+        # has them, before the coordinator commits that tag (at the start barrier); a server
+        # lost before any commit comes back from its own part of it.
+        self.keeps_initial = keeps_initial and root is not None
         self.every, self.seconds = every, seconds
         self.last_count, self.last_time = 0, now
         self.pending_tag: str | None = None

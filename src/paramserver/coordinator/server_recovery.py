@@ -1,7 +1,9 @@
 """Server recovery: a server back from a crash, and servers gone silent.
 
 A restarted server registers again at the address it had: it gets its old rank and is told to
-restore its shard from the latest committed checkpoint, its version lifted to the rounds (or
+restore its shard from the latest committed checkpoint (before any is committed, from checkpoint
+0, the initial values each shard saved when its init came; the server falls back to the previous
+kept checkpoint when the one named is unusable), its version lifted to the rounds (or
 steps) the job has done, so pulls waiting for the job's version are served. The updates it
 loses are those applied since that checkpoint; it reports them and they are logged (`restart`
 metrics, `server_restored` events). A server that stays silent ends the job with its name
@@ -13,7 +15,7 @@ from __future__ import annotations
 from paramserver.coordinator.events import AppendEvent, Registered, Reply, ShardRestored
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.membership import Member
-from paramserver.spec.welcome import ServerJob, ShardRestore
+from paramserver.spec.welcome import INITIAL_TAG, ServerJob, ShardRestore
 
 
 class ServerRecovery:
@@ -28,6 +30,9 @@ class ServerRecovery:
              version_floor: int, server_job: ServerJob, out: list) -> str | None:
         """Welcome the server back with what to restore; or a failure (nothing to restore)."""
         tag = schedule.latest if schedule.enabled else None
+        initial = tag is None and schedule.keeps_initial
+        if initial:  # nothing committed yet: its own part of checkpoint 0 (if it saved one)
+            tag = INITIAL_TAG
         if tag is None:
             out.append(Reply(event.to, "error", {
                 "msg": "no committed checkpoint to restore the shard from", "code": "refused"}))
@@ -40,7 +45,8 @@ class ServerRecovery:
                                    {"tag": schedule.pending_tag, "server": member.rank}))
             schedule.abort()
         member.link, member.last_seen, member.silent_since = event.link, now, None
-        restore = ShardRestore(str(schedule.root), tag, version_floor, restart=True)
+        restore = ShardRestore(str(schedule.root), tag, version_floor, restart=True,
+                               initial=initial)
         out.append(Reply(event.to, "welcome", {
             "rank": member.rank, "job": server_job.with_restore(restore).to_dict()}))
         self.server_restarts += 1

@@ -51,7 +51,8 @@ class CoordinatorState:
         self.schedule = CheckpointSchedule(
             None if ckpt is None else str(PurePath(ckpt.dir)),
             None if ckpt is None else ckpt.every, None if ckpt is None else ckpt.seconds,
-            now, latest_checkpoint)
+            now, latest_checkpoint,
+            keeps_initial=bool(job.restart_servers) and job.resume is None)
         self.checkpoints = self.schedule.enabled
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
                                        limits.restart_timeout)
@@ -189,7 +190,10 @@ class CoordinatorState:
 
     def _server_job(self, rank: int) -> ServerJob:
         shard = self.members.ranges[rank]
-        return ServerJob.of(self.job, shard.lo, shard.hi, self.host.apply_mode)
+        job = ServerJob.of(self.job, shard.lo, shard.hi, self.host.apply_mode)
+        if self.schedule.keeps_initial:
+            job = job.with_initial_checkpoint(str(self.schedule.root))
+        return job
 
     def _register_server(self, e: Registered, now: float, out: list) -> None:
         if e.addr is None:
@@ -453,8 +457,9 @@ class CoordinatorState:
         out.append(AppendEvent(now, "barrier_open", {"workers": len(started)}))
         # All join before any release goes out: each release then tells the full round size.
         self._apply(self.host.joined_all([m.rank for m in started], now), now, out)
-        if self.job.restart_servers and self.job.resume is None:
-            # A server that dies before the first scheduled checkpoint restarts from this.
+        if self.schedule.keeps_initial:
+            # Commit checkpoint 0 (the count is 0): each shard saved its initial values when
+            # its init came and answers at once; the coordinator's part makes it whole.
             self._maybe_checkpoint(now, out, final=True)
 
     def _check_budget(self, now: float, out: list) -> None:

@@ -1,11 +1,25 @@
-"""A shard's part of a checkpoint on disk: written from, and read back for, the ShardCore."""
+"""A shard's part of a checkpoint on disk: written from, and read back for, the ShardCore.
+
+Nothing read is used before it is checked against the job: the part's key range and dtype,
+the shape and dtype of the values and of each optimizer state array, and the sparse tables'
+snapshots (their configuration and that every key is one this shard holds). The cheap checks
+(manifest against the job) come before the files are read and hashed. A shard back after a
+crash whose checkpoint is unusable falls back to the previous kept one (`restore_shard`).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from paramserver.runlog.checkpoint import CheckpointError, read_part, write_part
-from paramserver.server.store import ShardStore
+import numpy as np
+
+from paramserver.runlog.checkpoint import (
+    CheckpointError, Manifest, ShardMeta, load_part, newest_usable, part_folder, read_manifest,
+    write_part,
+)
+from paramserver.server.store import ShardStore, StoreError
+from paramserver.server.tables import PREFIX, ShardTables
 
 
 def part_name(rank: int) -> str:
@@ -17,14 +31,83 @@ def write_shard(root: str, tag: str, rank: int, arrays: dict, meta: dict) -> Non
     write_part(Path(root), tag, part_name(rank), arrays, meta)
 
 
-def read_shard(root: str, tag: str, rank: int, store: ShardStore) -> tuple[dict, dict]:
-    """The snapshot saved under `tag`, refused unless it fits `store` (its keys, dtype and
-    optimizer state): a shard must not start from another shard's values."""
-    arrays, meta = read_part(Path(root), tag, part_name(rank))
-    if meta["range"] != [store.range.lo, store.range.hi] or meta["dtype"] != str(store.dtype):
-        raise CheckpointError(f"checkpoint {tag} holds keys {meta['range']} ({meta['dtype']}), "
-                              f"this shard is [{store.range.lo}, {store.range.hi}) ({store.dtype})")
-    for key in store.state:
-        if f"state.{key}" not in arrays:
-            raise CheckpointError(f"checkpoint {tag} has no optimizer state {key!r}")
-    return arrays, meta
+def _expected(store: ShardStore) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The dense arrays a snapshot of `store` holds: name -> (dtype, shape)."""
+    out = {"values": (store.dtype, (store.range.size,))}
+    for key, tensor in store.state.items():
+        out[f"state.{key}"] = (tensor.numpy().dtype, tuple(tensor.shape))
+    return out
+
+
+def check_manifest(manifest: Manifest, where: str, store: ShardStore) -> ShardMeta:
+    """The part's meta, once its manifest fits `store`: the keys, dtype and optimizer state of
+    this shard of this job, every dense array of the shape and dtype the job gives it."""
+    meta = ShardMeta.from_dict(manifest.meta, where)
+    r = store.range
+    if (meta.lo, meta.hi) != (r.lo, r.hi) or meta.dtype != store.dtype:
+        raise CheckpointError(f"{where} holds keys [{meta.lo}, {meta.hi}) ({meta.dtype}), this "
+                              f"shard is [{r.lo}, {r.hi}) ({store.dtype})")
+    expected = _expected(store)
+    for entry in manifest.arrays:
+        if entry.name.startswith(PREFIX):
+            continue  # the tables are checked by ShardTables.check
+        want = expected.pop(entry.name, None)
+        if want is None:
+            what = ("optimizer state this job's rule does not keep"
+                    if entry.name.startswith("state.") else "an array no shard writes")
+            raise CheckpointError(f"{where}: {entry.name!r} is {what}")
+        if (entry.dtype, entry.shape) != want:
+            raise CheckpointError(f"{where}: {entry.name!r} is {entry.dtype} "
+                                  f"{list(entry.shape)}, this shard needs {want[0]} "
+                                  f"{list(want[1])}")
+    if expected:
+        missing = ", ".join(map(repr, sorted(expected)))
+        raise CheckpointError(f"{where}: no array {missing}, which this shard of this job "
+                              f"needs (its values, its update rule's state)")
+    return meta
+
+
+def read_shard(root: str, tag: str, rank: int, store: ShardStore,
+               tables: ShardTables | None = None, servers: int = 1) -> tuple[dict, dict]:
+    """The snapshot saved under `tag`, refused (CheckpointError naming the file and what is
+    wrong) unless it fits `store` and `tables`: a shard must not start from another shard's
+    values, nor from a file of another shape."""
+    root_path = Path(root)
+    where = str(part_folder(root_path, tag, part_name(rank)))
+    manifest = read_manifest(root_path, tag, part_name(rank))
+    check_manifest(manifest, where, store)  # before any file is read
+    arrays, manifest = load_part(root_path, tag, part_name(rank))
+    if tables is not None:
+        try:
+            tables.check(arrays, rank, servers)
+        except StoreError as exc:
+            raise CheckpointError(f"{where}: {exc}") from None
+    return arrays, dict(manifest.meta)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What restore_shard found: the tag used, its arrays and meta, warnings of fallbacks."""
+    tag: str
+    arrays: dict
+    meta: dict
+    warnings: tuple[str, ...] = ()
+
+
+def restore_shard(root: str, tag: str, rank: int, store: ShardStore,
+                  tables: ShardTables | None = None, servers: int = 1,
+                  fallback: bool = False) -> Restored:
+    """Checkpoint `tag` of this shard; with `fallback`, when it is unusable, the newest older
+    kept one that is, with a warning naming both. CheckpointError when none is usable."""
+    if not fallback:
+        return Restored(tag, *read_shard(root, tag, rank, store, tables, servers))
+    found: dict = {}
+
+    def usable(t: str) -> None:
+        found[t] = read_shard(root, t, rank, store, tables, servers)
+
+    used, warnings = newest_usable(Path(root), usable, newest=tag)
+    if used is None:
+        raise CheckpointError(f"no usable checkpoint of shard {rank} in {root}: "
+                              + "; ".join(warnings))
+    return Restored(used, *found[used], tuple(warnings))

@@ -26,6 +26,7 @@ from paramserver.server.events import (
 from paramserver.server.pulls import PendingPulls
 from paramserver.server.store import PushResult, ShardStore, StoreError
 from paramserver.server.tables import ShardTables
+from paramserver.spec.welcome import INITIAL_TAG
 
 _NOTHING = ()
 _NO_KEYS = np.empty(0, dtype=np.int64)
@@ -50,6 +51,7 @@ class ShardCore:
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
         self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
         self.stopped = False
+        self.initial_saved = False  # checkpoint 0 on disk (saved at init, or restored from)
         self._beat_due = float("-inf")  # the first look at the clock beats
         self._counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last beat told
         self._handlers = {
@@ -81,8 +83,14 @@ class ShardCore:
 
     # ---- writes ---------------------------------------------------------------------------------
     def _init(self, ev: Init) -> list:
+        was = self.store.initialized
         took = self.store.init(ev.lo, ev.hi, ev.values)
         out = self._serve([])
+        if self.store.initialized and not was and self.settings.initial_checkpoint_dir:
+            # Checkpoint 0, on disk before the init's ack: once its initializer goes on, a
+            # restart of this shard can always find its initial values.
+            out.insert(0, self._save(INITIAL_TAG, self.settings.initial_checkpoint_dir))
+            self.initial_saved = True
         out.append(Reply(ev.to, "ack", {"version": self.store.version,
                                         "staleness": 0 if took else -1}))
         return out
@@ -234,13 +242,19 @@ class ShardCore:
 
     # ---- checkpoints, time, the end -------------------------------------------------------------
     def _checkpoint(self, ev: Checkpoint) -> list:
+        saved = Reply(ev.to, "saved", {"tag": ev.tag, "version": self.store.version})
+        if ev.tag == INITIAL_TAG and self.initial_saved:
+            return [saved]  # it holds the initial values; pushes since must not overwrite them
+        return [self._save(ev.tag, ev.dir), saved]
+
+    def _save(self, tag: str, directory: str) -> SaveShard:
         arrays, meta = self.store.snapshot()
         arrays.update(self.tables.snapshot())  # only the rows that exist
         meta["applied"] = self.dedup.dump()  # the retries of saved pushes stay answered
-        return [SaveShard(ev.tag, ev.dir, arrays, meta),
-                Reply(ev.to, "saved", {"tag": ev.tag, "version": self.store.version})]
+        return SaveShard(tag, directory, arrays, meta)
 
     def _restore(self, ev: Restore) -> list:
+        self.initial_saved = self.initial_saved or ev.tag == INITIAL_TAG
         self.lost_updates = self.store.restore(ev.arrays, ev.meta, ev.version_floor)
         self.tables.restore(ev.arrays)
         # The pushes in the checkpoint stay applied once: their retries are answered.

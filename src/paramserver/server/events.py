@@ -30,6 +30,7 @@ class RestoreFrom:
     tag: str
     version_floor: int = 0  # the rounds the coordinator applied: pulls wait for no less
     restart: bool = False  # back after a crash: the coordinator counts what was lost
+    initial: bool = False  # uncommitted checkpoint 0: none saved means start empty
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class ShardSettings:
     restore: RestoreFrom | None = None
     tables: tuple = ()  # the job's TableSpecs (spec.job), each shard keeping its share
     servers: int = 1  # shards sharing each table's row budget
+    initial_checkpoint_dir: str | None = None  # where checkpoint 0 goes once initialized
 
 
 # ---- events -------------------------------------------------------------------------------------

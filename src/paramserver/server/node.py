@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import zmq
 
 from paramserver.net import rpc
-from paramserver.server.checkpoint import read_shard, write_shard
+from paramserver.runlog.checkpoint import CheckpointError, part_folder
+from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
@@ -39,13 +41,15 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
     job = ServerJob.from_dict(welcome["job"])
     lo, hi = job.shard_range
     opt, r = job.optimizer, job.restore
-    restore = None if r is None else RestoreFrom(r.dir, r.tag, r.version_floor, r.restart)
+    restore = None if r is None else RestoreFrom(r.dir, r.tag, r.version_floor, r.restart,
+                                                 r.initial)
     return ShardSettings(
         rank=welcome["rank"], lo=lo, hi=hi, dtype=job.dtype, apply_mode=job.apply_mode,
         optimizer=opt.name, lr=opt.lr, optimizer_options=dict(opt.options),
         pull_timeout=pull_timeout, heartbeat_interval=job.heartbeat_interval,
         coordinator_timeout=job.coordinator_timeout, server_threads=job.server_threads,
-        restore=restore, tables=job.tables, servers=job.servers)
+        restore=restore, tables=job.tables, servers=job.servers,
+        initial_checkpoint_dir=job.initial_checkpoint_dir)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
@@ -163,13 +167,25 @@ class ServerNode:
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if s.restore is not None:
-            r = s.restore
-            arrays, meta = read_shard(r.dir, r.tag, s.rank, self.core.store)
-            self._execute(self.core.handle(Restore(r.tag, arrays, meta, r.version_floor,
-                                                   announce=r.restart)))
-            log.info("restored shard %d from checkpoint %s (%d updates lost)", s.rank, r.tag,
-                     self.core.lost_updates)
+            self._restore(s.restore)
 
+    def _restore(self, r: RestoreFrom) -> None:
+        """Start from checkpoint `r`: after a crash, from the previous kept one if it is
+        unusable; checkpoint 0 not saved yet means no initial values to lose (start empty)."""
+        s, core = self.settings, self.core
+        if r.initial and not part_folder(Path(r.dir), r.tag, part_name(s.rank)).exists():
+            log.info("shard %d had no initial values yet: it starts empty", s.rank)
+            self._execute([ToCoordinator("restored", {"tag": r.tag, "lost_updates": 0,
+                                                      "version": core.store.version})])
+            return
+        found = restore_shard(r.dir, r.tag, s.rank, core.store, core.tables, s.servers,
+                              fallback=r.restart)
+        for warning in found.warnings:
+            log.warning("shard %d: %s", s.rank, warning)
+        self._execute(core.handle(Restore(found.tag, found.arrays, found.meta, r.version_floor,
+                                          announce=r.restart)))
+        log.info("restored shard %d from checkpoint %s (%d updates lost)", s.rank, found.tag,
+                 core.lost_updates)
 
     def _shared_values(self, size: int, dtype: str):
         """An allocator of value buffers in a shared arena, for workers on this host to read
@@ -198,7 +214,11 @@ class ServerNode:
             # Sends to the coordinator never wait: a dead one's queue fills (64 heartbeats) and
             # a blocked send would stop the loop that judges it gone (_check_coordinator).
             self.coord = connect_dealer(ctx, self.join, keys=self.keys, send_timeout=0)
-            self._build_core(self._register(addr))
+            try:
+                self._build_core(self._register(addr))
+            except CheckpointError as exc:  # one clear line, not a traceback
+                log.error("server %s cannot start from its checkpoint: %s", self.src, exc)
+                raise SystemExit(f"server {self.src}: {exc}") from None
             st = self.core.store
             log.info("server %s serving keys [%d, %d) at %s", self.src, st.range.lo,
                      st.range.hi, addr)

@@ -16,7 +16,8 @@ import numpy as np
 
 from paramserver.server.store import StoreError
 # (the wire's limit, wire.protocol.MAX_KEYS_PER_REQUEST, is the same number: a test checks)
-from paramserver.sparse.table import MAX_KEYS_PER_REQUEST, SparseTable
+from paramserver.sparse.placement import shard_of
+from paramserver.sparse.table import MAX_KEYS_PER_REQUEST, SparseTable, TableError
 
 # The arrays of table `name` in a shard's checkpoint are named PREFIX + name + "." + array.
 PREFIX = "table."
@@ -113,8 +114,7 @@ class ShardTables:
             out.update({f"{PREFIX}{name}.{k}": v for k, v in table.snapshot().items()})
         return out
 
-    def restore(self, arrays: dict) -> None:
-        """The tables of a checkpoint's arrays (a table the checkpoint lacks stays empty)."""
+    def _split(self, arrays: dict) -> dict[str, dict]:
         found: dict[str, dict] = {}
         for key, value in arrays.items():
             if key.startswith(PREFIX):
@@ -123,6 +123,29 @@ class ShardTables:
         unknown = sorted(set(found) - set(self.tables))
         if unknown:
             raise StoreError(f"the checkpoint holds tables {unknown} this job does not have")
-        for name, table_arrays in found.items():
+        return found
+
+    def check(self, arrays: dict, rank: int, servers: int) -> None:
+        """StoreError unless a checkpoint's arrays make valid tables of this job whose every
+        key (rows and admission candidates) is one shard `rank` of `servers` holds; nothing
+        changes."""
+        for name, table_arrays in self._split(arrays).items():
+            try:
+                self.tables[name].check(table_arrays)
+            except TableError as exc:
+                raise StoreError(f"table {name!r}: {exc}") from None
+            for kind in ("keys", "cand_keys"):
+                keys = table_arrays.get(kind)
+                if keys is None or not keys.size:
+                    continue
+                elsewhere = shard_of(keys, servers) != rank
+                if elsewhere.any():
+                    raise StoreError(f"table {name!r}: {int(elsewhere.sum())} of its "
+                                     f"{kind.replace('_', ' ')} belong to other shards than "
+                                     f"{rank} of {servers} (e.g. key {keys[elsewhere][0]})")
+
+    def restore(self, arrays: dict) -> None:
+        """The tables of a checkpoint's arrays (a table the checkpoint lacks stays empty)."""
+        for name, table_arrays in self._split(arrays).items():
             self.tables[name].restore(table_arrays)
         self.drop_round()

@@ -483,15 +483,21 @@ class SparseTable:
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         """Make this table equal to the one `snapshot` saved (same configuration required).
         TableError, with the table unchanged, when the arrays do not make a valid table."""
+        self._checked(arrays).install(self)
+
+    def check(self, arrays: dict[str, np.ndarray]) -> None:
+        """TableError unless `restore(arrays)` would succeed; the table is left alone."""
+        self._checked(arrays)
+
+    def _checked(self, arrays) -> "_Restored":
         if not isinstance(arrays, dict):
             raise TableError(f"a snapshot is a dict of arrays, got {type(arrays).__name__}")
         try:
-            built = _Restored(self, arrays)
+            return _Restored(self, arrays)
         except TableError:
             raise
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise TableError(f"not a valid sparse-table snapshot: {e!r}") from None
-        built.install(self)
 
 
 def _rows_of(a: np.ndarray) -> np.ndarray:

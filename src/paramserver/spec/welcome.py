@@ -19,6 +19,10 @@ from paramserver.spec.job import (
 )
 
 APPLY_MODES = ("round", "arrival")
+# Checkpoint 0: a shard's initial values, which it saves as soon as it has them when its job
+# may restart servers (ServerJob.initial_checkpoint_dir), so that a server lost before the
+# first scheduled checkpoint comes back from them. Tags are the count zero-padded to 9 digits.
+INITIAL_TAG = f"{0:09d}"
 
 
 def _fields_of(cls, data: Any, what: str) -> dict:
@@ -53,13 +57,17 @@ class ShardRestore:
     tag: str
     version_floor: int = 0  # versions the job already counts (pulls wait for no less)
     restart: bool = False
+    # Checkpoint 0 before the coordinator committed it: the shard's own part if it saved one,
+    # else the shard starts empty (it never had its initial values, and its init is retried).
+    initial: bool = False
 
     def __post_init__(self):
         _name("restore.dir", self.dir)
         _name("restore.tag", self.tag)
         _int("restore.version_floor", self.version_floor, 0)
-        if not isinstance(self.restart, bool):
-            _fail("restore.restart", self.restart, "true or false")
+        for key in ("restart", "initial"):
+            if not isinstance(getattr(self, key), bool):
+                _fail(f"restore.{key}", getattr(self, key), "true or false")
 
     @classmethod
     def of_resume(cls, resume: ResumeSpec, version_floor: int) -> "ShardRestore":
@@ -69,6 +77,8 @@ class ShardRestore:
         out = {"dir": self.dir, "tag": self.tag, "version_floor": self.version_floor}
         if self.restart:  # the wire leaves it out for a resume, as it always has
             out["restart"] = True
+        if self.initial:
+            out["initial"] = True
         return out
 
     @classmethod
@@ -91,6 +101,9 @@ class ServerJob:
     # The job's sparse tables and how many shards share each one's row budget.
     tables: tuple[TableSpec, ...] = ()
     servers: int = 1
+    # Where the shard saves checkpoint 0 once its initial values are in (see INITIAL_TAG);
+    # None: it does not (its job restarts no servers, or resumes from a checkpoint).
+    initial_checkpoint_dir: str | None = None
 
     def __post_init__(self):
         r = self.shard_range
@@ -111,6 +124,8 @@ class ServerJob:
             _fail("restore", self.restore, "a ShardRestore or null")
         object.__setattr__(self, "tables", _tables(self.tables))
         _int("servers", self.servers, 1)
+        if self.initial_checkpoint_dir is not None:
+            _name("initial_checkpoint_dir", self.initial_checkpoint_dir)
 
     @classmethod
     def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
@@ -124,6 +139,9 @@ class ServerJob:
     def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
         return replace(self, restore=restore)
 
+    def with_initial_checkpoint(self, directory: str | None) -> "ServerJob":
+        return replace(self, initial_checkpoint_dir=directory)
+
     def to_dict(self) -> dict:
         out = {"shard_range": list(self.shard_range), "dtype": self.dtype,
                "apply_mode": self.apply_mode, "optimizer": _plain(self.optimizer),
@@ -135,18 +153,21 @@ class ServerJob:
         if self.tables:
             out["tables"] = [_plain(t) for t in self.tables]
         out["servers"] = self.servers
+        if self.initial_checkpoint_dir is not None:
+            out["initial_checkpoint_dir"] = self.initial_checkpoint_dir
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "ServerJob":
         d = _fields_of(cls, data, "server job")
         what = "server job"
-        optional = ("restore", "tables", "servers")
+        optional = ("restore", "tables", "servers", "initial_checkpoint_dir")
         args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name not in optional}
         args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
         restore = d.pop("restore", None)
         return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore),
-                   tables=d.pop("tables", ()), servers=d.pop("servers", 1))
+                   tables=d.pop("tables", ()), servers=d.pop("servers", 1),
+                   initial_checkpoint_dir=d.pop("initial_checkpoint_dir", None))
 
 
 @dataclass(frozen=True)
