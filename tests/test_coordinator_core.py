@@ -11,6 +11,7 @@ from paramserver.coordinator.events import (
     SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
     TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.membership import MAX_OBSERVERS
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.policies import SYNC_POLICIES
 from paramserver.spec.job import CheckpointSpec, JobSpec, Limits, ResumeSpec, SyncSpec
@@ -345,6 +346,24 @@ def test_a_worker_that_finds_every_rank_taken_is_refused_after_a_while(make):
     out = state.handle(TimePassed(1.0 + 2 * HB + 0.01))
     assert out == [Reply("r-w2", "error", {
         "msg": "all 2 worker ranks of this job are taken", "code": "refused"})]
+
+
+def test_registrations_waiting_for_a_rank_are_bounded(make):
+    """A flood of registrations (a hostile local process) waits in a list no longer than the
+    job's ranks; a retry replaces its sender's earlier wait."""
+    state = make()
+    start_round(state)
+    assert state.handle(Registered("w2", "worker", 1.0, to="a")) == []
+    assert state.handle(Registered("w2", "worker", 1.1, to="b")) == []
+    assert [w[0].to for w in state.members.rank_waiters] == ["b"]
+    assert state.handle(Registered("w3", "worker", 1.2, to="c")) == []
+    for i in range(100):
+        out = state.handle(Registered(f"x{i}", "worker", 1.3, to=f"x{i}"))
+        assert match(only(out, Reply)[0], Reply, to=f"x{i}", op="error", code="refused")
+    assert len(state.members.rank_waiters) == 2
+    for i in range(40):
+        state.handle(Registered(f"o{i}", "observer", 1.4, to=f"o{i}"))
+    assert len(state.members.roster.observers) == MAX_OBSERVERS
 
 
 def test_a_request_from_an_unknown_worker_is_refused(make):

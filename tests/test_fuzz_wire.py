@@ -1,8 +1,12 @@
-"""Fuzzing the wire (the short version of benchmarks/fuzz_wire.py): no frame crashes anyone."""
+"""Fuzzing the wire (the short version of benchmarks/fuzz_wire.py and fuzz_frames.py): every
+frame kind, the shared-memory handshake included; no frame crashes anyone."""
 
 import importlib.util
 import random
 from pathlib import Path
+
+from paramserver.transport import shm
+from paramserver.wire.protocol import SCHEMAS
 
 SPEC = importlib.util.spec_from_file_location(
     "fuzz_wire", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_wire.py")
@@ -10,13 +14,24 @@ fuzz = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(fuzz)
 
 
-def test_fifty_thousand_hostile_frames_only_raise_wire_error():
+def test_the_fuzzer_generates_every_frame_kind():
+    assert {m.op for m in fuzz.SEEDS} == set(SCHEMAS)
+    rng, seeds = random.Random(0), fuzz.ShmSeeds()
+    firsts = [fuzz.mutate(rng, seeds)[:1] for _ in range(2000)]
+    assert sum(f == [shm.HELLO] for f in firsts) > 100
+    assert sum(bool(f) and f[0].startswith(shm.REFS) for f in firsts) > 100
+    # Unmutated seeds parse: the mutations start from real frames of every kind.
+    for msg in fuzz.SEEDS:
+        fuzz.parse([bytes(f) for f in fuzz.encode(msg)])
+
+
+def test_fifty_thousand_hostile_frames_only_raise_the_parsers_errors():
     refused, accepted, _ = fuzz.fuzz_decoder(50_000, random.Random(1))
     assert refused + accepted == 50_000
     assert refused > 40_000  # the mutations really are mostly invalid
 
 
 def test_hostile_messages_to_live_sockets_leave_both_serving():
-    live = fuzz.fuzz_live(300, random.Random(2))
+    live = fuzz.fuzz_live(1500, random.Random(2))
     assert live["alive"] and live["correct_after"]
-    assert live["replies"] > 300  # most hostile messages got an error reply
+    assert live["replies"] > 2000  # most hostile messages got an answer

@@ -25,7 +25,9 @@ def build_job(args) -> dict:
         optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
         max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
         max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
-        limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5),
+        limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5,
+                      max_message_bytes=None if args.max_message_bytes is None
+                      else int(args.max_message_bytes)),
     ).to_dict()
 
 
@@ -97,6 +99,9 @@ def register(sub) -> None:
                    help="float32 (default) or float64")
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=10.0,
                    help="seconds of silence before a worker is declared dead (default 10)")
+    p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
+                   help="the largest frame a shard server accepts, e.g. 64MB (default: the "
+                        "largest legitimate frame plus headroom, from the model size)")
     p.add_argument("--out", help="run folder (default runs/<time>-launch-<sync>)")
     p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
                    help="give up after this many s")

@@ -101,6 +101,10 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
+    p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
+                   help="the largest frame a shard server accepts, e.g. 64MB; a larger one "
+                        "disconnects its sender before it is read (default: the job's largest "
+                        "legitimate frame plus headroom, from the model size)")
     p.add_argument("--restart-workers", type=flag.count, default=d.restart_workers,
                    help="replace up to N workers that die; a replacement takes the dead one's "
                         f"rank and data shard and rejoins (default {d.restart_workers})")
@@ -134,6 +138,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         compress=args.compress, compress_options=flag.options(args.compress_opt),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
+        max_message_bytes=None if getattr(args, "max_message_bytes", None) is None
+        else int(args.max_message_bytes),
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
         links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)

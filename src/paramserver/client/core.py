@@ -148,12 +148,16 @@ class WorkerCore:
         self.chunk = 1 << 62  # the smallest of `chunks`: most requests are checked in one compare
         self.all_fit = True  # every piece of all_pieces fits its shard's chunk
         self.release: Release | None = None  # sent by the coordinator, not yet taken
+        # By shard, the rids of pushes sent and maybe not answered, oldest first (an answered
+        # one leaves when it reaches the front): the shard's watermark is the first.
+        self.pushes: list[deque[int]] = []
 
     def welcome(self, rank: int, ranges: Sequence[KeyRange], num_keys: int) -> None:
         """This worker's rank, the job's key space and the shards' ranges in shard order."""
         self.rank, self.num_keys = int(rank), int(num_keys)
         self.ranges = list(ranges)
         self.versions = [0] * len(self.ranges)
+        self.pushes = [deque() for _ in self.ranges]
         self.starts = np.array([r.lo for r in self.ranges], dtype=np.int64)
         # The common request (every key) is split once.
         self.all_pieces = self._split(KeyRange(0, self.num_keys))
@@ -233,11 +237,38 @@ class WorkerCore:
         self.rid += 1
         return self.rid
 
-    def request(self, shard: int, request: Any) -> int:
-        """A new request to `shard`; kept (to be sent again, same id) until answered."""
+    def request(self, shard: int, request: Any, push: bool = False) -> int:
+        """A new request to `shard`; kept (to be sent again, same id) until answered. A `push`
+        (a request the shard applies once) holds the shard's watermark until answered."""
         self.rid += 1
         self.sent[self.rid] = (shard, request)
+        if push:
+            self.pushes[shard].append(self.rid)
         return self.rid
+
+    def unacked(self, shard: int) -> int:
+        """Pushes to `shard` from its watermark on (an upper bound of those unanswered: one
+        answered behind an unanswered one still counts)."""
+        self._settle(shard)
+        return len(self.pushes[shard])
+
+    def watermark(self, shard: int) -> int:
+        """The lowest rid of a push to `shard` not answered yet (the next rid when none is):
+        every push below it has its reply, so it is never sent again, and the shard may
+        forget it. A push given up on (forget) counts as answered: it is not sent again."""
+        self._settle(shard)
+        q = self.pushes[shard]
+        return q[0] if q else self.rid + 1
+
+    def oldest_push(self, shard: int) -> int | None:
+        self._settle(shard)
+        q = self.pushes[shard]
+        return q[0] if q else None
+
+    def _settle(self, shard: int) -> None:
+        q, sent, inbox = self.pushes[shard], self.sent, self.inbox
+        while q and (q[0] not in sent or q[0] in inbox):
+            q.popleft()
 
     def unanswered(self, rids: Iterable[int]) -> list[tuple[int, Any]]:
         """(shard, request) of those of `rids` still waited on and not answered yet."""

@@ -158,8 +158,11 @@ class KVWorker:
                                 if not self.spec.job.restart_servers else
                                 max(limits.heartbeat_timeout, limits.restart_timeout))
         self.session.servers = self.links
-        self.requests = ShardRequests(self.shards, self.src, self.core, timeout,
-                                      settings.retry_interval, self.session.check_alive)
+        self.requests = ShardRequests(
+            self.shards, self.src, self.core, timeout, settings.retry_interval,
+            limits.max_unacked_pushes,
+            [self.spec.job.message_limit(s.range.size) for s in self.shards],
+            check_peers=self.session.check_alive)
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
                                          shared_memory)
@@ -655,6 +658,8 @@ class KVWorker:
         self.session.close()
         self.links.close()  # monitors too: an open one would keep the context from ending
         terminate(self.ctx, [s.sock for s in self.shards])
+        if self.arena is not None:  # the shards see it let go and unmap it
+            self.arena.close()
         if self._shaped:
             unshape()
 

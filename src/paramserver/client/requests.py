@@ -9,16 +9,24 @@ address, and servers apply a push only once per (sender, id).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
 import zmq
 
 from paramserver.client.core import WorkerCore
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import shm
 from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
+
+
+# Requests a shard applies once, by (sender, rid): each carries the sender's watermark (wm).
+PUSH_OPS = frozenset(("push", "push_sparse", "push_rows"))
 
 
 # The longest a wait goes without asking whether its peers are still there.
@@ -26,15 +34,28 @@ PEER_CHECK = 0.25
 
 
 class ShardRequests:
-    """Outstanding requests of one client, over one DEALER socket per shard."""
+    """Outstanding requests of one client, over one DEALER socket per shard.
+
+    Each push carries the client's watermark for its shard (`wm`, WorkerCore.watermark): the
+    shard remembers the pushes it applied from there on, so a retry of any push still waited
+    on is answered, never applied twice. At most `max_unacked` pushes to a shard wait for an
+    answer: a push beyond waits for the oldest one's first. No array larger than its shard's
+    `max_message` bytes is sent: the shard's socket would drop the connection."""
 
     def __init__(self, shards: list, src: str, core: WorkerCore, timeout: float,
-                 retry_interval: float, check_peers: Callable[[float], None] | None = None):
+                 retry_interval: float, max_unacked: int = 1 << 30,
+                 max_message: list[int] | None = None,
+                 check_peers: Callable[[float], None] | None = None):
         self.shards, self.src, self.core = shards, src, core
         # Raises when a peer this wait depends on is judged gone (given when the wait began).
         self.check_peers = check_peers
         self.timeout, self.retry_interval = timeout, retry_interval
+        self.max_unacked = max_unacked
+        self.max_message = max_message or [1 << 62] * len(shards)
         self.retries = 0
+        # Bad frames from a server are dropped (the request is re-sent, or times out naming
+        # the server) and logged at a bounded rate.
+        self.refusals = RefusalLog(log.warning, time.monotonic)
         self.poller = zmq.Poller()
         for s in shards:
             self.poller.register(s.sock, zmq.POLLIN)
@@ -51,11 +72,24 @@ class ShardRequests:
 
     def send(self, shard: int, msg: Message) -> int:
         """Send `msg` to a shard; returns its request id."""
-        msg.rid, msg.src = self.core.request(shard, msg), self.src
+        limit = self.max_message[shard]
+        for a in msg.arrays:
+            if a.nbytes > limit:
+                raise ValueError(f"an array of {a.nbytes} bytes in one {msg.op!r} to server "
+                                 f"{self.shards[shard].rank}; its messages may hold at most "
+                                 f"{limit} bytes (max_message_bytes)")
+        push = msg.op in PUSH_OPS
+        if push:
+            core = self.core
+            while core.unacked(shard) >= self.max_unacked:  # wait for the oldest's ack
+                self._await({core.oldest_push(shard): shard}, all, msg.op)
+        msg.rid, msg.src = self.core.request(shard, msg, push), self.src
         self._transmit(shard, msg)
         return msg.rid
 
     def _transmit(self, shard: int, msg: Message) -> None:
+        if msg.op in PUSH_OPS:  # (a retry says the watermark as it is now)
+            msg.fields["wm"] = self.core.watermark(shard)
         try:
             rpc.send(self.shards[shard].sock, msg)
         except zmq.Again:
@@ -118,11 +152,17 @@ class ShardRequests:
                 continue
             if isinstance(reply, WireError):
                 shm.release_frames(frames)
-                raise RemoteError(f"a server sent a bad frame: {reply}")
+                name = self._name(sock)
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
+                continue
             # Frames in a server's arena stay lent (the server leaves them be) until let go.
             lent = frames if any(isinstance(f, shm.SharedFrame) for f in frames) else None
             if not self.core.reply(reply.rid, reply, lent):
                 shm.release_frames(frames)
+
+    def _name(self, sock) -> str:
+        return next((f"server {s.rank} at {s.addr}" for s in self.shards if s.sock is sock),
+                    "a server")
 
     def let_go(self, rid: int) -> None:
         """Done with reply `rid`: frames of it that live in a server's arena are released."""

@@ -3,16 +3,20 @@ start, clock, status, report, bye), the heartbeat thread, and judging the coordi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
 
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
+
+log = logging.getLogger(__name__)
 
 # The longest a call waits without asking whether its peers are still there.
 PEER_CHECK = 0.25
@@ -35,6 +39,9 @@ class CoordinatorSession:
         self._beat: threading.Thread | None = None
         # The shard servers' liveness (client/links.ShardLinks), judged during calls as well.
         self.servers = None
+        # Bad frames from the coordinator are dropped (the call waits on, bounded by its
+        # timeout) and logged at a bounded rate.
+        self.refusals = RefusalLog(log.warning, time.monotonic)
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -92,7 +99,9 @@ class CoordinatorSession:
             if reply is None:
                 continue
             if isinstance(reply, WireError):
-                raise RemoteError(f"coordinator sent a bad frame: {reply}")
+                name = f"the coordinator at {self.join}"
+                self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
+                continue
             if reply.rid != msg.rid:
                 continue  # a late answer to an earlier, timed-out request
             if reply.op == "error":

@@ -196,6 +196,7 @@ class SaveCoordinatorState:
 @dataclass(slots=True)
 class Warn:
     message: str
+    source: str | None = None  # a refusal of this sender's request: logged rate-limited
 
 
 @dataclass(slots=True)

@@ -12,6 +12,9 @@ from paramserver.policies import Release
 
 INF = float("inf")
 SERVER_SRC = re.compile(r"s[0-9]+")  # the names the coordinator gives servers (s<rank>)
+# Observers (evaluators) a job admits at once: a job has at most one; the bound keeps a flood
+# of registrations under fresh names from growing the roster until their silence is noticed.
+MAX_OBSERVERS = 16
 
 
 @dataclass
@@ -134,9 +137,18 @@ class Membership:
             # like the worker's (and the worker's like the server's).
             raise ValueError(f"id {src!r} is already registered or is a server's name")
         group = roster.observers if event.role == "observer" else roster.workers
+        if group is roster.observers and len(group) >= MAX_OBSERVERS:
+            raise ValueError(f"{len(group)} observers are registered already; at most "
+                             f"{MAX_OBSERVERS}")
         taken = {m.rank for m in group.values()}
         rank = next(r for r in range(len(taken) + 1) if r not in taken)
         if group is roster.workers and rank >= self.workers_expected:
+            # One wait per sender (a retry replaces it), and at most as many as there are
+            # ranks: a flood of registrations must not grow the list for 2 heartbeat timeouts.
+            self.rank_waiters = [w for w in self.rank_waiters if w[0].src != src]
+            if len(self.rank_waiters) >= self.workers_expected:
+                raise ValueError(f"all {self.workers_expected} worker ranks of this job are "
+                                 f"taken and {len(self.rank_waiters)} registrations wait")
             self.rank_waiters.append((event, event.now + 2 * self.hb_timeout))
             return None
         member = group[src] = Member(rank, last_seen=event.now)

@@ -21,16 +21,20 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import latest
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security, terminate
 from paramserver.wire import Message, WireError
+from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 # The longest the loop sleeps without looking at the time (the core's wake-up may be later).
 MAX_WAIT = 0.2
+# What turning a parsed request into an event may raise: refused with an error reply.
+REFUSED = (ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
 # ---- op -> event: how each request becomes a stimulus of the core (dask's stream_handlers) ----
@@ -87,6 +91,8 @@ class CoordinatorNode:
                                       latest(Path(root)) if root is not None else None)
         self.finished = False
         self.failure: str | None = None
+        # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
+        self.refusals = RefusalLog(log.warning, time.monotonic)
         self._execute = {
             SendRelease: self._send_release, ToServers: self._to_servers, Reply: self._reply,
             AppendEvent: self._append_event, AppendMetric: self._append_metric,
@@ -96,8 +102,11 @@ class CoordinatorNode:
     # ---- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
         ctx = new_context()
+        # Every message to the coordinator is a header (at most 64 KB): a larger frame drops
+        # its sender's connection before it is read.
         self.sock, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
-                                      advertise=self.advertise)
+                                      advertise=self.advertise,
+                                      max_message=CONTROL_MESSAGE_BYTES)
         if self.address_file:
             with open(self.address_file + ".tmp", "w") as f:
                 f.write(addr)
@@ -135,6 +144,7 @@ class CoordinatorNode:
             if sock.poll(wait * 1000):
                 self._drain()
             self.execute(state.handle(TimePassed(self.now())))
+            self.refusals.flush()
 
     def _drain(self) -> None:
         handle, execute, events, sock = self.state.handle, self.execute, EVENTS, self.sock
@@ -144,7 +154,7 @@ class CoordinatorNode:
             except zmq.Again:
                 return
             if isinstance(msg, WireError):
-                rpc.refuse(sock, ident, msg, "coord", frames)
+                rpc.refuse(sock, ident, msg, "coord", frames, self.refusals)
                 continue
             try:
                 make = events.get(msg.op)
@@ -157,8 +167,9 @@ class CoordinatorNode:
                     if role is not None:
                         security.check_role(ident, role, True)
                 event = make(msg, time.monotonic() - self.t0, (ident, msg.rid), ident)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("refused %s from %s: %s", msg.op, msg.src, exc)
+            except REFUSED as exc:
+                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
                 self._reply(Reply((ident, msg.rid), "error", {"msg": str(exc),
                                                              "code": "refused"}))
                 continue
@@ -201,7 +212,10 @@ class CoordinatorNode:
         save_coordinator_state(self.state.schedule.root, i.tag, i.state)
 
     def _warn(self, i: Warn) -> None:
-        log.warning("%s", i.message)
+        if i.source is not None:  # a refused request: a flood of them costs a few lines
+            self.refusals.refused(repr(i.source), i.message)
+        else:
+            log.warning("%s", i.message)
 
     def _finish(self, i: Finish) -> None:
         if i.failure is not None:

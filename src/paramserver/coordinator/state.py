@@ -87,7 +87,7 @@ class CoordinatorState:
             self._handlers[type(event)](event, out)
         except (PolicyError, ValueError, KeyError, TypeError) as exc:
             src = getattr(event, "src", "?")
-            out.append(Warn(f"refused {getattr(event, 'op', '?')} from {src}: {exc}"))
+            out.append(Warn(f"refused {getattr(event, 'op', '?')} from {src}: {exc}", src))
             to = getattr(event, "to", None)
             if to is not None:
                 out.append(Reply(to, "error", {"msg": str(exc), "code": "refused"}))
@@ -185,7 +185,7 @@ class CoordinatorState:
         try:
             register(e, now, out)
         except ValueError as exc:
-            out.append(Warn(f"refused register from {e.src}: {exc}"))
+            out.append(Warn(f"refused register from {e.src}: {exc}", e.src))
             out.append(Reply(e.to, "error", {"msg": str(exc), "code": "refused"}))
 
     def _server_job(self, rank: int) -> ServerJob:
@@ -366,7 +366,7 @@ class CoordinatorState:
     def _on_answered(self, e: Answered, out: list) -> None:
         self.members.touch(e.src, e.now)
         if e.error is not None:
-            out.append(Warn(f"{e.src} reported an error: {e.error}"))
+            out.append(Warn(f"{e.src} reported an error: {e.error}", e.src))
 
     # ---- checkpoints and server recovery --------------------------------------------------------
     def _maybe_checkpoint(self, now: float, out: list, final: bool = False) -> None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-
 import msgpack
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.transport import recv_message, send_frames
+from paramserver.transport.shm_frames import ShmFrameError
 from paramserver.wire import Message, WireError, decode, encode, reply_error
 
-log = logging.getLogger(__name__)
 _NOBLOCK = int(zmq.NOBLOCK)
 # Plain ints: a getsockopt by enum costs 3-4 times as much, and this runs once per message.
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -37,8 +36,12 @@ def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireEr
     """One message from `sock`: (peer, decoded message or the WireError, raw frames).
 
     The message is None when what arrived was for the transport alone (a shared-memory
-    handshake, answered already): poll again."""
-    identity, frames = recv_message(sock, routed)
+    handshake, answered already): poll again. A transport frame that does not parse comes as
+    a WireError too, with no frames."""
+    try:
+        identity, frames = recv_message(sock, routed)
+    except ShmFrameError as exc:
+        return exc.peer, _transport_error(exc), []
     if frames is None:
         return identity, None, []
     try:
@@ -47,18 +50,29 @@ def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireEr
         return identity, exc, frames
 
 
+def _transport_error(exc: ShmFrameError) -> WireError:
+    return WireError(f"shared-memory frame refused: {exc}")
+
+
+def peer_name(identity: bytes | None) -> str:
+    """How refusal lines name a sender: its routing id in hex (the peer of a DEALER: None)."""
+    return "the peer" if identity is None else f"peer {bytes(identity).hex()}"
+
+
 def refuse(sock: zmq.Socket, identity: bytes | None, error: WireError, src: str,
-           frames: list) -> None:
-    """Answer a malformed request with an error; the request id is recovered when possible."""
+           frames: list, refusals: RefusalLog) -> None:
+    """Answer a malformed request with an error (the request id recovered when possible), and
+    say so in the log at the rate `refusals` allows."""
     rid = 0
     try:
         head = msgpack.unpackb(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
         if isinstance(head, dict) and isinstance(head.get("rid"), int) and head["rid"] >= 0:
             rid = head["rid"]
-    except Exception:  # the header itself may be the garbage
+    except Exception:  # the header itself may be the garbage, or there are no frames
         pass
-    log.warning("refused a bad frame from %r: %s", identity, error)
-    send(sock, reply_error(rid, src, str(error)), identity)
+    peer = peer_name(identity)
+    refusals.refused(peer, f"refused a frame from {peer}: {error}")
+    send_or_drop(sock, reply_error(rid, src, str(error)), identity)  # (a full queue: dropped)
 
 
 class RemoteError(RuntimeError):
@@ -75,7 +89,10 @@ def recv_nowait(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message |
     """Like recv, but raises zmq.Again at once when nothing is queued (transport-level
     messages are handled and skipped)."""
     while True:
-        identity, body = recv_message(sock, routed, _NOBLOCK)
+        try:
+            identity, body = recv_message(sock, routed, _NOBLOCK)
+        except ShmFrameError as exc:
+            return exc.peer, _transport_error(exc), []
         if body is not None:
             break
     try:

@@ -146,13 +146,16 @@ def shard_load(records: list[dict], servers: int, wall: float) -> dict:
 
 
 def _server_counters(records: list[dict]) -> dict:
-    """Pushes the shards dropped as late, retried pushes they answered without applying, and
-    retries they refused as too old to prove fresh, as each server's last report said (summed
-    over servers)."""
+    """Pushes the shards dropped as late, retried pushes they answered without applying,
+    retries they refused as too old to prove fresh, pushes refused beyond a sender's
+    unacknowledged depth and pulls beyond a client's waiting allowance, as each server's last
+    report said (summed over servers)."""
     last: dict[int, dict] = {}
     for r in records:
         if r.get("kind") == "server":
             last[r.get("server", 0)] = r
     return {"late_pushes": sum(int(r.get("late_pushes", 0)) for r in last.values()),
             "duplicate_pushes": sum(int(r.get("duplicates", 0)) for r in last.values()),
-            "refused_retries": sum(int(r.get("refused_retries", 0)) for r in last.values())}
+            "refused_retries": sum(int(r.get("refused_retries", 0)) for r in last.values()),
+            "refused_pushes": sum(int(r.get("refused_pushes", 0)) for r in last.values()),
+            "refused_pulls": sum(int(r.get("refused_pulls", 0)) for r in last.values())}

@@ -18,12 +18,12 @@ import numpy as np
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
-from paramserver.server.dedup import FORGOTTEN, DedupTable
+from paramserver.server.dedup import FORGOTTEN, DedupError, DedupTable
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
     Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
-from paramserver.server.pulls import PendingPulls
+from paramserver.server.pulls import PendingPulls, TooManyPulls
 from paramserver.server.store import PushResult, ShardStore, StoreError
 from paramserver.server.tables import ShardTables
 from paramserver.spec.welcome import INITIAL_TAG
@@ -44,10 +44,14 @@ class ShardCore:
                                 settings.apply_mode, alloc=alloc)
         self.tables = ShardTables(settings.tables, settings.servers)
         # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
-        self.dedup = DedupTable()
-        self.pulls = PendingPulls()
+        self.dedup = DedupTable(depth=settings.max_unacked_pushes)
+        self.pulls = PendingPulls(settings.max_pending_pulls)
         self.duplicates = 0  # retried pushes answered from the dedup table
-        self.refused_retries = 0  # retries older than the dedup window: refused, not applied
+        # Retries the dedup table cannot prove fresh (below what it let go of): refused, not
+        # applied; pushes beyond a sender's unacknowledged depth: refused too.
+        self.refused_retries = 0
+        self.refused_pushes = 0
+        self.refused_pulls = 0  # pulls beyond a client's allowance of waiting ones
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
         self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
         self.stopped = False
@@ -143,22 +147,29 @@ class ShardCore:
         return self._pushed(ev, res)
 
     def _applied_before(self, ev) -> dict | None:
-        """The ack a retried push got the first time, or None for a push never applied. A
-        retry older than the dedup table remembers may have been applied: it is refused (the
-        pusher hears why) and counted, never applied a second time."""
-        done = self.dedup.lookup(ev.sender, ev.rid)
+        """The ack a retried push got the first time, or None for a push never applied (and
+        admitted). A retry below what the dedup table let go of may have been applied: it is
+        refused (the pusher hears why) and counted, never applied a second time; so is a push
+        beyond its sender's unacknowledged depth."""
+        done = self.dedup.lookup(ev.sender, ev.rid, ev.mark)
         if done is FORGOTTEN:
             self.refused_retries += 1
-            raise StoreError(f"request {ev.rid} from {ev.sender} is older than the last "
-                             f"{self.dedup.window} this shard remembers: it may have been "
-                             f"applied already, so it is refused rather than applied twice")
+            raise StoreError(f"request {ev.rid} from {ev.sender} is older than what this shard "
+                             f"remembers of it: it may have been applied already, so it is "
+                             f"refused rather than applied twice")
         if done is not None:
             self.duplicates += 1
-        return done
+            return done
+        try:
+            self.dedup.admit(ev.sender, ev.rid)
+        except DedupError as exc:
+            self.refused_pushes += 1
+            raise StoreError(str(exc)) from None
+        return None
 
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}
-        self.dedup.remember(ev.sender, ev.rid, fields)
+        self.dedup.remember(ev.sender, ev.rid, fields, ev.mark)
         ack = Reply(ev.to, "ack", fields)
         st = self.store
         if st.round_full:
@@ -193,8 +204,17 @@ class ShardCore:
             st.local(ev.lo, ev.hi)
         else:
             st.local_keys(ev.keys)
-        self.pulls.add(ev, ev.now + self.settings.pull_timeout)
+        self._wait(ev)
         return _NOTHING
+
+    def _wait(self, ev) -> None:
+        """Keep a pull until its version comes; refused (and counted) past the client's
+        allowance of waiting pulls."""
+        try:
+            self.pulls.add(ev, ev.now + self.settings.pull_timeout)
+        except TooManyPulls:
+            self.refused_pulls += 1
+            raise
 
     def _pull_rows(self, ev: PullRows) -> list | tuple:
         """Rows now if the shard has reached min_version; else kept with the waiting pulls,
@@ -204,7 +224,7 @@ class ShardCore:
         self.tables.checked(ev.table, ev.keys)  # refused now, not when finally served
         if st.version >= ev.min_version:
             return [self._rows(ev)]
-        self.pulls.add(ev, ev.now + self.settings.pull_timeout)
+        self._wait(ev)
         return _NOTHING
 
     def _rows(self, ev: PullRows) -> Reply:
@@ -235,7 +255,9 @@ class ShardCore:
             "version": st.version, "initialized": st.initialized,
             "updates_applied": st.updates_applied, "lost_updates": self.lost_updates,
             "duplicates": self.duplicates, "refused_retries": self.refused_retries,
-            "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write, "pending_pulls": len(self.pulls)}
+            "refused_pushes": self.refused_pushes, "refused_pulls": self.refused_pulls,
+            "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write,
+            "pending_pulls": len(self.pulls)}
         if self.tables:
             state["tables"] = self.tables.counters()
         return [Reply(ev.to, "state", {"state": state})]
@@ -259,7 +281,7 @@ class ShardCore:
         self.tables.restore(ev.arrays)
         # The pushes in the checkpoint stay applied once: their retries are answered.
         self.dedup = DedupTable.load(ev.meta.get("applied", []), self.dedup.window,
-                                     self.dedup.senders)
+                                     self.dedup.senders, self.dedup.depth)
         out = self._serve([])
         if ev.announce:  # back after a crash: the coordinator counts what was lost
             out.append(ToCoordinator("restored", {
@@ -293,8 +315,9 @@ class ShardCore:
         millisecond: a shard with nothing to do stays quiet); None when the last heartbeat
         told them already."""
         counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
-        if self.refused_retries:
-            counters["refused_retries"] = self.refused_retries
+        for name in ("refused_retries", "refused_pushes", "refused_pulls"):
+            if getattr(self, name):
+                counters[name] = getattr(self, name)
         if self.tables:
             counters.update(self.tables.beat_counters())
         if self.busy_s:

@@ -53,6 +53,9 @@ class ShardSettings:
     restore: RestoreFrom | None = None
     tables: tuple = ()  # the job's TableSpecs (spec.job), each shard keeping its share
     servers: int = 1  # shards sharing each table's row budget
+    max_pending_pulls: int = _LIMITS.max_pending_pulls  # waiting pulls per client
+    max_unacked_pushes: int = _LIMITS.max_unacked_pushes  # the dedup table's depth per sender
+    max_message_bytes: int = _LIMITS.chunk_bytes  # (the node's) largest frame received
     initial_checkpoint_dir: str | None = None  # where checkpoint 0 goes once initialized
 
 
@@ -79,6 +82,8 @@ class Push:
     scale: float = 1.0
     round_size: int = 0  # contributors of the round, when the pusher knows (0: not said)
     parts: int = 0  # messages the pusher sends this shard for the step (0: not said)
+    # The pusher's watermark: its pushes below this rid are all acknowledged (None: not said)
+    mark: int | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +99,7 @@ class PushSparse:
     scale: float = 1.0
     round_size: int = 0
     parts: int = 0
+    mark: int | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +111,7 @@ class Pull:
     lo: int = 0
     hi: int = 0
     keys: np.ndarray | None = None
+    client: Any = None  # who asked (the node's peer): each has only so many pulls waiting
 
 
 @dataclass(slots=True)
@@ -115,6 +122,7 @@ class PullRows:
     table: str
     keys: np.ndarray
     min_version: int = 0
+    client: Any = None
 
 
 @dataclass(slots=True)
@@ -132,6 +140,7 @@ class PushRows:
     scale: float = 1.0
     round_size: int = 0
     parts: int = 0
+    mark: int | None = None
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import zmq
 
+from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
@@ -22,17 +23,28 @@ from paramserver.server.events import (
 from paramserver.server.store import StoreError, spare_buffers
 from paramserver.spec.welcome import ServerJob
 from paramserver.transport import (
-    advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context, security, shm,
-    terminate,
+    PortHold, advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context,
+    return_freed_memory, security, shm, terminate,
 )
+from paramserver.transport.shm_arena import drop_departed
+from paramserver.transport.zmq_sockets import router_address
 from paramserver.wire import Message, WireError
+from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+# keep_freed_memory keeps freed frames' memory for the next frame, which suits frames up to the
+# chunk size (16 MB by default) that come all day; after one above this size the heap's free
+# pages go back to the kernel at the next tick, so a rare big frame leaves no peak behind.
+TRIM_ABOVE = 64 << 20
 
 WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pull_rows",
               "push_rows")
 # Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
 WRITE_OPS = ("init", "push", "push_sparse", "push_rows")
+# What a request that parsed may still raise in its handling: refused with an error reply, the
+# server goes on. (OverflowError, IndexError: numbers that fit the wire but not an array.)
+REFUSED = (StoreError, ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
 def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
@@ -49,6 +61,8 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
         pull_timeout=pull_timeout, heartbeat_interval=job.heartbeat_interval,
         coordinator_timeout=job.coordinator_timeout, server_threads=job.server_threads,
         restore=restore, tables=job.tables, servers=job.servers,
+        max_pending_pulls=job.max_pending_pulls, max_unacked_pushes=job.max_unacked_pushes,
+        max_message_bytes=job.max_message_bytes,
         initial_checkpoint_dir=job.initial_checkpoint_dir)
 
 
@@ -71,30 +85,32 @@ def _push(msg: Message, to) -> Push:
     lo, hi = f["range"]
     return Push(to, msg.src, msg.rid, lo, hi, _arrays(msg, 1)[0], f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                f.get("parts", 0))
+                f.get("parts", 0), f.get("wm"))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:
     keys, values = _arrays(msg, 2)
     f = msg.fields
     return PushSparse(to, msg.src, msg.rid, keys, values, f["step"], f["batch"], f["version"],
-                      float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0))
+                      float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0),
+                      f.get("wm"))
 
 
 def _pull(msg: Message, to) -> Pull:
     f = msg.fields
     lo, hi = f["range"]
-    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi)
+    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi, client=to[0])
 
 
 def _pull_keys(msg: Message, to) -> Pull:
     return Pull(to, time.monotonic(), msg.fields.get("min_version", 0),
-                keys=_arrays(msg, 1)[0])
+                keys=_arrays(msg, 1)[0], client=to[0])
 
 
 def _pull_rows(msg: Message, to) -> PullRows:
     f = msg.fields
-    return PullRows(to, time.monotonic(), f["table"], _arrays(msg, 1)[0], f.get("min_version", 0))
+    return PullRows(to, time.monotonic(), f["table"], _arrays(msg, 1)[0],
+                    f.get("min_version", 0), client=to[0])
 
 
 def _push_rows(msg: Message, to) -> PushRows:
@@ -102,7 +118,7 @@ def _push_rows(msg: Message, to) -> PushRows:
     f = msg.fields
     return PushRows(to, msg.src, msg.rid, f["table"], keys, grads, f["step"], f["batch"],
                     f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                    f.get("parts", 0))
+                    f.get("parts", 0), f.get("wm"))
 
 
 def _coordinator_error(msg: Message, to) -> None:
@@ -148,6 +164,9 @@ class ServerNode:
         self.running = True
         self.core: ShardCore | None = None
         self.dropped = 0  # messages to the coordinator dropped on its full queue
+        self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
+        # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
+        self.refusals = RefusalLog(log.warning, time.monotonic)
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -160,8 +179,13 @@ class ServerNode:
             raise RuntimeError(f"coordinator refused registration: {getattr(msg, 'fields', msg)}")
         return msg
 
-    def _build_core(self, welcome: Message) -> None:
+    def _build_core(self, welcome: Message, ctx: zmq.Context, hold) -> None:
         s = self.settings = shard_settings(welcome, self.pull_timeout)
+        # Bound only now, when the job has said how large a frame may be: ZeroMQ then refuses a
+        # larger one before it is read, rather than this process holding it.
+        self.router, self.addr = bind_router(ctx, self.host, self.port, keys=self.keys,
+                                             advertise=self.advertise,
+                                             max_message=s.max_message_bytes, hold=hold)
         self.src = f"s{s.rank}"
         self.core = ShardCore(s, alloc=self._shared_values(s.hi - s.lo, s.dtype))
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
@@ -208,17 +232,22 @@ class ServerNode:
         ctx = new_context()
         self.router = self.coord = None
         try:
-            self.router, addr = bind_router(ctx, self.host, self.port, keys=self.keys,
-                                            advertise=self.advertise)
-            self.addr = addr
-            # Sends to the coordinator never wait: a dead one's queue fills (64 heartbeats) and
-            # a blocked send would stop the loop that judges it gone (_check_coordinator).
-            self.coord = connect_dealer(ctx, self.join, keys=self.keys, send_timeout=0)
+            # The port is held until the welcome says the largest frame to accept (see
+            # _build_core).
+            hold = PortHold(self.host, self.port)
+            addr = router_address(self.host, hold.port, advertise=self.advertise)
+            # The coordinator sends headers only (welcomes, commands): nothing large may come.
+            # Sends to it never wait: a dead one's queue fills (64 heartbeats) and a blocked
+            # send would stop the loop that judges it gone (_check_coordinator).
+            self.coord = connect_dealer(ctx, self.join, keys=self.keys, send_timeout=0,
+                                        max_message=CONTROL_MESSAGE_BYTES)
             try:
-                self._build_core(self._register(addr))
+                self._build_core(self._register(addr), ctx, hold)
             except CheckpointError as exc:  # one clear line, not a traceback
                 log.error("server %s cannot start from its checkpoint: %s", self.src, exc)
                 raise SystemExit(f"server {self.src}: {exc}") from None
+            finally:
+                hold.release()
             st = self.core.store
             log.info("server %s serving keys [%d, %d) at %s", self.src, st.range.lo,
                      st.range.hi, addr)
@@ -238,10 +267,14 @@ class ServerNode:
         # load: its torch threads included), beside the time spent waiting for them.
         busy = 0.0
         clock = time.perf_counter
+        tidy_at = 0.0
         while self.running:
             now = time.monotonic()
             if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
                 self._execute(core.handle(TimePassed(now, busy)))
+            if now >= tidy_at:
+                tidy_at = now + self.settings.heartbeat_interval
+                self._tidy()
             timeout = max(0.0, core.next_wakeup() - now)
             for sock, _ in poller.poll(timeout * 1000):
                 if sock is self.coord:
@@ -250,6 +283,17 @@ class ServerNode:
                 self._drain(sock)
                 busy += clock() - began
             self._check_coordinator()
+            self.refusals.flush()
+
+    def _tidy(self) -> None:
+        """Memory nothing else gives back: the arenas of clients that left or died, and the
+        heap's free pages after a big frame."""
+        gone = drop_departed(self.router)
+        if gone:
+            log.info("unmapped the shared memory of %d client(s) that left", gone)
+        if self.big_frame:
+            self.big_frame = False
+            return_freed_memory()
 
     def _check_coordinator(self) -> None:
         """The coordinator answers every heartbeat: long silence means it is gone, and a
@@ -269,14 +313,20 @@ class ServerNode:
                 ident, msg, frames = rpc.recv_nowait(sock, routed)
             except zmq.Again:
                 return
+            for f in frames:
+                if len(f) > TRIM_ABOVE:
+                    self.big_frame = True
             if isinstance(msg, WireError):
-                rpc.refuse(sock, ident, msg, self.src, frames)
+                rpc.refuse(sock, ident, msg, self.src, frames, self.refusals)
                 continue
             try:
                 self._dispatch(ident, msg, routed)
-            except (StoreError, ValueError, KeyError, TypeError) as exc:
-                rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
-                                       rid=msg.rid, src=self.src), ident)
+            except REFUSED as exc:
+                # As the coordinator does: a refused role or op is seen in the log.
+                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
+                rpc.send_or_drop(sock, Message("error", {"msg": str(exc), "code": "refused"},
+                                               rid=msg.rid, src=self.src), ident)
             if not rpc.queued(sock):
                 return
 

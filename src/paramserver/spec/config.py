@@ -46,6 +46,7 @@ class TrainConfig:
     eval_interval: float = JobSpec.eval_interval  # 0: no evaluator process
     dtype: str = JobSpec.dtype
     heartbeat_timeout: float = Limits.heartbeat_timeout
+    max_message_bytes: int | None = Limits.max_message_bytes  # None: from the model size
     compress: str = TaskSpec.compress
     compress_options: dict = field(default_factory=dict)
     push_range: str = TaskSpec.push_range  # keys pushed/pulled per step (compression/ranges.py)

@@ -171,6 +171,13 @@ class ResumeSpec:
         _name("resume.tag", self.tag)
 
 
+# The smallest max_message_bytes: a message header may be 64 KB (wire.codec.MAX_HEADER_BYTES).
+MIN_MESSAGE_BYTES = 1 << 17
+# Keys one pull_rows/push_rows may carry (wire.protocol.MAX_KEYS_PER_REQUEST; spec imports no
+# wire module).
+_MAX_ROW_KEYS = 1 << 22
+
+
 @dataclass(frozen=True)
 class Limits:
     """Every timeout and interval of the job, in seconds, and the chunking of large requests
@@ -201,6 +208,14 @@ class Limits:
     # requests (3.73 and 8 MB) cost more per message than it overlapped (benchmarks/README.md).
     tcp_chunk_bytes: int = 4 << 20
     tcp_chunks_in_flight: int = 4
+    # Bounds on what one peer may make a server hold. A frame above max_message_bytes is
+    # refused by ZeroMQ before it is read (the sender is disconnected); None: derived from the
+    # job (JobSpec.message_limit: its largest legitimate frame plus headroom).
+    max_message_bytes: int | None = None
+    max_pending_pulls: int = 1024  # pulls one client may have waiting at one shard
+    # Pushes one client may have unacknowledged at one shard: the client waits for the oldest
+    # before sending more, and the shard refuses more (its exactly-once window is this deep).
+    max_unacked_pushes: int = 1024
 
     def __post_init__(self):
         _num("heartbeat_timeout", self.heartbeat_timeout)
@@ -209,7 +224,12 @@ class Limits:
         if self.server_timeout is None:
             object.__setattr__(self, "server_timeout", max(6 * self.heartbeat_timeout, 30.0))
         for f in fields(self):
-            _num(f.name, getattr(self, f.name))
+            if f.name != "max_message_bytes":
+                _num(f.name, getattr(self, f.name))
+        if self.max_message_bytes is not None:
+            _int("max_message_bytes", self.max_message_bytes, MIN_MESSAGE_BYTES)
+        _int("max_pending_pulls", self.max_pending_pulls, 1)
+        _int("max_unacked_pushes", self.max_unacked_pushes, 1)
         _int("chunk_bytes", self.chunk_bytes, 8)
         _int("chunks_in_flight", self.chunks_in_flight, 1)
         _int("tcp_chunk_bytes", self.tcp_chunk_bytes, 8)
@@ -369,8 +389,24 @@ class JobSpec:
                           compress_options=c.compress_options, push_range=c.push_range,
                           schedule=c.schedule),
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
-                          start_timeout=start_timeout_for(num_keys, c.dtype)),
+                          start_timeout=start_timeout_for(num_keys, c.dtype),
+                          max_message_bytes=c.max_message_bytes),
             tables=tuple(tables))
+
+    def message_limit(self, keys: int | None = None) -> int:
+        """The largest frame a server accepts: limits.max_message_bytes, or derived from the
+        job: its largest legitimate frame (a dense chunk of chunk_bytes, a keys frame naming
+        every key of a shard of `keys` keys (default: all), a table's rows for the most keys
+        one request may carry) plus an eighth and 1 MB of headroom. Frames larger than
+        chunk_bytes only come from requests that name keys one by one; dense requests are cut
+        into chunks (client/core.py)."""
+        if self.limits.max_message_bytes is not None:
+            return self.limits.max_message_bytes
+        itemsize = 8 if self.dtype in ("float64", "int64") else 4
+        keys = self.num_keys if keys is None else keys
+        largest = max(self.limits.chunk_bytes, keys * max(8, itemsize),
+                      *(_MAX_ROW_KEYS * max(8, t.dim * 4) for t in self.tables))
+        return largest + largest // 8 + (1 << 20)
 
     def with_resume(self, resume: ResumeSpec | None) -> "JobSpec":
         return replace(self, resume=resume)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from paramserver.spec.job import (
-    DTYPES, JobSpec, JobSpecError, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail, _int,
-    _name, _num, _part, _plain, _tables,
+    DTYPES, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail,
+    _int, _name, _num, _part, _plain, _tables,
 )
 
 APPLY_MODES = ("round", "arrival")
@@ -104,6 +104,10 @@ class ServerJob:
     # Where the shard saves checkpoint 0 once its initial values are in (see INITIAL_TAG);
     # None: it does not (its job restarts no servers, or resumes from a checkpoint).
     initial_checkpoint_dir: str | None = None
+    # Bounds the server enforces (spec.job.Limits); the message size resolved for this shard.
+    max_message_bytes: int = Limits.chunk_bytes
+    max_pending_pulls: int = Limits.max_pending_pulls
+    max_unacked_pushes: int = Limits.max_unacked_pushes
 
     def __post_init__(self):
         r = self.shard_range
@@ -126,6 +130,9 @@ class ServerJob:
         _int("servers", self.servers, 1)
         if self.initial_checkpoint_dir is not None:
             _name("initial_checkpoint_dir", self.initial_checkpoint_dir)
+        _int("max_message_bytes", self.max_message_bytes, 1)
+        _int("max_pending_pulls", self.max_pending_pulls, 1)
+        _int("max_unacked_pushes", self.max_unacked_pushes, 1)
 
     @classmethod
     def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
@@ -134,7 +141,9 @@ class ServerJob:
         limits = job.limits
         return cls((lo, hi), job.dtype, apply_mode, job.optimizer, limits.heartbeat_interval,
                    limits.coordinator_timeout, job.server_threads, restore, job.tables,
-                   job.servers)
+                   job.servers, max_message_bytes=job.message_limit(hi - lo),
+                   max_pending_pulls=limits.max_pending_pulls,
+                   max_unacked_pushes=limits.max_unacked_pushes)
 
     def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
         return replace(self, restore=restore)
@@ -155,19 +164,24 @@ class ServerJob:
         out["servers"] = self.servers
         if self.initial_checkpoint_dir is not None:
             out["initial_checkpoint_dir"] = self.initial_checkpoint_dir
+        out.update(max_message_bytes=self.max_message_bytes,
+                   max_pending_pulls=self.max_pending_pulls,
+                   max_unacked_pushes=self.max_unacked_pushes)
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "ServerJob":
         d = _fields_of(cls, data, "server job")
         what = "server job"
-        optional = ("restore", "tables", "servers", "initial_checkpoint_dir")
+        optional = ("restore", "tables", "servers", "initial_checkpoint_dir",
+                    "max_message_bytes", "max_pending_pulls", "max_unacked_pushes")
         args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name not in optional}
         args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
         restore = d.pop("restore", None)
         return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore),
                    tables=d.pop("tables", ()), servers=d.pop("servers", 1),
-                   initial_checkpoint_dir=d.pop("initial_checkpoint_dir", None))
+                   initial_checkpoint_dir=d.pop("initial_checkpoint_dir", None),
+                   **{k: d.pop(k) for k in optional[4:] if k in d})
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import weakref
 import zmq
 from zmq.utils import monitor, z85
 
+from paramserver.core.ratelimit import RefusalLog
 
 log = logging.getLogger("paramserver.transport.security")  # refusals log where they always did
 
@@ -32,23 +33,6 @@ def guard_of(ctx: zmq.Context) -> "_Guard":
         return guard
 
 
-class _Throttle:
-    """Log a repeated refusal at most once per `every` seconds (a peer retrying its connection
-    every 100 ms must not flood the log), saying how many were not logged."""
-
-    def __init__(self, every: float = 5.0):
-        self.every, self.last, self.quiet = every, {}, {}
-
-    def __call__(self, key, fmt: str, *args) -> None:
-        now = time.monotonic()
-        if now - self.last.get(key, -1e9) < self.every:
-            self.quiet[key] = self.quiet.get(key, 0) + 1
-            return
-        self.last[key] = now
-        more = self.quiet.pop(key, 0)
-        log.warning(fmt + (f" ({more} more like it not logged)" if more else ""), *args)
-
-
 class _Guard(threading.Thread):
     """Per context: answers ZAP requests and reports failed handshakes of watched ROUTERs."""
 
@@ -59,7 +43,8 @@ class _Guard(threading.Thread):
         self.zap.bind("inproc://zeromq.zap.01")
         self.domains: dict[str, Keys] = {}
         self.incoming: queue.SimpleQueue = queue.SimpleQueue()
-        self.refused = _Throttle()
+        # A peer retrying its connection every 100 ms must not flood the log.
+        self.refusals = RefusalLog(log.warning, time.monotonic, burst=1, window=5.0)
         # Every socket the guard owns is closed when it stops, the monitors handed over but not
         # yet polled too: one left open would keep the context (and so the process) from ending.
         self._lock = threading.Lock()
@@ -93,6 +78,7 @@ class _Guard(threading.Thread):
                 for m in monitors:
                     if m in ready:
                         self._report(monitor.recv_monitor_message(m))
+                self.refusals.flush()
         except zmq.ZMQError:  # the context is terminating: let it
             pass
         finally:
@@ -113,10 +99,11 @@ class _Guard(threading.Thread):
             name = keys.allowed[key]
             log.debug("admitted %s (%s key)", address.decode(errors="replace"), name)
             return [version, rid, b"200", b"OK", name.encode(), b""]
-        self.refused(("zap", address), "refused a connection from %s: its key %s is not in %s",
-                     address.decode(errors="replace"),
-                     key.decode() if key else mechanism.decode(errors="replace"),
-                     f"{keys.directory}/public" if keys else "any key folder")
+        peer = address.decode(errors="replace")
+        self.refusals.refused(
+            f"zap {peer}", f"refused a connection from {peer}: its key "
+            f"{key.decode() if key else mechanism.decode(errors='replace')} is not in "
+            f"{f'{keys.directory}/public' if keys else 'any key folder'}")
         return [version, rid, b"400", b"key not allowed", b"", b""]
 
     def _report(self, event: dict) -> None:
@@ -124,8 +111,8 @@ class _Guard(threading.Thread):
         if event.get("event") == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             reason = _PROTOCOL_ERRORS.get(int(event.get("value", 0)), "protocol error")
         endpoint = event.get("endpoint", b"")
-        self.refused(("handshake", reason),
-                     "refused a connection on %s: CURVE handshake failed (%s): a peer without "
-                     "this cluster's server key, not using CURVE, or replaying a session",
-                     endpoint.decode(errors="replace") if isinstance(endpoint, bytes)
-                     else endpoint, reason)
+        where = endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else endpoint
+        self.refusals.refused(
+            f"handshake {reason}", f"refused a connection on {where}: CURVE handshake failed "
+            f"({reason}): a peer without this cluster's server key, not using CURVE, or "
+            f"replaying a session")

@@ -35,10 +35,13 @@ import zmq
 from paramserver.transport.shm_arena import (
     HEADER_BYTES, SLOTS, _STATES, Arena, Loan, PeerArena, SharedFrame, _Link, _SocketState,
 )
+from paramserver.transport.shm_frames import (
+    Confirm, ShmFrameError, parse_to_dealer, parse_to_router, parse_refs,
+)
 
 __all__ = ["HEADER_BYTES", "HELLO", "MIN_BYTES", "REFS", "SLOTS", "Arena", "Loan", "PeerArena",
-           "SharedFrame", "by_reference", "enabled", "intercept", "local_address", "offer_shared",
-           "release_frames", "serve_shared", "shared_with"]
+           "SharedFrame", "ShmFrameError", "by_reference", "enabled", "intercept",
+           "local_address", "offer_shared", "release_frames", "serve_shared", "shared_with"]
 
 HELLO = b"\x00psm-hello"  # a msgpack header never starts with a zero byte
 REFS = b"\x00psm-refs"
@@ -120,7 +123,9 @@ def by_reference(sock: zmq.Socket, frames: list, identity: bytes | None):
 # ---- receive ------------------------------------------------------------------------------------
 def intercept(sock: zmq.Socket, identity: bytes | None, frames: list):
     """Handle transport-level frames. Returns the message's frames for the caller (shared
-    frames substituted), or None when the message was a handshake (already answered)."""
+    frames substituted), or None when the message was a handshake (already answered).
+    A handshake or descriptor that does not parse (shm_frames) raises ShmFrameError before
+    any of its numbers is used."""
     if not frames:
         return frames
     first = frames[0]
@@ -132,40 +137,35 @@ def intercept(sock: zmq.Socket, identity: bytes | None, frames: list):
         _on_hello(sock, identity, bytes(getattr(frames[1], "buffer", frames[1])))
         return None
     if raw.startswith(REFS):
-        return _resolve(sock, identity, raw[len(REFS):], frames[1:]) or frames
+        return _resolve(sock, identity, raw[len(REFS):], frames[1:])
     return frames
 
 
 def _on_hello(sock: zmq.Socket, identity: bytes | None, body: bytes) -> None:
-    try:
-        info = json.loads(body)
-    except ValueError:
-        return
     state = _STATES.get(sock)
-    if not isinstance(info, dict):
-        return
     if identity is None:  # a DEALER hears its ROUTER's answer
         if state is None or None not in state.links:
-            return
+            raise ShmFrameError("a shared-memory answer to an offer never made")
+        answer = parse_to_dealer(body)
         link = state.links[None]
-        link.reads_ours = bool(info.get("attached"))
-        if "arena" in info:
-            link.peer = PeerArena.attach(info["arena"])
+        link.reads_ours = answer.attached
+        if answer.arena is not None:
+            link.peer = PeerArena.attach(answer.arena)
             # Only now may the ROUTER send by reference: we can read its frames.
             sock.send_multipart([HELLO, json.dumps({"confirm": link.peer is not None}).encode()])
         return
-    if "confirm" in info:  # the DEALER mapped our arena (or could not)
+    hello = parse_to_router(body)
+    if isinstance(hello, Confirm):  # the DEALER mapped our arena (or could not)
         link = state.links.get(identity) if state is not None else None
         if link is not None and link.peer is not None:
-            link.reads_ours = bool(info["confirm"])
+            link.reads_ours = hello.mapped
         return
     # A ROUTER hears a DEALER's offer: map its arena, answer with ours.
     if state is None:
         state = _STATES[sock] = _SocketState(None, routed=True)
     link = _Link()
-    if isinstance(info, dict) and isinstance(info.get("slot"), int) and 0 <= info["slot"] < SLOTS:
-        link.slot = info["slot"]
-        link.peer = PeerArena.attach(info.get("arena"))
+    link.slot = hello.slot
+    link.peer = None if hello.arena is None else PeerArena.attach(hello.arena)
     state.links[identity] = link
     answer = {"attached": link.peer is not None}
     if state.arena is not None and link.peer is not None:
@@ -173,25 +173,22 @@ def _on_hello(sock: zmq.Socket, identity: bytes | None, body: bytes) -> None:
     sock.send_multipart([identity, HELLO, json.dumps(answer).encode()])
 
 
-def _resolve(sock: zmq.Socket, identity: bytes | None, head: bytes, body: list):
+def _resolve(sock: zmq.Socket, identity: bytes | None, head: bytes, body: list) -> list:
     state = _STATES.get(sock)
     link = state.links.get(identity) if state is not None else None
     if link is None or link.peer is None:
-        return None
-    try:
-        info = json.loads(head)
-        seq, refs = int(info["seq"]), info["refs"]
-        out = list(body)
-        for i, off, n in refs:
-            view = link.peer.frame(int(off), int(n))
-            if view is None or not 0 <= i < len(out):
-                return None
-            out[i] = SharedFrame(view, link, seq)
-    except (ValueError, KeyError, TypeError):
-        return None
-    if seq and identity is None:
-        link.outstanding.add(seq)
-        link.seen = max(link.seen, seq)
+        raise ShmFrameError("frames by reference from a peer whose arena is not mapped")
+    refs = parse_refs(head, len(body))
+    out = list(body)
+    for i, off, n in refs.refs:
+        view = link.peer.frame(off, n)
+        if view is None:
+            raise ShmFrameError(f"frame [{off}, {off + n}) lies outside the peer's arena of "
+                                f"{link.peer.size} bytes")
+        out[i] = SharedFrame(view, link, refs.seq)
+    if refs.seq and identity is None:
+        link.outstanding.add(refs.seq)
+        link.seen = max(link.seen, refs.seq)
     return out
 
 

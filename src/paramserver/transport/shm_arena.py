@@ -9,8 +9,13 @@ import weakref
 import numpy as np
 import zmq
 
-HEADER_BYTES = 4096  # the arena's first page: release counters, one uint64 per slot
-SLOTS = HEADER_BYTES // 8
+from paramserver.transport.shm_frames import (
+    HEADER_BYTES, SLOTS, ArenaDesc, ShmFrameError, parse_arena,
+)
+
+# The name Arena gives its memfd: a peer maps only files of that name (a hostile hello may name
+# any process's descriptor).
+MEMFD_NAME = "paramserver-arena"
 
 
 def _host_token() -> str:
@@ -42,7 +47,7 @@ class Arena:
 
     def __init__(self, nbytes: int):
         self.size = HEADER_BYTES + _round_up(max(int(nbytes), 1), 4096)
-        self.fd = os.memfd_create("paramserver-arena", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
         self.map = mmap.mmap(self.fd, self.size)
         self.bytes = np.frombuffer(self.map, dtype=np.uint8)
@@ -72,24 +77,68 @@ class Arena:
     def describe(self) -> dict:
         return {"host": self.host, "pid": os.getpid(), "fd": self.fd, "size": self.size}
 
+    def close(self) -> None:
+        """Let go of the arena's file: peers that mapped it see that (PeerArena.held) and
+        unmap it. Our own mapping stays valid for the arrays still in it."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
 
 class PeerArena:
-    """A peer's arena, mapped read-only here."""
+    """A peer's arena, mapped read-only here, until the peer lets go of it (close)."""
 
-    def __init__(self, desc: dict):
-        with open(f"/proc/{int(desc['pid'])}/fd/{int(desc['fd'])}", "rb") as f:
-            self.map = mmap.mmap(f.fileno(), int(desc["size"]), prot=mmap.PROT_READ)
-        self.size = int(desc["size"])
+    def __init__(self, desc: ArenaDesc):
+        self.path = f"/proc/{desc.pid}/fd/{desc.fd}"
+        if not os.readlink(self.path).startswith(f"/memfd:{MEMFD_NAME}"):
+            raise ValueError(f"{self.path} is not a paramserver arena")
+        with open(self.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_size < desc.size:
+                raise ValueError(f"{self.path} is smaller than the {desc.size} bytes announced")
+            self.map = mmap.mmap(f.fileno(), desc.size, prot=mmap.PROT_READ)
+        self.file = (st.st_dev, st.st_ino)  # the memfd itself, to tell it from a reused fd
+        self.size = desc.size
         self.view = memoryview(self.map)
         self.counters = np.frombuffer(self.map, dtype=np.uint64, count=SLOTS)
+        self.closed = False
+
+    def held(self) -> bool:
+        """Whether the peer still holds its arena: its process is alive with the memfd open.
+        A peer that exited or closed its arena (KVWorker.close) answers False."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.file
+
+    def close(self) -> bool:
+        """Unmap the arena; False while frames received from it are still referenced (then
+        try again later). Loans on a closed arena are done: nobody reads them any more."""
+        self.closed = True
+        self.counters = _RELEASED_ALL
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:  # a SharedFrame still points into it
+            return False
+        return True
 
     @staticmethod
-    def attach(desc) -> "PeerArena | None":
-        if not isinstance(desc, dict) or desc.get("host") != _host_token() or not desc["host"]:
+    def attach(desc: ArenaDesc | dict) -> "PeerArena | None":
+        """The peer's arena mapped, or None where it cannot be (another host or pid namespace,
+        no access, not an arena): then frames travel as bytes. A dict is Arena.describe()'s
+        form, parsed first."""
+        if isinstance(desc, dict):
+            try:
+                desc = parse_arena(desc)
+            except ShmFrameError:
+                return None
+        if desc.host != _host_token() or not desc.host:
             return None
         try:
             return PeerArena(desc)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, OverflowError):
             return None
 
     def frame(self, offset: int, length: int) -> memoryview | None:
@@ -144,3 +193,27 @@ class Loan:
     @property
     def done(self) -> bool:
         return int(self.peer.counters[self.slot]) >= self.seq and all(t.done for t in self.also)
+
+
+# What a closed PeerArena reads as: every sequence number released.
+_RELEASED_ALL = np.full(SLOTS, np.iinfo(np.uint64).max, dtype=np.uint64)
+_RELEASED_ALL.flags.writeable = False
+_unmapping: list[PeerArena] = []  # closed while frames of them were still referenced
+
+
+def drop_departed(sock: zmq.Socket) -> int:
+    """Unmap the arenas of a ROUTER's peers that let go of theirs (exited, died or closed):
+    each client's arena would otherwise stay mapped here for good. Their links go too (a
+    late message from such a peer then finds no arena and is refused). Returns how many."""
+    global _unmapping
+    _unmapping = [p for p in _unmapping if not p.close()]
+    state = _STATES.get(sock)
+    if state is None:
+        return 0
+    gone = [ident for ident, link in state.links.items()
+            if link.peer is not None and not link.peer.held()]
+    for ident in gone:
+        peer = state.links.pop(ident).peer
+        if not peer.close():
+            _unmapping.append(peer)
+    return len(gone)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import socket
 import sys
 import threading
 from typing import Sequence
@@ -62,52 +63,106 @@ def keep_freed_memory() -> bool:
     return bool(ok and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def _tune(sock: zmq.Socket, hwm: int) -> None:
+def return_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel (glibc malloc_trim): after a frame far
+    larger than the ones keep_freed_memory keeps for reuse, so that its peak is not held for
+    good. Returns False where this is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def _tune(sock: zmq.Socket, hwm: int, max_message: int | None = None) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
+    if max_message is not None:
+        # A peer that sends a larger frame is disconnected before its bytes are held. ZeroMQ
+        # copies the option when a socket binds or connects: it must be set before.
+        sock.setsockopt(zmq.MAXMSGSIZE, int(max_message))
+
+
+class PortHold:
+    """A free TCP port on `host`, held (bound, not listening) so that nothing else takes it
+    until the ROUTER that will listen there is bound (bind_router(..., hold=)): a server says
+    its address when it registers, but binds only once the welcome told it its limits."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        if port:  # a port given (a restarted server's) may have connections in TIME_WAIT
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Without SO_REUSEADDR no other socket may bind the port while it is held.
+        self._sock.bind(("0.0.0.0" if is_wildcard(host) else host.strip("[]"), port))
+        self.port = self._sock.getsockname()[1]
+
+    def release(self) -> None:
+        self._sock.close()
 
 
 def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
                 scheme: str = "tcp", hwm: int = DEFAULT_HWM,
-                keys=None, advertise: str | None = None) -> tuple[zmq.Socket, str]:
+                keys=None, advertise: str | None = None,
+                max_message: int | None = None,
+                hold: PortHold | None = None) -> tuple[zmq.Socket, str]:
     """Bind a ROUTER; port 0 picks a free port. Returns the socket and its connectable address:
     on `advertise` (the host peers dial) if given, else on `host`, which must then not be a
     wildcard such as 0.0.0.0 (see addresses.advertised_host).
 
     `keys` (security.Keys) makes it a CURVE server admitting only the cluster's keys; without
-    keys a non-loopback `host` is refused unless `keys` is security.INSECURE."""
+    keys a non-loopback `host` is refused unless `keys` is security.INSECURE. A frame above
+    `max_message` bytes disconnects its sender (ZMQ_MAXMSGSIZE). `hold`: the port reserved for
+    it, released at the last moment."""
     security.check_bind(host, scheme, keys)
+    router_address(host, 0, scheme, advertise)  # (refuses a wildcard with no advertise)
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        _tune(sock, hwm, max_message)
+        security.secure_router(sock, keys)
+        # Peers that vanish must not block sends to them: drop instead of blocking.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if scheme == "ipc":
+            path = f"/tmp/paramserver-{os.getpid()}-{id(sock):x}.ipc"
+            sock.bind(f"ipc://{path}")
+            return sock, f"ipc://{path}"
+        if scheme != "tcp":
+            raise ValueError(f"unknown transport scheme {scheme!r}; known: tcp, ipc")
+        if hold is not None:
+            port = hold.port
+            hold.release()
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+        return sock, router_address(host, port, scheme, advertise)
+    except BaseException:  # (a port taken, say): a socket left open keeps the context alive
+        sock.close(0)
+        raise
+
+
+def router_address(host: str, port: int, scheme: str = "tcp",
+                   advertise: str | None = None) -> str:
+    """The address peers dial for a ROUTER bound to `host`:`port` (see bind_router)."""
     if scheme == "tcp" and not advertise and is_wildcard(host):
         raise ValueError(f"bound to {host or '*'}: say which address peers dial (advertise)")
-    sock = ctx.socket(zmq.ROUTER)
-    _tune(sock, hwm)
-    security.secure_router(sock, keys)
-    # Peers that vanish must not block sends to them: drop instead of blocking.
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-    if scheme == "ipc":
-        path = f"/tmp/paramserver-{os.getpid()}-{id(sock):x}.ipc"
-        sock.bind(f"ipc://{path}")
-        return sock, f"ipc://{path}"
-    if scheme != "tcp":
-        raise ValueError(f"unknown transport scheme {scheme!r}; known: tcp, ipc")
-    if port:
-        sock.bind(f"tcp://{host}:{port}")
-    else:
-        port = sock.bind_to_random_port(f"tcp://{host}")
-    return sock, f"tcp://{advertise or host}:{port}"
+    return f"tcp://{advertise or host}:{port}"
 
 
 def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
                    hwm: int = DEFAULT_HWM, send_timeout: float = SEND_TIMEOUT,
-                   keys=None, peer: str = "coordinator") -> zmq.Socket:
+                   keys=None, peer: str = "coordinator",
+                   max_message: int | None = None) -> zmq.Socket:
     """Connect a DEALER; a send to a queue that stays full for `send_timeout` s (0: at once)
     raises zmq.Again. (A DEALER keeps queueing for a peer that died: without the bound, the
     65th send after its death would block forever.)
 
-    With `keys` it is a CURVE client that trusts only the public key of role `peer`."""
+    With `keys` it is a CURVE client that trusts only the public key of role `peer`; a frame
+    above `max_message` bytes from the peer drops the connection."""
     sock = ctx.socket(zmq.DEALER)
-    _tune(sock, hwm)
+    _tune(sock, hwm, max_message)
     security.secure_dealer(sock, keys, peer)
     sock.setsockopt(zmq.SNDTIMEO, max(0, int(send_timeout * 1000)))
     if identity:
@@ -208,14 +263,19 @@ def recv_message(sock: zmq.Socket, routed: bool,
                  flags: int = 0) -> tuple[Peer | None, list | None]:
     """One message: (peer identity for ROUTERs, a Peer; frames). Frames sent by reference from
     a peer's shared arena come as shm.SharedFrame (with `.buffer`); a transport-level message
-    (the shared-memory handshake) is answered here and yields (identity, None)."""
+    (the shared-memory handshake) is answered here and yields (identity, None). One that does
+    not parse raises shm.ShmFrameError, its `peer` the sender."""
     frames = recv_all(sock, flags)
     identity = Peer(frames[0]) if routed else None
     body = frames[1:] if routed else frames
     if body:
         head = body[0].buffer
         if len(head) and head[0] == 0:
-            body = shm.intercept(sock, identity, body)
+            try:
+                body = shm.intercept(sock, identity, body)
+            except shm.ShmFrameError as exc:
+                exc.peer = identity  # for the caller's refusal: who sent it
+                raise
         if body is not None and shaping.active():
             shaping.on_recv(body)
     return identity, body

@@ -127,20 +127,27 @@ def _check_value(name: str, kind, value) -> None:
                             f"str -> number/str/None entries")
         return
     if kind == NONNEG:
-        if not _is_int(value) or value < 0:
-            raise WireError(f"field {name!r} must be a non-negative integer, got {value!r}")
+        if not _is_int(value) or not 0 <= value < _INT_END:
+            raise WireError(f"field {name!r} must be an integer in [0, 2^62), got {value!r}")
         return
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
         raise WireError(f"field {name!r} has type bool")
     if not isinstance(value, kinds):
         raise WireError(f"field {name!r} has type {type(value).__name__}")
-    if isinstance(value, float) and value != value:
-        raise WireError(f"field {name!r} is NaN")
+    if isinstance(value, float) and not -_INF < value < _INF:
+        shown = "NaN" if value != value else value
+        raise WireError(f"field {name!r} must be a finite number, got {shown}")
+    if _is_int(value) and not -_INT_END < value < _INT_END:
+        raise WireError(f"field {name!r} is {value!r}: integers must lie within +-2^62")
 
 
 _MISSING = object()
 _RANGE_END = 1 << 62
+# Integers beyond +-2^62 and non-finite floats are refused: no count, step or time is that
+# large, and they would overflow int64 arrays (checkpoints) or poison sums downstream.
+_INT_END = 1 << 62
+_INF = float("inf")
 
 
 def _plainly_valid(kind, value) -> bool:
@@ -149,14 +156,15 @@ def _plainly_valid(kind, value) -> bool:
     fault. Every message passes here, so it is kept to a few type tests."""
     tv = type(value)
     if kind == NONNEG:
-        return tv is int and value >= 0
+        return tv is int and 0 <= value < _INT_END
     if kind == RANGE:
         return (tv is list and len(value) == 2 and type(value[0]) is int
                 and type(value[1]) is int and 0 <= value[0] <= value[1] < _RANGE_END)
-    if kind is INT or kind is STR:
-        return tv is kind
-    if kind == FLOAT:
-        return tv is int or tv is float and value == value
+    if kind is STR:
+        return tv is str
+    if kind is INT or kind == FLOAT:
+        return (tv is int and -_INT_END < value < _INT_END
+                or kind == FLOAT and tv is float and -_INF < value < _INF)
     return False
 
 

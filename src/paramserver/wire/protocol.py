@@ -10,6 +10,9 @@ MAX_ELEMENTS = 1 << 31
 # Keys in one pull_rows/push_rows: a bigger batch is refused (by the client before sending, by
 # the server if one comes anyway) rather than answered with gigabytes in one message.
 MAX_KEYS_PER_REQUEST = 1 << 22
+# The largest frame a control socket takes (the coordinator's, a server's from the
+# coordinator): those messages are headers only (at most codec.MAX_HEADER_BYTES, 64 KB).
+CONTROL_MESSAGE_BYTES = 1 << 20
 
 INT, FLOAT, STR, BOOL, LIST, DICT = int, (int, float), str, bool, (list, tuple), dict
 RANGE = "range"  # [lo, hi) of non-negative ints
@@ -26,19 +29,23 @@ def _f(kind, required=True):
 SCHEMAS: dict[str, dict[str, tuple]] = {
     # worker -> server
     "init": {"range": _f(RANGE)},
+    # wm (optional): the pusher's watermark, the lowest rid of its pushes to this shard not
+    # yet acknowledged; the shard forgets the pusher's applied requests only below it.
     "push": {"range": _f(RANGE), "step": _f(NONNEG), "version": _f(NONNEG),
              "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False),
-             "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False)},
+             "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
+             "wm": _f(NONNEG, False)},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
                     "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
-                    "parts": _f(NONNEG, False)},
+                    "parts": _f(NONNEG, False), "wm": _f(NONNEG, False)},
     "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False)},
     "pull_keys": {"min_version": _f(NONNEG, False)},
     # sparse tables: one int64 keys array; push_rows adds float32 grads (len(keys) * dim)
     "pull_rows": {"table": _f(STR), "min_version": _f(NONNEG, False)},
     "push_rows": {"table": _f(STR), "step": _f(NONNEG), "version": _f(NONNEG),
                   "batch": _f(NONNEG), "scale": _f(FLOAT, False),
-                  "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False)},
+                  "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
+                  "wm": _f(NONNEG, False)},
     # server -> worker
     "ack": {"version": _f(NONNEG), "staleness": _f(INT, False)},
     "values": {"version": _f(NONNEG), "range": _f(RANGE, False)},
