@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 
 from paramserver.client.core import Chunk, Handle, Stream, WorkerCore
+from paramserver.client.links import ShardLinks
 from paramserver.client.requests import ShardRequests
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
@@ -33,7 +34,9 @@ from paramserver.policies.base import Release
 from paramserver.sparse.placement import shard_of
 from paramserver.spec.job import Limits, TableSpec
 from paramserver.spec.welcome import WorkerJob
-from paramserver.transport import connect_dealer, keep_freed_memory, new_context, security
+from paramserver.transport import (
+    connect_dealer, keep_freed_memory, new_context, security, terminate,
+)
 from paramserver.wire import Message
 from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
 
@@ -147,11 +150,19 @@ class KVWorker:
         self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
         self._arrival = self.spec.apply_mode == "arrival"
         self._streams: list[Handle] = []  # chunked requests with chunks unanswered
+        # Waits on shards end once the coordinator or a shard is judged gone: a server counts
+        # as gone when unreachable for a heartbeat timeout, or while dead servers may be
+        # restarted at the same address, for as long as the coordinator waits for that.
         limits = self.spec.job.limits
+        self.links = ShardLinks(self.shards, limits.heartbeat_timeout
+                                if not self.spec.job.restart_servers else
+                                max(limits.heartbeat_timeout, limits.restart_timeout))
+        self.session.servers = self.links
         self.requests = ShardRequests(
             self.shards, self.src, self.core, timeout, settings.retry_interval,
             limits.max_unacked_pushes,
-            [self.spec.job.message_limit(s.range.size) for s in self.shards])
+            [self.spec.job.message_limit(s.range.size) for s in self.shards],
+            check_peers=self.session.check_alive)
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
                                          shared_memory)
@@ -645,9 +656,8 @@ class KVWorker:
 
     def close(self) -> None:
         self.session.close()
-        for s in self.shards:
-            s.sock.close(0)
-        self.ctx.term()
+        self.links.close()  # monitors too: an open one would keep the context from ending
+        terminate(self.ctx, [s.sock for s in self.shards])
         if self.arena is not None:  # the shards see it let go and unmap it
             self.arena.close()
         if self._shaped:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import zmq
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 PUSH_OPS = frozenset(("push", "push_sparse", "push_rows"))
 
 
+# The longest a wait goes without asking whether its peers are still there.
+PEER_CHECK = 0.25
+
+
 class ShardRequests:
     """Outstanding requests of one client, over one DEALER socket per shard.
 
@@ -39,8 +44,11 @@ class ShardRequests:
 
     def __init__(self, shards: list, src: str, core: WorkerCore, timeout: float,
                  retry_interval: float, max_unacked: int = 1 << 30,
-                 max_message: list[int] | None = None):
+                 max_message: list[int] | None = None,
+                 check_peers: Callable[[float], None] | None = None):
         self.shards, self.src, self.core = shards, src, core
+        # Raises when a peer this wait depends on is judged gone (given when the wait began).
+        self.check_peers = check_peers
         self.timeout, self.retry_interval = timeout, retry_interval
         self.max_unacked = max_unacked
         self.max_message = max_message or [1 << 62] * len(shards)
@@ -112,10 +120,16 @@ class ShardRequests:
         replies, re-sending the unanswered every retry_interval; past the timeout, forget them
         and fail naming the servers still silent."""
         inbox = self.core.inbox
-        now = time.monotonic()
+        now = since = time.monotonic()
         deadline, retry_at = now + self.timeout, now + self.retry_interval
         while not enough(rid in inbox for rid in want):
             now = time.monotonic()
+            if self.check_peers is not None:
+                try:
+                    self.check_peers(since)
+                except TimeoutError:
+                    self.forget(want)
+                    raise
             if now >= deadline:
                 missing = sorted({want[r] for r in want if r not in inbox})
                 names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
@@ -126,7 +140,7 @@ class ShardRequests:
                     self._transmit(*entry)
                     self.retries += 1
                 retry_at = now + self.retry_interval
-            self._receive(min(deadline, retry_at) - now)
+            self._receive(min(deadline, retry_at, now + PEER_CHECK) - now)
 
     def _receive(self, timeout: float) -> None:
         """Replies that arrive within `timeout` s go to the core; one it refuses (to a request

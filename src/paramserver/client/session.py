@@ -25,8 +25,8 @@ from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
 
-# The longest a wait for an answer goes without looking whether the session re-registered.
-POLL = 0.25
+# The longest a call waits without asking whether its peers are still there.
+PEER_CHECK = 0.25
 # A first registration unanswered this long is sent again: a coordinator that died with it
 # never answers, and its replacement knows nothing of it (a repeat is answered as the first).
 REGISTER_AGAIN = 2.0
@@ -58,7 +58,8 @@ class CoordinatorSession:
         self.ctx, self.join, self.src, self.keys = ctx, join, src, keys
         self.next_rid = next_rid
         self.timeout, self.release_timeout = timeout, release_timeout
-        self.sock = connect_dealer(ctx, join, keys=keys)
+        # A call's send waits at most `timeout` for room in the coordinator's queue.
+        self.sock = connect_dealer(ctx, join, keys=keys, send_timeout=timeout)
         self.heard = time.monotonic()  # the coordinator's last answer to a heartbeat
         self.coordinator_timeout = 60.0
         self._stop_beat = threading.Event()
@@ -67,6 +68,8 @@ class CoordinatorSession:
         self._rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0  # monotonic time of the last re-registration
         self.rejoins = 0
+        # The shard servers' liveness (client/links.ShardLinks), judged during calls as well.
+        self.servers = None
         # Bad frames from the coordinator are dropped (the call waits on, bounded by its
         # timeout) and logged at a bounded rate.
         self.refusals = RefusalLog(log.warning, time.monotonic)
@@ -80,11 +83,13 @@ class CoordinatorSession:
         self._beat.start()
 
     def _heartbeat(self, interval: float) -> None:
-        sock = connect_dealer(self.ctx, self.join, keys=self.keys)
+        # A beat never waits: a dead coordinator's queue fills, and a thread blocked in a send
+        # would outlive the session (and keep the context from closing).
+        sock = connect_dealer(self.ctx, self.join, keys=self.keys, send_timeout=0)
         try:
             while not self._stop_beat.wait(interval):
                 sent = time.monotonic()
-                rpc.send(sock, Message("heartbeat", src=self.src))
+                rpc.send_or_drop(sock, Message("heartbeat", src=self.src))
                 unknown = False
                 while sock.poll(0):  # the answers to earlier beats: the coordinator is alive
                     _, reply, _ = rpc.recv(sock, routed=False)
@@ -95,16 +100,17 @@ class CoordinatorSession:
         finally:
             sock.close(0)
 
-    def _check_alive(self, waiting_since: float) -> None:
+    def check_alive(self, waiting_since: float) -> None:
         """A coordinator that died must not leave its workers waiting for their release
         (release_timeout, minutes) with nothing to wait for."""
-        if self._beat is None:
-            return  # no heartbeats, nothing to judge by
-        silent = time.monotonic() - max(self.heard, waiting_since)
-        limit = self.coordinator_timeout
-        if silent > limit:
-            raise TimeoutError(f"the coordinator at {self.join} has been silent for "
-                               f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
+        if self._beat is not None:  # without heartbeats, nothing to judge it by
+            silent = time.monotonic() - max(self.heard, waiting_since)
+            limit = self.coordinator_timeout
+            if silent > limit:
+                raise TimeoutError(f"the coordinator at {self.join} has been silent for "
+                                   f"{silent:.0f} s (coordinator_timeout {limit:g} s)")
+        if self.servers is not None:  # (second: servers leave once their coordinator is gone)
+            self.servers.check()
 
     # ---- a restarted coordinator ---------------------------------------------------------------
     def rejoin(self, sock, asked_at: float) -> bool:
@@ -120,10 +126,12 @@ class CoordinatorSession:
             if me.num_keys:
                 fields["num_keys"] = int(me.num_keys)
             msg = Message("register", fields, rid=self.next_rid(), src=self.src)
-            rpc.send(sock, msg)
-            deadline = time.monotonic() + self.timeout
+            if not rpc.send_or_drop(sock, msg):
+                return False  # its queue is full: the next beat or poll tries again
+            # Bounded by the coordinator's own limit: a beat must not wait longer than that.
+            deadline = time.monotonic() + min(self.timeout, self.coordinator_timeout)
             while (left := deadline - time.monotonic()) > 0:
-                if not sock.poll(min(left, POLL) * 1000):
+                if not sock.poll(min(left, PEER_CHECK) * 1000):
                     continue
                 _, reply, _ = rpc.recv(sock, routed=False)
                 if reply is None or isinstance(reply, WireError) or reply.rid != msg.rid:
@@ -142,7 +150,9 @@ class CoordinatorSession:
         """Send `msg` and wait for the answer to it (an error answer raises RemoteError). If
         the coordinator was restarted meanwhile, `msg` goes again to the new one."""
         msg.rid, msg.src = self.next_rid(), self.src
-        rpc.send(self.sock, msg)
+        if not rpc.send_or_drop(self.sock, msg):
+            raise TimeoutError(f"coordinator at {self.join} accepted no {msg.op!r} for "
+                               f"{self.timeout:.0f} s (its queue is full)")
         if while_waiting is not None:
             while_waiting()
         since = sent = time.monotonic()
@@ -152,7 +162,7 @@ class CoordinatorSession:
             if left <= 0:
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
                                    f"within {timeout:.0f} s")
-            if not self.sock.poll(min(left, POLL) * 1000):
+            if not self.sock.poll(min(left, PEER_CHECK) * 1000):
                 if msg.op == "register":
                     if time.monotonic() - sent > REGISTER_AGAIN:
                         sent = self._send_again(msg)
@@ -160,7 +170,7 @@ class CoordinatorSession:
                 if self.rejoined_at > sent:
                     sent = self._send_again(msg)  # its answer died with the old coordinator
                     continue
-                self._check_alive(since)
+                self.check_alive(since)
                 continue
             _, reply, _ = rpc.recv(self.sock, routed=False)
             if reply is None:
@@ -180,7 +190,7 @@ class CoordinatorSession:
 
     def _send_again(self, msg: Message) -> float:
         msg.rid = self.next_rid()
-        rpc.send(self.sock, msg)
+        rpc.send_or_drop(self.sock, msg)  # dropped: the wait goes on, bounded, as for the first
         return time.monotonic()
 
     def register(self, role: str, num_keys: int | None) -> Message:

@@ -25,7 +25,7 @@ from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import CheckpointError, latest
 from paramserver.spec.job import JobSpec
-from paramserver.transport import advertised_host, bind_router, new_context, security
+from paramserver.transport import advertised_host, bind_router, new_context, security, terminate
 from paramserver.wire import Message, WireError
 from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 
@@ -133,8 +133,7 @@ class CoordinatorNode:
         finally:
             self._to_servers(self.state.shutdown(
                 "job finished" if self.finished else "coordinator stopping"))
-            self.sock.close(0)
-            ctx.term()
+            terminate(ctx, (self.sock,))
             for f in (self.events, self.metrics):
                 if f:
                     f.close()

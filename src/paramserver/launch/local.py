@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,8 +72,8 @@ class LocalCluster:
     worker_cmd: list[str] | None = None  # a user's own script instead of `paramserver worker`
     restart_workers: int = 0  # how many dead workers to replace over the job's life
     restarts: int = 0
-    # "ephemeral": a fresh key pair per role in a private temporary folder, removed at stop();
-    # a folder: those keys (`paramserver keys generate`); None: plaintext (loopback only).
+    # "ephemeral": a fresh key pair per role in the run folder's keys/ (0700), removed at
+    # stop(); a folder: those keys (`paramserver keys generate`); None: plaintext (loopback only).
     keys: str | os.PathLike | None = "ephemeral"
     restart_servers: int = 0  # how many dead servers to restart (from the latest checkpoint)
     server_restarts: int = 0
@@ -95,12 +94,18 @@ class LocalCluster:
 
     def _prepare_keys(self) -> None:
         """Every child finds the job's keys through $PARAMSERVER_KEYS (a user's worker script
-        too, via KVWorker); the ephemeral folder is 0700 and dies with the job."""
+        too, via KVWorker). The ephemeral folder is the run folder's keys/, 0700, removed at
+        stop(): a launcher killed before that (SIGKILL runs no cleanup) leaves the job's
+        private keys inside its own run folder, not in a shared temporary directory."""
         if self.keys_dir is not None or self.keys is None:
             return
         try:
             if self.keys == "ephemeral":
-                self.keys_dir = tempfile.mkdtemp(prefix="paramserver-keys-")
+                folder = self.run_dir.resolve() / "keys"
+                shutil.rmtree(folder, ignore_errors=True)  # a killed launcher's, in this folder
+                folder.mkdir(mode=0o700)
+                os.chmod(folder, 0o700)  # (mkdir's mode passes through the umask)
+                self.keys_dir = str(folder)
                 self._own_keys = True
                 security.generate(self.keys_dir)
             else:

@@ -21,6 +21,17 @@ def send(sock: zmq.Socket, msg: Message, identity: bytes | None = None,
     return send_frames(sock, encode(msg), identity, track)
 
 
+def send_or_drop(sock: zmq.Socket, msg: Message, identity: bytes | None = None) -> bool:
+    """Send `msg` unless the peer's queue stays full for the socket's send timeout; False when
+    it was dropped. For messages a dead peer would never read (heartbeats, notices to the
+    coordinator): the sender's own liveness judgement, not a blocked send, decides it is gone."""
+    try:
+        send_frames(sock, encode(msg), identity)
+    except zmq.Again:
+        return False
+    return True
+
+
 def recv(sock: zmq.Socket, routed: bool) -> tuple[bytes | None, Message | WireError | None, list]:
     """One message from `sock`: (peer, decoded message or the WireError, raw frames).
 
@@ -61,7 +72,7 @@ def refuse(sock: zmq.Socket, identity: bytes | None, error: WireError, src: str,
         pass
     peer = peer_name(identity)
     refusals.refused(peer, f"refused a frame from {peer}: {error}")
-    send(sock, reply_error(rid, src, str(error)), identity)
+    send_or_drop(sock, reply_error(rid, src, str(error)), identity)  # (a full queue: dropped)
 
 
 class RemoteError(RuntimeError):

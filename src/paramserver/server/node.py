@@ -24,7 +24,7 @@ from paramserver.server.store import StoreError, spare_buffers
 from paramserver.spec.welcome import ServerJob
 from paramserver.transport import (
     PortHold, advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context,
-    return_freed_memory, security, shm,
+    return_freed_memory, security, shm, terminate,
 )
 from paramserver.transport.shm_arena import drop_departed
 from paramserver.transport.zmq_sockets import router_address
@@ -165,6 +165,7 @@ class ServerNode:
         self.core: ShardCore | None = None
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
         self._rejoin_at = -1e9
+        self.dropped = 0  # messages to the coordinator dropped on its full queue
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
         self.refusals = RefusalLog(log.warning, time.monotonic)
@@ -231,14 +232,17 @@ class ServerNode:
         if self.reuse_memory:
             keep_freed_memory()  # before the context: its I/O thread allocates the frames
         ctx = new_context()
-        # The port is held until the welcome says the largest frame to accept (see _build_core).
-        hold = PortHold(self.host, self.port)
-        addr = router_address(self.host, hold.port, advertise=self.advertise)
-        self.router = None
-        # The coordinator sends headers only (welcomes, commands): nothing large may come.
-        self.coord = connect_dealer(ctx, self.join, keys=self.keys,
-                                    max_message=CONTROL_MESSAGE_BYTES)
+        self.router = self.coord = None
         try:
+            # The port is held until the welcome says the largest frame to accept (see
+            # _build_core).
+            hold = PortHold(self.host, self.port)
+            addr = router_address(self.host, hold.port, advertise=self.advertise)
+            # The coordinator sends headers only (welcomes, commands): nothing large may come.
+            # Sends to it never wait: a dead one's queue fills (64 heartbeats) and a blocked
+            # send would stop the loop that judges it gone (_check_coordinator).
+            self.coord = connect_dealer(ctx, self.join, keys=self.keys, send_timeout=0,
+                                        max_message=CONTROL_MESSAGE_BYTES)
             try:
                 self._build_core(self._register(addr), ctx, hold)
             except CheckpointError as exc:  # one clear line, not a traceback
@@ -252,10 +256,7 @@ class ServerNode:
             self._loop()
             return 0
         finally:
-            if self.router is not None:
-                self.router.close(0)
-            self.coord.close(0)
-            ctx.term()
+            terminate(ctx, (self.router, self.coord))
 
     # ---- main loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -301,6 +302,8 @@ class ServerNode:
         server without it would serve a job that no longer exists forever."""
         silent = time.monotonic() - self.coord_heard
         if silent > self.settings.coordinator_timeout:
+            log.error("the coordinator at %s has been silent for %.1f s; exiting", self.join,
+                      silent)
             raise SystemExit(f"server {self.src}: the coordinator at {self.join} has been "
                              f"silent for {silent:.0f} s; exiting")
 
@@ -324,8 +327,8 @@ class ServerNode:
                 # As the coordinator does: a refused role or op is seen in the log.
                 sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
                 self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
-                rpc.send(sock, Message("error", {"msg": str(exc), "code": "refused"},
-                                       rid=msg.rid, src=self.src), ident)
+                rpc.send_or_drop(sock, Message("error", {"msg": str(exc), "code": "refused"},
+                                               rid=msg.rid, src=self.src), ident)
             if not rpc.queued(sock):
                 return
 
@@ -368,7 +371,7 @@ class ServerNode:
             return  # one re-registration in flight per beat
         self._rejoin_at, self._rejoin_rid = now, self._rejoin_rid + 1
         st = self.core.store
-        rpc.send(self.coord, Message("register", {"role": "server", "addr": self.addr,
+        self._to_coordinator(Message("register", {"role": "server", "addr": self.addr,
                                                   "rejoin": {"rank": self.settings.rank,
                                                              "lo": st.range.lo,
                                                              "hi": st.range.hi,
@@ -383,7 +386,7 @@ class ServerNode:
                 ident, rid = ins.to
                 msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
                 if ident is None:
-                    rpc.send(self.coord, msg)
+                    self._to_coordinator(msg)
                 elif ins.lend:  # from the live values: the store copies on write until it is out
                     tracker = rpc.send(self.router, msg, ident, track=True)
                     if tracker is not None:
@@ -394,12 +397,21 @@ class ServerNode:
                 self._execute(self.core.handle(ins.event))
             elif kind is Heartbeat:
                 fields = {} if ins.counters is None else {"counters": ins.counters}
-                rpc.send(self.coord, Message("heartbeat", fields, src=self.src))
+                self._to_coordinator(Message("heartbeat", fields, src=self.src))
             elif kind is SaveShard:
                 write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)
             elif kind is ToCoordinator:
-                rpc.send(self.coord, Message(ins.op, ins.fields, src=self.src))
+                self._to_coordinator(Message(ins.op, ins.fields, src=self.src))
             elif kind is Stop:
                 self.running = False
             else:
                 raise TypeError(f"no way to carry out {ins!r}")
+
+    def _to_coordinator(self, msg: Message) -> None:
+        """Send to the coordinator, or drop when its queue is full: it is gone or hopelessly
+        behind, and _check_coordinator ends the server once it has been silent too long."""
+        if not rpc.send_or_drop(self.coord, msg):
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # 1, 2, 4, ...: the log stays short
+                log.warning("the coordinator's queue is full: dropped %s (%d dropped so far)",
+                            msg.op, self.dropped)

@@ -45,6 +45,10 @@ class _Guard(threading.Thread):
         self.incoming: queue.SimpleQueue = queue.SimpleQueue()
         # A peer retrying its connection every 100 ms must not flood the log.
         self.refusals = RefusalLog(log.warning, time.monotonic, burst=1, window=5.0)
+        # Every socket the guard owns is closed when it stops, the monitors handed over but not
+        # yet polled too: one left open would keep the context (and so the process) from ending.
+        self._lock = threading.Lock()
+        self._stopped = False
 
     def admit(self, keys: Keys) -> str:
         domain = f"paramserver-{len(self.domains)}"
@@ -52,7 +56,13 @@ class _Guard(threading.Thread):
         return domain
 
     def watch(self, sock: zmq.Socket) -> None:
-        self.incoming.put(sock.get_monitor_socket(_FAILED))
+        monitor_sock = sock.get_monitor_socket(_FAILED)
+        monitor_sock.linger = 0
+        with self._lock:
+            if not self._stopped:
+                self.incoming.put(monitor_sock)
+                return
+        monitor_sock.close(0)  # the context is ending: nothing will read it
 
     def run(self) -> None:
         poller, monitors = zmq.Poller(), []
@@ -72,6 +82,10 @@ class _Guard(threading.Thread):
         except zmq.ZMQError:  # the context is terminating: let it
             pass
         finally:
+            with self._lock:
+                self._stopped = True
+                while not self.incoming.empty():
+                    monitors.append(self.incoming.get())
             for s in (self.zap, *monitors):
                 s.close(0)
 

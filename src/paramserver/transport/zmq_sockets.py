@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import socket
 import sys
+import threading
 from typing import Sequence
 
 import zmq
@@ -16,6 +18,13 @@ from paramserver.transport.addresses import is_wildcard
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
 DEFAULT_HWM = 64
+# No send waits longer than this by default: a peer that died leaves its queue full, and a send
+# into it must not hold the process past its own judgement that the peer is gone.
+SEND_TIMEOUT = 30.0
+# How long closing a context may wait for sockets it does not know of (see terminate).
+TERM_TIMEOUT = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def new_context() -> zmq.Context:
@@ -110,24 +119,28 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
     security.check_bind(host, scheme, keys)
     router_address(host, 0, scheme, advertise)  # (refuses a wildcard with no advertise)
     sock = ctx.socket(zmq.ROUTER)
-    _tune(sock, hwm, max_message)
-    security.secure_router(sock, keys)
-    # Peers that vanish must not block sends to them: drop instead of blocking.
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-    if scheme == "ipc":
-        path = f"/tmp/paramserver-{os.getpid()}-{id(sock):x}.ipc"
-        sock.bind(f"ipc://{path}")
-        return sock, f"ipc://{path}"
-    if scheme != "tcp":
-        raise ValueError(f"unknown transport scheme {scheme!r}; known: tcp, ipc")
-    if hold is not None:
-        port = hold.port
-        hold.release()
-    if port:
-        sock.bind(f"tcp://{host}:{port}")
-    else:
-        port = sock.bind_to_random_port(f"tcp://{host}")
-    return sock, router_address(host, port, scheme, advertise)
+    try:
+        _tune(sock, hwm, max_message)
+        security.secure_router(sock, keys)
+        # Peers that vanish must not block sends to them: drop instead of blocking.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if scheme == "ipc":
+            path = f"/tmp/paramserver-{os.getpid()}-{id(sock):x}.ipc"
+            sock.bind(f"ipc://{path}")
+            return sock, f"ipc://{path}"
+        if scheme != "tcp":
+            raise ValueError(f"unknown transport scheme {scheme!r}; known: tcp, ipc")
+        if hold is not None:
+            port = hold.port
+            hold.release()
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+        return sock, router_address(host, port, scheme, advertise)
+    except BaseException:  # (a port taken, say): a socket left open keeps the context alive
+        sock.close(0)
+        raise
 
 
 def router_address(host: str, port: int, scheme: str = "tcp",
@@ -139,22 +152,46 @@ def router_address(host: str, port: int, scheme: str = "tcp",
 
 
 def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
-                   hwm: int = DEFAULT_HWM, send_timeout: float | None = None,
+                   hwm: int = DEFAULT_HWM, send_timeout: float = SEND_TIMEOUT,
                    keys=None, peer: str = "coordinator",
                    max_message: int | None = None) -> zmq.Socket:
-    """Connect a DEALER; with `send_timeout` (s) a send to a full, unread queue raises zmq.Again.
+    """Connect a DEALER; a send to a queue that stays full for `send_timeout` s (0: at once)
+    raises zmq.Again. (A DEALER keeps queueing for a peer that died: without the bound, the
+    65th send after its death would block forever.)
 
     With `keys` it is a CURVE client that trusts only the public key of role `peer`; a frame
     above `max_message` bytes from the peer drops the connection."""
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, hwm, max_message)
     security.secure_dealer(sock, keys, peer)
-    if send_timeout is not None:
-        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+    sock.setsockopt(zmq.SNDTIMEO, max(0, int(send_timeout * 1000)))
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(addr)
     return sock
+
+
+def terminate(ctx: zmq.Context, sockets: Sequence = (), timeout: float = TERM_TIMEOUT) -> bool:
+    """Close `sockets` and the context, waiting at most `timeout` s; False if it did not end.
+
+    zmq_ctx_term waits for every socket of the context to close, so one left open anywhere (a
+    thread's, a monitor's) would hold the process forever. Past the bound the context is left
+    to the process's exit, with a warning: nothing that is still open can be waited for."""
+    for sock in sockets:
+        if sock is not None:
+            sock.close(0)
+    done = threading.Event()
+
+    def term() -> None:
+        ctx.term()
+        done.set()
+
+    threading.Thread(target=term, name="paramserver-term", daemon=True).start()
+    if done.wait(timeout):
+        return True
+    log.warning("the ZeroMQ context did not close within %g s (a socket was left open); "
+                "exiting without it", timeout)
+    return False
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence, identity: bytes | None = None,

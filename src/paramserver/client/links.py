@@ -1,0 +1,61 @@
+"""Whether a client's shard servers are still there: its DEALERs' connection events, watched.
+
+A server that dies (or is killed) closes its connections, and its port then refuses the
+DEALER's reconnects; a worker waiting for its replies would otherwise wait out the whole request
+`timeout` (minutes) for a process that no longer exists. A server unreachable for longer than
+the job allows (a heartbeat timeout, or the restart timeout when dead servers are restarted at
+the same address) is judged gone, and the wait fails naming it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+from zmq.utils import monitor
+
+_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+_DOWN = (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED)
+
+
+class ShardLinks:
+    """One monitor per shard DEALER, read when asked; owns and closes those monitors."""
+
+    def __init__(self, shards: list, limit: float):
+        self.shards, self.limit = shards, limit
+        # Up until told otherwise: the monitor may start after the connection was made (and
+        # a server that never answers is refused: its reconnects are retried, and say so).
+        self.down_since: list[float | None] = [None] * len(shards)
+        self.monitors = []
+        try:
+            for s in shards:
+                m = s.sock.get_monitor_socket(_EVENTS)
+                m.linger = 0
+                self.monitors.append(m)
+        except zmq.ZMQError:
+            self.close()
+            raise
+
+    def _read(self, now: float) -> None:
+        for i, m in enumerate(self.monitors):
+            while m.poll(0):
+                event = monitor.recv_monitor_message(m)["event"]
+                if event == zmq.EVENT_CONNECTED:
+                    self.down_since[i] = None
+                elif event in _DOWN and self.down_since[i] is None:
+                    self.down_since[i] = now
+
+    def check(self) -> None:
+        """Raise TimeoutError naming a server unreachable for longer than the limit."""
+        now = time.monotonic()
+        self._read(now)
+        for i, since in enumerate(self.down_since):
+            if since is not None and now - since > self.limit:
+                s = self.shards[i]
+                raise TimeoutError(f"server {s.rank} at {s.addr} has been unreachable for "
+                                   f"{now - since:.1f} s (limit {self.limit:g} s): it is gone")
+
+    def close(self) -> None:
+        for m in self.monitors:
+            m.close(0)
+        self.monitors = []
