@@ -60,6 +60,7 @@ class CoordinatorState:
             now, latest_checkpoint,
             keeps_initial=bool(job.restart_servers) and job.resume is None)
         self.checkpoints = self.schedule.enabled
+        self._checkpoint_state: dict = {}  # the counters the pending checkpoint records
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
                                        limits.restart_timeout)
         self.takeback: TakeBack | None = None
@@ -548,6 +549,15 @@ class CoordinatorState:
             return
         tag = f"{count:09d}"
         schedule.begin(tag, [m.rank for m in self.members.roster.servers.values()], count, now)
+        # The counters as they stand when the servers are asked, not when the last one has
+        # saved: pushes of the next round counted meanwhile are not in the shards' values, and a
+        # resume would skip their samples.
+        t_start = self.barrier.t_start
+        self._checkpoint_state = dict(
+            self.host.resume_state(),
+            worker_samples={str(k): v for k, v in self.budget.worker_samples.items()},
+            sync=self.host.name, num_keys=self.members.num_keys,
+            elapsed_s=0.0 if t_start is None else now - t_start)
         out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
                              self.members.server_links))
 
@@ -556,15 +566,11 @@ class CoordinatorState:
         member = self.members.roster.servers.get(e.src)
         if member is None or not self.schedule.saved(member.rank, e.tag):
             return
-        t_start = self.barrier.t_start
-        state = dict(self.host.resume_state(),
-                     worker_samples={str(k): v for k, v in self.budget.worker_samples.items()},
-                     sync=self.host.name, num_keys=self.members.num_keys,
-                     elapsed_s=0.0 if t_start is None else e.now - t_start)
+        state = self._checkpoint_state
         tag = self.schedule.complete()
         out.append(SaveCoordinatorState(tag, state))
         out.append(AppendEvent(e.now, "checkpoint", {"tag": tag,
-                                                     "samples": self.host.samples_done}))
+                                                     "samples": state["samples_done"]}))
 
     def _on_restored(self, e: ShardRestored, out: list) -> None:
         self.members.touch(e.src, e.now)
