@@ -51,11 +51,17 @@ def test_limits_written_out_are_the_defaults_role_code_used():
     d = JobSpec().to_dict()
     assert d["version"] == JOB_VERSION
     assert (d["coordinator_timeout"], d["start_timeout"], d["start_grace"], d["restart_timeout"],
-            d["observer_grace"], d["retry_interval"]) == (60.0, 120.0, 30.0, 120.0, 30.0, 3.0)
+            d["observer_grace"], d["retry_interval"]) == (7.5, 120.0, 30.0, 120.0, 30.0, 3.0)
     assert d["heartbeat_interval"] == 1.0 and d["server_timeout"] == 30.0
     fast = Limits(heartbeat_timeout=2.0)
     assert fast.heartbeat_interval == 0.5 and fast.server_timeout == 30.0
     assert Limits(heartbeat_timeout=10.0).server_timeout == 60.0
+    # Members give up on a silent coordinator within 2 heartbeat timeouts, unless it is
+    # restarted on death: then they wait for the new one to take them back.
+    assert fast.coordinator_timeout == 3.0
+    assert Limits(coordinator_timeout=9.0).coordinator_timeout == 9.0
+    assert TrainConfig().to_job(10, 100)["coordinator_timeout"] == 7.5
+    assert TrainConfig(restart_coordinator=1).to_job(10, 100)["coordinator_timeout"] == 30.0
 
 
 def test_to_job_keeps_the_keys_and_nesting_roles_read():

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
-from paramserver.spec.job import JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec
+from paramserver.spec.job import (
+    JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
+)
 
 
 def build_job(args) -> dict:
@@ -26,6 +28,7 @@ def build_job(args) -> dict:
         max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
         max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
         limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5,
+                      coordinator_timeout=coordinator_timeout_for(args.restart_coordinator),
                       max_message_bytes=None if args.max_message_bytes is None
                       else int(args.max_message_bytes)),
     ).to_dict()
@@ -108,6 +111,7 @@ def register(sub) -> None:
                    help="give up after this many s")
     p.add_argument("--restart-coordinator", type=flag.count, default=0,
                    help="restart a coordinator that dies, up to N times, at the same address; "
-                        "it takes back the running servers and workers (default 0)")
+                        "it takes back the running servers and workers, which wait up to 30 s for it "
+                        "(default 0)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     p.set_defaults(func=_run)

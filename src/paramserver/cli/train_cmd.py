@@ -117,7 +117,8 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--restart-coordinator", type=flag.count, default=d.restart_coordinator,
                    help="restart a coordinator that dies, up to N times, at the same address: "
                         "it takes back the live servers and workers without restarting them "
-                        "(with checkpoints, it also reads the latest one). With 0, the "
+                        "(with checkpoints, it also reads the latest one); members then wait "
+                        "up to 30 s for it, not 1.5 heartbeat timeouts. With 0, the "
                         f"coordinator's death stops the job (default {d.restart_coordinator})")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=flag.positive_int,

@@ -178,16 +178,32 @@ MIN_MESSAGE_BYTES = 1 << 17
 _MAX_ROW_KEYS = 1 << 22
 
 
+# How long members wait for a coordinator that is restarted on death (--restart-coordinator):
+# a new process starts (python, torch) and takes them back; measured 1.5-2.3 s on 2 idle cores
+# (benchmarks/README.md, chaos), and far longer on loaded ones.
+RESTART_COORDINATOR_TIMEOUT = 30.0
+
+
+def coordinator_timeout_for(restart_coordinator: int) -> float | None:
+    """The members' coordinator_timeout of a job with that many coordinator restarts (None:
+    derived from the heartbeat timeout)."""
+    return RESTART_COORDINATOR_TIMEOUT if restart_coordinator else None
+
+
 @dataclass(frozen=True)
 class Limits:
     """Every timeout and interval of the job, in seconds, and the chunking of large requests
     (bytes, a count). In the job dict they sit at the top level, where the roles read them.
-    None for heartbeat_interval and server_timeout means derived from heartbeat_timeout,
-    resolved here once."""
+    None for heartbeat_interval, coordinator_timeout and server_timeout means derived from
+    heartbeat_timeout, resolved here once."""
 
     heartbeat_timeout: float = 5.0  # silence after which a worker is declared dead
     heartbeat_interval: float | None = None  # None: min(1 s, heartbeat_timeout / 4)
-    coordinator_timeout: float = 60.0  # silence after which servers and workers give up
+    # Silence after which servers, workers and evaluators give up on their coordinator. None:
+    # 1.5 x heartbeat_timeout, so a member exits within 2 heartbeat timeouts of its death (the
+    # check runs every 0.25 s). A job whose coordinator is restarted on death waits longer
+    # (RESTART_COORDINATOR_TIMEOUT): a new process must start and take the members back.
+    coordinator_timeout: float | None = None
     start_timeout: float = 120.0  # registration of every member before the start barrier
     start_grace: float = 30.0  # silence tolerated from a member before the barrier opens
     server_timeout: float | None = None  # None: max(6 x heartbeat_timeout, 30 s)
@@ -223,6 +239,8 @@ class Limits:
             object.__setattr__(self, "heartbeat_interval", min(1.0, self.heartbeat_timeout / 4))
         if self.server_timeout is None:
             object.__setattr__(self, "server_timeout", max(6 * self.heartbeat_timeout, 30.0))
+        if self.coordinator_timeout is None:
+            object.__setattr__(self, "coordinator_timeout", 1.5 * self.heartbeat_timeout)
         for f in fields(self):
             if f.name != "max_message_bytes":
                 _num(f.name, getattr(self, f.name))
@@ -389,6 +407,7 @@ class JobSpec:
                           compress_options=c.compress_options, push_range=c.push_range,
                           schedule=c.schedule),
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
+                          coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
                           max_message_bytes=c.max_message_bytes),
             tables=tuple(tables))
