@@ -66,7 +66,7 @@ def test_the_message_limit_is_derived_from_the_model_unless_given():
 
 # ---- a big frame -----------------------------------------------------------------------------
 def test_a_frame_above_the_limit_is_never_held_and_the_server_keeps_serving(tmp_path):
-    """Fails on main: with no limit, the 256 MB frame was read whole and its memory kept."""
+    """Without a limit, a 256 MB frame would be read whole and its memory kept."""
     keys = 64
     with running_job(tmp_path, make_job(keys, 1, 1)) as cluster:  # limit derived: ~19 MB
         kv = KVWorker(cluster.address, shared_memory=False)
@@ -118,7 +118,7 @@ def test_a_big_frame_under_the_limit_leaves_no_peak_behind(tmp_path):
 
 # ---- waiting pulls -------------------------------------------------------------------------------
 def test_a_pull_flood_is_capped_per_client_with_a_clear_error_and_others_still_served(tmp_path):
-    """Fails on main: all 1,500 pulls of the one client waited, nothing refused."""
+    """Without a cap, all 1,500 pulls of the one client would wait, none refused."""
     keys, flood = 16, 1500
     with running_job(tmp_path, make_job(keys, 1, 1)) as cluster:
         kv = KVWorker(cluster.address, shared_memory=False)
@@ -174,7 +174,7 @@ def _visit(addr: str, keys: int, ready=None) -> None:
 
 
 def test_the_arenas_of_clients_that_left_or_died_are_unmapped(tmp_path):
-    """Fails on main: every client's arena stayed mapped in the server for good."""
+    """Without unmapping, every departed client's arena would stay mapped in the server."""
     keys = 1 << 16
     with running_job(tmp_path, make_job(keys, 1, 1)) as cluster:
         kv = KVWorker(cluster.address, shared_memory=False)

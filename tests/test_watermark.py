@@ -102,8 +102,8 @@ def _ask(sock, msg):
 
 
 def test_a_retry_after_100_newer_pushes_of_an_unacknowledged_push_gets_its_first_ack(tmp_path):
-    """Fails on main: it forgot rid 1 after 64 newer pushes and refused the retry, though the
-    client never had its ack (a lost ack, a reply dropped by a full queue)."""
+    """A 64-entry window alone forgets rid 1 after 64 newer pushes and refuses the retry, though
+    the client never had its ack (a lost ack, a reply dropped by a full queue)."""
     keys = 5
     with started_client(tmp_path, keys) as (cluster, kv):
         sock, src = kv.shards[0].sock, "w-raw"
