@@ -171,6 +171,23 @@ def test_report_embeds_every_figure_and_references_nothing_outside(built):
     assert "never reached 90%" in text  # the asp and ssp repeats that missed
 
 
+def test_report_opens_with_the_verdict_and_its_figure_and_folds_the_settings(built):
+    text = built[1].read_text()
+    verdict = text.index("<p class='verdict'>")
+    # the fastest policy, by the hand values of PLAN_TTA (asp 1.5 s, bsp 3.0 s)
+    assert "asp is the soonest to reach 90% test accuracy: 1.50 s" in text
+    assert "×2.00 sooner than BSP" in text and "ssp never reached the target" in text
+    first_table = text.index("<table")
+    first_figure = text.index("<figure")
+    assert verdict < first_figure < first_table  # answer, then its figure, then the numbers
+    assert "alt='tta one-slow'" in text[first_figure:first_figure + 40]
+    assert text.index("<table class='tta'>") == first_table  # time to target before settings
+    details = text.index("<details class='settings'>")
+    settings = text.index("Training settings shared by every run")
+    assert details < settings < text.index("</details>", details)
+    assert text.index("<th>scenario</th><th>straggler</th>") > details
+
+
 def test_time_to_target_bars_are_the_table_values(built, monkeypatch):
     root, _ = built
     c = collect(root)
@@ -240,6 +257,9 @@ def test_a_diverged_run_is_named_in_the_warnings(tmp_path):
     assert text.count(") diverged: its test loss") == 1  # (the folder name has the word too)
     assert "asp in one-slow (repeat 1) diverged: its test loss is not a finite number from " \
            "8.0 s" in text
+    verdict = re.search(r"<p class='verdict'>(.*?)</p>", text).group(1)
+    assert "asp diverged in 1 of 3 repeats: its test loss became NaN or infinite from 8.0 s" \
+           in verdict and "within the run&#x27;s budget in 1 of 3 repeats" in verdict
 
 
 def test_plain_folders_group_by_sync_and_one_run_folder_is_one_run(tmp_path):

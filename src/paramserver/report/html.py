@@ -11,6 +11,11 @@ from statistics import median
 from paramserver.report.collect import SINGLE, Collection, fmt_target
 from paramserver.report.figures import FigureFile
 from paramserver.report.table import Row, fmt_pct, fmt_score, render_table
+from paramserver.report.verdict import verdicts
+
+# The figure that opens the page beside the verdict; the figures section leaves it out so it
+# is embedded once.
+TOP_FIGURE = "tta"
 
 CAPTIONS = {
     "accuracy_time": "Test accuracy against wall time. Read the horizontal distance between "
@@ -48,6 +53,8 @@ tr.scenario th{background:#eef2f8}tr.reference td{color:#555;font-style:italic}
 tr.missed td{background:#fff4f4}.warn li{color:#8a3b00}
 figure{margin:1.2em 0 2em}figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#444;max-width:62em;font-size:.95em}code{background:#f4f4f4;padding:0 .2em}
+p.verdict{font-size:1.08em;max-width:62em}details.settings summary{cursor:pointer;font-size:1.2em;
+font-weight:bold;margin-top:2em}
 """
 
 
@@ -66,7 +73,8 @@ def _kv_table(items) -> str:
 
 def plan_section(c: Collection) -> str:
     """What was run: the compare plan, or the settings the runs themselves recorded."""
-    out = ["<h2>Plan and settings</h2>"]
+    # Folded: the settings say how the answer was reached, not what it is.
+    out = ["<details class='settings'><summary>Plan and settings</summary>"]
     plan = c.plan or {}
     if plan.get("scenarios"):
         out.append("<table><tr><th>scenario</th><th>straggler</th><th>description</th></tr>")
@@ -89,6 +97,7 @@ def plan_section(c: Collection) -> str:
         out.append("<p>Training settings shared by every run:</p>")
         out.append(_kv_table((k, "–" if v is None else json.dumps(v) if isinstance(
             v, (dict, list)) else v) for k, v in config.items()))
+    out.append("</details>")
     return "\n".join(out)
 
 
@@ -179,10 +188,30 @@ def figures_section(c: Collection, figures: list[FigureFile]) -> str:
         f"<a href='#{_anchor(s)}'>{_e(s)}</a>" for s in c.scenarios()) + "</p>"]
     for scenario in c.scenarios():
         out.append(f"<h3 id='{_anchor(scenario)}'>Scenario {_e(scenario)}</h3>")
-        for f in (f for f in figures if f.scenario == scenario):
-            out.append(f"<figure><img alt='{_e(f.kind)} "
-                       f"{_e(scenario)}' src='{data_uri(f.path)}'>"
-                       f"<figcaption>{_e(CAPTIONS[f.kind])}</figcaption></figure>")
+        out += [_figure(f) for f in figures if f.scenario == scenario and f.kind != TOP_FIGURE]
+    return "\n".join(out)
+
+
+def _figure(f: FigureFile) -> str:
+    return (f"<figure><img alt='{_e(f.kind)} {_e(f.scenario)}' src='{data_uri(f.path)}'>"
+            f"<figcaption>{_e(CAPTIONS[f.kind])}</figcaption></figure>")
+
+
+def diverged_times(c: Collection) -> dict[tuple[str, str], list[float]]:
+    """(scenario, policy) -> when each diverged repeat's test loss stopped being finite."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for r in c.runs:
+        if r.summary.get("diverged_at_s") is not None:
+            out.setdefault((r.scenario, r.policy), []).append(float(r.summary["diverged_at_s"]))
+    return out
+
+
+def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile]) -> str:
+    """The answer first: a verdict paragraph per scenario, then its time-to-target figure."""
+    out = ["<h2>Verdict</h2>"]
+    for v in verdicts(rows, c.target, c.score, diverged_times(c)):
+        out.append(f"<p class='verdict'>{_e(v.text)}</p>")
+        out += [_figure(f) for f in figures if f.scenario == v.scenario and f.kind == TOP_FIGURE]
     return "\n".join(out)
 
 
@@ -190,13 +219,14 @@ def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> 
     """The whole page as one string."""
     body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
             f"<code>{_e(c.root)}</code>; everything below is drawn from their log files.</p>",
-            plan_section(c), notes_section(c), warnings_section(c, rows),
-            f"<h2>Time to {fmt_target(c.score, c.target)}</h2>",
+            # Reading order: the answer, the numbers behind it, then how it was obtained.
+            verdict_section(c, rows, figures),
+            f"<h2>Time to {fmt_target(c.score, c.target)} and wait per policy</h2>",
             "<p>Median and min–max over repeats; a repeat that never reached the target counts "
             "as slower than any that did. Speedup = median BSP time / median policy time. "
             "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
-            render_table(rows, c.target, c.score), fidelity_section(rows),
-            figures_section(c, figures)]
+            render_table(rows, c.target, c.score), warnings_section(c, rows), notes_section(c),
+            fidelity_section(rows), figures_section(c, figures), plan_section(c)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"
             + "\n".join(b for b in body if b) + "\n</body></html>\n")

@@ -1,0 +1,130 @@
+"""The report's opening answer: per scenario, which policy reaches the target soonest, how much
+sooner than BSP, at what final-accuracy cost, how sure the repeats make it, and who failed why.
+
+Pure: it reads table rows (and the divergence times the caller found), never files, so the
+wording can be tested on hand-built rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from paramserver.report.collect import fmt_target
+from paramserver.report.table import BASELINE, Row
+
+# Medians this close count as a tie: repeats are timed to the millisecond at best, so a
+# difference below that says nothing about the policies.
+TIE_S = 1e-3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    scenario: str
+    fastest: tuple[str, ...]  # policies tied for the soonest median; empty when none reached
+    text: str
+
+
+def _score(score: str, value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"{100 * value:.1f}%" if score == "accuracy" else f"{value:.4f}"
+
+
+def _confidence(row: Row) -> str:
+    if row.repeats == 1:
+        return "single run, no spread"
+    spread = ("" if row.tta_min is None else
+              f", spread {row.tta_min:.2f}–{row.tta_max:.2f} s")
+    return f"median of {row.repeats} repeats, {row.reached} reached the target{spread}"
+
+
+def _cost(best: Row, base: Row, score: str) -> str:
+    """Final accuracy against BSP: the price (or gain) of finishing sooner."""
+    if best.final_accuracy is None or base.final_accuracy is None:
+        return "final accuracy against BSP unknown"
+    diff = best.final_accuracy - base.final_accuracy
+    unit = f"{100 * diff:+.1f} points" if score == "accuracy" else f"{diff:+.4f}"
+    return (f"final {'accuracy' if score == 'accuracy' else 'AUC'} "
+            f"{_score(score, best.final_accuracy)} against BSP's "
+            f"{_score(score, base.final_accuracy)} ({unit})")
+
+
+def _against_bsp(best: Row, base: Row | None, score: str) -> str:
+    if base is None:
+        return "no BSP runs here, so no speedup over BSP can be given"
+    if base.tta_median is None:
+        return ("BSP never reached the target here, so it is sooner than BSP by more than any "
+                "ratio; " + _cost(best, base, score))
+    if best.policy == BASELINE:
+        return "BSP itself is the soonest"
+    saved = base.tta_median - best.tta_median
+    ratio = base.tta_median / best.tta_median
+    return (f"×{ratio:.2f} sooner than BSP ({saved:.2f} s saved on BSP's "
+            f"{base.tta_median:.2f} s); " + _cost(best, base, score))
+
+
+def _failure(row: Row, score: str, diverged: list[float]) -> str:
+    """Why a policy has no time to target, as far as its logs show."""
+    missed = row.repeats - row.reached
+
+    def share(n: int) -> str:
+        return "" if n == row.repeats else f" in {n} of {row.repeats} repeats"
+
+    # best_accuracy is a median over all repeats: it describes the misses only when all missed.
+    best = f" (best {_score(score, row.best_accuracy)})" if missed == row.repeats else ""
+    never = f"never reached the target within the run's budget{share(missed - len(diverged))}{best}"
+    if not diverged:
+        return f"{row.policy} {never}"
+    out = (f"{row.policy} diverged{share(len(diverged))}: its test loss became NaN or infinite "
+           f"from {min(diverged):.1f} s on, so its accuracy fell to chance; a smaller lr, or a "
+           "staleness-aware optimizer for the asynchronous policies, keeps it stable")
+    # A repeat can also miss without diverging: say so, or the count would not add up.
+    return out + (f", and it {never}" if missed > len(diverged) else "")
+
+
+def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str = "accuracy",
+                     diverged: dict[str, list[float]] | None = None) -> Verdict:
+    """One paragraph for one scenario; rows are its table rows, the reference run included.
+
+    diverged maps a policy to the times its repeats' test loss stopped being finite."""
+    diverged = diverged or {}
+    # The one-worker reference is not a policy a user can pick: it never wins the verdict.
+    rows = [r for r in rows if not r.reference]
+    goal = fmt_target(score, target)
+    reached = sorted((r for r in rows if r.tta_median is not None), key=lambda r: r.tta_median)
+    failed = [_failure(r, score, diverged.get(r.policy, [])) for r in rows
+              if r.tta_median is None]
+    if not reached:
+        text = f"On {scenario}, no policy reached {goal}."
+        return Verdict(scenario, (), text + ("" if not failed else " " + "; ".join(failed) + "."))
+    best = reached[0]
+    tied = [r for r in reached if math.isclose(r.tta_median, best.tta_median, abs_tol=TIE_S)]
+    # Among tied policies, BSP is named first: it needs no staleness, so it is the safe pick.
+    tied.sort(key=lambda r: r.policy != BASELINE)
+    best = tied[0]
+    names = " and ".join(r.policy for r in tied)
+    base = next((r for r in rows if r.policy == BASELINE), None)
+    lead = (f"On {scenario}, {names} {'tie as' if len(tied) > 1 else 'is'} the soonest to "
+            f"reach {goal}: {best.tta_median:.2f} s ({_confidence(best)}); "
+            + _against_bsp(best, base, score) + ".")
+    if failed:
+        lead += " Without a time to target: " + "; ".join(failed) + "."
+    # Failures that only some repeats had: the median reached, so they are not named above.
+    partial = [_failure(r, score, diverged.get(r.policy, [])) for r in reached
+               if r.reached < r.repeats]
+    if partial:
+        lead += " Not every repeat reached it: " + "; ".join(partial) + "."
+    return Verdict(scenario, tuple(r.policy for r in tied), lead)
+
+
+def verdicts(rows: list[Row], target: float, score: str = "accuracy",
+             diverged: dict[tuple[str, str], list[float]] | None = None) -> list[Verdict]:
+    """A verdict per scenario, in the rows' order; diverged is keyed by (scenario, policy)."""
+    diverged = diverged or {}
+    out = []
+    for scenario in dict.fromkeys(r.scenario for r in rows):
+        mine = {p: t for (s, p), t in diverged.items() if s == scenario}
+        out.append(scenario_verdict(scenario, [r for r in rows if r.scenario == scenario],
+                                    target, score, mine))
+    return out
