@@ -64,6 +64,17 @@ def test_the_message_limit_is_derived_from_the_model_unless_given():
         Limits(max_pending_pulls=0)
 
 
+def _push_big(ctx, kv, keys: int, mb: int):
+    """A raw push of `mb` MB of values for `keys` keys to the worker's shard 0, from a socket of
+    its own (returned), as a client that ignores the limit would send it. Zero pages: sending
+    them costs this process nothing."""
+    sock = _dealer(ctx, kv.shards[0].addr)
+    big = np.zeros(mb * MB // 8)
+    rpc.send(sock, Message("push", {"range": [0, keys], "step": 0, "version": 0, "batch": 1},
+                           [big], rid=1, src="big"))
+    return sock
+
+
 # ---- a big frame -----------------------------------------------------------------------------
 def test_a_frame_above_the_limit_is_never_held_and_the_server_keeps_serving(tmp_path):
     """Without a limit, a 256 MB frame would be read whole and its memory kept."""
@@ -75,10 +86,7 @@ def test_a_frame_above_the_limit_is_never_held_and_the_server_keeps_serving(tmp_
             kv.init(np.zeros(keys))
             proc = _server(cluster)
             before = _settled_rss(proc, 1.0)
-            sock = _dealer(ctx, kv.shards[0].addr)
-            big = np.zeros(256 * MB // 8)  # zero pages: sending costs this process nothing
-            rpc.send(sock, Message("push", {"range": [0, keys], "step": 0, "version": 0,
-                                            "batch": 1}, [big], rid=1, src="big"))
+            sock = _push_big(ctx, kv, keys, 256)
             after = _settled_rss(proc)
             assert after - before < 64, (before, after)
             assert _status(kv)["initialized"]  # still serving
@@ -102,10 +110,7 @@ def test_a_big_frame_under_the_limit_leaves_no_peak_behind(tmp_path):
             kv.init(np.zeros(keys))
             proc = _server(cluster)
             before = _settled_rss(proc, 1.0)
-            sock = _dealer(ctx, kv.shards[0].addr)
-            big = np.zeros(200 * MB // 8)
-            rpc.send(sock, Message("push", {"range": [0, keys], "step": 0, "version": 0,
-                                            "batch": 1}, [big], rid=1, src="big"))
+            sock = _push_big(ctx, kv, keys, 200)
             assert sock.poll(30_000), "no answer to the big push"
             reply = rpc.recv(sock, routed=False)[1]
             assert reply.op == "error"  # 200 MB of values for 64 keys: read, then refused

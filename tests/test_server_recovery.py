@@ -1,6 +1,7 @@
 """A SIGKILLed server: restarted from the latest checkpoint with exactly the rounds since lost,
 or, with recovery off, the job stops naming it instead of hanging."""
 
+import contextlib
 import json
 import os
 import signal
@@ -131,31 +132,40 @@ def _supervised(cluster):
     return thread, errors
 
 
-def test_a_restarted_server_whose_checkpoint_is_truncated_falls_back_to_the_previous_one(
-        tmp_path):
-    cluster = LocalCluster(_job(tmp_path), tmp_path / "run", job_timeout=120, restart_servers=1)
+@contextlib.contextmanager
+def _recovering_job(cluster):
+    """Starts `cluster` (no workers of its own), watches it with cluster.wait in a thread and
+    yields a worker of this process; on the way out the worker is closed, the job must have
+    ended cleanly within 60 s, and the cluster is stopped."""
     try:
         cluster.start(spawn_workers=False)
         supervisor, errors = _supervised(cluster)
         kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
         kv.timeout = 30.0
         try:
-            kv.init(np.zeros(KEYS))
-            release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
-            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
-            path = tmp_path / "ckpt" / f"ckpt-{4:09d}" / "server-1" / "values.npy"
-            path.write_bytes(path.read_bytes()[:-8])
-            victim = _server(cluster, 1)
-            os.kill(victim.proc.pid, signal.SIGKILL)
-            release = _steps(kv, release, 5)
-            final = kv.pull(min_version=release.min_version)
-            kv.bye()
+            yield kv
         finally:
             kv.close()
         supervisor.join(60)
         assert not supervisor.is_alive() and not errors
     finally:
         cluster.stop()
+
+
+def test_a_restarted_server_whose_checkpoint_is_truncated_falls_back_to_the_previous_one(
+        tmp_path):
+    cluster = LocalCluster(_job(tmp_path), tmp_path / "run", job_timeout=120, restart_servers=1)
+    with _recovering_job(cluster) as kv:
+        kv.init(np.zeros(KEYS))
+        release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
+        _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+        path = tmp_path / "ckpt" / f"ckpt-{4:09d}" / "server-1" / "values.npy"
+        path.write_bytes(path.read_bytes()[:-8])
+        victim = _server(cluster, 1)
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        release = _steps(kv, release, 5)
+        final = kv.pull(min_version=release.min_version)
+        kv.bye()
     grads = [known_gradient(0, s, KEYS, np.float64) for s in range(10)]
     expected = -sum(grads)
     for lost in (2, 3, 4):  # shard 1 restored to checkpoint 2: rounds 2..4 are gone there
@@ -178,29 +188,18 @@ def test_a_server_killed_before_the_first_checkpoint_comes_back_from_its_initial
     job = _job(tmp_path)
     job["checkpoint"]["every"] = 1000
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, restart_servers=1)
-    try:
-        cluster.start(spawn_workers=False)
-        supervisor, errors = _supervised(cluster)
-        kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
-        kv.timeout = 30.0
-        try:
-            init = np.arange(KEYS, dtype=np.float64) * 10
-            kv.init(init)
-            if when == "before the start":
-                os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
-                release = kv.start()
-            else:
-                release = kv.start()
-                os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
-            release = _steps(kv, release, 4)
-            final = kv.pull(min_version=release.min_version)
-            kv.bye()
-        finally:
-            kv.close()
-        supervisor.join(60)
-        assert not supervisor.is_alive() and not errors
-    finally:
-        cluster.stop()
+    with _recovering_job(cluster) as kv:
+        init = np.arange(KEYS, dtype=np.float64) * 10
+        kv.init(init)
+        if when == "before the start":
+            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            release = kv.start()
+        else:
+            release = kv.start()
+            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+        release = _steps(kv, release, 4)
+        final = kv.pull(min_version=release.min_version)
+        kv.bye()
     # Nothing was applied before the death: nothing is lost.
     expected = init - sum(known_gradient(0, s, KEYS, np.float64) for s in range(4))
     np.testing.assert_array_equal(final, expected)
