@@ -33,6 +33,9 @@ CAPTIONS = {
     "staleness": "How many updates the servers applied between a worker's pull and its push. "
                  "BSP is all zero; mass to the right means gradients computed on older "
                  "parameters, which costs accuracy per step.",
+    "wait_bands": "Simulations only: each worker's wait before a step, across workers, step by "
+                  "step (line: median; band: 10th to 90th percentile). A band that widens "
+                  "means a few workers wait much longer than the rest.",
     "throughput": "Samples processed per second of training by all workers together, up to the "
                   "last step (bar: median, dots: repeats). Higher means less idle time, not "
                   "necessarily faster learning: compare with the step figure above.",
