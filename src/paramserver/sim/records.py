@@ -34,23 +34,28 @@ class RunWriter:
         self.nbytes = int(model_bytes)
         self.detail = detail
         self.columns = StepColumns()
-        self._add = self.columns.adder()
+        self._extend = self.columns.extend
+        if not detail:  # the common large-run case: one call, no branch
+            self.step = self._step_columns
         self.evals: list[dict] = []  # what summarize needs besides the steps
         self.last_t = 0.0  # of the records that are not steps
         self.stats: dict | None = None  # step_stats, once closed
         self.closed = False
 
     def step(self, t, w, step, batch, compute, wait, pull, push, staleness, factor, extra):
-        self._add(t, w, step, batch, compute, wait, pull, push, staleness)
+        self._step_columns(t, w, step, batch, compute, wait, pull, push, staleness, factor, extra)
+        line = _STEP % (t, w, step, batch, compute, wait, pull, push, self.nbytes,
+                        self.nbytes, staleness, factor)
+        if extra:
+            line += "".join(f', "{k}": {json.dumps(v)}' for k, v in extra.items())
+        self.metrics.write(line + "}\n")
+
+    def _step_columns(self, t, w, step, batch, compute, wait, pull, push, staleness, factor,
+                      extra):
+        self._extend((t, w, step, batch, compute, wait, pull, push, staleness))
         if extra and "real_compute_s" in extra:
             real = self.columns.real
             real[w] = real.get(w, 0.0) + extra["real_compute_s"]
-        if self.detail:
-            line = _STEP % (t, w, step, batch, compute, wait, pull, push, self.nbytes,
-                            self.nbytes, staleness, factor)
-            if extra:
-                line += "".join(f', "{k}": {json.dumps(v)}' for k, v in extra.items())
-            self.metrics.write(line + "}\n")
 
     def left(self, t, w, reason):
         self.last_t = max(self.last_t, t)
@@ -78,7 +83,7 @@ class RunWriter:
             self.metrics.close()
             self.events.close()
             self.stats = step_stats(self.columns, self.nbytes)
-            self.columns = self._add = None  # the arrays are the largest thing a run holds
+            self.columns = self._extend = None  # the arrays are the largest thing a run holds
             np.savez(self.run_dir / STATS_FILE, **self.stats)
 
     def __enter__(self) -> "RunWriter":
