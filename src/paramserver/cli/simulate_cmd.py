@@ -36,7 +36,7 @@ Writes config.json, job.json, metrics.jsonl, events.jsonl and summary.json like 
 and steps.npz: per-worker totals, the staleness histogram and per-step quantiles across workers.
 --detail: each worker step as a metrics.jsonl record ("steps"), or steps.npz only ("summary":
 metrics.jsonl then holds the workers leaving and the evaluations); "auto" (the default) writes
-the steps while workers x steps <= {detail_limit:,} (a 10,000 x 100 run: 240 MB of log otherwise)."""
+the steps while workers x steps <= {detail_limit:,} (a 10,000 x 100 run: 240 MB of log else)."""
 
 CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C promptly)
 

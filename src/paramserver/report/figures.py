@@ -21,6 +21,7 @@ _PARTS = (("compute", "#3b5b92"), ("communication", "#8fb0d9"), ("waiting", "#f2
 KINDS = ("tta", "accuracy_time", "accuracy_steps", "throughput", "breakdown", "staleness")
 # Drawn only where the runs have what they need (wait_bands: simulations' steps.npz).
 OPTIONAL_KINDS = ("wait_bands",)
+_NEEDS_EVALS = ("tta", "accuracy_time", "accuracy_steps")
 
 
 @dataclass
@@ -217,7 +218,12 @@ def draw_all(collection: Collection, rows: list[Row], outdir: Path) -> list[Figu
             "tta": lambda p: plot_tta(series.tta_series(rows, scenario), scenario, target, p,
                                       score),
         }
+        # Without any evaluation (a simulation without --train) the accuracy figures would be
+        # empty axes: left out, a third of a large report's time.
+        scored = any(r.evals for r in collection.runs if r.scenario == scenario)
         for kind in KINDS + OPTIONAL_KINDS:
+            if not scored and kind in _NEEDS_EVALS:
+                continue
             # A figure that cannot be drawn is reported, not fatal: the table still stands.
             try:
                 drawn_path = drawn[kind](path(kind))

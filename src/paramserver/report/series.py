@@ -94,18 +94,6 @@ def worker_groups(workers: dict[str, tuple], groups: int = GROUPS) -> dict[str, 
     return out
 
 
-def slowest_workers(collection: Collection, scenario: str, policy: str,
-                    k: int = 5) -> list[tuple[str, float, float]]:
-    """The k workers with the most seconds of compute + comm + wait in the first repeat:
-    (worker, total seconds, wait fraction), slowest first."""
-    runs = collection.select(scenario, policy)
-    per_worker = (runs[0].summary.get("per_worker") or {}) if runs else {}
-    totals = [(w, (v.get("compute_s") or 0.0) + (v.get("comm_s") or 0.0)
-               + (v.get("wait_s") or 0.0), v.get("wait_fraction") or 0.0)
-              for w, v in per_worker.items()]
-    return sorted(totals, key=lambda x: -x[1])[:k]
-
-
 def wait_bands(collection: Collection, scenario: str) -> dict[str, dict]:
     """policy -> {"step", "q" (quantile levels), "wait_s" (steps x quantiles)} across workers
     at each step, for the simulations that wrote steps.npz (first repeat); others are left out."""

@@ -1,4 +1,4 @@
-"""Step records of a large simulation as typed columns, and what the summary and report need from them.
+"""A simulation's step records as columns, and what the summary and the report need of them.
 
 A 10,000-worker x 100-step simulation makes a million step records: as JSON lines (metrics.jsonl)
 they are 240 MB that the summary and the report must parse again, line by line. StepColumns
