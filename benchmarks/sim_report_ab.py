@@ -6,8 +6,9 @@ Usage: python benchmarks/sim_report_ab.py --base /path/to/other/tree [--workers 
 For each repeat, each policy and each tree (the order of the trees alternates by repeat):
 `paramserver simulate` as a user runs it, in a child process with that tree's src/ on
 PYTHONPATH. Measured: the simulator's events/s (the command's own figure, summary.json), the
-whole command's wall time, the run folder's size, then `paramserver report` of that folder:
-its wall time and peak RSS (the child's getrusage). The report of the other tree's folder can
+whole command's wall and CPU time, the run folder's size, then `paramserver report` of that
+folder: its wall time, CPU time and peak RSS (the child's getrusage). On a shared, loaded machine
+the CPU seconds are the steadier figure: wall time there is mostly waiting for a core. The report of the other tree's folder can
 take minutes and gigabytes (a 243 MB metrics.jsonl), so it runs only --base-report-reps times.
 Prints medians per tree and policy and the ratio this tree / other tree.
 """
@@ -31,12 +32,12 @@ _RUN = ("import resource, runpy, sys\n"
         "sys.argv = ['paramserver'] + sys.argv[1:]\n"
         "try:\n    runpy.run_module('paramserver', run_name='__main__')\n"
         "finally:\n"
-        "    print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
-        " file=sys.stderr)\n")
+        "    u = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "    print('PEAK_RSS_KB', u.ru_maxrss, u.ru_utime + u.ru_stime, file=sys.stderr)\n")
 
 
-def command(tree: Path, args: list[str], timeout: float) -> tuple[float, int]:
-    """(wall seconds, peak RSS kB) of `paramserver ARGS` run with tree's sources."""
+def command(tree: Path, args: list[str], timeout: float) -> tuple[float, int, float]:
+    """(wall seconds, peak RSS kB, CPU seconds) of `paramserver ARGS` with tree's sources."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _RUN, *args], env=env, capture_output=True,
@@ -44,9 +45,9 @@ def command(tree: Path, args: list[str], timeout: float) -> tuple[float, int]:
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"{args[0]} failed in {tree}: {out.stderr[-2000:]}")
-    rss = next(int(line.split()[1]) for line in reversed(out.stderr.splitlines())
-               if line.startswith("PEAK_RSS_KB"))
-    return wall, rss
+    rss, cpu = next(line.split()[1:] for line in reversed(out.stderr.splitlines())
+                    if line.startswith("PEAK_RSS_KB"))
+    return wall, int(rss), float(cpu)
 
 
 def folder_bytes(path: Path) -> int:
@@ -60,12 +61,14 @@ def one(tree: Path, name: str, sync: str, rep: int, args, tmp: Path, report: boo
            "--out", str(out), "--quiet"]
     if name == "this" and args.detail:
         sim += ["--detail", args.detail]
-    wall, rss = command(tree, sim, args.timeout)
+    wall, rss, cpu = command(tree, sim, args.timeout)
     summary = json.loads((out / "summary.json").read_text())["simulator"]
     row = {"tree": name, "sync": sync, "events_per_s": summary["events_per_s"],
-           "sim_wall": wall, "sim_rss_mb": rss / 1024, "folder_mb": folder_bytes(out) / 1e6}
+           "sim_wall": wall, "sim_cpu": cpu, "sim_rss_mb": rss / 1024,
+           "folder_mb": folder_bytes(out) / 1e6}
     if report:
-        row["report_wall"], kb = command(tree, ["report", str(out)], args.timeout)
+        row["report_wall"], kb, row["report_cpu"] = command(tree, ["report", str(out)],
+                                                            args.timeout)
         row["report_rss_mb"] = kb / 1024
     shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}),
@@ -96,10 +99,11 @@ def main() -> None:
                     report = name == "this" or rep < args.base_report_reps
                     rows.append(one(tree, name, sync, rep, args, Path(tmp), report))
     print(f"load average at end: {os.getloadavg()}")
-    keys = ("events_per_s", "sim_wall", "folder_mb", "report_wall", "report_rss_mb")
+    keys = ("events_per_s", "sim_wall", "sim_cpu", "folder_mb", "report_wall", "report_cpu",
+            "report_rss_mb")
     print(f"\n{args.workers:,} workers x {args.steps} steps, medians of {args.reps} "
           f"(base report: {args.base_report_reps})")
-    print(f"{'sync':6} {'tree':5} " + " ".join(f"{k:>14}" for k in keys))
+    print(f"{'sync':6} {'tree':5} " + " ".join(f"{k:>13}" for k in keys))
     for sync in args.sync.split(","):
         med = {}
         for name, _ in trees:
@@ -107,10 +111,10 @@ def main() -> None:
             med[name] = {k: median(r[k] for r in sel if k in r) if any(k in r for r in sel)
                          else None for k in keys}
             print(f"{sync:6} {name:5} " + " ".join(
-                f"{'-' if v is None else f'{v:,.2f}':>14}" for v in med[name].values()))
+                f"{'-' if v is None else f'{v:,.2f}':>13}" for v in med[name].values()))
         print(f"{sync:6} ratio " + " ".join(
-            f"{med['this'][k] / med['base'][k]:>14.3f}" if med["this"][k] and med["base"][k]
-            else f"{'-':>14}" for k in keys))
+            f"{med['this'][k] / med['base'][k]:>13.3f}" if med["this"][k] and med["base"][k]
+            else f"{'-':>13}" for k in keys))
 
 
 if __name__ == "__main__":

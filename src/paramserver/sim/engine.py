@@ -163,6 +163,8 @@ class Engine:
         step_of, batch_of, factor, compute_s = self.step, self.batch, self.factor, self.compute_s
         status, push_from, stale, pull_s, push_s = (self.status, self.push_from, self.stale,
                                                     self.pull_s, self.push_s)
+        plain_clock = tr is None and comm.real is None
+        sink_step, host_pushed, take, done = self.sink.step, self.host.pushed, self._take, self.done
         n, t = 0, self.now
         try:
             if not self.started:
@@ -208,6 +210,13 @@ class Engine:
                     else:
                         self.now = t
                         clock(t, w)
+                elif kind == CLOCK and plain_clock:  # _clock without trainer or measured times
+                    step, batch, c = step_of[w], batch_of[w], compute_s[w]
+                    sink_step(t, w, step, batch, c, wait_s[w], pull_s[w], push_s[w], stale[w],
+                              factor[w], None)
+                    done[w] += 1
+                    status[w] = WAITING
+                    take(host_pushed(Pushed(w, step, t, batch, c)), t)
                 else:
                     self.now = t
                     handlers[kind](t, w)
