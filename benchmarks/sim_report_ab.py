@@ -63,7 +63,10 @@ def one(tree: Path, name: str, sync: str, rep: int, args, tmp: Path, report: boo
         sim += ["--detail", args.detail]
     wall, rss, cpu = command(tree, sim, args.timeout)
     summary = json.loads((out / "summary.json").read_text())["simulator"]
+    # events per CPU second of the whole command (imports and writing included): a lower
+    # bound of the engine's rate that a loaded machine does not halve
     row = {"tree": name, "sync": sync, "events_per_s": summary["events_per_s"],
+           "events_per_cpu_s": summary["events"] / cpu,
            "sim_wall": wall, "sim_cpu": cpu, "sim_rss_mb": rss / 1024,
            "folder_mb": folder_bytes(out) / 1e6}
     if report:
@@ -99,7 +102,7 @@ def main() -> None:
                     report = name == "this" or rep < args.base_report_reps
                     rows.append(one(tree, name, sync, rep, args, Path(tmp), report))
     print(f"load average at end: {os.getloadavg()}")
-    keys = ("events_per_s", "sim_wall", "sim_cpu", "folder_mb", "report_wall", "report_cpu",
+    keys = ("events_per_s", "events_per_cpu_s", "sim_wall", "sim_cpu", "folder_mb", "report_wall", "report_cpu",
             "report_rss_mb")
     print(f"\n{args.workers:,} workers x {args.steps} steps, medians of {args.reps} "
           f"(base report: {args.base_report_reps})")
