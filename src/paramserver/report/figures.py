@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -22,6 +23,8 @@ KINDS = ("tta", "accuracy_time", "accuracy_steps", "throughput", "breakdown", "s
 # Drawn only where the runs have what they need (wait_bands: simulations' steps.npz).
 OPTIONAL_KINDS = ("wait_bands",)
 _NEEDS_EVALS = ("tta", "accuracy_time", "accuracy_steps")
+# Past this many distinct staleness values the histogram is drawn in STALENESS_BINS bins.
+MAX_STALENESS_BARS, STALENESS_BINS = 60, 50
 
 
 @dataclass
@@ -119,8 +122,16 @@ def plot_staleness(data: dict, scenario: str, path: Path) -> Path:
                         ncols=max(1, len(data)))
     top = max((max(f) for _, f in data.values() if f), default=1.0)
     right = max([3] + [max(v) for v, _ in data.values() if v]) + 0.6  # one x scale for all
+    binned = any(len(v) > MAX_STALENESS_BARS for v, _ in data.values())
+    if binned:  # thousands of workers: thousands of distinct staleness values, a bar each
+        top = max((max(np.histogram(v, bins=STALENESS_BINS, weights=f)[0]) for v, f
+                   in data.values() if v), default=1.0)
     for ax, (policy, (values, fractions)) in zip(axes, data.items()):
-        ax.bar(values, fractions, width=0.85, color=policy_color(policy))
+        if binned and values:
+            heights, edges = np.histogram(values, bins=STALENESS_BINS, weights=fractions)
+            ax.stairs(heights, edges, fill=True, color=policy_color(policy))
+        else:
+            ax.bar(values, fractions, width=0.85, color=policy_color(policy))
         mean = sum(v * f for v, f in zip(values, fractions))
         ax.set_title(f"{policy} (mean {mean:.2f})", color=policy_color(policy), fontweight="bold")
         ax.set_xlabel("staleness (versions)")
@@ -128,7 +139,8 @@ def plot_staleness(data: dict, scenario: str, path: Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, top * 1.1)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("fraction of steps")
+    axes[0].set_ylabel(f"fraction of steps (in {STALENESS_BINS} bins)" if binned
+                       else "fraction of steps")
     fig.suptitle(f"{scenario}: staleness of the pushed gradients")
     return _save(fig, path)
 
