@@ -115,8 +115,11 @@ HEADERS = ["policy", "repeats reaching target", "time to target (s, median)", "m
            "samples/s (training)", "push bytes/step"]
 
 
-def render_table(rows: list[Row], target: float, score: str = "accuracy") -> str:
-    """The rows as one HTML table, a header row per scenario."""
+def render_table(rows: list[Row], target: float, score: str = "accuracy",
+                 why: dict[tuple[str, str], str] | None = None) -> str:
+    """The rows as one HTML table, a header row per scenario; why[(scenario, policy)], if
+    given, is a line under that row saying why it failed and what fixes it."""
+    why = why or {}
     headers = HEADERS if score == "accuracy" else [
         {"final acc.": "final AUC", "best acc.": "best AUC"}.get(h, h) for h in HEADERS]
     out = ["<table class='tta'>",
@@ -132,5 +135,9 @@ def render_table(rows: list[Row], target: float, score: str = "accuracy") -> str
             " class='missed'" if row.tta_median is None else "")
         out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row))
                    + "</tr>")
+        note = why.get((row.scenario, row.policy))
+        if note:
+            out.append(f"<tr class='why'><td colspan='{len(HEADERS)}'>↳ {html.escape(note)}"
+                       "</td></tr>")
     out.append("</tbody></table>")
     return "\n".join(out)
