@@ -95,6 +95,11 @@ def plan_section(c: Collection) -> str:
         # The plan's config is the template; these two are set per run by policy and scenario.
         for key in ("sync", "straggler"):
             config.pop(key, None)
+    paired = plan.get("policy_optimizers") or {}
+    if paired and "optimizer" in config:
+        # compare's default pairing: the template's rule is not every run's
+        config["optimizer"] = f"{config['optimizer']}; " + ", ".join(
+            f"{rule} for {policy}" for policy, rule in paired.items())
     if config:
         out.append("<p>Training settings shared by every run:</p>")
         out.append(_kv_table((k, "–" if v is None else json.dumps(v) if isinstance(
@@ -269,7 +274,8 @@ def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> 
     """The whole page as one string."""
     why = diagnoses(c, rows)
     body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
-            f"<code>{_e(c.root)}</code>; everything below is drawn from their log files.</p>",
+            f"<code>{_e(c.root)}</code>; everything below is drawn from their log files, and "
+            "every run is a row of <a href='results.csv'>results.csv</a> beside this page.</p>",
             # Reading order: the answer, the numbers behind it, then how it was obtained.
             verdict_section(c, rows, figures, why),
             f"<h2>Time to {fmt_target(c.score, c.target)} and wait per policy</h2>",
