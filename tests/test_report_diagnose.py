@@ -81,3 +81,16 @@ def test_the_verdict_carries_the_diagnosis_in_place_of_the_generic_reason():
     assert "use --optimizer dynsgd or --lr 0.075." in v.text
     assert "Reached, then lost: asp accuracy collapsed in 1 of 3 repeats: ASP applies" in v.text
     assert "never reached" not in v.text
+
+
+def test_the_table_names_a_paired_rule_and_puts_the_diagnosis_under_its_row():
+    from paramserver.report.table import render_table
+    ssp = row("ssp", None, 0)
+    ssp.optimizer, ssp.own_rule = "dynsgd", True
+    text = render_table([row("bsp", 3.0, 3), ssp, row("asp", 2.0, 3)], 0.95,
+                        why={("s", "ssp"): "ssp fell to chance: because; fix"})
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "<td>ssp (dynsgd)</td>" in line)
+    assert lines[at + 1] == ("<tr class='why'><td colspan='11'>↳ ssp fell to chance: because; "
+                             "fix</td></tr>")
+    assert text.count("class='why'") == 1

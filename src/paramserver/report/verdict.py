@@ -111,7 +111,9 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     # Among tied policies, BSP is named first: it needs no staleness, so it is the safe pick.
     tied.sort(key=lambda r: r.policy != BASELINE)
     best = tied[0]
-    names = " and ".join(r.policy for r in tied)
+    # A policy that ran with its own update rule (compare's pairing) is named with it.
+    names = " and ".join(f"{r.policy} (with {r.optimizer})" if r.own_rule else r.policy
+                         for r in tied)
     base = next((r for r in rows if r.policy == BASELINE), None)
     lead = (f"On {scenario}, {names} {'tie as' if len(tied) > 1 else 'is'} the soonest to "
             f"reach {goal}: {best.tta_median:.2f} s ({_confidence(best)}); "
