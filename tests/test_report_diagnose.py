@@ -29,6 +29,10 @@ def test_ssp_under_a_persistent_straggler_is_told_it_sums_same_version_gradients
     d = diagnose(ssp, [out(final=0.1, best=0.7), out(final=0.1, best=0.6, diverged_at=2.8),
                        out(reached=True, final=0.96, best=0.97)], CHANCE)
     assert (d.kind, d.runs, d.repeats, d.others) == ("diverged", 1, 3, (("chance", 1),))
+    three = diagnose(ssp, [out(diverged_at=1.0), out(final=0.5, best=0.9), out()], CHANCE)
+    assert three.line("ssp").startswith("ssp diverged in 1 of 3 repeats (and accuracy "
+                                        "collapsed in 1 of 3 repeats, plateaued below the "
+                                        "target in 1 of 3 repeats): ")
     line = d.line("ssp")
     assert line.startswith("ssp diverged in 1 of 3 repeats (and fell to chance in 1 of 3 "
                            "repeats): test loss NaN or infinite from 2.8 s; SSP at lr 0.3 sums "

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 # predicts one class everywhere scores exactly chance on a balanced test split, give or take
 # the split's rounding.
 CHANCE_MARGIN = 0.05
-# A run whose final accuracy lies this far below its best collapsed, even if it did not reach
+# A run whose final score lies this far below its best collapsed, even if it did not reach
 # chance: a stable run ends near its best.
-COLLAPSE_DROP = 0.2
+COLLAPSE_DROP = 0.1
 
 # Most severe first: a row of repeats is described by its most severe failure.
 KINDS = ("diverged", "chance", "collapsed", "plateaued")
@@ -70,7 +70,8 @@ class Diagnosis:
             return "" if n == self.repeats else f" in {n} of {self.repeats} repeats"
 
         # The other failures are counted too, or the repeats would not add up.
-        rest = "".join(f" (and {LABELS[k]}{share(n)})" for k, n in self.others)
+        rest = ("" if not self.others else
+                " (and " + ", ".join(f"{LABELS[k]}{share(n)}" for k, n in self.others) + ")")
         return f"{policy} {self.label}{share(self.runs)}{rest}: {self.cause}; {self.fix}"
 
 
