@@ -17,7 +17,7 @@ from paramserver.runlog.metrics import summarize
 from paramserver.report import build_report, collect, table_rows
 from paramserver.report import figures, series
 from paramserver.report.figures import KINDS
-from paramserver.report.html import coverage_warnings, render_report
+from paramserver.report.html import coverage_warnings, plan_section, render_report
 from paramserver.report.results_csv import COLUMNS
 
 TARGET = 0.9
@@ -138,6 +138,16 @@ def test_results_csv_has_one_row_per_run_with_the_summary_values(built):
         assert float(r["samples_per_s"]) == pytest.approx(summary["samples"] / 5.0)
         assert (r["target"], r["score"]) == ("0.9", "accuracy")
     assert "href='results.csv'" in (root / "report.html").read_text()
+
+
+def test_the_settings_say_which_policies_ran_with_their_own_update_rule(tmp_path):
+    root = make_compare(tmp_path / "cmp")
+    plan = json.loads((root / "compare.json").read_text())
+    plan["config"]["optimizer"] = "sgd"
+    plan["policy_optimizers"] = {"ssp": "dynsgd"}  # what compare writes by default
+    (root / "compare.json").write_text(json.dumps(plan))
+    text = plan_section(collect(root))
+    assert "<tr><th>optimizer</th><td>sgd; dynsgd for ssp</td></tr>" in text
 
 
 def test_time_to_a_target_the_summary_lacks_comes_from_the_evaluations(built):

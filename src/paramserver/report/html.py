@@ -52,7 +52,8 @@ table.tta td{white-space:nowrap}
 table.tta td:not(:first-child),table.share td{text-align:right}
 tr.scenario th{background:#eef2f8}tr.reference td{color:#555;font-style:italic}
 tr.missed td{background:#fff4f4}
-table.tta tr.why td{white-space:normal;text-align:left;color:#8a3b00;font-size:.95em}.warn li{color:#8a3b00}
+table.tta tr.why td{white-space:normal;text-align:left;color:#8a3b00;font-size:.95em}
+.warn li{color:#8a3b00}
 figure{margin:1.2em 0 2em}figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#444;max-width:62em;font-size:.95em}code{background:#f4f4f4;padding:0 .2em}
 p.verdict{font-size:1.08em;max-width:62em}details.settings summary{cursor:pointer;font-size:1.2em;
@@ -283,7 +284,8 @@ def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> 
             "as slower than any that did. Speedup = median BSP time / median policy time. "
             "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
             render_table(rows, c.target, c.score,
-                         {k: d.line(k[1]) for k, d in why.items()}), warnings_section(c, rows), notes_section(c),
+                         {k: d.line(k[1]) for k, d in why.items()}),
+            warnings_section(c, rows), notes_section(c),
             fidelity_section(rows), figures_section(c, figures), plan_section(c)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"
