@@ -128,16 +128,22 @@ def fit_parameters(runs: list[LiveRun], prior_b_crit: float = PRIOR_B_CRIT,
     return best[1], best[2]
 
 
-def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float) -> Reference:
+def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
+               pooled: bool = False) -> Reference:
     """The runs' median samples to target at their median batch and staleness, the spread
-    of the runs (each scaled to that point) around it, and where they stop reaching."""
+    of the runs (each scaled to that point) around it, and where they stop reaching.
+
+    pooled: the runs of several policies (an apply mode's): a policy that never reaches may
+    fail for its own reasons (SSP's same-version sums), not its staleness, so a pooled
+    reference scales from the runs that reached and sets no staleness limit."""
     reached = [r for r in runs if r.reached]
     b_ref = float(np.median([r.update_batch for r in (reached or runs)]))
     s_ref = float(np.median([r.staleness for r in (reached or runs)]))
     top = max((r.staleness for r in reached), default=-math.inf)
     beyond = [r.staleness for r in runs if not r.reached and r.staleness > top]
-    never = min(beyond) if beyond and reached else None
-    if 2 * len(reached) < len(runs):  # most runs never reached: the median run never does
+    never = min(beyond) if beyond and reached and not pooled else None
+    if not reached or (not pooled and 2 * len(reached) < len(runs)):
+        # most runs never reached: the median run never does
         return Reference(mode, None, b_ref, min(r.staleness for r in runs), runs=len(runs),
                          reached=len(reached))
     at_ref = _scale(b_ref, s_ref, b_crit, alpha)
@@ -165,7 +171,8 @@ def fit(runs: list[LiveRun], target: float, source: dict | None = None,
             raise ValueError(f"policy {p!r} ran in several apply modes: {sorted(modes)}")
         mode = modes.pop()
         policies[p] = _reference(mine, mode, b_crit, alpha[mode])
-    modes = {m: _reference([r for r in runs if r.apply_mode == m], m, b_crit, alpha[m])
+    modes = {m: _reference([r for r in runs if r.apply_mode == m], m, b_crit, alpha[m],
+                           pooled=True)
              for m in APPLY_MODES if any(r.apply_mode == m for r in runs)}
     # A single run has no spread of its own: it borrows its apply mode's.
     for p, ref in policies.items():
