@@ -9,11 +9,23 @@ the first, and it is "too close to call" when its band overlaps the runner-up's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from paramserver.advise.convergence import Band, ConvergenceModel
-from paramserver.advise.outcome import SimOutcome
 
 ADVICE_VERSION = 1
+
+
+class SimOutcome(Protocol):
+    """What is read of advise.outcome.SimOutcome (that module runs the simulator)."""
+
+    apply_mode: str
+    samples_per_s: float
+    mean_staleness: float
+    update_batch: float
+    wait_share: float
+
+    def time_to(self, samples: float) -> float: ...
 
 
 @dataclass(frozen=True)
