@@ -8,7 +8,7 @@ import pytest
 
 from paramserver.cli import catalog
 
-COMMANDS = ["", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
+COMMANDS = ["", "advise", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
             "launch", "report", "zipline", "keys", "demo", "calibrate"]
 HEAVY = ("torch", "matplotlib", "sklearn")
 # Imports the CLI, asks for help, and prints which heavy modules the answer loaded.
