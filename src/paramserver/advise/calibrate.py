@@ -3,10 +3,12 @@ convergence model, simulate each cell, predict leave-one-out, and write calibrat
 calibration.csv and calibration.html. The arithmetic is validate.py's (pure); this module does
 the I/O: run folders, the simulator's runs, the output files.
 
-Until advise.outcome exists on this branch the simulator is driven directly (sim/run.py's
-SimConfig from the cell's known settings: compute const:DEVICE_TIME per sample, the same
-straggler spec, the link's rate and latency plus a per-message latency fitted on the cell's
-neighbours on the same link, which stands for the loopback's real cost per message).
+A cell is predicted as `paramserver advise` predicts: a cluster model fitted from a profile
+(advise.cluster.fit of a live run folder) drives advise.outcome.simulate_policy at the cell's
+scale, and the convergence model turns the simulated staleness and update batch into samples
+to target, read off the simulated samples-time curve. Leave-one-out on both sides: the
+profiles are the runs of the other policies in the cell's setting (as a user profiles the
+job once and asks about every policy), and the convergence model is fitted without the cell.
 """
 
 from __future__ import annotations
@@ -22,20 +24,7 @@ from paramserver.advise.calibration_io import RunFolder, find_runs
 from paramserver.advise.convergence import Band, ConvergenceModel
 from paramserver.advise.fit_convergence import LiveRun, fit, live_run
 from paramserver.advise.validate import (GOAL, Cell, CellResult, Claim, PolicyVerdict,
-                                         fit_latency, leave_out, measure, per_policy,
-                                         predict_time, seed_claims)
-
-LATENCIES = [0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3]
-
-
-@dataclass(frozen=True)
-class SimCurve:
-    wall_s: float
-    times: list
-    samples: list
-    staleness: float
-    update_batch: float
-
+                                         leave_out, measure, per_policy, seed_claims)
 
 @dataclass
 class Calibration:
@@ -62,43 +51,27 @@ def _to_live(run: RunFolder, target: float) -> LiveRun:
                     run.evals, target)
 
 
-def _link(text: str) -> tuple[str, float]:
-    """(bandwidth for the simulator, the link's own one-way latency in seconds)."""
-    from paramserver.emulation.links import parse_link
-    if text == "unlimited":
-        return "inf", 0.0
-    if "=" in text or ";" in text:
-        raise ValueError(f"calibrate simulates one link for every worker, not {text!r}")
-    spec = parse_link(text)
-    return ("inf" if spec.rate is None else f"{spec.rate:.0f}bit/s"), spec.latency
+def _predict_outcomes(cell: Cell, profiles: list[RunFolder], clusters: dict) -> list:
+    """advise's outcome of the cell's policy on the cluster fitted from each profile run."""
+    from paramserver.advise.cluster import fit as fit_cluster
+    from paramserver.advise.outcome import simulate_policy
+    from paramserver.advise.profile import load_profile
+    out = []
+    for pf in profiles:
+        if pf.folder not in clusters:
+            clusters[pf.folder] = fit_cluster(load_profile(pf.folder))
+        job = pf.job
+        options = dict(job["sync"].get("options") or {}) if job["sync"]["name"] == cell.policy \
+            else {}
+        out.append(simulate_policy(clusters[pf.folder].at(job["workers"]), cell.policy,
+                                   options, samples=job["max_samples"],
+                                   seed=pf.config.get("seed", 0)))
+    return out
 
 
-def simulate_cell(run: RunFolder, latency: float, folder: Path) -> SimCurve:
-    """The cell of `run` in the simulator, `latency` seconds per message on top of its link."""
-    from paramserver.sim.run import SimConfig, simulate
-    cfg, job = run.config, run.job
-    bandwidth, link_latency = _link(run.link)
-    nbytes = job["num_keys"] * (4 if job.get("dtype", "float32") == "float32" else 8)
-    sim = SimConfig(sync=run.policy, sync_options=dict(job["sync"].get("options") or {}),
-                    workers=cfg["workers"], steps=None, max_samples=job["max_samples"],
-                    batch_size=cfg["batch_size"], compute=f"const:{cfg['device_time']}",
-                    straggler=str(cfg["straggler"]), bandwidth=bandwidth,
-                    latency=f"{(link_latency + latency) * 1e6:.3f}us", servers=job["servers"],
-                    param_bytes=f"{nbytes}B", seed=cfg["seed"])
-    summary = simulate(sim, folder)
-    # Records are written per worker, not strictly in time order: accumulate by time.
-    with open(folder / "metrics.jsonl", encoding="utf-8") as f:
-        steps = sorted((r["t"], r["batch"]) for r in map(json.loads, f)
-                       if r.get("kind") == "step")
-    times, samples, total = [], [], 0
-    for t, b in steps:
-        total += b
-        times.append(t)
-        samples.append(total)
-    updates = summary.get("updates_applied") or 0
-    upd_batch = (summary.get("samples") or total) / updates if updates else cfg["batch_size"]
-    return SimCurve(float(summary["simulator"]["virtual_time_s"]), times, samples,
-                    float(summary.get("mean_staleness") or 0.0), float(upd_batch))
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 def calibrate(source: Path, out: Path, target: float, console=None,
@@ -112,30 +85,29 @@ def calibrate(source: Path, out: Path, target: float, console=None,
     cells: dict[Cell, list[RunFolder]] = {}
     for r in folders:
         cells.setdefault(_cell_of(r), []).append(r)
-    say(f"simulating {len(cells)} cells at {len(LATENCIES)} latencies ...")
-    curves: dict[tuple[Cell, float], SimCurve] = {}
-    for cell, rs in cells.items():
-        for lat in LATENCIES:
-            curves[cell, lat] = simulate_cell(rs[0], lat, out / "sim" / _slug(cell) /
-                                              f"lat-{lat * 1e3:g}ms")
+    say(f"predicting {len(cells)} cells through advise's cluster fit and simulator ...")
+    clusters: dict = {}
     results = []
     for cell, rs in cells.items():
-        same_link = [c for c in cells if c.link == cell.link]
-        sim_wall = {c.key: [curves[c, lat].wall_s for lat in LATENCIES] for c in same_link}
-        live_wall = {c.key: [r.summary["wall_time_s"] for r in cells[c]
-                             if r.summary.get("wall_time_s")] for c in same_link}
-        lat = fit_latency(LATENCIES, sim_wall, live_wall, exclude=cell.key)
-        curve = simulate_cell(rs[0], lat, out / "sim" / _slug(cell) / "fitted")
-        loo = leave_out(runs, cell)
+        profiles = [r for r in folders
+                    if _cell_of(r).setting == cell.setting and r.policy != cell.policy]
+        outcomes = _predict_outcomes(cell, profiles, clusters)
         mine = [r for r in runs if r.policy == cell.policy and r.cell == cell.setting]
-        need = None
-        if loo:
-            m = fit(loo, target)
-            need = m.samples_needed(cell.policy, apply_mode=_apply_mode(cell.policy),
-                                    update_batch=curve.update_batch, staleness=curve.staleness)
-        predicted = predict_time(curve.times, curve.samples, need)
-        results.append(CellResult(cell, measure(mine), predicted, need, curve.staleness,
-                                  curve.update_batch, lat))
+        loo = leave_out(runs, cell)
+        if not outcomes or not loo:
+            results.append(CellResult(cell, measure(mine), None, None, math.nan, math.nan, 0))
+            continue
+        staleness = _median([o.mean_staleness for o in outcomes])
+        update_batch = _median([o.update_batch for o in outcomes])
+        need = fit(loo, target).samples_needed(cell.policy, apply_mode=_apply_mode(cell.policy),
+                                               update_batch=update_batch,
+                                               staleness=staleness)
+        predicted = None
+        if need is not None:
+            predicted = Band(*(_median([o.time_to(n) for o in outcomes])
+                               for n in (need.lo, need.mid, need.hi)))
+        results.append(CellResult(cell, measure(mine), predicted, need, staleness,
+                                  update_batch, len(outcomes)))
     return Calibration(model, results, per_policy(results), seed_claims(results),
                        dict(meta or {}), runs)
 
@@ -161,7 +133,7 @@ def to_json(cal: Calibration) -> dict:
                        "error": r.error, "within_goal": r.agrees,
                        "sim_staleness": r.sim_staleness,
                        "sim_update_batch": r.sim_update_batch,
-                       "fitted_latency_s": r.latency_s} for r in cal.results],
+                       "profiles": r.profiles} for r in cal.results],
             "policies": [{"policy": v.policy, "cells": v.cells, "compared": v.compared,
                           "median_abs_error": v.median_abs_error,
                           "max_abs_error": v.max_abs_error, "within_goal": v.within_goal}
@@ -177,7 +149,7 @@ def _finite(x):
 
 CSV_FIELDS = ["policy", "scenario", "link", "runs", "reached", "measured_s", "measured_lo_s",
               "measured_hi_s", "predicted_s", "predicted_lo_s", "predicted_hi_s", "error",
-              "within_goal", "sim_staleness", "sim_update_batch", "fitted_latency_s"]
+              "within_goal", "sim_staleness", "sim_update_batch", "profiles"]
 
 
 def write_outputs(cal: Calibration, out: Path) -> dict[str, Path]:
@@ -270,7 +242,7 @@ def render_html(cal: Calibration, doc: dict) -> str:
             f"<td>{'' if r.predicted is None else _fmt_s(r.predicted.lo) + ' &ndash; ' + _fmt_s(r.predicted.hi)}</td>"
             f"<td>{_fmt_pct(r.error)}</td><td>{'yes' if r.agrees else 'no'}</td>"
             f"<td>{r.sim_staleness:.2f}</td><td>{r.sim_update_batch:.0f}</td>"
-            f"<td>{r.latency_s * 1e3:.2f}</td></tr>")
+            f"<td>{r.profiles}</td></tr>")
     prow = [f"<tr><td>{esc(v.policy)}</td><td>{v.agree}/{v.cells}</td>"
             f"<td>{_fmt_pct(v.median_abs_error)}</td><td>{_fmt_pct(v.max_abs_error)}</td>"
             f"<td>{'yes' if v.within_goal else 'no'}</td></tr>" for v in verdicts]
@@ -285,8 +257,11 @@ td:first-child,th:first-child{{text-align:left}}</style></head><body>
 <h1>Calibration: the simulator's predictions against live runs</h1>
 <p id="verdict"><strong>{esc(lead)}</strong></p>
 {_scatter(cal.results)}
-<p>Leave-one-out: the convergence model and the per-message latency behind a cell's prediction
-were fitted on the other cells' runs only. Live medians are over repeats (a cell where fewer
+<p>Each cell is predicted as <code>paramserver advise</code> predicts: a cluster model fitted
+from a profile run drives the simulator, and the convergence model turns its staleness and
+update batch into samples to target. Leave-one-out: the profiles are the other policies' runs
+in the cell's setting (the prediction is their median), and the convergence model is fitted
+without the cell's runs. Live medians are over repeats (a cell where fewer
 than half the runs reached the target counts as never); times to target are interpolated
 between the evaluations either side of the crossing. Load average (1, 5, 15 min) before the
 grid {esc(str(load.get('before', '?')))}, after {esc(str(load.get('after', '?')))} on
@@ -298,7 +273,7 @@ grid {esc(str(load.get('before', '?')))}, after {esc(str(load.get('after', '?'))
 <table><tr><th>policy</th><th>scenario</th><th>link</th><th>reached</th><th>live median</th>
 <th>live spread</th><th>predicted</th><th>predicted band</th><th>error</th>
 <th>within {GOAL:.0%}</th><th>sim staleness</th><th>sim update batch</th>
-<th>fitted latency (ms)</th></tr>{''.join(rows)}</table>
+<th>profiles</th></tr>{''.join(rows)}</table>
 <h2>Seed claims, live and simulated</h2>
 <p>BSP's time to target over the policy's (above 1: the policy is sooner).</p>
 <table><tr><th>claim</th><th>setting</th><th>live</th><th>simulated</th></tr>

@@ -6,7 +6,6 @@ the jobs and the simulator and hands the numbers in."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +52,7 @@ class CellResult:
     samples: Band | None  # the convergence model's samples to target (leave-one-out)
     sim_staleness: float
     sim_update_batch: float
-    latency_s: float  # the per-message latency fitted on the other cells of the link
+    profiles: int  # profile runs the prediction is the median over
 
     @property
     def error(self) -> float | None:
@@ -85,52 +84,6 @@ def error(predicted: float | None, measured: float | None) -> float | None:
 def leave_out(runs: list[LiveRun], cell: Cell) -> list[LiveRun]:
     """Every run but the cell's own: what its prediction may see."""
     return [r for r in runs if not (r.policy == cell.policy and r.cell == cell.setting)]
-
-
-def time_at_samples(times: list[float], samples: list[float], n: float) -> float | None:
-    """When a cumulative samples curve (ascending) reaches n, linearly between its points;
-    None when it never does."""
-    if not samples or n > samples[-1]:
-        return None
-    i = bisect_left(samples, n)
-    if i == 0:
-        return times[0] * n / samples[0] if samples[0] > 0 else times[0]
-    t0, t1, n0, n1 = times[i - 1], times[i], samples[i - 1], samples[i]
-    return t0 + (t1 - t0) * (n - n0) / (n1 - n0) if n1 > n0 else t1
-
-
-def predict_time(times: list[float], samples: list[float], need: Band | None
-                 ) -> Band | None:
-    """The simulated curve read at the band of samples needed (None past its end)."""
-    if need is None:
-        return None
-    ts = [time_at_samples(times, samples, n) for n in (need.lo, need.mid, need.hi)]
-    if ts[1] is None:
-        return None
-    hi = ts[2] if ts[2] is not None else math.inf
-    return Band(ts[0], ts[1], hi)
-
-
-def fit_latency(candidates: list[float], sim_wall: dict[str, list[float]],
-                live_wall: dict[str, list[float]], exclude: str | None = None) -> float:
-    """The per-message latency that makes the simulated wall time of every cell but `exclude`
-    match its live runs (least squares in log time).
-
-    sim_wall[cell][i]: the simulated time to spend the budget at candidates[i]; live_wall[cell]:
-    the cell's live wall times. Interpolated on a fine grid between the candidates."""
-    fine = np.linspace(min(candidates), max(candidates), 401)
-    cost = np.zeros_like(fine)
-    used = 0
-    for cell, walls in sim_wall.items():
-        if cell == exclude or not live_wall.get(cell):
-            continue
-        sim = np.interp(fine, candidates, np.log(walls))
-        for w in live_wall[cell]:
-            cost += (sim - math.log(w)) ** 2
-        used += 1
-    if not used:
-        raise ValueError("no other cell on this link to fit its latency from")
-    return float(fine[int(np.argmin(cost))])
 
 
 @dataclass(frozen=True)
