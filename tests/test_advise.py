@@ -213,6 +213,15 @@ def test_advise_answers_bad_input_with_a_clear_error(tmp_path, capsys, argv, mes
     assert rc == 2 and message in err and "Traceback" not in err
 
 
+def test_the_target_link_reads_rate_slash_latency():
+    from paramserver.advise.cluster import TargetLink
+    from paramserver.cli.advise_cmd import target_link
+    assert target_link("100mbit/5ms") == TargetLink(12.5e6, 0.005)
+    assert target_link("10Gbit/s/1ms") == TargetLink(1.25e9, 0.001)
+    assert target_link("1gbit,2ms") == TargetLink(125e6, 0.002)
+    assert target_link("unlimited") == TargetLink(None, 0.0)
+
+
 def test_advise_help_is_true():
     run = subprocess.run([sys.executable, "-m", "paramserver", "advise", "--help"],
                          capture_output=True, text=True, timeout=60)

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 VERSION = 1
 PERSISTENT = 1.3  # a worker this many times the fast workers' median cost is persistently slow
 TRANSIENT = 1.8  # a step this many times its worker's own median is a transient slowdown
-FAST_BAND = 1.2  # workers within this factor of the fastest median form the base class
+FAST_BAND = 1.2
+NOISY = 0.3  # a robust lognormal sigma past which the transient threshold follows the noise  # workers within this factor of the fastest median form the base class
 
 
 class ClusterFitError(ValueError):
@@ -256,9 +257,11 @@ def _stragglers(steps: list[StepSample]) -> tuple[float, float, list[SlowClass],
         per.setdefault(s.worker, []).append(s.compute_s / s.batch)
     med = {w: _median(v) for w, v in per.items()}
     logs = [math.log(c / med[w]) for w, v in per.items() for c in v]
-    mad = _median([abs(x) for x in logs])
-    # A threshold above the noise: a wide lognormal's tail is not a straggler.
-    cut = max(TRANSIENT, math.exp(4 * 1.4826 * mad))
+    robust_sigma = 1.4826 * _median([abs(x) for x in logs])
+    # Steps TRANSIENT x their worker's median are slowdowns that come and go; only a noise so
+    # wide that its own tail passes that often (sigma > NOISY) raises the bar. Real compute
+    # overrunning emulated device time is a heavy tail, not a straggler: it stays noise.
+    cut = TRANSIENT if robust_sigma <= NOISY else max(TRANSIENT, math.exp(3 * robust_sigma))
     calm = [x for x in logs if x < math.log(cut)]
     slow = [math.exp(x) for x in logs if x >= math.log(cut)]
     mu = sum(calm) / len(calm)

@@ -48,9 +48,16 @@ Writes advise.json (typed, versioned) into --out."""
 def _link(text: str):
     """RATE[,LATENCY] or RATE/LATENCY (e.g. 100mbit/5ms, 10gbit, unlimited)."""
     from paramserver.advise.cluster import TargetLink
+    from paramserver.core.units import UnitError, parse_duration
     from paramserver.emulation.links import parse_link
-    spec = parse_link(text.replace("/", ",", 1) if "/" in text and "bit/s" not in text
-                      else text)
+    head, sep, tail = text.rpartition("/")
+    if sep and head:  # RATE/LATENCY, unless the slash is the rate's own (10Gbit/s)
+        try:
+            parse_duration(tail, "link latency")
+            text = f"{head},{tail}"
+        except UnitError:
+            pass
+    spec = parse_link(text)
     return TargetLink(spec.bytes_per_s, spec.latency)
 
 
