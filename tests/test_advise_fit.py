@@ -95,3 +95,11 @@ def test_policies_the_repeats_cannot_tell_apart_are_pooled():
     m = fit(apart, target=0.95)
     assert m.policies["bsp"].samples == pytest.approx(6050, rel=0.02)
     assert m.policies["lbbsp"].samples == pytest.approx(12100, rel=0.02)
+
+
+def test_one_failed_run_sets_no_staleness_limit():
+    runs = [LiveRun("r2sp", "arrival", "a", i, 32, 1.4, 9000.0, 4.0) for i in range(2)]
+    runs.append(LiveRun("r2sp", "arrival", "b", 0, 32, 1.9, None, None))
+    assert fit(runs, 0.95).policies["r2sp"].never_staleness is None
+    runs.append(LiveRun("r2sp", "arrival", "b", 1, 32, 2.1, None, None))
+    assert fit(runs, 0.95).policies["r2sp"].never_staleness == 1.9

@@ -48,7 +48,7 @@ class Reference:
     samples: median samples to target over the runs that reached it, None when none did.
     lo_ratio/hi_ratio: the spread of those runs around the median (lo <= 1 <= hi).
     never_staleness: the smallest mean staleness among runs that never reached the target
-    and was above every run that did; None when no such run.
+    and was above every run that did (at least two such runs); None otherwise.
     """
     apply_mode: str
     samples: float | None

@@ -145,7 +145,8 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
     s_ref = float(np.median([r.staleness for r in (reached or runs)]))
     top = max((r.staleness for r in reached), default=-math.inf)
     beyond = [r.staleness for r in runs if not r.reached and r.staleness > top]
-    never = min(beyond) if beyond and reached and not pooled else None
+    # One failed run is as likely a dip at lr 0.3 as a staleness limit: it takes two.
+    never = min(beyond) if len(beyond) >= 2 and reached and not pooled else None
     if not reached or (not pooled and 2 * len(reached) < len(runs)):
         # most runs never reached: the median run never does
         return Reference(mode, None, b_ref, min(r.staleness for r in runs), runs=len(runs),
