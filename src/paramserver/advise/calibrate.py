@@ -116,10 +116,6 @@ def _slug(cell: Cell) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in cell.key)
 
 
-def _num(x, digits=2):
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
-
-
 def to_json(cal: Calibration) -> dict:
     return {"version": 1, "kind": "paramserver calibration", **cal.meta,
             "goal": GOAL, "convergence": cal.model.to_json(),
@@ -175,6 +171,10 @@ def _fmt_pct(x) -> str:
     return "" if x is None else f"{x:+.0%}"
 
 
+def _fmt_abs(x) -> str:
+    return "" if x is None else f"{x:.0%}"
+
+
 def _fmt_x(x) -> str:
     return "&ndash;" if x is None else f"{x:.2f}x"
 
@@ -193,8 +193,8 @@ def _scatter(results: list[CellResult]) -> str:
     names = list(dict.fromkeys(p for _, _, p in pts))
     parts = [f'<svg width="{size + 120}" height="{size}" role="img" '
              f'aria-label="predicted against measured time to target">',
-             f'<polygon points="{sx(0)},{sy(0)} {sx(top)},{sy(top * (1 + GOAL))} '
-             f'{sx(top)},{sy(top * (1 - GOAL))}" fill="#eee"/>',
+             f'<polygon points="{sx(0)},{sy(0)} {sx(top / (1 + GOAL))},{sy(top)} '
+             f'{sx(top)},{sy(top)} {sx(top)},{sy(top * (1 - GOAL))}" fill="#eee"/>',
              f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(top)}" y2="{sy(top)}" stroke="#999"/>',
              f'<line x1="{pad}" y1="{size - pad}" x2="{size - pad}" y2="{size - pad}" '
              f'stroke="#000"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{size - pad}" '
@@ -232,22 +232,24 @@ def render_html(cal: Calibration, doc: dict) -> str:
     load = cal.meta.get("load_average") or {}
     load_text = (f"Load average (1, 5, 15 min) before the grid {load.get('before', '?')}, "
                  f"after {load.get('after', '?')}" if "before" in load else
-                 str(load.get("note", "load not recorded")))
+                 str(load.get("note", "load not recorded")).capitalize())
     rows = []
     for r in cal.results:
         m = r.measured
+        band = ("" if r.predicted is None else
+                f"{_fmt_s(r.predicted.lo)} &ndash; {_fmt_s(r.predicted.hi)}")
         rows.append(
             f"<tr><td>{esc(r.cell.policy)}</td><td>{esc(r.cell.scenario)}</td>"
             f"<td>{esc(r.cell.link)}</td><td>{m.reached}/{m.runs}</td>"
             f"<td>{_fmt_s(m.median_s)}</td>"
             f"<td>{_fmt_s(m.lo_s)} &ndash; {_fmt_s(m.hi_s)}</td>"
             f"<td>{_fmt_s(r.predicted.mid if r.predicted else None)}</td>"
-            f"<td>{'' if r.predicted is None else _fmt_s(r.predicted.lo) + ' &ndash; ' + _fmt_s(r.predicted.hi)}</td>"
+            f"<td>{band}</td>"
             f"<td>{_fmt_pct(r.error)}</td><td>{'yes' if r.agrees else 'no'}</td>"
             f"<td>{r.sim_staleness:.2f}</td><td>{r.sim_update_batch:.0f}</td>"
             f"<td>{r.profiles}</td></tr>")
     prow = [f"<tr><td>{esc(v.policy)}</td><td>{v.agree}/{v.cells}</td>"
-            f"<td>{_fmt_pct(v.median_abs_error)}</td><td>{_fmt_pct(v.max_abs_error)}</td>"
+            f"<td>{_fmt_abs(v.median_abs_error)}</td><td>{_fmt_abs(v.max_abs_error)}</td>"
             f"<td>{'yes' if v.within_goal else 'no'}</td></tr>" for v in verdicts]
     crow = [f"<tr><td>{esc(c.claim)}</td><td>{esc(c.setting)}</td><td>{_fmt_x(c.live)}</td>"
             f"<td>{_fmt_x(c.simulated)}</td></tr>" for c in cal.claims]
