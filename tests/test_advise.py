@@ -254,3 +254,19 @@ def test_advise_profiles_a_live_run_folder_end_to_end(tmp_path):
     live_rate = live["samples"] / live["wall_time_s"]
     assert bsp["samples_per_s"] == pytest.approx(live_rate, rel=0.3)
     assert math.isfinite(bsp["wait_share"])
+
+
+def test_fit_reads_the_warm_up_and_the_unrecorded_time_off_the_records_clock():
+    rows = []
+    for w in range(3):
+        t = 0.2  # warm-up before the first step
+        for s in range(50):
+            t += 0.016 + 0.002 + 0.002 + 0.001 + 0.003  # parts, then 3 ms no field records
+            rows.append(StepSample(w, s, 32, 0.016, pull_s=0.002, push_s=0.002,
+                                   pull_bytes=BYTES, push_bytes=BYTES, wait_s=0.001, t=t))
+    m = fit(Profile(tuple(rows), "paced", 3, model_bytes=BYTES))
+    assert m.startup_s == pytest.approx(0.2, abs=1e-6)
+    assert m.unrecorded_s == pytest.approx(0.003, abs=1e-6)
+    p = m.at(3)
+    asp = simulate_policy(p, "asp", samples=32 * 3 * 50)
+    assert asp.virtual_s == pytest.approx(rows[-1].t, rel=0.03)
