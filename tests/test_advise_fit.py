@@ -79,3 +79,19 @@ def test_crossing_interpolates_between_evaluations():
                "mean_staleness": 0.0, "final_test_accuracy": 0.96, "diverged_at_s": None}
     r = live_run("bsp", "round", "one-slow", 0, summary, evals, 0.9)
     assert (r.update_batch, r.samples_to_target, r.time_to_target) == (128.0, 1500.0, 1.5)
+
+
+def test_policies_the_repeats_cannot_tell_apart_are_pooled():
+    # Same truth (6500), repeats 15% apart: the policies' medians differ by noise alone, so
+    # both are pulled to the apply mode's; clearly different ones keep their own.
+    runs = [LiveRun(p, "round", "c", i, 128, 0.0, n, n / 1000)
+            for p, ns in (("bsp", (5500, 7200)), ("lbbsp", (7400, 6000))) for i, n in enumerate(ns)]
+    m = fit(runs, target=0.95)
+    assert m.policies["bsp"].samples == pytest.approx(m.modes["round"].samples)
+    assert m.policies["lbbsp"].samples == pytest.approx(m.modes["round"].samples)
+    apart = [LiveRun(p, "round", "c", i, 128, 0.0, n, n / 1000)
+             for p, ns in (("bsp", (6000, 6100)), ("lbbsp", (12000, 12200)))
+             for i, n in enumerate(ns)]
+    m = fit(apart, target=0.95)
+    assert m.policies["bsp"].samples == pytest.approx(6050, rel=0.02)
+    assert m.policies["lbbsp"].samples == pytest.approx(12100, rel=0.02)

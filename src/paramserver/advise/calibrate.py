@@ -230,6 +230,9 @@ def render_html(cal: Calibration, doc: dict) -> str:
             f"policies within the goal in every cell: {', '.join(ok) or 'none'}"
             + (f"; outside it somewhere: {', '.join(bad)}." if bad else "."))
     load = cal.meta.get("load_average") or {}
+    load_text = (f"Load average (1, 5, 15 min) before the grid {load.get('before', '?')}, "
+                 f"after {load.get('after', '?')}" if "before" in load else
+                 str(load.get("note", "load not recorded")))
     rows = []
     for r in cal.results:
         m = r.measured
@@ -263,8 +266,7 @@ update batch into samples to target. Leave-one-out: the profiles are the other p
 in the cell's setting (the prediction is their median), and the convergence model is fitted
 without the cell's runs. Live medians are over repeats (a cell where fewer
 than half the runs reached the target counts as never); times to target are interpolated
-between the evaluations either side of the crossing. Load average (1, 5, 15 min) before the
-grid {esc(str(load.get('before', '?')))}, after {esc(str(load.get('after', '?')))} on
+between the evaluations either side of the crossing. {esc(load_text)}, on
 {esc(str(load.get('cpus', '?')))} CPUs: these are timings on a shared machine.</p>
 <h2>Per policy</h2>
 <table><tr><th>policy</th><th>cells within {GOAL:.0%}</th><th>median |error|</th>

@@ -54,7 +54,8 @@ class RunFolder:
     def link(self) -> str:
         links = self.config.get("links") or []
         text = ";".join(links) if isinstance(links, list) else str(links)
-        return text or "unlimited"
+        # One link for every worker reads as it was given (`w*=1gbit,1ms` -> `1gbit,1ms`).
+        return text.removeprefix("w*=") if text and ";" not in text else text or "unlimited"
 
 
 def read_run(folder: Path) -> RunFolder:

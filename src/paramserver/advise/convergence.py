@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 VERSION = 1
 APPLY_MODES = ("arrival", "round")
+NEVER_MARGIN = 0.5  # a never-reaching policy may reach at under this share of its staleness
 
 
 class ConvergenceError(ValueError):
@@ -158,9 +159,11 @@ class ConvergenceModel:
             raise ValueError("the convergence model holds no live runs to scale from")
         own = self.policies.get(policy)
         if own is not None and own.apply_mode == apply_mode and own.samples is None:
-            # The policy never reached the target where it ran; at no more staleness than
-            # that, predict it never does; with less, scale from its apply mode.
-            if staleness >= own.staleness * 0.999 or apply_mode not in self.modes:
+            # The policy never reached the target where it ran. Why is not known (its own
+            # dynamics, SSP's same-version sums, as much as its staleness): predict never
+            # unless the staleness is well below its runs' (under half), then scale from its
+            # apply mode.
+            if staleness >= own.staleness * NEVER_MARGIN or apply_mode not in self.modes:
                 return None
             ref = self.modes[apply_mode]
         if ref.samples is None:

@@ -87,14 +87,17 @@ def _run(args) -> int:
     source = Path(args.runs_from) if args.runs_from else out / "grid"
     command = "paramserver " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] else (
         "paramserver calibrate")
-    load = {"before": _load_average(), "cpus": _cpus()}
+    load = {"before": _load_average(), "cpus": _cpus()} if not args.runs_from else {
+        "note": f"the runs under {args.runs_from} were made before this command; their load "
+                f"was not measured by it", "cpus": _cpus()}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     failed: list[str] = []
     try:
         if not args.runs_from:
             out.mkdir(parents=True, exist_ok=True)
             failed = run_grid(args, out, console)
-        load["after"] = _load_average()
+        if not args.runs_from:
+            load["after"] = _load_average()
         result = calibrate(source, out, target=args.target, console=console,
                            meta={"command": command, "date": started, "load_average": load,
                                  "failed_runs": failed})
