@@ -254,3 +254,39 @@ def test_advise_profiles_a_live_run_folder_end_to_end(tmp_path):
     live_rate = live["samples"] / live["wall_time_s"]
     assert bsp["samples_per_s"] == pytest.approx(live_rate, rel=0.3)
     assert math.isfinite(bsp["wait_share"])
+
+
+def test_fit_reads_the_warm_up_and_the_unrecorded_time_off_the_records_clock():
+    rows = []
+    for w in range(3):
+        t = 0.2  # warm-up before the first step
+        for s in range(50):
+            t += 0.016 + 0.002 + 0.002 + 0.001 + 0.003  # parts, then 3 ms no field records
+            rows.append(StepSample(w, s, 32, 0.016, pull_s=0.002, push_s=0.002,
+                                   pull_bytes=BYTES, push_bytes=BYTES, wait_s=0.001, t=t))
+    m = fit(Profile(tuple(rows), "paced", 3, model_bytes=BYTES))
+    assert m.startup_s == pytest.approx(0.2, abs=1e-6)
+    assert m.unrecorded_s == pytest.approx(0.003, abs=1e-6)
+    p = m.at(3)
+    asp = simulate_policy(p, "asp", samples=32 * 3 * 50)
+    assert asp.virtual_s == pytest.approx(rows[-1].t, rel=0.03)
+
+
+def test_a_run_of_a_users_script_without_compute_s_is_timed_by_its_records_clock(tmp_path):
+    from paramserver.advise.profile import load_profile
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"config": {}, "job": {"workers": 2, "servers": 1, "batch_size": 16,
+                               "sync": {"name": "asp"}}}))
+    lines = []
+    for w, compute in ((0, 0.02), (1, 0.06)):
+        t = 0.0
+        for s in range(20):
+            t += compute + 0.001 + 0.004
+            lines.append(json.dumps({"t": t, "kind": "step", "worker": w, "step": s,
+                                     "batch": 16, "wait_s": 0.001, "push_s": 0.004}))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    profile = load_profile(tmp_path)
+    assert len(profile.steps) == 38  # each worker's first record has no previous one
+    m = fit(profile)
+    assert m.cost_per_sample == pytest.approx(0.02 / 16, rel=1e-3)
+    assert [(c.fraction, round(c.slowdown, 2)) for c in m.classes] == [(0.5, 3.0)]

@@ -14,6 +14,8 @@ wait_s; each worker's first step is left out: it holds the start barrier and war
 - links: a step's pull_s and push_s against the bytes moved; the emulated worker link of the
   run's config (rate, latency) when the run had one, else a regression when the bytes vary;
   what is left (messaging, serialisation, the server's apply) is a fixed cost per message;
+- the pace: a worker's steady cycle between records beyond what they record (unrecorded time
+  per step), and the warm-up before it (the start);
 - the coordinator's message latency: half the mean wait_s of the releases given at the worker's
   own clock (clock in, release out; the profile names them, else the quickest fifth);
 - the servers' serial handling per message: their busy seconds over the messages they served.
@@ -151,17 +153,20 @@ class ClusterModel:
     push_fixed_s: float  # likewise a push (includes the server's apply)
     coord_latency: float  # coordinator messages, one-way (without the link's latency)
     server_s: float  # the servers' serial handling per message (one server's view)
-    startup_s: float  # the first step's extra time (process warm-up, first pull)
+    startup_s: float  # the first steps' extra time (process warm-up, first pulls)
+    unrecorded_s: float  # per step, beyond its records' compute, wait, pull and push
     steps_used: int
     notes: tuple[str, ...] = ()
 
     # ---- the target scale -----------------------------------------------------------------------
     def link_comm(self, link: TargetLink | None = None) -> float:
-        """A step's pull + push on the worker's own link (no other worker shares it)."""
+        """A step's pull + push on the worker's own link (no other worker shares it), and the
+        step's unrecorded time."""
         link = link or TargetLink(self.link_rate, self.link_latency)
         tx = 0.0 if not link.rate else self.model_bytes / link.rate
         # pull: request up (L), reply down (L + tx); push: up (L + tx), ack down (L)
-        return self.pull_fixed_s + self.push_fixed_s + 2 * tx + 4 * link.latency
+        return (self.pull_fixed_s + self.push_fixed_s + self.unrecorded_s + 2 * tx
+                + 4 * link.latency)
 
     def at(self, workers: int, servers: int | None = None, link: TargetLink | None = None,
            batch_size: int | None = None) -> SimParams:
@@ -332,18 +337,31 @@ def _regress_rate(steps: list[StepSample]) -> float | None:
     return 1.0 / slope if slope > 0 else None
 
 
-def _startup(all_steps: tuple[StepSample, ...], steps: list[StepSample]) -> float:
-    """The first step's time beyond a usual one (median over workers); 0 without t."""
-    firsts: dict[int, StepSample] = {}
+def _pace(all_steps: tuple[StepSample, ...]) -> tuple[float, float]:
+    """(startup, unrecorded time per step), medians over workers, from the records' t.
+
+    A worker's steady cycle is the time between its records over the second half of its run;
+    what its records' parts (compute, wait, pull, push) leave of it is unrecorded time (sleep
+    overshoot, bookkeeping). Extending that cycle back from its last record to step 0 gives
+    when it started: the warm-up, which spans a few steps, is what is left before."""
+    per: dict[int, list[StepSample]] = {}
     for s in all_steps:
-        if s.t is not None and (s.worker not in firsts or s.step < firsts[s.worker].step):
-            firsts[s.worker] = s
-    usual: dict[int, list[float]] = {}
-    for s in steps:
-        usual.setdefault(s.worker, []).append(
-            s.compute_s + (s.pull_s or 0) + (s.push_s or 0) + (s.wait_s or 0))
-    extra = [f.t - _median(usual[w]) for w, f in firsts.items() if w in usual]
-    return max(0.0, _median(extra)) if extra else 0.0
+        if s.t is not None:
+            per.setdefault(s.worker, []).append(s)
+    starts, gaps = [], []
+    for rows in per.values():
+        rows.sort(key=lambda s: s.step)
+        half = rows[len(rows) // 2:]
+        if len(half) < 3:
+            continue
+        cycle = (half[-1].t - half[0].t) / (len(half) - 1)
+        parts = [s.compute_s + (s.pull_s or 0) + (s.push_s or 0) + (s.wait_s or 0)
+                 for s in half[1:]]
+        gaps.append(cycle - sum(parts) / len(parts))
+        starts.append(half[-1].t - len(rows) * cycle)
+    if not starts:
+        return 0.0, 0.0
+    return max(0.0, _median(starts)), max(0.0, _median(gaps))
 
 
 def fit(profile: Profile) -> ClusterModel:
@@ -363,7 +381,7 @@ def fit(profile: Profile) -> ClusterModel:
     server_s = (profile.server_busy_s / messages if profile.server_busy_s and messages
                 else 0.0)
     batches = [s.batch for s in steps]
-    startup = _startup(profile.steps, steps)
+    startup, unrecorded = _pace(profile.steps)
     if p > 0:
         notes.append(f"transient stragglers: {p:.1%} of steps, {factor:.3g}x")
     for c in classes:
@@ -374,4 +392,4 @@ def fit(profile: Profile) -> ClusterModel:
         cost_per_sample=cost, sigma=sigma, classes=tuple(classes), transient_p=p,
         transient_factor=factor, model_bytes=nbytes, link_rate=rate, link_latency=latency,
         pull_fixed_s=pull, push_fixed_s=push, coord_latency=coord, server_s=server_s,
-        startup_s=startup, steps_used=len(steps), notes=tuple(notes))
+        startup_s=startup, unrecorded_s=unrecorded, steps_used=len(steps), notes=tuple(notes))

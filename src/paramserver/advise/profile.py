@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paramserver.advise.cluster import ClusterFitError, Profile, StepSample
@@ -82,13 +82,14 @@ def load_run_folder(folder: Path) -> Profile:
                 continue  # a torn last line of a crashed run
             if r.get("kind") == "server" and "busy_s" in r:
                 busy[int(r.get("server", 0))] = float(r["busy_s"])
-            if r.get("kind") != "step" or "compute_s" not in r:
+            if r.get("kind") != "step":
                 continue
             where = f"{metrics}:{n}"
             try:
                 steps.append(StepSample(
                     worker=int(r["worker"]), step=int(r["step"]), batch=int(r.get("batch", 1)),
-                    compute_s=_num(r["compute_s"], "compute_s", where),
+                    compute_s=(math.nan if "compute_s" not in r
+                               else _num(r["compute_s"], "compute_s", where)),
                     pull_s=_num(r.get("pull_s"), "pull_s", where),
                     push_s=_num(r.get("push_s"), "push_s", where),
                     pull_bytes=_num(r.get("pull_bytes"), "pull_bytes", where),
@@ -99,8 +100,9 @@ def load_run_folder(folder: Path) -> Profile:
                 if isinstance(exc, ProfileError):
                     raise
                 raise ProfileError(f"{where}: bad step record ({exc})") from None
+    steps = _derive_compute(steps)
     if not steps:
-        raise ProfileError(f"{folder}: metrics.jsonl has no step records")
+        raise ProfileError(f"{folder}: metrics.jsonl has no step records with compute_s or t")
     rate, latency = _worker_link(job.get("links") or config.get("links"))
     summary = None
     if (folder / "summary.json").exists():
@@ -131,6 +133,23 @@ def _round_trip(folder: Path, job: dict) -> float | None:
     except Exception:  # noqa: BLE001  a run the re-run cannot follow: the fit falls back
         return None
     return cal["round_trip_s"] if cal["source"] == "immediate releases" else None
+
+
+def _derive_compute(steps: list[StepSample]) -> list[StepSample]:
+    """Records without compute_s (a user's script through the worker API records waits and
+    pushes): a step's compute is the time since the worker's previous record less what the
+    record accounts for. A worker's first such record has no previous one and is left out."""
+    if all(math.isfinite(s.compute_s) for s in steps):
+        return steps
+    out, last = [], {}
+    for s in sorted(steps, key=lambda s: (s.worker, s.step)):
+        prev, last[s.worker] = last.get(s.worker), s.t
+        if math.isfinite(s.compute_s):
+            out.append(s)
+        elif s.t is not None and prev is not None:
+            c = s.t - prev - (s.wait_s or 0) - (s.pull_s or 0) - (s.push_s or 0)
+            out.append(replace(s, compute_s=max(c, 1e-6)))
+    return out
 
 
 def load_trace_csv(path: Path, *, batch_size: int | None = None,
@@ -225,6 +244,9 @@ def _launch_script(spec: LiveProfileSpec) -> None:
     except LaunchError as exc:
         raise ProfileError(f"the profiling run of {' '.join(spec.command)} failed: "
                            f"{exc}") from None
+    except OSError as exc:  # the command itself cannot be started
+        raise ProfileError(f"cannot start {' '.join(spec.command)!r}: "
+                           f"{exc.strerror or exc}") from None
 
 
 __all__ = ["ClusterFitError", "LiveProfileSpec", "ProfileError", "load_profile",

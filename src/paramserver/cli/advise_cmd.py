@@ -121,7 +121,8 @@ def register(sub) -> None:
                    help="worker steps simulated per candidate at most; past them the time is "
                         "extrapolated at the steady rate (default 200000)")
     t.add_argument("--seed", type=flag.count, default=0, help="seed of the simulation's draws")
-    p.add_argument("--out", default=".", help="folder for advise.json (default: here)")
+    p.add_argument("--out", help="folder for advise.json and a live profile's run folder "
+                                 "(default runs/advise-<time>)")
     p.add_argument("--json", action="store_true", help="print advise.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
@@ -132,11 +133,17 @@ def _say(args, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def _out(args) -> Path:
+    if not args.out:  # once per command: the profile and advise.json share the folder
+        args.out = f"runs/advise-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(args.out)
+
+
 def _profile(args):
     from paramserver.advise.profile import LiveProfileSpec, load_profile, profile_live
     if args.profile:
         return load_profile(args.profile, batch_size=args.trace_batch, link=args.trace_link)
-    out = Path(args.out) / f"advise-profile-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = _out(args) / "profile"
     spec = LiveProfileSpec(out=out, seconds=args.profile_seconds, workers=args.profile_workers,
                            model=args.model, dataset=args.dataset, straggler=args.straggler,
                            device_time=args.device_time,
@@ -269,7 +276,7 @@ def _run(args) -> int:
     except LaunchError as exc:
         print(f"paramserver advise: the profiling run failed: {exc}", file=sys.stderr)
         return 1
-    out = Path(args.out)
+    out = _out(args)
     out.mkdir(parents=True, exist_ok=True)
     (out / "advise.json").write_text(json.dumps(doc, indent=2))
     print(json.dumps(doc, indent=2) if args.json else table(doc))
