@@ -127,9 +127,10 @@ def register(sub) -> None:
                     "device time and links, with repeats; compare's defaults otherwise), fit "
                     "the convergence model from them (calibration.json, for advise "
                     "--calibration), predict each cell's time to the target accuracy through "
-                    "the simulator leave-one-out (a cell's prediction never sees its own runs) "
+                    "advise's cluster fit and simulator, leave-one-out (a cell's prediction "
+                    "never sees its own runs; its profiles are the other policies' runs) "
                     "and write calibration.html and calibration.csv: predicted against the live "
-                    "median per cell and policy, error %%, the live spread, and the seed claims "
+                    "median per cell and policy, error %, the live spread, and the seed claims "
                     "live and simulated.")
     p.add_argument("--sync", default=DEFAULT_POLICIES,
                    help=f"comma-separated policies (default {DEFAULT_POLICIES})")
