@@ -48,3 +48,24 @@ def test_calibrate_tiny_grid_end_to_end(tmp_path):
         if first is not None:
             assert 0 < lr.time_to_target <= first + 1e-6
             assert 0 < lr.samples_to_target <= r.summary["samples"]
+
+
+def _plan(tmp_path, *argv):
+    from paramserver.cli.calibrate_cmd import plan_grid
+    from paramserver.cli.main import build_parser
+    args = build_parser().parse_args(["calibrate", *argv])
+    return plan_grid(args, tmp_path)
+
+
+def test_grid_runs_every_policy_with_compares_update_rule_pairing(tmp_path):
+    runs = _plan(tmp_path)
+    rules = {(r.policy, r.config.optimizer) for r in runs}
+    # advise recommends among every policy, so the default grid runs them all; SSP and DSSP
+    # with their own rule, as compare runs them
+    assert {p for p, _ in rules} == {"bsp", "asp", "ssp", "dssp", "ebsp", "r2sp", "lbbsp"}
+    assert rules == {("bsp", "sgd"), ("asp", "sgd"), ("ebsp", "sgd"), ("r2sp", "sgd"),
+                     ("lbbsp", "sgd"), ("ssp", "dynsgd"), ("dssp", "dynsgd")}
+    assert len(runs) == 7 * 2 * 2  # x one-slow, homogeneous x 2 repeats
+    # an --optimizer given names every run's rule
+    given = _plan(tmp_path, "--sync", "bsp,ssp", "--optimizer", "sgd")
+    assert {r.config.optimizer for r in given} == {"sgd"}

@@ -17,29 +17,37 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 
-DEFAULT_POLICIES = "bsp,ebsp,r2sp,lbbsp,ssp"  # BSP and the seed claims' policies
+# Every policy advise recommends among: a policy the grid never ran is predicted from its
+# apply mode's runs alone.
+DEFAULT_POLICIES = "bsp,asp,ssp,dssp,ebsp,r2sp,lbbsp"
 DEFAULT_SCENARIOS = ["one-slow", "homogeneous"]
 
 
 def _base_config(args):
-    from paramserver.cli.compare_cmd import DEFAULTS
+    from paramserver.cli.compare_cmd import DEFAULTS, rule_pairing
     changes = {k: getattr(args, k) for k in ("epochs", "lr", "workers", "batch_size", "seed",
-                                             "eval_interval", "device_time", "optimizer")
+                                             "eval_interval", "device_time")
                if getattr(args, k) is not None}
-    return dataclasses.replace(DEFAULTS, **changes)
+    # compare's pairing: SSP and DSSP run with their own update rule unless --optimizer names
+    # one for every run, so the grid measures the policies as compare and advise run them.
+    rule, _ = rule_pairing(args.optimizer)
+    return dataclasses.replace(DEFAULTS, optimizer=rule, **changes)
+
+
+def _pairs(args) -> dict[str, str]:
+    from paramserver.cli.compare_cmd import rule_pairing
+    return rule_pairing(args.optimizer)[1]
 
 
 def _link_label(link: str) -> str:
     return "unlimited" if link in ("", "unlimited", "none") else link
 
 
-def run_grid(args, out: Path, console) -> list[str]:
-    """The live grid into out/grid/LINK/runs/SCENARIO/POLICY/rep-K; returns failures."""
+def plan_grid(args, out: Path) -> list:
+    """The grid's runs (compare's PlannedRun), repeats interleaved across links."""
     from paramserver.cli.compare_cmd import _policies
-    from paramserver.cli.train_cmd import run_training
     from paramserver.emulation.links import LinkTable
     from paramserver.emulation.trace_io import read_trace
-    from paramserver.launch.local import LaunchError
     from paramserver.spec.compare_plan import parse_scenarios, plan_runs
     policies = _policies(args.sync)
     scenarios = parse_scenarios(args.scenario or DEFAULT_SCENARIOS, read_trace)
@@ -51,8 +59,20 @@ def run_grid(args, out: Path, console) -> list[str]:
             [] if label == "unlimited" else [link]))
         cfg.validate()
         folder = out / "grid" / label.replace("/", "_")
-        runs += plan_runs(cfg, policies, scenarios, args.repeats, folder, single=False)
+        runs += plan_runs(cfg, policies, scenarios, args.repeats, folder, single=False,
+                          policy_optimizers=_pairs(args))
     runs.sort(key=lambda r: r.repeat)  # repeats interleaved across links: load drifts alike
+    return runs
+
+
+def run_grid(args, out: Path, console) -> list[str]:
+    """The live grid into out/grid/LINK/runs/SCENARIO/POLICY/rep-K; returns failures."""
+    from paramserver.cli.compare_cmd import _policies
+    from paramserver.cli.train_cmd import run_training
+    from paramserver.launch.local import LaunchError
+    policies = _policies(args.sync)
+    scenarios = args.scenario or DEFAULT_SCENARIOS
+    runs = plan_grid(args, out)
     failed = []
     console.print(f"calibrate: {len(runs)} live runs ({', '.join(policies)} x "
                   f"{', '.join(scenarios)} x {len(args.grid_link or ['unlimited'])} link(s) x "
@@ -146,7 +166,8 @@ def register(sub) -> None:
                    help="target test accuracy (default 0.95)")
     p.add_argument("--epochs", type=float, help="sample budget in epochs (default compare's)")
     p.add_argument("--lr", type=float, help="learning rate (default compare's)")
-    p.add_argument("--optimizer", help="update rule (default compare's)")
+    p.add_argument("--optimizer", help="update rule of every run (default compare's, with its "
+                                       "pairing: ssp and dssp run with dynsgd)")
     p.add_argument("--workers", type=flag.positive_int, help="workers (default compare's)")
     p.add_argument("--batch-size", type=flag.positive_int, help="batch (default compare's)")
     p.add_argument("--device-time", type=flag.device_time,
