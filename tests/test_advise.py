@@ -290,3 +290,14 @@ def test_a_run_of_a_users_script_without_compute_s_is_timed_by_its_records_clock
     m = fit(profile)
     assert m.cost_per_sample == pytest.approx(0.02 / 16, rel=1e-3)
     assert [(c.fraction, round(c.slowdown, 2)) for c in m.classes] == [(0.5, 3.0)]
+
+
+def test_advise_link_takes_trains_grammar_and_the_old_slash_form():
+    from paramserver.cli.advise_cmd import _link
+    assert _link("100mbit,5ms") == _link("100mbit/5ms")
+    assert _link("100mbit,5ms").rate == pytest.approx(12.5e6)
+    assert _link("100mbit,5ms").latency == pytest.approx(0.005)
+    assert _link("10Gbit/s").rate == pytest.approx(1.25e9) and _link("10Gbit/s").latency == 0
+    assert _link("unlimited").rate is None
+    with pytest.raises(ValueError):
+        _link("fast")

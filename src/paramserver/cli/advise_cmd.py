@@ -105,9 +105,10 @@ def register(sub) -> None:
                    help="workers at the target scale (default: the profile's)")
     t.add_argument("--servers", type=flag.positive_int,
                    help="servers at the target scale (default: the profile's)")
-    t.add_argument("--link", type=target_link, metavar="RATE[/LATENCY]",
-                   help="each worker's link at the target, e.g. 100mbit/5ms, 10gbit, unlimited "
-                        "(default: the profile's)")
+    t.add_argument("--link", type=target_link, metavar="RATE[,LATENCY]",
+                   help="each worker's link at the target, as train --link and calibrate "
+                        "--grid-link take it: e.g. 100mbit,5ms, 10gbit, unlimited (RATE/LATENCY "
+                        "is read too; default: the profile's)")
     t.add_argument("--batch-size", type=flag.positive_int,
                    help="samples per worker step (default: the profile's)")
     t.add_argument("--target", type=accuracy,
