@@ -69,3 +69,11 @@ def test_grid_runs_every_policy_with_compares_update_rule_pairing(tmp_path):
     # an --optimizer given names every run's rule
     given = _plan(tmp_path, "--sync", "bsp,ssp", "--optimizer", "sgd")
     assert {r.config.optimizer for r in given} == {"sgd"}
+
+
+def test_the_convergence_model_keys_a_policy_by_its_update_rule():
+    from paramserver.advise.calibrate import base_policy, model_key
+    # compare's pairing is the bare name advise ranks; any other rule is its own entry
+    assert model_key("ssp", "dynsgd") == "ssp" and model_key("bsp", "sgd") == "bsp"
+    assert model_key("ssp", "sgd") == "ssp+sgd" and model_key("bsp", "dynsgd") == "bsp+dynsgd"
+    assert base_policy("ssp+sgd") == "ssp" and base_policy("ebsp") == "ebsp"

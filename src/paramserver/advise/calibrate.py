@@ -38,17 +38,39 @@ class Calibration:
 
 def _apply_mode(policy: str) -> str:
     from paramserver.policies import SYNC_POLICIES
-    return SYNC_POLICIES.get(policy).apply_mode
+    return SYNC_POLICIES.get(base_policy(policy)).apply_mode
+
+
+RULE_SEP = "+"
+
+
+def model_key(policy: str, rule: str | None) -> str:
+    """The convergence model's name for a policy run with update rule `rule`: the bare policy
+    for the rule compare pairs it with (the candidates advise ranks: SSP and DSSP with
+    dynsgd, the others with sgd), POLICY+RULE otherwise, so runs of one policy under two
+    update rules (SSP with sgd never reaches 95%, with dynsgd it does) never pool."""
+    from paramserver.cli.compare_cmd import rule_pairing
+    base, pairs = rule_pairing(None)
+    return policy if rule is None or rule == pairs.get(policy, base) else \
+        f"{policy}{RULE_SEP}{rule}"
+
+
+def base_policy(key: str) -> str:
+    return key.split(RULE_SEP, 1)[0]
+
+
+def _key_of(run: RunFolder) -> str:
+    return model_key(run.policy, run.config.get("optimizer"))
 
 
 def _cell_of(run: RunFolder) -> Cell:
-    return Cell(run.policy, run.scenario, run.link)
+    return Cell(_key_of(run), run.scenario, run.link)
 
 
 def _to_live(run: RunFolder, target: float) -> LiveRun:
     cell = _cell_of(run)
-    return live_run(run.policy, _apply_mode(run.policy), cell.setting, run.repeat, run.summary,
-                    run.evals, target)
+    return live_run(cell.policy, _apply_mode(cell.policy), cell.setting, run.repeat,
+                    run.summary, run.evals, target)
 
 
 def _predict_outcomes(cell: Cell, profiles: list[RunFolder], clusters: dict) -> list:
@@ -61,9 +83,10 @@ def _predict_outcomes(cell: Cell, profiles: list[RunFolder], clusters: dict) -> 
         if pf.folder not in clusters:
             clusters[pf.folder] = fit_cluster(load_profile(pf.folder))
         job = pf.job
-        options = dict(job["sync"].get("options") or {}) if job["sync"]["name"] == cell.policy \
+        policy = base_policy(cell.policy)
+        options = dict(job["sync"].get("options") or {}) if job["sync"]["name"] == policy \
             else {}
-        out.append(simulate_policy(clusters[pf.folder].at(job["workers"]), cell.policy,
+        out.append(simulate_policy(clusters[pf.folder].at(job["workers"]), policy,
                                    options, samples=job["max_samples"],
                                    seed=pf.config.get("seed", 0)))
     return out
@@ -90,7 +113,8 @@ def calibrate(source: Path, out: Path, target: float, console=None,
     results = []
     for cell, rs in cells.items():
         profiles = [r for r in folders
-                    if _cell_of(r).setting == cell.setting and r.policy != cell.policy]
+                    if _cell_of(r).setting == cell.setting
+                    and base_policy(_cell_of(r).policy) != base_policy(cell.policy)]
         outcomes = _predict_outcomes(cell, profiles, clusters)
         mine = [r for r in runs if r.policy == cell.policy and r.cell == cell.setting]
         loo = leave_out(runs, cell)
