@@ -61,3 +61,16 @@ def test_seed_claims_compare_each_policy_with_bsp_live_and_simulated():
     assert claims["ssp", "one-slow@x"].live is None
     assert claims["ssp", "one-slow@x"].simulated == pytest.approx(1.5)
     assert speedup(None, 1.0) is None and speedup(2.0, 0.0) is None
+
+
+def test_the_error_splits_into_samples_and_throughput():
+    runs = [run("bsp", "a@x", i, t) for i, t in enumerate([4.0, 5.0, 6.0])]
+    m = measure(runs)
+    assert m.samples == 5000.0  # the median samples to target of the runs that reached
+    # predicted 12% more samples, and the simulator takes 6 s to the live 5,000 (20% slow)
+    r = CellResult(Cell("bsp", "a", "x"), m, Band(6.0, 6.72, 7.0), Band(5000, 5600, 6000),
+                   0.0, 128.0, 1, sim_time_at_live_samples=6.0)
+    assert r.samples_error == pytest.approx(0.12)
+    assert r.throughput_error == pytest.approx(0.20)
+    assert 1 + r.error == pytest.approx((1 + r.samples_error) * (1 + r.throughput_error))
+    assert result("bsp", "a@x", 10.0, 11.0).throughput_error is None  # nothing simulated

@@ -130,8 +130,11 @@ def calibrate(source: Path, out: Path, target: float, console=None,
         if need is not None:
             predicted = Band(*(_median([o.time_to(n) for o in outcomes])
                                for n in (need.lo, need.mid, need.hi)))
-        results.append(CellResult(cell, measure(mine), predicted, need, staleness,
-                                  update_batch, len(outcomes)))
+        measured = measure(mine)
+        at_live = None if measured.samples is None else _median(
+            [o.time_to(measured.samples) for o in outcomes])
+        results.append(CellResult(cell, measured, predicted, need, staleness,
+                                  update_batch, len(outcomes), at_live))
     return Calibration(model, results, per_policy(results), seed_claims(results),
                        dict(meta or {}), runs)
 
@@ -151,6 +154,11 @@ def to_json(cal: Calibration) -> dict:
                        "predicted_lo_s": r.predicted.lo if r.predicted else None,
                        "predicted_hi_s": _finite(r.predicted.hi) if r.predicted else None,
                        "error": r.error, "within_goal": r.agrees,
+                       "measured_samples": r.measured.samples,
+                       "predicted_samples": r.samples.mid if r.samples else None,
+                       "samples_error": r.samples_error,
+                       "sim_s_at_measured_samples": r.sim_time_at_live_samples,
+                       "throughput_error": r.throughput_error,
                        "sim_staleness": r.sim_staleness,
                        "sim_update_batch": r.sim_update_batch,
                        "profiles": r.profiles} for r in cal.results],
@@ -169,7 +177,9 @@ def _finite(x):
 
 CSV_FIELDS = ["policy", "scenario", "link", "runs", "reached", "measured_s", "measured_lo_s",
               "measured_hi_s", "predicted_s", "predicted_lo_s", "predicted_hi_s", "error",
-              "within_goal", "sim_staleness", "sim_update_batch", "profiles"]
+              "within_goal", "measured_samples", "predicted_samples", "samples_error",
+              "sim_s_at_measured_samples", "throughput_error", "sim_staleness",
+              "sim_update_batch", "profiles"]
 
 
 def write_outputs(cal: Calibration, out: Path) -> dict[str, Path]:
@@ -270,6 +280,7 @@ def render_html(cal: Calibration, doc: dict) -> str:
             f"<td>{_fmt_s(r.predicted.mid if r.predicted else None)}</td>"
             f"<td>{band}</td>"
             f"<td>{_fmt_pct(r.error)}</td><td>{'yes' if r.agrees else 'no'}</td>"
+            f"<td>{_fmt_pct(r.samples_error)}</td><td>{_fmt_pct(r.throughput_error)}</td>"
             f"<td>{r.sim_staleness:.2f}</td><td>{r.sim_update_batch:.0f}</td>"
             f"<td>{r.profiles}</td></tr>")
     prow = [f"<tr><td>{esc(v.policy)}</td><td>{v.agree}/{v.cells}</td>"
@@ -298,9 +309,13 @@ between the evaluations either side of the crossing. {esc(load_text)}, on
 <table><tr><th>policy</th><th>cells within {GOAL:.0%}</th><th>median |error|</th>
 <th>max |error|</th><th>all within goal</th></tr>{''.join(prow)}</table>
 <h2>Per cell</h2>
+<p>The error splits in two: the samples error is the convergence model's samples to target
+against the live median's; the throughput error is the simulator's time to the live samples
+against the live time (what the cluster model and simulator get wrong).</p>
 <table><tr><th>policy</th><th>scenario</th><th>link</th><th>reached</th><th>live median</th>
 <th>live spread</th><th>predicted</th><th>predicted band</th><th>error</th>
-<th>within {GOAL:.0%}</th><th>sim staleness</th><th>sim update batch</th>
+<th>within {GOAL:.0%}</th><th>samples error</th><th>throughput error</th>
+<th>sim staleness</th><th>sim update batch</th>
 <th>profiles</th></tr>{''.join(rows)}</table>
 <h2>Seed claims, live and simulated</h2>
 <p>BSP's time to target over the policy's (above 1: the policy is sooner).</p>

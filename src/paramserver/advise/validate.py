@@ -42,6 +42,7 @@ class Measured:
     median_s: float | None
     lo_s: float | None
     hi_s: float | None
+    samples: float | None = None  # median samples to target of the runs that reached it
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,21 @@ class CellResult:
     sim_staleness: float
     sim_update_batch: float
     profiles: int  # profile runs the prediction is the median over
+    # The simulator's time to the live median samples to target: the prediction had the
+    # convergence model been exact, so its error is the throughput's alone.
+    sim_time_at_live_samples: float | None = None
+
+    @property
+    def samples_error(self) -> float | None:
+        """The convergence model's samples to target against the live median's."""
+        return error(self.samples.mid if self.samples else None, self.measured.samples)
+
+    @property
+    def throughput_error(self) -> float | None:
+        """The simulator's time to the live samples against the live time: the part of the
+        error the cluster model and simulator make (1 + error = (1 + samples_error) x
+        (1 + throughput_error), up to the curve's start-up)."""
+        return error(self.sim_time_at_live_samples, self.measured.median_s)
 
     @property
     def error(self) -> float | None:
@@ -72,7 +88,8 @@ def measure(runs: list[LiveRun]) -> Measured:
     if not runs or 2 * len(times) < len(runs):
         return Measured(len(runs), len(times), None, times[0] if times else None,
                         times[-1] if times else None)
-    return Measured(len(runs), len(times), float(np.median(times)), times[0], times[-1])
+    return Measured(len(runs), len(times), float(np.median(times)), times[0], times[-1],
+                    float(np.median([r.samples_to_target for r in runs if r.reached])))
 
 
 def error(predicted: float | None, measured: float | None) -> float | None:
