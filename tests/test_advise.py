@@ -301,3 +301,66 @@ def test_advise_link_takes_trains_grammar_and_the_old_slash_form():
     assert _link("unlimited").rate is None
     with pytest.raises(ValueError):
         _link("fast")
+
+
+def device_profile(workers=4, steps=300, device=0.5e-3, batch=32, slow=None, seed=2,
+                   overrun=0.05, over=(1.2, 2.0)):
+    """Records of emulated device time as the runtime writes them: compute_s = max(device x
+    batch x factor, real compute), real compute per sample heavy-tailed around a fifth of the
+    device time (a share `overrun` of the steps overruns it, by `over` x)."""
+    rng = np.random.default_rng(seed)
+    slow = slow or {}
+    rows = []
+    for w in range(workers):
+        for s in range(steps):
+            real = batch * device * (0.2 if rng.random() > overrun else rng.uniform(*over))
+            c = max(batch * device * slow.get(w, 1.0), real)
+            rows.append(StepSample(w, s, batch, c, pull_s=0.001, push_s=0.001,
+                                   pull_bytes=BYTES, push_bytes=BYTES, wait_s=0.001,
+                                   real_compute_s=real))
+    return Profile(tuple(rows), "synthetic", workers, batch_size=batch, model_bytes=BYTES,
+                   device_s_per_sample=device)
+
+
+def test_fit_of_emulated_device_time_keeps_real_compute_apart_from_the_stragglers():
+    m = fit(device_profile(slow={1: 3.0}))
+    # the device-bound steps are exact: no noise, no transient stragglers from the overruns
+    assert m.cost_per_sample == pytest.approx(0.5e-3, rel=1e-6)
+    assert m.sigma == pytest.approx(0.0, abs=1e-6) and m.transient_p == 0.0
+    assert [(c.fraction, c.slowdown) for c in m.classes] == [(0.25, 3.0)]
+    # the overruns are real compute: 5% of the draws above the device time
+    q = np.array(m.real_per_sample)
+    assert np.mean(q > 0.5e-3) == pytest.approx(0.05, abs=0.04)
+    assert ClusterModel.from_json(json.loads(json.dumps(m.to_json()))) == m
+    # without the device time the same records read as noise and transient stragglers
+    plain = fit(Profile(device_profile().steps, "synthetic", 4, batch_size=32,
+                        model_bytes=BYTES))
+    assert plain.real_per_sample == () and plain.transient_p > 0.01
+
+
+def test_simulated_step_is_the_max_of_device_time_and_real_compute():
+    p = fit(device_profile(slow={1: 3.0}, overrun=0.3, over=(1.5, 2.5))).at(4)
+    every = simulate_policy(p, "asp", samples=4 * 32 * 300, seed=3)
+    # asp: each worker at its own pace; the slow worker's 3x device time is never overrun
+    # and never multiplied by an overrun, the fast workers pay theirs (30% of steps, 2x)
+    comm = p.comm_s + 6 * p.coord_latency + 2 * p.server_s
+    fast = 32 * 0.5e-3 * (1 + 0.3 * 1.0) + comm
+    slow = 32 * 1.5e-3 + comm
+    want = 3 * 32 / fast + 32 / slow
+    assert every.samples_per_s == pytest.approx(want, rel=0.05)
+    # bsp: a round waits for the slow worker, whose 48 ms the fast ones' overruns (32 ms at
+    # most) never pass
+    rounds = simulate_policy(p, "bsp", samples=4 * 32 * 100, seed=3)
+    assert 4 * 32 / rounds.samples_per_s == pytest.approx(slow, rel=0.03)
+
+
+def test_round_mode_pulls_queue_behind_no_other_pull():
+    # Four workers released at once: the live train task's early pull was answered when the
+    # round applied, so only their pushes queue on the server (1 ms each).
+    from paramserver.advise.cluster import SimParams
+    p = SimParams(workers=4, servers=1, batch_size=1, cost_per_sample=0.010, sigma=0.0,
+                  classes=(), transient_p=0.0, transient_factor=1.0, comm_s=0.0,
+                  coord_latency=0.0, server_s=0.001)
+    out = simulate_policy(p, "bsp", steps=50)
+    # a round: compute 10 ms + its own pull's handling 1 ms + four pushes queued 4 ms
+    assert 4 / out.samples_per_s == pytest.approx(0.015, rel=0.01)

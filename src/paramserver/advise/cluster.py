@@ -6,6 +6,14 @@ What is fitted, from each step record (worker, step, batch, compute_s, pull_s, p
 wait_s; each worker's first step is left out: it holds the start barrier and warm-up):
 - cost per sample: a step's compute_s / batch (emulated device time and real compute alike are
   linear in the batch);
+- emulated device time (the run's --device-time): the runtime tops a step's real compute up to
+  the device time with a sleep, so compute_s = max(device time x straggler factor, real
+  compute). Where the profile says its device time and records real_compute_s, the stragglers
+  are fitted on the steps the device time bounds, and the real compute per sample is kept as
+  its own distribution (REAL_QUANTILES quantiles): the simulated step is the max of the two,
+  so a step the device time makes 3x slower never overruns it, while the fast workers'
+  overruns (the heavy tail of real compute on shared cores) are neither noise nor stragglers
+  multiplied by a slow worker's factor;
 - persistent stragglers: a worker whose median cost is PERSISTENT x the fast workers' or more
   is slow by that ratio; at a target scale the *fraction* of slow workers is kept, not ranks;
 - transient stragglers: steps far above their own worker's median (TRANSIENT x, or more when
@@ -29,8 +37,10 @@ from dataclasses import asdict, dataclass, field
 VERSION = 1
 PERSISTENT = 1.3  # a worker this many times the fast workers' median cost is persistently slow
 TRANSIENT = 1.8  # a step this many times its worker's own median is a transient slowdown
-FAST_BAND = 1.2
-NOISY = 0.3  # a robust lognormal sigma past which the transient threshold follows the noise  # workers within this factor of the fastest median form the base class
+FAST_BAND = 1.2  # workers within this factor of the fastest median form the base class
+NOISY = 0.3  # a robust lognormal sigma past which the transient threshold follows the noise
+REAL_QUANTILES = 33  # quantiles kept of the real compute per sample (0, 1/32, ..., 1)
+OVERRUN = 1.001  # a step whose real compute is this close to its compute_s overran the device
 
 
 class ClusterFitError(ValueError):
@@ -51,6 +61,7 @@ class StepSample:
     push_bytes: float | None = None
     wait_s: float | None = None
     t: float | None = None  # when the record was written, seconds since the job started
+    real_compute_s: float | None = None  # the step's real forward/backward, before the top-up
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class Profile:
     sync: str | None = None
     round_trip_s: float | None = None  # clock in -> release out of an immediate release
     summary: dict | None = field(default=None, compare=False)  # the run's summary.json, if any
+    device_s_per_sample: float | None = None  # the run's emulated device time (None: off)
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,9 @@ class SimParams:
     coord_latency: float  # one-way, per coordinator message
     server_s: float  # per message, serial on each server (queues across workers)
     startup_s: float = 0.0  # before the first step ends beyond a usual step (warm-up)
+    # quantiles of the real compute per sample; a step computes max(the device-bound compute
+    # above, batch x a draw from these); empty: no emulated device time, compute is the above
+    real_per_sample: tuple[float, ...] = ()
 
     def multipliers(self) -> list[float]:
         """Per rank its persistent slowdown: the slow classes take the last ranks."""
@@ -157,6 +172,7 @@ class ClusterModel:
     unrecorded_s: float  # per step, beyond its records' compute, wait, pull and push
     steps_used: int
     notes: tuple[str, ...] = ()
+    real_per_sample: tuple[float, ...] = ()  # see SimParams
 
     # ---- the target scale -----------------------------------------------------------------------
     def link_comm(self, link: TargetLink | None = None) -> float:
@@ -188,7 +204,8 @@ class ClusterModel:
                          cost_per_sample=self.cost_per_sample, sigma=self.sigma,
                          classes=self.classes, transient_p=self.transient_p,
                          transient_factor=self.transient_factor, comm_s=comm,
-                         coord_latency=L, server_s=per_server, startup_s=self.startup_s)
+                         coord_latency=L, server_s=per_server, startup_s=self.startup_s,
+                         real_per_sample=self.real_per_sample)
 
     def to_sim(self, workers: int, servers: int | None = None,
                link: TargetLink | None = None) -> dict:
@@ -208,6 +225,7 @@ class ClusterModel:
         d = asdict(self)
         d["classes"] = [asdict(c) for c in self.classes]
         d["notes"] = list(self.notes)
+        d["real_per_sample"] = list(self.real_per_sample)
         return d
 
     @classmethod
@@ -219,7 +237,9 @@ class ClusterModel:
                                   f"fit it again from its profile")
         try:
             return cls(**{**d, "classes": tuple(SlowClass(**c) for c in d["classes"]),
-                          "notes": tuple(d.get("notes", ()))})
+                          "notes": tuple(d.get("notes", ())),
+                          "real_per_sample": tuple(float(x) for x in
+                                                   d.get("real_per_sample", ()))})
         except (KeyError, TypeError) as exc:
             raise ClusterFitError(f"bad cluster model: {exc}") from None
 
@@ -364,10 +384,31 @@ def _pace(all_steps: tuple[StepSample, ...]) -> tuple[float, float]:
     return max(0.0, _median(starts)), max(0.0, _median(gaps))
 
 
+def _device_bound(profile: Profile, steps: list[StepSample]
+                  ) -> tuple[list[StepSample], tuple[float, ...], list[str]]:
+    """(the steps the device time bounds, quantiles of real compute per sample, notes); all the
+    steps and no quantiles when the profile has no device time or no real compute."""
+    if not profile.device_s_per_sample:
+        return steps, (), []
+    real = [s for s in steps if s.real_compute_s is not None and s.real_compute_s >= 0]
+    if len(real) < len(steps) or not real:
+        return steps, (), []
+    bound = [s for s in steps if s.real_compute_s * OVERRUN < s.compute_s]
+    if len(bound) < 3:
+        return steps, (), []
+    per = sorted(s.real_compute_s / s.batch for s in real)
+    qs = tuple(_quantile(per, i / (REAL_QUANTILES - 1)) for i in range(REAL_QUANTILES))
+    over = 1 - len(bound) / len(steps)
+    return bound, qs, [f"real compute {_median(per) * 1e3:.3g} ms/sample (median) under a "
+                       f"device time of {profile.device_s_per_sample * 1e3:.3g} ms/sample: "
+                       f"{over:.1%} of steps overran it"]
+
+
 def fit(profile: Profile) -> ClusterModel:
     """The cluster model of `profile` (see the module doc)."""
     steps = _usable(profile)
-    cost, sigma, classes, p, factor, med = _stragglers(steps)
+    bound, real_q, real_notes = _device_bound(profile, steps)
+    cost, sigma, classes, p, factor, med = _stragglers(bound)
     nbytes, rate, latency, pull, push, notes = _links(profile, steps)
     waits = sorted(s.wait_s for s in steps if s.wait_s is not None and s.wait_s >= 0)
     # Without the policy's decisions, the quickest fifth of the waits stands for the
@@ -382,6 +423,7 @@ def fit(profile: Profile) -> ClusterModel:
                 else 0.0)
     batches = [s.batch for s in steps]
     startup, unrecorded = _pace(profile.steps)
+    notes += real_notes
     if p > 0:
         notes.append(f"transient stragglers: {p:.1%} of steps, {factor:.3g}x")
     for c in classes:
@@ -392,4 +434,5 @@ def fit(profile: Profile) -> ClusterModel:
         cost_per_sample=cost, sigma=sigma, classes=tuple(classes), transient_p=p,
         transient_factor=factor, model_bytes=nbytes, link_rate=rate, link_latency=latency,
         pull_fixed_s=pull, push_fixed_s=push, coord_latency=coord, server_s=server_s,
-        startup_s=startup, unrecorded_s=unrecorded, steps_used=len(steps), notes=tuple(notes))
+        startup_s=startup, unrecorded_s=unrecorded, steps_used=len(steps), notes=tuple(notes),
+        real_per_sample=real_q)

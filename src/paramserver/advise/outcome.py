@@ -20,6 +20,7 @@ import numpy as np
 from paramserver.advise.cluster import SimParams
 from paramserver.emulation.stragglers import RandomStragglers
 from paramserver.policies import make_policy
+from paramserver.sim.comm import LinkSteps
 from paramserver.sim.engine import Engine, Network
 
 CURVE_POINTS = 256  # points kept of the samples-against-time curve
@@ -103,6 +104,18 @@ class CountingSink:
         pass
 
 
+class EarlyPullLinks(LinkSteps):
+    """The engine's modelled links with the live worker's early pull: the train task sends its
+    next pull right after its push, so the server answers it the moment the version exists,
+    while the clock and the release travel; the reply queues behind no other worker's pull.
+    Only pushes queue on the server (its serial handling, where simultaneous workers contend);
+    a pull's handling is part of the worker's own time (step_cost adds it)."""
+
+    def pull(self, t: float, w: int, step: int) -> tuple[float, float]:
+        got = t + self.L
+        return got, got - (t - self.L)
+
+
 def step_cost(p: SimParams, steps_hint: int, seed: int):
     """cost(worker, step, batch) -> seconds: the compute with its noise and stragglers, plus
     the worker's own link time."""
@@ -116,12 +129,24 @@ def step_cost(p: SimParams, steps_hint: int, seed: int):
     noise = array("d", draws.tobytes())
     transient = RandomStragglers(p.transient_p, p.transient_factor, seed) \
         if p.transient_p > 0 else None
-    c, comm = p.cost_per_sample, p.comm_s
+    # the worker's own link time, and its pull's handling, which queues behind no other pull
+    c, comm = p.cost_per_sample, p.comm_s + p.server_s
+    real = None
+    if p.real_per_sample:
+        # Emulated device time: the step sleeps up to it, so it lasts max(device-bound
+        # compute, real compute); real compute is drawn from the profile's quantiles.
+        qs = np.asarray(p.real_per_sample, dtype=float)
+        u = rng.random(p.workers * n) * (len(qs) - 1)
+        real = array("d", np.interp(u, np.arange(len(qs)), qs).tobytes())
 
     def cost(w: int, s: int, b: int) -> float:
         x = b * c * mult[w] * noise[w * n + s % n]
         if transient is not None:
             x *= transient.factor(w, s, 0.0)
+        if real is not None:
+            r = b * real[w * n + s % n]
+            if r > x:
+                x = r
         return x + comm
     return cost
 
@@ -146,6 +171,7 @@ def simulate_policy(params: SimParams, policy: str, options: dict | None = None,
     sink = CountingSink(params.workers, max(1.0, total / CURVE_POINTS))
     engine = Engine(pol, params.workers, steps, step_cost(params, hint, seed), net, sink=sink,
                     max_samples=samples)
+    engine.comm = EarlyPullLinks(net)
     engine.run()
     if not sink.steps:
         raise ValueError(f"{policy}: the simulation ran no step")

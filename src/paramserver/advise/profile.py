@@ -95,7 +95,8 @@ def load_run_folder(folder: Path) -> Profile:
                     pull_bytes=_num(r.get("pull_bytes"), "pull_bytes", where),
                     push_bytes=_num(r.get("push_bytes"), "push_bytes", where),
                     wait_s=_num(r.get("wait_s"), "wait_s", where),
-                    t=_num(r.get("t"), "t", where)))
+                    t=_num(r.get("t"), "t", where),
+                    real_compute_s=_num(r.get("real_compute_s"), "real_compute_s", where)))
             except (KeyError, TypeError, ValueError) as exc:
                 if isinstance(exc, ProfileError):
                     raise
@@ -119,7 +120,17 @@ def load_run_folder(folder: Path) -> Profile:
         server_busy_s=sum(busy.values()) if busy else None,
         model_bytes=job["num_keys"] * itemsize if job.get("num_keys") else None,
         sync=(job.get("sync") or {}).get("name"), round_trip_s=_round_trip(folder, job),
-        summary=summary)
+        summary=summary, device_s_per_sample=_device_time(config.get("device_time")))
+
+
+def _device_time(text) -> float | None:
+    """The run's emulated device time per sample (config.json's text), None when off."""
+    from paramserver.emulation.device_time import parse_device_time
+    from paramserver.emulation.stragglers import StragglerSpecError
+    try:
+        return parse_device_time(text if isinstance(text, str) else None).cost_per_sample
+    except StragglerSpecError:
+        return None
 
 
 def _round_trip(folder: Path, job: dict) -> float | None:
