@@ -118,6 +118,10 @@ class SimParams:
     # quantiles of the real compute per sample; a step computes max(the device-bound compute
     # above, batch x a draw from these); empty: no emulated device time, compute is the above
     real_per_sample: tuple[float, ...] = ()
+    # a step's communication varies as the profile's pull_s + push_s did: that much (median,
+    # seconds) times a mean-1 lognormal of comm_sigma, less its median, is added to the step
+    comm_sigma: float = 0.0
+    comm_scale: float = 0.0
 
     def multipliers(self) -> list[float]:
         """Per rank its persistent slowdown: the slow classes take the last ranks."""
@@ -173,6 +177,8 @@ class ClusterModel:
     steps_used: int
     notes: tuple[str, ...] = ()
     real_per_sample: tuple[float, ...] = ()  # see SimParams
+    comm_sigma: float = 0.0  # see SimParams
+    comm_scale: float = 0.0
 
     # ---- the target scale -----------------------------------------------------------------------
     def link_comm(self, link: TargetLink | None = None) -> float:
@@ -205,7 +211,8 @@ class ClusterModel:
                          classes=self.classes, transient_p=self.transient_p,
                          transient_factor=self.transient_factor, comm_s=comm,
                          coord_latency=L, server_s=per_server, startup_s=self.startup_s,
-                         real_per_sample=self.real_per_sample)
+                         real_per_sample=self.real_per_sample, comm_sigma=self.comm_sigma,
+                         comm_scale=self.comm_scale)
 
     def to_sim(self, workers: int, servers: int | None = None,
                link: TargetLink | None = None) -> dict:
@@ -424,6 +431,7 @@ def fit(profile: Profile) -> ClusterModel:
     batches = [s.batch for s in steps]
     startup, unrecorded = _pace(profile.steps)
     notes += real_notes
+    comm_scale, comm_sigma = _comm_jitter(steps)
     if p > 0:
         notes.append(f"transient stragglers: {p:.1%} of steps, {factor:.3g}x")
     for c in classes:
@@ -435,4 +443,19 @@ def fit(profile: Profile) -> ClusterModel:
         transient_factor=factor, model_bytes=nbytes, link_rate=rate, link_latency=latency,
         pull_fixed_s=pull, push_fixed_s=push, coord_latency=coord, server_s=server_s,
         startup_s=startup, unrecorded_s=unrecorded, steps_used=len(steps), notes=tuple(notes),
-        real_per_sample=real_q)
+        real_per_sample=real_q, comm_sigma=comm_sigma, comm_scale=comm_scale)
+
+
+def _comm_jitter(steps: list[StepSample]) -> tuple[float, float]:
+    """(median, robust lognormal sigma around it) of a step's pull_s + push_s.
+
+    Communication jitter is what keeps even workers out of step live: without it four
+    workers of one speed push in lockstep in the simulator and each push sees half the others
+    (mean staleness 1.5 under ASP) where live each sees nearly all (2.8-2.9), and staleness
+    costs samples to target."""
+    xs = [math.log(s.pull_s + s.push_s) for s in steps
+          if s.pull_s is not None and s.push_s is not None and s.pull_s + s.push_s > 0]
+    if len(xs) < 3:
+        return 0.0, 0.0
+    m = _median(xs)
+    return math.exp(m), 1.4826 * _median([abs(x - m) for x in xs])

@@ -139,6 +139,13 @@ def step_cost(p: SimParams, steps_hint: int, seed: int):
         u = rng.random(p.workers * n) * (len(qs) - 1)
         real = array("d", np.interp(u, np.arange(len(qs)), qs).tobytes())
 
+    jitter = None
+    if p.comm_sigma > 0 and p.comm_scale > 0:
+        # mean-0 noise of the profile's size: it keeps even workers out of step, as live
+        draws = p.comm_scale * (rng.lognormal(-p.comm_sigma ** 2 / 2, p.comm_sigma,
+                                              size=p.workers * n) - 1.0)
+        jitter = array("d", draws.tobytes())
+
     def cost(w: int, s: int, b: int) -> float:
         x = b * c * mult[w] * noise[w * n + s % n]
         if transient is not None:
@@ -147,6 +154,9 @@ def step_cost(p: SimParams, steps_hint: int, seed: int):
             r = b * real[w * n + s % n]
             if r > x:
                 x = r
+        if jitter is not None:
+            j = comm + jitter[w * n + s % n]
+            return x + (j if j > 0 else 0.0)
         return x + comm
     return cost
 
