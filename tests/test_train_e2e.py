@@ -64,6 +64,7 @@ def test_metrics_lines_carry_the_step_schema(bsp_run):
 
 
 def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
+    procs = []
     for args, fragment in [(["--sync", "nope"], "unknown sync policy"),
                            (["--model", "resnet9000"], "unknown model"),
                            (["--straggler", "7:3"], "names worker"),
@@ -71,10 +72,22 @@ def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
                            (["--device-time", "fast"], "device-time"),
                            (["--launcher", "ray", "--restart-servers", "1",
                              "--checkpoint-every", "5"], "not supported with --launcher ray")]:
-        proc = run_cli("train", *args, "--out", str(tmp_path / "x"), "--quiet", timeout=60)
-        assert proc.returncode == 2, (args, proc.stderr)
-        assert fragment in proc.stderr, (args, proc.stderr)
-        assert "Traceback" not in proc.stderr
+        # All at once: each is a process start-up and a refusal, no job.
+        out = tmp_path / f"x{len(procs)}"
+        procs.append((args, fragment, subprocess.Popen(
+            [sys.executable, "-m", "paramserver", "train", *args, "--out", str(out), "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    try:
+        for args, fragment, proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 2, (args, err)
+            assert fragment in err, (args, err)
+            assert "Traceback" not in err
+    finally:
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def test_topk_pruned_pushes_carry_one_percent_and_still_learn(tmp_path):
