@@ -6,7 +6,9 @@ Usage: python benchmarks/sim_scale.py [--workers 10000] [--steps 100] [--sync bs
 For each policy: wall time, simulator events/s, worker steps/s, the share of the wall time spent
 inside the policy's handle() and, for ebsp, inside the ZipLine search (paramserver.zipline.search,
 timed by wrapping it). By default records go to a null sink (the engine alone); --write also
-formats metrics.jsonl / events.jsonl into a temporary folder, as `paramserver simulate` does.
+writes the run folder's logs into a temporary folder, as `paramserver simulate` does: every step
+as a metrics.jsonl line (--detail steps, the default here) or into steps.npz only (--detail
+summary, what `simulate` does past 200,000 step records).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def run_one(sync: str, args, out_dir: Path | None) -> dict:
     search = zipline.search = Stopwatch(ZIPLINE_SEARCH)  # ebsp calls zipline.search at runtime
     cost = parse_compute(args.compute).bind(args.workers, args.steps, 0)
     net = Network(args.param_bytes, args.bandwidth, args.latency)
-    sink = RunWriter(out_dir / sync, round(args.param_bytes)) if out_dir else NullSink()
+    sink = (RunWriter(out_dir / sync, round(args.param_bytes), detail=args.detail == "steps")
+            if out_dir else NullSink())
     engine = Engine(policy, args.workers, args.steps, cost, net, sink=sink)
     t0 = time.perf_counter()
     while not engine.run(50_000) and time.perf_counter() - t0 < args.budget:
@@ -63,7 +66,7 @@ def run_one(sync: str, args, out_dir: Path | None) -> dict:
 def table(rows: list[dict], args) -> Table:
     t = Table(title=f"simulator: {args.workers:,} workers x {args.steps} steps, {args.compute}, "
                     f"{args.param_bytes / 1e6:g} MB model at {args.bandwidth / 1e9:g} GB/s, "
-                    f"latency {args.latency * 1e6:g} us" + (", writing logs" if args.write else ""))
+                    f"latency {args.latency * 1e6:g} us" + (f", writing logs ({args.detail})" if args.write else ""))
     for col in ("sync", "wall s", "steps done", "events", "events/s", "steps/s", "virtual s",
                 "in policy", "in ZipLine (searches)"):
         t.add_column(col, justify="left" if col == "sync" else "right")
@@ -88,6 +91,8 @@ def main() -> None:
     p.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s (default 10 Gbit/s)")
     p.add_argument("--latency", type=float, default=50e-6, help="seconds (default 50 us)")
     p.add_argument("--write", action="store_true", help="also write the run logs")
+    p.add_argument("--detail", choices=("steps", "summary"), default="steps",
+                   help="with --write: step lines in metrics.jsonl, or steps.npz only")
     p.add_argument("--budget", type=float, default=600.0,
                    help="wall seconds per policy before it is cut off (default 600)")
     args = p.parse_args()

@@ -8,8 +8,8 @@ import pytest
 
 from paramserver.cli import catalog
 
-COMMANDS = ["", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
-            "launch", "report", "zipline", "keys", "demo"]
+COMMANDS = ["", "advise", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
+            "launch", "report", "zipline", "keys", "demo", "calibrate"]
 HEAVY = ("torch", "matplotlib", "sklearn")
 # Imports the CLI, asks for help, and prints which heavy modules the answer loaded.
 RUNNER = """

@@ -6,7 +6,9 @@ from paramserver.spec.config import TrainConfig
 from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, parse_scenarios, plan_runs, single_reference,
 )
-from paramserver.cli.compare_cmd import parse_variants, policy_sync_options
+from paramserver.cli.compare_cmd import (
+    PAIRED_OPTIMIZERS, parse_variants, policy_sync_options, rule_pairing,
+)
 
 
 def test_plan_covers_every_scenario_policy_and_repeat_once(tmp_path):
@@ -69,3 +71,21 @@ def test_compress_variants_run_every_policy_once_per_setting(tmp_path):
 def test_bad_compress_variants_are_refused(bad):
     with pytest.raises(ValueError):
         parse_variants(bad)
+
+
+def test_bounded_staleness_policies_get_their_paired_rule_unless_one_is_given(tmp_path):
+    assert PAIRED_OPTIMIZERS == {"ssp": "dynsgd", "dssp": "dynsgd"}
+    assert rule_pairing(None) == ("sgd", PAIRED_OPTIMIZERS)
+    assert rule_pairing("momentum") == ("momentum", {})  # a rule given is every run's
+    base = TrainConfig(workers=4, optimizer="sgd", optimizer_options={"x": 1})
+    runs = plan_runs(base, ["bsp", "ssp", "dssp"], parse_scenarios(["one-slow"]), 1, tmp_path,
+                     policy_optimizers=PAIRED_OPTIMIZERS)
+    rules = {r.policy: (r.config.optimizer, r.config.optimizer_options) for r in runs}
+    assert rules == {"bsp": ("sgd", {"x": 1}), "ssp": ("dynsgd", {}), "dssp": ("dynsgd", {}),
+                     SINGLE: ("sgd", {"x": 1})}
+    # what each run records in config.json is the rule it ran with
+    assert next(r for r in runs if r.policy == "ssp").config.as_dict()["optimizer"] == "dynsgd"
+    variants = parse_variants(["dense=none"])
+    runs = plan_runs(base, ["ssp"], parse_scenarios(["one-slow"]), 1, tmp_path,
+                     variants=variants, policy_optimizers=PAIRED_OPTIMIZERS)
+    assert {r.policy: r.config.optimizer for r in runs} == {"ssp+dense": "dynsgd", SINGLE: "sgd"}

@@ -23,9 +23,14 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         # The simulator's core.
         "sim/engine.py", "sim/comm.py", "sim/compute.py",
         # Scoring beside the evaluator.
-        "training/auc.py"]
+        "training/auc.py",
+        # advise: the convergence model and its fit (engineer B's part).
+        "advise/convergence.py", "advise/fit_convergence.py", "advise/validate.py",
+        "advise/calibration_io.py",
+        # advise: the cluster fit and the recommendation (engineer A's part).
+        "advise/cluster.py", "advise/recommend.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
-IO_ADAPTERS = {"zipline/io.py", "emulation/trace_io.py"}
+IO_ADAPTERS = {"zipline/io.py", "emulation/trace_io.py", "advise/calibration_io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",
              "select", "selectors", "psutil", "signal", "http", "urllib", "pickle", "os", "sys",
              "random", "logging", "datetime", "shutil", "tempfile", "faulthandler"}

@@ -1,6 +1,8 @@
 """`paramserver report`: table, figures and report.html from hand-written run folders."""
 
 import base64
+import csv
+import html
 import json
 import re
 import shutil
@@ -15,7 +17,8 @@ from paramserver.runlog.metrics import summarize
 from paramserver.report import build_report, collect, table_rows
 from paramserver.report import figures, series
 from paramserver.report.figures import KINDS
-from paramserver.report.html import coverage_warnings, render_report
+from paramserver.report.html import coverage_warnings, plan_section, render_report
+from paramserver.report.results_csv import COLUMNS
 
 TARGET = 0.9
 BATCH, WORKERS = 10, 2
@@ -111,6 +114,42 @@ def test_table_medians_spreads_and_speedups_match_hand_values(built):
     assert bsp.real_compute_share == pytest.approx(0.5)
 
 
+def test_results_csv_has_one_row_per_run_with_the_summary_values(built):
+    root, _ = built
+    with (root / "results.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(COLUMNS)
+    runs = [p for p in (root / "runs").glob("*/*/rep-*")]
+    assert len(rows) == len(runs) == 10
+    assert [(r["policy"], r["repeat"]) for r in rows][:4] == [
+        ("bsp", "0"), ("bsp", "1"), ("bsp", "2"), ("asp", "0")]  # report order
+    for r in rows:
+        folder = Path(r["run_folder"])
+        summary = json.loads((folder / "summary.json").read_text())
+        assert folder.parts[-3:] == (r["scenario"], r["policy"], f"rep-{r['repeat']}")
+        tta = PLAN_TTA[r["policy"]][int(r["repeat"])]
+        assert r["time_to_target_s"] == ("" if tta is None else repr(tta))
+        assert (r["reached"], r["diverged"]) == (str(int(tta is not None)), "0")
+        assert r["outcome"] == ("ok" if tta is not None else "plateaued")
+        assert float(r["final_score"]) == summary["final_test_accuracy"]
+        assert float(r["wait_fraction"]) == pytest.approx(summary["mean_wait_fraction"])
+        assert float(r["mean_staleness"]) == pytest.approx(summary["mean_staleness"])
+        assert int(r["steps"]) == summary["steps"]
+        assert float(r["samples_per_s"]) == pytest.approx(summary["samples"] / 5.0)
+        assert (r["target"], r["score"]) == ("0.9", "accuracy")
+    assert "href='results.csv'" in (root / "report.html").read_text()
+
+
+def test_the_settings_say_which_policies_ran_with_their_own_update_rule(tmp_path):
+    root = make_compare(tmp_path / "cmp")
+    plan = json.loads((root / "compare.json").read_text())
+    plan["config"]["optimizer"] = "sgd"
+    plan["policy_optimizers"] = {"ssp": "dynsgd"}  # what compare writes by default
+    (root / "compare.json").write_text(json.dumps(plan))
+    text = plan_section(collect(root))
+    assert "<tr><th>optimizer</th><td>sgd; dynsgd for ssp</td></tr>" in text
+
+
 def test_time_to_a_target_the_summary_lacks_comes_from_the_evaluations(built):
     c = collect(built[0])
     run = c.select("one-slow", "bsp")[0]  # evals: 0.4 at 0.5 s, 0.92 at 2 s, 0.95 at 8 s
@@ -176,7 +215,15 @@ def test_report_opens_with_the_verdict_and_its_figure_and_folds_the_settings(bui
     verdict = text.index("<p class='verdict'>")
     # the fastest policy, by the hand values of PLAN_TTA (asp 1.5 s, bsp 3.0 s)
     assert "asp is the soonest to reach 90% test accuracy: 1.50 s" in text
-    assert "×2.00 sooner than BSP" in text and "ssp never reached the target" in text
+    assert "×2.00 sooner than BSP" in text
+    # ssp's misses: named with the cause and fix, in the verdict and under its table row
+    why = ("ssp plateaued below the target in 2 of 3 repeats: the sample budget ran out first "
+           "(best 80.0%); stale pushes (mean staleness 1.0) learn less per sample; use more "
+           "--epochs")
+    assert why in text[verdict:text.index("<figure")]
+    ssp_row = text.index("<tr class='missed'><td>ssp</td>")
+    assert text.index("<tr class='why'><td colspan='11'>↳ " + why, ssp_row) \
+        == text.index("</tr>", ssp_row) + len("</tr>\n")
     first_table = text.index("<table")
     first_figure = text.index("<figure")
     assert verdict < first_figure < first_table  # answer, then its figure, then the numbers
@@ -258,8 +305,10 @@ def test_a_diverged_run_is_named_in_the_warnings(tmp_path):
     assert "asp in one-slow (repeat 1) diverged: its test loss is not a finite number from " \
            "8.0 s" in text
     verdict = re.search(r"<p class='verdict'>(.*?)</p>", text).group(1)
-    assert "asp diverged in 1 of 3 repeats: its test loss became NaN or infinite from 8.0 s" \
-           in verdict and "within the run&#x27;s budget in 1 of 3 repeats" in verdict
+    assert ("asp diverged in 1 of 3 repeats (and plateaued below the target in 1 of 3 "
+            "repeats): test loss NaN or infinite from 8.0 s; ASP applies every push at the full "
+            "lr 0.1 with mean staleness 1.0: stale gradients overshoot; use --optimizer dynsgd "
+            "or --lr 0.033") in verdict
 
 
 def test_plain_folders_group_by_sync_and_one_run_folder_is_one_run(tmp_path):
@@ -283,18 +332,50 @@ def test_cli_prints_the_page_and_fails_in_one_line(tmp_path, capsys):
     write_run(tmp_path / "one", records_for(2.0, 0), job("bsp"))
     assert main(["report", str(tmp_path / "one"), "--target", "0.5"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "one" / "report.html")
+    assert (tmp_path / "one" / "results.csv").read_text().count("\n") == 2  # header + run
 
 
 # CI setup: apt-get update && apt-get install -y chromium   (Debian package)
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--window-size=1280,800"]
+# Added to a copy of the page (the report itself holds no script): once laid out, write where
+# the opening elements landed into the DOM, for --dump-dom to print.
+LAYOUT_PROBE = """<script>
+addEventListener('load', () => {
+  const box = sel => { const r = document.querySelector(sel).getBoundingClientRect();
+                       return {top: r.top, bottom: r.bottom, height: r.height}; };
+  const out = {h1: box('h1'), verdict: box('p.verdict'), figure: box('figure'),
+               table: box('table.tta'), screen: innerHeight,
+               order: [...document.body.children].slice(0, 5).map(
+                 e => e.tagName.toLowerCase() + (e.className ? '.' + e.className : ''))};
+  const pre = document.createElement('pre'); pre.id = 'layout';
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+});
+</script>"""
+
+
 @pytest.mark.skipif(not shutil.which("chromium"), reason="chromium is not installed "
                     "(apt-get install -y chromium) so report.html is not rendered")
-def test_report_renders_in_headless_chromium(built, tmp_path):
+def test_report_renders_in_headless_chromium_with_the_verdict_first(built, tmp_path):
     _, page = built
+    profile = f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}"
     shot = tmp_path / "report.png"
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                    "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
-                    f"--screenshot={shot}", "--window-size=1400,3000", page.as_uri()],
+    subprocess.run([*CHROMIUM, profile, f"--screenshot={shot}", page.as_uri()],
                    capture_output=True, timeout=120, check=False)
     assert shot.exists() and shot.stat().st_size > 50_000
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    dom = subprocess.run([*CHROMIUM, profile, "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=False).stdout
+    found = re.search(r'<pre id="layout">(.*?)</pre>', dom)
+    assert found, dom[-2000:]
+    layout = json.loads(html.unescape(found.group(1)))
+    # As laid out: the title, one line on where the numbers come from, then the verdict and
+    # its figure, the first things a reader meets...
+    assert layout["order"] == ["h1", "p.sub", "h2", "p.verdict", "figure"]
+    v, f, t = layout["verdict"], layout["figure"], layout["table"]
+    assert layout["h1"]["bottom"] <= v["top"] and v["bottom"] <= f["top"] <= t["top"]
+    # ...on the first screen: all of the verdict, and the top of its figure
+    assert v["height"] > 0 and v["bottom"] <= layout["screen"]
+    assert f["top"] < layout["screen"] and f["height"] > 200

@@ -76,3 +76,10 @@ def test_auc_scores_and_one_verdict_per_scenario():
     assert [(v.scenario, v.fastest) for v in out] == [("one-slow", ("asp",)), ("even", ("bsp",))]
     assert "test AUC 0.7" in out[0].text and "(+0.0200)" in out[0].text
     assert "diverged" not in out[1].text  # asp reached in every repeat: nothing failed
+
+
+def test_a_winner_with_its_own_update_rule_is_named_with_it():
+    ssp = row("ssp", 2.0)
+    ssp.optimizer, ssp.own_rule = "dynsgd", True
+    v = scenario_verdict("s", [row("bsp", 3.0), ssp], TARGET)
+    assert v.fastest == ("ssp",) and "ssp (with dynsgd) is the soonest" in v.text

@@ -19,6 +19,14 @@ from paramserver.spec.config import TrainConfig
 # The default comparison: short on this machine, yet the straggler and the policies' answers
 # to it dominate the timing (emulated device time), see the notes written into compare.json.
 DEFAULTS = TrainConfig(epochs=12.0, device_time="0.5ms", lr=0.3, eval_interval=0.5)
+# Update rules paired with a policy when --optimizer is not given (every other policy takes
+# DEFAULTS.optimizer, sgd). Under a persistent straggler SSP's bound releases the waiting workers
+# together; they compute from one server version and arrival mode applies each gradient at the
+# full lr, with the straggler's a round stale: N full steps per round where BSP takes one
+# averaged step, which diverged or fell to chance in most seeds at lr 0.3 (see NOTES). dynsgd
+# applies the k-th push of such a round at lr / (k + 1) (its staleness is k); a fresh push is
+# plain sgd.
+PAIRED_OPTIMIZERS = {"ssp": "dynsgd", "dssp": "dynsgd"}
 NOTES = [
     "Timing uses emulated device time: a step lasts batch x cost-per-sample x straggler factor "
     "(a sleep topping up the real compute), as on a cluster where each worker has its own "
@@ -27,20 +35,42 @@ NOTES = [
     "columns compare what each policy makes of the same amount of gradient computation.",
     "The default learning rate (0.3, three times the rate one worker trains digits with "
     "stably) is chosen so that staleness costs accuracy, not only time: policies that apply "
-    "single workers' stale gradients one by one (ASP, SSP, DSSP, R2SP, ElasticBSP between "
-    "barriers) can dip or diverge in some runs, while BSP and LB-BSP apply the average of "
-    "every worker's gradient. Use --repeats 3 to see how often; --lr 0.1 compares speed alone.",
-    "SSP and DSSP fail at lr 0.3 more often than ASP although their pushes are fresher: with "
-    "a steady straggler the staleness bound binds at almost every step, so each push of the "
-    "straggler releases every worker at once; they all compute from the same server version "
-    "and arrival mode applies the sum of their gradients, a step N times BSP's average (BSP at "
-    "lr 1.2 fails alike with 4 workers). That is SSP's own dynamics, not a staleness effect; "
-    "--lr 0.075 (0.3/N) gives SSP's rounds BSP's step, and --lr 0.1 is stable as well.",
-    "--optimizer dynsgd (each push at lr / (staleness + 1); the same as sgd for BSP and "
-    "LB-BSP, whose rounds have staleness 0) keeps the asynchronous policies stable at lr 0.3: "
-    "ASP, SSP and DSSP reached 95% in 12 of 12 one-slow runs on a 2-core machine, against 6 of "
-    "8 for ASP with sgd. It also damps R2SP and ElasticBSP, whose pushes are stale too.",
+    "single workers' stale gradients one by one (ASP, R2SP, ElasticBSP between barriers) can "
+    "dip or diverge in some runs, while BSP and LB-BSP apply the average of every worker's "
+    "gradient. Use --repeats 3 to see how often; --lr 0.1 compares speed alone.",
+    "SSP and DSSP run with --optimizer dynsgd by default here (config.json of each run and "
+    "compare.json's policy_optimizers record it; an --optimizer given applies to every "
+    "policy). With plain sgd at lr 0.3 under a steady straggler, SSP reached 95% in 1 of 3 "
+    "seeds (live: one diverged, one plateaued, one collapsed after reaching it; simulated "
+    "alike) and DSSP was slow or fell short: the staleness bound binds at every push of the "
+    "straggler, which releases the other workers together; they compute from one server "
+    "version and the arrival-mode server applies each of their gradients at the full lr, "
+    "together with the straggler's own, a round stale (staleness 0, 1, 2 and 3 in every round "
+    "of 4 pushes): four full steps per round where BSP applies one averaged step (BSP at lr "
+    "1.2 failed in 2 of 3 simulated seeds too). dynsgd applies the k-th push of such a round "
+    "at lr / (k + 1), about 2x BSP's step in all; both then reached 95% in every repeat.",
+    "Which straggler SSP beats BSP under: with a persistent one (one-slow) the fast workers "
+    "are paced by it once they are `staleness` steps ahead, so SSP trains as many samples per "
+    "second as BSP and waits as much; a time to target below BSP's there comes from its larger "
+    "per-round step, not from waiting less. With transient stragglers (random) it waits less "
+    "than BSP, whose every round waits for the slowest worker of that round: about 1.5x BSP's "
+    "samples per second; how much of that becomes time to target varies by repeat (the "
+    "evaluations, every 0.5 s, bound the resolution).",
 ]
+
+
+def rule_pairing(given: str | None) -> tuple[str, dict[str, str]]:
+    """(the base update rule, policy -> its own rule): an --optimizer given names the rule of
+    every run; without one, DEFAULTS' rule with PAIRED_OPTIMIZERS."""
+    return (given, {}) if given else (DEFAULTS.optimizer, dict(PAIRED_OPTIMIZERS))
+
+
+def paired_text(pairs: dict[str, str] | None = None) -> str:
+    """'dynsgd for ssp and dssp': the pairing in words."""
+    rules: dict[str, list[str]] = {}
+    for policy, rule in (PAIRED_OPTIMIZERS if pairs is None else pairs).items():
+        rules.setdefault(rule, []).append(policy)
+    return "; ".join(f"{r} for {' and '.join(ps)}" for r, ps in rules.items())
 
 
 def policy_sync_options(pairs) -> dict[str, dict]:
@@ -98,8 +128,12 @@ def _policies(arg: str | None) -> list[str]:
 def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) -> None:
     plan = {"scenarios": {k: {"straggler": s, "description": d} for k, (s, d) in scenarios.items()},
             "policies": policies, "repeats": args.repeats, "target_accuracy": args.target,
-            "single_reference": not args.no_single, "config": base.as_dict(), "notes": NOTES,
-            "runs": done, "command": " ".join(sys.argv)}
+            "single_reference": not args.no_single, "config": base.as_dict(),
+            # The rules that replace config.optimizer for these policies (each run's config.json
+            # has the one it ran with).
+            "policy_optimizers": {p: r for p, r in args.policy_optimizers.items()
+                                  if p in policies and r != base.optimizer},
+            "notes": NOTES, "runs": done, "command": " ".join(sys.argv)}
     (out / "compare.json").write_text(json.dumps(plan, indent=2))
 
 
@@ -157,6 +191,7 @@ def _run(args) -> int:
     try:
         policies = _policies(args.sync)
         scenarios = parse_scenarios(args.scenario, read_trace)
+        args.optimizer, args.policy_optimizers = rule_pairing(args.optimizer)
         base = config_from_args(args, "bsp", sync_options={})
         if base.servers == flag.AUTO:  # one count for every run of the comparison
             base = resolve_servers(base)
@@ -166,7 +201,8 @@ def _run(args) -> int:
         for name, opts in variants.values():
             make_compressor(name, **opts)  # unknown names and options fail before any run
         runs = plan_runs(base, policies, scenarios, args.repeats, out, single=not args.no_single,
-                         policy_options=policy_sync_options(args.sync_opt), variants=variants)
+                         policy_options=policy_sync_options(args.sync_opt), variants=variants,
+                         policy_optimizers=args.policy_optimizers)
         if variants:
             policies = list(dict.fromkeys(r.policy for r in runs if r.policy != SINGLE))
     except ValueError as exc:
@@ -219,7 +255,8 @@ def register(sub) -> None:
                         "--compress, e.g. topk:fraction=0.01:error_feedback=false; rows are "
                         "named POLICY+LABEL (repeatable)")
     p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
-    add_training_args(p, DEFAULTS)
+    add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
+                      f"{paired_text()}; a rule given applies to every policy")
     p.add_argument("--out", help="output folder (default runs/<time>-compare)")
     p.add_argument("--quiet", action="store_true", help="no per-run progress bar")
     p.add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,

@@ -8,6 +8,8 @@ import sys
 
 # Each module here exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
 COMMAND_MODULES = (
+    "paramserver.cli.advise_cmd",
+    "paramserver.cli.calibrate_cmd",
     "paramserver.cli.compare_cmd",
     "paramserver.cli.demo_cmd",
     "paramserver.cli.keys_cmd",

@@ -35,8 +35,12 @@ Durations (--heartbeat-timeout, --max-seconds, --eval-interval, --checkpoint-sec
 --timeout) are seconds, or a number with a unit: 90s, 1500ms."""
 
 
-def add_training_args(p, d: TrainConfig | None = None) -> None:
-    """The options shared by `train` and `compare`; `d` holds the defaults shown and used."""
+def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | None = None
+                      ) -> None:
+    """The options shared by `train` and `compare`; `d` holds the defaults shown and used.
+
+    optimizer_default, if given, is what --optimizer's help says its default is, and the flag
+    then defaults to None (the caller picks the rule per policy)."""
     d = d or TrainConfig()
     p.add_argument("--workers", type=flag.positive_int, default=d.workers,
                    help=f"workers (default {d.workers})")
@@ -63,9 +67,9 @@ def add_training_args(p, d: TrainConfig | None = None) -> None:
     p.add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
-    p.add_argument("--optimizer", default=d.optimizer,
+    p.add_argument("--optimizer", default=d.optimizer if optimizer_default is None else None,
                    help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
-                        f"(default {d.optimizer})")
+                        f"(default {optimizer_default or d.optimizer})")
     p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
     p.add_argument("--compress", default=d.compress,

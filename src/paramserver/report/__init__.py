@@ -6,12 +6,17 @@ from pathlib import Path
 
 from paramserver.report.collect import Collection, ReportError, Run, collect
 from paramserver.report.figures import draw_all
-from paramserver.report.html import render_report
+from paramserver.report.html import chance_level, render_report
+from paramserver.report.results_csv import write_results_csv
 from paramserver.report.table import Row, table_rows
 
 
+RESULTS_CSV = "results.csv"  # one row per run, beside report.html
+
+
 def build_report(directory: str | Path, target: float | None = None) -> Path:
-    """Write DIR/report.html and DIR/figures/*.png from the runs under DIR; returns the page."""
+    """Write DIR/report.html, DIR/results.csv and DIR/figures/*.png from the runs under DIR;
+    returns the page."""
     directory = Path(directory)
     c = collect(directory)
     if target is not None:
@@ -21,7 +26,9 @@ def build_report(directory: str | Path, target: float | None = None) -> Path:
     figures = draw_all(c, rows, directory / "figures")
     page = directory / "report.html"
     page.write_text(render_report(c, rows, figures), encoding="utf-8")
+    write_results_csv(c, directory / RESULTS_CSV, chance_level(c))
     return page
 
 
-__all__ = ["Collection", "ReportError", "Row", "Run", "build_report", "collect", "table_rows"]
+__all__ = ["RESULTS_CSV", "Collection", "ReportError", "Row", "Run", "build_report", "collect",
+           "table_rows"]

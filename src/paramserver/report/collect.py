@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from paramserver.runlog.metrics import read_records, summarize, time_to_accuracy, time_to_auc
 
@@ -38,9 +41,11 @@ class Run:
     repeat: int
     summary: dict
     evals: list[dict]  # eval records sorted by time
-    staleness: list[int]  # one entry per step record
+    staleness: dict[int, int]  # staleness -> steps pushed at it
     train_time: float  # t of the last step record: the final evaluation can come much later
     recomputed: bool = False  # summary.json was missing or unreadable
+    # A simulation's steps.npz (sim.stepstats): per-step quantile bands, per-worker totals.
+    step_stats: dict | None = None
 
     @property
     def global_batch(self) -> int:
@@ -115,9 +120,47 @@ class Collection:
                       key=lambda r: r.repeat)
 
 
+STEP_STATS = "steps.npz"  # written by the simulator (sim.records)
+_STEP_LINE = '"kind": "step"'
+
+
+def _read_step_stats(path: Path) -> dict | None:
+    try:
+        with np.load(path / STEP_STATS) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _other_records(path: Path) -> list[dict]:
+    """The records of metrics.jsonl that are not steps, without parsing the step lines (a
+    simulation with --detail steps has millions)."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            if _STEP_LINE in line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
 def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
              warnings: list[str]) -> Run:
-    """Read one run folder; the summary is recomputed from metrics.jsonl if summary.json fails."""
+    """Read one run folder; the summary is recomputed from metrics.jsonl if summary.json fails.
+    A simulation's steps come from its steps.npz when it has one (and its summary.json)."""
+    stats = _read_step_stats(path) if (path / STEP_STATS).exists() else None
+    summary = _read_json(path / "summary.json")
+    if stats is not None and isinstance(summary, dict) and "wall_time_s" in summary:
+        records = _other_records(path / "metrics.jsonl")
+        evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["t"])
+        for e in evals:
+            float(e["accuracy"]), float(e["t"])
+        stale = dict(zip(stats["staleness_values"].tolist(), stats["staleness_counts"].tolist()))
+        return Run(path, scenario, policy or summary.get("sync") or "unknown", repeat, summary,
+                   evals, stale, float(stats["train_time"]), False, stats)
     records = read_records(path / "metrics.jsonl")
     if not records:
         raise ValueError("metrics.jsonl holds no records")
@@ -131,7 +174,7 @@ def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
     for e in evals:
         float(e["accuracy"]), float(e["t"])  # fail here, not in a figure, on a malformed record
     steps = [r for r in records if r.get("kind") == "step"]
-    stale = [int(r.get("staleness") or 0) for r in steps]
+    stale = dict(Counter(int(r.get("staleness") or 0) for r in steps))
     train_time = max((float(r["t"]) for r in steps), default=0.0)
     return Run(path, scenario, policy or summary.get("sync") or "unknown", repeat, summary, evals,
                stale, train_time, recomputed)

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -19,6 +20,11 @@ from paramserver.report.table import Row
 _PARTS = (("compute", "#3b5b92"), ("communication", "#8fb0d9"), ("waiting", "#f2c14e"))
 # Reading order: the headline number first, then the curves behind it, then the causes.
 KINDS = ("tta", "accuracy_time", "accuracy_steps", "throughput", "breakdown", "staleness")
+# Drawn only where the runs have what they need (wait_bands: simulations' steps.npz).
+OPTIONAL_KINDS = ("wait_bands",)
+_NEEDS_EVALS = ("tta", "accuracy_time", "accuracy_steps")
+# Past this many distinct staleness values the histogram is drawn in STALENESS_BINS bins.
+MAX_STALENESS_BARS, STALENESS_BINS = 60, 50
 
 
 @dataclass
@@ -92,17 +98,19 @@ def plot_breakdown(data: dict, scenario: str, path: Path) -> Path:
                        edgecolor=policy_color(policy), linewidth=1.2,
                        label=name if not ticks else None)
                 bottom += value
-            ticks.append(pos), labels.append(f"w{worker}")
+            ticks.append(pos), labels.append(f"w{worker}" if worker.isdigit() else worker)
             pos += 1
         centers.append(((start + pos - 1) / 2, policy))
         pos += 1  # a gap between policies
-    ax.set_xticks(ticks, labels, fontsize=8)
+    grouped = any(not label.startswith("w") for label in labels)
+    ax.set_xticks(ticks, labels, fontsize=8, rotation=45 if grouped else 0)
     for center, policy in centers:
         ax.annotate(policy, (center, 0), xytext=(0, -22), textcoords="offset points",
                     xycoords=("data", "axes fraction"), ha="center", va="top",
                     fontsize=10, fontweight="bold", color=policy_color(policy))
     ax.set_ylabel("seconds per worker (mean over repeats)")
-    ax.set_title(f"{scenario}: where each worker's time went")
+    ax.set_title(f"{scenario}: where each worker's time went" + (
+        " (workers by total time, in tenths: mean of each)" if grouped else ""))
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never on a bar
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -114,8 +122,16 @@ def plot_staleness(data: dict, scenario: str, path: Path) -> Path:
                         ncols=max(1, len(data)))
     top = max((max(f) for _, f in data.values() if f), default=1.0)
     right = max([3] + [max(v) for v, _ in data.values() if v]) + 0.6  # one x scale for all
+    binned = any(len(v) > MAX_STALENESS_BARS for v, _ in data.values())
+    if binned:  # thousands of workers: thousands of distinct staleness values, a bar each
+        top = max((max(np.histogram(v, bins=STALENESS_BINS, weights=f)[0]) for v, f
+                   in data.values() if v), default=1.0)
     for ax, (policy, (values, fractions)) in zip(axes, data.items()):
-        ax.bar(values, fractions, width=0.85, color=policy_color(policy))
+        if binned and values:
+            heights, edges = np.histogram(values, bins=STALENESS_BINS, weights=fractions)
+            ax.stairs(heights, edges, fill=True, color=policy_color(policy))
+        else:
+            ax.bar(values, fractions, width=0.85, color=policy_color(policy))
         mean = sum(v * f for v, f in zip(values, fractions))
         ax.set_title(f"{policy} (mean {mean:.2f})", color=policy_color(policy), fontweight="bold")
         ax.set_xlabel("staleness (versions)")
@@ -123,8 +139,28 @@ def plot_staleness(data: dict, scenario: str, path: Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, top * 1.1)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("fraction of steps")
+    axes[0].set_ylabel(f"fraction of steps (in {STALENESS_BINS} bins)" if binned
+                       else "fraction of steps")
     fig.suptitle(f"{scenario}: staleness of the pushed gradients")
+    return _save(fig, path)
+
+
+def plot_wait_bands(data: dict, scenario: str, path: Path) -> Path | None:
+    """Wait per step across workers (simulations with steps.npz): the median line in a band
+    from the lowest to the highest quantile kept; None when no run has the bands."""
+    if not data:
+        return None
+    fig, (ax,) = _canvas()
+    for policy, d in data.items():
+        color, q, wait = policy_color(policy), d["q"], d["wait_s"] * 1e3
+        ax.fill_between(d["step"], wait[:, 0], wait[:, -1], color=color, alpha=0.2, lw=0)
+        ax.plot(d["step"], wait[:, len(q) // 2], color=color, lw=1.8,
+                label=f"{policy} (median, band p{100 * q[0]:g}-p{100 * q[-1]:g})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("wait before the step (ms)")
+    ax.set_title(f"{scenario}: wait per step across workers")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
     return _save(fig, path)
 
 
@@ -189,13 +225,22 @@ def draw_all(collection: Collection, rows: list[Row], outdir: Path) -> list[Figu
                                                   scenario, p),
             "throughput": lambda p: plot_throughput(series.throughput_series(collection, scenario),
                                                     scenario, p),
+            "wait_bands": lambda p: plot_wait_bands(series.wait_bands(collection, scenario),
+                                                    scenario, p),
             "tta": lambda p: plot_tta(series.tta_series(rows, scenario), scenario, target, p,
                                       score),
         }
-        for kind in KINDS:
+        # Without any evaluation (a simulation without --train) the accuracy figures would be
+        # empty axes: left out, a third of a large report's time.
+        scored = any(r.evals for r in collection.runs if r.scenario == scenario)
+        for kind in KINDS + OPTIONAL_KINDS:
+            if not scored and kind in _NEEDS_EVALS:
+                continue
             # A figure that cannot be drawn is reported, not fatal: the table still stands.
             try:
-                out.append(FigureFile(scenario, kind, drawn[kind](path(kind))))
+                drawn_path = drawn[kind](path(kind))
+                if drawn_path is not None:  # a figure with nothing to show is left out
+                    out.append(FigureFile(scenario, kind, drawn_path))
             except Exception as exc:  # noqa: BLE001
                 collection.warnings.append(f"figure {kind} of {scenario} failed: {exc!r}")
     return out

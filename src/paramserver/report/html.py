@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from statistics import median
 
-from paramserver.report.collect import SINGLE, Collection, fmt_target
+from paramserver.report.collect import SINGLE, Collection, Run, fmt_target
+from paramserver.report.diagnose import Diagnosis, RunOutcome, Setting, diagnose
 from paramserver.report.figures import FigureFile
 from paramserver.report.table import Row, fmt_pct, fmt_score, render_table
 from paramserver.report.verdict import verdicts
@@ -33,6 +34,9 @@ CAPTIONS = {
     "staleness": "How many updates the servers applied between a worker's pull and its push. "
                  "BSP is all zero; mass to the right means gradients computed on older "
                  "parameters, which costs accuracy per step.",
+    "wait_bands": "Simulations only: each worker's wait before a step, across workers, step by "
+                  "step (line: median; band: 10th to 90th percentile). A band that widens "
+                  "means a few workers wait much longer than the rest.",
     "throughput": "Samples processed per second of training by all workers together, up to the "
                   "last step (bar: median, dots: repeats). Higher means less idle time, not "
                   "necessarily faster learning: compare with the step figure above.",
@@ -50,7 +54,9 @@ td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top
 table.tta td{white-space:nowrap}
 table.tta td:not(:first-child),table.share td{text-align:right}
 tr.scenario th{background:#eef2f8}tr.reference td{color:#555;font-style:italic}
-tr.missed td{background:#fff4f4}.warn li{color:#8a3b00}
+tr.missed td{background:#fff4f4}
+table.tta tr.why td{white-space:normal;text-align:left;color:#8a3b00;font-size:.95em}
+.warn li{color:#8a3b00}
 figure{margin:1.2em 0 2em}figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#444;max-width:62em;font-size:.95em}code{background:#f4f4f4;padding:0 .2em}
 p.verdict{font-size:1.08em;max-width:62em}details.settings summary{cursor:pointer;font-size:1.2em;
@@ -93,6 +99,11 @@ def plan_section(c: Collection) -> str:
         # The plan's config is the template; these two are set per run by policy and scenario.
         for key in ("sync", "straggler"):
             config.pop(key, None)
+    paired = plan.get("policy_optimizers") or {}
+    if paired and "optimizer" in config:
+        # compare's default pairing: the template's rule is not every run's
+        config["optimizer"] = f"{config['optimizer']}; " + ", ".join(
+            f"{rule} for {policy}" for policy, rule in paired.items())
     if config:
         out.append("<p>Training settings shared by every run:</p>")
         out.append(_kv_table((k, "–" if v is None else json.dumps(v) if isinstance(
@@ -206,10 +217,58 @@ def diverged_times(c: Collection) -> dict[tuple[str, str], list[float]]:
     return out
 
 
-def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile]) -> str:
+# Chance accuracy of the built-in data sets (1 / classes); a click model is scored by AUC,
+# whose chance is 0.5.
+CHANCE = {"digits": 0.1, "mnist": 0.1}
+
+
+def chance_level(c: Collection) -> float | None:
+    """The score a model that learned nothing gets, when the runs say what it is."""
+    if c.score == "auc":
+        return 0.5
+    values = {_chance(r) for r in c.runs}
+    return values.pop() if len(values) == 1 else None
+
+
+def _chance(run: Run) -> float | None:
+    dataset = run.summary.get("dataset")
+    if dataset == "synthetic":
+        try:
+            config = json.loads((run.path / "config.json").read_text()).get("config") or {}
+            return 1 / int((config.get("dataset_options") or {}).get("classes", 10))
+        except (OSError, ValueError, AttributeError, TypeError, ZeroDivisionError):
+            return None
+    return CHANCE.get(dataset)
+
+
+def diagnoses(c: Collection, rows: list[Row]) -> dict[tuple[str, str], Diagnosis]:
+    """(scenario, policy) -> the failure of its repeats, with cause and fix; only rows that
+    failed somewhere appear."""
+    chance = chance_level(c)
+    out = {}
+    for row in rows:
+        runs = c.select(row.scenario, row.policy)
+        first = runs[0].summary
+        setting = Setting(policy=str(first.get("sync") if row.reference else row.policy),
+                          optimizer=str(first.get("optimizer") or "sgd"),
+                          lr=first.get("lr"), workers=first.get("workers"),
+                          straggler=str(first.get("straggler") or "none"),
+                          staleness=row.staleness)
+        outcomes = [RunOutcome(reached=r.time_to(c.target) is not None,
+                               final=r.summary.get(f"final_test_{c.score}"),
+                               best=r.summary.get(f"best_test_{c.score}"),
+                               diverged_at=r.summary.get("diverged_at_s")) for r in runs]
+        found = diagnose(setting, outcomes, chance, c.score)
+        if found is not None:
+            out[(row.scenario, row.policy)] = found
+    return out
+
+
+def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile],
+                    why: dict[tuple[str, str], Diagnosis] | None = None) -> str:
     """The answer first: a verdict paragraph per scenario, then its time-to-target figure."""
     out = ["<h2>Verdict</h2>"]
-    for v in verdicts(rows, c.target, c.score, diverged_times(c)):
+    for v in verdicts(rows, c.target, c.score, diverged_times(c), why):
         out.append(f"<p class='verdict'>{_e(v.text)}</p>")
         out += [_figure(f) for f in figures if f.scenario == v.scenario and f.kind == TOP_FIGURE]
     return "\n".join(out)
@@ -217,15 +276,19 @@ def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile]) -
 
 def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> str:
     """The whole page as one string."""
+    why = diagnoses(c, rows)
     body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
-            f"<code>{_e(c.root)}</code>; everything below is drawn from their log files.</p>",
+            f"<code>{_e(c.root)}</code>; everything below is drawn from their log files, and "
+            "every run is a row of <a href='results.csv'>results.csv</a> beside this page.</p>",
             # Reading order: the answer, the numbers behind it, then how it was obtained.
-            verdict_section(c, rows, figures),
+            verdict_section(c, rows, figures, why),
             f"<h2>Time to {fmt_target(c.score, c.target)} and wait per policy</h2>",
             "<p>Median and min–max over repeats; a repeat that never reached the target counts "
             "as slower than any that did. Speedup = median BSP time / median policy time. "
             "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
-            render_table(rows, c.target, c.score), warnings_section(c, rows), notes_section(c),
+            render_table(rows, c.target, c.score,
+                         {k: d.line(k[1]) for k, d in why.items()}),
+            warnings_section(c, rows), notes_section(c),
             fidelity_section(rows), figures_section(c, figures), plan_section(c)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"

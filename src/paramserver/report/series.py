@@ -55,8 +55,17 @@ def accuracy_series(collection: Collection, scenario: str, x: str) -> dict[str, 
     return out
 
 
+# Past this many workers the breakdown draws quantile groups of workers, not a bar per worker.
+MAX_WORKER_BARS = 24
+GROUPS = 10
+
+
 def breakdown_series(collection: Collection, scenario: str) -> dict[str, dict[str, tuple]]:
-    """policy -> worker -> (compute_s, comm_s, wait_s), mean over repeats, from the summaries."""
+    """policy -> worker -> (compute_s, comm_s, wait_s), mean over repeats, from the summaries.
+
+    With more than MAX_WORKER_BARS workers, the workers ordered by their total time are cut
+    into GROUPS groups of equal size, each the mean of its workers: "p90-100" is the slowest
+    tenth (the keys are then group labels, not worker ids)."""
     out = {}
     for policy in collection.policies(scenario):
         if policy == SINGLE:
@@ -68,7 +77,35 @@ def breakdown_series(collection: Collection, scenario: str) -> dict[str, dict[st
                 acc = sums.setdefault(worker, [0.0, 0.0, 0.0])
                 for i, key in enumerate(("compute_s", "comm_s", "wait_s")):
                     acc[i] += (w.get(key) or 0.0) / len(runs)
-        out[policy] = {w: tuple(v) for w, v in sorted(sums.items(), key=lambda kv: int(kv[0]))}
+        ordered = {w: tuple(v) for w, v in sorted(sums.items(), key=lambda kv: int(kv[0]))}
+        out[policy] = ordered if len(ordered) <= MAX_WORKER_BARS else worker_groups(ordered)
+    return out
+
+
+def worker_groups(workers: dict[str, tuple], groups: int = GROUPS) -> dict[str, tuple]:
+    """Mean (compute, comm, wait) of each of `groups` equal groups of workers by total time."""
+    parts = np.array(list(workers.values()), dtype=float)
+    order = np.argsort(parts.sum(axis=1), kind="stable")
+    out = {}
+    for k, idx in enumerate(np.array_split(order, groups)):
+        if len(idx):
+            lo, hi = 100 * k // groups, 100 * (k + 1) // groups
+            out[f"p{lo}-{hi}"] = tuple(float(x) for x in parts[idx].mean(axis=0))
+    return out
+
+
+def wait_bands(collection: Collection, scenario: str) -> dict[str, dict]:
+    """policy -> {"step", "q" (quantile levels), "wait_s" (steps x quantiles)} across workers
+    at each step, for the simulations that wrote steps.npz (first repeat); others are left out."""
+    out = {}
+    for policy in collection.policies(scenario):
+        runs = [r for r in collection.select(scenario, policy) if r.step_stats is not None]
+        if policy == SINGLE or not runs:
+            continue
+        st = runs[0].step_stats
+        if len(st["band_step"]):
+            out[policy] = {"step": st["band_step"], "q": st["quantiles"],
+                           "wait_s": st["band_wait_s"], "staleness": st["band_staleness"]}
     return out
 
 
@@ -78,7 +115,9 @@ def staleness_series(collection: Collection, scenario: str) -> dict[str, tuple[l
     for policy in collection.policies(scenario):
         if policy == SINGLE:
             continue
-        counts = Counter(s for r in collection.select(scenario, policy) for s in r.staleness)
+        counts: Counter = Counter()
+        for r in collection.select(scenario, policy):
+            counts.update(r.staleness)
         total = sum(counts.values()) or 1
         values = sorted(counts)
         out[policy] = (values, [counts[v] / total for v in values])

@@ -32,6 +32,8 @@ class Row:
     push_bytes: float | None = None  # per worker step, median over repeats
     speedup: float | None = None  # median BSP time / median time of this policy
     score: str = "accuracy"  # what final/best_accuracy hold: accuracy, or AUC (click models)
+    optimizer: str | None = None  # the update rule its runs had, when they agree
+    own_rule: bool = False  # its rule differs from BSP's in the scenario (compare's pairing)
 
     @property
     def reference(self) -> bool:
@@ -61,7 +63,9 @@ def policy_row(scenario: str, policy: str, runs: list[Run], target: float,
         staleness=mean(x.get("mean_staleness") or 0.0 for x in s),
         samples_per_s=median(run.samples_per_s for run in runs),
         real_compute_share=_median_or_none(x.get("real_compute_share") for x in s),
-        push_bytes=_median_or_none(x.get("push_bytes_per_step") for x in s))
+        push_bytes=_median_or_none(x.get("push_bytes_per_step") for x in s),
+        optimizer=(lambda rules: rules.pop() if len(rules) == 1 else None)(
+            {x.get("optimizer") for x in s}))
 
 
 def table_rows(collection: Collection, target: float | None = None) -> list[Row]:
@@ -73,7 +77,9 @@ def table_rows(collection: Collection, target: float | None = None) -> list[Row]
                             collection.score)
                  for p in collection.policies(scenario)]
         base = next((r.tta_median for r in group if r.policy == BASELINE), None)
+        rule = next((r.optimizer for r in group if r.policy == BASELINE), None)
         for row in group:
+            row.own_rule = rule is not None and row.optimizer not in (None, rule)
             if base is not None and row.tta_median:
                 row.speedup = base / row.tta_median
         rows.extend(group)
@@ -91,7 +97,8 @@ def fmt_pct(value: float | None) -> str:
 def _cells(row: Row) -> list[str]:
     spread = ("–" if row.tta_min is None else f"{row.tta_min:.2f}" if row.tta_min == row.tta_max
               else f"{row.tta_min:.2f}–{row.tta_max:.2f}")
-    name = f"{row.policy} (reference)" if row.reference else row.policy
+    name = f"{row.policy} (reference)" if row.reference else (
+        f"{row.policy} ({row.optimizer})" if row.own_rule else row.policy)
     return [name, f"{row.reached}/{row.repeats}", fmt_seconds(row.tta_median), spread,
             "–" if row.speedup is None else f"×{row.speedup:.2f}",
             fmt_score(row.score, row.final_accuracy), fmt_score(row.score, row.best_accuracy),
@@ -115,8 +122,11 @@ HEADERS = ["policy", "repeats reaching target", "time to target (s, median)", "m
            "samples/s (training)", "push bytes/step"]
 
 
-def render_table(rows: list[Row], target: float, score: str = "accuracy") -> str:
-    """The rows as one HTML table, a header row per scenario."""
+def render_table(rows: list[Row], target: float, score: str = "accuracy",
+                 why: dict[tuple[str, str], str] | None = None) -> str:
+    """The rows as one HTML table, a header row per scenario; why[(scenario, policy)], if
+    given, is a line under that row saying why it failed and what fixes it."""
+    why = why or {}
     headers = HEADERS if score == "accuracy" else [
         {"final acc.": "final AUC", "best acc.": "best AUC"}.get(h, h) for h in HEADERS]
     out = ["<table class='tta'>",
@@ -132,5 +142,9 @@ def render_table(rows: list[Row], target: float, score: str = "accuracy") -> str
             " class='missed'" if row.tta_median is None else "")
         out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row))
                    + "</tr>")
+        note = why.get((row.scenario, row.policy))
+        if note:
+            out.append(f"<tr class='why'><td colspan='{len(HEADERS)}'>↳ {html.escape(note)}"
+                       "</td></tr>")
     out.append("</tbody></table>")
     return "\n".join(out)

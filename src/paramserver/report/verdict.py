@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from paramserver.report.collect import fmt_target
+from paramserver.report.diagnose import Diagnosis
 from paramserver.report.table import BASELINE, Row
 
 # Medians this close count as a tie: repeats are timed to the millisecond at best, so a
@@ -84,17 +85,24 @@ def _failure(row: Row, score: str, diverged: list[float]) -> str:
 
 
 def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str = "accuracy",
-                     diverged: dict[str, list[float]] | None = None) -> Verdict:
+                     diverged: dict[str, list[float]] | None = None,
+                     diagnoses: dict[str, Diagnosis] | None = None) -> Verdict:
     """One paragraph for one scenario; rows are its table rows, the reference run included.
 
-    diverged maps a policy to the times its repeats' test loss stopped being finite."""
-    diverged = diverged or {}
+    diverged maps a policy to the times its repeats' test loss stopped being finite;
+    diagnoses, a policy to what its failed repeats had, with cause and fix (report/diagnose.py):
+    where one is given it replaces the generic reason."""
+    diverged, diagnoses = diverged or {}, diagnoses or {}
+
+    def why(r: Row) -> str:
+        d = diagnoses.get(r.policy)
+        return d.line(r.policy) if d is not None else _failure(r, score, diverged.get(r.policy, []))
+
     # The one-worker reference is not a policy a user can pick: it never wins the verdict.
     rows = [r for r in rows if not r.reference]
     goal = fmt_target(score, target)
     reached = sorted((r for r in rows if r.tta_median is not None), key=lambda r: r.tta_median)
-    failed = [_failure(r, score, diverged.get(r.policy, [])) for r in rows
-              if r.tta_median is None]
+    failed = [why(r) for r in rows if r.tta_median is None]
     if not reached:
         text = f"On {scenario}, no policy reached {goal}."
         return Verdict(scenario, (), text + ("" if not failed else " " + "; ".join(failed) + "."))
@@ -103,7 +111,9 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     # Among tied policies, BSP is named first: it needs no staleness, so it is the safe pick.
     tied.sort(key=lambda r: r.policy != BASELINE)
     best = tied[0]
-    names = " and ".join(r.policy for r in tied)
+    # A policy that ran with its own update rule (compare's pairing) is named with it.
+    names = " and ".join(f"{r.policy} (with {r.optimizer})" if r.own_rule else r.policy
+                         for r in tied)
     base = next((r for r in rows if r.policy == BASELINE), None)
     lead = (f"On {scenario}, {names} {'tie as' if len(tied) > 1 else 'is'} the soonest to "
             f"reach {goal}: {best.tta_median:.2f} s ({_confidence(best)}); "
@@ -111,20 +121,26 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     if failed:
         lead += " Without a time to target: " + "; ".join(failed) + "."
     # Failures that only some repeats had: the median reached, so they are not named above.
-    partial = [_failure(r, score, diverged.get(r.policy, [])) for r in reached
-               if r.reached < r.repeats]
+    partial = [why(r) for r in reached if r.reached < r.repeats]
     if partial:
         lead += " Not every repeat reached it: " + "; ".join(partial) + "."
+    # Every repeat reached the target, and some fell away from it afterwards.
+    lost = [why(r) for r in reached if r.reached == r.repeats and r.policy in diagnoses]
+    if lost:
+        lead += " Reached, then lost: " + "; ".join(lost) + "."
     return Verdict(scenario, tuple(r.policy for r in tied), lead)
 
 
 def verdicts(rows: list[Row], target: float, score: str = "accuracy",
-             diverged: dict[tuple[str, str], list[float]] | None = None) -> list[Verdict]:
-    """A verdict per scenario, in the rows' order; diverged is keyed by (scenario, policy)."""
-    diverged = diverged or {}
+             diverged: dict[tuple[str, str], list[float]] | None = None,
+             diagnoses: dict[tuple[str, str], Diagnosis] | None = None) -> list[Verdict]:
+    """A verdict per scenario, in the rows' order; diverged and diagnoses are keyed by
+    (scenario, policy)."""
+    diverged, diagnoses = diverged or {}, diagnoses or {}
     out = []
     for scenario in dict.fromkeys(r.scenario for r in rows):
         mine = {p: t for (s, p), t in diverged.items() if s == scenario}
+        why = {p: d for (s, p), d in diagnoses.items() if s == scenario}
         out.append(scenario_verdict(scenario, [r for r in rows if r.scenario == scenario],
-                                    target, score, mine))
+                                    target, score, mine, why))
     return out

@@ -10,12 +10,20 @@ from pathlib import Path
 from paramserver.policies import make_policy
 from paramserver.sim.compute import parse_compute
 from paramserver.sim.engine import Engine, Network
+from paramserver.runlog.metrics import summarize
+from paramserver.sim import stepstats
 from paramserver.sim.records import RunWriter
 from paramserver.sim.summary import summarize_run
 from paramserver.sim.trace import CommReplay, TraceError, load_trace
 from paramserver.core.units import parse_bandwidth, parse_duration, parse_size
 from paramserver.emulation.stragglers import parse_straggler
 from paramserver.emulation.trace_io import read_trace
+
+
+# detail "auto": runs of up to this many step records (workers x steps) write each one into
+# metrics.jsonl; larger ones keep them as steps.npz only (about 240 bytes a record saved).
+DETAIL_LIMIT = 200_000
+DETAILS = ("auto", "steps", "summary")
 
 
 @dataclass
@@ -49,6 +57,14 @@ class SimConfig:
     optimizer_options: dict = field(default_factory=dict)
     eval_interval: float = 1.0  # virtual seconds, --train only
     threads: int = 1
+    detail: str = "auto"  # step records in metrics.jsonl: steps, summary (steps.npz only), auto
+
+    @property
+    def step_detail(self) -> bool:
+        """Whether each step record goes into metrics.jsonl (see DETAIL_LIMIT)."""
+        if self.detail == "auto":
+            return self.workers * self.steps_hint() <= DETAIL_LIMIT
+        return self.detail == "steps"
 
     def validate(self) -> None:
         checks = [("workers", self.workers >= 1),
@@ -57,7 +73,8 @@ class SimConfig:
                   ("comm", self.comm is None or self.comm.startswith("trace:")),
                   ("batch_size", self.batch_size >= 1), ("servers", self.servers >= 1),
                   ("lr", self.lr > 0), ("eval_interval", self.eval_interval > 0),
-                  ("dtype", self.dtype in ("float32", "float64"))]
+                  ("dtype", self.dtype in ("float32", "float64")),
+                  ("detail", self.detail in DETAILS)]
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise ValueError("invalid value for " + ", ".join(f"{b}={getattr(self, b)!r}"
@@ -108,7 +125,7 @@ class Simulation:
         (self.run_dir / "config.json").write_text(json.dumps(
             {"config": asdict(cfg), "job": self.job}, indent=2))
         (self.run_dir / "job.json").write_text(json.dumps(self.job, indent=2))
-        self.writer = RunWriter(self.run_dir, round(nbytes))
+        self.writer = RunWriter(self.run_dir, round(nbytes), detail=cfg.step_detail)
         self.trainer = self._trainer(built) if cfg.train else None
         self.engine = Engine(self.policy, cfg.workers, cfg.steps, cost, self.network,
                              sink=self.writer, trainer=self.trainer,
@@ -168,9 +185,14 @@ class Simulation:
         """Flush the logs, write summary.json (also for an interrupted run) and return it."""
         self.writer.close()
         e = self.engine
-        summary = summarize_run(self.run_dir / "metrics.jsonl", self.job, self.cfg.workers,
-                                self.cfg.steps_hint())
+        if self.writer.detail:
+            summary = summarize_run(self.run_dir / "metrics.jsonl", self.job, self.cfg.workers,
+                                    self.cfg.steps_hint())
+        else:  # from the columns: the log holds no steps to summarize
+            summary = stepstats.summary(self.writer.stats, summarize(self.writer.evals, self.job),
+                                        self.writer.wall, self.policy.apply_mode == "round")
         summary["simulator"] = {
+            "detail": "steps" if self.writer.detail else "summary",
             "complete": complete, "events": e.events, "virtual_time_s": round(e.now, 6),
             "steps": e.steps_done, "rounds_applied": e.rounds, "budget_reached": e.stopping,
             "transfer_s": self.network.transfer_time, "model_bytes": self.network.model_bytes,

@@ -73,14 +73,17 @@ def _per_variant(run: PlannedRun, variants: dict[str, tuple[str, dict]]) -> list
 def plan_runs(base: TrainConfig, policies: list[str], scenarios: dict[str, tuple[str, str]],
               repeats: int, out: Path, single: bool = True,
               policy_options: dict[str, dict] | None = None,
-              variants: dict[str, tuple[str, dict]] | None = None) -> list[PlannedRun]:
+              variants: dict[str, tuple[str, dict]] | None = None,
+              policy_optimizers: dict[str, str] | None = None) -> list[PlannedRun]:
     """Every run of the comparison, in the order they will execute (repeats interleaved).
 
     With `variants` (label -> compressor, options) each policy runs once per variant, the
-    row named POLICY+LABEL."""
+    row named POLICY+LABEL. `policy_optimizers` (policy -> update rule) gives those policies
+    their own rule instead of the base's (with no rule options: they were the base rule's)."""
     if variants:
         return [v for r in plan_runs(base, policies, scenarios, repeats, out, single,
-                                     policy_options) for v in _per_variant(r, variants)]
+                                     policy_options, policy_optimizers=policy_optimizers)
+                for v in _per_variant(r, variants)]
     runs = []
     for rep in range(repeats):
         for scenario, (straggler, _) in scenarios.items():
@@ -91,6 +94,9 @@ def plan_runs(base: TrainConfig, policies: list[str], scenarios: dict[str, tuple
                     cfg = dataclasses.replace(
                         base, sync=policy, straggler=straggler, seed=base.seed + rep,
                         sync_options=dict((policy_options or {}).get(policy, {})))
+                    rule = (policy_optimizers or {}).get(policy)
+                    if rule is not None and rule != base.optimizer:
+                        cfg = dataclasses.replace(cfg, optimizer=rule, optimizer_options={})
                 folder = out / "runs" / scenario / policy / f"rep-{rep}"
                 runs.append(PlannedRun(scenario, policy, rep, cfg, folder))
     return runs

@@ -1,0 +1,139 @@
+"""From each candidate's simulated outcome and the convergence model, a ranked answer. Pure.
+
+A candidate is a policy with its main options. Its predicted time to target is the virtual time
+its simulation takes to process the samples the convergence model says it needs (a band: the
+samples' band read off the same curve). Candidates rank by the middle of the band; the pick is
+the first, and it is "too close to call" when its band overlaps the runner-up's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from paramserver.advise.convergence import Band, ConvergenceModel
+
+ADVICE_VERSION = 1
+
+
+class SimOutcome(Protocol):
+    """What is read of advise.outcome.SimOutcome (that module runs the simulator)."""
+
+    apply_mode: str
+    samples_per_s: float
+    mean_staleness: float
+    update_batch: float
+    wait_share: float
+
+    def time_to(self, samples: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A policy and the options it runs with; `label` names it in tables."""
+
+    policy: str
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.policy
+        return self.policy + "(" + ",".join(f"{k}={v}" for k, v in self.options) + ")"
+
+    def options_dict(self) -> dict:
+        return dict(self.options)
+
+
+def default_candidates(policies: list[str] | None = None) -> list[Candidate]:
+    """Every policy at its defaults, plus the bounded-staleness policies at a few bounds."""
+    grid = [Candidate("bsp"), Candidate("asp"),
+            Candidate("ssp", (("staleness", 1),)), Candidate("ssp", (("staleness", 3),)),
+            Candidate("ssp", (("staleness", 8),)),
+            Candidate("dssp", (("staleness", 1),)), Candidate("dssp", (("staleness", 3),)),
+            Candidate("ebsp"), Candidate("r2sp"), Candidate("lbbsp")]
+    if policies is None:
+        return grid
+    return [c for c in grid if c.policy in policies] + [
+        Candidate(p) for p in policies if not any(c.policy == p for c in grid)]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One candidate's prediction; `time_s` None: predicted never to reach the target."""
+
+    candidate: Candidate
+    outcome: SimOutcome
+    samples: Band | None
+    time_s: Band | None
+
+    def to_json(self) -> dict:
+        band = (lambda b: None if b is None else {"lo": b.lo, "mid": b.mid, "hi": b.hi})
+        return {"label": self.candidate.label, "policy": self.candidate.policy,
+                "options": self.candidate.options_dict(),
+                "time_to_target_s": band(self.time_s), "samples_needed": band(self.samples),
+                "samples_per_s": self.outcome.samples_per_s,
+                "wait_share": self.outcome.wait_share,
+                "mean_staleness": self.outcome.mean_staleness,
+                "update_batch": self.outcome.update_batch,
+                "apply_mode": self.outcome.apply_mode}
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The ranked predictions (fastest first, never-reaching last) and the pick."""
+
+    target: float
+    ranked: tuple[Prediction, ...]
+    pick: Prediction | None
+    confidence: str  # "clear", "too close to call" or "none reaches the target"
+    margin: float | None  # the runner-up's mid time over the pick's
+    reasons: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "confidence": self.confidence, "margin": self.margin,
+                "pick": None if self.pick is None else self.pick.candidate.label,
+                "reasons": list(self.reasons),
+                "ranked": [p.to_json() for p in self.ranked]}
+
+
+def predict(candidate: Candidate, outcome: SimOutcome,
+            model: ConvergenceModel) -> Prediction:
+    """The candidate's samples to target and the time its simulated run takes to do them."""
+    samples = model.samples_needed(candidate.policy, apply_mode=outcome.apply_mode,
+                                   update_batch=outcome.update_batch,
+                                   staleness=outcome.mean_staleness)
+    if samples is None:
+        return Prediction(candidate, outcome, None, None)
+    t = Band(outcome.time_to(samples.lo), outcome.time_to(samples.mid),
+             outcome.time_to(samples.hi))
+    return Prediction(candidate, outcome, samples, t)
+
+
+def recommend(predictions: list[Prediction], target: float) -> Recommendation:
+    """Rank by the middle of the time band; pick the first (see the module doc)."""
+    reaching = sorted((p for p in predictions if p.time_s is not None),
+                      key=lambda p: p.time_s.mid)
+    never = [p for p in predictions if p.time_s is None]
+    ranked = tuple(reaching + never)
+    reasons = [f"{p.candidate.label}: predicted never to reach {target:g} at staleness "
+               f"{p.outcome.mean_staleness:.2g}, update batch {p.outcome.update_batch:.3g}"
+               for p in never]
+    if not reaching:
+        return Recommendation(target, ranked, None, "none reaches the target", None,
+                              tuple(reasons))
+    pick = reaching[0]
+    if len(reaching) == 1:
+        return Recommendation(target, ranked, pick, "clear", None, tuple(reasons))
+    second = reaching[1]
+    margin = second.time_s.mid / pick.time_s.mid if pick.time_s.mid > 0 else None
+    overlap = second.time_s.lo <= pick.time_s.hi
+    if overlap:
+        reasons.insert(0, f"{pick.candidate.label} and {second.candidate.label}: their bands "
+                          f"overlap ({_band(pick.time_s)} against {_band(second.time_s)})")
+    return Recommendation(target, ranked, pick, "too close to call" if overlap else "clear",
+                          margin, tuple(reasons))
+
+
+def _band(b: Band) -> str:
+    return f"{b.lo:.3g}-{b.hi:.3g} s"

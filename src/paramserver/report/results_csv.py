@@ -1,0 +1,49 @@
+"""results.csv beside report.html: one row per run, for pandas and spreadsheet users."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from paramserver.report.collect import Collection, Run
+from paramserver.report.diagnose import RunOutcome, classify
+
+COLUMNS = ("scenario", "policy", "repeat", "time_to_target_s", "target", "score",
+           "final_score", "best_score", "reached", "diverged", "outcome", "wait_fraction",
+           "mean_staleness", "samples_per_s", "steps", "run_folder")
+
+
+def result_row(run: Run, target: float, score: str, chance: float | None) -> dict:
+    """One run's row: plain numbers (empty where unknown), flags as 0/1, and the outcome that
+    report/diagnose.py names ('ok', 'diverged', 'chance', 'collapsed', 'plateaued')."""
+    s = run.summary
+    tta = run.time_to(target)
+    final, best = s.get(f"final_test_{score}"), s.get(f"best_test_{score}")
+    diverged = s.get("diverged_at_s") is not None
+    outcome = classify(RunOutcome(tta is not None, final, best, s.get("diverged_at_s")), chance)
+    return {"scenario": run.scenario, "policy": run.policy, "repeat": run.repeat,
+            "time_to_target_s": tta, "target": target, "score": score,
+            "final_score": final, "best_score": best, "reached": int(tta is not None),
+            "diverged": int(diverged), "outcome": outcome or "ok",
+            "wait_fraction": s.get("mean_wait_fraction"),
+            "mean_staleness": s.get("mean_staleness"), "samples_per_s": run.samples_per_s,
+            "steps": s.get("steps"), "run_folder": str(run.path)}
+
+
+def results_csv(c: Collection, chance: float | None = None) -> str:
+    """The CSV text: a header, then the runs in report order (scenario, policy, repeat)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for scenario in c.scenarios():
+        for policy in c.policies(scenario):
+            for run in c.select(scenario, policy):
+                row = result_row(run, c.target, c.score, chance)
+                writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def write_results_csv(c: Collection, path: Path, chance: float | None = None) -> Path:
+    path.write_text(results_csv(c, chance), encoding="utf-8")
+    return path

@@ -1,0 +1,292 @@
+"""`paramserver advise`: the cluster fit recovers known stragglers and links from synthetic
+records, the simulated outcome matches what the cluster implies, the recommendation ranks and
+says how sure it is, and the command answers bad input clearly. No sockets except the one live
+test (marked slow)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from paramserver.advise.cluster import (
+    ClusterFitError, ClusterModel, Profile, StepSample, TargetLink, fit,
+)
+from paramserver.advise.convergence import Band, ConvergenceModel, Reference
+from paramserver.advise.outcome import simulate_policy
+from paramserver.advise.recommend import Candidate, Prediction, predict, recommend
+from paramserver.cli.main import main
+
+BYTES = 2_000_000
+
+
+def synthetic(workers=8, steps=400, cost=0.5e-3, batch=32, slow=None, p=0.0, factor=1.0,
+              sigma=0.05, rate=None, latency=0.0, fixed=0.002, seed=1) -> Profile:
+    """Step records of a known cluster: `slow` {worker: k}, transient p x factor, a link."""
+    rng = np.random.default_rng(seed)
+    slow = slow or {}
+    rows = []
+    for w in range(workers):
+        for s in range(steps):
+            c = batch * cost * slow.get(w, 1.0) * rng.lognormal(-sigma ** 2 / 2, sigma)
+            if rng.random() < p:
+                c *= factor
+            tx = BYTES / rate if rate else 0.0
+            rows.append(StepSample(w, s, batch, c, pull_s=fixed + tx + 2 * latency,
+                                   push_s=fixed + tx + 2 * latency, pull_bytes=BYTES,
+                                   push_bytes=BYTES, wait_s=0.001))
+    return Profile(tuple(rows), "synthetic", workers, batch_size=batch, link_rate=rate,
+                   link_latency=latency, model_bytes=BYTES)
+
+
+def test_fit_recovers_a_persistent_straggler_and_transient_ones():
+    m = fit(synthetic(slow={3: 3.0}, p=0.10, factor=4.0))
+    assert len(m.classes) == 1
+    assert m.classes[0].fraction == pytest.approx(1 / 8)
+    assert m.classes[0].slowdown == pytest.approx(3.0, rel=0.05)
+    assert m.transient_p == pytest.approx(0.10, abs=0.02)
+    assert m.transient_factor == pytest.approx(4.0, rel=0.1)
+    assert m.cost_per_sample == pytest.approx(0.5e-3, rel=0.05)
+    assert m.sigma == pytest.approx(0.05, rel=0.25)
+
+
+def test_fit_sees_no_straggler_in_a_noisy_even_cluster():
+    m = fit(synthetic(sigma=0.2))
+    assert m.classes == ()
+    assert m.transient_p < 0.01
+    assert m.sigma == pytest.approx(0.2, rel=0.2)
+
+
+def test_two_slow_workers_are_one_class_and_the_base_stays_the_fast_workers():
+    m = fit(synthetic(workers=4, slow={1: 3.0, 2: 3.0}))
+    assert [(c.fraction, round(c.slowdown)) for c in m.classes] == [(0.5, 3)]
+    assert m.cost_per_sample == pytest.approx(0.5e-3, rel=0.05)
+
+
+def test_fit_takes_the_link_from_the_run_and_keeps_what_is_left_fixed():
+    m = fit(synthetic(rate=12.5e6, latency=0.005, fixed=0.003))  # 100 Mbit/s, 5 ms
+    assert m.link_rate == 12.5e6
+    assert m.pull_fixed_s == pytest.approx(0.003, rel=0.01)
+    assert m.push_fixed_s == pytest.approx(0.003, rel=0.01)
+    # each step: pull and push, each a transfer and two latencies, plus the fixed costs
+    assert m.link_comm() == pytest.approx(0.006 + 2 * BYTES / 12.5e6 + 0.02, rel=0.01)
+    faster = m.link_comm(TargetLink(125e6, 0.0))  # 1 Gbit/s, no latency
+    assert faster == pytest.approx(0.006 + 2 * BYTES / 125e6, rel=0.01)
+
+
+def test_fit_regresses_a_rate_when_the_bytes_vary():
+    rng = np.random.default_rng(0)
+    rows = []
+    for w in range(4):
+        for s in range(100):
+            b = float(rng.integers(100_000, 4_000_000))
+            rows.append(StepSample(w, s, 32, 0.016, pull_s=0.001 + b / 25e6,
+                                   push_s=0.001 + b / 25e6, pull_bytes=b, push_bytes=b))
+    m = fit(Profile(tuple(rows), "varying", 4))
+    assert m.link_rate == pytest.approx(25e6, rel=0.02)
+    assert m.pull_fixed_s == pytest.approx(0.001, abs=2e-4)
+
+
+def test_fit_refuses_a_profile_too_short_and_a_bad_record():
+    with pytest.raises(ClusterFitError, match="usable step records"):
+        fit(Profile((StepSample(0, 0, 32, 0.01), StepSample(0, 1, 32, 0.01)), "short", 1))
+    with pytest.raises(ClusterFitError, match="bad batch or compute_s"):
+        fit(Profile((StepSample(0, 0, 0, 0.01),), "bad", 1))
+
+
+def test_a_larger_scale_keeps_the_fractions_and_the_model_round_trips_json():
+    m = fit(synthetic(slow={3: 3.0, 7: 3.0}, p=0.1, factor=4.0))
+    p = m.at(1000, servers=4)
+    mult = p.multipliers()
+    assert len(mult) == 1000 and sum(1 for x in mult if x > 2) == 250
+    assert p.transient_p == m.transient_p and p.servers == 4
+    assert ClusterModel.from_json(json.loads(json.dumps(m.to_json()))) == m
+    sim = m.to_sim(1000)
+    assert sim["compute"].startswith("classes:0.75=1,0.25=3") and sim["workers"] == 1000
+    kind, prob, factor = sim["straggler"].split(":")
+    assert kind == "random" and float(prob) == pytest.approx(0.1, abs=0.02)
+    with pytest.raises(ClusterFitError, match="version"):
+        ClusterModel.from_json({**m.to_json(), "version": 99})
+
+
+def test_bsp_is_paced_by_the_persistent_straggler_and_asp_by_the_sum_of_speeds():
+    m = fit(synthetic(workers=4, slow={3: 3.0}, sigma=0.0, fixed=0.0))
+    p = m.at(4)
+    step = 32 * 0.5e-3
+    bsp = simulate_policy(p, "bsp", samples=32 * 4 * 200)
+    asp = simulate_policy(p, "asp", samples=32 * 4 * 200)
+    overhead = 6 * p.coord_latency + 2 * p.server_s + p.comm_s
+    assert bsp.samples_per_s == pytest.approx(4 * 32 / (3 * step + overhead), rel=0.05)
+    speeds = 3 / (step + overhead) + 1 / (3 * step + overhead)
+    assert asp.samples_per_s == pytest.approx(32 * speeds, rel=0.05)
+    # BSP's fast workers wait for the straggler: 3 of 4 wait about 2/3 of each round
+    assert bsp.wait_share == pytest.approx(0.75 * 2 / 3, abs=0.05)
+    assert asp.wait_share < 0.1 and bsp.mean_staleness == 0 and asp.mean_staleness > 1
+    assert bsp.update_batch == pytest.approx(128) and asp.update_batch == 32
+    assert bsp.apply_mode == "round" and asp.apply_mode == "arrival"
+    # the curve: time to half the samples is about half the run
+    assert bsp.time_to(bsp.samples / 2) == pytest.approx(bsp.virtual_s / 2, rel=0.1)
+    assert bsp.time_to(2 * bsp.samples) == pytest.approx(
+        bsp.virtual_s + bsp.samples / bsp.samples_per_s, rel=0.01)
+
+
+def test_transient_stragglers_slow_a_round_more_than_arrival():
+    even = fit(synthetic(workers=8, sigma=0.0)).at(8)
+    bumpy = fit(synthetic(workers=8, sigma=0.0, p=0.1, factor=4.0)).at(8)
+    assert bumpy.transient_p > 0.05
+    slowdown = {pol: simulate_policy(even, pol, samples=32 * 8 * 150).samples_per_s
+                / simulate_policy(bumpy, pol, samples=32 * 8 * 150).samples_per_s
+                for pol in ("bsp", "asp")}
+    assert slowdown["bsp"] > slowdown["asp"] > 1.1
+
+
+def _conv(**policies) -> ConvergenceModel:
+    ref = Reference("arrival", 10_000.0, 32.0, 1.0, 0.9, 1.1, runs=3, reached=3)
+    rnd = Reference("round", 10_000.0, 128.0, 0.0, 0.9, 1.1, runs=3, reached=3)
+    return ConvergenceModel(1, 0.9, 256.0, {"arrival": 0.1, "round": 0.0}, dict(policies),
+                            {"arrival": ref, "round": rnd})
+
+
+def test_recommend_ranks_by_time_and_says_when_it_is_too_close_to_call():
+    p = fit(synthetic(workers=4, slow={3: 3.0}, sigma=0.0)).at(4)
+    outs = {pol: simulate_policy(p, pol, samples=20_000) for pol in ("bsp", "asp", "ssp")}
+    preds = [predict(Candidate(pol), o, _conv()) for pol, o in outs.items()]
+    rec = recommend(preds, 0.9)
+    assert rec.pick.candidate.policy == "asp"
+    mids = [x.time_s.mid for x in rec.ranked]
+    assert mids == sorted(mids) and rec.ranked[0].time_s.mid < outs["bsp"].time_to(10_000)
+    assert rec.confidence == "clear" and rec.margin > 1.2
+    # the same prediction twice: bands overlap
+    same = recommend([preds[1], Prediction(Candidate("asp2"), preds[1].outcome,
+                                           preds[1].samples, preds[1].time_s)], 0.9)
+    assert same.confidence == "too close to call"
+    # a policy that never reached where it ran at this staleness: never, ranked last
+    never = _conv(asp=Reference("arrival", None, 32.0, 0.5, runs=2))
+    rec = recommend([predict(Candidate(pol), o, never) for pol, o in outs.items()], 0.9)
+    assert rec.ranked[-1].candidate.policy == "asp" and rec.ranked[-1].time_s is None
+    assert any("never" in r for r in rec.reasons)
+    json.dumps(rec.to_json())
+
+
+def _csv(tmp_path, profile: Profile):
+    path = tmp_path / "trace.csv"
+    lines = ["worker,step,compute_s,batch,pull_s,push_s,bytes"]
+    lines += [f"{s.worker},{s.step},{s.compute_s},{s.batch},{s.pull_s},{s.push_s},"
+              f"{s.pull_bytes}" for s in profile.steps]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_advise_on_a_trace_writes_a_typed_versioned_advice(tmp_path, capsys):
+    trace = _csv(tmp_path, synthetic(workers=4, steps=60, slow={2: 3.0}))
+    rc = main(["advise", "--profile", str(trace), "--workers", "16", "--link", "1gbit/1ms",
+               "--policies", "bsp,asp,ssp", "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads((tmp_path / "advise.json").read_text())
+    assert doc["kind"] == "paramserver advise" and doc["version"] == 1
+    assert doc["scale"]["workers"] == 16
+    ranked = doc["recommendation"]["ranked"]
+    assert {r["policy"] for r in ranked} == {"bsp", "asp", "ssp"} and len(ranked) == 5
+    assert doc["recommendation"]["pick"] in out and "time to target" in out
+    assert doc["cluster"]["classes"] == [{"fraction": 0.25, "slowdown": 3.0}]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--profile", "/nonexistent/run"], "does not exist"),
+    (["--profile", "{tmp}/bad.csv"], "CSV header needs"),
+    (["--profile", "{tmp}/bad.txt"], "neither a run folder nor a .csv"),
+    (["--profile", "{tmp}", "--policies", "nope"], "nope"),
+    (["--profile", "{tmp}"], "no metrics.jsonl"),
+    (["--profile", "{tmp}/trace.csv", "--target", "0.5"], "not 0.5"),
+    (["--profile", "{tmp}/trace.csv", "--calibration", "{tmp}/bad.csv"], "not JSON"),
+])
+def test_advise_answers_bad_input_with_a_clear_error(tmp_path, capsys, argv, message):
+    (tmp_path / "bad.csv").write_text("who,what\n1,2\n")
+    (tmp_path / "bad.txt").write_text("x")
+    _csv(tmp_path, synthetic(workers=2, steps=10))
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    rc = main(["advise", *argv, "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err
+
+
+def test_the_target_link_reads_rate_slash_latency():
+    from paramserver.advise.cluster import TargetLink
+    from paramserver.cli.advise_cmd import target_link
+    assert target_link("100mbit/5ms") == TargetLink(12.5e6, 0.005)
+    assert target_link("10Gbit/s/1ms") == TargetLink(1.25e9, 0.001)
+    assert target_link("1gbit,2ms") == TargetLink(125e6, 0.002)
+    assert target_link("unlimited") == TargetLink(None, 0.0)
+
+
+def test_advise_help_is_true():
+    run = subprocess.run([sys.executable, "-m", "paramserver", "advise", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0
+    for flag in ("--profile", "--live", "--script", "--workers", "--link", "--target",
+                 "--calibration", "too close to call", "advise.json"):
+        assert flag in run.stdout
+
+
+@pytest.mark.slow
+def test_advise_profiles_a_live_run_folder_end_to_end(tmp_path):
+    """A real `paramserver train` run with a 3x straggler: the fit finds it, and the simulated
+    BSP run at the same scale keeps the live run's pace."""
+    run = tmp_path / "run"
+    train = subprocess.run(
+        [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "3",
+         "--straggler", "1:3", "--device-time", "0.5ms", "--epochs", "2", "--eval-interval",
+         "0", "--quiet", "--out", str(run)], capture_output=True, text=True, timeout=240)
+    assert train.returncode == 0, train.stderr
+    out = tmp_path / "advice"
+    adv = subprocess.run([sys.executable, "-m", "paramserver", "advise", "--profile", str(run),
+                          "--policies", "bsp,asp", "--out", str(out), "--quiet"],
+                         capture_output=True, text=True, timeout=240)
+    assert adv.returncode == 0, adv.stderr
+    doc = json.loads((out / "advise.json").read_text())
+    assert [(c["fraction"], round(c["slowdown"])) for c in doc["cluster"]["classes"]] == \
+        [(pytest.approx(1 / 3), 3)]
+    live = json.loads((run / "summary.json").read_text())
+    bsp = next(r for r in doc["recommendation"]["ranked"] if r["policy"] == "bsp")
+    live_rate = live["samples"] / live["wall_time_s"]
+    assert bsp["samples_per_s"] == pytest.approx(live_rate, rel=0.3)
+    assert math.isfinite(bsp["wait_share"])
+
+
+def test_fit_reads_the_warm_up_and_the_unrecorded_time_off_the_records_clock():
+    rows = []
+    for w in range(3):
+        t = 0.2  # warm-up before the first step
+        for s in range(50):
+            t += 0.016 + 0.002 + 0.002 + 0.001 + 0.003  # parts, then 3 ms no field records
+            rows.append(StepSample(w, s, 32, 0.016, pull_s=0.002, push_s=0.002,
+                                   pull_bytes=BYTES, push_bytes=BYTES, wait_s=0.001, t=t))
+    m = fit(Profile(tuple(rows), "paced", 3, model_bytes=BYTES))
+    assert m.startup_s == pytest.approx(0.2, abs=1e-6)
+    assert m.unrecorded_s == pytest.approx(0.003, abs=1e-6)
+    p = m.at(3)
+    asp = simulate_policy(p, "asp", samples=32 * 3 * 50)
+    assert asp.virtual_s == pytest.approx(rows[-1].t, rel=0.03)
+
+
+def test_a_run_of_a_users_script_without_compute_s_is_timed_by_its_records_clock(tmp_path):
+    from paramserver.advise.profile import load_profile
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"config": {}, "job": {"workers": 2, "servers": 1, "batch_size": 16,
+                               "sync": {"name": "asp"}}}))
+    lines = []
+    for w, compute in ((0, 0.02), (1, 0.06)):
+        t = 0.0
+        for s in range(20):
+            t += compute + 0.001 + 0.004
+            lines.append(json.dumps({"t": t, "kind": "step", "worker": w, "step": s,
+                                     "batch": 16, "wait_s": 0.001, "push_s": 0.004}))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    profile = load_profile(tmp_path)
+    assert len(profile.steps) == 38  # each worker's first record has no previous one
+    m = fit(profile)
+    assert m.cost_per_sample == pytest.approx(0.02 / 16, rel=1e-3)
+    assert [(c.fraction, round(c.slowdown, 2)) for c in m.classes] == [(0.5, 3.0)]
