@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -136,21 +137,36 @@ def _kill(procs: Procs, name: str) -> float:
     return time.monotonic()
 
 
-CURVE = pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def _plain_and_curve(tmp_path: Path, scenario) -> None:
+    """`scenario(procs, folder, curve)` for a plaintext job and a CURVE job, side by side: each
+    is mostly waiting (for a timeout to run out, for the queue's worth of beats), so together
+    they take little more than one. Each has its own folder, processes and keys."""
+    failures: dict[str, BaseException] = {}
+
+    def run(name: str, curve: bool) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        procs = Procs(folder)
+        try:
+            scenario(procs, folder, curve)
+        except BaseException as e:  # noqa: BLE001 - raised again below, naming the variant
+            failures[name] = e
+        finally:
+            procs.close()
+
+    threads = [threading.Thread(target=run, args=variant, daemon=True)
+               for variant in (("plain", False), ("curve", True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(3 * STARTUP)
+    assert not any(t.is_alive() for t in threads), f"a variant ran past {3 * STARTUP:.0f} s"
+    if failures:
+        raise AssertionError("; ".join(f"{name}: {e}" for name, e in failures.items())
+                             ) from next(iter(failures.values()))
 
 
-@CURVE
-def test_a_server_started_by_hand_exits_once_its_coordinator_is_gone(procs, tmp_path, curve):
-    _start_job(procs, tmp_path, curve, _job(tmp_path))
-    _wait_for("the server joining", lambda: '"server_joined"' in _events(tmp_path), procs=procs)
-    time.sleep(3 * BEAT * 64)  # (a full queue's worth of beats, answered)
-    killed = _kill(procs, "coordinator")
-    _exit_within(procs, "server", 2 * COORDINATOR_TIMEOUT, killed)
-    assert "has been silent" in procs.log("server")
-
-
-@CURVE
-def test_a_worker_started_by_hand_exits_once_its_coordinator_is_gone(procs, tmp_path, curve):
+def _worker_loses_its_coordinator(procs: Procs, tmp_path: Path, curve: bool) -> None:
     _start_job(procs, tmp_path, curve, _job(tmp_path), roles=("server", "worker"))
     _wait_for("training", lambda: _training(tmp_path), procs=procs)
     time.sleep(0.5)
@@ -159,8 +175,11 @@ def test_a_worker_started_by_hand_exits_once_its_coordinator_is_gone(procs, tmp_
     assert procs.procs["worker"].returncode != 0
 
 
-@CURVE
-def test_a_worker_started_by_hand_exits_once_its_server_is_gone(procs, tmp_path, curve):
+def test_a_worker_started_by_hand_exits_once_its_coordinator_is_gone(tmp_path):
+    _plain_and_curve(tmp_path, _worker_loses_its_coordinator)
+
+
+def _worker_loses_its_server(procs: Procs, tmp_path: Path, curve: bool) -> None:
     _start_job(procs, tmp_path, curve, _job(tmp_path), roles=("server", "worker"))
     _wait_for("training", lambda: _training(tmp_path), procs=procs)
     time.sleep(0.5)
@@ -169,27 +188,42 @@ def test_a_worker_started_by_hand_exits_once_its_server_is_gone(procs, tmp_path,
     assert "unreachable" in procs.log("worker")
 
 
-@CURVE
-def test_an_evaluator_started_by_hand_exits_once_its_coordinator_is_gone(procs, tmp_path,
-                                                                         curve):
+def test_a_worker_started_by_hand_exits_once_its_server_is_gone(tmp_path):
+    _plain_and_curve(tmp_path, _worker_loses_its_server)
+
+
+def _server_and_evaluator_lose_their_coordinator(procs: Procs, tmp_path: Path,
+                                                 curve: bool) -> None:
     # Two workers expected, none started: the evaluator waits for training, asking the status.
     _start_job(procs, tmp_path, curve, _job(tmp_path, workers=2),
                roles=("server", "evaluator"))
-    _wait_for("the evaluator joining", lambda: '"observer_registered"' in _events(tmp_path),
-              procs=procs)
-    time.sleep(3 * BEAT * 64)
+    _wait_for("the server and the evaluator joining",
+              lambda: all(f'"{kind}"' in _events(tmp_path)
+                          for kind in ("server_joined", "observer_registered")), procs=procs)
+    time.sleep(3 * BEAT * 64)  # (a full queue's worth of beats, answered)
     killed = _kill(procs, "coordinator")
-    _exit_within(procs, "evaluator", 2 * COORDINATOR_TIMEOUT, killed)
+    for role in ("server", "evaluator"):
+        _exit_within(procs, role, 2 * COORDINATOR_TIMEOUT, killed)
+    assert "has been silent" in procs.log("server")
 
 
-@CURVE
-def test_a_coordinator_exits_once_all_its_workers_are_gone(procs, tmp_path, curve):
+def test_a_server_and_an_evaluator_started_by_hand_exit_once_their_coordinator_is_gone(
+        tmp_path):
+    """(Both in one job: a server with no workers yet, and an observer asking the status.)"""
+    _plain_and_curve(tmp_path, _server_and_evaluator_lose_their_coordinator)
+
+
+def _coordinator_loses_its_workers(procs: Procs, tmp_path: Path, curve: bool) -> None:
     _start_job(procs, tmp_path, curve, _job(tmp_path), roles=("server", "worker"))
     _wait_for("training", lambda: _training(tmp_path), procs=procs)
     killed = _kill(procs, "worker")
     _exit_within(procs, "coordinator", 2 * HEARTBEAT_TIMEOUT, killed)
     # and the server it leaves behind follows it
     _exit_within(procs, "server", 2 * HEARTBEAT_TIMEOUT + 2 * COORDINATOR_TIMEOUT, killed)
+
+
+def test_a_coordinator_exits_once_all_its_workers_are_gone(tmp_path):
+    _plain_and_curve(tmp_path, _coordinator_loses_its_workers)
 
 
 def test_launched_roles_exit_once_the_coordinator_is_gone(tmp_path):

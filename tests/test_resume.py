@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from paramserver.runlog.checkpoint import latest, read_part
 
@@ -19,16 +20,38 @@ def train(*args, timeout=300):
     return proc
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The uninterrupted 40-round run both tests compare with, and each test's run stopped at
+    25, side by side: most of a run is process start-up. Checkpoints change no value, so one
+    uninterrupted run serves checkpoints every 10 and every 15 rounds."""
+    root = tmp_path_factory.mktemp("resume")
+    plans = {"straight": ("40", "10"), "stopped-15": ("25", "15"), "stopped-10": ("25", "10")}
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "paramserver", "train", *COMMON, "--steps", steps,
+         "--checkpoint-every", every, "--out", str(root / name)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for name, (steps, every) in plans.items()}
+    try:
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return root
+
+
 def final_values(ckpt_dir):
     tag = latest(ckpt_dir)
     values, _ = read_part(ckpt_dir, tag, "server-0")
     return tag, values["values"]
 
 
-def test_resumed_bsp_run_matches_an_uninterrupted_one(tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    train("--steps", "40", "--checkpoint-every", "15", "--out", str(straight))
-    train("--steps", "25", "--checkpoint-every", "15", "--out", str(stopped))
+def test_resumed_bsp_run_matches_an_uninterrupted_one(runs):
+    straight, stopped = runs / "straight", runs / "stopped-15"
     tag_stop, at_stop = final_values(stopped / "checkpoints")
     assert tag_stop == f"{25:09d}"
     train("--resume", str(stopped), "--steps", "40")
@@ -42,12 +65,8 @@ def test_resumed_bsp_run_matches_an_uninterrupted_one(tmp_path):
     assert summary["steps"] == 80  # both parts' step records, 2 workers x 40 rounds
 
 
-
-def test_a_resume_whose_latest_checkpoint_is_corrupt_falls_back_to_the_previous_kept_one(
-        tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    train("--steps", "40", "--checkpoint-every", "10", "--out", str(straight))
-    train("--steps", "25", "--checkpoint-every", "10", "--out", str(stopped))
+def test_a_resume_whose_latest_checkpoint_is_corrupt_falls_back_to_the_previous_kept_one(runs):
+    straight, stopped = runs / "straight", runs / "stopped-10"
     ckpt = stopped / "checkpoints"
     assert latest(ckpt) == f"{25:09d}"
     path = ckpt / f"ckpt-{25:09d}" / "server-0" / "values.npy"

@@ -9,16 +9,34 @@ import pytest
 from paramserver.runlog.metrics import read_records
 
 
-def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True,
-                          text=True, timeout=timeout)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The BSP run and the top-k run, side by side: most of each is process start-up."""
+    root = tmp_path_factory.mktemp("train")
+    args = {"bsp": ["--sync", "bsp", "--workers", "3", "--epochs", "12", "--lr", "0.2",
+                    "--eval-interval", "0.5"],
+            "topk": ["--sync", "bsp", "--workers", "2", "--servers", "2", "--epochs", "8",
+                     "--compress", "topk", "--compress-opt", "fraction=0.01"]}
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "paramserver", "train", *a, "--out", str(root / name), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name, a in args.items()}
+    done = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            done[name] = (root / name, subprocess.CompletedProcess(proc.args, proc.returncode,
+                                                                   out, err))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return done
 
 
 @pytest.fixture(scope="module")
-def bsp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("train") / "bsp"
-    proc = run_cli("train", "--sync", "bsp", "--workers", "3", "--epochs", "12", "--lr", "0.2",
-                   "--eval-interval", "0.5", "--out", str(out), "--quiet")
+def bsp_run(runs):
+    out, proc = runs["bsp"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, proc
 
@@ -64,6 +82,7 @@ def test_metrics_lines_carry_the_step_schema(bsp_run):
 
 
 def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
+    procs = []
     for args, fragment in [(["--sync", "nope"], "unknown sync policy"),
                            (["--model", "resnet9000"], "unknown model"),
                            (["--straggler", "7:3"], "names worker"),
@@ -71,17 +90,26 @@ def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
                            (["--device-time", "fast"], "device-time"),
                            (["--launcher", "ray", "--restart-servers", "1",
                              "--checkpoint-every", "5"], "not supported with --launcher ray")]:
-        proc = run_cli("train", *args, "--out", str(tmp_path / "x"), "--quiet", timeout=60)
-        assert proc.returncode == 2, (args, proc.stderr)
-        assert fragment in proc.stderr, (args, proc.stderr)
-        assert "Traceback" not in proc.stderr
+        # All at once: each is a process start-up and a refusal, no job.
+        out = tmp_path / f"x{len(procs)}"
+        procs.append((args, fragment, subprocess.Popen(
+            [sys.executable, "-m", "paramserver", "train", *args, "--out", str(out), "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    try:
+        for args, fragment, proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 2, (args, err)
+            assert fragment in err, (args, err)
+            assert "Traceback" not in err
+    finally:
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
-def test_topk_pruned_pushes_carry_one_percent_and_still_learn(tmp_path):
-    out = tmp_path / "topk"
-    proc = run_cli("train", "--sync", "bsp", "--workers", "2", "--servers", "2", "--epochs", "8",
-                   "--compress", "topk", "--compress-opt", "fraction=0.01", "--out", str(out),
-                   "--quiet")
+def test_topk_pruned_pushes_carry_one_percent_and_still_learn(runs):
+    out, proc = runs["topk"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     config = json.loads((out / "config.json").read_text())
     num_keys = config["job"]["num_keys"]
