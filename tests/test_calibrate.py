@@ -35,7 +35,11 @@ def test_calibrate_tiny_grid_end_to_end(tmp_path):
     rows = list(csv.DictReader((out / "calibration.csv").open()))
     assert len(rows) == 2 and rows[0]["policy"] in ("bsp", "asp")
     page = (out / "calibration.html").read_text()
-    assert page.index('id="verdict"') < page.index("<svg") < page.index("Per cell")
+    # the figure needs a cell where both the live runs and the prediction reached the target
+    # (a 3-epoch run at lr 0.1 sometimes stops short of 80%): else it says so in its place
+    both = any(c["measured_s"] is not None and c["predicted_s"] is not None for c in doc["cells"])
+    figure = "<svg" if both else "No cell where both live runs and the prediction reached"
+    assert page.index('id="verdict"') < page.index(figure) < page.index("Per cell")
     assert "Seed claims" in page
 
     # The fit read the real run folders: samples to target from the eval records, never
