@@ -1,4 +1,4 @@
-"""Train your own model through the parameter server.
+"""Train your own model through the parameter server, with your own DataLoader.
 
 Run it as the workers of a local job:
     paramserver launch --workers 2 --sync bsp --steps 150 -- python examples/train_my_model.py
@@ -7,26 +7,23 @@ Run it as the workers of a local job:
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import paramserver
 
 X, y = load_digits(return_X_y=True)
-X = torch.tensor(X / 16.0, dtype=torch.float32)
-y = torch.tensor(y)
+data = TensorDataset(torch.tensor(X / 16.0, dtype=torch.float32), torch.tensor(y))
 
-torch.manual_seed(0)  # every worker builds the same model; rank 0's weights are the start
+torch.manual_seed(0)  # rank 0's weights start the job; the others receive them on first pull
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-opt = paramserver.DistributedOptimizer(model)
-gen = torch.Generator().manual_seed(opt.rank)
 
-while not opt.should_stop:
-    idx = torch.randint(0, len(X), (opt.batch_size,), generator=gen)
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(X[idx]), y[idx])
-    loss.backward()
-    opt.step(loss=loss)
-
-with torch.no_grad():
-    accuracy = (model(X).argmax(1) == y).float().mean().item()
-print(f"worker {opt.rank}: training accuracy {accuracy:.3f}")
-opt.close()
+with paramserver.DistributedOptimizer(model) as opt:  # the update rule runs on the servers
+    loader = DataLoader(data, batch_sampler=paramserver.BatchSampler(len(data), opt, seed=0))
+    for x, target in loader:  # batches follow the size the sync policy releases
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        opt.step(loss=loss)
+    with torch.no_grad():
+        accuracy = (model(data.tensors[0]).argmax(1) == data.tensors[1]).float().mean().item()
+    print(f"worker {opt.rank}: training accuracy {accuracy:.3f}")

@@ -5,7 +5,10 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # The torch-backed API loads on first use, so role processes that never need it stay light.
-    if name == "DistributedOptimizer":
-        from paramserver.client.api import DistributedOptimizer
-        return DistributedOptimizer
+    if name in ("DistributedOptimizer", "init", "rank", "size"):
+        from paramserver.client import api
+        return getattr(api, name)
+    if name == "BatchSampler":
+        from paramserver.client.sampler import BatchSampler
+        return BatchSampler
     raise AttributeError(f"module 'paramserver' has no attribute {name!r}")

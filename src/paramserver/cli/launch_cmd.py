@@ -21,12 +21,16 @@ def build_job(args) -> dict:
     sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
     make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
     make_rule(args.optimizer, args.lr, **opt_opts)
+    args.straggler.model.check_workers(args.workers)
     return JobSpec(
         num_keys=0, dtype=args.dtype, servers=args.servers, workers=args.workers,
         batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
         optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
         max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
-        max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
+        max_seconds=args.max_seconds, eval_interval=0.0,
+        # The script's DistributedOptimizer reads the injected slowness from its welcome.
+        task=TaskSpec(name="external", straggler=str(args.straggler),
+                      device_time=args.device_time.text()),
         limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5,
                       coordinator_timeout=coordinator_timeout_for(args.restart_coordinator),
                       max_message_bytes=None if args.max_message_bytes is None
@@ -99,6 +103,12 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
     p.add_argument("--max-seconds", type=flag.positive_seconds,
                    help="stop after this much training time")
+    p.add_argument("--straggler", default="none", type=flag.straggler,
+                   help="slowness injected per worker rank, e.g. 1:3 (default none; grammar in "
+                        "`paramserver train --help`): DistributedOptimizer stretches the "
+                        "step's measured compute time")
+    p.add_argument("--device-time", default="off", type=flag.device_time,
+                   help="emulated device time per sample, e.g. 2ms (default off)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="float32 (default) or float64")
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=10.0,

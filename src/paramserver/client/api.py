@@ -3,24 +3,29 @@
 In a script started by `paramserver launch` (which sets PARAMSERVER_JOIN for every worker)::
 
     model = MyNet()
-    opt = paramserver.DistributedOptimizer(model)        # joins; rank 0 offers its weights
-    while not opt.should_stop:
-        x, y = next_batch(opt.batch_size)                # the policy may change the size
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step(loss=loss)                              # push, wait for the policy, pull
-    opt.close()
+    with paramserver.DistributedOptimizer(model.parameters()) as opt:   # joins the job
+        for x, y in DataLoader(data, batch_sampler=paramserver.BatchSampler(len(data), opt)):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()                                   # push, wait for the policy, pull
 
 The update rule (SGD, momentum, staleness-aware...) runs on the servers, chosen with
-`paramserver launch --optimizer`; the model's parameters are views into the buffer that pulls
-write, so after `step()` the model holds the newest parameters the policy allows.
+`paramserver launch --optimizer`; a local torch optimizer has nothing to do and is refused.
+The model's parameters are views into the buffer that pulls write, so after `step()` the model
+holds the newest parameters the policy allows. First init: rank 0's weights are the job's
+initial parameters; every other rank gets them with its first pull (its own are overwritten).
+
+The time from the pull's return (or a later `zero_grad()`) to `step()` is the step's compute
+time: it goes to the sync policy with the clock, as the built-in worker's does, so LB-BSP and
+R2SP learn each worker's speed. `launch --straggler/--device-time` stretch it here.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -28,36 +33,89 @@ from torch import nn
 from paramserver.models.keyspace import ModelKeys
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
+from paramserver.training.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
 
 
-class DistributedOptimizer:
-    """One worker's view of a job: `zero_grad()`, `step()`, `should_stop`, `close()`."""
+def _as_module(params) -> nn.Module:
+    """The model itself, or a holder for `model.parameters()` (names "0", "1", ...)."""
+    if isinstance(params, torch.optim.Optimizer):
+        raise TypeError(
+            "DistributedOptimizer takes the model or model.parameters(), not a torch optimizer: "
+            "the update rule runs on the servers; choose it with `paramserver launch "
+            "--optimizer sgd|...` (and --lr, --optimizer-opt momentum=0.9)")
+    if isinstance(params, nn.Module):
+        return params
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    unique, seen = [], set()
+    for p in params:
+        if isinstance(p, dict):
+            raise TypeError("parameter groups are not supported: the servers apply one "
+                            "update rule to all parameters; pass model.parameters()")
+        if isinstance(p, tuple):  # model.named_parameters()
+            p = p[1]
+        if not isinstance(p, nn.Parameter):
+            raise TypeError(f"expected the model or its parameters, got {type(p).__name__}")
+        if id(p) not in seen:
+            seen.add(id(p))
+            unique.append(p)
+    return nn.ParameterList(unique)
 
-    def __init__(self, model: nn.Module, join: str | None = None, timeout: float = 120.0):
+
+class DistributedOptimizer:
+    """One worker's view of a job: `zero_grad()`, `step()`, `should_stop`, `close()`.
+
+    `params` is the model (its state_dict names are kept) or `model.parameters()`.
+    """
+
+    def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
+                 timeout: float = 120.0):
+        self.model = _as_module(params)  # bad input fails before anything joins
         join = join or os.environ.get(JOIN_ENV)
         if not join:
             raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
                                f"`paramserver launch` (which sets {JOIN_ENV})")
-        self.model = model
-        dtype = next(model.parameters()).dtype
-        self.keys = ModelKeys(model, dtype=dtype)
+        dtype = next(self.model.parameters()).dtype
+        self.keys = ModelKeys(self.model, dtype=dtype)
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys)
+        try:
+            self._check_model(dtype)
+            self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
+            bind_to_flat(self.model, self.keys, self.params, self.grads)
+            if self.kv.rank == 0:
+                self.kv.init(self.params.numpy())
+            task = self.kv.spec.job.task
+            self.pacer = Pacer(self.kv.rank, task.straggler, task.device_time, task.seed)
+            self._t0 = time.monotonic()
+            t0 = time.perf_counter()
+            self.release = self.kv.start()
+            self._wait = time.perf_counter() - t0
+            self._pull()
+        except BaseException:
+            self._leave(f"failed to start on rank {self.kv.rank}")
+            raise
+        _joined.append(self)
+
+    def _check_model(self, dtype) -> None:
+        if self.kv.num_keys != self.keys.num_keys:
+            raise ValueError(
+                f"rank {self.kv.rank}: the model has {self.keys.num_keys} parameters, the job's "
+                f"key space (from the first worker's model) has {self.kv.num_keys}: every rank "
+                f"must build the same model")
         if self.kv.dtype != torch.empty(0, dtype=dtype).numpy().dtype:
-            raise ValueError(f"the job holds {self.kv.dtype} parameters, the model is {dtype}")
-        self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
-        bind_to_flat(model, self.keys, self.params, self.grads)
-        if self.kv.rank == 0:
-            self.kv.init(self.params.numpy())
-        t0 = time.perf_counter()
-        self.release = self.kv.start()
-        self._wait = time.perf_counter() - t0
-        self._pull()
+            raise ValueError(f"rank {self.kv.rank}: the job holds {self.kv.dtype} parameters, "
+                             f"the model is {dtype}")
 
     @property
     def rank(self) -> int:
         return self.kv.rank
+
+    @property
+    def size(self) -> int:
+        """The job's worker count."""
+        return self.kv.spec.job.workers
 
     @property
     def batch_size(self) -> int:
@@ -69,36 +127,105 @@ class DistributedOptimizer:
         """True once the job's budget is spent: leave the loop and call close()."""
         return self.release.stop
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zero the gradient buffer (never None: backward accumulates into the bound buffer).
+        The step's compute time is counted from here when it comes after the pull."""
         self.grads.zero_()
+        self._ready = time.perf_counter()
 
     def _pull(self) -> None:
         self.kv.pull(out=self.params.numpy(), min_version=self.release.min_version)
+        self._ready = time.perf_counter()
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
         if self.release.stop:
             raise RuntimeError("the job has stopped; call close()")
+        real = time.perf_counter() - self._ready
+        batch = self.release.batch_size if batch is None else int(batch)
+        compute, factor = self.pacer.stretch(self.release.step, time.monotonic() - self._t0,
+                                             batch, real)
         if not grads_are_bound(self.model, self.grads):
             self.keys.flatten_grads(self.model, self.grads)
-        batch = self.release.batch_size if batch is None else int(batch)
         t0 = time.perf_counter()
         staleness = self.kv.push(self.grads.numpy(), step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size)
-        record = {"wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
-                  "staleness": int(staleness)}
+        record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
+                  "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
+                  "staleness": int(staleness), "factor": round(factor, 4)}
         if loss is not None:
             value = loss.detach() if isinstance(loss, torch.Tensor) else loss
             record["loss"] = round(float(value), 6)
         t1 = time.perf_counter()
-        self.release = self.kv.clock(self.release.step, batch, compute_time=0.0, record=record)
+        self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
+                                     record=record)
         self._wait = time.perf_counter() - t1
         if not self.release.stop:
             self._pull()
 
-    def close(self) -> None:
-        """Leave the job (the policy stops waiting for this worker) and close the sockets."""
+    def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
+        """A copy of the trained model's state (the model's own names; buffers included), as
+        of the last pull: loads into a fresh model with load_state_dict."""
+        return OrderedDict((k, v.detach().clone()) for k, v in self.model.state_dict().items())
+
+    def _leave(self, reason: str) -> None:
         try:
-            self.kv.bye()
+            self.kv.bye(reason)
+        except Exception:  # noqa: BLE001 - the coordinator may be gone; the sockets still close
+            pass
         finally:
             self.kv.close()
+
+    def close(self) -> None:
+        """Leave the job (the policy stops waiting for this worker) and close the sockets."""
+        if self in _joined:
+            _joined.remove(self)
+            self._leave("done")
+
+    def __enter__(self) -> "DistributedOptimizer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        elif self in _joined:  # leave at once: the others must not wait for this rank
+            _joined.remove(self)
+            self._leave(f"rank {self.rank} failed: {exc_type.__name__}: {exc}"[:200])
+
+
+_joined: list[DistributedOptimizer] = []  # this process's optimizers, for rank() and size()
+
+
+def init(join: str | None = None) -> None:
+    """Horovod's `init()`: checks this process runs inside a job (the optimizer joins it)."""
+    if not (join or os.environ.get(JOIN_ENV)):
+        raise RuntimeError(f"no job to join: run under `paramserver launch` (which sets "
+                           f"{JOIN_ENV}) or pass join='tcp://HOST:PORT'")
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if os.environ.get(name, "").strip().isdigit():
+            return int(os.environ[name])
+    return None
+
+
+def rank() -> int:
+    """This worker's rank: the coordinator's once an optimizer has joined, else the
+    launcher's RANK (the coordinator ranks workers in the order they register)."""
+    if _joined:
+        return _joined[-1].rank
+    value = _env_int("PARAMSERVER_RANK", "RANK")
+    if value is None:
+        raise RuntimeError("rank() is known once DistributedOptimizer(...) has joined the job")
+    return value
+
+
+def size() -> int:
+    """The job's worker count: the welcome's once joined, else the launcher's WORLD_SIZE."""
+    if _joined:
+        return _joined[-1].size
+    value = _env_int("PARAMSERVER_WORLD_SIZE", "WORLD_SIZE")
+    if value is None:
+        raise RuntimeError("size() is known once DistributedOptimizer(...) has joined the job")
+    return value

@@ -1,0 +1,65 @@
+"""A batch sampler for torch.utils.data.DataLoader that follows the policy's batch size.
+
+    loader = DataLoader(data, batch_sampler=paramserver.BatchSampler(len(data), opt))
+
+Each epoch is one permutation of range(dataset_len) (the same on every rank: seeded by `seed`
+and the epoch number), dealt round-robin into disjoint per-rank shards; a rank walks its shard
+exactly once per epoch. A batch takes `opt.batch_size` indices, read when the DataLoader asks
+for the batch (with num_workers=0 that is after the previous step(); worker processes
+prefetch, so their batches lag the policy by the prefetch depth). A batch that reaches the end
+of an epoch is filled from the next one, so every batch has the size the policy released; the
+iterator ends when the job does (`opt.should_stop`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class BatchSampler:
+    """Yields lists of dataset indices, `opt.batch_size` at a time, until the job stops."""
+
+    def __init__(self, dataset_len: int, opt, shuffle: bool = True, seed: int = 0,
+                 rank: int | None = None, size: int | None = None):
+        if dataset_len < 1:
+            raise ValueError(f"dataset_len must be >= 1, got {dataset_len}")
+        self.dataset_len, self.opt, self.shuffle, self.seed = dataset_len, opt, shuffle, seed
+        self.rank = opt.rank if rank is None else rank
+        self.size = opt.size if size is None else size
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"rank {self.rank} outside a job of {self.size} workers")
+        if dataset_len < self.size:
+            raise ValueError(f"{dataset_len} samples cannot be split over {self.size} ranks")
+        self.epoch = 0
+        self._shard = self._deal(0)
+        self._pos = 0
+
+    def _deal(self, epoch: int) -> list[int]:
+        """This rank's indices of `epoch`: every index of the dataset is in one rank's shard."""
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.dataset_len, generator=gen)
+        else:
+            order = torch.arange(self.dataset_len)
+        return order[self.rank::self.size].tolist()
+
+    @property
+    def epochs_done(self) -> float:
+        """Epochs of this rank's shard walked so far (fractional)."""
+        return self.epoch + self._pos / len(self._shard)
+
+    def take(self, n: int) -> list[int]:
+        """The next `n` indices of this rank's stream (crossing into the next epoch if needed)."""
+        batch: list[int] = []
+        while len(batch) < n:
+            if self._pos == len(self._shard):
+                self.epoch += 1
+                self._shard, self._pos = self._deal(self.epoch), 0
+            got = self._shard[self._pos:self._pos + n - len(batch)]
+            self._pos += len(got)
+            batch += got
+        return batch
+
+    def __iter__(self):
+        while not self.opt.should_stop:
+            yield self.take(self.opt.batch_size)

@@ -1,0 +1,163 @@
+"""The PyTorch-native API as a user script meets it: launched real jobs, real DataLoaders."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import paramserver
+from paramserver.runlog.metrics import read_records
+
+STRAGGLER_SCRIPT = """
+import torch
+from torch import nn
+import paramserver
+
+paramserver.init()
+torch.manual_seed(0)
+model = nn.Linear(8, 2)
+data = torch.randn(4096, 8)
+with paramserver.DistributedOptimizer(model.parameters()) as opt:
+    assert paramserver.rank() == opt.rank and paramserver.size() == 3
+    for idx in paramserver.BatchSampler(len(data), opt):
+        opt.zero_grad()
+        model(data[idx]).pow(2).mean().backward()
+        opt.step()
+"""
+
+LOADER_SCRIPT = """
+import json, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import paramserver
+
+out = sys.argv[1]
+torch.manual_seed(0)
+data = TensorDataset(torch.arange(50), torch.randn(50, 4))
+model = nn.Linear(4, 1)
+seen = []
+with paramserver.DistributedOptimizer(model) as opt:
+    sampler = paramserver.BatchSampler(len(data), opt, seed=3)
+    for index, x in DataLoader(data, batch_sampler=sampler):
+        seen.append(index.tolist())
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    torch.save(opt.state_dict(), f"{out}/model-{opt.rank}.pt")
+    with open(f"{out}/seen-{opt.rank}.json", "w") as f:
+        json.dump({"batches": seen, "size": opt.size}, f)
+"""
+
+
+def launch(tmp_path, script: str, *flags: str, timeout: float = 120) -> tuple:
+    path = tmp_path / "user.py"
+    path.write_text(textwrap.dedent(script))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--out", str(out), *flags,
+         "--timeout", str(timeout), "--", sys.executable, str(path), str(tmp_path)],
+        capture_output=True, text=True, timeout=timeout + 60)
+    return proc, out
+
+
+def test_lbbsp_shrinks_a_user_scripts_straggler_batch(tmp_path):
+    proc, out = launch(tmp_path, STRAGGLER_SCRIPT, "--workers", "3", "--sync", "lbbsp",
+                       "--straggler", "0:3", "--device-time", "1ms", "--steps", "25")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in read_records(out / "metrics.jsonl") if r["kind"] == "step"]
+    assert steps and all(r["compute_s"] > 0 for r in steps)
+    # The emulated device time is what the policy hears: batch * 1 ms * factor.
+    slow = {r["step"]: r for r in steps if r["worker"] == 0}
+    assert all(r["factor"] == 3.0 for r in slow.values())
+    assert slow[0]["compute_s"] == pytest.approx(slow[0]["batch"] * 0.003, rel=0.05)
+    fast = {r["step"]: r["batch"] for r in steps if r["worker"] == 1}
+    # Within 20 steps the 3x straggler gets about a third of a fast worker's batch, and keeps it.
+    late = [s for s in slow if 20 <= s < 25]
+    assert late and all(0.25 <= slow[s]["batch"] / fast[s] <= 0.45 for s in late)
+    assert slow[0]["batch"] == fast[0] == 32
+
+
+def test_batch_sampler_over_a_dataloader_in_a_launched_job(tmp_path):
+    proc, _ = launch(tmp_path, LOADER_SCRIPT, "--workers", "2", "--batch-size", "8",
+                     "--steps", "9")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"seen-{r}.json").read_text()) for r in (0, 1)]
+    assert all(s["size"] == 2 for s in seen)
+    streams = [[i for b in s["batches"] for i in b] for s in seen]
+    assert all(len(b) == 8 for s in seen for b in s["batches"])  # the released size, always
+    # 9 steps of 8 = 72 indices a rank, 25 an epoch: in each full epoch the two ranks' shards
+    # are disjoint and cover the dataset, so every sample is seen exactly once.
+    for lo in (0, 25):
+        epoch = [stream[lo:lo + 25] for stream in streams]
+        assert sorted(epoch[0] + epoch[1]) == list(range(50))
+    # state_dict(): the trained weights under the model's names, loadable into a fresh model;
+    # BSP keeps the replicas equal.
+    states = [torch.load(tmp_path / f"model-{r}.pt") for r in (0, 1)]
+    fresh = nn.Linear(4, 1)
+    fresh.load_state_dict(states[0])
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    torch.manual_seed(0)
+    assert not torch.equal(nn.Linear(4, 1).weight, fresh.weight)  # it trained
+
+
+def test_a_local_torch_optimizer_is_refused_naming_the_server_side_flag():
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="--optimizer"):
+        paramserver.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="parameter groups"):
+        paramserver.DistributedOptimizer([{"params": model.parameters()}])
+
+
+def test_rank_and_size_before_joining(monkeypatch):
+    for name in ("PARAMSERVER_JOIN", "RANK", "WORLD_SIZE", "PARAMSERVER_RANK",
+                 "PARAMSERVER_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="paramserver launch"):
+        paramserver.init()
+    with pytest.raises(RuntimeError, match="joined"):
+        paramserver.rank()
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert (paramserver.rank(), paramserver.size()) == (2, 3)
+
+
+class Releases:
+    """The two things BatchSampler reads of an optimizer: the released size and the stop."""
+
+    def __init__(self, sizes):
+        self.sizes, self.rank, self.size = list(sizes), 1, 3
+
+    @property
+    def batch_size(self):
+        return self.sizes[0]
+
+    @property
+    def should_stop(self):
+        return not self.sizes
+
+
+def test_batch_sampler_follows_the_size_and_deals_each_epoch_once():
+    releases = Releases([5, 7, 2, 9, 4])
+    sampler = paramserver.BatchSampler(30, releases, seed=1)
+    data = TensorDataset(torch.arange(30))
+    got = []
+    for (batch,) in DataLoader(data, batch_sampler=sampler):
+        got.append(batch.tolist())
+        releases.sizes.pop(0)  # the next step's size, as step() would change it
+    assert [len(b) for b in got] == [5, 7, 2, 9, 4]
+    stream = [i for b in got for i in b]
+    assert sampler.epoch == 2 and sampler.epochs_done == pytest.approx(2.7)
+    # The three ranks' shards of each epoch partition the dataset; epochs reshuffle.
+    others = [paramserver.BatchSampler(30, Releases([1]), seed=1, rank=r) for r in (0, 2)]
+    for lo in (0, 10):
+        epoch = stream[lo:lo + 10] + [i for o in others for i in o.take(10)]
+        assert sorted(epoch) == list(range(30))
+    assert stream[:10] != stream[10:20]
+    with pytest.raises(ValueError, match="rank 3"):
+        paramserver.BatchSampler(30, releases, rank=3)
