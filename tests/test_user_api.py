@@ -161,3 +161,30 @@ def test_batch_sampler_follows_the_size_and_deals_each_epoch_once():
     assert stream[:10] != stream[10:20]
     with pytest.raises(ValueError, match="rank 3"):
         paramserver.BatchSampler(30, releases, rank=3)
+
+
+CRASH_SCRIPT = """
+import torch
+from torch import nn
+import paramserver
+
+model = nn.Linear(4, 1)
+with paramserver.DistributedOptimizer(model) as opt:
+    while not opt.should_stop:
+        if opt.rank == 1 and opt.release.step == 3:
+            raise RuntimeError("bad batch on purpose")
+        opt.zero_grad()
+        model(torch.ones(opt.batch_size, 4)).sum().backward()
+        opt.step()
+print(f"rank {opt.rank} finished")
+"""
+
+
+def test_a_rank_that_raises_leaves_at_once_and_the_others_finish(tmp_path):
+    # BSP waits for every member: the failed rank must leave (not be timed out) for rank 0 to go.
+    proc, out = launch(tmp_path, CRASH_SCRIPT, "--workers", "2", "--steps", "10",
+                       "--heartbeat-timeout", "60", timeout=50)
+    assert proc.returncode == 1 and "bad batch on purpose" in proc.stderr
+    left = {r["worker"]: r["reason"] for r in read_records(out / "metrics.jsonl")
+            if r["kind"] == "left"}
+    assert left == {0: "done", 1: "rank 1 failed: RuntimeError: bad batch on purpose"}
