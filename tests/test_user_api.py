@@ -31,7 +31,7 @@ with paramserver.DistributedOptimizer(model.parameters()) as opt:
 """
 
 LOADER_SCRIPT = """
-import json, sys
+import json, os, sys
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -40,9 +40,13 @@ import paramserver
 out = sys.argv[1]
 torch.manual_seed(0)
 data = TensorDataset(torch.arange(50), torch.randn(50, 4))
+torch.manual_seed(os.getpid())  # each rank its own initial weights: rank 0's must win
 model = nn.Linear(4, 1)
 seen = []
+own = model.weight.detach().clone()
 with paramserver.DistributedOptimizer(model) as opt:
+    torch.save({"own": own, "joined": model.weight.detach().clone()},
+               f"{out}/init-{opt.rank}.pt")
     sampler = paramserver.BatchSampler(len(data), opt, seed=3)
     for index, x in DataLoader(data, batch_sampler=sampler):
         seen.append(index.tolist())
@@ -98,12 +102,15 @@ def test_batch_sampler_over_a_dataloader_in_a_launched_job(tmp_path):
         assert sorted(epoch[0] + epoch[1]) == list(range(50))
     # state_dict(): the trained weights under the model's names, loadable into a fresh model;
     # BSP keeps the replicas equal.
+    init = [torch.load(tmp_path / f"init-{r}.pt") for r in (0, 1)]
+    assert not torch.equal(init[0]["own"], init[1]["own"])
+    assert torch.equal(init[1]["joined"], init[0]["own"])  # first pull: rank 0's weights
+    assert torch.equal(init[0]["joined"], init[0]["own"])
     states = [torch.load(tmp_path / f"model-{r}.pt") for r in (0, 1)]
     fresh = nn.Linear(4, 1)
     fresh.load_state_dict(states[0])
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
-    torch.manual_seed(0)
-    assert not torch.equal(nn.Linear(4, 1).weight, fresh.weight)  # it trained
+    assert not torch.equal(init[0]["own"], fresh.weight)  # it trained
 
 
 def test_a_local_torch_optimizer_is_refused_naming_the_server_side_flag():
