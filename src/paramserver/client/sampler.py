@@ -8,7 +8,8 @@ exactly once per epoch. A batch takes `opt.batch_size` indices, read when the Da
 for the batch (with num_workers=0 that is after the previous step(); worker processes
 prefetch, so their batches lag the policy by the prefetch depth). A batch that reaches the end
 of an epoch is filled from the next one, so every batch has the size the policy released; the
-iterator ends when the job does (`opt.should_stop`).
+iterator ends when the job does (`opt.should_stop`), so it has no len(): the job's budget
+(`launch --steps/--max-seconds`), not an epoch count, says how long training runs.
 """
 
 from __future__ import annotations
