@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "paramserver.cli.report_cmd",
     "paramserver.cli.roles",
     "paramserver.cli.simulate_cmd",
+    "paramserver.cli.tensorboard_cmd",
     "paramserver.cli.train_cmd",
     "paramserver.cli.zipline_cmd",
 )
