@@ -61,3 +61,28 @@ def test_a_folder_without_metrics_is_refused_clearly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "paramserver", "tensorboard", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr
+
+
+def test_a_simulated_runs_step_bands_become_quantile_tags(tmp_path):
+    """A simulation with --detail summary keeps no step lines: its steps.npz bands are what
+    TensorBoard shows, one tag per quantile, equal to the arrays."""
+    pytest.importorskip("tensorboard", reason="the optional tensorboard extra is absent "
+                                              "(pip install 'paramserver[tensorboard]')")
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run = tmp_path / "sim"
+    sim = subprocess.run([sys.executable, "-m", "paramserver", "simulate", "--sync", "bsp",
+                          "--workers", "50", "--steps", "20", "--straggler", "0:3",
+                          "--detail", "summary", "--out", str(run)],
+                         capture_output=True, text=True, timeout=120)
+    assert sim.returncode == 0, sim.stderr
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "tensorboard", str(run)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    acc = EventAccumulator(str(run / "tensorboard" / "bands"))
+    acc.Reload()
+    arrays = np.load(run / "steps.npz")
+    q90 = list(arrays["quantiles"]).index(0.9)
+    got = [(e.step, e.value) for e in acc.Scalars("time/wait_s/q90")]
+    assert [s for s, _ in got] == arrays["band_step"].tolist()
+    np.testing.assert_allclose([v for _, v in got], arrays["band_wait_s"][:, q90], rtol=1e-6)

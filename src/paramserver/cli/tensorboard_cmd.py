@@ -10,13 +10,20 @@ SUMMARY = {"tensorboard": "convert a run folder's metrics to TensorBoard event f
 
 def _run(args) -> int:
     from paramserver.runlog.metrics import read_records
-    from paramserver.runlog.tensorboard import TensorBoardMissing, scalars, write_events
+    from paramserver.runlog.tensorboard import (
+        TensorBoardMissing, band_scalars, scalars, write_events,
+    )
     metrics = Path(args.run) / "metrics.jsonl"
     if not metrics.is_file():
         print(f"paramserver tensorboard: {args.run} is no run folder (no metrics.jsonl)",
               file=sys.stderr)
         return 2
     points = scalars(read_records(metrics))
+    stats = Path(args.run) / "steps.npz"  # a simulated run's step bands
+    if stats.is_file():
+        import numpy as np
+        with np.load(stats, allow_pickle=False) as arrays:
+            points += band_scalars(arrays)
     if not points:
         print(f"paramserver tensorboard: {metrics} holds no step or eval records",
               file=sys.stderr)
@@ -40,8 +47,10 @@ def register(sub) -> None:
         description="Write TensorBoard event files from RUN/metrics.jsonl: per worker "
                     "(runs worker-0, worker-1, ...) loss, batch size, wait, compute time and "
                     "staleness over its steps; test accuracy and loss (run eval) over the "
-                    "samples trained. Needs the optional tensorboard package "
+                    "samples trained; for a simulated run with steps.npz, run bands: the "
+                    "quantiles across workers of wait, compute time and staleness over the "
+                    "steps (time/wait_s/q50, ...). Needs the optional tensorboard package "
                     "(pip install 'paramserver[tensorboard]').")
-    p.add_argument("run", metavar="RUN", help="a run folder (train, launch)")
+    p.add_argument("run", metavar="RUN", help="a run folder (train, launch, simulate)")
     p.add_argument("--out", metavar="DIR", help="where to write (default: RUN/tensorboard)")
     p.set_defaults(func=_run)

@@ -19,6 +19,9 @@ STEP_TAGS = {"loss": "train/loss", "batch": "train/batch", "wait_s": "time/wait_
 # eval record field -> tag, over the samples the job had trained on
 EVAL_TAGS = {"accuracy": "test/accuracy", "test_loss": "test/loss", "auc": "test/auc"}
 EVAL_RUN = "eval"
+BANDS_RUN = "bands"  # a simulated run's steps.npz: quantiles across workers per step bucket
+BAND_TAGS = {"band_wait_s": "time/wait_s", "band_compute_s": "time/compute_s",
+             "band_staleness": "train/staleness"}
 
 
 class TensorBoardMissing(RuntimeError):
@@ -51,6 +54,24 @@ def scalars(records: Iterable[Mapping]) -> list[Scalar]:
         elif r.get("kind") == "eval" and _number(r.get("samples")):
             out += [Scalar(EVAL_RUN, tag, int(r["samples"]), t, float(r[k]))
                     for k, tag in EVAL_TAGS.items() if _number(r.get(k))]
+    return out
+
+
+def band_scalars(arrays: Mapping) -> list[Scalar]:
+    """The quantile bands of a simulated run's steps.npz (sim.stepstats) as points of run
+    `bands`, one tag per quantile (`time/wait_s/q50`), over each bucket's first step index: a
+    run of thousands of workers keeps no step lines, only these (docs/metrics.md)."""
+    if "band_step" not in arrays or "quantiles" not in arrays:
+        return []
+    steps, times = arrays["band_step"], arrays["band_t"]
+    out = []
+    for key, tag in BAND_TAGS.items():
+        if key not in arrays:
+            continue
+        for j, q in enumerate(arrays["quantiles"]):
+            name = f"{tag}/q{round(float(q) * 100):02d}"
+            out += [Scalar(BANDS_RUN, name, int(steps[i]), float(times[i]),
+                           float(arrays[key][i, j])) for i in range(len(steps))]
     return out
 
 
