@@ -47,6 +47,7 @@ def test_default_training_reaches_target_accuracy_as_ray_actors(local_ray, tmp_p
     results = sorted(json.loads(p.read_text())["rank"]
                      for p in (tmp_path / "run" / "results").glob("worker-*.json"))
     assert results == [0, 1]
+    assert (tmp_path / "run" / "model.pt").stat().st_size > 0  # the evaluator's final model
     # The roles ran with the job's keys: a plaintext peer would have been refused.
     coordinator_log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
     assert "coordinator at tcp://127.0.0.1:" in coordinator_log

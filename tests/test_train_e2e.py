@@ -119,3 +119,19 @@ def test_topk_pruned_pushes_carry_one_percent_and_still_learn(runs):
     assert all(r["pull_bytes"] == num_keys * 4 for r in steps)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best_test_accuracy"] >= 0.85
+
+
+def test_the_final_model_file_scores_the_evaluators_last_accuracy(bsp_run):
+    """model.pt holds the parameters of the evaluator's last evaluation: a fresh model of the
+    job's kind loaded from it scores the accuracy the metrics log ends with."""
+    import torch
+    from paramserver.training.workload import build, evaluate
+    out, _ = bsp_run
+    job = json.loads((out / "config.json").read_text())["job"]
+    ds, model, keys = build({**job["task"], "seed": job["task"].get("seed", 0) + 1},
+                            job["dtype"])
+    model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
+    accuracy, _ = evaluate(model, ds.test.X.to(keys.dtype), ds.test.y)
+    last = [r for r in read_records(out / "metrics.jsonl") if r["kind"] == "eval"][-1]
+    assert last["final"]
+    assert accuracy == pytest.approx(last["accuracy"], abs=1e-5)

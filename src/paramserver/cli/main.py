@@ -12,11 +12,13 @@ COMMAND_MODULES = (
     "paramserver.cli.calibrate_cmd",
     "paramserver.cli.compare_cmd",
     "paramserver.cli.demo_cmd",
+    "paramserver.cli.export_cmd",
     "paramserver.cli.keys_cmd",
     "paramserver.cli.launch_cmd",
     "paramserver.cli.report_cmd",
     "paramserver.cli.roles",
     "paramserver.cli.simulate_cmd",
+    "paramserver.cli.tensorboard_cmd",
     "paramserver.cli.train_cmd",
     "paramserver.cli.zipline_cmd",
 )

@@ -121,7 +121,7 @@ def _run_evaluator(args) -> int:
     _setup_logging("evaluator")
     keys = _keys(args, "observer")
     from paramserver.training.evaluator import run_evaluator
-    return run_evaluator(args.join, args.interval, keys=keys)
+    return run_evaluator(args.join, args.interval, keys=keys, save_model=args.save_model)
 
 
 _KEYS_HELP = ("key folder from `paramserver keys generate` (default $PARAMSERVER_KEYS): "
@@ -196,5 +196,8 @@ def register(sub) -> None:
     p.add_argument("--join", required=True, help="coordinator address")
     p.add_argument("--interval", type=flag.positive_seconds, default=1.0,
                    help="seconds between evaluations (default 1)")
+    p.add_argument("--save-model", metavar="FILE",
+                   help="write the parameters of the last evaluation to FILE (a torch state "
+                        "dict under the model's parameter names)")
     _security_args(p, binds=False)
     p.set_defaults(func=_run_evaluator)

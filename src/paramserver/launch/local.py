@@ -186,7 +186,8 @@ class LocalCluster:
                 self.add_worker(w)
             if self.spec.eval_interval:
                 self._spawn("evaluator", 0, ["--join", self.address, "--interval",
-                                             str(self.spec.eval_interval)])
+                                             str(self.spec.eval_interval), "--save-model",
+                                             str(self.run_dir / "model.pt")])
         return self.address
 
     def _spawn_coordinator(self, take_back: bool = False) -> Child:

@@ -230,7 +230,8 @@ class RayCluster:
                         cpus=r.worker_cpus, gpus=r.worker_gpus, restarts=self.restart_workers)
         if spec.eval_interval:
             self._spawn(ray, "evaluator", "evaluator",
-                        ["--join", self.join, "--interval", str(spec.eval_interval)], keys)
+                        ["--join", self.join, "--interval", str(spec.eval_interval),
+                         "--save-model", "{dir}/model.pt"], keys)
 
     def _poll(self, ray, actor):
         try:
@@ -271,6 +272,8 @@ class RayCluster:
                 if rel == "role.log":
                     (logs / f"{name.replace(' ', '-')}.log").write_bytes(data)
                 elif role == "coordinator" and rel in ("metrics.jsonl", "events.jsonl"):
+                    (self.run_dir / rel).write_bytes(data)
+                elif role == "evaluator" and rel == "model.pt":  # the final model
                     (self.run_dir / rel).write_bytes(data)
                 elif rel.startswith("results/"):
                     (self.run_dir / rel).parent.mkdir(parents=True, exist_ok=True)

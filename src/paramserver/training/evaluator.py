@@ -14,8 +14,11 @@ from paramserver.client.kv import KVWorker
 log = logging.getLogger(__name__)
 
 
-def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
-    """Evaluate every `interval` seconds while the job trains, and once more after it ends."""
+def run_evaluator(join: str, interval: float = 1.0, keys=None,
+                  save_model: str | None = None) -> int:
+    """Evaluate every `interval` seconds while the job trains, and once more after it ends;
+    `save_model`: write the parameters of that last evaluation there (runlog/model_file), so
+    the model file scores exactly the accuracy the metrics log ends with."""
     torch.set_num_threads(1)
     kv = KVWorker(join, role="observer", keys=keys)
     try:
@@ -46,6 +49,9 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None) -> int:
                        **scores, "samples": state["samples_done"], "version": kv.version,
                        "final": final, "age_s": time.monotonic() - last})
             if final:
+                if save_model and table is None:  # DLRM rows stay on the servers
+                    from paramserver.runlog.model_file import named_tensors, write_model
+                    write_model(save_model, named_tensors(keys, flat), "pt")
                 break
         kv.bye()
     finally:

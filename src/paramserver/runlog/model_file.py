@@ -1,0 +1,167 @@
+"""The trained model as a file a user takes home: parameters under the model's own names.
+
+A run's parameters live as one flat vector (the servers' shards, in a checkpoint one .npy per
+key range); models/keyspace.ModelKeys knows which slice is which named tensor. This module
+reassembles the flat vector from a checkpoint, cuts it into named tensors and writes them as
+safetensors (the field's standard weight file: no code runs on load) or as a torch state
+dict (`torch.load(..., weights_only=True)` reads it).
+
+safetensors is an optional extra (`pip install paramserver[safetensors]`): the project keeps
+its dependencies to numpy, torch, pyzmq, msgpack and psutil, and `.pt` needs nothing more, so
+`train` writes model.pt and `export --format safetensors` says how to get the library.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from paramserver.runlog.checkpoint import CheckpointError, latest, load_part
+
+FORMATS = ("safetensors", "pt")
+FINAL_MODEL = "model.pt"  # what `train` writes into the run folder at the end of a job
+
+
+class ExportError(ValueError):
+    """A run or checkpoint that cannot give a model file (the message says why)."""
+
+
+def named_tensors(keys, flat) -> dict[str, torch.Tensor]:
+    """{parameter name: tensor of its shape} cut from `flat` by `keys` (ModelKeys); copies,
+    so the result owns its memory (safetensors refuses views that share storage)."""
+    return {slot.name: keys.view(flat, slot.name).clone() for slot in keys.params}
+
+
+def write_model(path: str | Path, tensors: dict[str, torch.Tensor], fmt: str) -> Path:
+    """Write `tensors` to `path` in format `fmt` (one of FORMATS); returns the path."""
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if fmt == "pt":
+        torch.save(tensors, tmp)
+    else:
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise ExportError("--format safetensors needs the safetensors package: "
+                              "pip install 'paramserver[safetensors]' (or use --format pt)"
+                              ) from None
+        save_file(tensors, str(tmp), metadata={"written_by": "paramserver"})
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def read_model(path: str | Path) -> dict[str, torch.Tensor]:
+    """The named tensors of a file write_model wrote (by its suffix)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(str(path))
+    return torch.load(path, weights_only=True)
+
+
+def _job_of(folder: Path) -> dict:
+    """The job of a run folder (its config.json), ExportError when it has none."""
+    config = folder / "config.json"
+    try:
+        doc = json.loads(config.read_text())
+    except FileNotFoundError:
+        raise ExportError(f"{folder} is no run folder (no config.json)") from None
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{config} is unreadable ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("job"), dict):
+        raise ExportError(f"{config} holds no job")
+    return doc
+
+
+def model_keys(job: dict):
+    """The ModelKeys of a job's model (names and shapes), the model built on torch's meta
+    device (no weights are made). ExportError for a job that names no model."""
+    task = job.get("task") or {}
+    if task.get("name", "train") != "train":
+        raise ExportError(f"the job runs task {task.get('name')!r}, which records no model "
+                          f"parameter names to write the values under")
+    from paramserver.training.workload import build
+    return build(task, job.get("dtype", "float32"), shape_only=True)[2]
+
+
+def checkpoint_flat(root: Path, tag: str, servers: int, dtype: str) -> np.ndarray:
+    """The flat parameter vector of checkpoint `tag`: every shard's values, checked and
+    placed at its key range."""
+    from paramserver.coordinator.checkpoint_keeper import check_checkpoint
+    from paramserver.runlog.checkpoint import ShardMeta, part_folder
+    check_checkpoint(root, tag, servers, dtype)
+    parts = []
+    for rank in range(servers):
+        arrays, manifest = load_part(root, tag, f"server-{rank}")
+        meta = ShardMeta.from_dict(manifest.meta, str(part_folder(root, tag, f"server-{rank}")))
+        values = arrays.get("values")
+        if values is None or values.shape != (meta.hi - meta.lo,):
+            raise CheckpointError(f"{part_folder(root, tag, f'server-{rank}')}: no values "
+                                  f"array of keys [{meta.lo}, {meta.hi})")
+        parts.append(values)
+    return np.ascontiguousarray(np.concatenate(parts))
+
+
+def locate(source: str | Path) -> tuple[dict, Path, str | None]:
+    """(the job document, checkpoint root, tag or None for the newest usable) of a run folder,
+    a checkpoint root (a folder with LATEST) or one checkpoint (a ckpt-TAG folder)."""
+    source = Path(source)
+    if not source.exists():
+        raise ExportError(f"{source} does not exist")
+    if not source.is_dir():
+        raise ExportError(f"{source} is no folder (give a run folder or a checkpoint folder)")
+    if (source / "config.json").exists():
+        doc = _job_of(source)
+        ckpt = doc.get("config", {}).get("checkpoint_dir")
+        root = Path(ckpt) if ckpt else source / "checkpoints"
+        if not root.is_absolute() and not root.exists():
+            root = source / root.name
+        return doc, root, None
+    if source.name.startswith("ckpt-"):
+        root, tag = source.parent, source.name[len("ckpt-"):]
+    else:
+        root, tag = source, None
+    for up in (root.parent, root.parent.parent):
+        if (up / "config.json").exists():
+            return _job_of(up), root, tag
+    raise ExportError(f"no config.json next to {source}: the checkpoint's job (its model) is "
+                      f"unknown; give the run folder")
+
+
+def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
+    """Write the trained parameters of `source` (see locate) to `out`; returns (path, what
+    was read: the final model or checkpoint TAG)."""
+    from paramserver.coordinator.checkpoint_keeper import usable_checkpoint
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    doc, root, tag = locate(source)
+    job = doc["job"]
+    keys = model_keys(job)
+    final = Path(source) / FINAL_MODEL
+    if tag is None and final.exists():  # a run folder after its end: the final parameters
+        tensors = read_model(final)
+        return write_model(out, tensors, fmt), f"the final model {final}"
+    servers, dtype = int(job.get("servers", 1)), str(job.get("dtype", "float32"))
+    if tag is None:
+        if latest(root) is None:
+            raise ExportError(f"{source}: no model.pt and no committed checkpoint in {root}")
+        tag, warnings = usable_checkpoint(root, servers, dtype)
+        if tag is None:
+            raise ExportError(f"{source}: no usable checkpoint in {root}: "
+                              + "; ".join(warnings))
+    try:
+        flat = checkpoint_flat(root, tag, servers, dtype)
+    except CheckpointError as exc:
+        raise ExportError(f"checkpoint {tag}: {exc}") from None
+    if flat.size != keys.num_keys:
+        raise ExportError(f"checkpoint {tag} holds {flat.size} keys, the job's model "
+                          f"{keys.num_keys}")
+    return write_model(out, named_tensors(keys, torch.from_numpy(flat)), fmt), \
+        f"checkpoint {tag} in {root}"
