@@ -55,13 +55,20 @@ def _run(args) -> int:
     from paramserver.launch.local import LaunchError, LocalCluster
     from paramserver.runlog.metrics import read_records
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
+    from paramserver.launch.console import ProgressLine
     cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
-                           restart_coordinator=args.restart_coordinator)
+                           restart_coordinator=args.restart_coordinator, stream=sys.stdout)
+    progress = None if args.quiet else ProgressLine(run_dir / "metrics.jsonl", sys.stdout,
+                                                    cluster.console)
+    cluster.progress = progress
     try:
-        cluster.run()
+        cluster.run(on_tick=None if progress is None else progress.tick)
     except LaunchError as exc:
         print(f"paramserver launch: the job failed: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if progress is not None:
+            progress.close()
     failures = _failed_workers(cluster)
     steps = sum(1 for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "step")
     print(f"launch: {args.workers} workers ran {' '.join(command)}; {steps} steps, "
@@ -79,8 +86,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "launch", help=SUMMARY["launch"],
         description="Start a coordinator and shard servers on 127.0.0.1, then run COMMAND once "
-                    "per worker with PARAMSERVER_JOIN set; in the script, "
-                    "paramserver.DistributedOptimizer(model) joins the job (see README).",
+                    "per worker with PARAMSERVER_JOIN (the job's address) and, as torchrun "
+                    "sets them, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; in the "
+                    "script, paramserver.DistributedOptimizer(model) joins the job (see "
+                    "README). Each worker's output goes to logs/worker-<rank>.log and to the "
+                    "console as '[rank i] ...' lines, under a job progress line (steps, "
+                    "samples/s, loss and accuracy if the script reports them, wait share).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
@@ -113,5 +124,7 @@ def register(sub) -> None:
                    help="restart a coordinator that dies, up to N times, at the same address; "
                         "it takes back the running servers and workers, which wait up to 30 s for it "
                         "(default 0)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no job progress line (worker output is still shown)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     p.set_defaults(func=_run)
