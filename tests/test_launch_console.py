@@ -20,6 +20,7 @@ SCRIPT = textwrap.dedent("""
         opt.zero_grad()
         model(torch.ones(opt.batch_size, 3)).sum().backward()
         opt.step(loss=1.0)
+    opt.kv.report({"test_accuracy": 0.875})  # a test metric the progress line shows
     print("done", flush=True)
     opt.close()
 """)
@@ -52,7 +53,8 @@ def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
         log = (out / "logs" / f"worker-{r}.log").read_text()
         assert log.splitlines()[-1] == "done" and "ENV {" in log
     # Not a terminal: the progress line comes as plain lines, the final one with all steps.
-    assert "job: steps 15 |" in proc.stdout and "wait " in proc.stdout
+    final = [line for line in proc.stdout.splitlines() if line.startswith("job: steps 15 |")]
+    assert final and "test_accuracy 0.875 | wait " in final[-1], proc.stdout
 
 
 def test_quiet_launch_has_no_progress_line(tmp_path):
@@ -73,3 +75,7 @@ def test_summary_line_counts_rate_metric_and_wait_share():
     assert summarize(steps) == ("job: steps 11 | 11 samples/s | loss 1 | accuracy 0.75 | "
                                 "wait 14%")
     assert summarize([]) == "job: waiting for the first step"
+    # A metric reported apart (kv.report) shows when the steps carry none.
+    del steps[-1]["accuracy"]
+    assert summarize(steps, metric=("test_accuracy", 0.5)).endswith(
+        "loss 1 | test_accuracy 0.5 | wait 14%")

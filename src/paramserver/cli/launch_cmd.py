@@ -106,7 +106,7 @@ def register(sub) -> None:
                     "script, paramserver.DistributedOptimizer(model) joins the job (see "
                     "README). Each worker's output goes to logs/worker-<rank>.log and to the "
                     "console as '[rank i] ...' lines, under a job progress line (steps, "
-                    "samples/s, loss and accuracy if the script reports them, wait share). "
+                    "samples/s, loss, a test metric if the script reports one, wait share). "
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")

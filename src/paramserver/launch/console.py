@@ -12,14 +12,25 @@ import threading
 import time
 from pathlib import Path
 
-# Keys a script may report with its step (opt.step(loss=..., accuracy=...)) shown as its metric.
+# Keys of a test metric a script reports (with its step, or kv.report()), shown on the line.
 METRIC_KEYS = ("test_accuracy", "test_acc", "accuracy", "acc", "metric")
 
 
-def summarize(steps: list[dict], window: float = 10.0) -> str:
+def metric_of(record: dict) -> tuple[str, float] | None:
+    """The test metric a record carries (a step's, or one the script sent with report())."""
+    for key in METRIC_KEYS:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return key, float(value)
+    return None
+
+
+def summarize(steps: list[dict], window: float = 10.0,
+              metric: tuple[str, float] | None = None) -> str:
     """One line from step records (`t`, `batch`, `wait_s`, optional loss and metric): steps,
-    samples/s over the last `window` s of job time, the latest loss and metric, and the share
-    of the workers' step time spent waiting for the policy."""
+    samples/s over the last `window` s of job time, the latest loss and test metric (a step's,
+    else `metric`, the latest reported apart), and the share of the workers' step time spent
+    waiting for the policy."""
     if not steps:
         return "job: waiting for the first step"
     t_end = max(r.get("t", 0.0) for r in steps)
@@ -30,12 +41,9 @@ def summarize(steps: list[dict], window: float = 10.0) -> str:
     last = steps[-1]
     if "loss" in last:
         parts.append(f"loss {last['loss']:.4g}")
-    for key in METRIC_KEYS:
-        found = next((r[key] for r in reversed(steps) if isinstance(r.get(key), (int, float))),
-                     None)
-        if found is not None:
-            parts.append(f"{key} {found:.4g}")
-            break
+    found = next((m for r in reversed(steps) if (m := metric_of(r)) is not None), metric)
+    if found is not None:
+        parts.append(f"{found[0]} {found[1]:.4g}")
     waits = [r["wait_s"] for r in recent if isinstance(r.get("wait_s"), (int, float))]
     if waits and span > 0:
         workers = len({r.get("worker") for r in recent}) or 1
@@ -53,6 +61,7 @@ class ProgressLine:
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.interval = interval if self.tty else plain_interval
         self.steps: list[dict] = []
+        self.metric: tuple[str, float] | None = None
         self._offset = 0
         self._shown = ""
         self._drawn = False  # a line sits on the terminal's last row
@@ -74,6 +83,8 @@ class ProgressLine:
                 continue
             if record.get("kind") == "step":
                 self.steps.append(record)
+            elif metric_of(record) is not None:  # kv.report({"test_accuracy": ...})
+                self.metric = metric_of(record)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -81,7 +92,7 @@ class ProgressLine:
             return
         self._last = now
         self._read()
-        text = summarize(self.steps)
+        text = summarize(self.steps, metric=self.metric)
         if text == self._shown and (self.tty or not self.steps):
             return
         with self.lock:
@@ -115,5 +126,5 @@ class ProgressLine:
         with self.lock:
             self.clear()
             if self.steps:
-                self.stream.write(summarize(self.steps) + "\n")
+                self.stream.write(summarize(self.steps, metric=self.metric) + "\n")
                 self.stream.flush()
