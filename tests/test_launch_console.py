@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from paramserver.launch.console import summarize
 
 SCRIPT = textwrap.dedent("""
@@ -57,6 +59,7 @@ def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
     assert final and "test_accuracy 0.875 | wait " in final[-1], proc.stdout
 
 
+@pytest.mark.slow  # 5 s of a live job for one flag
 def test_quiet_launch_has_no_progress_line(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
