@@ -1,14 +1,16 @@
 """`paramserver launch`: what each worker of a user's script sees (torchrun's variables) and
 what the console shows (rank-prefixed output, the job progress line)."""
 
+import io
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
-from paramserver.launch.console import summarize
+from paramserver.launch.console import ProgressLine, summarize
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -82,3 +84,29 @@ def test_summary_line_counts_rate_metric_and_wait_share():
     del steps[-1]["accuracy"]
     assert summarize(steps, metric=("test_accuracy", 0.5)).endswith(
         "loss 1 | test_accuracy 0.5 | wait 14%")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_only_when_it_changes(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    term = _Terminal()
+    line = ProgressLine(metrics, term, threading.Lock(), interval=0.0)
+    line.tick()  # no file yet
+    assert term.getvalue() == "\r\x1b[Kjob: waiting for the first step"
+    metrics.write_text(json.dumps({"t": 0.0, "kind": "step", "worker": 0, "batch": 8}) + "\n"
+                       + '{"t": 1.0, "kind": "st')  # a torn line waits for its end
+    line.tick()
+    line.tick()  # unchanged: nothing drawn (no flicker)
+    assert term.getvalue().count("\r\x1b[K") == 2 and term.getvalue().endswith("job: steps 1 | "
+                                                                               "0 samples/s")
+    with line.lock:  # a worker's line: the progress line goes and comes back under it
+        line.clear()
+        term.write("[rank 0] hello\n")
+        line.redraw()
+    assert term.getvalue().endswith("\r\x1b[K[rank 0] hello\n\r\x1b[Kjob: steps 1 | 0 samples/s")
+    line.close()
+    assert term.getvalue().endswith("\r\x1b[Kjob: steps 1 | 0 samples/s\n")
