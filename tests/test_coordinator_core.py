@@ -309,6 +309,21 @@ def test_no_worker_started_in_time_fails_the_job(make):
     assert state.failure == out[-1].failure and state.stopping
 
 
+def test_a_worker_gets_the_rank_it_asks_for_while_that_is_free(make):
+    def rank_of(state, src, want):
+        reply = state.handle(Registered(src, "worker", 0.1, to=src, want_rank=want))[0]
+        assert reply.op == "welcome"
+        return reply.fields["rank"]
+
+    state = make(**PATIENT)
+    register_all(state, workers=0)
+    # b's wish is taken: the first free rank.
+    assert [rank_of(state, "a", 1), rank_of(state, "b", 1)] == [1, 0]
+    state = make(**PATIENT)
+    register_all(state, workers=0)
+    assert rank_of(state, "c", 7) == 0  # no rank of this 2-worker job
+
+
 def test_the_start_barrier_says_whom_it_waits_for_in_status_and_notes(make):
     state = make(**PATIENT)
     state.handle(Registered("w0", "worker", 0.1, to="reg-w0"))

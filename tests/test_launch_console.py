@@ -20,6 +20,7 @@ SCRIPT = textwrap.dedent("""
     print("ENV " + json.dumps({k: os.environ.get(k) for k in names}), flush=True)
     model = torch.nn.Linear(3, 1)
     opt = paramserver.DistributedOptimizer(model)
+    print(f"JOB RANK {opt.rank}", flush=True)
     while not opt.should_stop:
         opt.zero_grad()
         model(torch.ones(opt.batch_size, 3)).sum().backward()
@@ -53,6 +54,9 @@ def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
     # its log, where it carries no prefix.
     assert sorted(line for line in proc.stdout.splitlines() if line.endswith("] done")) == [
         f"[rank {r}] done" for r in range(3)]
+    # The job gives each script the rank its RANK names.
+    assert sorted(line for line in proc.stdout.splitlines() if "] JOB RANK " in line) == [
+        f"[rank {r}] JOB RANK {r}" for r in range(3)]
     for r in range(3):
         log = (out / "logs" / f"worker-{r}.log").read_text()
         assert log.splitlines()[-1] == "done" and "ENV {" in log

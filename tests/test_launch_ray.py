@@ -35,6 +35,8 @@ def test_launch_places_a_user_script_through_ray(tmp_path):
     for rank, env in seen.items():
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
         assert env["PARAMSERVER_JOIN"].startswith("tcp://127.0.0.1:")
+    assert sorted(line for line in proc.stdout.splitlines() if "] JOB RANK " in line) == [
+        "[rank 0] JOB RANK 0", "[rank 1] JOB RANK 1"]
     assert sorted(line for line in proc.stdout.splitlines() if line.endswith("] done")) == [
         "[rank 0] done", "[rank 1] done"]
     steps = (out / "metrics.jsonl").read_text().count('"kind": "step"')
