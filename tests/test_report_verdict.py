@@ -83,3 +83,20 @@ def test_a_winner_with_its_own_update_rule_is_named_with_it():
     ssp.optimizer, ssp.own_rule = "dynsgd", True
     v = scenario_verdict("s", [row("bsp", 3.0), ssp], TARGET)
     assert v.fastest == ("ssp",) and "ssp (with dynsgd) is the soonest" in v.text
+
+
+def test_runs_without_accuracy_get_a_throughput_answer_not_a_failure():
+    """A simulation without --train measures no accuracy: the verdict must not call its
+    policies failed (plateaued, stale) but name the one with the most samples per second."""
+    bsp = row("bsp", None, final=None, best=None)
+    fast = Row(**{**bsp.__dict__, "policy": "ebsp", "samples_per_s": 250.0,
+                  "wait_fraction": 0.05})
+    v = scenario_verdict("sim", [bsp, fast], TARGET)
+    assert v.fastest == ()
+    assert "no test accuracy was measured" in v.text
+    assert "ebsp trains the most samples per second: 250, waiting 5.0%" in v.text
+    assert "x2.50 BSP's" in v.text and "never reached" not in v.text
+    # one run that did measure accuracy and missed is a failure again
+    measured = row("ssp", None, final=0.5, best=0.6)
+    assert "no test accuracy was measured" not in scenario_verdict(
+        "sim", [bsp, fast, measured], TARGET).text

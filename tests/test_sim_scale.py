@@ -90,6 +90,9 @@ def test_cli_detail_summary_run_folder_and_its_report(tmp_path, capsys):
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert "ebsp" in page
+    # no accuracy without --train: the verdict answers by throughput, nothing "plateaued"
+    assert "no test accuracy was measured" in page and "plateaued" not in page
+    assert "have no test evaluation" in page and "evaluation(s) during training" not in page
     from paramserver.report import collect
     run = collect(out).runs[0]
     assert sum(run.staleness.values()) == 2400

@@ -137,10 +137,15 @@ def notes_section(c: Collection) -> str:
 def warnings_section(c: Collection, rows: list[Row]) -> str:
     """Skipped runs, recomputed summaries, and every run that never reached the target."""
     items = list(c.warnings)
+    unmeasured = [r for r in c.runs if not r.evals]
+    if unmeasured:
+        items.append(f"{len(unmeasured)} of {len(c.runs)} run(s) have no test evaluation (a "
+                     "simulation without --train, or a job without an evaluator): they give "
+                     "throughput and waits, not a time to target")
     items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) never reached "
               f"{fmt_target(c.score, c.target)} (best "
               f"{fmt_score(c.score, r.summary.get(f'best_test_{c.score}'))})"
-              for r in c.runs if r.time_to(c.target) is None]
+              for r in c.runs if r.evals and r.time_to(c.target) is None]
     items += [f"{r.path}: {r.policy} in {r.scenario} (repeat {r.repeat}) diverged: its test "
               f"loss is not a finite number from {r.summary['diverged_at_s']:.1f} s on, so its "
               f"final accuracy is chance. A smaller --lr, or --optimizer dynsgd for the "
@@ -162,6 +167,8 @@ def coverage_warnings(c: Collection) -> list[str]:
     for scenario in c.scenarios():
         for policy in c.policies(scenario):
             runs = c.select(scenario, policy)
+            if not any(r.evals for r in runs):  # nothing measured: said once, above
+                continue
             during = median(r.evals_in_training for r in runs)
             lag = median(r.eval_lag for r in runs)
             train = median(r.train_time for r in runs)
@@ -257,7 +264,10 @@ def diagnoses(c: Collection, rows: list[Row]) -> dict[tuple[str, str], Diagnosis
         outcomes = [RunOutcome(reached=r.time_to(c.target) is not None,
                                final=r.summary.get(f"final_test_{c.score}"),
                                best=r.summary.get(f"best_test_{c.score}"),
-                               diverged_at=r.summary.get("diverged_at_s")) for r in runs]
+                               diverged_at=r.summary.get("diverged_at_s")) for r in runs
+                    if r.evals or r.summary.get("diverged_at_s") is not None]
+        if not outcomes:  # no accuracy was measured: there is no failure to explain
+            continue
         found = diagnose(setting, outcomes, chance, c.score)
         if found is not None:
             out[(row.scenario, row.policy)] = found

@@ -84,6 +84,21 @@ def _failure(row: Row, score: str, diverged: list[float]) -> str:
     return out + (f", and it {never}" if missed > len(diverged) else "")
 
 
+def _unmeasured(scenario: str, rows: list[Row]) -> str:
+    """No run measured accuracy (a simulation without --train): the answer is throughput."""
+    text = (f"On {scenario}, no test accuracy was measured (a simulation without --train, or "
+            f"runs without an evaluator), so there is no time to target")
+    if not rows:
+        return text + "."
+    top = max(rows, key=lambda r: r.samples_per_s)
+    text += (f"; by throughput, {top.policy} trains the most samples per second: "
+             f"{top.samples_per_s:,.0f}, waiting {100 * top.wait_fraction:.1f}% of the time")
+    base = next((r for r in rows if r.policy == BASELINE), None)
+    if base is not None and top is not base and base.samples_per_s > 0:
+        text += f" (x{top.samples_per_s / base.samples_per_s:.2f} BSP's)"
+    return text + ". More samples per second is not sooner accuracy when pushes are stale."
+
+
 def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str = "accuracy",
                      diverged: dict[str, list[float]] | None = None,
                      diagnoses: dict[str, Diagnosis] | None = None) -> Verdict:
@@ -103,6 +118,9 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     goal = fmt_target(score, target)
     reached = sorted((r for r in rows if r.tta_median is not None), key=lambda r: r.tta_median)
     failed = [why(r) for r in rows if r.tta_median is None]
+    if not reached and all(r.best_accuracy is None and r.final_accuracy is None
+                           and not diverged.get(r.policy) for r in rows):
+        return Verdict(scenario, (), _unmeasured(scenario, rows))
     if not reached:
         text = f"On {scenario}, no policy reached {goal}."
         return Verdict(scenario, (), text + ("" if not failed else " " + "; ".join(failed) + "."))
