@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from test_serve import README_ADDRESS, _reap, _serve, kv_snippet
 
 STALL = """
@@ -88,6 +90,7 @@ kv.close()
 """
 
 
+@pytest.mark.slow  # 12 s: the release timeout runs out; the default suite is near its budget
 def test_a_worker_whose_start_is_never_released_gives_up_naming_the_missing_peers(tmp_path):
     proc, port, _ = _serve(tmp_path, "--workers", "2", "--start-timeout", "60")
     try:
