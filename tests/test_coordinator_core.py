@@ -290,13 +290,51 @@ PATIENT = dict(start_timeout=120.0, start_grace=1000.0, server_timeout=1000.0)
 def test_no_worker_started_in_time_fails_the_job(make):
     state = make(**PATIENT)
     register_all(state)
+    # Meanwhile it says, every few seconds, whom it waits for.
+    assert state.next_wakeup() == pytest.approx(5.0)
+    out = state.handle(TimePassed(5.0))
+    assert out == [Warn("start barrier: waiting, 0 of 2 workers started (ranks none); "
+                        "registered, not started: 0, 1; servers: 1/1 registered; going on "
+                        "with the workers that started at 120 s (start_timeout)")]
+    assert state.next_wakeup() == pytest.approx(10.0)
+    assert state.handle(TimePassed(7.0)) == []
+    assert all(type(i) is Warn for i in state.handle(TimePassed(119.0)))
     assert state.next_wakeup() == pytest.approx(120.0)
-    assert state.handle(TimePassed(119.0)) == []
     out = state.handle(TimePassed(120.5))
     assert match(out[0], AppendEvent, kind="job_failed")
-    assert isinstance(out[-1], Finish) and out[-1].failure.startswith(
-        "no worker started within 120 s; expected 2, registered: rank 0 (w0), rank 1 (w1)")
+    assert isinstance(out[-1], Finish) and out[-1].failure == (
+        "no worker started within 120 s; expected 2, registered: rank 0 (w0), rank 1 (w1) "
+        "(0 of 2 workers started (ranks none); registered, not started: 0, 1; servers: 1/1 "
+        "registered)")
     assert state.failure == out[-1].failure and state.stopping
+
+
+def test_a_worker_gets_the_rank_it_asks_for_while_that_is_free(make):
+    def rank_of(state, src, want):
+        reply = state.handle(Registered(src, "worker", 0.1, to=src, want_rank=want))[0]
+        assert reply.op == "welcome"
+        return reply.fields["rank"]
+
+    state = make(**PATIENT)
+    register_all(state, workers=0)
+    # b's wish is taken: the first free rank.
+    assert [rank_of(state, "a", 1), rank_of(state, "b", 1)] == [1, 0]
+    state = make(**PATIENT)
+    register_all(state, workers=0)
+    assert rank_of(state, "c", 7) == 0  # no rank of this 2-worker job
+
+
+def test_the_start_barrier_says_whom_it_waits_for_in_status_and_notes(make):
+    state = make(**PATIENT)
+    state.handle(Registered("w0", "worker", 0.1, to="reg-w0"))
+    # A worker's registration is answered once every shard is up.
+    assert state.waiting_for() == ("0 of 2 workers started (ranks none); not registered: 1; "
+                                   "servers: 0/1 registered; 1 worker(s) wait for the servers")
+    register_all(state)
+    state.handle(Started("w1", 1.0, to="x"))
+    reply = state.handle(StatusAsked("w0", 2.0, to="q"))[0]
+    assert reply.fields["state"]["waiting_for"] == (
+        "1 of 2 workers started (ranks 1); registered, not started: 0; servers: 1/1 registered")
 
 
 def test_past_the_start_timeout_the_started_workers_go_on(make):

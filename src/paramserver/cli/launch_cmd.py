@@ -56,17 +56,37 @@ def _run(args) -> int:
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
+    from paramserver.launch.console import ProgressLine
     from paramserver.launch.local import LaunchError, LocalCluster
     from paramserver.runlog.metrics import read_records
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
-    cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
-                           restart_coordinator=args.restart_coordinator)
+    if args.launcher == "ray":
+        if args.restart_coordinator:
+            print("paramserver launch: --restart-coordinator is not supported with --launcher "
+                  "ray yet; use the local launcher for it", file=sys.stderr)
+            return 2
+        from paramserver.launch.ray_launcher import RayCluster, Resources
+        cluster = RayCluster(job, run_dir, address=args.address, job_timeout=args.timeout,
+                             resources=Resources(args.ray_worker_cpus, args.ray_worker_gpus,
+                                                 args.ray_server_cpus),
+                             worker_cmd=command, stream=sys.stdout)
+    else:
+        cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
+                               restart_coordinator=args.restart_coordinator, stream=sys.stdout)
+    progress = None if args.quiet else ProgressLine(run_dir / "metrics.jsonl", sys.stdout,
+                                                    cluster.console)
+    cluster.progress = progress
     try:
-        cluster.run()
+        cluster.run(on_tick=None if progress is None else progress.tick)
     except LaunchError as exc:
         print(f"paramserver launch: the job failed: {exc}", file=sys.stderr)
         return 1
-    failures = _failed_workers(cluster)
+    finally:
+        if progress is not None:
+            progress.close()
+    failures = _failed_workers(cluster) if args.launcher == "local" else [
+        f"worker {rank} exited with {code}" for rank, code in cluster.worker_exits().items()
+        if code not in (0, None)]
     steps = sum(1 for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "step")
     print(f"launch: {args.workers} workers ran {' '.join(command)}; {steps} steps, "
           f"logs in {run_dir}")
@@ -76,16 +96,22 @@ def _run(args) -> int:
 
 
 # The one-line help of each command here (cli.main lists them without building parsers).
-SUMMARY = {"launch": "run your own training script as the workers of a local job"}
+SUMMARY = {"launch": "run your own training script as the workers of a job (here, or "
+                     "through Ray)"}
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "launch", help=SUMMARY["launch"],
-        description="Start a coordinator and shard servers on 127.0.0.1, then run COMMAND once "
-                    "per worker with PARAMSERVER_JOIN set; in the script, "
-                    "paramserver.DistributedOptimizer(model) joins the job (see README).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        description="Start a coordinator and shard servers on 127.0.0.1 (or, with --launcher "
+                    "ray, every process as a Ray actor, placed by Ray), then run COMMAND once "
+                    "per worker with PARAMSERVER_JOIN (the job's address) and, as torchrun "
+                    "sets them, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; in the "
+                    "script, paramserver.DistributedOptimizer(model) joins the job (see "
+                    "README). Each worker's output goes to logs/worker-<rank>.log and to the "
+                    "console as '[rank i] ...' lines, under a job progress line (steps, "
+                    "samples/s, loss, a test metric if the script reports one, wait share). "
+                    "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
     p.add_argument("--sync", default="bsp",
@@ -123,5 +149,9 @@ def register(sub) -> None:
                    help="restart a coordinator that dies, up to N times, at the same address; "
                         "it takes back the running servers and workers, which wait up to 30 s for it "
                         "(default 0)")
+    from paramserver.cli.train_cmd import add_launcher_args
+    add_launcher_args(p)
+    p.add_argument("--quiet", action="store_true",
+                   help="no job progress line (worker output is still shown)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
     p.set_defaults(func=_run)

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "paramserver.cli.launch_cmd",
     "paramserver.cli.report_cmd",
     "paramserver.cli.roles",
+    "paramserver.cli.serve_cmd",
     "paramserver.cli.simulate_cmd",
     "paramserver.cli.tensorboard_cmd",
     "paramserver.cli.train_cmd",

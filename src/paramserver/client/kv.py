@@ -136,7 +136,7 @@ class KVWorker:
                                           timeout, release_timeout)
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
-        welcome = self.session.register(role, num_keys)
+        welcome = self.session.register(role, num_keys, want_rank=_launch_rank())
         self.rank: int = welcome["rank"]
         self.job: dict = welcome["job"]  # the welcome's job as it came (user scripts read it)
         self.spec: WorkerJob = WorkerJob.from_dict(self.job)  # parsed once, typed
@@ -668,3 +668,10 @@ class KVWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _launch_rank() -> int | None:
+    """The worker's slot as `paramserver launch` (or torchrun) numbers it: $RANK, asked for as
+    the job rank so that RANK, paramserver.rank() and the '[rank i]' prefix agree."""
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None

@@ -30,6 +30,9 @@ PEER_CHECK = 0.25
 # A first registration unanswered this long is sent again: a coordinator that died with it
 # never answers, and its replacement knows nothing of it (a repeat is answered as the first).
 REGISTER_AGAIN = 2.0
+# While start() waits for the start barrier, how often it asks the coordinator whom for (and
+# says so): a job that never starts tells its user which peers it misses.
+STATUS_EVERY = 5.0
 
 
 @dataclass
@@ -73,6 +76,7 @@ class CoordinatorSession:
         # Bad frames from the coordinator are dropped (the call waits on, bounded by its
         # timeout) and logged at a bounded rate.
         self.refusals = RefusalLog(log.warning, time.monotonic)
+        self.barrier_wait: str | None = None  # whom the start barrier waited for, last asked
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -157,11 +161,17 @@ class CoordinatorSession:
             while_waiting()
         since = sent = time.monotonic()
         deadline = since + timeout
+        asked, status_rid = since, None  # a start's questions: whom does the barrier wait for
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                waited = (f"; the start barrier was waiting: {self.barrier_wait}"
+                          if msg.op == "start" and self.barrier_wait else "")
                 raise TimeoutError(f"coordinator at {self.join} did not answer {msg.op!r} "
-                                   f"within {timeout:.0f} s")
+                                   f"within {timeout:.0f} s{waited}")
+            if msg.op == "start" and time.monotonic() - asked >= STATUS_EVERY:
+                asked, status_rid = time.monotonic(), self.next_rid()
+                rpc.send_or_drop(self.sock, Message("status", rid=status_rid, src=self.src))
             if not self.sock.poll(min(left, PEER_CHECK) * 1000):
                 if msg.op == "register":
                     if time.monotonic() - sent > REGISTER_AGAIN:
@@ -179,6 +189,9 @@ class CoordinatorSession:
                 name = f"the coordinator at {self.join}"
                 self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
                 continue
+            if status_rid is not None and reply.rid == status_rid and reply.op == "state":
+                self._barrier_status(reply["state"], time.monotonic() - since)
+                continue
             if reply.rid != msg.rid:
                 continue  # a late answer to an earlier, timed-out request
             if reply.op == "error":
@@ -188,14 +201,24 @@ class CoordinatorSession:
                 raise RemoteError(f"coordinator refused {msg.op!r}: {reply['msg']}")
             return reply
 
+    def _barrier_status(self, state, waited: float) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("waiting_for"), str):
+            return  # open already (its release is on the way), or an older coordinator
+        self.barrier_wait = state["waiting_for"]
+        log.warning("start(): waited %.0f s for the start barrier at %s: %s", waited, self.join,
+                    self.barrier_wait)
+
     def _send_again(self, msg: Message) -> float:
         msg.rid = self.next_rid()
         rpc.send_or_drop(self.sock, msg)  # dropped: the wait goes on, bounded, as for the first
         return time.monotonic()
 
-    def register(self, role: str, num_keys: int | None) -> Message:
-        """Join the job as `role`; the welcome carries the rank and the job."""
+    def register(self, role: str, num_keys: int | None, want_rank: int | None = None) -> Message:
+        """Join the job as `role` (a worker: as rank `want_rank` if that is free); the welcome
+        carries the rank and the job."""
         fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
+        if want_rank is not None and role == "worker":
+            fields["want_rank"] = int(want_rank)
         welcome = self.call(Message("register", fields), self.timeout)
         job = welcome["job"]
         self.me = Identity(role, welcome["rank"], num_keys or job.get("num_keys"),

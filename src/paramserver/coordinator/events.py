@@ -28,6 +28,7 @@ class Registered:
     addr: str | None = None  # a server's address
     num_keys: int | None = None  # a worker's model size, when it knows it
     rejoin: dict | None = None  # a live member back to a restarted coordinator: who it is
+    want_rank: int | None = None  # a worker's launch slot ($RANK): its rank when still free
 
 
 @dataclass(slots=True)

@@ -197,7 +197,12 @@ class Membership:
             raise ValueError(f"{len(group)} observers are registered already; at most "
                              f"{MAX_OBSERVERS}")
         taken = {m.rank for m in group.values()}
-        rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        want = event.want_rank
+        if (group is roster.workers and want is not None and 0 <= want < self.workers_expected
+                and want not in taken):
+            rank = want  # a launched script's $RANK is its job rank, as torchrun users expect
+        else:
+            rank = next(r for r in range(len(taken) + 1) if r not in taken)
         if group is roster.workers and rank >= self.workers_expected:
             # One wait per sender (a retry replaces it), and at most as many as there are
             # ranks: a flood of registrations must not grow the list for 2 heartbeat timeouts.

@@ -41,7 +41,7 @@ REFUSED = (ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 def _register(msg: Message, now: float, to, link) -> Registered:
     return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"),
-                      msg.get("rejoin"))
+                      msg.get("rejoin"), msg.get("want_rank"))
 
 
 def _clock(msg: Message, now: float, to, link) -> Clocked:

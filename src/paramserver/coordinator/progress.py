@@ -7,6 +7,29 @@ from paramserver.coordinator.membership import Member, Roster
 
 # With every worker gone, how long a checkpoint being written may hold the end of the job.
 CHECKPOINT_GRACE = 60.0
+# While the start barrier is shut, how often the coordinator says whom it waits for.
+WAIT_NOTE_EVERY = 5.0
+
+
+def _ranks(members) -> str:
+    return ", ".join(str(m.rank) for m in sorted(members, key=lambda m: m.rank)) or "none"
+
+
+def waiting_for(roster: Roster, workers: int, servers: int, pending_workers: int,
+                evaluator: bool) -> str:
+    """Whom the start barrier waits for, by rank: a user whose job hangs at its start reads
+    which peers never came (and which came but never called start())."""
+    started = [m for m in roster.workers.values() if m.started]
+    idle = [m for m in roster.workers.values() if not m.started]
+    parts = [f"{len(started)} of {workers} workers started (ranks {_ranks(started)})",
+             f"registered, not started: {_ranks(idle)}" if idle else
+             f"not registered: {max(0, workers - len(roster.workers) - pending_workers)}",
+             f"servers: {len(roster.servers)}/{servers} registered"]
+    if pending_workers:
+        parts.append(f"{pending_workers} worker(s) wait for the servers")
+    if evaluator and not any(m.started for m in roster.observers.values()):
+        parts.append("the evaluator has not started")
+    return "; ".join(parts)
 
 
 class StartBarrier:
@@ -22,6 +45,7 @@ class StartBarrier:
         self.open = False
         self.t_start: float | None = None  # when it opened, less elapsed_before: metrics' t = 0
         self.lost_before_start = 0  # workers that died before training began: not waited for
+        self.noted_at = 0.0  # when it last said whom it waits for
 
     def check(self, now: float, roster: Roster) -> tuple[str | None, list[Member], str | None]:
         """(failure, the started workers in rank order if it opens now, a warning)."""
@@ -46,7 +70,14 @@ class StartBarrier:
         return None, started, warning
 
     def next_deadline(self) -> float | None:
-        return None if self.open else self.start_timeout
+        return None if self.open else min(self.start_timeout, self.noted_at + WAIT_NOTE_EVERY)
+
+    def note_due(self, now: float) -> bool:
+        """True every WAIT_NOTE_EVERY s while shut (then the caller says whom it waits for)."""
+        if self.open or now < self.noted_at + WAIT_NOTE_EVERY:
+            return False
+        self.noted_at = now
+        return True
 
 
 class Budget:

@@ -20,7 +20,7 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
-from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier
+from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.policies import (
@@ -146,8 +146,10 @@ class CoordinatorState:
                 t = self.end.next_deadline(self.members.roster, self.schedule)
                 if t is not None and (due is None or t < due):
                     due = t
-        elif due is None or barrier.start_timeout < due:
-            due = barrier.start_timeout
+        else:
+            t = barrier.next_deadline()
+            if due is None or t < due:
+                due = t
         t = self.recovery.next_deadline(self.members.roster.servers)
         if t is not None and (due is None or t < due):
             due = t
@@ -158,6 +160,12 @@ class CoordinatorState:
         return due
 
     # ---- queries --------------------------------------------------------------------------------
+    def waiting_for(self) -> str:
+        """Whom the start barrier waits for (its note, its failure, a status reply)."""
+        m = self.members
+        return waiting_for(m.roster, m.workers_expected, m.servers_expected,
+                           len(m.pending_workers), self.barrier.evaluator)
+
     @property
     def progress(self) -> int:
         """What versions count: rounds applied (round mode) or worker steps (arrival mode)."""
@@ -528,6 +536,7 @@ class CoordinatorState:
         state = {"policy": host.name, "rounds_applied": host.rounds_applied,
                  "samples_done": host.samples_done, "stopping": host.stopping,
                  "started": self.barrier.open,
+                 "waiting_for": None if self.barrier.open else self.waiting_for(),
                  "workers_done": self.barrier.open and not roster.workers,
                  "elapsed_s": 0.0 if t_start is None else e.now - t_start,
                  "workers": {s: {"rank": m.rank, "steps": m.steps}
@@ -677,9 +686,13 @@ class CoordinatorState:
     def _check_start_barrier(self, now: float, out: list) -> None:
         failure, started, warning = self.barrier.check(now, self.members.roster)
         if failure is not None:
-            self._fail(failure, now, out)
+            self._fail(f"{failure} ({self.waiting_for()})", now, out)
             return
         if not self.barrier.open:
+            if self.barrier.note_due(now):
+                out.append(Warn(f"start barrier: waiting, {self.waiting_for()}; going on with "
+                                f"the workers that started at {self.barrier.start_timeout:.0f} "
+                                f"s (start_timeout)"))
             return
         if warning is not None:
             out.append(Warn(warning))

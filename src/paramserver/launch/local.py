@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,7 @@ class Child:
     proc: subprocess.Popen
     log_path: Path
     replaced: bool = False
+    pump: threading.Thread | None = None  # copies a streamed child's output to log and console
 
     @property
     def name(self) -> str:
@@ -70,6 +72,11 @@ class LocalCluster:
     job_timeout: float | None = None
     env: dict | None = None
     worker_cmd: list[str] | None = None  # a user's own script instead of `paramserver worker`
+    # Where a user script's output goes besides its log, each line prefixed "[rank i] "; None:
+    # the log only. `console` serializes these writes with a progress line's.
+    stream: object = None
+    console: threading.Lock = field(default_factory=threading.Lock)
+    progress: object = None  # a launch.console.ProgressLine, cleared around each line
     restart_workers: int = 0  # how many dead workers to replace over the job's life
     restarts: int = 0
     # "ephemeral": a fresh key pair per role in the run folder's keys/ (0700), removed at
@@ -132,14 +139,48 @@ class LocalCluster:
         link = self.spec.links.to_dict().get("s", {}) if role == "server" else {}
         if link.get(str(index), link.get("*")):
             env[shaping.ENV] = link.get(str(index), link.get("*"))
+        if command is not None:
+            env.update(self.worker_env(index))
+        streamed = command is not None and self.stream is not None
         command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(command,
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE if streamed else log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=_die_with_parent, env=env)
         child = Child(role, index, proc, log_path)
+        if streamed:
+            child.pump = threading.Thread(target=self._pump, args=(child,), daemon=True)
+            child.pump.start()
         self.children.append(child)
         return child
+
+    def worker_env(self, index: int) -> dict[str, str]:
+        """What torchrun gives each worker; one host, so local rank = rank. RANK is the
+        launch slot, which names the worker's log and output prefix."""
+        n = str(self.spec.workers)
+        return {"RANK": str(index), "WORLD_SIZE": n, "LOCAL_RANK": str(index),
+                "LOCAL_WORLD_SIZE": n}
+
+    def _pump(self, child: Child) -> None:
+        """A user script's output, line by line, into its log and onto the console, prefixed
+        with its rank; ends when the script closes its output (it exited)."""
+        prefix = f"[rank {child.index}] "
+        with open(child.log_path, "ab") as log:
+            for line in iter(child.proc.stdout.readline, b""):
+                log.write(line)
+                log.flush()
+                text = line.decode(errors="replace").rstrip("\n")
+                with self.console:
+                    try:
+                        if self.progress is not None:
+                            self.progress.clear()
+                        self.stream.write(prefix + text + "\n")
+                        if self.progress is not None:
+                            self.progress.redraw()
+                        self.stream.flush()
+                    except (OSError, ValueError):  # a closed console: the log still gets it
+                        pass
+        child.proc.stdout.close()
 
     def _spawn_server(self, index: int) -> Child:
         args = ["--join", self.address, "--bind", self.host]
@@ -288,6 +329,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 c.proc.kill()
                 c.proc.wait(timeout=5)
+        for c in self.children:  # the last lines of a script that exited, then its pipe closes
+            if c.pump is not None:
+                c.pump.join(timeout=5)
         if self._own_keys and self.keys_dir:
             shutil.rmtree(self.keys_dir, ignore_errors=True)
             self.keys_dir, self._own_keys = None, False

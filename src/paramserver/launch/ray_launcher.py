@@ -51,7 +51,11 @@ class RoleProcess:
     """Actor body: one role's process in a private folder of its node."""
 
     def __init__(self, role: str, args: list[str], files: dict[str, str],
-                 keys: dict[str, str], restartable: bool = False):
+                 keys: dict[str, str], restartable: bool = False,
+                 command: list[str] | None = None, env: dict[str, str] | None = None,
+                 cwd: str | None = None):
+        """`command` (a user's script, `launch --launcher ray`) runs instead of `paramserver
+        ROLE args`, with `env` added, in `cwd` where this node has that folder."""
         import ray
         self.dir = Path(tempfile.mkdtemp(prefix=f"paramserver-{role}-"))  # 0700
         for name, text in files.items():
@@ -59,13 +63,15 @@ class RoleProcess:
         _write_keys(self.dir / "keys", keys)
         node = ray.util.get_node_ip_address()
         args = [a.format(dir=self.dir, node_ip=node) for a in args]
-        env = {**os.environ, security.ENV: str(self.dir / "keys")}
+        env = {**os.environ, **(env or {}), security.ENV: str(self.dir / "keys")}
         env.pop(security.NAME_ENV, None)  # the job's keys are written above under role names
         self.log = self.dir / "role.log"
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "paramserver", role, *args],
+            self.proc = subprocess.Popen(command or [sys.executable, "-m", "paramserver", role,
+                                                     *args],
                                          stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,
+                                         cwd=cwd if cwd and os.path.isdir(cwd) else None,
                                          preexec_fn=_die_with_parent)
         if restartable:
             threading.Thread(target=self._die_with_child, daemon=True).start()
@@ -84,6 +90,16 @@ class RoleProcess:
         """One file the role wrote (b"" while it does not exist)."""
         path = self.dir / name
         return path.read_bytes() if path.is_file() and "keys" not in path.parts else b""
+
+    def read_from(self, name: str, offset: int, limit: int = 1 << 20) -> bytes:
+        """What the role's file `name` (its log: "role.log") holds from `offset` on, at most
+        `limit` bytes: the launcher follows output and metrics while the job runs."""
+        path = self.dir / name
+        if "keys" in Path(name).parts or not path.is_file():
+            return b""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(limit)
 
     def address(self, timeout: float) -> str:
         """The coordinator's address once it listens."""
@@ -157,7 +173,14 @@ class RayCluster:
     startup_timeout: float = 120.0
     job_timeout: float | None = None
     restart_workers: int = 0
+    # `launch --launcher ray`: the user's script as the workers (as LocalCluster.worker_cmd),
+    # its output followed onto `stream` with rank prefixes, under `progress` (see launch/local).
+    worker_cmd: list[str] | None = None
+    stream: object = None
+    console: threading.Lock = field(default_factory=threading.Lock)
+    progress: object = None
     actors: list = field(default_factory=list)  # (name, role, actor handle)
+    exits: dict = field(default_factory=dict)  # worker name -> exit code (None: running)
     join: str = ""
     timings: dict = field(default_factory=dict)
 
@@ -199,11 +222,13 @@ class RayCluster:
                     for role in security.ROLES}
 
     def _spawn(self, ray, name: str, role: str, args: list[str], keys: dict, *,
-               cpus: float = 0.0, gpus: float = 0.0, restarts: int = 0, files=None):
+               cpus: float = 0.0, gpus: float = 0.0, restarts: int = 0, files=None,
+               command=None, env=None):
         actor_cls = ray.remote(RoleProcess).options(
             num_cpus=cpus, num_gpus=gpus, max_restarts=restarts, name=None)
         key_role = "observer" if role == "evaluator" else role
-        actor = actor_cls.remote(role, args, files or {}, keys[key_role], restarts > 0)
+        actor = actor_cls.remote(role, args, files or {}, keys[key_role], restarts > 0,
+                                 command, env, os.getcwd() if command else None)
         self.actors.append((name, role, actor))
         return actor
 
@@ -225,9 +250,16 @@ class RayCluster:
             self._spawn(ray, f"server {s}", "server", ["--join", self.join, "--bind", bind], keys,
                         cpus=r.server_cpus)
         for w in range(spec.workers):
+            env = None if not self.worker_cmd else {
+                "PARAMSERVER_JOIN": self.join, "RANK": str(w), "WORLD_SIZE": str(spec.workers),
+                # Ray places each worker where it likes: its local rank is not known here.
+                "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
             self._spawn(ray, f"worker {w}", "worker",
                         ["--join", self.join, "--result-dir", "{dir}/results"], keys,
-                        cpus=r.worker_cpus, gpus=r.worker_gpus, restarts=self.restart_workers)
+                        cpus=r.worker_cpus, gpus=r.worker_gpus, restarts=self.restart_workers,
+                        command=self.worker_cmd, env=env)
+        self._followed = {name: [0, b""] for name, role, _ in self.actors if role == "worker"}
+        self._metrics_at = 0
         if spec.eval_interval:
             self._spawn(ray, "evaluator", "evaluator",
                         ["--join", self.join, "--interval", str(spec.eval_interval),
@@ -248,9 +280,11 @@ class RayCluster:
                     raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
             if deadline is not None and time.monotonic() > deadline:
                 raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
+            self._follow(ray)
             if on_tick is not None:
                 on_tick()
             time.sleep(0.2)
+        self._follow(ray)
         if code != 0:
             raise LaunchError(f"coordinator exited with {code}:\n{ray.get(coord.tail.remote())}")
         grace = time.monotonic() + 15  # servers and workers leave on their own
@@ -258,12 +292,58 @@ class RayCluster:
                 self._poll(ray, a) is None for _, role, a in self.actors[1:] if role != "worker"):
             time.sleep(0.2)
 
+    def _follow(self, ray) -> None:
+        """While the job runs: the user's workers' new output onto the console, prefixed with
+        their rank, and the coordinator's new metrics into the run folder (the progress line
+        reads them there; `_collect` writes the whole file at the end)."""
+        if self.progress is not None:
+            try:
+                data = ray.get(self.actors[0][2].read_from.remote("metrics.jsonl",
+                                                                  self._metrics_at), timeout=10)
+            except Exception:  # ray wraps whatever went wrong; the next tick tries again
+                data = b""
+            if data:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                with open(self.run_dir / "metrics.jsonl", "ab") as f:
+                    f.write(data)
+                self._metrics_at += len(data)
+        if self.stream is None or not self.worker_cmd:
+            return
+        for name, role, actor in self.actors:
+            if role != "worker":
+                continue
+            at = self._followed[name]
+            try:
+                data = ray.get(actor.read_from.remote("role.log", at[0]), timeout=10)
+            except Exception:  # restarting (a fresh log), or gone: nothing to show now
+                continue
+            at[0] += len(data)
+            lines = (at[1] + data).split(b"\n")
+            at[1] = lines.pop()  # a line not finished yet waits for its end
+            if lines:
+                self._show(f"[rank {name.split()[1]}] ", lines)
+
+    def _show(self, prefix: str, lines: list[bytes]) -> None:
+        with self.console:
+            try:
+                if self.progress is not None:
+                    self.progress.clear()
+                for line in lines:
+                    self.stream.write(prefix + line.decode(errors="replace") + "\n")
+                if self.progress is not None:
+                    self.progress.redraw()
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed console: the logs still get it all
+                pass
+
     def _collect(self, ray) -> None:
         """Metrics and events from the coordinator, results and logs from every role."""
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for name, role, actor in self.actors:
             try:
+                if role == "worker":
+                    self.exits[name] = ray.get(actor.poll.remote(), timeout=30)
                 ray.get(actor.stop.remote(), timeout=30)
                 files = ray.get(actor.fetch.remote(), timeout=60)
             except Exception:
@@ -278,6 +358,10 @@ class RayCluster:
                 elif rel.startswith("results/"):
                     (self.run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
                     (self.run_dir / rel).write_bytes(data)
+
+    def worker_exits(self) -> dict[int, int | None]:
+        """Each worker's exit code as the job ended, by rank (a user script's failure)."""
+        return {int(name.split()[1]): code for name, code in self.exits.items()}
 
     def worker_results(self) -> list[dict]:
         import json

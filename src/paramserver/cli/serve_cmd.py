@@ -1,0 +1,114 @@
+"""`paramserver serve --num-keys N`: a bare job (coordinator + shard servers, no built-in task)
+for your own KVWorker clients; prints the address to join and runs until the job ends."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from paramserver.cli import args as flag
+from paramserver.cli import catalog
+from paramserver.spec.job import JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec
+
+DEFAULT_PORT = 5555  # the README's KV example joins tcp://127.0.0.1:5555
+
+
+def build_job(args) -> JobSpec:
+    from paramserver.optim import make_rule
+    from paramserver.policies import make_policy
+    if args.num_keys < 1:
+        raise ValueError(f"--num-keys must be at least 1, not {args.num_keys}")
+    if args.workers < 1 or args.servers < 1:
+        raise ValueError("--workers and --servers must be at least 1")
+    sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
+    make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
+    make_rule(args.optimizer, args.lr, **opt_opts)
+    return JobSpec(
+        num_keys=args.num_keys, dtype=args.dtype, servers=args.servers, workers=args.workers,
+        batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
+        optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
+        max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
+        max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
+        limits=Limits(start_timeout=args.start_timeout))
+
+
+def _run(args) -> int:
+    try:
+        job = build_job(args)
+    except ValueError as exc:
+        print(f"paramserver serve: {exc}", file=sys.stderr)
+        return 2
+    from paramserver.launch.local import LaunchError, LocalCluster
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
+    # Loopback and plaintext: a client needs the address only (for other hosts, start the
+    # roles by hand with --keys, README "Run on a cluster").
+    cluster = LocalCluster(job, run_dir, keys=None, coordinator_port=args.port,
+                           job_timeout=args.timeout)
+    try:
+        address = cluster.start(spawn_workers=False)
+        print(f"serve: {args.num_keys} keys on {args.servers} shard(s), {args.sync}, waiting "
+              f"for {args.workers} worker(s); join at {address}\n"
+              f"       e.g. KVWorker({address!r}); logs in {run_dir}", flush=True)
+        cluster.wait()
+        cluster.finish()
+    except LaunchError as exc:
+        print(f"paramserver serve: the job failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("serve: stopped", file=sys.stderr)
+        return 130
+    finally:
+        cluster.stop()
+    print(f"serve: the job ended; logs in {run_dir}")
+    return 0
+
+
+SUMMARY = {"serve": "a bare job for N keys (coordinator + shards, no task) that your own "
+                    "KVWorker clients join"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "serve", help=SUMMARY["serve"],
+        description="Start a coordinator (on 127.0.0.1:PORT) and shard servers for a flat "
+                    "vector of N keys, with no built-in task, print the address to join, and "
+                    "run until the job's step budget is spent (or --max-seconds, or Ctrl-C). "
+                    "Clients are KVWorker(address) or DistributedOptimizer(join=address) "
+                    "scripts; the start barrier waits for --workers of them (up to "
+                    "--start-timeout, then goes on with those that came) and the coordinator "
+                    "logs whom it waits for meanwhile. Plaintext on loopback only.")
+    p.add_argument("--num-keys", type=int, required=True, metavar="N",
+                   help="the length of the job's flat parameter vector")
+    p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="workers the start barrier waits for (default 1)")
+    p.add_argument("--sync", default="bsp",
+                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp)")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="sync-policy option")
+    p.add_argument("--optimizer", default="sgd",
+                   help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
+                        f"(default sgd)")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="update-rule option, e.g. momentum=0.9")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="batch size the policy starts from (default 32)")
+    p.add_argument("--steps", type=int, default=100,
+                   help="steps per worker before the release says stop (default 100; 0: no "
+                        "step budget)")
+    p.add_argument("--max-seconds", type=flag.positive_seconds,
+                   help="stop after this much training time")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="float32 (default) or float64")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"the coordinator's port (default {DEFAULT_PORT}; 0: any free port)")
+    p.add_argument("--start-timeout", type=flag.positive_seconds, default=600.0,
+                   help="seconds the start barrier waits for all workers; with none by then "
+                        "the job fails (default 600)")
+    p.add_argument("--out", help="run folder (default runs/<time>-serve)")
+    p.add_argument("--timeout", type=flag.positive_seconds,
+                   help="give up after this many s (default: none)")
+    p.set_defaults(func=_run)
