@@ -21,7 +21,7 @@ from paramserver.advise.cluster import SimParams
 from paramserver.emulation.stragglers import RandomStragglers
 from paramserver.policies import make_policy
 from paramserver.sim.comm import LinkSteps
-from paramserver.sim.engine import Engine, Network
+from paramserver.sim.engine import Engine, Network, NullSink
 
 CURVE_POINTS = 256  # points kept of the samples-against-time curve
 STEADY_FROM = 0.2  # the steady rate is measured past this share of the simulated samples
@@ -69,7 +69,7 @@ class SimOutcome:
                 "events": self.events}
 
 
-class CountingSink:
+class CountingSink(NullSink):
     """The engine's sink that counts: per-worker busy and wait seconds, staleness, samples, and
     the cumulative samples at (up to) `every` samples apart."""
 
@@ -94,14 +94,6 @@ class CountingSink:
             self.curve_s.append(float(self.samples))
             self.next_mark = self.samples + self.every
 
-    def left(self, t, w, reason):
-        pass
-
-    def event(self, t, kind, data):
-        pass
-
-    def record(self, record):
-        pass
 
 
 class EarlyPullLinks(LinkSteps):

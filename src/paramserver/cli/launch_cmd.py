@@ -100,6 +100,23 @@ SUMMARY = {"launch": "run your own training script as the workers of a job (here
                      "through Ray)"}
 
 
+def add_policy_args(p) -> None:
+    """The policy and update-rule flags of a job whose workers are the user's own code
+    (launch's script, serve's KV clients)."""
+    p.add_argument("--sync", default="bsp",
+                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp)")
+    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="sync-policy option")
+    p.add_argument("--optimizer", default="sgd",
+                   help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
+                        f"(default sgd)")
+    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+                   help="update-rule option, e.g. momentum=0.9")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="batch size the policy starts from (default 32)")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "launch", help=SUMMARY["launch"],
@@ -114,18 +131,7 @@ def register(sub) -> None:
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
-    p.add_argument("--sync", default="bsp",
-                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp)")
-    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
-                   help="sync-policy option")
-    p.add_argument("--optimizer", default="sgd",
-                   help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
-                        f"(default sgd)")
-    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
-                   help="update-rule option, e.g. momentum=0.9")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="batch size the policy starts from (default 32)")
+    add_policy_args(p)
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
     p.add_argument("--max-seconds", type=flag.positive_seconds,
                    help="stop after this much training time")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from paramserver.cli import args as flag
-from paramserver.cli import catalog
+from paramserver.cli.launch_cmd import add_policy_args
 from paramserver.spec.job import JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec
 
 DEFAULT_PORT = 5555  # the README's KV example joins tcp://127.0.0.1:5555
@@ -84,18 +84,7 @@ def register(sub) -> None:
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
     p.add_argument("--workers", type=int, default=1,
                    help="workers the start barrier waits for (default 1)")
-    p.add_argument("--sync", default="bsp",
-                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp)")
-    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
-                   help="sync-policy option")
-    p.add_argument("--optimizer", default="sgd",
-                   help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
-                        f"(default sgd)")
-    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
-                   help="update-rule option, e.g. momentum=0.9")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="batch size the policy starts from (default 32)")
+    add_policy_args(p)
     p.add_argument("--steps", type=int, default=100,
                    help="steps per worker before the release says stop (default 100; 0: no "
                         "step budget)")
