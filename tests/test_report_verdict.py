@@ -100,3 +100,19 @@ def test_runs_without_accuracy_get_a_throughput_answer_not_a_failure():
     measured = row("ssp", None, final=0.5, best=0.6)
     assert "no test accuracy was measured" not in scenario_verdict(
         "sim", [bsp, fast, measured], TARGET).text
+
+
+def test_a_policy_that_ended_below_the_target_is_named_but_not_the_answer():
+    """ASP crossed the target first and fell back below it; LB-BSP crossed it later and stayed:
+    the answer is LB-BSP, with ASP's early crossing and its final accuracy said."""
+    rows = [row("bsp", 4.7, final=0.958), row("asp", 2.7, final=0.897),
+            row("lbbsp", 2.8, final=0.956)]
+    v = scenario_verdict("one-slow", rows, 0.95)
+    assert v.fastest == ("lbbsp",)
+    assert v.text.startswith("On one-slow, lbbsp is the soonest to reach 95% test accuracy")
+    assert "Sooner, but ended below the target: asp reached it at 2.70 s and ended at 89.7%" \
+        in v.text
+    # when every policy that reached it fell back, the soonest is still the answer
+    v = scenario_verdict("one-slow", [row("bsp", 4.7, final=0.94), row("asp", 2.7, final=0.9)],
+                         0.95)
+    assert v.fastest == ("asp",) and "ended below" not in v.text

@@ -1,5 +1,5 @@
-"""The report's opening answer: per scenario, which policy reaches the target soonest, how much
-sooner than BSP, at what final-accuracy cost, how sure the repeats make it, and who failed why.
+"""The report's opening answer: per scenario, which policy reaches the target soonest (and ends
+at or above it, when one does), how much sooner than BSP, at what final-accuracy cost, how sure the repeats make it, and who failed why.
 
 Pure: it reads table rows (and the divergence times the caller found), never files, so the
 wording can be tested on hand-built rows.
@@ -124,8 +124,13 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     if not reached:
         text = f"On {scenario}, no policy reached {goal}."
         return Verdict(scenario, (), text + ("" if not failed else " " + "; ".join(failed) + "."))
-    best = reached[0]
-    tied = [r for r in reached if math.isclose(r.tta_median, best.tta_median, abs_tol=TIE_S)]
+    # A policy that crossed the target and ended below it is not the answer while another
+    # crossed it and stayed: a user keeps the final model, not the best moment of the run.
+    held = [r for r in reached if r.final_accuracy is None or r.final_accuracy >= target]
+    dropped = [r for r in reached if r not in held]
+    pool = held or reached
+    best = pool[0]
+    tied = [r for r in pool if math.isclose(r.tta_median, best.tta_median, abs_tol=TIE_S)]
     # Among tied policies, BSP is named first: it needs no staleness, so it is the safe pick.
     tied.sort(key=lambda r: r.policy != BASELINE)
     best = tied[0]
@@ -136,6 +141,11 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     lead = (f"On {scenario}, {names} {'tie as' if len(tied) > 1 else 'is'} the soonest to "
             f"reach {goal}: {best.tta_median:.2f} s ({_confidence(best)}); "
             + _against_bsp(best, base, score) + ".")
+    sooner = [r for r in dropped if held and r.tta_median < best.tta_median - TIE_S]
+    if sooner:
+        lead += (" Sooner, but ended below the target: " + "; ".join(
+            f"{r.policy} reached it at {r.tta_median:.2f} s and ended at "
+            f"{_score(score, r.final_accuracy)}" for r in sooner) + ".")
     if failed:
         lead += " Without a time to target: " + "; ".join(failed) + "."
     # Failures that only some repeats had: the median reached, so they are not named above.
