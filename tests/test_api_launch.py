@@ -42,3 +42,28 @@ def test_optimizer_outside_a_job_says_how_to_join(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     with pytest.raises(RuntimeError, match="paramserver launch"):
         DistributedOptimizer(torch.nn.Linear(2, 2))
+
+
+def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(tmp_path):
+    """Rank 1 crashes before joining: without this the start barrier waited for it until
+    launch's --timeout and then said only that the job did not finish."""
+    import time
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, sys, torch, paramserver\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.exit('rank 1: cannot build the model (on purpose)')\n"
+        "opt = paramserver.DistributedOptimizer(torch.nn.Linear(4, 2))\n"
+        "while not opt.should_stop:\n"
+        "    opt.zero_grad(); opt.step()\n"
+        "opt.close()\n")
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--steps", "5",
+         "--timeout", "240", "--quiet", "--out", str(tmp_path / "run"), "--", sys.executable,
+         str(script)], capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "worker 1 died" in proc.stderr and "before the job started" in proc.stderr, proc.stderr
+    assert "cannot build the model (on purpose)" in proc.stderr
+    assert took < 120, f"the launch waited {took:.0f} s for a worker that had died"

@@ -92,6 +92,7 @@ class LocalCluster:
     coordinator_port: int = 0
     children: list[Child] = field(default_factory=list)
     address: str = ""
+    barrier_opened: bool = False  # seen in events.jsonl: from then on dead workers are the policy's
     keys_dir: str | None = None
     _own_keys: bool = False
 
@@ -264,10 +265,19 @@ class LocalCluster:
 
     def _vital_failure(self) -> Child | None:
         """A dead coordinator ends the job, and so does a dead server unless it is restarted
-        (see restart_servers); dead workers are the policy's business."""
+        (see restart_servers); dead workers are the policy's business once the start barrier
+        has opened. Before that, a worker that failed and will not be replaced ends the job:
+        the barrier would wait for it until its timeout (a script that crashed on import, a
+        model the coordinator refused)."""
         for c in list(self.children):
             code = c.proc.poll()
-            if code in (None, 0) or c.replaced or c.role not in ("coordinator", "server"):
+            if code in (None, 0) or c.replaced:
+                continue
+            if c.role == "worker":
+                if self.restarts >= self.restart_workers and not self._barrier_open():
+                    return c
+                continue
+            if c.role not in ("coordinator", "server"):
                 continue
             if c.role == "coordinator" and self._restart_coordinator(c):
                 continue
@@ -279,8 +289,20 @@ class LocalCluster:
             return c
         return None
 
+    def _barrier_open(self) -> bool:
+        if not self.barrier_opened:
+            try:
+                text = (self.run_dir / "events.jsonl").read_text()
+            except OSError:
+                return False
+            self.barrier_opened = '"event": "barrier_open"' in text
+        return self.barrier_opened
+
     def _failure_message(self, c: Child) -> str:
         msg = f"{c.name} died with exit code {c.proc.returncode}"
+        if c.role == "worker":
+            return (f"{msg} before the job started (the start barrier waits for every "
+                    f"worker); its last output:\n{c.tail()}")
         if c.role == "server":
             msg += (f" after {self.server_restarts} server restart(s) of {self.restart_servers}"
                     if self.restart_servers else
