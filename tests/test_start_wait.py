@@ -61,6 +61,8 @@ def test_a_worker_and_the_coordinator_say_whom_the_start_barrier_waits_for(tmp_p
     assert "start barrier: waiting, 1 of 2 workers started (ranks 0); not registered: 1" in log
 
 
+@pytest.mark.slow  # 12 s of start timeout; tests/test_coordinator_core.py's
+# test_no_worker_started_in_time_fails_the_job checks the same failure and text without sockets
 def test_a_job_whose_workers_never_start_fails_naming_them(tmp_path):
     proc, port, _ = _serve(tmp_path, "--start-timeout", "9")
     stall = subprocess.Popen([sys.executable, "-c",
