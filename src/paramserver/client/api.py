@@ -212,7 +212,7 @@ def _env_int(*names: str) -> int | None:
 
 def rank() -> int:
     """This worker's rank: the coordinator's once an optimizer has joined, else the
-    launcher's RANK (the coordinator ranks workers in the order they register)."""
+    launcher's RANK (under launch the two agree: a worker asks for its RANK at register)."""
     if _joined:
         return _joined[-1].rank
     value = _env_int("PARAMSERVER_RANK", "RANK")
