@@ -16,26 +16,74 @@ from paramserver.spec.job import (
 
 def build_job(args) -> dict:
     """The job description; its key space comes from the first worker's model."""
+    from paramserver.spec.config import TrainConfig
+    return script_job(TrainConfig(
+        sync=args.sync, sync_options=flag.options(args.sync_opt), workers=args.workers,
+        servers=args.servers, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+        optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
+        max_seconds=args.max_seconds, straggler=args.straggler, device_time=args.device_time,
+        dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
+        max_message_bytes=None if args.max_message_bytes is None
+        else int(args.max_message_bytes),
+        restart_coordinator=args.restart_coordinator)).to_dict()
+
+
+def script_job(cfg) -> JobSpec:
+    """The job of a user's script for `cfg` (a spec.config.TrainConfig: what launch, or one
+    cell of `compare -- CMD`, was given): the policy, the update rule, the workers and their
+    injected slowness, the budget (cfg.steps per worker at cfg.batch_size, cfg.max_seconds);
+    the key space comes from the first worker's model, and the script evaluates itself."""
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
-    sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
-    make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
-    make_rule(args.optimizer, args.lr, **opt_opts)
-    args.straggler.model.check_workers(args.workers)
+    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)  # fail now, not in a child
+    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
+    cfg.straggler.model.check_workers(cfg.workers)
     return JobSpec(
-        num_keys=0, dtype=args.dtype, servers=args.servers, workers=args.workers,
-        batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
-        optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
-        max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
-        max_seconds=args.max_seconds, eval_interval=0.0,
+        num_keys=0, dtype=cfg.dtype, servers=cfg.servers, workers=cfg.workers,
+        batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
+        optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
+        max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
+        max_seconds=cfg.max_seconds, eval_interval=0.0,
         # The script's DistributedOptimizer reads the injected slowness from its welcome.
-        task=TaskSpec(name="external", straggler=str(args.straggler),
-                      device_time=args.device_time.text()),
-        limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5,
-                      coordinator_timeout=coordinator_timeout_for(args.restart_coordinator),
-                      max_message_bytes=None if args.max_message_bytes is None
-                      else int(args.max_message_bytes)),
-    ).to_dict()
+        task=TaskSpec(name="external", straggler=str(cfg.straggler),
+                      device_time=cfg.device_time.text(), seed=cfg.seed),
+        limits=Limits(heartbeat_timeout=cfg.heartbeat_timeout, heartbeat_interval=0.5,
+                      coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
+                      max_message_bytes=cfg.max_message_bytes),
+    )
+
+
+def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
+               timeout: float | None = None) -> dict:
+    """One local job of `command` as the workers under `cfg` (see script_job), as
+    train_cmd.run_training runs the built-in task: writes config.json (with the command),
+    metrics.jsonl and summary.json into run_dir and returns the summary. A worker that exits
+    with an error fails the run (LaunchError), as a dead built-in worker would."""
+    import json
+
+    from paramserver.launch.local import LaunchError, LocalCluster
+    from paramserver.policies import SYNC_POLICIES
+    from paramserver.runlog.metrics import read_records, summarize
+    from paramserver.runlog.progress import JobProgress
+    spec = script_job(cfg)
+    job = spec.to_dict()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(
+        {"config": cfg.as_dict(), "job": job, "command": command}, indent=2))
+    cluster = LocalCluster(spec, run_dir, job_timeout=timeout, worker_cmd=command,
+                           restart_coordinator=cfg.restart_coordinator)
+    with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, f"{cfg.sync} x{cfg.workers}",
+                     quiet) as bar:
+        cluster.run(on_tick=bar.tick)
+    failures = _failed_workers(cluster)
+    if failures:
+        raise LaunchError("\n".join(failures))
+    summary = summarize(read_records(run_dir / "metrics.jsonl"),
+                        {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
+    # The job's task names no model or data set: the script is the model.
+    summary.update(model=" ".join(command), dataset="the script's own")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
 
 
 def _failed_workers(cluster) -> list[str]:

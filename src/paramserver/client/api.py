@@ -163,6 +163,19 @@ class DistributedOptimizer:
         if not self.release.stop:
             self._pull()
 
+    def report(self, test_accuracy: float, test_loss: float | None = None, **extra: float) -> None:
+        """Report the script's own test evaluation: it becomes the run's evaluation record
+        (metrics.jsonl `kind: eval`, timed on the job's clock when the coordinator receives
+        it), which `compare -- CMD` takes its time to target from and launch's progress line
+        shows. `extra` numbers (e.g. test_auc) ride along."""
+        record = {"kind": "eval", "accuracy": float(test_accuracy), "worker": self.rank,
+                  "step": self.release.step}
+        if test_loss is not None:
+            record["test_loss"] = float(test_loss)
+        for key, value in extra.items():
+            record["auc" if key == "test_auc" else key] = float(value)
+        self.kv.report(record)
+
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """A copy of the trained model's state (the model's own names; buffers included), as
         of the last pull: loads into a fresh model with load_state_dict."""
