@@ -73,8 +73,11 @@ def test_compare_runs_a_user_script_per_policy_and_reports_its_metric(tmp_path):
         assert 0 < float(row["time_to_target_s"]) <= summary["wall_time_s"]
         config = json.loads((run / "config.json").read_text())
         assert config["command"] == [sys.executable, str(script)]
+        assert "model" not in config["config"] and summary["model"] == " ".join(
+            config["command"])  # no built-in model is named as if it had run
     plan = json.loads((out / "compare.json").read_text())
     assert plan["worker_command"] == [sys.executable, str(script)]
+    assert "epochs" not in plan["config"] and plan["config"]["steps"] == 6
 
 
 @pytest.mark.parametrize("flags, named", [

@@ -189,17 +189,21 @@ def _policies(arg: str | None) -> list[str]:
 
 
 def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) -> None:
+    script = getattr(args, "worker_command", None)
+    if script:
+        from paramserver.cli.launch_cmd import script_settings
     plan = {"scenarios": {k: {"straggler": s, "description": d} for k, (s, d) in scenarios.items()},
             "policies": policies, "repeats": args.repeats, "target_accuracy": args.target,
-            "single_reference": not args.no_single, "config": base.as_dict(),
+            "single_reference": not args.no_single,
+            "config": script_settings(base) if script else base.as_dict(),
             # The rules that replace config.optimizer for these policies (each run's config.json
             # has the one it ran with).
             "policy_optimizers": {p: r for p, r in args.policy_optimizers.items()
                                   if p in policies and r != base.optimizer},
-            "notes": SCRIPT_NOTES if getattr(args, "worker_command", None) else NOTES,
+            "notes": SCRIPT_NOTES if script else NOTES,
             "runs": done, "command": " ".join(sys.argv)}
-    if getattr(args, "worker_command", None):
-        plan["worker_command"] = args.worker_command
+    if script:
+        plan["worker_command"] = script
     (out / "compare.json").write_text(json.dumps(plan, indent=2))
 
 

@@ -53,6 +53,20 @@ def script_job(cfg) -> JobSpec:
     )
 
 
+# TrainConfig fields of the built-in task that a script's job never reads: left out of a
+# script run's config.json and compare.json, where they would describe a model that did not run.
+SCRIPT_UNUSED_CONFIG = (
+    "model", "model_options", "model_size", "dataset", "data_dir", "dataset_options", "epochs",
+    "threads", "eval_interval", "compress", "compress_options", "push_range", "schedule",
+    "links", "restart_workers", "restart_servers", "checkpoint_dir", "checkpoint_every",
+    "checkpoint_seconds")
+
+
+def script_settings(cfg) -> dict:
+    """cfg.as_dict() without SCRIPT_UNUSED_CONFIG."""
+    return {k: v for k, v in cfg.as_dict().items() if k not in SCRIPT_UNUSED_CONFIG}
+
+
 def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
                timeout: float | None = None) -> dict:
     """One local job of `command` as the workers under `cfg` (see script_job), as
@@ -69,7 +83,7 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(
-        {"config": cfg.as_dict(), "job": job, "command": command}, indent=2))
+        {"config": script_settings(cfg), "job": job, "command": command}, indent=2))
     cluster = LocalCluster(spec, run_dir, job_timeout=timeout, worker_cmd=command,
                            restart_coordinator=cfg.restart_coordinator)
     with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, f"{cfg.sync} x{cfg.workers}",
