@@ -195,7 +195,9 @@ def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) ->
     plan = {"scenarios": {k: {"straggler": s, "description": d} for k, (s, d) in scenarios.items()},
             "policies": policies, "repeats": args.repeats, "target_accuracy": args.target,
             "single_reference": not args.no_single,
-            "config": script_settings(base) if script else base.as_dict(),
+            # The report's settings table shows this: a script run names its command there.
+            "config": {**script_settings(base), "command": " ".join(script)} if script
+            else base.as_dict(),
             # The rules that replace config.optimizer for these policies (each run's config.json
             # has the one it ran with).
             "policy_optimizers": {p: r for p, r in args.policy_optimizers.items()
