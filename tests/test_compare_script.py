@@ -53,14 +53,15 @@ def test_compare_runs_a_user_script_per_policy_and_reports_its_metric(tmp_path):
     script = tmp_path / "user.py"
     script.write_text(textwrap.dedent(SCRIPT))
     # One worker a run keeps it short (each run starts its processes); the slow test below
-    # runs three.
-    proc, out = compare(tmp_path, script, "--sync", "bsp,lbbsp", "--workers", "1",
+    # runs three, and LB-BSP. R2SP, whose batches and releases follow measured speeds, runs
+    # a user script here.
+    proc, out = compare(tmp_path, script, "--sync", "bsp,r2sp", "--workers", "1",
                         "--scenario", "slow=0:3", "--steps", "6", "--batch-size", "4",
                         "--device-time", "1ms", "--target", "0.9")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert (out / "report.html").exists()
     rows = results(out)
-    assert set(rows) == {"bsp", "lbbsp"}
+    assert set(rows) == {"bsp", "r2sp"}
     for policy, row in rows.items():
         run = out / "runs" / "slow" / policy / "rep-0"
         summary = json.loads((run / "summary.json").read_text())
