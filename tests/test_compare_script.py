@@ -127,3 +127,15 @@ def test_lbbsp_reaches_a_user_scripts_target_before_bsp_with_a_3x_straggler(tmp_
     assert float(rows["lbbsp"]["time_to_target_s"]) < float(rows["bsp"]["time_to_target_s"])
     assert rows["r2sp"]["outcome"] and int(rows["r2sp"]["steps"]) >= 400
     assert float(rows["r2sp"]["best_score"]) > 0.5  # it trained on the script's reports
+
+
+@pytest.mark.slow  # ~7 s on a loaded machine: the default suite keeps the one run above
+def test_a_script_that_fails_is_named_with_its_output_and_no_report_is_claimed(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text('raise SystemExit("no data here on purpose")\n')
+    proc, out = compare(tmp_path, script, "--sync", "bsp", "--workers", "1", "--scenario",
+                        "same=none", "--steps", "3")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "worker 0 died" in proc.stdout and "no data here on purpose" in proc.stdout
+    assert "Traceback" not in proc.stderr and "no report" in proc.stderr
+    assert not (out / "report.html").exists()

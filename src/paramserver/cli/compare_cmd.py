@@ -227,7 +227,11 @@ def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
         try:
             s = run_one(run.config, run.folder, quiet=args.quiet, timeout=args.run_timeout)
         except LaunchError as exc:
-            console.print(f"  [red]failed[/red]: {str(exc).splitlines()[0]}")
+            first, *rest = str(exc).splitlines() or [""]
+            console.print(f"  [red]failed[/red]: {first}", markup=True)
+            for line in [r for r in rest if r.strip()][-3:]:  # the end of its output
+                console.print(f"    {line}", markup=False, highlight=False)
+            console.print(f"  logs: {run.folder / 'logs'}", highlight=False)
             done.append({"folder": str(run.folder), "ok": False, "error": str(exc)[:500]})
             continue
         finally:
@@ -306,7 +310,12 @@ def _run(args) -> int:
         print(f"paramserver compare: {exc}", file=sys.stderr)
         return 2
     from paramserver.report import build_report
-    report = build_report(out)
+    from paramserver.report.collect import ReportError
+    try:
+        report = build_report(out)
+    except ReportError as exc:  # every run failed: their errors are printed above
+        print(f"paramserver compare: no report: {exc}", file=sys.stderr)
+        return code or 1
     console.print(f"report: {report}")
     return code
 
