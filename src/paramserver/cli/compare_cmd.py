@@ -1,4 +1,5 @@
-"""`paramserver compare`: the same training under each sync policy and scenario, then a report."""
+"""`paramserver compare`: the same training (the built-in task, or the user's script after `--`)
+under each sync policy and scenario, then a report."""
 
 from __future__ import annotations
 
