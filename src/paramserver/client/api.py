@@ -30,12 +30,22 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from paramserver.core.layout import ModelLayout
 from paramserver.models.keyspace import ModelKeys
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
 from paramserver.training.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
+# The reason a rank that closes before its first step leaves with (unless the job had already
+# stopped): `paramserver launch` names such a rank as failed.
+NO_STEP = "closed without calling step()"
+
+
+def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
+    """The model's layout as the coordinator compares it across ranks (core/layout.py)."""
+    return ModelLayout.of(((n, tuple(p.shape)) for n, p in model.named_parameters()),
+                          str(dtype).removeprefix("torch.")).to_wire()
 
 
 def _as_module(params) -> nn.Module:
@@ -67,8 +77,12 @@ def _as_module(params) -> nn.Module:
 class DistributedOptimizer:
     """One worker's view of a job: `zero_grad()`, `step()`, `should_stop`, `close()`.
 
-    `params` is the model (its state_dict names are kept) or `model.parameters()`.
+    `params` is the model (its state_dict names are kept) or `model.parameters()`. Every rank
+    must pass the same model (names, shapes, dtype): the coordinator refuses one that differs
+    from the first rank's, naming the first parameter that differs.
     """
+
+    _steps = 0  # steps pushed; a rank that closes with none leaves saying so (NO_STEP)
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
                  timeout: float = 120.0):
@@ -79,7 +93,8 @@ class DistributedOptimizer:
                                f"`paramserver launch` (which sets {JOIN_ENV})")
         dtype = next(self.model.parameters()).dtype
         self.keys = ModelKeys(self.model, dtype=dtype)
-        self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys)
+        self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
+                           layout=_layout(self.model, dtype))
         try:
             self._check_model(dtype)
             self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
@@ -160,6 +175,7 @@ class DistributedOptimizer:
         self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
                                      record=record)
         self._wait = time.perf_counter() - t1
+        self._steps += 1
         if not self.release.stop:
             self._pull()
 
@@ -180,7 +196,7 @@ class DistributedOptimizer:
         """Leave the job (the policy stops waiting for this worker) and close the sockets."""
         if self in _joined:
             _joined.remove(self)
-            self._leave("done")
+            self._leave("done" if self._steps or self.release.stop else NO_STEP)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
