@@ -10,12 +10,14 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.spec.job import (
-    JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
+    CheckpointSpec, JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
 )
 
 
-def build_job(args) -> dict:
-    """The job description; its key space comes from the first worker's model."""
+def build_job(args, run_dir: Path | None = None) -> dict:
+    """The job description; its key space comes from the first worker's model. With a
+    `run_dir`, the servers save the final parameters into its checkpoints/ when the last worker
+    has left (no checkpoint before that), from which launch writes model.pt."""
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
     sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
@@ -28,6 +30,8 @@ def build_job(args) -> dict:
         optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
         max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
         max_seconds=args.max_seconds, eval_interval=0.0,
+        checkpoint=None if run_dir is None else CheckpointSpec(
+            str(Path(run_dir).resolve() / "checkpoints")),
         # The script's DistributedOptimizer reads the injected slowness from its welcome.
         task=TaskSpec(name="external", straggler=str(args.straggler),
                       device_time=args.device_time.text()),
@@ -38,9 +42,23 @@ def build_job(args) -> dict:
     ).to_dict()
 
 
-def _failed_workers(cluster) -> list[str]:
-    return [f"{c.name} exited with {c.proc.returncode}:\n{c.tail()}" for c in cluster.children
-            if c.role == "worker" and c.proc.returncode not in (0, None)]
+def _worker_exits(cluster, launcher: str) -> tuple[dict, dict]:
+    """({rank: exit code}, {rank: its log's last lines}) of the workers as the job ended."""
+    if launcher != "local":
+        return cluster.worker_exits(), {}
+    live = [c for c in cluster.children if c.role == "worker" and not c.replaced]
+    return {c.index: c.proc.returncode for c in live}, {c.index: c.tail() for c in live}
+
+
+def _final_model(run_dir: Path) -> str:
+    """model.pt from the final checkpoint, under the script's own parameter names (the
+    layout the coordinator wrote); what happened, in words."""
+    from paramserver.runlog.model_file import FINAL_MODEL, ExportError, export
+    try:
+        path, what = export(run_dir, run_dir / FINAL_MODEL, "pt")
+    except ExportError as exc:
+        return f"no model written ({exc})"
+    return f"model in {path} (from {what})"
 
 
 def _run(args) -> int:
@@ -51,15 +69,17 @@ def _run(args) -> int:
         print("paramserver launch: give the worker command after --, e.g. "
               "paramserver launch -- python train.py", file=sys.stderr)
         return 2
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     try:
-        job = build_job(args)
+        job = build_job(args, run_dir)
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
+    import json
     from paramserver.launch.console import ProgressLine
     from paramserver.launch.local import LaunchError, LocalCluster
+    from paramserver.launch.verdict import rank_records, worker_failures
     from paramserver.runlog.metrics import read_records
-    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     if args.launcher == "ray":
         if args.restart_coordinator:
             print("paramserver launch: --restart-coordinator is not supported with --launcher "
@@ -70,6 +90,8 @@ def _run(args) -> int:
                              resources=Resources(args.ray_worker_cpus, args.ray_worker_gpus,
                                                  args.ray_server_cpus),
                              worker_cmd=command, stream=sys.stdout)
+        run_dir.mkdir(parents=True, exist_ok=True)  # export reads the job from job.json
+        (run_dir / "job.json").write_text(json.dumps(job, indent=2))
     else:
         cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
                                restart_coordinator=args.restart_coordinator, stream=sys.stdout)
@@ -84,14 +106,16 @@ def _run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
-    failures = _failed_workers(cluster) if args.launcher == "local" else [
-        f"worker {rank} exited with {code}" for rank, code in cluster.worker_exits().items()
-        if code not in (0, None)]
-    steps = sum(1 for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "step")
+    records = list(read_records(run_dir / "metrics.jsonl"))
+    exits, tails = _worker_exits(cluster, args.launcher)
+    failures = worker_failures(exits, rank_records(records))
+    steps = sum(1 for r in records if r.get("kind") == "step")
     print(f"launch: {args.workers} workers ran {' '.join(command)}; {steps} steps, "
-          f"logs in {run_dir}")
-    for failure in failures:
-        print(f"paramserver launch: {failure}", file=sys.stderr)
+          f"logs in {run_dir}; {_final_model(run_dir)}")
+    for rank, failure in failures:
+        tail = tails.get(rank)
+        print(f"paramserver launch: {failure}" + (f"; its last output:\n{tail}" if tail else ""),
+              file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -22,6 +22,7 @@ R2SP learn each worker's speed. `launch --straggler/--device-time` stretch it he
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from paramserver.core.layout import ModelLayout
+from paramserver.launch.verdict import NO_STEP_REASON
 from paramserver.models.keyspace import ModelKeys
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
@@ -39,7 +41,7 @@ from paramserver.training.pacing import Pacer
 JOIN_ENV = "PARAMSERVER_JOIN"
 # The reason a rank that closes before its first step leaves with (unless the job had already
 # stopped): `paramserver launch` names such a rank as failed.
-NO_STEP = "closed without calling step()"
+NO_STEP = NO_STEP_REASON
 
 
 def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
@@ -154,6 +156,8 @@ class DistributedOptimizer:
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
+        if self not in _joined:
+            raise RuntimeError(f"rank {self.rank}: step() after close()")
         if self.release.stop:
             raise RuntimeError("the job has stopped; call close()")
         real = time.perf_counter() - self._ready
@@ -176,8 +180,9 @@ class DistributedOptimizer:
                                      record=record)
         self._wait = time.perf_counter() - t1
         self._steps += 1
-        if not self.release.stop:
-            self._pull()
+        # At the stop too: the model (and state_dict(), the exported model.pt) then ends on
+        # the job's final parameters, not one round short of them.
+        self._pull()
 
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """A copy of the trained model's state (the model's own names; buffers included), as
@@ -210,6 +215,14 @@ class DistributedOptimizer:
 
 
 _joined: list[DistributedOptimizer] = []  # this process's optimizers, for rank() and size()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A script that returns without close(): its rank leaves now, so the others do not wait
+    a heartbeat timeout for it (and one that never stepped says so)."""
+    for opt in list(_joined):
+        opt.close()
 
 
 def init(join: str | None = None) -> None:
