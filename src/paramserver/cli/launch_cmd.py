@@ -152,6 +152,11 @@ def register(sub) -> None:
                     "README). Each worker's output goes to logs/worker-<rank>.log and to the "
                     "console as '[rank i] ...' lines, under a job progress line (steps, "
                     "samples/s, loss, a test metric if the script reports one, wait share). "
+                    "Every rank must build the same model (a differing one is refused, naming "
+                    "the parameter). The launch fails naming each rank that exits non-zero, "
+                    "exits before joining, or finishes without calling opt.step(). At the end "
+                    "the final parameters go to RUN/model.pt under the script's parameter "
+                    "names (see `paramserver export`). "
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
