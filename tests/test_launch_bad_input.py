@@ -122,3 +122,28 @@ def test_ranks_that_join_but_never_step_are_named_and_nobody_waits_for_them(tmp_
     assert left == {0: "done", 1: NO_STEP_REASON, 2: NO_STEP_REASON}
     assert {r["worker"] for r in records if r["kind"] == "step"} == {0}
     assert took < 60
+
+
+KILLED = """
+    import os, torch, paramserver
+    model = torch.nn.Linear(4, 1)
+    with paramserver.DistributedOptimizer(model) as opt:
+        while not opt.should_stop:
+            if opt.rank == 1 and opt.release.step == 3:
+                os._exit(3)  # dies mid-run without a word (no exception, no bye)
+            opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()
+"""
+
+
+@pytest.mark.slow  # waits out a heartbeat timeout
+def test_a_rank_killed_mid_run_is_named_and_the_others_finish(tmp_path):
+    # (A rank that raises mid-run leaves at once: tests/test_user_api.py.) One that dies
+    # without a word is declared dead after --heartbeat-timeout; BSP then goes on without it.
+    proc, out, took = launch(tmp_path, KILLED, "--steps", "8", "--heartbeat-timeout", "3",
+                             workers=2)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "rank 1 exited with code 3" in proc.stderr and "rank 0" not in proc.stderr
+    left = {r["worker"]: r["reason"] for r in read_records(out / "metrics.jsonl")
+            if r["kind"] == "left"}
+    assert left == {0: "done", 1: "dead"}
+    assert took < 90
