@@ -50,8 +50,12 @@ def test_the_decision_on_a_workers_exit():
 MISMATCH = """
     import os, time, torch, paramserver
     from torch import nn
-    if os.environ["RANK"] == "1":  # the odd one out joins last (the job's layout is the first's)
-        time.sleep(1)
+    if os.environ["RANK"] == "1":
+        # The odd one out joins once rank 0's layout is the job's (the first to join sets it).
+        for _ in range(600):
+            if os.path.exists(LAYOUT_FILE):
+                break
+            time.sleep(0.1)
         model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     else:  # the same parameter count, other names: the key count alone cannot tell
         model = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 10))
@@ -62,7 +66,8 @@ MISMATCH = """
 
 
 def test_a_rank_whose_model_differs_ends_the_launch_naming_it_and_the_parameter(tmp_path):
-    proc, out, took = launch(tmp_path, MISMATCH, "--steps", "5", workers=2)
+    script = MISMATCH.replace("LAYOUT_FILE", repr(str(tmp_path / "run" / "model_layout.json")))
+    proc, out, took = launch(tmp_path, script, "--steps", "5", workers=2)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "worker 1 died with exit code 1 before the job started" in proc.stderr
     assert ("rank 1's model differs from the job's (rank 0's, the first to join): parameter 2: "

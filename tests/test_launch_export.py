@@ -67,7 +67,8 @@ def test_a_user_cnn_trains_under_launch_and_its_exported_model_loads(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--workers", "3", "--steps", "30",
-         "--lr", "0.1", "--optimizer", "momentum", "--quiet", "--out", str(out), "--timeout", "120", "--",
+         "--lr", "0.1", "--optimizer", "momentum", "--quiet", "--out", str(out),
+         "--timeout", "120", "--",
          sys.executable, str(tmp_path / "train.py")],
         capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -222,6 +222,8 @@ def _close_at_exit() -> None:
     """A script that returns without close(): its rank leaves now, so the others do not wait
     a heartbeat timeout for it (and one that never stepped says so)."""
     for opt in list(_joined):
+        # A coordinator already gone must not hold the interpreter's exit for long.
+        opt.kv.session.timeout = min(opt.kv.session.timeout, 5.0)
         opt.close()
 
 

@@ -40,9 +40,9 @@ class RankRecord:
 
 def worker_failures(exits: dict[int, int | None],
                     records: dict[int, RankRecord]) -> list[tuple[int, str]]:
-    """(rank, what went wrong) per rank that failed, by rank: a non-zero exit, or an exit 0 without a single
-    step (a script that joined and closed, or returned, before calling opt.step()) unless the
-    job had stopped before its first step (it left saying "done")."""
+    """(rank, what went wrong) per rank that failed, by rank: a non-zero exit, or an exit 0
+    without a single step (a script that joined and closed, or returned, before calling
+    opt.step()) unless the job had stopped before its first step (it left saying "done")."""
     out = []
     for rank in sorted(exits):
         code, seen = exits[rank], records.get(rank, RankRecord())
