@@ -279,15 +279,17 @@ class RayCluster:
         deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
         coord = self.actors[0][2]
         while (code := self._poll(ray, coord)) is None:
+            barrier_open = self._barrier_open(ray, coord)
             for name, role, actor in self.actors[1:]:
                 if role == "server" and self._poll(ray, actor) not in (None, 0):
                     raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
-                if role == "worker" and not self._barrier_open(ray, coord):
-                    code = self._poll(ray, actor)  # None too while Ray restarts it
-                    if ends_job_before_start(code, self._barrier_open(ray, coord),
+                if role == "worker" and not barrier_open:
+                    exited = self._poll(ray, actor)  # None too while Ray restarts it
+                    # The barrier may have opened since this tick's look: look again.
+                    if ends_job_before_start(exited, self._barrier_open(ray, coord),
                                              self.restart_workers > 0):
                         raise LaunchError(
-                            f"{before_start_message(int(name.split()[1]), code)}; its last "
+                            f"{before_start_message(int(name.split()[1]), exited)}; its last "
                             f"output:\n{ray.get(actor.tail.remote(), timeout=30)}")
             if deadline is not None and time.monotonic() > deadline:
                 raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
