@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from paramserver.runlog.model_file import read_model
+from paramserver.runlog.model_file import export, read_model
 
 MODEL = """
     import torch
@@ -89,15 +89,17 @@ def test_a_user_cnn_trains_under_launch_and_its_exported_model_loads(tmp_path):
     # BSP: every worker ends on the final parameters, which the exported model holds.
     assert seen == [round(exported, 4)] * 3, (exported, seen)
 
-    # `paramserver export` of the launch run gives the same tensors, in either format.
+    # Export of the launch run (the command: tests/test_export.py) gives the same tensors.
     for fmt in ("pt", "safetensors"):
         if fmt == "safetensors":
             pytest.importorskip("safetensors", reason="the optional safetensors extra")
-        path = tmp_path / f"digits.{fmt}"
-        done = subprocess.run([sys.executable, "-m", "paramserver", "export", str(out),
-                               "--format", fmt, "--out", str(path)],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
+        path, what = export(out, tmp_path / f"digits.{fmt}", fmt)
+        assert what == f"the final model {out / 'model.pt'}"
         again = read_model(path)
         assert sorted(again) == ["conv.bias", "conv.weight", "head.bias", "head.weight"]
         assert all(torch.equal(again[k], v) for k, v in fresh.state_dict().items())
+    # From the final checkpoint itself, cut by the layout the coordinator wrote.
+    (out / "model.pt").unlink()
+    path, what = export(out, tmp_path / "again.pt", "pt")
+    assert what.startswith("checkpoint ")
+    assert all(torch.equal(read_model(path)[k], v) for k, v in fresh.state_dict().items())
