@@ -39,9 +39,6 @@ from paramserver.client.kv import KVWorker
 from paramserver.training.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
-# The reason a rank that closes before its first step leaves with (unless the job had already
-# stopped): `paramserver launch` names such a rank as failed.
-NO_STEP = NO_STEP_REASON
 
 
 def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
@@ -84,7 +81,9 @@ class DistributedOptimizer:
     from the first rank's, naming the first parameter that differs.
     """
 
-    _steps = 0  # steps pushed; a rank that closes with none leaves saying so (NO_STEP)
+    # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
+    # `paramserver launch` names it as failed (launch/verdict.py).
+    _steps = 0
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
                  timeout: float = 120.0):
@@ -201,7 +200,7 @@ class DistributedOptimizer:
         """Leave the job (the policy stops waiting for this worker) and close the sockets."""
         if self in _joined:
             _joined.remove(self)
-            self._leave("done" if self._steps or self.release.stop else NO_STEP)
+            self._leave("done" if self._steps or self.release.stop else NO_STEP_REASON)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
