@@ -1,0 +1,82 @@
+"""`powersgd`: a rank-r approximation P Q^T by one warm-started power step (Vogels et al. 2019).
+
+The flat vector becomes a matrix row-major: `cols` columns (0: ceil(sqrt(n)), near square),
+rows = ceil(n / cols), the tail of the last row padded with zeros (and dropped on decode).
+Each encode: P = M Q (Q carried from the last encode: the warm start), P orthonormalized (QR),
+Q = M^T P; the payload is P (rows x r) and Q (cols x r) as float32, r = min(rank, rows, cols).
+decode = P Q^T, the projection of M onto span(P): no bound per value, but in Frobenius norm
+||M - d||^2 + ||d||^2 == ||M||^2, an M of rank <= r comes back exactly (up to rounding), and
+repeated steps on one M converge to its best rank-r approximation. Q starts (and restarts,
+should a column vanish) from a seeded normal draw; its shape changing restarts it too.
+Bytes per value: 4 r (rows + cols) / n, about 8 r / sqrt(n).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from paramserver.compression.codec import Codec, blocks, check_finite, min_max
+from paramserver.core.options import check_int, opt
+
+
+@dataclass(frozen=True)
+class PowerSGDOptions:
+    rank: int = opt(4, "rank r of the approximation (P is rows x r, Q cols x r)")
+    cols: int = opt(0, "columns of the matrix the flat vector is read as, row-major (0: "
+                       "ceil(sqrt(n)), near square; a layer's own width fits best)")
+    seed: int = opt(0, "seed of Q's first (and any restarted) draw")
+
+    def __post_init__(self):
+        check_int("rank", self.rank, 1)
+        check_int("cols", self.cols, 0)
+        check_int("seed", self.seed, 0)
+
+
+class PowerSGD(Codec):
+    name = "powersgd"
+    Options = PowerSGDOptions
+
+    def reset(self) -> None:
+        self._gen = torch.Generator().manual_seed(self.opts.seed)
+        self.q: torch.Tensor | None = None  # the warm start: cols x r
+
+    def shape(self, n: int) -> tuple[int, int, int]:
+        """(rows, cols, r) of the matrix a vector of n values is read as."""
+        if n == 0:
+            return 0, 0, 0
+        cols = min(n, self.opts.cols or math.isqrt(n - 1) + 1)
+        rows = -(-n // cols)
+        return rows, cols, min(self.opts.rank, rows, cols)
+
+    def layout(self, size, meta):
+        rows, cols, r = self.shape(size)
+        if meta is not None and tuple(meta) != (rows, cols, r):
+            raise ValueError(f"codec {self.name!r}: meta {meta!r} is not the shape "
+                             f"{(rows, cols, r)} of {size} values")
+        return [("float32", rows * r), ("float32", cols * r)]
+
+    def _encode(self, v):
+        n = v.numel()
+        lo, hi = min_max(v)
+        check_finite(self.name, lo, hi)
+        rows, cols, r = self.shape(n)
+        if n == 0:
+            return self._payload(0, (0, 0, 0), np.empty(0, np.float32), np.empty(0, np.float32))
+        m = blocks(v, cols)
+        q = self.q
+        if q is None or q.shape != (cols, r) or not bool((q.norm(dim=0) > 0).all()):
+            q = torch.randn(cols, r, generator=self._gen)
+        p = torch.linalg.qr(m @ q).Q.contiguous()
+        self.q = (m.T @ p).contiguous()
+        return self._payload(n, (rows, cols, r), p.view(-1).numpy(), self.q.view(-1).numpy())
+
+    def _decode(self, enc):
+        rows, cols, r = enc.meta
+        # P and Q are small: copies make them writable whatever buffer they came in.
+        p = torch.tensor(enc.frames[0]).view(rows, r)
+        q = torch.tensor(enc.frames[1]).view(cols, r)
+        return (p @ q.T).view(-1)[:enc.size].numpy()

@@ -1,0 +1,127 @@
+"""8-bit codecs: uniform with a scale per block, and quantile (hivemind-style, 256 levels).
+
+Error bounds (x float32, d = decode(encode(x))):
+- uniform8:  per block of `block` values, s = max|x| / 127 (sent as float32) and q =
+             round(x / s) in [-127, 127] (int8): |d - x| <= s / 2, plus float32 rounding
+             (at most 2^-16 s, and 2^-142 where s is subnormal). An all-zero block decodes to
+             zeros. Bytes per value: 1 + 4 / block.
+- quantile8: 256 levels (fewer when there are fewer values) from the quantiles of a strided
+             sample of at most `sample` values; each value gets the code of its nearest level
+             (bucketize on the midpoints, so codes are monotone in x), and the level sent for
+             a code is the mean of the values that got it (summed in float64, kept inside its
+             bucket), so the sum of each code's values is kept. Bound: d lies within the
+             [min, max] of the inputs sharing x's code (up to float32 rounding of the mean):
+             |d - x| <= that spread. Bytes per value: 1 + 1024 / n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from paramserver.compression.codec import (Codec, blocks, check_finite, min_max,
+                                           times_block_scales)
+from paramserver.core.options import check_int, opt
+
+LEVELS = 256
+# Values coded per pass of quantile8's loop: its temporaries stay in cache.
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    block: int = opt(256, "values per scale: smaller blocks follow the magnitudes more closely "
+                          "and cost 4 bytes a block more")
+
+    def __post_init__(self):
+        check_int("block", self.block, 1)
+
+
+@dataclass(frozen=True)
+class QuantileOptions:
+    sample: int = opt(65536, "values (a strided sample) the 256 quantile levels are taken from")
+
+    def __post_init__(self):
+        check_int("sample", self.sample, LEVELS)
+
+
+class Uniform8(Codec):
+    """int8 codes, symmetric around zero, one float32 scale per block."""
+
+    name = "uniform8"
+    Options = BlockOptions
+
+    def layout(self, size, meta):
+        return [("int8", size), ("float32", -(-size // self.opts.block))]
+
+    def _encode(self, v):
+        n = v.numel()
+        if n == 0:
+            return self._payload(0, (), np.empty(0, np.int8), np.empty(0, np.float32))
+        xb = blocks(v, self.opts.block)
+        lo, hi = torch.aminmax(xb, dim=1)
+        amax = torch.maximum(hi, lo.neg())
+        top = amax.max().item()  # NaN in any block reaches here
+        check_finite(self.name, -top, top)
+        scale = amax / 127
+        safe = torch.where(scale > 0, scale, 1.0)
+        # Division, not a reciprocal: 127 / max|x| overflows for subnormal blocks.
+        q = torch.div(xb, safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        return self._payload(n, (), q.view(-1)[:n].numpy(), scale.numpy())
+
+    def _decode(self, enc):
+        q, scale = enc.frames
+        return times_block_scales(q, scale, self.opts.block)
+
+
+class Quantile8(Codec):
+    """uint8 codes into a table of up to 256 float32 levels (the codes' means)."""
+
+    name = "quantile8"
+    Options = QuantileOptions
+
+    def layout(self, size, meta):
+        return [("uint8", size), ("float32", min(LEVELS, size))]
+
+    def levels(self, v: torch.Tensor) -> torch.Tensor:
+        """Up to 256 quantiles (sorted, the sample's min and max among them)."""
+        n = v.numel()
+        stride = max(1, n // self.opts.sample)
+        sample = torch.sort(v[::stride]).values
+        pos = torch.linspace(0, sample.numel() - 1, min(LEVELS, n)).round().long()
+        return sample[pos]
+
+    def _encode(self, v):
+        n = v.numel()
+        if n == 0:
+            return self._payload(0, (), np.empty(0, np.uint8), np.empty(0, np.float32))
+        lo, hi = min_max(v)
+        check_finite(self.name, lo, hi)
+        levels = self.levels(v)
+        borders = (levels[1:] + levels[:-1]) / 2
+        count = levels.numel()
+        codes = torch.empty(n, dtype=torch.uint8)
+        sums = torch.zeros(count, dtype=torch.float64)
+        hits = torch.zeros(count, dtype=torch.int64)
+        for start in range(0, n, CHUNK):
+            chunk = v[start:start + CHUNK]
+            c = torch.bucketize(chunk, borders, out_int32=True)
+            hits += torch.bincount(c, minlength=count)
+            sums += torch.bincount(c, weights=chunk.double(), minlength=count)
+            codes[start:start + CHUNK] = c
+        # A code's values lie in its bucket (between the neighbouring borders); so does their
+        # mean, barring rounding, which the clamp takes back.
+        low = torch.cat([torch.tensor([lo], dtype=torch.float64), borders.double()])
+        high = torch.cat([borders.double(), torch.tensor([hi], dtype=torch.float64)])
+        means = (sums / hits.clamp(min=1)).clamp(low, high)
+        table = torch.where(hits > 0, means, levels.double()).float()
+        return self._payload(n, (), codes.numpy(), table.numpy())
+
+    def _decode(self, enc):
+        codes, table = enc.frames
+        if codes.size and int(codes.max()) >= table.size:
+            raise ValueError(f"codec {self.name!r}: code {int(codes.max())} beyond the "
+                             f"{table.size} levels")
+        return np.take(table.astype(np.float32, copy=False), codes)
