@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from paramserver.compression.codec import Codec, Encoded, check_finite, min_max
+from paramserver.compression.codec import Codec, Encoded, check_finite, min_max, unscale
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
@@ -98,11 +98,7 @@ class ScaledFp16(Codec):
         return self._payload(v.numel(), (e,), half.numpy())
 
     def _decode(self, enc):
-        out = enc.frames[0].astype(np.float32)
-        e = enc.meta[0]
-        if e:
-            out *= np.float32(2.0 ** -e)
-        return out
+        return unscale(enc.frames[0].astype(np.float32), enc.meta[0])
 
 
 class Bf16(Codec):

@@ -120,6 +120,21 @@ def blocks(v: torch.Tensor, block: int) -> torch.Tensor:
     return out.view(rows, block)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def unscale(out: np.ndarray, e: int) -> np.ndarray:
+    """float32 `out` * 2^-e in place. Near float32's top the rounding before it may carry a
+    value just past the largest float: those saturate at +-FLOAT32_MAX, never inf."""
+    if e > -100:  # |out| <= 2^16 or so: no product reaches 2^128
+        if e:
+            out *= np.float32(2.0 ** -e)
+        return out
+    wide = np.clip(out.astype(np.float64) * 2.0 ** -e, -FLOAT32_MAX, FLOAT32_MAX)
+    out[:] = wide
+    return out
+
+
 def times_block_scales(x: np.ndarray, scale: np.ndarray, block: int,
                        out: np.ndarray | None = None) -> np.ndarray:
     """float32 x[i] * scale[i // block], in numpy (frames off the wire may be read-only)."""

@@ -16,6 +16,8 @@ from paramserver.compression.codec import (Codec, blocks, check_finite, min_max,
                                            times_block_scales)
 from paramserver.compression.quant8 import BlockOptions
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 
 class Sign(Codec):
     name = "sign"
@@ -34,7 +36,10 @@ class Sign(Codec):
         xb = blocks(v, block)
         counts = torch.full((xb.shape[0],), float(block))
         counts[-1] = n - (xb.shape[0] - 1) * block  # the padded zeros add nothing to |x|
-        scale = torch.linalg.vector_norm(xb, ord=1, dim=1).div_(counts)
+        # A block's sum of |x| overflows float32 near its top; only then sum in float64.
+        wide = max(-lo, hi) * block > FLOAT32_MAX
+        scale = torch.linalg.vector_norm(xb.double() if wide else xb, ord=1, dim=1)
+        scale = scale.div_(counts).float()
         bits = np.packbits(torch.ge(v, 0).numpy(), bitorder="little")
         return self._payload(n, (), bits, scale.numpy())
 

@@ -3,7 +3,8 @@
 The flat vector becomes a matrix row-major: `cols` columns (0: ceil(sqrt(n)), near square),
 rows = ceil(n / cols), the tail of the last row padded with zeros (and dropped on decode).
 Each encode: P = M Q (Q carried from the last encode: the warm start), P orthonormalized (QR),
-Q = M^T P; the payload is P (rows x r) and Q (cols x r) as float32, r = min(rank, rows, cols).
+Q = M^T P; the payload is P (rows x r) and Q (cols x r) as float32, r = min(rank, rows, cols),
+and a power of two e (header) that scaled M to max |M| in [0.5, 1) for the products.
 decode = P Q^T, the projection of M onto span(P): no bound per value, but in Frobenius norm
 ||M - d||^2 + ||d||^2 == ||M||^2, an M of rank <= r comes back exactly (up to rounding), and
 repeated steps on one M converge to its best rank-r approximation. Q starts (and restarts,
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from paramserver.compression.codec import Codec, blocks, check_finite, min_max
+from paramserver.compression.casts import MAX_EXP
+from paramserver.compression.codec import Codec, blocks, check_finite, min_max, unscale
 from paramserver.core.options import check_int, opt
 
 
@@ -54,9 +56,10 @@ class PowerSGD(Codec):
 
     def layout(self, size, meta):
         rows, cols, r = self.shape(size)
-        if meta is not None and tuple(meta) != (rows, cols, r):
-            raise ValueError(f"codec {self.name!r}: meta {meta!r} is not the shape "
-                             f"{(rows, cols, r)} of {size} values")
+        if meta is not None and (len(meta) != 4 or tuple(meta[:3]) != (rows, cols, r)
+                                 or not isinstance(meta[3], int) or abs(meta[3]) > MAX_EXP):
+            raise ValueError(f"codec {self.name!r}: meta {meta!r} is not [rows, cols, rank, "
+                             f"exponent] for the shape {(rows, cols, r)} of {size} values")
         return [("float32", rows * r), ("float32", cols * r)]
 
     def _encode(self, v):
@@ -65,18 +68,26 @@ class PowerSGD(Codec):
         check_finite(self.name, lo, hi)
         rows, cols, r = self.shape(n)
         if n == 0:
-            return self._payload(0, (0, 0, 0), np.empty(0, np.float32), np.empty(0, np.float32))
+            return self._payload(0, (0, 0, 0, 0), np.empty(0, np.float32),
+                                 np.empty(0, np.float32))
+        # Work on M * 2^e with max |M| * 2^e in [0.5, 1): the products neither overflow nor
+        # sink into subnormals whatever the gradient's scale; Q carries the 2^e (exactly).
+        amax = max(-lo, hi)
+        e = 0 if amax == 0 else max(-MAX_EXP, min(MAX_EXP, -math.frexp(amax)[1]))
         m = blocks(v, cols)
+        if e:
+            m = m * 2.0 ** e
         q = self.q
         if q is None or q.shape != (cols, r) or not bool((q.norm(dim=0) > 0).all()):
             q = torch.randn(cols, r, generator=self._gen)
         p = torch.linalg.qr(m @ q).Q.contiguous()
         self.q = (m.T @ p).contiguous()
-        return self._payload(n, (rows, cols, r), p.view(-1).numpy(), self.q.view(-1).numpy())
+        return self._payload(n, (rows, cols, r, e), p.view(-1).numpy(),
+                             self.q.view(-1).numpy())
 
     def _decode(self, enc):
-        rows, cols, r = enc.meta
+        rows, cols, r, e = enc.meta
         # P and Q are small: copies make them writable whatever buffer they came in.
         p = torch.tensor(enc.frames[0]).view(rows, r)
         q = torch.tensor(enc.frames[1]).view(cols, r)
-        return (p @ q.T).view(-1)[:enc.size].numpy()
+        return unscale((p @ q.T).view(-1)[:enc.size].numpy(), e)

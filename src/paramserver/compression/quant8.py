@@ -66,6 +66,9 @@ class Uniform8(Codec):
         top = amax.max().item()  # NaN in any block reaches here
         check_finite(self.name, -top, top)
         scale = amax / 127
+        # Where amax / 127 rounded up, 127 * scale may pass float32's top: step it down.
+        scale = torch.where(scale * 127 == torch.inf, torch.nextafter(scale, amax.new_zeros(())),
+                            scale)
         safe = torch.where(scale > 0, scale, 1.0)
         # Division, not a reciprocal: 127 / max|x| overflows for subnormal blocks.
         q = torch.div(xb, safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)
@@ -100,7 +103,7 @@ class Quantile8(Codec):
         lo, hi = min_max(v)
         check_finite(self.name, lo, hi)
         levels = self.levels(v)
-        borders = (levels[1:] + levels[:-1]) / 2
+        borders = levels[1:] / 2 + levels[:-1] / 2  # a sum of two near 3e38 would overflow
         count = levels.numel()
         codes = torch.empty(n, dtype=torch.uint8)
         sums = torch.zeros(count, dtype=torch.float64)
