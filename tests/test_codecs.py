@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from paramserver.compression import (CODECS, Encoded, codec_options, densify, make_codec,
                                      make_compressor)
 from paramserver.compression.casts import BF16_MAX, FP16_MAX
+from paramserver.compression.quant8 import BucketFinder
 from paramserver.compression.randomk import random_positions, runs
 from paramserver.core.registry import UnknownNameError
 
@@ -161,6 +162,15 @@ def test_quantile8_codes_are_monotone_and_levels_are_their_values_means(x):
     assert np.isfinite(d).all()
 
 
+@FEW
+@given(inputs, hnp.arrays(np.float32, st.integers(0, 255), elements=any_float))
+def test_quantile8_bucket_finder_equals_torch_bucketize(x, borders):
+    borders = torch.from_numpy(np.sort(borders))
+    for data in (x, borders.numpy()):  # values on the borders themselves too
+        t = torch.from_numpy(data)
+        assert torch.equal(BucketFinder(borders)(t), torch.bucketize(t, borders, out_int32=True))
+
+
 def test_quantile8_keeps_each_codes_sum():
     x = np.random.default_rng(1).standard_t(3, 100_000).astype(np.float32)
     enc, d = roundtrip("quantile8", x)
@@ -179,7 +189,8 @@ def test_sign_keeps_signs_and_each_blocks_l1(x, block):
     assert bits.size == -(-x.size // 8)
     m = np.repeat(scale.astype(np.float64), block)[:x.size]
     assert np.array_equal(np.sign(d[x != 0]), np.sign(x[x != 0]))
-    assert np.array_equal(d[x == 0], m[x == 0].astype(np.float32))  # zero counts as +
+    zero = x == 0  # the sign bit is sent: 0.0 -> +m, -0.0 -> -m
+    assert np.array_equal(d[zero], np.where(np.signbit(x[zero]), -1, 1) * m[zero].astype(np.float32))
     assert np.allclose(np.abs(d), m.astype(np.float32))
     pad = np.zeros(scale.size * block)
     pad[:x.size] = np.abs(x.astype(np.float64))

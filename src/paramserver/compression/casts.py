@@ -22,7 +22,8 @@ import math
 import numpy as np
 import torch
 
-from paramserver.compression.codec import Codec, Encoded, check_finite, min_max, unscale
+from paramserver.compression.codec import (Codec, Encoded, as_tensor, check_finite, min_max,
+                                           unscale)
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
@@ -68,7 +69,8 @@ class Fp16(Codec):
         return self._payload(v.numel(), (), _saturated(v, lo, hi, FP16_MAX).half().numpy())
 
     def _decode(self, enc):
-        return enc.frames[0].astype(np.float32)
+        # torch's half -> float beat numpy's 3-6x here (1M values, one core).
+        return as_tensor(enc.frames[0]).float().numpy()
 
 
 class ScaledFp16(Codec):
@@ -98,7 +100,7 @@ class ScaledFp16(Codec):
         return self._payload(v.numel(), (e,), half.numpy())
 
     def _decode(self, enc):
-        return unscale(enc.frames[0].astype(np.float32), enc.meta[0])
+        return unscale(as_tensor(enc.frames[0]).float().numpy(), enc.meta[0])
 
 
 class Bf16(Codec):
@@ -117,7 +119,7 @@ class Bf16(Codec):
 
     def _decode(self, enc):
         # bf16 is float32's upper half: shift the bits back into place.
-        return (enc.frames[0].astype(np.uint32) << 16).view(np.float32)
+        return np.left_shift(enc.frames[0], 16, dtype=np.uint32).view(np.float32)
 
 
 CAST_CODECS: dict[str, type[Codec]] = {c.name: c for c in (Fp32, Fp16, ScaledFp16, Bf16)}

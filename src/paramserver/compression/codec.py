@@ -94,6 +94,12 @@ def as_f32(x) -> torch.Tensor:
     return v
 
 
+def as_tensor(a: np.ndarray) -> torch.Tensor:
+    """A frame as a tensor: shared when writable, else copied (torch takes no read-only
+    memory, and frames off a socket are read-only)."""
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
 def check_finite(codec: str, lo: float, hi: float) -> None:
     """Refuse a vector whose min or max (NaN propagates into both) is not finite."""
     if not (math.isfinite(lo) and math.isfinite(hi)):

@@ -25,6 +25,11 @@ from paramserver.compression.codec import Codec, blocks, check_finite, min_max, 
 from paramserver.core.options import check_int, opt
 
 
+# Within 2^+-64 of 1, M's products with the thin P and Q stay far inside float32's range, so
+# the 2^e can go on them instead of on a scaled copy of M.
+SMALL_MATRIX_EXP = 64
+
+
 @dataclass(frozen=True)
 class PowerSGDOptions:
     rank: int = opt(4, "rank r of the approximation (P is rows x r, Q cols x r)")
@@ -75,13 +80,17 @@ class PowerSGD(Codec):
         amax = max(-lo, hi)
         e = 0 if amax == 0 else max(-MAX_EXP, min(MAX_EXP, -math.frexp(amax)[1]))
         m = blocks(v, cols)
-        if e:
-            m = m * 2.0 ** e
         q = self.q
         if q is None or q.shape != (cols, r) or not bool((q.norm(dim=0) > 0).all()):
             q = torch.randn(cols, r, generator=self._gen)
-        p = torch.linalg.qr(m @ q).Q.contiguous()
-        self.q = (m.T @ p).contiguous()
+        if abs(e) <= SMALL_MATRIX_EXP:
+            # Scale the thin matrices, not M: QR ignores P's scale, Q takes 2^e after.
+            p = torch.linalg.qr(m @ q.mul(2.0 ** e)).Q.contiguous()
+            self.q = (m.T @ p).mul_(2.0 ** e).contiguous()
+        else:
+            m = m * 2.0 ** e
+            p = torch.linalg.qr(m @ q).Q.contiguous()
+            self.q = (m.T @ p).contiguous()
         return self._payload(n, (rows, cols, r, e), p.view(-1).numpy(),
                              self.q.view(-1).numpy())
 
