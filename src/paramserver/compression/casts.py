@@ -78,6 +78,9 @@ class ScaledFp16(Codec):
 
     name = "fp16-scaled"
 
+    def reset(self) -> None:
+        self._work = torch.empty(0)
+
     def layout(self, size, meta):
         if meta is not None and (len(meta) != 1 or not isinstance(meta[0], int)
                                  or abs(meta[0]) > MAX_EXP):
@@ -96,7 +99,11 @@ class ScaledFp16(Codec):
         check_finite(self.name, lo, hi)
         e = self.exponent(max(-lo, hi))
         # The product is exact (a power of two); the cast is the only rounding.
-        half = torch.mul(v, 2.0 ** e).half() if e else v.half()
+        if e:
+            if self._work.numel() != v.numel():  # kept: fresh pages cost about a pass
+                self._work = torch.empty_like(v)
+            v = torch.mul(v, 2.0 ** e, out=self._work)
+        half = v.half()
         return self._payload(v.numel(), (e,), half.numpy())
 
     def _decode(self, enc):

@@ -53,6 +53,15 @@ class Uniform8(Codec):
     name = "uniform8"
     Options = BlockOptions
 
+    def reset(self) -> None:
+        self._work = torch.empty(0)
+
+    def _scratch(self, size: int) -> torch.Tensor:
+        """A float32 buffer kept across calls: fresh pages cost about a pass each time."""
+        if self._work.numel() != size:
+            self._work = torch.empty(size)
+        return self._work
+
     def layout(self, size, meta):
         return [("int8", size), ("float32", -(-size // self.opts.block))]
 
@@ -61,7 +70,8 @@ class Uniform8(Codec):
         if n == 0:
             return self._payload(0, (), np.empty(0, np.int8), np.empty(0, np.float32))
         xb = blocks(v, self.opts.block)
-        amax = xb.abs().amax(dim=1)  # measured 3-5x faster than aminmax(dim=1)
+        work = self._scratch(xb.numel()).view_as(xb)
+        amax = torch.abs(xb, out=work).amax(dim=1)  # 3-5x faster than aminmax(dim=1)
         top = amax.max().item()  # NaN in any block reaches here
         check_finite(self.name, -top, top)
         scale = amax / 127
@@ -70,7 +80,7 @@ class Uniform8(Codec):
                             scale)
         safe = torch.where(scale > 0, scale, 1.0)
         # Division, not a reciprocal: 127 / max|x| overflows for subnormal blocks.
-        q = torch.div(xb, safe[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        q = torch.div(xb, safe[:, None], out=work).round_().clamp_(-127, 127).to(torch.int8)
         return self._payload(n, (), q.view(-1)[:n].numpy(), scale.numpy())
 
     def _decode(self, enc):
