@@ -190,7 +190,8 @@ def test_sign_keeps_signs_and_each_blocks_l1(x, block):
     m = np.repeat(scale.astype(np.float64), block)[:x.size]
     assert np.array_equal(np.sign(d[x != 0]), np.sign(x[x != 0]))
     zero = x == 0  # the sign bit is sent: 0.0 -> +m, -0.0 -> -m
-    assert np.array_equal(d[zero], np.where(np.signbit(x[zero]), -1, 1) * m[zero].astype(np.float32))
+    signs = np.where(np.signbit(x[zero]), -1, 1)
+    assert np.array_equal(d[zero], signs * m[zero].astype(np.float32))
     assert np.allclose(np.abs(d), m.astype(np.float32))
     pad = np.zeros(scale.size * block)
     pad[:x.size] = np.abs(x.astype(np.float64))

@@ -1,7 +1,8 @@
 """`sign`: one bit a value, scaled per block by the block's mean |x| (EF-signSGD's scaling).
 
 Decode gives +m or -m for each value of a block whose mean |x| is m; the bit sent is the
-float's sign bit, so 0.0 decodes to +m and -0.0 to -m. Bound: |d - x| = ||x| - m| <= max(m, max|x| - m) <= max|x| of the block,
+float's sign bit, so 0.0 decodes to +m and -0.0 to -m.
+Bound: |d - x| = ||x| - m| <= max(m, max|x| - m) <= max|x| of the block,
 with the sign kept for every nonzero x and the block's sum of |d| equal to its sum of |x|.
 Meant for error feedback (Karimireddy et al. 2019): without it the sign alone is biased.
 Bytes per value: 1/8 + 4 / block (bits packed little-endian, np.packbits).
