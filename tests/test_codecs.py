@@ -20,7 +20,7 @@ from paramserver.core.registry import UnknownNameError
 
 NAMES = ["fp32", "fp16", "fp16-scaled", "bf16", "uniform8", "quantile8", "sign", "randomk",
          "powersgd"]
-FEW = settings(max_examples=40, deadline=None)
+FEW = settings(max_examples=30, deadline=None)
 
 # Any finite float32 (zeros, subnormals, up to 3.4e38) ...
 any_float = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -233,13 +233,13 @@ def test_randomk_unbiased_decode_averages_to_the_input():
     rng = np.random.default_rng(3)
     x = rng.standard_normal(103).astype(np.float32)  # 103 = 10 runs of 10 or 11
     c = make_codec("randomk", fraction=0.1, unbiased=True, seed=5)
-    draws = 4000
+    draws = 2000
     total = np.zeros(x.size)
     for _ in range(draws):
         total += c.decode(c.encode(x), x.size)
     mean = total / draws
     # Each position is sent with p = 1/10 or 1/11 and scaled by 10 or 11: std of the mean
-    # is |x| * sqrt((len - 1) / draws) <= 0.053 |x|; 5 sigma.
+    # is |x| * sqrt((len - 1) / draws), under |x| * sqrt(10 / draws); 5 sigma.
     assert (np.abs(mean - x) <= 5 * np.abs(x) * math.sqrt(10 / draws) + 1e-6).all()
     plain = make_codec("randomk", fraction=0.1, seed=5)
     assert np.abs(plain.decode(plain.encode(x), x.size)).sum() < np.abs(x).sum() / 5
@@ -268,7 +268,7 @@ def test_powersgd_repeated_steps_approach_the_best_rank_r_approximation():
     s = np.linalg.svd(m, compute_uv=False)
     best = math.sqrt((s[2:] ** 2).sum())  # rank 2
     c = make_codec("powersgd", rank=2)
-    errors = [np.linalg.norm(c.decode(c.encode(x), x.size) - x) for _ in range(60)]
+    errors = [np.linalg.norm(c.decode(c.encode(x), x.size) - x) for _ in range(40)]
     assert errors[-1] <= best * 1.01 < errors[0]
 
 
