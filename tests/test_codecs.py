@@ -367,6 +367,16 @@ def test_wire_roundtrip_through_msgpack_and_bytes(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_empty_and_strided_vectors(name):
+    for x in (np.zeros(0, np.float32), torch.arange(40.0)[::2]):
+        c = make_codec(name)
+        header, frames = c.encode(x).to_wire()
+        back = Encoded.from_wire(msgpack.unpackb(msgpack.packb(header)), [bytes(f) for f in frames])
+        d = c.decode(back, len(x))
+        assert d.shape == (len(x),) and (name not in ("fp32", "fp16") or np.array_equal(d, x))
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("bad", [[1.0, float("nan"), 2.0], [float("inf")], [0.0, -float("inf")]])
 def test_non_finite_input_is_refused(name, bad):
     with pytest.raises(ValueError, match="NaN or inf"):

@@ -87,11 +87,11 @@ def _is_count(value: Any) -> bool:
 
 
 def as_f32(x) -> torch.Tensor:
-    """A 1-D float32 tensor sharing `x`'s memory (torch tensor or numpy array)."""
+    """A contiguous 1-D float32 tensor of `x` (torch or numpy; shared unless strided)."""
     v = torch.as_tensor(x).detach()
     if v.dim() != 1 or v.dtype != torch.float32:
         raise ValueError(f"a codec takes a 1-D float32 vector; got {v.dim()}-D {v.dtype}")
-    return v
+    return v.contiguous()
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
