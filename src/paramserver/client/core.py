@@ -40,6 +40,7 @@ class Handle:
     expand: np.ndarray | None = None
     stream: "Stream | None" = None  # the part of the request sent in chunks
     message: Any = None  # a chunked request's chunk -> Message
+    nbytes: int = 0  # value bytes the request put on the wire (codec frames as encoded)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,8 @@ from paramserver.client.links import ShardLinks
 from paramserver.client.requests import ShardRequests
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
+from paramserver.compression import payload
+from paramserver.compression.codec import Codec
 from paramserver.core.keyspace import KeyRange
 from paramserver.policies.base import Release
 from paramserver.sparse.placement import shard_of
@@ -85,6 +87,29 @@ def _as_array(values, dtype: np.dtype) -> np.ndarray:
     if arr.dtype != dtype:
         raise ValueError(f"values have dtype {arr.dtype}; this job's parameters are {dtype}")
     return np.ascontiguousarray(arr.reshape(-1))
+
+
+def _check_codec(codec: Codec | None, values: np.ndarray) -> Codec | None:
+    if codec is None:
+        return None
+    if not isinstance(codec, Codec):
+        raise ValueError(f"codec must be a Codec (make_codec(name)); got {codec!r}")
+    if values.dtype != np.float32:
+        raise ValueError(f"codec {codec.name!r} takes float32 values; this job's are "
+                         f"{values.dtype}")
+    return codec
+
+
+def _values_message(handle: Handle, fields: dict, values: np.ndarray,
+                    codec: Codec | None) -> Message:
+    """A dense push of `values` (encoded by `codec` when given), counted in handle.nbytes."""
+    if codec is None:
+        handle.nbytes += values.nbytes
+        return Message("push", fields, [values])
+    enc_fields, frames = payload.pack(codec, values)
+    fields.update(enc_fields)
+    handle.nbytes += payload.frame_bytes(frames)
+    return Message("push", fields, frames)
 
 
 def _as_keys(keys) -> np.ndarray:
@@ -222,11 +247,14 @@ class KVWorker:
         return all(m.get("staleness", 0) >= 0 for m in replies.values())
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
-                   batch: int, scale: float = 1.0, round_size: int = 0) -> Handle:
+                   batch: int, scale: float = 1.0, round_size: int = 0,
+                   codec: Codec | None = None) -> Handle:
         """Send a dense gradient for a key range (default: all keys); returns at once.
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
-        counts it only from a piece that covers the shard."""
+        counts it only from a piece that covers the shard. `codec` (make_codec("bf16"), ...):
+        each message's values go encoded and the shard adds what they decode to; the caller
+        keeps any error feedback (the handle's `nbytes` says what went on the wire)."""
         core = self.core
         r = core.key_range(keys)
         arr = _as_array(values, self.dtype)
@@ -234,10 +262,12 @@ class KVWorker:
             raise ValueError(f"{arr.size} values for {r.size} keys")
         pieces = core.pieces(r)
         return self._send_dense(Handle("push"), arr, pieces, core.stream(r, pieces),
-                                self._push_fields(step, batch, scale, round_size))
+                                self._push_fields(step, batch, scale, round_size),
+                                codec=_check_codec(codec, arr))
 
     def _send_dense(self, handle: Handle, arr: np.ndarray, pieces, stream: Stream | None,
-                    fields: dict, beside: int | None = None) -> Handle:
+                    fields: dict, beside: int | None = None,
+                    codec: Codec | None = None) -> Handle:
         """The one place dense push messages are made: one per piece into `handle.parts`, or,
         with a `stream`, its chunks (the first now, the rest from wait()). `fields`: the step's
         (see _push_fields), handed over; `beside`: the step's other messages to each shard
@@ -258,7 +288,8 @@ class KVWorker:
                 f["range"], f["version"] = [p.lo, p.hi], versions[i]
                 if beside is not None:
                     f["parts"] = 1 + beside
-                handle.parts.append((i, send(i, Message("push", f, [arr[sl]])), sl))
+                handle.parts.append((i, send(i, _values_message(handle, f, arr[sl], codec)),
+                                     sl))
             return handle
         arrival, extra = self._arrival, beside or 0
 
@@ -266,19 +297,22 @@ class KVWorker:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
-            return Message("push", f, [arr[c.out]])
+            return _values_message(handle, f, arr[c.out], codec)
         handle.stream = stream
         return self._start(handle, message)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
-             round_size: int = 0) -> int:
+             round_size: int = 0, codec: Codec | None = None) -> int:
         """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
         return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale,
-                                         round_size=round_size))
+                                         round_size=round_size, codec=codec))
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
-                          scale: float = 1.0, round_size: int = 0) -> Handle:
-        """Send (keys, values) pairs; repeated keys add up on the server."""
+                          scale: float = 1.0, round_size: int = 0,
+                          codec: Codec | None = None) -> Handle:
+        """Send (keys, values) pairs; repeated keys add up on the server. With `codec` each
+        shard's values go encoded (each shard's slice on its own: a compressor's decoded values
+        re-encode to themselves under an elementwise cast; a block codec may round again)."""
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = _as_array(values, self.dtype)
         if k.size != v.size:
@@ -288,6 +322,7 @@ class KVWorker:
         order = None if k.size < 2 or np.all(k[1:] >= k[:-1]) else np.argsort(k, kind="stable")
         if order is not None:
             k, v = k[order], v[order]
+        codec = _check_codec(codec, v)
         handle = Handle("push")
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
@@ -296,14 +331,21 @@ class KVWorker:
                       "scale": float(scale)}
             if round_size:
                 fields["round_size"] = round_size
-            msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
+            if codec is None:
+                msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
+                handle.nbytes += k[a:b].nbytes + v[a:b].nbytes
+            else:
+                enc_fields, frames = payload.pack(codec, v[a:b])
+                fields.update(enc_fields)
+                msg = Message("push_sparse", fields, [k[a:b], *frames])
+                handle.nbytes += k[a:b].nbytes + payload.frame_bytes(frames)
             handle.parts.append((i, self.requests.send(i, msg), slice(a, b)))
         return handle
 
     def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0,
-                    round_size: int = 0) -> int:
+                    round_size: int = 0, codec: Codec | None = None) -> int:
         return self.wait(self.push_sparse_async(keys, values, step=step, batch=batch, scale=scale,
-                                                round_size=round_size))
+                                                round_size=round_size, codec=codec))
 
     def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
                    out: np.ndarray | None = None, min_version: int = 0) -> Handle:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import zmq
 
+from paramserver.compression import payload
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import CheckpointError, part_folder
@@ -83,14 +84,23 @@ def _init(msg: Message, to) -> Init:
 def _push(msg: Message, to) -> Push:
     f = msg.fields
     lo, hi = f["range"]
-    return Push(to, msg.src, msg.rid, lo, hi, _arrays(msg, 1)[0], f["step"], f["batch"],
+    # Codec values are decoded to float32 here, before the core sees them: the store adds
+    # float32 gradients to its float32 master values whatever the wire carried.
+    grad = _arrays(msg, 1)[0] if "enc" not in f else payload.unpack(f, msg.arrays, hi - lo)
+    return Push(to, msg.src, msg.rid, lo, hi, grad, f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
                 f.get("parts", 0), f.get("wm"))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:
-    keys, values = _arrays(msg, 2)
     f = msg.fields
+    if "enc" in f:
+        if not msg.arrays:
+            raise StoreError("push_sparse needs its keys frame")
+        keys = msg.arrays[0]
+        values = payload.unpack(f, msg.arrays[1:], keys.size)
+    else:
+        keys, values = _arrays(msg, 2)
     return PushSparse(to, msg.src, msg.rid, keys, values, f["step"], f["batch"], f["version"],
                       float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0),
                       f.get("wm"))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 PROTOCOL_VERSION = 1
 
-# Tensor frames may only carry these dtypes; keys are always int64.
-DTYPES = ("float32", "float64", "int64")
+# Tensor frames may only carry these dtypes; keys are always int64. uint8: the raw frames of
+# codec-encoded values (compression/payload.py), checked against their `enc` header.
+DTYPES = ("float32", "float64", "int64", "uint8")
 MAX_ELEMENTS = 1 << 31
 # Keys in one pull_rows/push_rows: a bigger batch is refused (by the client before sending, by
 # the server if one comes anyway) rather than answered with gigabytes in one message.
@@ -25,6 +26,11 @@ def _f(kind, required=True):
     return (kind, required)
 
 
+# Codec-encoded values (issue 22): the Encoded header and the codec's options, the payload's
+# frames as uint8 arrays; checked by compression/payload.py on receipt.
+ENCODED = {"enc": _f(DICT, False), "enc_opts": _f(DICT, False)}
+
+
 # op -> {field: (kind, required)}; every header also has v, op, rid, src (checked in the codec).
 SCHEMAS: dict[str, dict[str, tuple]] = {
     # worker -> server
@@ -34,11 +40,14 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "push": {"range": _f(RANGE), "step": _f(NONNEG), "version": _f(NONNEG),
              "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False),
              "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
-             "wm": _f(NONNEG, False)},
+             "wm": _f(NONNEG, False), **ENCODED},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
                     "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
-                    "parts": _f(NONNEG, False), "wm": _f(NONNEG, False)},
-    "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False)},
+                    "parts": _f(NONNEG, False), "wm": _f(NONNEG, False), **ENCODED},
+    # delta: pull values minus what this worker holds, encoded by codec {"name", "opts"};
+    # ref: a dense pull that also resets what the shard thinks this worker holds
+    "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False), "delta": _f(DICT, False),
+             "ref": _f(BOOL, False)},
     "pull_keys": {"min_version": _f(NONNEG, False)},
     # sparse tables: one int64 keys array; push_rows adds float32 grads (len(keys) * dim)
     "pull_rows": {"table": _f(STR), "min_version": _f(NONNEG, False)},
@@ -48,7 +57,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                   "wm": _f(NONNEG, False)},
     # server -> worker
     "ack": {"version": _f(NONNEG), "staleness": _f(INT, False)},
-    "values": {"version": _f(NONNEG), "range": _f(RANGE, False)},
+    "values": {"version": _f(NONNEG), "range": _f(RANGE, False), **ENCODED},
     "rows": {"version": _f(NONNEG)},  # one float32 array: len(keys) * dim, in key order
     # anyone -> coordinator
     "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False),

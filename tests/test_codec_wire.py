@@ -1,0 +1,132 @@
+"""Codec-encoded values on the live wire (issue 22): pushes decode to float32 on real shards,
+chunked or not, and a malformed or lying payload is refused while the shard goes on serving."""
+
+import numpy as np
+import pytest
+
+from paramserver.client.kv import KVWorker
+from paramserver.compression import make_codec, payload
+from paramserver.net.rpc import RemoteError
+from paramserver.wire import Message
+from ps_helpers import make_job, running_job
+
+NUM_KEYS = 300  # two shards of 150; 64-value chunks, so a whole push goes in several
+CHUNK = 256
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("codec_wire")
+    job = make_job(NUM_KEYS, 2, 1, sync="asp", dtype="float32", lr=1.0, chunk_bytes=CHUNK,
+                   tcp_chunk_bytes=CHUNK, chunks_in_flight=2, tcp_chunks_in_flight=2)
+    with running_job(tmp, job) as cluster:
+        client = KVWorker(cluster.address)
+        client.init(np.zeros(NUM_KEYS, dtype=np.float32))
+        client.start()
+        yield client
+        client.close()
+
+
+def _chunk_decoded(codec, grad: np.ndarray) -> np.ndarray:
+    """What the shards add for a whole-key push: each chunk of each shard encoded alone."""
+    per = CHUNK // 4
+    out = np.empty_like(grad)
+    for lo in range(0, NUM_KEYS, NUM_KEYS // 2):
+        for a in range(lo, lo + NUM_KEYS // 2, per):
+            b = min(a + per, lo + NUM_KEYS // 2)
+            out[a:b] = codec.decode(codec.encode(grad[a:b]), b - a)
+    return out
+
+
+def test_fp16_pushes_of_integer_gradients_sum_exactly(kv):
+    rng = np.random.default_rng(0)
+    before = kv.pull().copy()
+    grads = [rng.integers(-1000, 1000, NUM_KEYS).astype(np.float32) for _ in range(4)]
+    fp16 = make_codec("fp16")
+    for g in grads:
+        handle = kv.push_async(g, step=0, batch=1, codec=fp16)
+        kv.wait(handle)
+        assert handle.nbytes == NUM_KEYS * 2  # two bytes a value, chunked or not
+    expected = before - np.sum(grads, axis=0, dtype=np.float32)
+    np.testing.assert_array_equal(kv.pull(), expected)
+
+
+@pytest.mark.parametrize("name", ["bf16", "uniform8", "quantile8"])
+def test_a_codec_push_adds_what_its_chunks_decode_to(kv, name):
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal(NUM_KEYS).astype(np.float32)
+    before = kv.pull().copy()
+    kv.push(g, step=0, batch=1, codec=make_codec(name))
+    sent = _chunk_decoded(make_codec(name), g)
+    np.testing.assert_allclose(kv.pull(), before - sent, rtol=0, atol=1e-5)
+    if name != "quantile8":  # (its 256-entry codebook holds a 64-value chunk exactly)
+        assert np.abs(sent - g).max() > 0  # lossy: the check above is not a dense push's
+
+
+def test_a_pruned_push_with_codec_values_across_shards(kv):
+    keys = np.array([3, 140, 149, 150, 151, 299], dtype=np.int64)
+    vals = np.array([0.1, -2.5, 3.0, 1e-3, 7.0, -0.3], dtype=np.float32)
+    bf16 = make_codec("bf16")
+    before = kv.pull().copy()
+    handle = kv.push_sparse_async(keys, vals, step=0, batch=1, codec=bf16)
+    kv.wait(handle)
+    assert handle.nbytes == keys.nbytes + 2 * vals.size
+    expected = before.copy()
+    expected[keys] -= bf16.decode(bf16.encode(vals), vals.size)
+    np.testing.assert_array_equal(kv.pull(), expected)
+
+
+def test_a_codec_needs_float32_values(kv):
+    with pytest.raises(ValueError, match="float32"):
+        kv.push(np.ones(NUM_KEYS, dtype=np.float64), step=0, batch=1, codec=make_codec("fp16"))
+
+
+def _raw_push(kv, fields: dict, frames: list, lo: int = 0, hi: int = 10) -> Message:
+    f = {"range": [lo, hi], "step": 0, "version": 0, "batch": 1, **fields}
+    rid = kv.requests.send(0, Message("push", f, frames))
+    return kv.requests.collect([(0, rid, None)], "push")[rid]
+
+
+def _good(values: np.ndarray, name: str = "bf16") -> tuple[dict, list]:
+    return payload.pack(make_codec(name), values)
+
+
+def _lies() -> list[tuple[str, dict, list, str]]:
+    """(what, fields, frames, the error's words): every way a payload can be wrong."""
+    ten = np.linspace(-1, 1, 10, dtype=np.float32)
+    fields, frames = _good(ten)
+    enc = fields["enc"]
+    nan = np.full(10, np.nan, dtype=np.float32).view(np.uint8)
+    u8_fields, u8_frames = _good(ten, "uniform8")
+    return [
+        ("unknown codec", {**fields, "enc": {**enc, "codec": "zip9"}}, frames, "unknown codec"),
+        ("size lies", {**fields, "enc": {**enc, "size": 11}}, frames, "expected 10"),
+        ("frame count lies", fields, frames + frames, "frames follow"),
+        ("frame bytes lie", fields, [frames[0][:-2]], "bytes"),
+        ("dtype not a frame dtype", {**fields, "enc": {**enc, "frames": [["int64", 10]]}},
+         frames, "bad spec"),
+        ("another codec's layout", {**fields, "enc": {**enc, "frames": [["uint8", 20]]}},
+         frames, "do not fit"),
+        ("bad option", {**fields, "enc_opts": {"nope": 1}}, frames, "unknown option"),
+        ("odd option value", {**fields, "enc_opts": {"x": [1, 2]}}, frames, "options"),
+        ("no header", {"enc_opts": {}, "enc": "bf16"}, frames, "enc"),
+        ("NaN values", {"enc": {"codec": "fp32", "size": 10, "meta": [],
+                                "frames": [["float32", 10]]}, "enc_opts": {}}, [nan],
+         "NaN"),
+        ("scales lie", u8_fields, [np.full(f.size, 255, np.uint8) for f in u8_frames],
+         "NaN|inf|bad|scale"),
+    ]
+
+
+def test_a_malformed_payload_is_refused_and_the_shard_keeps_serving(kv):
+    before = kv.pull().copy()
+    for what, fields, frames, words in _lies():
+        with pytest.raises(RemoteError, match=words):
+            _raw_push(kv, fields, frames)
+            pytest.fail(f"{what}: accepted")
+    np.testing.assert_array_equal(kv.pull(), before)  # nothing of any of them applied
+    fields, frames = _good(np.ones(10, dtype=np.float32))
+    _raw_push(kv, fields, frames)
+    expected = before.copy()
+    expected[:10] -= 1
+    np.testing.assert_array_equal(kv.pull(), expected)
