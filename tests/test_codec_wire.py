@@ -130,3 +130,72 @@ def test_a_malformed_payload_is_refused_and_the_shard_keeps_serving(kv):
     expected = before.copy()
     expected[:10] -= 1
     np.testing.assert_array_equal(kv.pull(), expected)
+
+
+# ---- compressed pulls -------------------------------------------------------------------------
+def _bound(name: str, d: np.ndarray) -> np.ndarray:
+    """Per value, the most `name` may lose coding `d` (bf16: half an ulp of 8 bits, relative;
+    uniform8: a step of 255 over the vector's span bounds any block's half-step)."""
+    if name == "bf16":
+        return np.abs(d) * 2.0 ** -8
+    return np.full(d.shape, (d.max() - d.min()) / 255 + 1e-7)
+
+
+@pytest.mark.parametrize("name", ["bf16", "uniform8"])
+def test_delta_pulls_drift_within_the_codec_bound_and_a_refresh_is_exact(kv, name):
+    rng = np.random.default_rng(2)
+    codec = make_codec(name)
+    copy = np.empty(NUM_KEYS, dtype=np.float32)
+    first = kv.pull_async(out=copy, ref=True)
+    kv.wait(first)
+    assert first.nbytes == NUM_KEYS * 4
+    np.testing.assert_array_equal(copy, kv.pull())
+    budget = np.zeros(NUM_KEYS)
+    for _ in range(5):
+        kv.push(rng.standard_normal(NUM_KEYS).astype(np.float32), step=0, batch=1)
+        truth = kv.pull().copy()
+        step_bound = _bound(name, truth - copy)
+        handle = kv.pull_async(out=copy, delta=codec)
+        assert kv.wait(handle) is copy
+        assert handle.nbytes < NUM_KEYS * 4 / 1.9  # bf16: half the bytes, uniform8 less
+        drift = np.abs(copy - truth)
+        assert (drift <= step_bound).all()  # carried error: one step's bound, not a sum
+        budget += step_bound
+        assert (drift <= budget).all()
+        assert drift.max() > 0  # lossy: the copy is not simply the dense values
+    kv.pull(out=copy, ref=True)
+    np.testing.assert_array_equal(copy, kv.pull())
+
+
+def test_a_delta_pull_without_a_reference_comes_dense(kv):
+    # Another worker (another sender): the shards know nothing it holds, so they answer dense.
+    other = KVWorker(kv.join, role="observer")
+    try:
+        copy = np.full(NUM_KEYS, 123.0, dtype=np.float32)
+        other.pull(out=copy, delta=make_codec("bf16"))
+        np.testing.assert_array_equal(copy, kv.pull())
+    finally:
+        other.close()
+
+
+def test_a_bad_delta_codec_is_refused(kv):
+    for delta, words in [({"name": "zip9"}, "unknown codec"),
+                         ({"name": "bf16", "opts": {"nope": 1}}, "unknown option")]:
+        rid = kv.requests.send(0, Message("pull", {"range": [0, 10], "delta": delta}))
+        with pytest.raises(RemoteError, match=words):
+            kv.requests.collect([(0, rid, None)], "pull")
+    np.testing.assert_array_equal(kv.pull((0, 10)).shape, (10,))
+
+
+def test_a_retried_delta_pull_gets_the_reply_it_got_first():
+    from paramserver.server.deltas import PullRefs
+    refs = PullRefs(100, 8)
+    codec = make_codec("bf16")
+    head = {"version": 1, "range": [100, 108]}
+    v0 = np.linspace(0, 1, 8, dtype=np.float32)
+    refs.dense("w", 1, 100, 108, v0, head)
+    first = refs.delta("w", 2, 100, 108, v0 + np.float32(0.3), codec, head)
+    # A retry (same rid) must not move the reference again: it gets the kept reply.
+    assert refs.answered("w", 2) is first
+    assert refs.answered("w", 3) is None and refs.answered("x", 2) is None
+    assert refs.nbytes == 8 * 5

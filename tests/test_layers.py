@@ -19,7 +19,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
-        "server/pulls.py", "server/tables.py", "client/core.py",
+        "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         # The simulator's core.
         "sim/engine.py", "sim/comm.py", "sim/compute.py",
         # Scoring beside the evaluator.

@@ -41,6 +41,7 @@ class Handle:
     stream: "Stream | None" = None  # the part of the request sent in chunks
     message: Any = None  # a chunked request's chunk -> Message
     nbytes: int = 0  # value bytes the request put on the wire (codec frames as encoded)
+    delta: bool = False  # a compressed pull: replies add codec deltas into `out` (or set it)
 
 
 @dataclass(frozen=True, slots=True)

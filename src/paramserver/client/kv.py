@@ -348,8 +348,17 @@ class KVWorker:
                                                 round_size=round_size, codec=codec))
 
     def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
-                   out: np.ndarray | None = None, min_version: int = 0) -> Handle:
-        """Ask for a key range (default: all); servers answer once they reach `min_version`."""
+                   out: np.ndarray | None = None, min_version: int = 0, *,
+                   delta: Codec | None = None, ref: bool = False) -> Handle:
+        """Ask for a key range (default: all); servers answer once they reach `min_version`.
+
+        Compressed pulls (float32 jobs; `out` is the worker's copy, kept between pulls): with
+        `ref` the pull is dense and each shard remembers it as what this worker holds; with
+        `delta` (a codec) a shard sends the change since, encoded, which is added into `out`
+        (a shard that remembers nothing of the range answers dense). Pull with `ref` every so
+        often: between, `out` differs from the shard by the last delta's coding error."""
+        if delta is not None or ref:
+            return self._pull_refs(keys, out, min_version, delta)
         r = self.core.key_range(keys)
         ours = out is None
         if ours:
@@ -367,10 +376,43 @@ class KVWorker:
             handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
         return handle
 
-    def pull(self, keys=None, out: np.ndarray | None = None, min_version: int = 0) -> np.ndarray:
+    def _pull_refs(self, keys, out: np.ndarray | None, min_version: int,
+                   codec: Codec | None) -> Handle:
+        r = self.core.key_range(keys)
+        if out is None or out.size != r.size or out.dtype != np.float32:
+            raise ValueError(f"a compressed pull adds into the worker's copy: out must hold "
+                             f"{r.size} float32 values")
+        _check_codec(codec, out)
+        fields = {"ref": True} if codec is None else {
+            "delta": {"name": codec.name, "opts": codec.options()}}
+        pieces = self.core.pieces(r)
+        stream = self.core.stream(r, pieces)
+        if stream is not None:
+            return self._start(Handle("pull", out=out, stream=stream, delta=True),
+                               lambda c: Message("pull", {"range": [c.keys.lo, c.keys.hi],
+                                                          "min_version": min_version, **fields}))
+        handle = Handle("pull", out=out, delta=True)
+        for i, p, sl in pieces:
+            f = {"range": [p.lo, p.hi], "min_version": min_version, **fields}
+            handle.parts.append((i, self.requests.send(i, Message("pull", f)), sl))
+        return handle
+
+    def _take_values(self, handle: Handle, where, reply: Message) -> None:
+        """A compressed pull's reply into its place in the worker's copy: a delta added, dense
+        values copied (the shard's reference is now what the copy holds)."""
+        out = handle.out[where]
+        if "enc" in reply.fields:
+            out += payload.unpack(reply.fields, reply.arrays, out.size)
+            handle.nbytes += payload.frame_bytes(reply.arrays)
+        else:
+            out[:] = reply.arrays[0]
+            handle.nbytes += reply.arrays[0].nbytes
+
+    def pull(self, keys=None, out: np.ndarray | None = None, min_version: int = 0, *,
+             delta: Codec | None = None, ref: bool = False) -> np.ndarray:
         """Blocking pull; returns the values (written into `out` when given; without `out`, one
         shard's reply that came through the socket is returned as it came, uncopied)."""
-        return self.wait(self.pull_async(keys, out, min_version))
+        return self.wait(self.pull_async(keys, out, min_version, delta=delta, ref=ref))
 
     def pull_keys(self, keys, min_version: int = 0) -> np.ndarray:
         """Values of arbitrary keys, in the order given."""
@@ -527,6 +569,13 @@ class KVWorker:
         if handle.kind == "pull_rows":
             self.requests.give_back(self.core.rows_done(handle, replies))
             return handle.result
+        if handle.delta:
+            for shard, rid, where in handle.parts:
+                self._take_values(handle, where, replies[rid])
+                self.core.versions[shard] = replies[rid]["version"]
+                self.requests.let_go(rid)
+            handle.done, handle.result = True, handle.out
+            return handle.result
         # Copied out: the server may overwrite the values it lent now.
         self.requests.give_back(self.core.pull_done(handle, replies))
         return handle.result
@@ -612,7 +661,10 @@ class KVWorker:
     def _take_chunk(self, handle: Handle, rid: int, chunk: Chunk, reply: Message) -> None:
         seen = handle.stream.seen
         if handle.kind == "pull":
-            handle.out[chunk.out] = reply.arrays[0]
+            if handle.delta:
+                self._take_values(handle, chunk.out, reply)
+            else:
+                handle.out[chunk.out] = reply.arrays[0]
             reply.arrays = []
             self.requests.let_go(rid)  # copied: frames lent from the server's arena go back
             v = reply["version"]

@@ -19,6 +19,7 @@ import numpy as np
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
 from paramserver.server.dedup import FORGOTTEN, DedupError, DedupTable
+from paramserver.server.deltas import PullRefs
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
     Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
@@ -46,6 +47,7 @@ class ShardCore:
         # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
         self.dedup = DedupTable(depth=settings.max_unacked_pushes)
         self.pulls = PendingPulls(settings.max_pending_pulls)
+        self.refs = PullRefs(settings.lo, settings.hi - settings.lo)  # compressed pulls
         self.duplicates = 0  # retried pushes answered from the dedup table
         # Retries the dedup table cannot prove fresh (below what it let go of): refused, not
         # applied; pushes beyond a sender's unacknowledged depth: refused too.
@@ -235,11 +237,29 @@ class ShardCore:
         """A range goes straight from the store's buffer, no copy (hence `lend`); keys are
         gathered, already a private copy."""
         st = self.store
+        if ev.ref:
+            return self._ref_values(ev)
         if ev.keys is None:
             data = st.read(ev.lo, ev.hi, shared=True)
             return Reply(ev.to, "values", {"version": st.version, "range": [ev.lo, ev.hi]},
                          [data.numpy()], lend=True)
         return Reply(ev.to, "values", {"version": st.version}, [st.read_keys(ev.keys).numpy()])
+
+    def _ref_values(self, ev: Pull) -> Reply:
+        """A compressed pull's reply (see server/deltas.py): the one a retry got before, else
+        the values dense or as a codec-encoded delta from what the worker holds."""
+        st = self.store
+        kept = self.refs.answered(ev.sender, ev.rid)
+        if kept is None:
+            if st.dtype != np.float32 or ev.keys is not None:
+                raise StoreError("compressed pulls take a key range of float32 values")
+            values = st.read(ev.lo, ev.hi, shared=True).numpy()  # read now, not sent
+            head = {"version": st.version, "range": [ev.lo, ev.hi]}
+            kept = (self.refs.dense(ev.sender, ev.rid, ev.lo, ev.hi, values, head)
+                    if ev.delta is None else
+                    self.refs.delta(ev.sender, ev.rid, ev.lo, ev.hi, values, ev.delta, head))
+        fields, frames = kept
+        return Reply(ev.to, "values", fields, frames)
 
     def _serve(self, out: list) -> list:
         """Answer the waiting pulls the shard's version now satisfies (appended to `out`)."""

@@ -112,6 +112,12 @@ class Pull:
     hi: int = 0
     keys: np.ndarray | None = None
     client: Any = None  # who asked (the node's peer): each has only so many pulls waiting
+    # A compressed pull (issue 22, server/deltas.py): with `ref` the shard keeps what it
+    # sends as what `sender` holds; `delta` (a Codec) sends the change since, encoded.
+    ref: bool = False
+    delta: Any = None
+    sender: str = ""
+    rid: int = 0
 
 
 @dataclass(slots=True)

@@ -109,7 +109,13 @@ def _push_sparse(msg: Message, to) -> PushSparse:
 def _pull(msg: Message, to) -> Pull:
     f = msg.fields
     lo, hi = f["range"]
-    return Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi, client=to[0])
+    pull = Pull(to, time.monotonic(), f.get("min_version", 0), lo, hi, client=to[0])
+    if f.get("ref") or "delta" in f:  # compressed pulls: server/deltas.py
+        pull.ref, pull.sender, pull.rid = True, msg.src, msg.rid
+        d = f.get("delta")
+        if d is not None:
+            pull.delta = payload.codec_of(d.get("name"), d.get("opts", {}))
+    return pull
 
 
 def _pull_keys(msg: Message, to) -> Pull:
