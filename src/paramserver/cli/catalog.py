@@ -8,6 +8,8 @@ SYNC_POLICIES = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp")
 MODELS = ("mlp", "cnn", "logreg", "dlrm", "wide")
 DATASETS = ("digits", "mnist", "synthetic", "clicks")
 COMPRESSORS = ("none", "topk", "std", "dynamic")
+CODECS = ("fp32", "fp16", "fp16-scaled", "bf16", "uniform8", "quantile8", "sign", "randomk",
+          "powersgd")
 UPDATE_RULES = ("sgd", "momentum", "consgd", "dynsgd", "staleness-aware", "adagrad-global",
                 "direction-distance")
 PREDICTORS = ("last_interval", "ema", "median")

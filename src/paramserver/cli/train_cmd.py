@@ -73,11 +73,20 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
     p.add_argument("--compress", default=d.compress,
-                   help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)} "
+                   help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)}, or a value "
+                        f"codec for dense pushes: {catalog.listed(catalog.CODECS)} "
                         f"(default {d.compress})")
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
-                   help="pruning option, e.g. fraction=0.01, k=2, error_feedback=false "
-                        "(repeatable)")
+                   help="pruning or codec option, e.g. fraction=0.01, k=2, "
+                        "error_feedback=false, block=64; a pruner's values through a codec: "
+                        "codec=bf16 (its options: codec.KEY=VALUE) (repeatable)")
+    p.add_argument("--pull-compress", default=d.pull_compress, metavar="CODEC",
+                   help=f"pull the change since the last pull, encoded by a codec: "
+                        f"{catalog.listed(catalog.CODECS)}; none pulls dense "
+                        f"(default {d.pull_compress}; float32 jobs)")
+    p.add_argument("--pull-refresh", type=flag.positive_int, default=d.pull_refresh,
+                   metavar="N", help=f"with --pull-compress, every Nth pull is dense, which "
+                                     f"ends the drift (default {d.pull_refresh})")
     p.add_argument("--push-range", default=d.push_range, help=catalog.PUSH_RANGE_HELP)
     p.add_argument("--schedule", default=d.schedule,
                    help="per-layer requests: push each layer's gradient as backward produces "
@@ -146,6 +155,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         optimizer_options=flag.options(args.optimizer_opt),
         straggler=args.straggler, device_time=args.device_time, seed=args.seed,
         compress=args.compress, compress_options=flag.options(args.compress_opt),
+        pull_compress=getattr(args, "pull_compress", TrainConfig.pull_compress),
+        pull_refresh=getattr(args, "pull_refresh", TrainConfig.pull_refresh),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
         max_message_bytes=None if getattr(args, "max_message_bytes", None) is None
@@ -158,8 +169,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
 
 def prepare_spec(cfg: TrainConfig) -> JobSpec:
     """Check every name and option here, before any process starts; returns the job."""
-    from paramserver.compression import make_compressor
     from paramserver.compression.ranges import make_plan
+    from paramserver.compression.wire import WireSpec
     from paramserver.compression.schedule import check_order
     from paramserver.models import sparse_tables
     from paramserver.optim import make_rule
@@ -170,7 +181,11 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     cfg.validate()
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
-    make_compressor(cfg.compress, **cfg.compress_options)
+    wire = WireSpec.parse(cfg.compress, cfg.compress_options, cfg.pull_compress,
+                          cfg.pull_refresh)
+    if (wire.codec is not None or wire.pull_codec is not None) and cfg.dtype != "float32":
+        raise ValueError("codecs (--compress NAME, codec=, --pull-compress) take float32 "
+                         "values: use --dtype float32")
     cfg.straggler.model.check_workers(cfg.workers)
     # Only the key space is needed here: a model of 10^9 parameters is not built for it.
     ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)
@@ -179,7 +194,10 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     if cfg.schedule != "off":
         check_order(cfg.schedule)
     chosen = [o for o, on in (("--compress", cfg.compress != "none"), ("--push-range", ranged),
-                              ("--schedule", cfg.schedule != "off")) if on]
+                              ("--schedule", cfg.schedule != "off"),
+                              ("--pull-compress", wire.pull_codec is not None)) if on]
+    if chosen and chosen[0] == "--compress" and chosen[-1] == "--pull-compress":
+        chosen = chosen[1:]  # compressed pushes and pulls go together
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
     if tables and chosen:

@@ -101,12 +101,16 @@ def _check_codec(codec: Codec | None, values: np.ndarray) -> Codec | None:
 
 
 def _values_message(handle: Handle, fields: dict, values: np.ndarray,
-                    codec: Codec | None) -> Message:
-    """A dense push of `values` (encoded by `codec` when given), counted in handle.nbytes."""
+                    codec: Codec | None, sent: np.ndarray | None = None) -> Message:
+    """A dense push of `values` (encoded by `codec` when given), counted in handle.nbytes;
+    `sent` receives what the encoded values decode to."""
     if codec is None:
         handle.nbytes += values.nbytes
         return Message("push", fields, [values])
-    enc_fields, frames = payload.pack(codec, values)
+    enc = codec.encode(values)
+    if sent is not None:
+        sent[:] = codec.decode(enc, values.size)
+    enc_fields, frames = payload.as_fields(codec, enc)
     fields.update(enc_fields)
     handle.nbytes += payload.frame_bytes(frames)
     return Message("push", fields, frames)
@@ -248,26 +252,31 @@ class KVWorker:
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
                    batch: int, scale: float = 1.0, round_size: int = 0,
-                   codec: Codec | None = None) -> Handle:
+                   codec: Codec | None = None, sent: np.ndarray | None = None) -> Handle:
         """Send a dense gradient for a key range (default: all keys); returns at once.
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
         counts it only from a piece that covers the shard. `codec` (make_codec("bf16"), ...):
         each message's values go encoded and the shard adds what they decode to; the caller
-        keeps any error feedback (the handle's `nbytes` says what went on the wire)."""
+        keeps any error feedback: `sent` (as many float32 as `values`), if given, receives
+        what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
+        what went on the wire). Like `values`, `sent` is written until the handle is waited."""
         core = self.core
         r = core.key_range(keys)
         arr = _as_array(values, self.dtype)
         if arr.size != r.size:
             raise ValueError(f"{arr.size} values for {r.size} keys")
+        if sent is not None and (codec is None or sent.shape != (arr.size,)
+                                 or sent.dtype != np.float32):
+            raise ValueError(f"sent must be {arr.size} float32 values, given with a codec")
         pieces = core.pieces(r)
         return self._send_dense(Handle("push"), arr, pieces, core.stream(r, pieces),
                                 self._push_fields(step, batch, scale, round_size),
-                                codec=_check_codec(codec, arr))
+                                codec=_check_codec(codec, arr), sent=sent)
 
     def _send_dense(self, handle: Handle, arr: np.ndarray, pieces, stream: Stream | None,
                     fields: dict, beside: int | None = None,
-                    codec: Codec | None = None) -> Handle:
+                    codec: Codec | None = None, sent: np.ndarray | None = None) -> Handle:
         """The one place dense push messages are made: one per piece into `handle.parts`, or,
         with a `stream`, its chunks (the first now, the rest from wait()). `fields`: the step's
         (see _push_fields), handed over; `beside`: the step's other messages to each shard
@@ -288,8 +297,8 @@ class KVWorker:
                 f["range"], f["version"] = [p.lo, p.hi], versions[i]
                 if beside is not None:
                     f["parts"] = 1 + beside
-                handle.parts.append((i, send(i, _values_message(handle, f, arr[sl], codec)),
-                                     sl))
+                handle.parts.append((i, send(i, _values_message(
+                    handle, f, arr[sl], codec, None if sent is None else sent[sl])), sl))
             return handle
         arrival, extra = self._arrival, beside or 0
 
@@ -297,7 +306,8 @@ class KVWorker:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
-            return _values_message(handle, f, arr[c.out], codec)
+            return _values_message(handle, f, arr[c.out], codec,
+                                   None if sent is None else sent[c.out])
         handle.stream = stream
         return self._start(handle, message)
 

@@ -49,6 +49,8 @@ class TrainConfig:
     max_message_bytes: int | None = Limits.max_message_bytes  # None: from the model size
     compress: str = TaskSpec.compress
     compress_options: dict = field(default_factory=dict)
+    pull_compress: str = TaskSpec.pull_compress  # a codec for delta pulls (compression/wire.py)
+    pull_refresh: int = TaskSpec.pull_refresh  # a dense pull every N
     push_range: str = TaskSpec.push_range  # keys pushed/pulled per step (compression/ranges.py)
     schedule: str = TaskSpec.schedule  # per-layer requests: off, fifo, lifo, stalest
     links: LinkTable = field(default_factory=LinkTable)  # or --link texts

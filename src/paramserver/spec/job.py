@@ -120,6 +120,10 @@ class TaskSpec:
     threads: int = 1
     compress: str = "none"
     compress_options: Mapping = field(default_factory=dict)
+    # Compressed pulls (compression/wire.py): a codec name or "none", and the dense refresh
+    # interval in pulls. Job files without them read as dense pulls.
+    pull_compress: str = "none"
+    pull_refresh: int = 20
     push_range: str = "all"  # compression/ranges.py grammar
     schedule: str = "off"  # per-layer requests: off, fifo, lifo, stalest
     # Round mode: the next step's pull goes out with this step's push (benchmarks/ turn it
@@ -130,8 +134,9 @@ class TaskSpec:
 
     def __post_init__(self):
         for key in ("name", "model", "dataset", "straggler", "device_time", "compress",
-                    "push_range"):
+                    "push_range", "pull_compress"):
             _name(f"task.{key}", getattr(self, key))
+        _int("task.pull_refresh", self.pull_refresh, 1)
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             _fail("task.data_dir", self.data_dir, "a path or null")
         _int("task.seed", self.seed, 0)
@@ -405,6 +410,7 @@ class JobSpec:
                           straggler=str(c.straggler), device_time=c.device_time.text(),
                           threads=c.threads, compress=c.compress,
                           compress_options=c.compress_options, push_range=c.push_range,
+                          pull_compress=c.pull_compress, pull_refresh=c.pull_refresh,
                           schedule=c.schedule),
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),

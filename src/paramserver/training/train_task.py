@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 import warnings
 
+import numpy as np
 import psutil
 import torch
 from torch import nn
 
-from paramserver.compression import make_compressor
+from paramserver.compression.wire import WireSpec
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.models import ModelKeys
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
@@ -69,8 +70,10 @@ class StepLoop:
             self.model, self.sampler, TableRows(kv, table))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.compressor = make_compressor(task.compress, **task.compress_options)
-        self.dense = self.compressor.name == "none"  # the identity: push the buffer as is
+        self.wire = WireSpec.parse(task.compress, task.compress_options, task.pull_compress,
+                                   task.pull_refresh)
+        self.compressor = self.wire.compressor()  # None: the dense buffer as it is
+        self.codec = WireValues(self.wire, self.keys.num_keys)
         self.plan = make_plan(task.push_range, self.keys.num_keys,
                               [layer.keys for layer in self.keys.layers])
         self.held = None if self.plan is None else RangeAccumulator(
@@ -87,7 +90,8 @@ class StepLoop:
         # A pull sent ahead to a single shard is not copied: the model computes on the reply
         # in place (the server's arena on this host) and hands it back before pushing, so by
         # the round's last push no worker reads the values the server then updates in place.
-        self.borrowing = self.pull_ahead and len(kv.shards) == 1 and task.borrow
+        self.borrowing = (self.pull_ahead and len(kv.shards) == 1 and task.borrow
+                          and self.codec.pull is None)  # a delta adds into our own copy
         self.loan, self.own_params = None, True
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
@@ -150,7 +154,7 @@ class StepLoop:
         staleness, push_bytes = self.push(release)
         if self.pull_ahead:
             version = release.min_version + 1  # what the release after this round will ask
-            self.ahead = version, self.kv.pull_async(out=self.params_np, min_version=version)
+            self.ahead = version, self._pull_async(version)
             if self.rows is not None:  # the next batch's rows, likewise
                 self.rows.request(release.batch_size, version)
         t_d = time.perf_counter()
@@ -159,7 +163,7 @@ class StepLoop:
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
                   "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
-                  "epoch": round(self.sampler.epoch, 4)}
+                  "epoch": round(self.sampler.epoch, 4), **self.codec.fields}
         return record, compute
 
     def step_layered(self, release, wait_s: float) -> tuple[dict, float]:
@@ -192,19 +196,32 @@ class StepLoop:
             if ahead is not None and ahead[0] == release.min_version:
                 if not self.borrowing:
                     self.kv.wait(ahead[1])
-                    return self.nbytes
+                    return self._pulled(ahead[1])
                 values, self.loan = self.kv.borrow(ahead[1])
                 point_params_at(self.model, self.keys, torch.from_numpy(values))
                 self.own_params = False
                 return self.nbytes
             if ahead is not None:  # the release asks for another version: ask again
                 self.kv.abandon(ahead[1])
+                self.codec.abandoned()
             self._own_params()
-            self.kv.pull(out=self.params_np, min_version=release.min_version)
-            return self.nbytes
+            handle = self._pull_async(release.min_version)
+            self.kv.wait(handle)
+            return self._pulled(handle)
         w = self.plan.at(release.step)
         self.kv.pull(w, out=self.params_np[w.lo:w.hi], min_version=release.min_version)
         return w.size * self.params_np.itemsize
+
+    def _pull_async(self, min_version: int):
+        """The whole model's pull: dense, or (--pull-compress) a delta or a dense refresh."""
+        if self.codec.pull is None:
+            return self.kv.pull_async(out=self.params_np, min_version=min_version)
+        delta = self.codec.next_pull()
+        return self.kv.pull_async(out=self.params_np, min_version=min_version, delta=delta,
+                                  ref=delta is None)
+
+    def _pulled(self, handle) -> int:
+        return handle.nbytes if handle.delta else self.nbytes
 
     def _own_params(self) -> None:
         """The model computes on its own buffer again (after computing on borrowed values)."""
@@ -225,12 +242,62 @@ class StepLoop:
         if self.rows is not None:  # dense values and rows in one step, so a round waits for both
             staleness = self.kv.push_step(dense=self.grads_np, rows=self.rows.grads(), **tags)
             return staleness, self.nbytes + self.rows.nbytes()
-        if self.dense:
+        if self.codec.push is not None:  # dense, every value through the codec
+            values, sent = self.codec.before_push(self.grads_np)
+            handle = self.kv.push_async(values, **tags, codec=self.codec.push, sent=sent)
+            staleness = self.kv.wait(handle)
+            self.codec.after_push()
+            return staleness, handle.nbytes
+        if self.compressor is None:
             return self.kv.push(self.grads_np, **tags), self.nbytes
         sparse = self.compressor.compress(self.grads)
-        if sparse.is_dense:
+        if sparse.is_dense and sparse.encoded is None:
             return self.kv.push(self.grads_np, **tags), self.nbytes
-        return self.kv.push_sparse(sparse.keys, sparse.values, **tags), sparse.nbytes
+        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags,
+                                           codec=self.compressor.codec)
+        return self.kv.wait(handle), handle.nbytes
+
+
+class WireValues:
+    """A worker's codecs (compression/wire.py): the dense push codec with its residual (what
+    the codec lost, sent with the next step's gradient), and the pull codec with its count of
+    delta pulls since the last dense one."""
+
+    def __init__(self, wire: WireSpec, size: int):
+        self.push = wire.push_codec()
+        self.pull = wire.pull_codec_object()
+        self.refresh = wire.pull_refresh
+        self.residual = (np.zeros(size, np.float32)
+                         if self.push is not None and wire.error_feedback else None)
+        self._values = np.empty(size, np.float32) if self.push is not None else None
+        self._sent = np.empty(size, np.float32) if self.residual is not None else None
+        self._since_dense = None  # delta pulls since the last dense one (None: none yet)
+        # Constant per job: every step record says which formats its bytes are in.
+        self.fields = {"push_codec": wire.label(), "pull_codec": wire.pull_codec or "none"}
+
+    def before_push(self, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(values to push, the buffer each chunk's decoded values land in, or None)."""
+        if self.residual is None:
+            return grads, None
+        np.add(grads, self.residual, out=self._values)
+        return self._values, self._sent
+
+    def after_push(self) -> None:
+        if self.residual is not None:
+            np.subtract(self._values, self._sent, out=self.residual)
+
+    def next_pull(self):
+        """The codec for this pull, or None for a dense one (the first, every refresh-th)."""
+        if self._since_dense is None or self._since_dense + 1 >= self.refresh:
+            self._since_dense = 0
+            return None
+        self._since_dense += 1
+        return self.pull
+
+    def abandoned(self) -> None:
+        """A delta pull's reply was dropped: the shard moved its reference, our copy did not;
+        the next pull is dense."""
+        self._since_dense = None
 
 
 def run(kv: KVWorker, task: TaskSpec) -> dict:
