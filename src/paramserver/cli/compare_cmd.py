@@ -272,7 +272,7 @@ def _time_to_target(summary: dict, folder: Path, target: float | None
 def _run(args) -> int:
     from rich.console import Console
 
-    from paramserver.compression import make_compressor
+    from paramserver.compression.wire import WireSpec
     console = Console(stderr=False, quiet=False)
     try:
         args.worker_command = script_command(args)
@@ -286,7 +286,8 @@ def _run(args) -> int:
         out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")
         variants = parse_variants(args.compress_variant)
         for name, opts in variants.values():
-            make_compressor(name, **opts)  # unknown names and options fail before any run
+            # unknown names and options fail before any run (pruners or codecs: bf16, uniform8)
+            WireSpec.parse(name, opts, base.pull_compress, base.pull_refresh)
         runs = plan_runs(base, policies, scenarios, args.repeats, out, single=not args.no_single,
                          policy_options=policy_sync_options(args.sync_opt), variants=variants,
                          policy_optimizers=args.policy_optimizers)
