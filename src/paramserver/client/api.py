@@ -89,7 +89,11 @@ class DistributedOptimizer:
             self._check_model(dtype)
             # Device handling: the flat buffers live on the model's device (cpu: the host
             # buffers the wire reads; cuda: staged through pinned host mirrors).
-            self.staging = DeviceStaging(self.model, self.keys)
+            # On cpu the gradients live where a server on this host reads pushes in place
+            # (shared memory), as the built-in worker's do.
+            on_host = model_device(self.model).type == "cpu"
+            self.staging = DeviceStaging(self.model, self.keys, host_grads=torch.from_numpy(
+                self.kv.shared_buffer()) if on_host else None)
             self.params, self.grads = self.staging.params, self.staging.grads
             bind_to_flat(self.model, self.keys, self.params, self.grads)
             self.staging.watch(self.model)
