@@ -41,10 +41,14 @@ from paramserver.models import ModelKeys
 DEVICES = ("cpu", "cuda", "auto")
 
 
-def resolve_device(name: str) -> torch.device:
-    """`cpu`, `cuda` (or `cuda:N`), or `auto` (cuda if this process sees one, else cpu)."""
+def resolve_device(name: str, rank: int | None = None) -> torch.device:
+    """`cpu`, `cuda` (or `cuda:N`), or `auto` (cuda if this process sees one, else cpu). With
+    `rank`, plain `cuda` is GPU rank mod the GPUs this process sees, so the workers of a host
+    spread over its GPUs (a Ray actor given one GPU sees only that one)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        name = "cuda"
     if name == "cpu":
         return torch.device("cpu")
     if name == "cuda" or name.startswith("cuda:"):
@@ -52,6 +56,8 @@ def resolve_device(name: str) -> torch.device:
             built = "without CUDA" if torch.version.cuda is None else "with CUDA but sees no GPU"
             raise ValueError(f"device {name!r}: CUDA is not available (torch {torch.__version__} "
                              f"is built {built}); use --device cpu or auto")
+        if name == "cuda" and rank is not None:
+            return torch.device("cuda", rank % torch.cuda.device_count())
         return torch.device(name)
     raise ValueError(f"device {name!r}: expected one of {', '.join(DEVICES)}")
 

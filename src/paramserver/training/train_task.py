@@ -53,7 +53,7 @@ class StepLoop:
         job = kv.spec.job
         torch.set_num_threads(task.threads)
         self.ds, self.model, self.keys = build(task, job.dtype)
-        self.device = resolve_device(task.device)
+        self.device = resolve_device(task.device, rank=kv.rank)
         staged = self.device.type != "cpu"
         if staged:
             self.model.to(self.device)
