@@ -25,6 +25,7 @@ buffers are made there, with pinned host copies for the wire (client/device_stag
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections import OrderedDict
@@ -33,6 +34,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from paramserver.core.layout import ModelLayout
+from paramserver.launch.verdict import NO_STEP_REASON
 from paramserver.models.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
@@ -40,6 +43,12 @@ from paramserver.client.kv import KVWorker
 from paramserver.training.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
+
+
+def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
+    """The model's layout as the coordinator compares it across ranks (core/layout.py)."""
+    return ModelLayout.of(((n, tuple(p.shape)) for n, p in model.named_parameters()),
+                          str(dtype).removeprefix("torch.")).to_wire()
 
 
 def _as_module(params) -> nn.Module:
@@ -71,8 +80,14 @@ def _as_module(params) -> nn.Module:
 class DistributedOptimizer:
     """One worker's view of a job: `zero_grad()`, `step()`, `should_stop`, `close()`.
 
-    `params` is the model (its state_dict names are kept) or `model.parameters()`.
+    `params` is the model (its state_dict names are kept) or `model.parameters()`. Every rank
+    must pass the same model (names, shapes, dtype): the coordinator refuses one that differs
+    from the first rank's, naming the first parameter that differs.
     """
+
+    # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
+    # `paramserver launch` names it as failed (launch/verdict.py).
+    _steps = 0
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
                  timeout: float = 120.0):
@@ -84,7 +99,8 @@ class DistributedOptimizer:
                                f"`paramserver launch` (which sets {JOIN_ENV})")
         dtype = next(self.model.parameters()).dtype
         self.keys = ModelKeys(self.model, dtype=dtype)
-        self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys)
+        self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
+                           layout=_layout(self.model, dtype))
         try:
             self._check_model(dtype)
             # Device handling: the flat buffers live on the model's device (cpu: the host
@@ -155,6 +171,8 @@ class DistributedOptimizer:
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
+        if self not in _joined:
+            raise RuntimeError(f"rank {self.rank}: step() after close()")
         if self.release.stop:
             raise RuntimeError("the job has stopped; call close()")
         if not grads_are_bound(self.model, self.grads):
@@ -179,8 +197,23 @@ class DistributedOptimizer:
         self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
                                      record=record)
         self._wait = time.perf_counter() - t1
-        if not self.release.stop:
-            self._pull()
+        self._steps += 1
+        # At the stop too: the model (and state_dict(), the exported model.pt) then ends on
+        # the job's final parameters, not one round short of them.
+        self._pull()
+
+    def report(self, test_accuracy: float, test_loss: float | None = None, **extra: float) -> None:
+        """Report the script's own test evaluation: it becomes the run's evaluation record
+        (metrics.jsonl `kind: eval`, timed on the job's clock when the coordinator receives
+        it), which `compare -- CMD` takes its time to target from and launch's progress line
+        shows. `extra` numbers (e.g. test_auc) ride along."""
+        record = {"kind": "eval", "accuracy": float(test_accuracy), "worker": self.rank,
+                  "step": self.release.step}
+        if test_loss is not None:
+            record["test_loss"] = float(test_loss)
+        for key, value in extra.items():
+            record["auc" if key == "test_auc" else key] = float(value)
+        self.kv.report(record)
 
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """A copy of the trained model's state (the model's own names; buffers included), as
@@ -199,7 +232,7 @@ class DistributedOptimizer:
         """Leave the job (the policy stops waiting for this worker) and close the sockets."""
         if self in _joined:
             _joined.remove(self)
-            self._leave("done")
+            self._leave("done" if self._steps or self.release.stop else NO_STEP_REASON)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
@@ -213,6 +246,16 @@ class DistributedOptimizer:
 
 
 _joined: list[DistributedOptimizer] = []  # this process's optimizers, for rank() and size()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A script that returns without close(): its rank leaves now, so the others do not wait
+    a heartbeat timeout for it (and one that never stepped says so)."""
+    for opt in list(_joined):
+        # A coordinator already gone must not hold the interpreter's exit for long.
+        opt.kv.session.timeout = min(opt.kv.session.timeout, 5.0)
+        opt.close()
 
 
 def init(join: str | None = None) -> None:
