@@ -57,7 +57,8 @@ def _as_module(params) -> nn.Module:
         raise TypeError(
             "DistributedOptimizer takes the model or model.parameters(), not a torch optimizer: "
             "the update rule runs on the servers; choose it with `paramserver launch "
-            "--optimizer sgd|...` (and --lr, --optimizer-opt momentum=0.9)")
+            "--optimizer sgd|momentum|...` and --lr (e.g. --optimizer momentum --optimizer-opt "
+            "momentum=0.9)")
     if isinstance(params, nn.Module):
         return params
     if isinstance(params, torch.Tensor):
