@@ -78,6 +78,7 @@ SCRIPT_REFUSED = {
     "compress_variant": ("--compress-variant", "not wired for scripts"),
     "push_range": ("--push-range", "not wired for scripts"),
     "schedule": ("--schedule", "not wired for scripts"),
+    "device": ("--device", "the script puts its model on its device (model.cuda())"),
     "link": ("--link", "not wired for scripts"),
     "restart_workers": ("--restart-workers", "not wired for scripts"),
     "restart_servers": ("--restart-servers", "not wired for scripts"),

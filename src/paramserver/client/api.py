@@ -18,6 +18,9 @@ initial parameters; every other rank gets them with its first pull (its own are 
 The time from the pull's return (or a later `zero_grad()`) to `step()` is the step's compute
 time: it goes to the sync policy with the clock, as the built-in worker's does, so LB-BSP and
 R2SP learn each worker's speed. `launch --straggler/--device-time` stretch it here.
+
+The model may live on any one device: put it on cuda first (`model.cuda()`) and the flat
+buffers are made there, with pinned host copies for the wire (client/device_staging.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch import nn
 from paramserver.core.layout import ModelLayout
 from paramserver.launch.verdict import NO_STEP_REASON
 from paramserver.models.keyspace import ModelKeys
+from paramserver.client.device_staging import DeviceStaging, model_device
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
 from paramserver.training.pacing import Pacer
@@ -53,7 +57,8 @@ def _as_module(params) -> nn.Module:
         raise TypeError(
             "DistributedOptimizer takes the model or model.parameters(), not a torch optimizer: "
             "the update rule runs on the servers; choose it with `paramserver launch "
-            "--optimizer sgd|...` (and --lr, --optimizer-opt momentum=0.9)")
+            "--optimizer sgd|momentum|...` and --lr (e.g. --optimizer momentum --optimizer-opt "
+            "momentum=0.9)")
     if isinstance(params, nn.Module):
         return params
     if isinstance(params, torch.Tensor):
@@ -88,6 +93,7 @@ class DistributedOptimizer:
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
                  timeout: float = 120.0):
         self.model = _as_module(params)  # bad input fails before anything joins
+        model_device(self.model)  # all on one device (cpu or cuda), also before joining
         join = join or os.environ.get(JOIN_ENV)
         if not join:
             raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
@@ -98,10 +104,18 @@ class DistributedOptimizer:
                            layout=_layout(self.model, dtype))
         try:
             self._check_model(dtype)
-            self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
+            # Device handling: the flat buffers live on the model's device (cpu: the host
+            # buffers the wire reads; cuda: staged through pinned host mirrors).
+            # On cpu the gradients live where a server on this host reads pushes in place
+            # (shared memory), as the built-in worker's do.
+            on_host = model_device(self.model).type == "cpu"
+            self.staging = DeviceStaging(self.model, self.keys, host_grads=torch.from_numpy(
+                self.kv.shared_buffer()) if on_host else None)
+            self.params, self.grads = self.staging.params, self.staging.grads
             bind_to_flat(self.model, self.keys, self.params, self.grads)
+            self.staging.watch(self.model)
             if self.kv.rank == 0:
-                self.kv.init(self.params.numpy())
+                self.kv.init(self.staging.params_to_host())
             task = self.kv.spec.job.task
             self.pacer = Pacer(self.kv.rank, task.straggler, task.device_time, task.seed)
             self._t0 = time.monotonic()
@@ -147,10 +161,13 @@ class DistributedOptimizer:
         """Zero the gradient buffer (never None: backward accumulates into the bound buffer).
         The step's compute time is counted from here when it comes after the pull."""
         self.grads.zero_()
+        self.staging.grads_zeroed()
         self._ready = time.perf_counter()
 
     def _pull(self) -> None:
-        self.kv.pull(out=self.params.numpy(), min_version=self.release.min_version)
+        self.staging.before_host_write()
+        self.kv.pull(out=self.staging.host_params_np, min_version=self.release.min_version)
+        self.staging.params_from_host()  # cuda: queued; the next forward waits on the device
         self._ready = time.perf_counter()
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
@@ -159,14 +176,17 @@ class DistributedOptimizer:
             raise RuntimeError(f"rank {self.rank}: step() after close()")
         if self.release.stop:
             raise RuntimeError("the job has stopped; call close()")
+        if not grads_are_bound(self.model, self.grads):
+            self.keys.flatten_grads(self.model, self.grads)
+            self.staging.grads_replaced()
+        # cuda: waits for backward's last copies, so the device's compute is counted too.
+        grads = self.staging.grads_to_host()
         real = time.perf_counter() - self._ready
         batch = self.release.batch_size if batch is None else int(batch)
         compute, factor = self.pacer.stretch(self.release.step, time.monotonic() - self._t0,
                                              batch, real)
-        if not grads_are_bound(self.model, self.grads):
-            self.keys.flatten_grads(self.model, self.grads)
         t0 = time.perf_counter()
-        staleness = self.kv.push(self.grads.numpy(), step=self.release.step, batch=batch,
+        staleness = self.kv.push(grads, step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size)
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
