@@ -199,3 +199,25 @@ def test_a_retried_delta_pull_gets_the_reply_it_got_first():
     assert refs.answered("w", 2) is first
     assert refs.answered("w", 3) is None and refs.answered("x", 2) is None
     assert refs.nbytes == 8 * 5
+
+
+def test_a_pruned_push_whose_payload_lies_about_its_keys_is_refused(kv):
+    before = kv.pull().copy()
+    fields, frames = _good(np.ones(3, dtype=np.float32))
+    base = {"step": 0, "version": 0, "batch": 1, **fields}
+    keys = np.array([1, 2, 3, 4], dtype=np.int64)  # four keys, three values
+    for arrays, words in [([keys, *frames], "expected 4"), ([], "keys frame")]:
+        rid = kv.requests.send(0, Message("push_sparse", dict(base), arrays))
+        with pytest.raises(RemoteError, match=words):
+            kv.requests.collect([(0, rid, None)], "push")
+    np.testing.assert_array_equal(kv.pull(), before)
+
+
+def test_a_delta_pull_of_a_sub_range_in_one_message(kv):
+    copy = np.empty(40, dtype=np.float32)
+    kv.pull((100, 140), out=copy, ref=True)
+    kv.push(np.full(NUM_KEYS, 0.5, dtype=np.float32), step=0, batch=1)
+    handle = kv.pull_async((100, 140), out=copy, delta=make_codec("fp16"))
+    kv.wait(handle)
+    assert handle.nbytes == 80
+    np.testing.assert_array_equal(copy, kv.pull((100, 140)))  # 0.5 steps are exact in fp16
