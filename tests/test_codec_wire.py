@@ -74,6 +74,11 @@ def test_a_pruned_push_with_codec_values_across_shards(kv):
     expected = before.copy()
     expected[keys] -= bf16.decode(bf16.encode(vals), vals.size)
     np.testing.assert_array_equal(kv.pull(), expected)
+    # Keys on one shard only: the other hears an empty payload (it counts the batch).
+    kv.push_sparse(np.array([5]), np.array([2.0], np.float32), step=0, batch=1,
+                   codec=make_codec("uniform8"))
+    expected[5] -= 2.0
+    np.testing.assert_array_equal(kv.pull(), expected)
 
 
 def test_a_codec_needs_float32_values(kv):
