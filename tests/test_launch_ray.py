@@ -14,6 +14,8 @@ pytest.importorskip("ray", reason="Ray is the optional extra paramserver[ray]; "
 
 from test_launch_console import SCRIPT  # noqa: E402
 
+from paramserver.runlog.model_file import read_model  # noqa: E402
+
 
 @pytest.mark.slow  # ~30 s on 2 shared cores, most of it Ray starting
 def test_launch_places_a_user_script_through_ray(tmp_path):
@@ -42,3 +44,22 @@ def test_launch_places_a_user_script_through_ray(tmp_path):
     steps = (out / "metrics.jsonl").read_text().count('"kind": "step"')
     assert steps == 10 and "job: steps 10 |" in proc.stdout
     assert (out / "logs" / "worker-0.log").read_text().splitlines()[-1] == "done"
+    # The final checkpoint as the script's own model, and the layout the coordinator wrote.
+    assert f"model in {out / 'model.pt'}" in proc.stdout
+    assert set(read_model(out / "model.pt")) == {"weight", "bias"}
+    assert '"weight"' in (out / "model_layout.json").read_text()
+
+
+@pytest.mark.slow  # Ray starting: ~30 s on 2 shared cores
+def test_through_ray_a_rank_that_exits_before_joining_ends_the_launch_naming_it(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    sys.exit(0)  # never builds the optimizer\n" + SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--launcher", "ray", "--workers", "2",
+         "--ray-worker-cpus", "0.5", "--ray-server-cpus", "0.5", "--steps", "5", "--quiet",
+         "--timeout", "200", "--out", str(tmp_path / "run"), "--", sys.executable,
+         str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "rank 1 exited with code 0 before the job started, without joining it" in proc.stderr

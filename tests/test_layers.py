@@ -28,7 +28,9 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "advise/convergence.py", "advise/fit_convergence.py", "advise/validate.py",
         "advise/calibration_io.py",
         # advise: the cluster fit and the recommendation (engineer A's part).
-        "advise/cluster.py", "advise/recommend.py"]
+        "advise/cluster.py", "advise/recommend.py",
+        # launch: whether a worker's exit ends the job, what launch says about each rank.
+        "launch/verdict.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py", "emulation/trace_io.py", "advise/calibration_io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",

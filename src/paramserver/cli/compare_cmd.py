@@ -1,4 +1,5 @@
-"""`paramserver compare`: the same training under each sync policy and scenario, then a report."""
+"""`paramserver compare`: the same training (the built-in task, or the user's script after `--`)
+under each sync policy and scenario, then a report."""
 
 from __future__ import annotations
 
@@ -57,6 +58,70 @@ NOTES = [
     "samples per second; how much of that becomes time to target varies by repeat (the "
     "evaluations, every 0.5 s, bound the resolution).",
 ]
+
+# `compare ... -- CMD`: the flags of the built-in task that a user's script, which builds its
+# own model and data and evaluates itself, has no use for (dest -> flag, and why).
+SCRIPT_REFUSED = {
+    "model": ("--model", "the script builds its own model"),
+    "model_opt": ("--model-opt", "the script builds its own model"),
+    "model_size": ("--model-size", "the script builds its own model"),
+    "dataset": ("--dataset", "the script loads its own data"),
+    "data_dir": ("--data-dir", "the script loads its own data"),
+    "dataset_opt": ("--dataset-opt", "the script loads its own data"),
+    "epochs": ("--epochs", "the job does not know the script's data set size: give --steps "
+                           "(per worker) or --max-seconds"),
+    "eval_interval": ("--eval-interval", "the script evaluates itself: "
+                                         "opt.report(test_accuracy=...)"),
+    "threads": ("--threads", "set torch.set_num_threads in the script"),
+    "compress": ("--compress", "not wired for scripts"),
+    "compress_opt": ("--compress-opt", "not wired for scripts"),
+    "compress_variant": ("--compress-variant", "not wired for scripts"),
+    "push_range": ("--push-range", "not wired for scripts"),
+    "schedule": ("--schedule", "not wired for scripts"),
+    "device": ("--device", "the script puts its model on its device (model.cuda())"),
+    "link": ("--link", "not wired for scripts"),
+    "restart_workers": ("--restart-workers", "not wired for scripts"),
+    "restart_servers": ("--restart-servers", "not wired for scripts"),
+    "checkpoint_dir": ("--checkpoint-dir", "not wired for scripts"),
+    "checkpoint_every": ("--checkpoint-every", "not wired for scripts"),
+    "checkpoint_seconds": ("--checkpoint-seconds", "not wired for scripts"),
+}
+SCRIPT_NOTES = [
+    "Each run started the script once per worker (paramserver launch's machinery: "
+    "DistributedOptimizer times each step's compute and stretches it by the scenario's "
+    "straggler factor and --device-time, so the policies see the slowness as in train).",
+    "Every policy gets the same sample budget (--steps per worker x --batch-size x workers); "
+    "the test metric is the one the script reported with opt.report(test_accuracy=...), "
+    "timed when the coordinator received it.",
+]
+USAGE_SCRIPT = ("compare's script form: paramserver compare --sync bsp,lbbsp --steps 200 -- "
+                "python my_script.py")
+
+
+def script_command(args) -> list[str]:
+    """The worker command given after `--` ([] for the built-in task). A script run refuses
+    the built-in task's flags that were given (ValueError naming them), needs a budget it can
+    share between policies, and a shard count."""
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    elif command:
+        raise ValueError(f"unexpected arguments {' '.join(command)!r}; a script to compare "
+                         f"goes after '--' ({USAGE_SCRIPT})")
+    if not command:
+        return []
+    given = [(flag_, why) for dest, (flag_, why) in SCRIPT_REFUSED.items()
+             if getattr(args, dest) != args.parser_defaults.get(dest)]
+    if given:
+        raise ValueError("; ".join(f"{f} does not apply to a script run ({why})"
+                                   for f, why in given))
+    if args.steps is None and args.max_seconds is None:
+        raise ValueError("a script run needs a budget every policy gets alike: --steps N "
+                         "(per worker, at --batch-size) or --max-seconds S")
+    if args.servers == flag.AUTO:
+        raise ValueError("--servers auto needs the built-in model's size; give a count for a "
+                         "script run")
+    return command
 
 
 def rule_pairing(given: str | None) -> tuple[str, dict[str, str]]:
@@ -126,29 +191,49 @@ def _policies(arg: str | None) -> list[str]:
 
 
 def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) -> None:
+    script = getattr(args, "worker_command", None)
+    if script:
+        from paramserver.cli.launch_cmd import script_settings
     plan = {"scenarios": {k: {"straggler": s, "description": d} for k, (s, d) in scenarios.items()},
             "policies": policies, "repeats": args.repeats, "target_accuracy": args.target,
-            "single_reference": not args.no_single, "config": base.as_dict(),
+            "single_reference": not args.no_single,
+            # The report's settings table shows this: a script run names its command there.
+            "config": {**script_settings(base), "command": " ".join(script)} if script
+            else base.as_dict(),
             # The rules that replace config.optimizer for these policies (each run's config.json
             # has the one it ran with).
             "policy_optimizers": {p: r for p, r in args.policy_optimizers.items()
                                   if p in policies and r != base.optimizer},
-            "notes": NOTES, "runs": done, "command": " ".join(sys.argv)}
+            "notes": SCRIPT_NOTES if script else NOTES,
+            "runs": done, "command": " ".join(sys.argv)}
+    if script:
+        plan["worker_command"] = script
     (out / "compare.json").write_text(json.dumps(plan, indent=2))
 
 
 def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
+    from paramserver.cli.launch_cmd import run_script
     from paramserver.cli.train_cmd import run_training
     from paramserver.launch.local import LaunchError
+    command = getattr(args, "worker_command", None)
+
+    def run_one(cfg, folder, quiet, timeout) -> dict:  # the user's script, or the built-in task
+        if command:
+            return run_script(cfg, folder, command, quiet=quiet, timeout=timeout)
+        return run_training(cfg, folder, quiet=quiet, timeout=timeout)
     done: list[dict] = []
     for i, run in enumerate(runs, 1):
         label = f"[{i}/{len(runs)}] {run.scenario} / {run.policy} / rep {run.repeat}"
         console.print(f"{label} ...")
         t0 = time.perf_counter()
         try:
-            s = run_training(run.config, run.folder, quiet=args.quiet, timeout=args.run_timeout)
+            s = run_one(run.config, run.folder, quiet=args.quiet, timeout=args.run_timeout)
         except LaunchError as exc:
-            console.print(f"  [red]failed[/red]: {str(exc).splitlines()[0]}")
+            first, *rest = str(exc).splitlines() or [""]
+            console.print(f"  [red]failed[/red]: {first}", markup=True)
+            for line in [r for r in rest if r.strip()][-3:]:  # the end of its output
+                console.print(f"    {line}", markup=False, highlight=False)
+            console.print(f"  logs: {run.folder / 'logs'}", highlight=False)
             done.append({"folder": str(run.folder), "ok": False, "error": str(exc)[:500]})
             continue
         finally:
@@ -156,7 +241,8 @@ def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
         target, tta = _time_to_target(s, run.folder, args.target)
         diverged = s.get("diverged_at_s")
         auc = s.get("final_test_auc")  # a click model (dlrm) is scored by AUC
-        console.print(f"  acc {s['final_test_accuracy']:.4f}"
+        acc = s["final_test_accuracy"]
+        console.print(("  acc -, no evaluation reported" if acc is None else f"  acc {acc:.4f}")
                       + ("" if auc is None else f", AUC {auc:.4f}") + f", time to {target}: "
                       f"{'not reached' if tta is None else f'{tta:.1f} s'}, wait "
                       f"{s['mean_wait_fraction']:.0%} ({time.perf_counter() - t0:.0f} s)"
@@ -172,13 +258,14 @@ def _time_to_target(summary: dict, folder: Path, target: float | None
     """(what the target is, seconds until the run reached it): test accuracy, or the test AUC
     for a click model; `target` None is the score's default."""
     from paramserver.report.collect import SCORES, fmt_target
-    from paramserver.runlog.metrics import read_records, time_to_accuracy, time_to_auc
+    from paramserver.runlog.metrics import (
+        evaluations, read_records, time_to_accuracy, time_to_auc,
+    )
     score = "accuracy" if summary.get("final_test_auc") is None else "auc"
     target = SCORES[score][1] if target is None else target
     known = summary["time_to_auc" if score == "auc" else "time_to_accuracy"]
     if f"{target:g}" not in known:  # a target off the summary's list: from the records
-        evals = sorted((r for r in read_records(folder / "metrics.jsonl")
-                        if r.get("kind") == "eval"), key=lambda r: r["t"])
+        evals = evaluations(read_records(folder / "metrics.jsonl"))
         known = (time_to_auc if score == "auc" else time_to_accuracy)(evals, (target,))
     return fmt_target(score, target), known[f"{target:g}"]
 
@@ -189,6 +276,7 @@ def _run(args) -> int:
     from paramserver.compression import make_compressor
     console = Console(stderr=False, quiet=False)
     try:
+        args.worker_command = script_command(args)
         policies = _policies(args.sync)
         scenarios = parse_scenarios(args.scenario, read_trace)
         args.optimizer, args.policy_optimizers = rule_pairing(args.optimizer)
@@ -209,8 +297,11 @@ def _run(args) -> int:
         print(f"paramserver compare: {exc}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    console.print(f"comparing {', '.join(policies)}{' + single-process reference' if not args.no_single else ''}"
-                  f" on {', '.join(scenarios)}, {args.repeats} repeat(s): {len(runs)} runs into {out}")
+    single = "" if args.no_single else " + single-process reference"
+    console.print(f"comparing {', '.join(policies)}{single} on {', '.join(scenarios)}, "
+                  f"{args.repeats} repeat(s): {len(runs)} runs into {out}"
+                  + (f", each running {' '.join(args.worker_command)} as the workers"
+                     if args.worker_command else ""))
     code = 0
     try:
         _run_all(runs, out, args, base, scenarios, policies, console)
@@ -221,7 +312,12 @@ def _run(args) -> int:
         print(f"paramserver compare: {exc}", file=sys.stderr)
         return 2
     from paramserver.report import build_report
-    report = build_report(out)
+    from paramserver.report.collect import ReportError
+    try:
+        report = build_report(out)
+    except ReportError as exc:  # every run failed: their errors are printed above
+        print(f"paramserver compare: no report: {exc}", file=sys.stderr)
+        return code or 1
     console.print(f"report: {report}")
     return code
 
@@ -236,7 +332,15 @@ def register(sub) -> None:
         description="Run the same training under several sync policies (default: all) and "
                     "straggler scenarios, with repeats, plus a single-process reference at the "
                     "same global batch; write every run's logs and report.html into one folder. "
-                    f"Built-in scenarios: {', '.join(f'{k} ({v[1]})' for k, v in SCENARIOS.items())}.",
+                    "Built-in scenarios: "
+        f"{', '.join(f'{k} ({v[1]})' for k, v in SCENARIOS.items())}. "
+        "With '-- COMMAND' (e.g. -- python my.py), every run starts COMMAND once per worker "
+        "as `paramserver launch` does, instead of the built-in model: the script joins with "
+        "paramserver.DistributedOptimizer, reports its test metric with "
+        "opt.report(test_accuracy=...) (the time to target is taken from it), and the "
+        "scenario's straggler stretches its measured step time. A script run needs --steps "
+        "or --max-seconds; the built-in model's flags (--model, --dataset, --epochs, "
+        "--eval-interval, ...) are refused.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sync", help=f"comma-separated policies (default all: "
                                   f"{','.join(catalog.SYNC_POLICIES)})")
@@ -261,4 +365,6 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no per-run progress bar")
     p.add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,
                    help="give up on one run after this many seconds (default 900)")
-    p.set_defaults(func=_run)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="your training script, run as the workers of every run (see above)")
+    p.set_defaults(func=_run, parser_defaults={d: p.get_default(d) for d in SCRIPT_REFUSED})

@@ -25,9 +25,11 @@ def register(sub) -> None:
         "export", help=SUMMARY["export"],
         description="Write the trained parameters of a run under the model's own parameter "
                     "names (as model.named_parameters() gives them), loadable with "
-                    "model.load_state_dict(). RUN_OR_CHECKPOINT is a run folder (its final "
-                    "model.pt when the job ended, else its newest usable checkpoint), a "
-                    "checkpoint folder (newest usable one) or one ckpt-TAG folder of a run.")
+                    "model.load_state_dict(). RUN_OR_CHECKPOINT is a run folder of `train` or "
+                    "`launch` (its final model.pt when the job ended, else its newest usable "
+                    "checkpoint), a checkpoint folder (newest usable one) or one ckpt-TAG "
+                    "folder of a run. A launch run's parameter names are those of the "
+                    "script's model, from the model_layout.json its coordinator wrote.")
     p.add_argument("source", metavar="RUN_OR_CHECKPOINT")
     p.add_argument("--format", choices=("safetensors", "pt"), default="safetensors",
                    help="safetensors (default; needs `pip install paramserver[safetensors]`) "

@@ -10,37 +10,122 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.spec.job import (
-    JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
+    CheckpointSpec, JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
 )
 
 
-def build_job(args) -> dict:
-    """The job description; its key space comes from the first worker's model."""
+def build_job(args, run_dir: Path | None = None) -> dict:
+    """The job description; its key space comes from the first worker's model. With a
+    `run_dir`, the servers save the final parameters into its checkpoints/ when the last worker
+    has left (no checkpoint before that), from which launch writes model.pt."""
+    from paramserver.spec.config import TrainConfig
+    return script_job(TrainConfig(
+        sync=args.sync, sync_options=flag.options(args.sync_opt), workers=args.workers,
+        servers=args.servers, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+        optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
+        max_seconds=args.max_seconds, straggler=args.straggler, device_time=args.device_time,
+        dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
+        max_message_bytes=None if args.max_message_bytes is None
+        else int(args.max_message_bytes),
+        restart_coordinator=args.restart_coordinator), run_dir).to_dict()
+
+
+def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
+    """The job of a user's script for `cfg` (a spec.config.TrainConfig: what launch, or one
+    cell of `compare -- CMD`, was given): the policy, the update rule, the workers and their
+    injected slowness, the budget (cfg.steps per worker at cfg.batch_size, cfg.max_seconds);
+    the key space comes from the first worker's model, and the script evaluates itself. With
+    a `run_dir`, the final parameters are saved into its checkpoints/ (see build_job)."""
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
-    sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
-    make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
-    make_rule(args.optimizer, args.lr, **opt_opts)
-    args.straggler.model.check_workers(args.workers)
+    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)  # fail now, not in a child
+    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
+    cfg.straggler.model.check_workers(cfg.workers)
     return JobSpec(
-        num_keys=0, dtype=args.dtype, servers=args.servers, workers=args.workers,
-        batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
-        optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
-        max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
-        max_seconds=args.max_seconds, eval_interval=0.0,
+        num_keys=0, dtype=cfg.dtype, servers=cfg.servers, workers=cfg.workers,
+        batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
+        optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
+        max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
+        max_seconds=cfg.max_seconds, eval_interval=0.0,
+        checkpoint=None if run_dir is None else CheckpointSpec(
+            str(Path(run_dir).resolve() / "checkpoints")),
         # The script's DistributedOptimizer reads the injected slowness from its welcome.
-        task=TaskSpec(name="external", straggler=str(args.straggler),
-                      device_time=args.device_time.text()),
-        limits=Limits(heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=0.5,
-                      coordinator_timeout=coordinator_timeout_for(args.restart_coordinator),
-                      max_message_bytes=None if args.max_message_bytes is None
-                      else int(args.max_message_bytes)),
-    ).to_dict()
+        task=TaskSpec(name="external", straggler=str(cfg.straggler),
+                      device_time=cfg.device_time.text(), seed=cfg.seed),
+        limits=Limits(heartbeat_timeout=cfg.heartbeat_timeout, heartbeat_interval=0.5,
+                      coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
+                      max_message_bytes=cfg.max_message_bytes),
+    )
 
 
-def _failed_workers(cluster) -> list[str]:
-    return [f"{c.name} exited with {c.proc.returncode}:\n{c.tail()}" for c in cluster.children
-            if c.role == "worker" and c.proc.returncode not in (0, None)]
+# TrainConfig fields of the built-in task that a script's job never reads: left out of a
+# script run's config.json and compare.json, where they would describe a model that did not run.
+SCRIPT_UNUSED_CONFIG = (
+    "model", "model_options", "model_size", "dataset", "data_dir", "dataset_options", "epochs",
+    "threads", "eval_interval", "compress", "compress_options", "push_range", "schedule",
+    "links", "restart_workers", "restart_servers", "checkpoint_dir", "checkpoint_every",
+    "checkpoint_seconds")
+
+
+def script_settings(cfg) -> dict:
+    """cfg.as_dict() without SCRIPT_UNUSED_CONFIG."""
+    return {k: v for k, v in cfg.as_dict().items() if k not in SCRIPT_UNUSED_CONFIG}
+
+
+def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
+               timeout: float | None = None) -> dict:
+    """One local job of `command` as the workers under `cfg` (see script_job), as
+    train_cmd.run_training runs the built-in task: writes config.json (with the command),
+    metrics.jsonl and summary.json into run_dir and returns the summary. A worker that exits
+    with an error fails the run (LaunchError), as a dead built-in worker would."""
+    import json
+
+    from paramserver.launch.local import LaunchError, LocalCluster
+    from paramserver.launch.verdict import rank_records, worker_failures
+    from paramserver.policies import SYNC_POLICIES
+    from paramserver.runlog.metrics import read_records, summarize
+    from paramserver.runlog.progress import JobProgress
+    spec = script_job(cfg)
+    job = spec.to_dict()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(
+        {"config": script_settings(cfg), "job": job, "command": command}, indent=2))
+    cluster = LocalCluster(spec, run_dir, job_timeout=timeout, worker_cmd=command,
+                           restart_coordinator=cfg.restart_coordinator)
+    with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, f"{cfg.sync} x{cfg.workers}",
+                     quiet) as bar:
+        cluster.run(on_tick=bar.tick)
+    records = list(read_records(run_dir / "metrics.jsonl"))
+    exits, tails = _worker_exits(cluster, "local")
+    failures = worker_failures(exits, rank_records(records))
+    if failures:
+        raise LaunchError("\n".join(f"{what}:\n{tails.get(rank, '')}"
+                                     for rank, what in failures))
+    summary = summarize(records,
+                        {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
+    # The job's task names no model or data set: the script is the model.
+    summary.update(model=" ".join(command), dataset="the script's own")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _worker_exits(cluster, launcher: str) -> tuple[dict, dict]:
+    """({rank: exit code}, {rank: its log's last lines}) of the workers as the job ended."""
+    if launcher != "local":
+        return cluster.worker_exits(), {}
+    live = [c for c in cluster.children if c.role == "worker" and not c.replaced]
+    return {c.index: c.proc.returncode for c in live}, {c.index: c.tail() for c in live}
+
+
+def _final_model(run_dir: Path) -> str:
+    """model.pt from the final checkpoint, under the script's own parameter names (the
+    layout the coordinator wrote); what happened, in words."""
+    from paramserver.runlog.model_file import FINAL_MODEL, ExportError, export
+    try:
+        path, what = export(run_dir, run_dir / FINAL_MODEL, "pt")
+    except ExportError as exc:
+        return f"no model written ({exc})"
+    return f"model in {path} (from {what})"
 
 
 def _run(args) -> int:
@@ -51,15 +136,17 @@ def _run(args) -> int:
         print("paramserver launch: give the worker command after --, e.g. "
               "paramserver launch -- python train.py", file=sys.stderr)
         return 2
+    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     try:
-        job = build_job(args)
+        job = build_job(args, run_dir)
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
+    import json
     from paramserver.launch.console import ProgressLine
     from paramserver.launch.local import LaunchError, LocalCluster
+    from paramserver.launch.verdict import rank_records, worker_failures
     from paramserver.runlog.metrics import read_records
-    run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     if args.launcher == "ray":
         if args.restart_coordinator:
             print("paramserver launch: --restart-coordinator is not supported with --launcher "
@@ -70,6 +157,8 @@ def _run(args) -> int:
                              resources=Resources(args.ray_worker_cpus, args.ray_worker_gpus,
                                                  args.ray_server_cpus),
                              worker_cmd=command, stream=sys.stdout)
+        run_dir.mkdir(parents=True, exist_ok=True)  # export reads the job from job.json
+        (run_dir / "job.json").write_text(json.dumps(job, indent=2))
     else:
         cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
                                restart_coordinator=args.restart_coordinator, stream=sys.stdout)
@@ -84,14 +173,16 @@ def _run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
-    failures = _failed_workers(cluster) if args.launcher == "local" else [
-        f"worker {rank} exited with {code}" for rank, code in cluster.worker_exits().items()
-        if code not in (0, None)]
-    steps = sum(1 for r in read_records(run_dir / "metrics.jsonl") if r.get("kind") == "step")
+    records = list(read_records(run_dir / "metrics.jsonl"))
+    exits, tails = _worker_exits(cluster, args.launcher)
+    failures = worker_failures(exits, rank_records(records))
+    steps = sum(1 for r in records if r.get("kind") == "step")
     print(f"launch: {args.workers} workers ran {' '.join(command)}; {steps} steps, "
-          f"logs in {run_dir}")
-    for failure in failures:
-        print(f"paramserver launch: {failure}", file=sys.stderr)
+          f"logs in {run_dir}; {_final_model(run_dir)}")
+    for rank, failure in failures:
+        tail = tails.get(rank)
+        print(f"paramserver launch: {failure}" + (f"; its last output:\n{tail}" if tail else ""),
+              file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -128,6 +219,11 @@ def register(sub) -> None:
                     "README). Each worker's output goes to logs/worker-<rank>.log and to the "
                     "console as '[rank i] ...' lines, under a job progress line (steps, "
                     "samples/s, loss, a test metric if the script reports one, wait share). "
+                    "Every rank must build the same model (a differing one is refused, naming "
+                    "the parameter). The launch fails naming each rank that exits non-zero, "
+                    "exits before joining, or finishes without calling opt.step(). At the end "
+                    "the final parameters go to RUN/model.pt under the script's parameter "
+                    "names (see `paramserver export`). "
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")

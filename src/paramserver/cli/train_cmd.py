@@ -83,6 +83,10 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="per-layer requests: push each layer's gradient as backward produces "
                         "it and pull layers in the order fifo, lifo or stalest (stalest layer "
                         f"first); off pushes and pulls the whole model (default {d.schedule})")
+    p.add_argument("--device", default=d.device, choices=("cpu", "cuda", "auto"),
+                   help="where each worker's model computes: cpu, cuda (its flat buffers on "
+                        "the GPU, pinned host copies for the wire; an error without CUDA) or "
+                        f"auto (cuda if available, else cpu) (default {d.device})")
     p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]", type=flag.link,
                    help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
                         "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
@@ -153,6 +157,7 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
         restart_coordinator=args.restart_coordinator,
         links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
+        device=getattr(args, "device", TrainConfig.device),
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
 
 
@@ -182,6 +187,10 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
                               ("--schedule", cfg.schedule != "off")) if on]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
+    unstaged = [o for o in chosen if o in ("--compress", "--push-range")]
+    if cfg.device.startswith("cuda") and (tables or unstaged):
+        what = f"--model {cfg.model} (rows in a sparse table)" if tables else unstaged[0]
+        raise ValueError(f"--device cuda cannot be combined with {what} yet: use --device cpu")
     if tables and chosen:
         raise ValueError(f"--model {cfg.model} (rows in a sparse table) cannot be combined with "
                          f"{chosen[0]} yet")
@@ -204,6 +213,17 @@ def resolve_servers(cfg: TrainConfig) -> TrainConfig:
     count = auto_servers(param_bytes, cfg.workers, os.cpu_count() or 1,
                          psutil.virtual_memory().available)
     return dataclasses.replace(cfg, servers=count)
+
+
+def resolve_local_device(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with --device auto made cpu or cuda for workers on this machine; --device cuda
+    without CUDA here fails now (ValueError), before any process starts. (Under Ray each
+    worker resolves auto on its own host.)"""
+    if cfg.device == "cpu":
+        return cfg
+    from paramserver.client.device_staging import resolve_device
+    device = resolve_device(cfg.device)
+    return dataclasses.replace(cfg, device=device.type if cfg.device == "auto" else cfg.device)
 
 
 def prepare_job(cfg: TrainConfig) -> dict:
@@ -239,6 +259,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     from paramserver.runlog.progress import JobProgress
     if cfg.servers == flag.AUTO:  # config.json keeps the count: a resume gets the same shards
         cfg = resolve_servers(cfg)
+    if not launcher or launcher.get("name", "local") == "local":
+        cfg = resolve_local_device(cfg)
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)

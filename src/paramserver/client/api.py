@@ -18,10 +18,14 @@ initial parameters; every other rank gets them with its first pull (its own are 
 The time from the pull's return (or a later `zero_grad()`) to `step()` is the step's compute
 time: it goes to the sync policy with the clock, as the built-in worker's does, so LB-BSP and
 R2SP learn each worker's speed. `launch --straggler/--device-time` stretch it here.
+
+The model may live on any one device: put it on cuda first (`model.cuda()`) and the flat
+buffers are made there, with pinned host copies for the wire (client/device_staging.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections import OrderedDict
@@ -30,12 +34,21 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from paramserver.core.layout import ModelLayout
+from paramserver.launch.verdict import NO_STEP_REASON
 from paramserver.models.keyspace import ModelKeys
+from paramserver.client.device_staging import DeviceStaging, model_device
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
 from paramserver.training.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
+
+
+def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
+    """The model's layout as the coordinator compares it across ranks (core/layout.py)."""
+    return ModelLayout.of(((n, tuple(p.shape)) for n, p in model.named_parameters()),
+                          str(dtype).removeprefix("torch.")).to_wire()
 
 
 def _as_module(params) -> nn.Module:
@@ -44,7 +57,8 @@ def _as_module(params) -> nn.Module:
         raise TypeError(
             "DistributedOptimizer takes the model or model.parameters(), not a torch optimizer: "
             "the update rule runs on the servers; choose it with `paramserver launch "
-            "--optimizer sgd|...` (and --lr, --optimizer-opt momentum=0.9)")
+            "--optimizer sgd|momentum|...` and --lr (e.g. --optimizer momentum --optimizer-opt "
+            "momentum=0.9)")
     if isinstance(params, nn.Module):
         return params
     if isinstance(params, torch.Tensor):
@@ -67,25 +81,41 @@ def _as_module(params) -> nn.Module:
 class DistributedOptimizer:
     """One worker's view of a job: `zero_grad()`, `step()`, `should_stop`, `close()`.
 
-    `params` is the model (its state_dict names are kept) or `model.parameters()`.
+    `params` is the model (its state_dict names are kept) or `model.parameters()`. Every rank
+    must pass the same model (names, shapes, dtype): the coordinator refuses one that differs
+    from the first rank's, naming the first parameter that differs.
     """
+
+    # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
+    # `paramserver launch` names it as failed (launch/verdict.py).
+    _steps = 0
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
                  timeout: float = 120.0):
         self.model = _as_module(params)  # bad input fails before anything joins
+        model_device(self.model)  # all on one device (cpu or cuda), also before joining
         join = join or os.environ.get(JOIN_ENV)
         if not join:
             raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
                                f"`paramserver launch` (which sets {JOIN_ENV})")
         dtype = next(self.model.parameters()).dtype
         self.keys = ModelKeys(self.model, dtype=dtype)
-        self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys)
+        self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
+                           layout=_layout(self.model, dtype))
         try:
             self._check_model(dtype)
-            self.params, self.grads = self.keys.new_buffer(), self.keys.new_buffer()
+            # Device handling: the flat buffers live on the model's device (cpu: the host
+            # buffers the wire reads; cuda: staged through pinned host mirrors).
+            # On cpu the gradients live where a server on this host reads pushes in place
+            # (shared memory), as the built-in worker's do.
+            on_host = model_device(self.model).type == "cpu"
+            self.staging = DeviceStaging(self.model, self.keys, host_grads=torch.from_numpy(
+                self.kv.shared_buffer()) if on_host else None)
+            self.params, self.grads = self.staging.params, self.staging.grads
             bind_to_flat(self.model, self.keys, self.params, self.grads)
+            self.staging.watch(self.model)
             if self.kv.rank == 0:
-                self.kv.init(self.params.numpy())
+                self.kv.init(self.staging.params_to_host())
             task = self.kv.spec.job.task
             self.pacer = Pacer(self.kv.rank, task.straggler, task.device_time, task.seed)
             self._t0 = time.monotonic()
@@ -131,24 +161,32 @@ class DistributedOptimizer:
         """Zero the gradient buffer (never None: backward accumulates into the bound buffer).
         The step's compute time is counted from here when it comes after the pull."""
         self.grads.zero_()
+        self.staging.grads_zeroed()
         self._ready = time.perf_counter()
 
     def _pull(self) -> None:
-        self.kv.pull(out=self.params.numpy(), min_version=self.release.min_version)
+        self.staging.before_host_write()
+        self.kv.pull(out=self.staging.host_params_np, min_version=self.release.min_version)
+        self.staging.params_from_host()  # cuda: queued; the next forward waits on the device
         self._ready = time.perf_counter()
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
+        if self not in _joined:
+            raise RuntimeError(f"rank {self.rank}: step() after close()")
         if self.release.stop:
             raise RuntimeError("the job has stopped; call close()")
+        if not grads_are_bound(self.model, self.grads):
+            self.keys.flatten_grads(self.model, self.grads)
+            self.staging.grads_replaced()
+        # cuda: waits for backward's last copies, so the device's compute is counted too.
+        grads = self.staging.grads_to_host()
         real = time.perf_counter() - self._ready
         batch = self.release.batch_size if batch is None else int(batch)
         compute, factor = self.pacer.stretch(self.release.step, time.monotonic() - self._t0,
                                              batch, real)
-        if not grads_are_bound(self.model, self.grads):
-            self.keys.flatten_grads(self.model, self.grads)
         t0 = time.perf_counter()
-        staleness = self.kv.push(self.grads.numpy(), step=self.release.step, batch=batch,
+        staleness = self.kv.push(grads, step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size)
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
@@ -160,8 +198,23 @@ class DistributedOptimizer:
         self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
                                      record=record)
         self._wait = time.perf_counter() - t1
-        if not self.release.stop:
-            self._pull()
+        self._steps += 1
+        # At the stop too: the model (and state_dict(), the exported model.pt) then ends on
+        # the job's final parameters, not one round short of them.
+        self._pull()
+
+    def report(self, test_accuracy: float, test_loss: float | None = None, **extra: float) -> None:
+        """Report the script's own test evaluation: it becomes the run's evaluation record
+        (metrics.jsonl `kind: eval`, timed on the job's clock when the coordinator receives
+        it), which `compare -- CMD` takes its time to target from and launch's progress line
+        shows. `extra` numbers (e.g. test_auc) ride along."""
+        record = {"kind": "eval", "accuracy": float(test_accuracy), "worker": self.rank,
+                  "step": self.release.step}
+        if test_loss is not None:
+            record["test_loss"] = float(test_loss)
+        for key, value in extra.items():
+            record["auc" if key == "test_auc" else key] = float(value)
+        self.kv.report(record)
 
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """A copy of the trained model's state (the model's own names; buffers included), as
@@ -180,7 +233,7 @@ class DistributedOptimizer:
         """Leave the job (the policy stops waiting for this worker) and close the sockets."""
         if self in _joined:
             _joined.remove(self)
-            self._leave("done")
+            self._leave("done" if self._steps or self.release.stop else NO_STEP_REASON)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self
@@ -194,6 +247,16 @@ class DistributedOptimizer:
 
 
 _joined: list[DistributedOptimizer] = []  # this process's optimizers, for rank() and size()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A script that returns without close(): its rank leaves now, so the others do not wait
+    a heartbeat timeout for it (and one that never stepped says so)."""
+    for opt in list(_joined):
+        # A coordinator already gone must not hold the interpreter's exit for long.
+        opt.kv.session.timeout = min(opt.kv.session.timeout, 5.0)
+        opt.close()
 
 
 def init(join: str | None = None) -> None:

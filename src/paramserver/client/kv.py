@@ -123,7 +123,8 @@ class KVWorker:
                  release_timeout: float = Limits.release_timeout,
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
                  num_keys: int | None = None, shared_memory: bool | None = None,
-                 keys: security.Keys | None = None, reuse_memory: bool = True):
+                 keys: security.Keys | None = None, reuse_memory: bool = True,
+                 layout: dict | None = None):
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         # A user's script started by `paramserver launch` finds the job's keys in the environment.
         self.keys = keys if keys is not None else security.from_env(role)
@@ -136,7 +137,8 @@ class KVWorker:
                                           timeout, release_timeout)
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
-        welcome = self.session.register(role, num_keys, want_rank=_launch_rank())
+        # `layout` (core.layout's wire form): the coordinator refuses a model unlike the job's.
+        welcome = self.session.register(role, num_keys, want_rank=_launch_rank(), layout=layout)
         self.rank: int = welcome["rank"]
         self.job: dict = welcome["job"]  # the welcome's job as it came (user scripts read it)
         self.spec: WorkerJob = WorkerJob.from_dict(self.job)  # parsed once, typed

@@ -213,12 +213,16 @@ class CoordinatorSession:
         rpc.send_or_drop(self.sock, msg)  # dropped: the wait goes on, bounded, as for the first
         return time.monotonic()
 
-    def register(self, role: str, num_keys: int | None, want_rank: int | None = None) -> Message:
-        """Join the job as `role` (a worker: as rank `want_rank` if that is free); the welcome
+    def register(self, role: str, num_keys: int | None, want_rank: int | None = None,
+                 layout: dict | None = None) -> Message:
+        """Join the job as `role` (a worker: as rank `want_rank` if that is free, with its
+        model's `layout` in core.layout's wire form, which must be the job's); the welcome
         carries the rank and the job."""
         fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
         if want_rank is not None and role == "worker":
             fields["want_rank"] = int(want_rank)
+        if layout is not None and role == "worker":
+            fields["layout"] = layout
         welcome = self.call(Message("register", fields), self.timeout)
         job = welcome["job"]
         self.me = Identity(role, welcome["rank"], num_keys or job.get("num_keys"),

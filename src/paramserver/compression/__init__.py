@@ -8,14 +8,28 @@ Schemes: none (identity), topk (static fraction), std (|g| > k*std), dynamic (ca
 threshold). Each keeps the unsent part in a residual (error_feedback=True) and can apply
 Deep Gradient Compression's momentum correction (momentum > 0); with it the server should
 run plain SGD, since the pushed values already carry the momentum.
+
+Value codecs (`make_codec(name, **options)`, issue 22) cut the bytes per value: fp32, fp16,
+fp16-scaled, bf16, uniform8, quantile8, sign, randomk, powersgd (compression/codec.py and the
+modules beside it). A compressor carries one for its values and charges the codec's error to
+its residual:
+
+    >>> c = make_compressor("topk", fraction=0.01, codec=make_codec("bf16"))
+    >>> sparse = c.compress(grad)   # .values: what decodes, .encoded: the payload
 """
 
 from __future__ import annotations
 
 from paramserver.compression.base import CompressStats, Compressor, FeedbackOptions
+from paramserver.compression.casts import Bf16, Fp16, Fp32, ScaledFp16
+from paramserver.compression.codec import Codec, Encoded
 from paramserver.compression.dense import Dense
 from paramserver.compression.dynamic import DynamicThreshold
 from paramserver.compression.encoding import KEY_ENCODINGS, EncodedKeys, decode_keys, encode_keys
+from paramserver.compression.onebit import Sign
+from paramserver.compression.powersgd import PowerSGD
+from paramserver.compression.quant8 import Quantile8, Uniform8
+from paramserver.compression.randomk import RandomK
 from paramserver.compression.sparse import Sparse, densify
 from paramserver.compression.std import StdThreshold
 from paramserver.compression.topk import TopK
@@ -28,6 +42,20 @@ COMPRESSORS.register("topk")(TopK)
 COMPRESSORS.register("std")(StdThreshold)
 COMPRESSORS.register("dynamic")(DynamicThreshold)
 
+CODECS: Registry[type[Codec]] = Registry("codec")
+for _codec in (Fp32, Fp16, ScaledFp16, Bf16, Uniform8, Quantile8, Sign, RandomK, PowerSGD):
+    CODECS.register(_codec.name)(_codec)
+
+
+def make_codec(name: str, **options) -> Codec:
+    """Build the value codec registered as `name`; unknown names or options list the known."""
+    return CODECS.get(name)(**options)
+
+
+def codec_options(name: str) -> dict:
+    """name -> (default, help) of every option the codec registered as `name` takes."""
+    return option_help(CODECS.get(name))
+
 
 def make_compressor(name: str, **options) -> Compressor:
     """Build the compressor registered as `name`; unknown names or options list the known."""
@@ -39,6 +67,7 @@ def compressor_options(name: str) -> dict:
     return option_help(COMPRESSORS.get(name))
 
 
-__all__ = ["COMPRESSORS", "CompressStats", "Compressor", "Dense", "DynamicThreshold",
-           "EncodedKeys", "FeedbackOptions", "KEY_ENCODINGS", "Sparse", "StdThreshold", "TopK",
-           "compressor_options", "decode_keys", "densify", "encode_keys", "make_compressor"]
+__all__ = ["CODECS", "COMPRESSORS", "Codec", "CompressStats", "Compressor", "Dense",
+           "DynamicThreshold", "Encoded", "EncodedKeys", "FeedbackOptions", "KEY_ENCODINGS",
+           "Sparse", "StdThreshold", "TopK", "codec_options", "compressor_options",
+           "decode_keys", "densify", "encode_keys", "make_codec", "make_compressor"]

@@ -7,6 +7,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
+from paramserver.compression.codec import Codec
 from paramserver.compression.feedback import make_feedback
 from paramserver.compression.sparse import Sparse
 from paramserver.core.options import Configurable, check_range, describe, opt
@@ -71,12 +72,20 @@ def as_flat(grad) -> torch.Tensor:
 
 
 class Compressor(Configurable):
-    """compress(grad) -> Sparse. Subclasses choose what to send in `_select`."""
+    """compress(grad) -> Sparse. Subclasses choose what to send in `_select`.
+
+    `codec` (optional, a value codec such as make_codec("bf16")) encodes the selected values;
+    the Sparse then carries the payload and its decoded values, and with error feedback the
+    codec's error at the sent positions stays in the residual: after any number of steps,
+    the sum of the decoded values sent plus the residual is the sum of the gradients."""
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = FeedbackOptions
 
-    def __init__(self, **options):
+    def __init__(self, codec: Codec | None = None, **options):
+        if codec is not None and not isinstance(codec, Codec):
+            raise ValueError(f"codec must be a Codec (make_codec(name)); got {codec!r}")
+        self.codec = codec
         known = describe(self.Options)
         unknown = sorted(set(options) - set(known))
         if unknown:
@@ -87,8 +96,10 @@ class Compressor(Configurable):
         self.reset()
 
     def reset(self) -> None:
-        """Forget the residual, velocity, carried threshold and stats."""
+        """Forget the residual, velocity, carried threshold, the codec's state and stats."""
         self.feedback.reset()
+        if self.codec is not None:
+            self.codec.reset()
         self._size, self._dtype, self._mag = None, None, None
         self.stats = CompressStats()
 
@@ -101,15 +112,30 @@ class Compressor(Configurable):
         mag = torch.abs(cand, out=self._mag)  # reused buffer: fresh pages cost ~a pass
         sel = self._select(cand, mag)
         values = cand[sel.keys]  # a gather: a copy, safe from the residual reset below
-        self.feedback.sent(sel.keys)
+        encoded = None
+        if self.codec is None:
+            self.feedback.sent(sel.keys)
+        else:
+            values, encoded = self._encode_values(sel.keys, values)
         self._record(g.numel(), sel.keys.numel(), sel.threshold, sel.restarted)
-        return Sparse(sel.keys.numpy(), values.numpy(), g.numel())
+        return Sparse(sel.keys.numpy(), values.numpy(), g.numel(), encoded)
+
+    def _encode_values(self, keys: torch.Tensor, values: torch.Tensor):
+        """(decoded values, payload); what decoding lost goes back to the residual. A codec
+        that refuses the values (NaN, inf) leaves them in the residual: reset() clears it."""
+        encoded = self.codec.encode(values)
+        sent = torch.from_numpy(self.codec.decode(encoded, values.numel()))
+        self.feedback.sent(keys, values.sub_(sent))
+        return sent, encoded
 
     def _select(self, cand: torch.Tensor, mag: torch.Tensor) -> Selection:
         raise NotImplementedError
 
     def _check(self, g: torch.Tensor) -> torch.Tensor:
         if self._size is None:
+            if self.codec is not None and g.dtype != torch.float32:
+                raise ValueError(f"codec {self.codec.name!r} takes float32 gradients; got "
+                                 f"{g.dtype}")
             self._size, self._dtype = g.numel(), g.dtype
             self._mag = torch.empty_like(g)
         elif (g.numel(), g.dtype) != (self._size, self._dtype):

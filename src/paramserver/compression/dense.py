@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paramserver.compression.base import Compressor, as_flat
+from paramserver.compression.base import Compressor, Selection, as_flat
 from paramserver.compression.sparse import Sparse
 
 
@@ -14,7 +14,9 @@ class Dense(Compressor):
     dense push today) and `keys` is a cached read-only arange; `Sparse.is_dense` is True.
 
     error_feedback and momentum are accepted so every scheme takes them, but they change
-    nothing: DGC's factor masking clears the whole velocity when everything is sent.
+    nothing: DGC's factor masking clears the whole velocity when everything is sent. With a
+    codec, every value goes through it and error feedback keeps what the codec lost (the
+    codec's error, or for randomk and powersgd what they leave out) in the residual.
     """
 
     name = "none"
@@ -22,8 +24,11 @@ class Dense(Compressor):
     def reset(self) -> None:
         super().reset()
         self._keys = np.empty(0, dtype=np.int64)
+        self._all = torch.empty(0, dtype=torch.int64)  # every position, for a codec's path
 
     def compress(self, grad) -> Sparse:
+        if self.codec is not None:
+            return super().compress(grad)
         g = self._check_size(as_flat(grad))
         n = g.numel()
         if self._keys.size != n:
@@ -38,3 +43,8 @@ class Dense(Compressor):
                              f"{g.dtype}; call reset() first")
         self._size, self._dtype = g.numel(), g.dtype
         return g
+
+    def _select(self, cand: torch.Tensor, mag: torch.Tensor) -> Selection:
+        if self._all.numel() != cand.numel():
+            self._all = torch.arange(cand.numel())
+        return Selection(self._all, 0.0)

@@ -18,7 +18,7 @@ class Drop:
         self.size = grad.numel()
         return grad
 
-    def sent(self, keys: torch.Tensor) -> None:
+    def sent(self, keys: torch.Tensor, left: torch.Tensor | None = None) -> None:
         pass
 
     @property
@@ -45,8 +45,13 @@ class Residual:
         self.v.add_(grad)
         return self.v
 
-    def sent(self, keys: torch.Tensor) -> None:
-        self.v.index_fill_(0, keys, 0)
+    def sent(self, keys: torch.Tensor, left: torch.Tensor | None = None) -> None:
+        """The positions sent restart from zero, or from `left` (what a codec's rounding kept
+        back there), so the residual plus what was sent still sums every gradient."""
+        if left is None:
+            self.v.index_fill_(0, keys, 0)
+        else:
+            self.v.index_copy_(0, keys, left)
 
     @property
     def residual(self) -> torch.Tensor | None:
@@ -76,8 +81,8 @@ class MomentumCorrection(Residual):
         self.u.mul_(self.momentum).add_(grad)
         return super().add(self.u)
 
-    def sent(self, keys: torch.Tensor) -> None:
-        super().sent(keys)
+    def sent(self, keys: torch.Tensor, left: torch.Tensor | None = None) -> None:
+        super().sent(keys, left)
         self.u.index_fill_(0, keys, 0)
 
     @property

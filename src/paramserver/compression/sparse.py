@@ -6,14 +6,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from paramserver.compression.codec import Encoded
+
 
 @dataclass(frozen=True)
 class Sparse:
-    """keys: sorted, unique np.int64 positions in [0, dense_size); values: one per key."""
+    """keys: sorted, unique np.int64 positions in [0, dense_size); values: one per key.
+
+    encoded: the values' payload when the compressor carries a codec; `values` is then what
+    the payload decodes to (what a server adds), not what the gradient was."""
 
     keys: np.ndarray
     values: np.ndarray
     dense_size: int
+    encoded: Encoded | None = None
 
     @property
     def nnz(self) -> int:
@@ -32,6 +38,11 @@ class Sparse:
     def nbytes(self) -> int:
         """Bytes of keys + values as the wire carries them today (int64 keys)."""
         return int(self.keys.nbytes + self.values.nbytes)
+
+    @property
+    def value_nbytes(self) -> int:
+        """Bytes of the values as their codec would send them (as they are without one)."""
+        return self.encoded.nbytes if self.encoded is not None else int(self.values.nbytes)
 
     @property
     def dense_nbytes(self) -> int:

@@ -29,6 +29,7 @@ class Registered:
     num_keys: int | None = None  # a worker's model size, when it knows it
     rejoin: dict | None = None  # a live member back to a restarted coordinator: who it is
     want_rank: int | None = None  # a worker's launch slot ($RANK): its rank when still free
+    layout: Any = None  # a worker's core.layout.ModelLayout, when it sent one
 
 
 @dataclass(slots=True)
@@ -168,6 +169,14 @@ class ToServers:
     op: str
     fields: dict
     links: tuple
+
+
+@dataclass(slots=True)
+class SaveLayout:
+    """The job's model layout (core.layout wire form) into the run folder's model_layout.json,
+    from which `export` names the flat vector's parameters."""
+
+    layout: dict
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paramserver.core.keyspace import split_by_bytes
+from paramserver.core.layout import ModelLayout, first_difference
 from paramserver.coordinator.events import Registered
 from paramserver.policies import Release
 
@@ -65,6 +66,10 @@ class Membership:
         self.num_keys = num_keys
         self.layer_edges = tuple(layer_edges)  # cuts between shards prefer these (layers)
         self.ranges = split_by_bytes(num_keys, servers, self.layer_edges) if num_keys else None
+        # The job's model layout, from the first worker that sent one (as the key space), and
+        # that worker's rank: every later worker's must be the same.
+        self.layout: ModelLayout | None = None
+        self.layout_rank: int | None = None
         self.pending_servers: list[Registered] = []  # answered once the key space is known
         self.pending_workers: list[Registered] = []  # answered once every shard is up
         self.rank_waiters: list[tuple[Registered, float]] = []
@@ -185,8 +190,9 @@ class Membership:
         dropped; else it is refused after a while)."""
         roster, src = self.roster, event.src
         if event.num_keys and event.num_keys != self.num_keys:
-            raise ValueError(f"worker has {event.num_keys} parameters, the job "
-                             f"{self.num_keys}: not the same model")
+            who = f"rank {event.want_rank}" if event.want_rank is not None else "the worker"
+            raise ValueError(f"{who}'s model has {event.num_keys} parameters, the job's "
+                             f"{self.num_keys}: every rank must build the same model")
         if (src in roster.workers or src in roster.observers or src in roster.servers
                 or SERVER_SRC.fullmatch(src)):
             # A server's name taken by a worker would make the server's own messages look
@@ -212,10 +218,26 @@ class Membership:
                                  f"taken and {len(self.rank_waiters)} registrations wait")
             self.rank_waiters.append((event, event.now + 2 * self.hb_timeout))
             return None
+        if group is roster.workers:
+            self._check_layout(event.layout, rank)
         member = group[src] = Member(rank, last_seen=event.now)
         if group is roster.workers:
             self.by_rank[rank] = member
         return member
+
+    def _check_layout(self, layout: ModelLayout | None, rank: int) -> None:
+        """The first layout becomes the job's; a later one that differs is refused, naming
+        the rank and the first parameter that differs."""
+        if layout is None:
+            return
+        if self.layout is None:
+            self.layout, self.layout_rank = layout, rank
+            return
+        first = self.layout_rank
+        diff = first_difference(self.layout, layout, f"on rank {first}", f"on rank {rank}")
+        if diff is not None:
+            raise ValueError(f"rank {rank}'s model differs from the job's (rank {first}'s, the "
+                             f"first to join): {diff}; every rank must build the same model")
 
     def drop_worker(self, src: str, reason: str) -> Member:
         member = self.roster.workers.pop(src)

@@ -17,10 +17,11 @@ from paramserver.coordinator.checkpoint_keeper import (
 )
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
-    Report, SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
-    TimePassed, ToServers, Warn,
+    Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
+    StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.runlog.checkpoint import CheckpointError, latest
@@ -31,6 +32,7 @@ from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
+LAYOUT_FILE = "model_layout.json"  # the job's model layout, beside events.jsonl
 # The longest the loop sleeps without looking at the time (the core's wake-up may be later).
 MAX_WAIT = 0.2
 # What turning a parsed request into an event may raise: refused with an error reply.
@@ -40,8 +42,10 @@ REFUSED = (ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 # ---- op -> event: how each request becomes a stimulus of the core (dask's stream_handlers) ----
 
 def _register(msg: Message, now: float, to, link) -> Registered:
+    layout = msg.get("layout")  # a malformed one raises LayoutError (a ValueError): refused
     return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"),
-                      msg.get("rejoin"), msg.get("want_rank"))
+                      msg.get("rejoin"), msg.get("want_rank"),
+                      None if layout is None else ModelLayout.from_wire(layout))
 
 
 def _clock(msg: Message, now: float, to, link) -> Clocked:
@@ -81,6 +85,9 @@ class CoordinatorNode:
         self.advertise = advertised_host(host, None, advertise)  # the address others dial
         self.address_file = address_file
         self.events = open(events_path, "a", buffering=1) if events_path else None
+        # The run folder's model_layout.json sits beside events.jsonl.
+        self.layout_path = (Path(events_path).with_name(LAYOUT_FILE) if events_path
+                            else None)
         self.metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
         self.t0 = time.monotonic()
         root = job.checkpoint.dir if job.checkpoint is not None else None
@@ -111,6 +118,7 @@ class CoordinatorNode:
             SendRelease: self._send_release, ToServers: self._to_servers, Reply: self._reply,
             AppendEvent: self._append_event, AppendMetric: self._append_metric,
             SaveCoordinatorState: self._save, Warn: self._warn, Finish: self._finish,
+            SaveLayout: self._save_layout,
         }
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -214,6 +222,16 @@ class CoordinatorNode:
     def _to_servers(self, i: ToServers) -> None:
         for ident in i.links:
             rpc.send(self.sock, Message(i.op, i.fields, src="coord"), ident)
+
+    def _save_layout(self, i: SaveLayout) -> None:
+        if self.layout_path is None:
+            return
+        tmp = self.layout_path.with_name(LAYOUT_FILE + ".tmp")
+        try:
+            tmp.write_text(json.dumps(i.layout, indent=1))
+            tmp.replace(self.layout_path)  # a reader never sees half a file
+        except OSError as exc:  # the job goes on; only `export` needs the file
+            log.warning("could not write %s: %s", self.layout_path, exc)
 
     def _append_event(self, i: AppendEvent) -> None:
         if self.events:

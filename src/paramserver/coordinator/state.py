@@ -16,8 +16,8 @@ from pathlib import PurePath
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
-    Report, SaveCoordinatorState, SendRelease, ShardRestored, ShardSaved, Started, StatusAsked,
-    TimePassed, ToServers, Warn,
+    Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
+    StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
@@ -338,7 +338,10 @@ class CoordinatorState:
         return True
 
     def _register_worker(self, e: Registered, now: float, out: list) -> None:
+        known = self.members.layout
         member = self.members.add_worker(e)
+        if self.members.layout is not known:
+            out.append(SaveLayout(self.members.layout.to_wire()))
         if member is None:
             return  # waits for a rank
         self._welcome_worker(member, e, out)

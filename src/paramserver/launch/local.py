@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from paramserver.launch.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
 from paramserver.transport import security, shaping
 
@@ -276,19 +277,17 @@ class LocalCluster:
 
     def _vital_failure(self) -> Child | None:
         """A dead coordinator ends the job, and so does a dead server unless it is restarted
-        (see restart_servers); dead workers are the policy's business once the start barrier
-        has opened. Before that, a worker that failed and will not be replaced ends the job:
-        the barrier would wait for it until its timeout (a script that crashed on import, a
-        model the coordinator refused)."""
+        (see restart_servers); a worker's exit: see verdict.ends_job_before_start."""
         for c in list(self.children):
             code = c.proc.poll()
-            if code in (None, 0) or c.replaced:
+            if code is None or c.replaced:
                 continue
             if c.role == "worker":
-                if self.restarts >= self.restart_workers and not self._barrier_open():
+                if ends_job_before_start(code, self._barrier_open(),
+                                         self.restarts < self.restart_workers):
                     return c
                 continue
-            if c.role not in ("coordinator", "server"):
+            if code == 0 or c.role not in ("coordinator", "server"):
                 continue
             if c.role == "coordinator" and self._restart_coordinator(c):
                 continue
@@ -312,8 +311,8 @@ class LocalCluster:
     def _failure_message(self, c: Child) -> str:
         msg = f"{c.name} died with exit code {c.proc.returncode}"
         if c.role == "worker":
-            return (f"{msg} before the job started (the start barrier waits for every "
-                    f"worker); its last output:\n{c.tail()}")
+            return (f"{before_start_message(c.index, c.proc.returncode)}; its last output:\n"
+                    f"{c.tail()}")
         if c.role == "server":
             msg += (f" after {self.server_restarts} server restart(s) of {self.restart_servers}"
                     if self.restart_servers else

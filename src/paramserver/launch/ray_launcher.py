@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paramserver.launch.local import LaunchError, _die_with_parent
+from paramserver.launch.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
 from paramserver.transport import security
 
@@ -183,6 +184,9 @@ class RayCluster:
     exits: dict = field(default_factory=dict)  # worker name -> exit code (None: running)
     join: str = ""
     timings: dict = field(default_factory=dict)
+    barrier_opened: bool = False  # seen in the coordinator's events.jsonl
+    _events_at: int = 0
+    _events_tail: bytes = b""  # a line cut by the last read ends in the next one
 
     def __post_init__(self):
         self.spec = _spec(self.job)
@@ -275,9 +279,18 @@ class RayCluster:
         deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
         coord = self.actors[0][2]
         while (code := self._poll(ray, coord)) is None:
+            barrier_open = self._barrier_open(ray, coord)
             for name, role, actor in self.actors[1:]:
                 if role == "server" and self._poll(ray, actor) not in (None, 0):
                     raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
+                if role == "worker" and not barrier_open:
+                    exited = self._poll(ray, actor)  # None too while Ray restarts it
+                    # The barrier may have opened since this tick's look: look again.
+                    if ends_job_before_start(exited, self._barrier_open(ray, coord),
+                                             self.restart_workers > 0):
+                        raise LaunchError(
+                            f"{before_start_message(int(name.split()[1]), exited)}; its last "
+                            f"output:\n{ray.get(actor.tail.remote(), timeout=30)}")
             if deadline is not None and time.monotonic() > deadline:
                 raise LaunchError(f"job did not finish within {self.job_timeout:.0f} s")
             self._follow(ray)
@@ -291,6 +304,20 @@ class RayCluster:
         while time.monotonic() < grace and any(
                 self._poll(ray, a) is None for _, role, a in self.actors[1:] if role != "worker"):
             time.sleep(0.2)
+
+    def _barrier_open(self, ray, coord) -> bool:
+        """Whether the coordinator's events.jsonl says the start barrier opened (read on from
+        where the last look ended)."""
+        if not self.barrier_opened:
+            try:
+                data = ray.get(coord.read_from.remote("events.jsonl", self._events_at),
+                               timeout=10)
+            except Exception:  # ray wraps whatever went wrong; the next tick tries again
+                return False
+            self._events_at += len(data)
+            data, self._events_tail = self._events_tail + data, (self._events_tail + data)[-64:]
+            self.barrier_opened = b'"event": "barrier_open"' in data
+        return self.barrier_opened
 
     def _follow(self, ray) -> None:
         """While the job runs: the user's workers' new output onto the console, prefixed with
@@ -351,7 +378,8 @@ class RayCluster:
             for rel, data in files.items():
                 if rel == "role.log":
                     (logs / f"{name.replace(' ', '-')}.log").write_bytes(data)
-                elif role == "coordinator" and rel in ("metrics.jsonl", "events.jsonl"):
+                elif role == "coordinator" and rel in ("metrics.jsonl", "events.jsonl",
+                                                       "model_layout.json"):
                     (self.run_dir / rel).write_bytes(data)
                 elif role == "evaluator" and rel == "model.pt":  # the final model
                     (self.run_dir / rel).write_bytes(data)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.runlog.metrics import read_records, summarize, time_to_accuracy, time_to_auc
+from paramserver.runlog.metrics import (
+    evaluations, read_records, summarize, time_to_accuracy, time_to_auc,
+)
 
 DEFAULT_TARGET = 0.95
 # What a run is scored by: accuracy, or the test AUC for click models (dlrm), whose accuracy
@@ -155,7 +157,7 @@ def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
     summary = _read_json(path / "summary.json")
     if stats is not None and isinstance(summary, dict) and "wall_time_s" in summary:
         records = _other_records(path / "metrics.jsonl")
-        evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["t"])
+        evals = evaluations(records)
         for e in evals:
             float(e["accuracy"]), float(e["t"])
         stale = dict(zip(stats["staleness_values"].tolist(), stats["staleness_counts"].tolist()))
@@ -170,7 +172,7 @@ def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
         summary, recomputed = summarize(records, config.get("job") or {}), True
         warnings.append(f"{path}: summary.json missing or unreadable; "
                         "recomputed from metrics.jsonl")
-    evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["t"])
+    evals = evaluations(records)
     for e in evals:
         float(e["accuracy"]), float(e["t"])  # fail here, not in a figure, on a malformed record
     steps = [r for r in records if r.get("kind") == "step"]

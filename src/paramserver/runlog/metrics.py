@@ -26,6 +26,27 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
+# A user script's own test metric sent with `kv.report({...})` (no `kind`) counts as an
+# evaluation under these names; DistributedOptimizer.report() sends the `kind: eval` form.
+REPORTED_TEST_KEYS = ("test_accuracy", "test_acc")
+
+
+def evaluations(records: list[dict]) -> list[dict]:
+    """The run's evaluation records sorted by time: the evaluator's (`kind: eval`), and a
+    script's reported test metric (a record without a kind carrying a REPORTED_TEST_KEYS
+    number) as {"kind": "eval", "accuracy": value, ...}."""
+    out = []
+    for r in records:
+        if r.get("kind") == "eval":
+            out.append(r)
+        elif r.get("kind") is None:
+            key = next((k for k in REPORTED_TEST_KEYS if isinstance(r.get(k), (int, float))
+                        and not isinstance(r.get(k), bool)), None)
+            if key is not None and "t" in r:
+                out.append({**r, "kind": "eval", "accuracy": float(r[key])})
+    return sorted(out, key=lambda r: r["t"])
+
+
 def _per_worker(steps: list[dict]) -> dict[int, dict]:
     acc: dict[int, dict] = defaultdict(lambda: defaultdict(float))
     for r in steps:
@@ -77,7 +98,7 @@ def diverged_at(evals: list[dict]) -> float | None:
 def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
     """The summary.json of one run, from its metrics records and job description."""
     steps = [r for r in records if r.get("kind") == "step"]
-    evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["t"])
+    evals = evaluations(records)
     workers = _per_worker(steps)
     task = job.get("task", {})
     compute = sum(r.get("compute_s", 0) for r in steps)

@@ -22,7 +22,8 @@ import torch
 from paramserver.runlog.checkpoint import CheckpointError, latest, load_part
 
 FORMATS = ("safetensors", "pt")
-FINAL_MODEL = "model.pt"  # what `train` writes into the run folder at the end of a job
+FINAL_MODEL = "model.pt"  # what `train` and `launch` write into the run folder at the end
+LAYOUT_FILE = "model_layout.json"  # a launch job's model layout, from the coordinator
 
 
 class ExportError(ValueError):
@@ -67,28 +68,80 @@ def read_model(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _job_of(folder: Path) -> dict:
-    """The job of a run folder (its config.json), ExportError when it has none."""
+    """The job of a run folder: its config.json (`train`), else its job.json (`launch`, whose
+    job is the user's script), ExportError when it has neither."""
     config = folder / "config.json"
+    if not config.exists() and (folder / "job.json").exists():
+        try:
+            job = json.loads((folder / "job.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ExportError(f"{folder / 'job.json'} is unreadable ({exc})") from None
+        if not isinstance(job, dict):
+            raise ExportError(f"{folder / 'job.json'} holds no job")
+        ckpt = (job.get("checkpoint") or {}).get("dir")
+        return {"config": {"checkpoint_dir": ckpt} if ckpt else {}, "job": job,
+                "folder": str(folder)}
     try:
         doc = json.loads(config.read_text())
     except FileNotFoundError:
-        raise ExportError(f"{folder} is no run folder (no config.json)") from None
+        raise ExportError(f"{folder} is no run folder (no config.json or job.json)") from None
     except (OSError, ValueError) as exc:
         raise ExportError(f"{config} is unreadable ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("job"), dict):
         raise ExportError(f"{config} holds no job")
-    return doc
+    return {**doc, "folder": str(folder)}
 
 
-def model_keys(job: dict):
+class LayoutKeys:
+    """The names and shapes of a user script's model, from the model_layout.json its launch
+    job's coordinator wrote: the same cutting of the flat vector as ModelKeys."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        self.num_keys = layout.num_keys
+
+    def named(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, lo = {}, 0
+        for name, shape in self.layout.params:
+            size = int(np.prod(shape, dtype=np.int64))
+            out[name] = flat[lo:lo + size].reshape(shape).clone()
+            lo += size
+        return out
+
+
+def _layout_keys(folder: Path) -> LayoutKeys:
+    from paramserver.core.layout import LayoutError, ModelLayout
+    path = folder / LAYOUT_FILE
+    try:
+        layout = ModelLayout.from_wire(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise ExportError(f"{path} is missing: the job's coordinator writes it when the first "
+                          f"worker joins (a launch job run by an older paramserver has none)"
+                          ) from None
+    except (OSError, ValueError, LayoutError) as exc:
+        raise ExportError(f"{path} is unreadable ({exc})") from None
+    if not layout.complete:
+        raise ExportError(f"{path} holds the layout's fingerprint only (the model has too many "
+                          f"parameter tensors to send by name): the names are unknown")
+    return LayoutKeys(layout)
+
+
+def model_keys(job: dict, folder: Path | None = None):
     """The ModelKeys of a job's model (names and shapes), the model built on torch's meta
-    device (no weights are made). ExportError for a job that names no model."""
+    device (no weights are made); for a `launch` job (task "external") the layout its
+    coordinator wrote into `folder`. ExportError for a job that names no model."""
     task = job.get("task") or {}
+    if task.get("name") == "external" and folder is not None:
+        return _layout_keys(folder)
     if task.get("name", "train") != "train":
         raise ExportError(f"the job runs task {task.get('name')!r}, which records no model "
                           f"parameter names to write the values under")
     from paramserver.training.workload import build
     return build(task, job.get("dtype", "float32"), shape_only=True)[2]
+
+
+def _named(keys, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    return keys.named(flat) if isinstance(keys, LayoutKeys) else named_tensors(keys, flat)
 
 
 def checkpoint_flat(root: Path, tag: str, servers: int, dtype: str) -> np.ndarray:
@@ -117,19 +170,19 @@ def locate(source: str | Path) -> tuple[dict, Path, str | None]:
         raise ExportError(f"{source} does not exist")
     if not source.is_dir():
         raise ExportError(f"{source} is no folder (give a run folder or a checkpoint folder)")
-    if (source / "config.json").exists():
+    if (source / "config.json").exists() or (source / "job.json").exists():
         doc = _job_of(source)
         ckpt = doc.get("config", {}).get("checkpoint_dir")
         root = Path(ckpt) if ckpt else source / "checkpoints"
-        if not root.is_absolute() and not root.exists():
-            root = source / root.name
+        if not root.exists() and (source / root.name).exists():
+            root = source / root.name  # a run folder moved, or named relative to another cwd
         return doc, root, None
     if source.name.startswith("ckpt-"):
         root, tag = source.parent, source.name[len("ckpt-"):]
     else:
         root, tag = source, None
     for up in (root.parent, root.parent.parent):
-        if (up / "config.json").exists():
+        if (up / "config.json").exists() or (up / "job.json").exists():
             return _job_of(up), root, tag
     raise ExportError(f"no config.json next to {source}: the checkpoint's job (its model) is "
                       f"unknown; give the run folder")
@@ -143,7 +196,7 @@ def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
         raise ExportError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     doc, root, tag = locate(source)
     job = doc["job"]
-    keys = model_keys(job)
+    keys = model_keys(job, Path(doc["folder"]))
     final = Path(source) / FINAL_MODEL
     if tag is None and final.exists():  # a run folder after its end: the final parameters
         tensors = read_model(final)
@@ -163,5 +216,5 @@ def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
     if flat.size != keys.num_keys:
         raise ExportError(f"checkpoint {tag} holds {flat.size} keys, the job's model "
                           f"{keys.num_keys}")
-    return write_model(out, named_tensors(keys, torch.from_numpy(flat)), fmt), \
+    return write_model(out, _named(keys, torch.from_numpy(flat)), fmt), \
         f"checkpoint {tag} in {root}"

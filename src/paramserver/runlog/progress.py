@@ -70,7 +70,8 @@ class JobProgress:
         if self.progress is None:
             return
         self.tail.poll()
-        self.progress.update(self.task, completed=min(self.tail.samples, self.total),
+        self.progress.update(self.task, completed=self.tail.samples if self.total is None
+                             else min(self.tail.samples, self.total),
                              info=self.tail.describe())
 
     def __exit__(self, *exc) -> None:

@@ -21,6 +21,7 @@ from paramserver.emulation.links import LinkTable
 JOB_VERSION = 1
 DTYPES = ("float32", "float64")
 SCHEDULES = ("off", "fifo", "lifo", "stalest")
+DEVICES = ("cpu", "cuda", "auto")  # and cuda:N; auto: cuda where the worker sees one
 TABLE_OPTIMIZERS = ("adagrad", "sgd")
 TABLE_EVICTIONS = ("lru", "lfu")
 MAX_TABLE_DIM = 4096
@@ -127,6 +128,7 @@ class TaskSpec:
     pull_ahead: bool = True
     borrow: bool = True
     options: Mapping = field(default_factory=dict)  # a task of its own's (the demo's steps)
+    device: str = "cpu"  # where the worker's model computes (`train --device`)
 
     def __post_init__(self):
         for key in ("name", "model", "dataset", "straggler", "device_time", "compress",
@@ -138,6 +140,10 @@ class TaskSpec:
         _int("task.threads", self.threads, 1)
         if self.schedule not in SCHEDULES:
             _fail("task.schedule", self.schedule, f"one of {', '.join(SCHEDULES)}")
+        device = self.device
+        if not isinstance(device, str) or not (
+                device in DEVICES or (device.startswith("cuda:") and device[5:].isdigit())):
+            _fail("task.device", device, f"one of {', '.join(DEVICES)} or cuda:N")
         for key in ("pull_ahead", "borrow"):
             if not isinstance(getattr(self, key), bool):
                 _fail(f"task.{key}", getattr(self, key), "true or false")
@@ -405,7 +411,7 @@ class JobSpec:
                           straggler=str(c.straggler), device_time=c.device_time.text(),
                           threads=c.threads, compress=c.compress,
                           compress_options=c.compress_options, push_range=c.push_range,
-                          schedule=c.schedule),
+                          schedule=c.schedule, device=c.device),
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
@@ -442,6 +448,8 @@ class JobSpec:
                "links": self.links.to_dict(),
                "checkpoint": None if self.checkpoint is None else _plain(self.checkpoint),
                "task": _plain(self.task)}
+        if out["task"]["device"] == "cpu":  # left out: job files of cpu jobs read as before
+            del out["task"]["device"]
         if self.resume is not None:
             out["resume"] = _plain(self.resume)
         if self.tables:  # (left out when empty: job files of dense jobs read as before)

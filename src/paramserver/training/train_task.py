@@ -12,6 +12,7 @@ from torch import nn
 from paramserver.compression import make_compressor
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.models import ModelKeys
+from paramserver.client.device_staging import DeviceStaging, resolve_device
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
@@ -52,14 +53,23 @@ class StepLoop:
         job = kv.spec.job
         torch.set_num_threads(task.threads)
         self.ds, self.model, self.keys = build(task, job.dtype)
-        # Gradients live where a server on this host reads pushes in place (shared memory).
-        # The parameters' buffer is left untouched (empty) until bind_to_flat copies each
-        # tensor in and frees it: the worker's peak is the parameters plus one tensor, where a
-        # zeroed buffer would hold two copies of the model at once.
-        self.params = torch.empty(self.keys.num_keys, dtype=self.keys.dtype)
-        self.grads = torch.from_numpy(kv.shared_buffer())
+        self.device = resolve_device(task.device, rank=kv.rank)
+        staged = self.device.type != "cpu"
+        if staged:
+            self.model.to(self.device)
+        # On cpu, gradients live where a server on this host reads pushes in place (shared
+        # memory), and the parameters' buffer is left untouched (empty) until bind_to_flat
+        # copies each tensor in and frees it: the worker's peak is the parameters plus one
+        # tensor, where a zeroed buffer would hold two copies of the model at once. On cuda
+        # the buffers are on the device, staged through pinned host copies.
+        self.staging = DeviceStaging(
+            self.model, self.keys,
+            host_params=None if staged else torch.empty(self.keys.num_keys, dtype=self.keys.dtype),
+            host_grads=None if staged else torch.from_numpy(kv.shared_buffer()))
+        self.params, self.grads = self.staging.params, self.staging.grads
         bind_to_flat(self.model, self.keys, self.params, self.grads)
-        self.params_np, self.grads_np = self.params.numpy(), self.grads.numpy()
+        self.staging.watch(self.model)
+        self.params_np, self.grads_np = self.staging.host_params_np, self.staging.host_grads_np
         self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
         self._skip(kv.spec.resume_samples)
         # A model with a sparse table (DLRM): each step also pulls its batch's rows and pushes
@@ -76,9 +86,12 @@ class StepLoop:
         self.held = None if self.plan is None else RangeAccumulator(
             self.keys.num_keys, self.grads_np.dtype)
         self.grads_bound = GradsBoundCheck(self.model, self.grads)
+        if staged and (self.rows is not None or not self.dense or self.plan is not None):
+            raise ValueError(f"device {self.device}: sparse tables, --compress and --push-range "
+                             f"are not staged through a device yet; use --device cpu")
         schedule = task.schedule
         self.layered = None if schedule == "off" else LayerRequests(
-            kv, self.model, self.keys, self.params_np, self.grads_np, schedule)
+            kv, self.model, self.keys, self.params_np, self.grads_np, schedule, self.staging)
         # Round mode: the next step's pull goes out with this step's push and the server
         # answers it the moment the round is applied, while the release is on its way.
         self.pull_ahead = (task.pull_ahead and self.plan is None
@@ -87,7 +100,9 @@ class StepLoop:
         # A pull sent ahead to a single shard is not copied: the model computes on the reply
         # in place (the server's arena on this host) and hands it back before pushing, so by
         # the round's last push no worker reads the values the server then updates in place.
-        self.borrowing = self.pull_ahead and len(kv.shards) == 1 and task.borrow
+        # (Not on a device: the model's parameters live there, not in the reply.)
+        self.borrowing = (self.pull_ahead and len(kv.shards) == 1 and task.borrow
+                          and not staged)
         self.loan, self.own_params = None, True
         self.t0 = time.monotonic()
         self.nbytes = self.keys.num_keys * self.params.element_size()
@@ -108,8 +123,11 @@ class StepLoop:
             xb, yb = self.sampler.next_batch(batch)
         if not self.grads_zeroed:
             self.grads.zero_()
+            self.staging.grads_zeroed()
         self.grads_zeroed = False
         if self.rows is None:
+            if self.staging.staged:
+                xb, yb = xb.to(self.device), yb.to(self.device)
             out = self.model(xb.to(self.params.dtype))
         else:
             out, yb = self.rows.forward(self.params.dtype)
@@ -117,8 +135,11 @@ class StepLoop:
         loss.backward()
         if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
+            self.staging.grads_replaced()
             bind_to_flat(self.model, self.keys, self.params, self.grads)
             self.own_params = True
+        if self.layered is None:
+            self.staging.grads_to_host()  # cuda: the last layers' copies (and the device) done
         return float(loss.detach())
 
     def prepare_next(self) -> None:
@@ -127,6 +148,7 @@ class StepLoop:
         has read the buffer in place by then."""
         if not self.grads_zeroed:
             self.grads.zero_()
+            self.staging.grads_zeroed()
             self.grads_zeroed = True
 
     def step(self, release, wait_s: float) -> tuple[dict, float]:
@@ -150,6 +172,7 @@ class StepLoop:
         staleness, push_bytes = self.push(release)
         if self.pull_ahead:
             version = release.min_version + 1  # what the release after this round will ask
+            self.staging.before_host_write()
             self.ahead = version, self.kv.pull_async(out=self.params_np, min_version=version)
             if self.rows is not None:  # the next batch's rows, likewise
                 self.rows.request(release.batch_size, version)
@@ -192,6 +215,7 @@ class StepLoop:
             if ahead is not None and ahead[0] == release.min_version:
                 if not self.borrowing:
                     self.kv.wait(ahead[1])
+                    self.staging.params_from_host()
                     return self.nbytes
                 values, self.loan = self.kv.borrow(ahead[1])
                 point_params_at(self.model, self.keys, torch.from_numpy(values))
@@ -200,7 +224,9 @@ class StepLoop:
             if ahead is not None:  # the release asks for another version: ask again
                 self.kv.abandon(ahead[1])
             self._own_params()
+            self.staging.before_host_write()
             self.kv.pull(out=self.params_np, min_version=release.min_version)
+            self.staging.params_from_host()
             return self.nbytes
         w = self.plan.at(release.step)
         self.kv.pull(w, out=self.params_np[w.lo:w.hi], min_version=release.min_version)
@@ -237,7 +263,7 @@ def run(kv: KVWorker, task: TaskSpec) -> dict:
     """Train until the coordinator's release says stop; returns this worker's totals."""
     loop = StepLoop(kv, task)
     if kv.rank == 0:
-        kv.init(loop.params_np)
+        kv.init(loop.staging.params_to_host())
     t_wait = time.perf_counter()
     release = kv.start()
     wait_s, steps = time.perf_counter() - t_wait, 0

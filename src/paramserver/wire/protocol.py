@@ -52,7 +52,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "rows": {"version": _f(NONNEG)},  # one float32 array: len(keys) * dim, in key order
     # anyone -> coordinator
     "register": {"role": _f(STR), "addr": _f(STR, False), "want_rank": _f(INT, False),
-                 "num_keys": _f(NONNEG, False), "rejoin": _f(RECORD, False)},
+                 "num_keys": _f(NONNEG, False), "rejoin": _f(RECORD, False),
+                 # a worker's model layout (core/layout.py; checked there, the header's 64 KB
+                 # bound its size): every rank's must be the job's
+                 "layout": _f(DICT, False)},
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
               "record": _f(RECORD, False)},
