@@ -27,6 +27,8 @@ def test_readme_example_trains_through_launch(tmp_path):
     assert accuracies[0] == accuracies[1]
     steps = [r for r in read_records(out / "metrics.jsonl") if r["kind"] == "step"]
     assert len(steps) == 240 and all("loss" in r for r in steps)
+    # The example's two layers, float32, dense both ways: the report's bytes per step.
+    assert {(r["push_bytes"], r["pull_bytes"]) for r in steps} == {(9610 * 4, 9610 * 4)}
 
 
 def test_launch_without_a_command_is_a_clear_error(tmp_path):

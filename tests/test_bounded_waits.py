@@ -68,3 +68,26 @@ def test_a_worker_waiting_for_its_release_gives_up_once_the_coordinator_is_gone(
             assert cluster.address in outcome[0]
         finally:
             kv.close()
+
+
+def test_a_role_given_a_join_file_reads_the_address_once_written_or_gives_up_naming_it(
+        tmp_path, monkeypatch):
+    import argparse
+    import threading
+
+    import pytest
+
+    from paramserver.cli import roles
+    path = tmp_path / "coordinator.addr"
+    args = argparse.Namespace(command="server", join=None, join_file=str(path))
+    monkeypatch.setattr(roles, "JOIN_FILE_WAIT", 0.3)
+    with pytest.raises(SystemExit, match=f"no coordinator address in {path} within 0.3 s"):
+        roles._join(args)
+    monkeypatch.setattr(roles, "JOIN_FILE_WAIT", 30.0)
+    writer = threading.Timer(0.2, path.write_text, args=("tcp://127.0.0.1:5555\n",))
+    writer.start()
+    try:
+        assert roles._join(args) == "tcp://127.0.0.1:5555"
+    finally:
+        writer.join()
+    assert roles._join(argparse.Namespace(join="tcp://h:1", join_file=None)) == "tcp://h:1"

@@ -7,11 +7,16 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
+from pathlib import Path
 
 from paramserver.cli import args as flag
 
 # The transport (zmq) loads when a role starts, not for --help.
+
+# How long a role given --join-file waits for its coordinator to publish the address there.
+JOIN_FILE_WAIT = 60.0
 
 
 def _setup_logging(role: str) -> None:
@@ -32,6 +37,26 @@ def _keys(args, role: str):
         return security.load(directory, role,
                              getattr(args, "key_name", None) or security.env_name(role))
     return security.INSECURE if getattr(args, "insecure", False) else None
+
+
+def _join(args) -> str:
+    """The coordinator's address: --join, or what the coordinator publishes in --join-file. A
+    launcher that starts a role beside its coordinator passes the file, so the role's imports
+    (torch: seconds on two busy cores) overlap the coordinator's start."""
+    if args.join:
+        return args.join
+    deadline = time.monotonic() + JOIN_FILE_WAIT
+    while True:
+        try:  # the coordinator writes a temporary file and renames it: never half a line
+            address = Path(args.join_file).read_text().strip()
+        except FileNotFoundError:
+            address = ""
+        if address:
+            return address
+        if time.monotonic() > deadline:
+            raise SystemExit(f"paramserver {args.command}: no coordinator address in "
+                             f"{args.join_file} within {JOIN_FILE_WAIT:g} s")
+        time.sleep(0.02)
 
 
 def _clear_errors(func):
@@ -104,7 +129,7 @@ def _run_server(args) -> int:
     keys = _keys(args, "server")
     security.check_bind(args.bind, "tcp", keys)
     from paramserver.server.node import ServerNode
-    return ServerNode(args.join, args.bind, args.port, keys=keys,
+    return ServerNode(_join(args), args.bind, args.port, keys=keys,
                       advertise=args.advertise).run()
 
 
@@ -113,7 +138,7 @@ def _run_worker(args) -> int:
     _setup_logging("worker")
     keys = _keys(args, "worker")
     from paramserver.training.worker import run_worker
-    return run_worker(args.join, args.result_dir, keys=keys)
+    return run_worker(_join(args), args.result_dir, keys=keys)
 
 
 @_clear_errors
@@ -121,7 +146,7 @@ def _run_evaluator(args) -> int:
     _setup_logging("evaluator")
     keys = _keys(args, "observer")
     from paramserver.training.evaluator import run_evaluator
-    return run_evaluator(args.join, args.interval, keys=keys, save_model=args.save_model)
+    return run_evaluator(_join(args), args.interval, keys=keys, save_model=args.save_model)
 
 
 _KEYS_HELP = ("key folder from `paramserver keys generate` (default $PARAMSERVER_KEYS): "
@@ -138,6 +163,14 @@ def _security_args(p, binds: bool) -> None:
     p.add_argument("--key-name", metavar="NAME", help=_KEY_NAME_HELP)
     if binds:
         p.add_argument("--insecure", action="store_true", help=_INSECURE_HELP)
+
+
+def _join_args(p, example: str) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--join", help=f"coordinator address{example}")
+    where.add_argument("--join-file", metavar="FILE",
+                       help="read the coordinator's address from FILE (its --address-file), "
+                            f"waiting up to {JOIN_FILE_WAIT:.0f} s for the coordinator to write it")
 
 
 def _bind_args(p, whom: str) -> None:
@@ -177,14 +210,14 @@ def register(sub) -> None:
 
     p = sub.add_parser("server", help=SUMMARY["server"],
                        description="Run one shard server; the coordinator assigns its key range.")
-    p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
+    _join_args(p, ", e.g. tcp://10.0.0.1:5555")
     _bind_args(p, "server")
     _security_args(p, binds=True)
     p.set_defaults(func=_run_server)
 
     p = sub.add_parser("worker", help=SUMMARY["worker"],
                        description="Run one worker: joins the job and runs the task it names.")
-    p.add_argument("--join", required=True, help="coordinator address, e.g. tcp://10.0.0.1:5555")
+    _join_args(p, ", e.g. tcp://10.0.0.1:5555")
     p.add_argument("--result-dir", help="write this worker's result JSON here")
     _security_args(p, binds=False)
     p.set_defaults(func=_run_worker)
@@ -193,7 +226,7 @@ def register(sub) -> None:
                        description="Join as an observer: pull the parameters periodically, "
                                    "evaluate them on the test split and report to the metrics "
                                    "log; a last evaluation follows the end of training.")
-    p.add_argument("--join", required=True, help="coordinator address")
+    _join_args(p, "")
     p.add_argument("--interval", type=flag.positive_seconds, default=1.0,
                    help="seconds between evaluations (default 1)")
     p.add_argument("--save-model", metavar="FILE",

@@ -190,7 +190,9 @@ class DistributedOptimizer:
                                  scale=self.release.scale, round_size=self.release.round_size)
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
-                  "staleness": int(staleness), "factor": round(factor, 4)}
+                  "staleness": int(staleness), "factor": round(factor, 4),
+                  # Dense both ways: the report's bytes per step, as the built-in worker's.
+                  "push_bytes": int(grads.nbytes), "pull_bytes": int(grads.nbytes)}
         if loss is not None:
             value = loss.detach() if isinstance(loss, torch.Tensor) else loss
             record["loss"] = round(float(value), 6)

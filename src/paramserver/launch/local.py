@@ -131,7 +131,9 @@ class LocalCluster:
                command: list[str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(self.env or {}), "PARAMSERVER_JOIN": self.address}
+        env = {**os.environ, **(self.env or {})}
+        if self.address:  # (unknown yet to a role started beside the coordinator)
+            env["PARAMSERVER_JOIN"] = self.address
         env.pop(security.ENV, None)
         if self.keys_dir:
             env[security.ENV] = self.keys_dir
@@ -184,8 +186,15 @@ class LocalCluster:
                         pass
         child.proc.stdout.close()
 
+    def _join(self) -> list[str]:
+        """How a role finds the coordinator: its address once known, else the file the
+        coordinator publishes it in (the role then starts beside the coordinator)."""
+        if self.address:
+            return ["--join", self.address]
+        return ["--join-file", str(self.run_dir / "coordinator.addr")]
+
     def _spawn_server(self, index: int) -> Child:
-        args = ["--join", self.address, "--bind", self.host]
+        args = [*self._join(), "--bind", self.host]
         if self.server_ports:  # a restarted server must come back where workers look for it
             args += ["--port", str(self.server_ports[index])]
         return self._spawn("server", index, args)
@@ -212,6 +221,14 @@ class LocalCluster:
         if self.restart_coordinator:
             self.coordinator_port = _free_port(self.host)
         coord = self._spawn_coordinator()
+        # The servers and the evaluator import torch before they need the address (seconds on
+        # two busy cores): they start now, beside the coordinator, and read its address file.
+        for s in range(self.spec.servers):
+            self._spawn_server(s)
+        if spawn_workers and self.spec.eval_interval:
+            self._spawn("evaluator", 0, [*self._join(), "--interval",
+                                         str(self.spec.eval_interval), "--save-model",
+                                         str(self.run_dir / "model.pt")])
         deadline = time.monotonic() + self.startup_timeout
         while not addr_file.exists():
             if coord.proc.poll() is not None:
@@ -222,15 +239,9 @@ class LocalCluster:
                                   f"{self.startup_timeout:.0f} s")
             time.sleep(0.02)
         self.address = addr_file.read_text().strip()
-        for s in range(self.spec.servers):
-            self._spawn_server(s)
         if spawn_workers:
             for w in range(self.spec.workers):
                 self.add_worker(w)
-            if self.spec.eval_interval:
-                self._spawn("evaluator", 0, ["--join", self.address, "--interval",
-                                             str(self.spec.eval_interval), "--save-model",
-                                             str(self.run_dir / "model.pt")])
         return self.address
 
     def _spawn_coordinator(self, take_back: bool = False) -> Child:
