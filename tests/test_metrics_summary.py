@@ -40,6 +40,19 @@ def test_summary_numbers_match_a_hand_computation():
     assert s["per_worker"]["1"]["wait_s"] == pytest.approx(1.0)
 
 
+def test_bytes_per_step_and_the_codecs_each_worker_named():
+    s = summarize(RECORDS, JOB)
+    assert (s["push_bytes_per_step"], s["pull_bytes_per_step"]) == (100, 100)
+    assert (s["push_codecs"], s["pull_codecs"]) == ([], [])  # no step named one: dense
+    # --compress auto: worker 1 behind a slow link pushed 8-bit, worker 0 dense.
+    named = [{**r, "push_codec": ["none", "uniform8"][r["worker"]], "pull_codec": "none",
+              "push_bytes": [100, 26][r["worker"]]} if r["kind"] == "step" else r
+             for r in RECORDS]
+    s = summarize(named, JOB)
+    assert (s["push_codecs"], s["pull_codecs"]) == (["none", "uniform8"], ["none"])
+    assert s["push_bytes_per_step"] == pytest.approx(63.0)
+
+
 def test_arrival_mode_counts_every_push_as_an_update():
     assert summarize(RECORDS, {**JOB, "apply_mode": "arrival"})["updates_applied"] == 4
 

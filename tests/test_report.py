@@ -3,6 +3,7 @@
 import base64
 import csv
 import html
+import io
 import json
 import re
 import shutil
@@ -18,7 +19,8 @@ from paramserver.report import build_report, collect, table_rows
 from paramserver.report import figures, series
 from paramserver.report.figures import KINDS
 from paramserver.report.html import coverage_warnings, plan_section, render_report
-from paramserver.report.results_csv import COLUMNS
+from paramserver.report.results_csv import COLUMNS, results_csv
+from paramserver.report.table import render_table
 
 TARGET = 0.9
 BATCH, WORKERS = 10, 2
@@ -222,7 +224,7 @@ def test_report_opens_with_the_verdict_and_its_figure_and_folds_the_settings(bui
            "--epochs")
     assert why in text[verdict:text.index("<figure")]
     ssp_row = text.index("<tr class='missed'><td>ssp</td>")
-    assert text.index("<tr class='why'><td colspan='11'>↳ " + why, ssp_row) \
+    assert text.index("<tr class='why'><td colspan='13'>↳ " + why, ssp_row) \
         == text.index("</tr>", ssp_row) + len("</tr>\n")
     first_table = text.index("<table")
     first_figure = text.index("<figure")
@@ -379,3 +381,38 @@ def test_report_renders_in_headless_chromium_with_the_verdict_first(built, tmp_p
     # ...on the first screen: all of the verdict, and the top of its figure
     assert v["height"] > 0 and v["bottom"] <= layout["screen"]
     assert f["top"] < layout["screen"] and f["height"] > 200
+
+
+def test_codec_runs_show_their_bytes_and_formats_in_table_and_csv(tmp_path):
+    """A bf16 run (pushes and pulls: 2 bytes a value) beside a dense one: the table and
+    results.csv show half the dense bytes per step, and which format each run used."""
+    values = 9610  # the digits MLP's parameters
+    dense, half = 4 * values, 2 * values
+    root = tmp_path / "cmp"
+    root.mkdir()
+    (root / "compare.json").write_text(json.dumps(
+        {"scenarios": {"slow-link": {"straggler": "none"}}, "policies": ["bsp", "asp"],
+         "repeats": 1, "target_accuracy": TARGET, "config": {"workers": WORKERS}}))
+    for policy, nbytes, codec in (("bsp", dense, "none"), ("asp", half, "bf16")):
+        recs = records_for(2.0, staleness=0)
+        for r in recs:
+            if r["kind"] == "step":
+                r.update(push_bytes=nbytes, pull_bytes=nbytes, push_codec=codec,
+                         pull_codec=codec)
+        write_run(root / "runs" / "slow-link" / policy / "rep-0", recs, job(policy))
+    c = collect(root)
+    rows = {r.policy: r for r in table_rows(c)}
+    assert (rows["bsp"].push_bytes, rows["bsp"].pull_bytes) == (dense, dense)
+    assert (rows["asp"].push_bytes, rows["asp"].pull_bytes) == (dense / 2, dense / 2)
+    assert (rows["asp"].push_codecs, rows["asp"].pull_codecs) == (("bf16",), ("bf16",))
+    page = render_table(list(rows.values()), TARGET)
+    assert "<td>38.4 kB</td><td>38.4 kB</td><td>none / none</td>" in page
+    assert "<td>19.2 kB</td><td>19.2 kB</td><td>bf16 / bf16</td>" in page
+    assert "pull bytes/step" in page and "codec (push / pull)" in page
+    with io.StringIO(results_csv(c)) as f:
+        out = {r["policy"]: r for r in csv.DictReader(f)}
+    for policy, nbytes, codec in (("bsp", dense, "none"), ("asp", half, "bf16")):
+        r = out[policy]
+        assert float(r["push_bytes_per_step"]) == float(r["pull_bytes_per_step"]) == nbytes
+        assert r["push_codec"] == r["pull_codec"] == codec
+    assert float(out["asp"]["push_bytes_per_step"]) * 2 == float(out["bsp"]["push_bytes_per_step"])

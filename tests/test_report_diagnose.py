@@ -95,6 +95,6 @@ def test_the_table_names_a_paired_rule_and_puts_the_diagnosis_under_its_row():
                         why={("s", "ssp"): "ssp fell to chance: because; fix"})
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if "<td>ssp (dynsgd)</td>" in line)
-    assert lines[at + 1] == ("<tr class='why'><td colspan='11'>↳ ssp fell to chance: because; "
+    assert lines[at + 1] == ("<tr class='why'><td colspan='13'>↳ ssp fell to chance: because; "
                              "fix</td></tr>")
     assert text.count("class='why'") == 1

@@ -11,12 +11,14 @@ from paramserver.report.diagnose import RunOutcome, classify
 
 COLUMNS = ("scenario", "policy", "repeat", "time_to_target_s", "target", "score",
            "final_score", "best_score", "reached", "diverged", "outcome", "wait_fraction",
-           "mean_staleness", "samples_per_s", "steps", "run_folder")
+           "mean_staleness", "samples_per_s", "steps", "push_bytes_per_step",
+           "pull_bytes_per_step", "push_codec", "pull_codec", "run_folder")
 
 
 def result_row(run: Run, target: float, score: str, chance: float | None) -> dict:
     """One run's row: plain numbers (empty where unknown), flags as 0/1, and the outcome that
-    report/diagnose.py names ('ok', 'diverged', 'chance', 'collapsed', 'plateaued')."""
+    report/diagnose.py names ('ok', 'diverged', 'chance', 'collapsed', 'plateaued'); bytes per
+    worker step and the value formats (codec names) its steps carried."""
     s = run.summary
     tta = run.time_to(target)
     final, best = s.get(f"final_test_{score}"), s.get(f"best_test_{score}")
@@ -28,7 +30,16 @@ def result_row(run: Run, target: float, score: str, chance: float | None) -> dic
             "diverged": int(diverged), "outcome": outcome or "ok",
             "wait_fraction": s.get("mean_wait_fraction"),
             "mean_staleness": s.get("mean_staleness"), "samples_per_s": run.samples_per_s,
-            "steps": s.get("steps"), "run_folder": str(run.path)}
+            "steps": s.get("steps"), "push_bytes_per_step": s.get("push_bytes_per_step"),
+            "pull_bytes_per_step": s.get("pull_bytes_per_step"),
+            "push_codec": _codecs(s.get("push_codecs")),
+            "pull_codec": _codecs(s.get("pull_codecs")), "run_folder": str(run.path)}
+
+
+def _codecs(names) -> str | None:
+    """The run's formats joined by ';' (several where workers chose differently: --compress
+    auto); empty where its steps named none (older and simulated runs)."""
+    return ";".join(str(n) for n in names) if isinstance(names, list) and names else None
 
 
 def results_csv(c: Collection, chance: float | None = None) -> str:

@@ -30,6 +30,9 @@ class Row:
     samples_per_s: float
     real_compute_share: float | None
     push_bytes: float | None = None  # per worker step, median over repeats
+    pull_bytes: float | None = None
+    push_codecs: tuple[str, ...] = ()  # the formats its steps named, over repeats (none: dense)
+    pull_codecs: tuple[str, ...] = ()
     speedup: float | None = None  # median BSP time / median time of this policy
     score: str = "accuracy"  # what final/best_accuracy hold: accuracy, or AUC (click models)
     optimizer: str | None = None  # the update rule its runs had, when they agree
@@ -43,6 +46,10 @@ class Row:
 def _median_or_none(values) -> float | None:
     values = [v for v in values if v is not None]
     return median(values) if values else None
+
+
+def _union(lists) -> tuple[str, ...]:
+    return tuple(sorted({str(c) for codecs in lists if isinstance(codecs, list) for c in codecs}))
 
 
 def policy_row(scenario: str, policy: str, runs: list[Run], target: float,
@@ -64,6 +71,9 @@ def policy_row(scenario: str, policy: str, runs: list[Run], target: float,
         samples_per_s=median(run.samples_per_s for run in runs),
         real_compute_share=_median_or_none(x.get("real_compute_share") for x in s),
         push_bytes=_median_or_none(x.get("push_bytes_per_step") for x in s),
+        pull_bytes=_median_or_none(x.get("pull_bytes_per_step") for x in s),
+        push_codecs=_union(x.get("push_codecs") for x in s),
+        pull_codecs=_union(x.get("pull_codecs") for x in s),
         optimizer=(lambda rules: rules.pop() if len(rules) == 1 else None)(
             {x.get("optimizer") for x in s}))
 
@@ -103,7 +113,15 @@ def _cells(row: Row) -> list[str]:
             "–" if row.speedup is None else f"×{row.speedup:.2f}",
             fmt_score(row.score, row.final_accuracy), fmt_score(row.score, row.best_accuracy),
             fmt_pct(row.wait_fraction),
-            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}", fmt_bytes(row.push_bytes)]
+            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}", fmt_bytes(row.push_bytes),
+            fmt_bytes(row.pull_bytes), fmt_codecs(row.push_codecs, row.pull_codecs)]
+
+
+def fmt_codecs(push: tuple[str, ...], pull: tuple[str, ...]) -> str:
+    """"bf16 / none": the push format(s), then the pull's; "–" for runs that named none."""
+    if not push and not pull:
+        return "–"
+    return f"{', '.join(push) or 'none'} / {', '.join(pull) or 'none'}"
 
 
 def fmt_score(score: str, value: float | None) -> str:
@@ -119,7 +137,7 @@ def fmt_bytes(value: float | None) -> str:
 
 HEADERS = ["policy", "repeats reaching target", "time to target (s, median)", "min–max (s)",
            "speedup vs BSP", "final acc.", "best acc.", "wait fraction", "mean staleness",
-           "samples/s (training)", "push bytes/step"]
+           "samples/s (training)", "push bytes/step", "pull bytes/step", "codec (push / pull)"]
 
 
 def render_table(rows: list[Row], target: float, score: str = "accuracy",

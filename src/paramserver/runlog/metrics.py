@@ -131,11 +131,23 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "steps_per_s": len(steps) / wall if wall else 0.0,
         "push_bytes_per_step": (sum(r.get("push_bytes", 0) or 0 for r in steps) / len(steps)
                                 if steps else 0.0),
+        "pull_bytes_per_step": (sum(r.get("pull_bytes", 0) or 0 for r in steps) / len(steps)
+                                if steps else 0.0),
+        **codecs_used(steps),
         "per_worker": {str(k): v for k, v in workers.items()},
         **_restarts(records),
         **_server_counters(records),
         **shard_load(records, job.get("servers") or 0, wall),
     }
+
+
+def codecs_used(steps: list[dict]) -> dict:
+    """The value formats the steps' bytes were in (their `push_codec`/`pull_codec`), each list
+    sorted and without repeats; more than one where workers chose differently (`--compress
+    auto`); empty where no step named one (older and simulated runs: dense)."""
+    return {f"{way}_codecs": sorted({str(r[f"{way}_codec"]) for r in steps
+                                     if r.get(f"{way}_codec") is not None})
+            for way in ("push", "pull")}
 
 
 def _restarts(records: list[dict]) -> dict:

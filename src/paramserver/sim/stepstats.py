@@ -136,5 +136,7 @@ def summary(stats: dict[str, np.ndarray], base: dict, wall: float, round_mode: b
         real_compute_share=real / total_compute if total_compute else None,
         steps_per_s=steps / wall if wall else 0.0,
         push_bytes_per_step=float(nbytes) if steps else 0.0,
+        pull_bytes_per_step=float(nbytes) if steps else 0.0,
+        push_codecs=[], pull_codecs=[],  # a simulated step names no codec: dense
         per_worker=per_worker)
     return out
