@@ -74,8 +74,11 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
     p.add_argument("--compress", default=d.compress,
                    help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)}, or a value "
-                        f"codec for dense pushes: {catalog.listed(catalog.CODECS)} "
-                        f"(default {d.compress})")
+                        f"codec for dense pushes: {catalog.listed(catalog.CODECS)}, "
+                        f"or auto: each worker by its --link rate (>= 10 Gbit/s or no "
+                        f"--link dense, >= 1 Gbit/s bf16, slower uniform8), tensors under "
+                        f"4096 values dense (options dense_below, dense_at, bf16_at, "
+                        f"slow=uniform8|topk, fraction) (default {d.compress})")
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="pruning or codec option, e.g. fraction=0.01, k=2, "
                         "error_feedback=false, block=64; a pruner's values through a codec: "
@@ -188,9 +191,10 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     wire = WireSpec.parse(cfg.compress, cfg.compress_options, cfg.pull_compress,
                           cfg.pull_refresh)
-    if (wire.codec is not None or wire.pull_codec is not None) and cfg.dtype != "float32":
-        raise ValueError("codecs (--compress NAME, codec=, --pull-compress) take float32 "
-                         "values: use --dtype float32")
+    if (wire.codec is not None or wire.pull_codec is not None or wire.auto is not None) \
+            and cfg.dtype != "float32":
+        raise ValueError("codecs (--compress NAME or auto, codec=, --pull-compress) take "
+                         "float32 values: use --dtype float32")
     cfg.straggler.model.check_workers(cfg.workers)
     # Only the key space is needed here: a model of 10^9 parameters is not built for it.
     ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)

@@ -8,8 +8,12 @@
     --pull-compress bf16 --pull-refresh 20
                                         pulls as bf16 deltas, a dense pull every 20th
 
+    --compress auto --compress-opt bf16_at=500mbit
+                                        each worker by its --link rate (compression/auto.py)
+
 A `--compress` name is a pruner (compressor) or a codec; pruners take `codec=NAME`. A dense
-codec push keeps what the codec lost in a residual (`error_feedback=false` drops it).
+codec push keeps what the codec lost in a residual (`error_feedback=false` drops it). `auto`
+stays unresolved until a worker knows its link and tensors (`resolve`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from paramserver.compression import CODECS, COMPRESSORS, make_codec, make_compressor
+from paramserver.compression.auto import AutoOptions, AutoPlan, plan
 from paramserver.compression.base import Compressor
 from paramserver.compression.codec import Codec
 
@@ -27,14 +32,15 @@ DEFAULT_PULL_REFRESH = 20
 
 def _known() -> str:
     return (f"pruners: {', '.join(COMPRESSORS.names())}; codecs: "
-            f"{', '.join(CODECS.names())}")
+            f"{', '.join(CODECS.names())}; or auto")
 
 
 @dataclass(frozen=True)
 class WireSpec:
     """pruner (a compressor name, "none": dense) and its options; codec (None: float values
     as they are) and its options; for dense codec pushes, whether a residual keeps the codec's
-    error; the pull codec (None: dense pulls), its options, and the dense-refresh interval."""
+    error; the pull codec (None: dense pulls), its options, and the dense-refresh interval;
+    with `--compress auto`, its thresholds (the push format is then a worker's `resolve`)."""
 
     pruner: str = "none"
     pruner_options: Mapping = field(default_factory=dict)
@@ -44,6 +50,7 @@ class WireSpec:
     pull_codec: str | None = None
     pull_codec_options: Mapping = field(default_factory=dict)
     pull_refresh: int = DEFAULT_PULL_REFRESH
+    auto: AutoOptions | None = None  # `--compress auto`: chosen per worker by `resolve`
 
     def __post_init__(self):
         for name in ("pruner_options", "codec_options", "pull_codec_options"):
@@ -62,7 +69,9 @@ class WireSpec:
         if pull is not None and pull not in CODECS:
             raise ValueError(f"unknown --pull-compress {pull_compress!r}; codecs: "
                              f"{', '.join(CODECS.names())} (or none)")
-        if compress in COMPRESSORS:
+        if compress == "auto":
+            spec = cls(auto=AutoOptions.parse(opts), pull_codec=pull, pull_refresh=pull_refresh)
+        elif compress in COMPRESSORS:
             codec = opts.pop("codec", None)
             codec_opts = {k[len("codec."):]: opts.pop(k) for k in list(opts)
                           if k.startswith("codec.")}
@@ -95,6 +104,21 @@ class WireSpec:
         spec.pull_codec_object()
         return spec
 
+    def resolve(self, rate: float | None, sizes) -> "WireSpec":
+        """The spec a worker pushes with: `auto` chosen for its link's `rate` (bits/s; None:
+        no emulated link) and its tensors' sizes (values each, key order); others as they are."""
+        return self if self.auto is None else self.resolved(self.plan(rate, sizes))
+
+    def plan(self, rate: float | None, sizes) -> AutoPlan:
+        if self.auto is None:
+            raise ValueError("plan() is for --compress auto")
+        return plan(list(sizes), rate, self.auto)
+
+    def resolved(self, chosen: AutoPlan) -> "WireSpec":
+        w = chosen.worker
+        return WireSpec.parse(w.compress, dict(w.options), self.pull_codec or "none",
+                              self.pull_refresh)
+
     @property
     def dense_codec(self) -> bool:
         """Dense pushes through a codec (no pruner)."""
@@ -117,7 +141,10 @@ class WireSpec:
         return make_codec(self.pull_codec, **self.pull_codec_options)
 
     def label(self) -> str:
-        """The push format in a word for metrics: none, bf16, topk, topk+bf16."""
+        """The push format in a word for metrics: none, bf16, topk, topk+bf16 (auto before a
+        worker resolved it)."""
+        if self.auto is not None:
+            return "auto"
         if self.pruner == "none":
             return self.codec or "none"
         return self.pruner if self.codec is None else f"{self.pruner}+{self.codec}"

@@ -12,6 +12,7 @@ from torch import nn
 
 from paramserver.compression.wire import WireSpec
 from paramserver.compression.ranges import RangeAccumulator, make_plan
+from paramserver.emulation.links import link_for
 from paramserver.models import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, resolve_device
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
@@ -80,8 +81,12 @@ class StepLoop:
             self.model, self.sampler, TableRows(kv, table))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
+        # `--compress auto` is chosen here, once: by this worker's emulated link and the
+        # sizes of the model's tensors (compression/auto.py).
+        link = link_for(job.links, "w", kv.rank)
         self.wire = WireSpec.parse(task.compress, task.compress_options, task.pull_compress,
-                                   task.pull_refresh)
+                                   task.pull_refresh).resolve(
+            None if link is None else link.rate, [p.keys.size for p in self.keys.params])
         self.compressor = self.wire.compressor()  # None: the dense buffer as it is
         self.codec = WireValues(self.wire, self.keys.num_keys)
         self.plan = make_plan(task.push_range, self.keys.num_keys,

@@ -1,0 +1,130 @@
+"""`--compress auto` (compression/auto.py): the per-tensor, per-link table, its options, the
+worker's resolved wire spec, and one short live job with a slow and a fast worker."""
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from paramserver.compression.auto import AutoOptions, Choice, choose_tensor, plan, tier
+from paramserver.compression.wire import WireSpec
+from paramserver.emulation.links import LinkTable
+from paramserver.runlog.metrics import read_records
+
+# The documented table (auto.py's docstring, --help), written out by hand: what a tensor of
+# at least 4096 values pushes on a link of each rate (bits/s; None: no --link).
+RATES = {None: "none", math.inf: "none", 40e9: "none", 10e9: "none", 9.99e9: "bf16",
+         5e9: "bf16", 1e9: "bf16", 999_999_999.0: "uniform8", 100e6: "uniform8",
+         10e6: "uniform8", 1.0: "uniform8"}
+SIZES = {0: False, 1: False, 10: False, 4095: False, 4096: True, 4097: True, 8192: True,
+         10**7: True}  # size -> is it large (>= 4096 values)
+
+
+@pytest.mark.parametrize("rate, size", list(itertools.product(RATES, SIZES)))
+def test_each_tensor_by_size_and_link_matches_the_documented_table(rate, size):
+    got = choose_tensor(size, rate, AutoOptions()).label()
+    assert got == (RATES[rate] if SIZES[size] else "none")
+
+
+@pytest.mark.parametrize("rate", list(RATES))
+def test_slow_topk_sends_top_k_with_bf16_values_below_1_gbit(rate):
+    o = AutoOptions(slow="topk", fraction=0.05)
+    want = {"uniform8": "topk+bf16"}.get(RATES[rate], RATES[rate])
+    assert choose_tensor(8192, rate, o).label() == want
+    if want == "topk+bf16":
+        assert choose_tensor(8192, rate, o) == Choice("topk", (("fraction", 0.05),
+                                                               ("codec", "bf16")))
+
+
+def test_a_worker_pushes_its_large_tensors_format_and_dense_with_none_large():
+    mlp = [8192, 128, 1280, 10]  # the digits MLP's tensors
+    p = plan(mlp, 100e6, AutoOptions())
+    assert [c.label() for c in p.tensors] == ["uniform8", "none", "none", "none"]
+    assert (p.tier, p.worker.label()) == ("slow", "uniform8")
+    assert plan([10, 4000], 100e6, AutoOptions()).worker.label() == "none"
+    assert plan([], 100e6, AutoOptions()).worker.label() == "none"
+    assert plan(mlp, 2e9, AutoOptions()).worker.label() == "bf16"
+    assert plan(mlp, None, AutoOptions()).tier == "dense"
+
+
+def test_thresholds_are_options_with_units():
+    o = AutoOptions.parse({"dense_below": 100, "dense_at": "1gbit", "bf16_at": "100mbit"})
+    assert (o.dense_at, o.bf16_at) == (1e9, 100e6)
+    assert [tier(r, o) for r in (2e9, 1e9, 5e8, 100e6, 99e6)] == [
+        "dense", "dense", "bf16", "bf16", "slow"]
+    assert choose_tensor(100, 50e6, o).label() == "uniform8"
+    assert choose_tensor(99, 50e6, o).label() == "none"
+    assert AutoOptions.parse({"bf16_at": 5e8}).bf16_at == 5e8
+
+
+@pytest.mark.parametrize("opts, words", [
+    ({"nope": 1}, "unknown option.*nope.*known: dense_below"),
+    ({"dense_below": -1}, "dense_below"),
+    ({"dense_below": 1.5}, "dense_below must be an integer"),
+    ({"bf16_at": "fast"}, "bf16_at|link rate|rate"),
+    ({"dense_at": 0}, "dense_at"),
+    ({"bf16_at": "20gbit"}, "must not exceed dense_at"),
+    ({"slow": "gzip"}, "slow must be one of uniform8, topk"),
+    ({"fraction": 0}, "fraction"),
+    ({"fraction": "a lot"}, "fraction must be a number"),
+])
+def test_bad_options_say_what_is_wrong(opts, words):
+    with pytest.raises(ValueError, match=words):
+        WireSpec.parse("auto", opts)
+
+
+def test_auto_resolves_per_worker_from_the_jobs_links():
+    links = LinkTable.parse(["w=100mbit", "w1=5gbit", "w2=unlimited"])
+    spec = WireSpec.parse("auto", {}, "bf16", 5)
+    assert spec.label() == "auto" and spec.compressor() is None and spec.push_codec() is None
+    mlp = [8192, 128, 1280, 10]
+    got = {}
+    for rank in range(4):
+        link = links.link_for("w", rank)
+        got[rank] = spec.resolve(None if link is None else link.rate, mlp)
+    assert {r: w.label() for r, w in got.items()} == {
+        0: "uniform8", 1: "bf16", 2: "none", 3: "uniform8"}
+    assert got[0].push_codec().name == "uniform8" and got[1].push_codec().name == "bf16"
+    assert got[2].compressor() is None and got[2].push_codec() is None
+    # Pulls are --pull-compress's, whatever auto chose.
+    assert all((w.pull_codec, w.pull_refresh) == ("bf16", 5) for w in got.values())
+    topk = WireSpec.parse("auto", {"slow": "topk"}).resolve(1e6, mlp)
+    assert topk.label() == "topk+bf16" and topk.compressor().codec.name == "bf16"
+    assert WireSpec.parse("bf16").resolve(1e6, mlp).label() == "bf16"  # not auto: as it is
+
+
+def test_live_a_slow_linked_worker_compresses_and_a_fast_one_does_not(tmp_path):
+    out = tmp_path / "auto"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
+         "--steps", "4", "--eval-interval", "0", "--compress", "auto", "--link",
+         "w1=100mbit", "--out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [r for r in read_records(out / "metrics.jsonl") if r["kind"] == "step"]
+    dense = 4 * json.loads((out / "job.json").read_text())["num_keys"]
+    by_worker = {w: [r for r in steps if r["worker"] == w] for w in (0, 1)}
+    assert all(len(v) == 4 for v in by_worker.values())
+    for r in by_worker[0]:
+        assert (r["push_codec"], r["push_bytes"]) == ("none", dense)
+    for r in by_worker[1]:
+        assert r["push_codec"] == "uniform8" and r["push_bytes"] < dense / 3, r
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["push_codecs"] == ["none", "uniform8"]
+
+
+def test_defaults_are_the_ones_help_and_docs_state():
+    import argparse
+
+    from paramserver.cli.main import build_parser
+    o = AutoOptions()
+    assert (o.dense_below, o.dense_at, o.bf16_at, o.slow, o.fraction) == (
+        4096, 10e9, 1e9, "uniform8", 0.01)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = next(a.help for a in sub.choices["train"]._actions if "--compress" in a.option_strings)
+    for words in ("auto", ">= 10 Gbit/s", ">= 1 Gbit/s bf16", "slower uniform8", "under 4096"):
+        assert words in text, text
