@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -123,3 +125,26 @@ def join_all(procs, timeout: float = 120.0) -> list[int | None]:
             p.join(5)
         codes.append(p.exitcode)
     return codes
+
+
+def train_side_by_side(root: Path, runs: dict[str, list[str]], timeout: float = 300.0
+                       ) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """`paramserver train ARGS --out root/NAME --quiet` for every NAME: ARGS at once (most of
+    each run is process start-up, which overlaps); {name: (run folder, finished process)}.
+    Every child is reaped, killed if the wait ran out."""
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "paramserver", "train", *args, "--out", str(root / name),
+         "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, args in runs.items()}
+    done = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=timeout)
+            done[name] = (root / name,
+                          subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return done

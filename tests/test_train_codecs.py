@@ -2,8 +2,6 @@
 and codec in every step record, and training close to the dense run."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ from paramserver.compression import make_codec
 from paramserver.compression.wire import WireSpec
 from paramserver.runlog.metrics import read_records
 from paramserver.training.train_task import WireValues
+from ps_helpers import train_side_by_side
 
 
 # ---- the flags, parsed ------------------------------------------------------------------------
@@ -74,22 +73,11 @@ def test_codec_catalog_matches_the_registry():
 
 # ---- live --------------------------------------------------------------------------------------
 def _train(root, runs: dict) -> dict:
-    procs = {name: subprocess.Popen(
-        [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
-         *a, "--out", str(root / name), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name, a in runs.items()}
-    done = {}
-    try:
-        for name, proc in procs.items():
-            _, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, err[-2000:]
-            done[name] = root / name
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    return done
+    done = train_side_by_side(
+        root, {name: ["--sync", "bsp", "--workers", "2", *a] for name, a in runs.items()}, 240)
+    for out, proc in done.values():
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return {name: out for name, (out, _) in done.items()}
 
 
 def test_bf16_pushes_and_delta_pulls_put_half_the_bytes_on_the_wire(tmp_path):

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from paramserver.runlog.metrics import read_records
+from ps_helpers import train_side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -17,21 +18,7 @@ def runs(tmp_path_factory):
                     "--eval-interval", "0.5"],
             "topk": ["--sync", "bsp", "--workers", "2", "--servers", "2", "--epochs", "8",
                      "--compress", "topk", "--compress-opt", "fraction=0.01"]}
-    procs = {name: subprocess.Popen(
-        [sys.executable, "-m", "paramserver", "train", *a, "--out", str(root / name), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name, a in args.items()}
-    done = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
-            done[name] = (root / name, subprocess.CompletedProcess(proc.args, proc.returncode,
-                                                                   out, err))
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    return done
+    return train_side_by_side(root, args)
 
 
 @pytest.fixture(scope="module")
