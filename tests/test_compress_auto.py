@@ -4,8 +4,6 @@ worker's resolved wire spec, and one short live job with a slow and a fast worke
 import itertools
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +11,7 @@ from paramserver.compression.auto import AutoOptions, Choice, choose_tensor, pla
 from paramserver.compression.wire import WireSpec
 from paramserver.emulation.links import LinkTable
 from paramserver.runlog.metrics import read_records
+from ps_helpers import train_side_by_side
 
 # The documented table (auto.py's docstring, --help), written out by hand: what a tensor of
 # at least 4096 values pushes on a link of each rate (bits/s; None: no --link).
@@ -97,12 +96,9 @@ def test_auto_resolves_per_worker_from_the_jobs_links():
 
 
 def test_live_a_slow_linked_worker_compresses_and_a_fast_one_does_not(tmp_path):
-    out = tmp_path / "auto"
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
-         "--steps", "4", "--eval-interval", "0", "--compress", "auto", "--link",
-         "w1=100mbit", "--out", str(out), "--quiet"],
-        capture_output=True, text=True, timeout=120)
+    out, proc = train_side_by_side(tmp_path, {"auto": [
+        "--sync", "bsp", "--workers", "2", "--steps", "4", "--eval-interval", "0",
+        "--compress", "auto", "--link", "w1=100mbit"]}, timeout=120)["auto"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [r for r in read_records(out / "metrics.jsonl") if r["kind"] == "step"]
     dense = 4 * json.loads((out / "job.json").read_text())["num_keys"]
