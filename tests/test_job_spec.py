@@ -91,6 +91,16 @@ def test_round_trip_through_the_dict_and_json():
     assert spec.workers == 3
 
 
+def test_task_fields_added_since_version_1_are_written_only_when_set():
+    """A job that uses none of them writes the task an older reader takes; one that does
+    writes them and reads them back."""
+    added = {"device", "pull_compress", "pull_refresh"}
+    assert not added & set(JobSpec().to_dict()["task"])
+    task = TaskSpec(device="cuda", pull_compress="bf16", pull_refresh=5)
+    d = JobSpec(task=task).to_dict()
+    assert added <= set(d["task"]) and JobSpec.from_dict(d).task == task
+
+
 def test_the_spec_is_frozen():
     spec = full_spec()
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -454,8 +454,12 @@ class JobSpec:
                "links": self.links.to_dict(),
                "checkpoint": None if self.checkpoint is None else _plain(self.checkpoint),
                "task": _plain(self.task)}
-        if out["task"]["device"] == "cpu":  # left out: job files of cpu jobs read as before
-            del out["task"]["device"]
+        # Fields added since version 1 are left out at their defaults, so the job files of
+        # jobs that do not use them read as before (an older coordinator or tool takes them).
+        for key, default in (("device", "cpu"), ("pull_compress", "none"),
+                             ("pull_refresh", TaskSpec.pull_refresh)):
+            if out["task"][key] == default:
+                del out["task"][key]
         if self.resume is not None:
             out["resume"] = _plain(self.resume)
         if self.tables:  # (left out when empty: job files of dense jobs read as before)
