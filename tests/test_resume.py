@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver.runlog.checkpoint import latest, read_part
+from ps_helpers import train_side_by_side
 
 COMMON = ["--sync", "bsp", "--workers", "2", "--dtype", "float64", "--batch-size", "16",
           "--eval-interval", "0", "--quiet", "--seed", "3"]
@@ -27,20 +28,11 @@ def runs(tmp_path_factory):
     uninterrupted run serves checkpoints every 10 and every 15 rounds."""
     root = tmp_path_factory.mktemp("resume")
     plans = {"straight": ("40", "10"), "stopped-15": ("25", "15"), "stopped-10": ("25", "10")}
-    procs = {name: subprocess.Popen(
-        [sys.executable, "-m", "paramserver", "train", *COMMON, "--steps", steps,
-         "--checkpoint-every", every, "--out", str(root / name)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for name, (steps, every) in plans.items()}
-    try:
-        for name, proc in procs.items():
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, f"{name}: {err[-3000:]}"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    done = train_side_by_side(root, {
+        name: [*COMMON, "--steps", steps, "--checkpoint-every", every]
+        for name, (steps, every) in plans.items()})
+    for name, (_, proc) in done.items():
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
     return root
 
 
