@@ -89,5 +89,5 @@ def test_a_role_given_a_join_file_reads_the_address_once_written_or_gives_up_nam
     try:
         assert roles._join(args) == "tcp://127.0.0.1:5555"
     finally:
-        writer.join()
+        writer.join(10)
     assert roles._join(argparse.Namespace(join="tcp://h:1", join_file=None)) == "tcp://h:1"
