@@ -113,6 +113,7 @@ NO_STEP = """
 """
 
 
+@pytest.mark.slow  # a 3-rank launch; the default suite keeps the verdict's own test above
 def test_ranks_that_join_but_never_step_are_named_and_nobody_waits_for_them(tmp_path):
     # A heartbeat timeout far above the test's time: rank 0 finishing shows that the ranks
     # that left were not waited for.
