@@ -178,11 +178,12 @@ TOL = 0.15
 def live_runs(tmp_path_factory):
     """One BSP and one ASP run, side by side: most of each run is process start-up (imports
     on a 2-core machine), so together they take little more than one. Sharing the cores
-    disturbs their timing, but the replay takes the recorded times, disturbed or not."""
+    disturbs their timing, but the replay takes the recorded times, disturbed or not. No
+    evaluator: the replay reads steps and the coordinator's log, never an evaluation."""
     root = tmp_path_factory.mktemp("live")
     procs = {sync: subprocess.Popen(
         [sys.executable, "-m", "paramserver", "train", "--sync", sync, "--workers", "3",
-         "--epochs", "3", "--device-time", "1ms", "--straggler", "1:3", "--eval-interval", "1",
+         "--epochs", "3", "--device-time", "1ms", "--straggler", "1:3", "--eval-interval", "0",
          "--out", str(root / sync), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True) for sync in ("bsp", "asp")}
     for sync, proc in procs.items():
