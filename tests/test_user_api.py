@@ -60,14 +60,49 @@ with paramserver.DistributedOptimizer(model) as opt:
 
 
 def launch(tmp_path, script: str, *flags: str, timeout: float = 120) -> tuple:
-    path = tmp_path / "user.py"
-    path.write_text(textwrap.dedent(script))
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "launch", "--out", str(out), *flags,
-         "--timeout", str(timeout), "--", sys.executable, str(path), str(tmp_path)],
-        capture_output=True, text=True, timeout=timeout + 60)
-    return proc, out
+    return launch_side_by_side({"run": (tmp_path, script, flags, timeout)})["run"]
+
+
+def launch_side_by_side(runs: dict[str, tuple]) -> dict[str, tuple]:
+    """`paramserver launch FLAGS -- python user.py FOLDER` for every NAME: (FOLDER, SCRIPT,
+    FLAGS, TIMEOUT) at once (most of each job is process start-up, which overlaps);
+    {name: (finished process, its run folder)}. Every launcher is reaped, killed if its wait
+    ran out."""
+    started = {}
+    for name, (folder, script, flags, timeout) in runs.items():
+        path = folder / "user.py"
+        path.write_text(textwrap.dedent(script))
+        started[name] = subprocess.Popen(
+            [sys.executable, "-m", "paramserver", "launch", "--out", str(folder / "run"),
+             *flags, "--timeout", str(timeout), "--", sys.executable, str(path), str(folder)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = {}
+    try:
+        for name, proc in started.items():
+            out, err = proc.communicate(timeout=runs[name][3] + 60)
+            done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+                          runs[name][0] / "run")
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return done
+
+
+@pytest.fixture(scope="module")
+def loader_and_crash(tmp_path_factory):
+    """The DataLoader job and the job whose rank raises, side by side; {name: (finished
+    launcher, run folder, the folder the script wrote to)}."""
+    runs = {"loader": (LOADER_SCRIPT, ("--workers", "2", "--batch-size", "8", "--steps", "9"),
+                       120),
+            # BSP waits for every member: the failed rank must leave (not be timed out) for
+            # rank 0 to go.
+            "crash": (CRASH_SCRIPT, ("--workers", "2", "--steps", "10",
+                                     "--heartbeat-timeout", "60"), 50)}
+    folders = {name: tmp_path_factory.mktemp(name) for name in runs}
+    done = launch_side_by_side({name: (folders[name], *run) for name, run in runs.items()})
+    return {name: (*done[name], folders[name]) for name in runs}
 
 
 def test_lbbsp_shrinks_a_user_scripts_straggler_batch(tmp_path):
@@ -87,9 +122,8 @@ def test_lbbsp_shrinks_a_user_scripts_straggler_batch(tmp_path):
     assert slow[0]["batch"] == fast[0] == 32
 
 
-def test_batch_sampler_over_a_dataloader_in_a_launched_job(tmp_path):
-    proc, _ = launch(tmp_path, LOADER_SCRIPT, "--workers", "2", "--batch-size", "8",
-                     "--steps", "9")
+def test_batch_sampler_over_a_dataloader_in_a_launched_job(loader_and_crash):
+    proc, _, tmp_path = loader_and_crash["loader"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = [json.loads((tmp_path / f"seen-{r}.json").read_text()) for r in (0, 1)]
     assert all(s["size"] == 2 for s in seen)
@@ -187,10 +221,8 @@ print(f"rank {opt.rank} finished")
 """
 
 
-def test_a_rank_that_raises_leaves_at_once_and_the_others_finish(tmp_path):
-    # BSP waits for every member: the failed rank must leave (not be timed out) for rank 0 to go.
-    proc, out = launch(tmp_path, CRASH_SCRIPT, "--workers", "2", "--steps", "10",
-                       "--heartbeat-timeout", "60", timeout=50)
+def test_a_rank_that_raises_leaves_at_once_and_the_others_finish(loader_and_crash):
+    proc, out, _ = loader_and_crash["crash"]
     assert proc.returncode == 1 and "bad batch on purpose" in proc.stderr
     left = {r["worker"]: r["reason"] for r in read_records(out / "metrics.jsonl")
             if r["kind"] == "left"}
