@@ -118,6 +118,23 @@ def _servers(text: str) -> int | str:
 servers = _typed(_servers, "servers")
 
 
+def _workers(text: str):
+    from paramserver.spec.job import WorkerCount
+    return WorkerCount.parse(text)
+
+
+# N, or MIN:MAX for an elastic job (spec/job.py WorkerCount).
+workers = _typed(_workers, "workers")
+
+
+def _batch_rule(text: str) -> str:
+    from paramserver.policies.batch_rule import BatchRule
+    return BatchRule.parse(text, 1, 1).text()
+
+
+batch_rule = _typed(_batch_rule, "batch rule")
+
+
 def checked_text(parser: Callable) -> Callable:
     """A flag whose value stays text for a config that stores text (SimConfig): checked here
     with the shared grammar, so a bad value fails at the flag, not inside the run."""

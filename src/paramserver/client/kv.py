@@ -169,6 +169,7 @@ class KVWorker:
         # `layout` (core.layout's wire form): the coordinator refuses a model unlike the job's.
         welcome = self.session.register(role, num_keys, want_rank=_launch_rank(), layout=layout)
         self.rank: int = welcome["rank"]
+        self.left: str | None = None  # why this worker left the job (bye or leave), once it has
         self.job: dict = welcome["job"]  # the welcome's job as it came (user scripts read it)
         self.spec: WorkerJob = WorkerJob.from_dict(self.job)  # parsed once, typed
         settings = WorkerSettings.of(self.spec)
@@ -719,12 +720,14 @@ class KVWorker:
                              self.dtype)
 
     # ---- the step protocol ----------------------------------------------------------------------
-    def start(self) -> Release | None:
+    def start(self, data_len: int | None = None) -> Release | None:
         """Tell the coordinator this worker is ready; blocks until the policy releases step 0.
 
-        An observer's start returns None at once: it only marks it ready.
+        An observer's start returns None at once: it only marks it ready. `data_len`: the
+        training set's size, which an elastic job's worker gives (its releases then name the
+        samples to train on: `drawn`).
         """
-        reply = self.session.start()
+        reply = self.session.start(data_len)
         if reply.op == "ok":
             return None
         self.core.released(reply)
@@ -749,6 +752,21 @@ class KVWorker:
         self.core.released(self.session.clock(fields, while_waiting))
         return self.core.take_release()
 
+    def leave(self, step: int, batch: int, compute_time: float, record: dict | None = None,
+              reason: str = "preempted") -> None:
+        """Report step `step` done and leave the job in one message (a preempted worker: its
+        push is acknowledged, its step counts, nothing is rolled back); no bye after it."""
+        fields = {"step": step, "batch": batch, "compute_time": float(compute_time)}
+        if record:
+            fields["record"] = record
+        self.session.leave(fields, reason)
+        self.left = reason
+
+    @property
+    def drawn(self) -> list | None:
+        """The samples the last release names ([[epoch, lo, hi], ...]; elastic jobs), or None."""
+        return self.core.drawn
+
     def status(self) -> dict:
         """The coordinator's view of the job (samples done, members, whether workers are done)."""
         return self.session.status()
@@ -759,6 +777,7 @@ class KVWorker:
 
     def bye(self, reason: str = "done") -> None:
         self.session.bye(reason)
+        self.left = reason
 
     def close(self) -> None:
         self.session.close()

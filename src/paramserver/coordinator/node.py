@@ -51,12 +51,12 @@ def _register(msg: Message, now: float, to, link) -> Registered:
 def _clock(msg: Message, now: float, to, link) -> Clocked:
     f = msg.fields
     return Clocked(msg.src, f["step"], f["batch"], float(f["compute_time"]), now, to,
-                   f.get("cpu_load"), f.get("free_mem"), f.get("record"))
+                   f.get("cpu_load"), f.get("free_mem"), f.get("record"), f.get("leave"))
 
 
 EVENTS = {
     "clock": _clock,
-    "start": lambda msg, now, to, link: Started(msg.src, now, to),
+    "start": lambda msg, now, to, link: Started(msg.src, now, to, msg.get("data_len")),
     "heartbeat": lambda msg, now, to, link: Heartbeat(msg.src, now, to, link,
                                                       msg.get("counters")),
     "register": _register,
@@ -212,6 +212,8 @@ class CoordinatorNode:
             fields["stop"] = True
         if i.scale != 1.0:
             fields["scale"] = float(i.scale)
+        if i.samples is not None:
+            fields["samples"] = i.samples
         ident, rid = i.to
         rpc.send(self.sock, Message("release", fields, rid=rid, src="coord"), ident)
 

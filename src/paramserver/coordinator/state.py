@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
+from paramserver.coordinator.elastic import Elastic
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
@@ -49,10 +50,15 @@ class CoordinatorState:
         self.job = job
         limits, ckpt = job.limits, job.checkpoint
         policy = make_policy(job.sync.name, job.batch_size, **job.sync.options)
-        self.host = PolicyHost(policy, job.max_samples or None)
+        self.host = PolicyHost(policy, job.max_samples or None,
+                               batch_rule=job.batch_rule_spec() if job.elastic else None)
         self.round_mode = policy.apply_mode == "round"
         self.members = Membership(job.servers, job.workers, job.num_keys,
-                                  limits.heartbeat_timeout, limits.start_grace, job.layer_edges)
+                                  limits.heartbeat_timeout, limits.start_grace, job.layer_edges,
+                                  elastic=job.elastic)
+        # An elastic job (--workers MIN:MAX): the wait below MIN and the sample ledger.
+        self.elastic = Elastic(job.min_workers, job.workers, limits.start_timeout) \
+            if job.elastic else None
         self.budget = Budget(job.max_seconds or None)
         self.schedule = CheckpointSchedule(
             None if ckpt is None else str(PurePath(ckpt.dir)),
@@ -78,8 +84,8 @@ class CoordinatorState:
             self.budget.worker_samples = {int(k): v for k, v in resume["worker_samples"].items()}
             self.schedule.last_count = self.progress
             elapsed = float(resume.get("elapsed_s", 0.0))
-        self.barrier = StartBarrier(job.workers, bool(job.eval_interval), limits.start_timeout,
-                                    elapsed)
+        self.barrier = StartBarrier(job.min_workers or job.workers, bool(job.eval_interval),
+                                    limits.start_timeout, elapsed)
         self.end = EndOfJob(limits.observer_grace)
         self.failure: str | None = None
         self.finished = False
@@ -110,7 +116,8 @@ class CoordinatorState:
         budget = self.budget
         if not budget.closed and (budget.max_seconds or self.host.stopping):
             self._check_budget(now, out)
-        if self.barrier.open and not self.members.roster.workers:
+        if self.barrier.open and not self.members.roster.workers and not (
+                self.elastic is not None and self.elastic.paused and not self.host.stopping):
             self._check_finished(now, out)
         return out
 
@@ -153,6 +160,10 @@ class CoordinatorState:
         t = self.recovery.next_deadline(self.members.roster.servers)
         if t is not None and (due is None or t < due):
             due = t
+        if self.elastic is not None:
+            t = self.elastic.next_deadline()
+            if t is not None and (due is None or t < due):
+                due = t
         if self.takeback is not None:
             t = min(self.takeback.deadline, self.takeback_fails_at)
             if due is None or t < due:
@@ -365,12 +376,20 @@ class CoordinatorState:
         if self.takeback is not None:
             self.takeback.defer(e)
             return
+        if self.elastic is not None and not member.started:
+            self.elastic.check_data(e.data_len)  # refused: it never starts
         member.last_seen, member.waiting, member.started = now, e.to, True
         if member.ready is not None:
             ready, member.ready = member.ready, None
             self._deliver(ready, out, refill=True)
         elif self.barrier.open:
-            self._apply(self.host.joined(member.rank, now), now, out)
+            elastic = self.elastic
+            if elastic is not None:
+                out.append(AppendEvent(now, "worker_joined", {
+                    "worker": member.rank, "src": e.src, "workers": self._started(),
+                    "round": self.host.rounds_applied, "samples": self.host.samples_done}))
+                self._resume_if_enough(now, out)
+            self._apply(self.host.joined(member.rank, now, late=elastic is not None), now, out)
 
     def _on_clocked(self, e: Clocked, out: list) -> None:
         member = self.members.worker(e.src)
@@ -388,6 +407,10 @@ class CoordinatorState:
                                        again.round_size, again.stop, again.scale))
             return
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
+        if e.leave is not None:
+            # Its last step: counted as any, then it is gone; a release the policy makes for
+            # it now is kept back (never sent: the answer is "ok") and dropped with it.
+            member.waiting = None
         if member.behind is not None and self._caught_up(member, e, out):
             return
         budget = self.budget
@@ -396,12 +419,17 @@ class CoordinatorState:
         decisions = self.host.pushed(Pushed(member.rank, e.step - member.offset, now, e.batch,
                                             e.compute_time, e.cpu_load, e.free_mem))
         budget.count(member.rank, e.batch)
+        if self.elastic is not None:
+            self.elastic.clocked(member.rank, now, out)
         self._apply(decisions, now, out)
         if e.record is not None and self.barrier.t_start is not None:
             # After the releases: the log line is off their path.
             out.append(AppendMetric(now - self.barrier.t_start, {
                 "kind": "step", "worker": member.rank, "step": e.step, "batch": e.batch,
                 **e.record}))
+        if e.leave is not None:
+            out.append(Reply(e.to, "ok", _OK))
+            self._drop_worker(e.src, e.leave, now, out)
         if self.checkpoints:
             self._maybe_checkpoint(now, out)
 
@@ -458,6 +486,10 @@ class CoordinatorState:
         if member.waiting is None:
             member.ready = d  # decided before the worker asked for it
             return
+        elastic = self.elastic
+        if elastic is not None and elastic.paused and not d.stop:
+            elastic.hold(d)  # fewer than MIN workers: nobody steps until enough are back
+            return
         if refill:  # it waited for its worker: what it must say is what holds now
             host = self.host
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
@@ -466,6 +498,8 @@ class CoordinatorState:
         member.last_release = release = SendRelease(
             member.waiting, d.step + member.offset, d.batch_size, d.min_version, d.round_size,
             d.stop, d.scale)
+        if elastic is not None and not d.stop:
+            release.samples = elastic.lend(d.worker, d.batch_size)
         out.append(release)
         member.waiting = None
 
@@ -606,6 +640,8 @@ class CoordinatorState:
                     "msg": f"all {self.job.workers} worker ranks of this job are taken",
                     "code": "refused"}))
         failure = self.recovery.check(now, members.roster.servers, out)
+        if failure is None and self.elastic is not None:
+            failure = self.elastic.check(now, out)
         if failure is not None:
             self._fail(failure, now, out)
         if not late:
@@ -625,7 +661,12 @@ class CoordinatorState:
     def _drop_worker(self, src: str, reason: str, now: float, out: list) -> None:
         members = self.members
         member = members.drop_worker(src, reason)
-        out.append(AppendEvent(now, "worker_left", {"worker": member.rank, "reason": reason}))
+        left = {"worker": member.rank, "reason": reason}
+        elastic = self.elastic
+        if elastic is not None:
+            left["samples_returned"] = elastic.left(member.rank)
+            left["workers"] = self._started()
+        out.append(AppendEvent(now, "worker_left", left))
         self._metric(now, {"kind": "left", "worker": member.rank, "reason": reason}, out)
         if member.started and self.barrier.open:
             # A release still held for this rank must not reach a newcomer that takes it.
@@ -634,6 +675,18 @@ class CoordinatorState:
             self.barrier.lost_before_start += 1
         if members.rank_waiters:
             self._admit(self._register_worker, members.rank_waiters.pop(0)[0], now, out)
+        if elastic is not None and self.barrier.open and not self.host.stopping:
+            elastic.below_min(self._started(), now, out)
+
+    # ---- elastic workers ------------------------------------------------------------------------
+    def _started(self) -> int:
+        """Workers that are training (started), the count an elastic job keeps >= MIN."""
+        return sum(1 for m in self.members.roster.workers.values() if m.started)
+
+    def _resume_if_enough(self, now: float, out: list) -> None:
+        """Enough workers again: the releases held while below MIN go out."""
+        for d in self.elastic.enough(self._started(), now, out):
+            self._deliver(d, out)
 
     # ---- coordinator recovery -------------------------------------------------------------------
     def _check_takeback(self, now: float, out: list) -> None:
