@@ -72,7 +72,7 @@ class PolicyHost:
         # An elastic job's global-batch rule (None: every release as the policy made it). On
         # each join and leave the host works out the new terms, tells the policy the global
         # batch, notes them ("batch_rule") and sets each release's batch and scale by them.
-        self.batch_rule = None if batch_rule is None or batch_rule.changes_nothing else batch_rule
+        self.batch_rule = batch_rule
         self.batch_terms: BatchTerms | None = None
         self._batch_of: dict[int, int] = {}
 
