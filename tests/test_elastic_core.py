@@ -339,3 +339,39 @@ def test_worker_count_and_the_job_fields():
         JobSpec(workers=3, batch_rule="linear")
     with pytest.raises(JobSpecError, match="min_workers"):
         JobSpec(workers=3, min_workers=4)
+
+
+# ---- the report's timeline and the console -----------------------------------------------------
+
+def test_membership_timeline_reads_the_changes_in_training_seconds():
+    from paramserver.report.timeline import membership_timeline
+    events = [{"t": 1.0, "event": "start"}, {"t": 3.0, "event": "barrier_open", "workers": 2},
+              {"t": 4.0, "event": "apply_round", "step": 0},
+              {"t": 5.5, "event": "worker_joined", "worker": 2, "round": 9, "workers": 3},
+              {"t": 6.0, "event": "worker_left", "worker": 0, "reason": "preempted",
+               "samples_returned": 0, "workers": 2},
+              {"t": 6.0, "event": "waiting_for_workers", "workers": 2, "min_workers": 3},
+              {"t": 7.0, "event": "worker_left", "worker": 1, "reason": "done"},
+              "not a record", {"t": 0.5, "event": "restart"},
+              {"t": 1.0, "event": "taken_back", "servers": 1, "workers": 2, "round": 12}]
+    rows = membership_timeline(events)
+    assert [(r.t, r.kind) for r in rows] == [
+        (2.5, "worker_joined"), (3.0, "worker_left"), (3.0, "waiting_for_workers"),
+        (5.0, "taken_back")]  # the restarted coordinator's clock goes on from the last event
+    assert rows[1].text == "worker 0 left: preempted (2 training)"
+
+
+def test_the_progress_line_says_when_the_job_waits(tmp_path):
+    from paramserver.runlog.progress import MetricsTail
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "membership", "change": "joined", "worker": 2, "workers": 3}\n'
+                    '{"kind": "membership", "change": "waiting", "workers": 1, '
+                    '"min_workers": 2}\n')
+    tail = MetricsTail(path)
+    tail.poll()
+    assert "WAITING for workers: 1 training, fewer than the minimum 2" in tail.describe()
+    assert tail.notices[0] == "worker 2 joined: 3 training"
+    with open(path, "a") as f:
+        f.write('{"kind": "membership", "change": "back", "workers": 2}\n')
+    tail.poll()
+    assert tail.describe().endswith("workers 2") and tail.notices[-1].startswith("training again")

@@ -63,16 +63,17 @@ class Elastic:
         return 0 if self.ledger is None else self.ledger.give_back(worker)
 
     # ---- the wait below MIN ---------------------------------------------------------------------
-    def below_min(self, started: int, now: float, out: list) -> None:
-        """After a leave: with fewer than MIN training, the job waits."""
+    def below_min(self, started: int, now: float, out: list) -> bool:
+        """After a leave: with fewer than MIN training, the job waits (True if it starts to)."""
         if started >= self.min_workers or self.paused:
-            return
+            return False
         self.paused_since = now
         out.append(AppendEvent(now, "waiting_for_workers", {
             "workers": started, "min_workers": self.min_workers}))
         out.append(Warn(f"elastic job: {started} worker(s) left, fewer than the minimum "
                         f"{self.min_workers}; training waits for workers to join (paramserver "
                         f"worker --join ADDR), up to {self.wait_limit:.0f} s"))
+        return True
 
     def hold(self, release: Release) -> None:
         self._held.append(release)

@@ -388,6 +388,8 @@ class CoordinatorState:
                 out.append(AppendEvent(now, "worker_joined", {
                     "worker": member.rank, "src": e.src, "workers": self._started(),
                     "round": self.host.rounds_applied, "samples": self.host.samples_done}))
+                self._metric(now, {"kind": "membership", "change": "joined",
+                                   "worker": member.rank, "workers": self._started()}, out)
                 self._resume_if_enough(now, out)
             self._apply(self.host.joined(member.rank, now, late=elastic is not None), now, out)
 
@@ -676,7 +678,10 @@ class CoordinatorState:
         if members.rank_waiters:
             self._admit(self._register_worker, members.rank_waiters.pop(0)[0], now, out)
         if elastic is not None and self.barrier.open and not self.host.stopping:
-            elastic.below_min(self._started(), now, out)
+            if elastic.below_min(self._started(), now, out):
+                self._metric(now, {"kind": "membership", "change": "waiting",
+                                   "workers": self._started(),
+                                   "min_workers": elastic.min_workers}, out)
 
     # ---- elastic workers ------------------------------------------------------------------------
     def _started(self) -> int:
@@ -685,8 +690,14 @@ class CoordinatorState:
 
     def _resume_if_enough(self, now: float, out: list) -> None:
         """Enough workers again: the releases held while below MIN go out."""
-        for d in self.elastic.enough(self._started(), now, out):
+        elastic = self.elastic
+        if not elastic.paused:
+            return
+        for d in elastic.enough(self._started(), now, out):
             self._deliver(d, out)
+        if not elastic.paused:
+            self._metric(now, {"kind": "membership", "change": "back",
+                               "workers": self._started()}, out)
 
     # ---- coordinator recovery -------------------------------------------------------------------
     def _check_takeback(self, now: float, out: list) -> None:
