@@ -96,3 +96,42 @@ def test_workers_join_and_one_is_preempted(tmp_path, sync):
         rules = [e for e in log if e["event"] == "batch_rule"]
         assert {e["global_batch"] for e in rules if e["workers"]} == {2 * cfg.batch_size}
         assert [e["workers"] for e in rules] == [2, 3, 4, 3, 2, 1, 0][:len(rules)]
+
+
+@pytest.mark.slow
+def test_a_launched_scripts_elastic_job(tmp_path):
+    """`launch --workers 2:3 -- python examples/train_my_model.py`: a third copy joins by hand,
+    one launched copy is sent SIGTERM; the script's BatchSampler draws what the ledger deals."""
+    import sys
+    from pathlib import Path
+
+    from paramserver.cli.launch_cmd import script_job
+    example = Path(__file__).resolve().parents[1] / "examples" / "train_my_model.py"
+    cfg = TrainConfig(sync="bsp", workers=3, min_workers=2, steps=120, heartbeat_timeout=5.0)
+    cluster = LocalCluster(script_job(cfg, tmp_path), tmp_path, job_timeout=300,
+                           worker_cmd=[sys.executable, str(example)])
+    metrics, events = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl"
+    state = {"joined": False, "victim": None}
+
+    def on_tick():
+        n = metrics.read_text().count('"kind": "step"') if metrics.exists() else 0
+        if not state["joined"] and n >= 40:
+            cluster.add_worker(2)
+            state["joined"] = True
+        elif (state["victim"] is None and state["joined"]
+              and '"worker_joined"' in events.read_text() and n >= 100):
+            victim = next(c for c in cluster.children if c.role == "worker" and c.index == 0)
+            os.kill(victim.proc.pid, signal.SIGTERM)
+            state["victim"] = victim
+
+    cluster.run(on_tick=on_tick)
+    assert state["victim"] is not None and state["victim"].proc.returncode == 0
+    log = read_events(events)
+    assert [e["reason"] for e in log if e["event"] == "worker_left"].count("preempted") == 1
+    epochs = [e for e in log if e["event"] == "epoch_samples"]
+    assert epochs and all(e["samples"] == e["data_len"] == 1797 for e in epochs)
+    logs = " ".join(p.read_text() for p in (tmp_path / "logs").glob("worker-*.log"))
+    accuracies = [float(line.rsplit(" ", 1)[1]) for line in logs.splitlines()
+                  if "training accuracy" in line]
+    # every copy ends its loop (should_stop) and scores itself, the preempted one too
+    assert len(accuracies) == 3 and min(accuracies) > 0.8

@@ -45,10 +45,10 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     d = d or TrainConfig()
     p.add_argument("--workers", type=flag.workers, default=d.workers, metavar="N|MIN:MAX",
                    help=f"workers; MIN:MAX makes the job elastic: it starts with MIN, a worker "
-                        f"started by hand (paramserver worker --join ADDR) joins at any time "
-                        f"up to MAX (more are refused), training waits while fewer than MIN "
-                        f"are left, a worker sent SIGTERM finishes its step and leaves "
-                        f"(default {d.workers})")
+                        f"started by hand (PARAMSERVER_KEYS=RUN/keys paramserver worker --join "
+                        f"$(cat RUN/coordinator.addr)) joins at any time up to MAX (more are "
+                        f"refused), training waits while fewer than MIN are left, a worker "
+                        f"sent SIGTERM finishes its step and leaves (default {d.workers})")
     p.add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default {d.batch_rule})")
     p.add_argument("--servers", type=flag.servers, default=d.servers,

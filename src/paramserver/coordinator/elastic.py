@@ -35,8 +35,9 @@ class Elastic:
         """A worker's registration: its training set's size makes (or must match) the
         ledger's."""
         if data_len is None:
-            raise ValueError("an elastic job's worker must say its training set's size "
-                             "(data_len): this worker's paramserver is too old")
+            raise ValueError("an elastic job's worker must say its training set's size with "
+                             "its start (data_len; a script: DistributedOptimizer(model, "
+                             "data_len=len(dataset))), so that each epoch is drawn once")
         if self.ledger is None:
             self.ledger = SampleLedger(int(data_len))
         elif data_len != self.ledger.size:
@@ -71,8 +72,9 @@ class Elastic:
         out.append(AppendEvent(now, "waiting_for_workers", {
             "workers": started, "min_workers": self.min_workers}))
         out.append(Warn(f"elastic job: {started} worker(s) left, fewer than the minimum "
-                        f"{self.min_workers}; training waits for workers to join (paramserver "
-                        f"worker --join ADDR), up to {self.wait_limit:.0f} s"))
+                        f"{self.min_workers}; training waits up to {self.wait_limit:.0f} s for "
+                        f"workers to join (PARAMSERVER_KEYS=RUN/keys paramserver worker --join "
+                        f"ADDR, the address in RUN/coordinator.addr)"))
         return True
 
     def hold(self, release: Release) -> None:

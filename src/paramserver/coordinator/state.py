@@ -174,7 +174,8 @@ class CoordinatorState:
     def waiting_for(self) -> str:
         """Whom the start barrier waits for (its note, its failure, a status reply)."""
         m = self.members
-        return waiting_for(m.roster, m.workers_expected, m.servers_expected,
+        # (an elastic job's barrier waits for MIN, not MAX)
+        return waiting_for(m.roster, self.barrier.workers_expected, m.servers_expected,
                            len(m.pending_workers), self.barrier.evaluator)
 
     @property

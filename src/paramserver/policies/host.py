@@ -129,13 +129,14 @@ class PolicyHost:
             self._held = [e for e in self._held if e[2].worker != worker]
             heapify(self._held)
         out: list[Out] = []
-        if self.batch_rule is not None and worker in self.policy.active:
+        if self.batch_rule is not None and worker in self.policy.active and not self.stopping:
             self._rebatch(self.policy.active - {worker}, now, out)
         return self._interpret(self.policy.handle(Left(worker, now, reason)), now, out)
 
     def _rebatch(self, workers: set[int], now: float, out: list[Out]) -> None:
         """The batch rule's terms for the workers active after a join or leave: set before the
-        policy hears of it, so the releases it makes then follow them; recorded as a Note."""
+        policy hears of it, so the releases it makes then follow them; recorded as a Note.
+        (Not after the budget is spent: the leaves then are the end of the job.)"""
         terms = self.batch_rule.terms(len(workers))
         ranks = sorted(workers)
         self.batch_terms = terms

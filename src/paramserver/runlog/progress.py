@@ -56,7 +56,8 @@ class MetricsTail:
         elif change == "waiting":
             self.waiting = (f"WAITING for workers: {n} training, fewer than the minimum "
                             f"{r.get('min_workers')}")
-            self.notices.append(f"{self.waiting} (start one: paramserver worker --join ADDR)")
+            self.notices.append(f"{self.waiting} (start one: PARAMSERVER_KEYS=RUN/keys "
+                                f"paramserver worker --join $(cat RUN/coordinator.addr))")
         elif change == "back":
             self.waiting = None
             self.notices.append(f"training again with {n} workers")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 import warnings
 
@@ -21,6 +20,7 @@ from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
 from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
+from paramserver.client.preemption import Preemption
 from paramserver.data.ledger_sampler import LedgerSampler
 from paramserver.spec.job import TaskSpec
 from paramserver.training.workload import build
@@ -372,17 +372,3 @@ def run(kv: KVWorker, task: TaskSpec) -> dict:
     return {"rank": kv.rank, "steps": steps, "samples": loop.sampler.samples_drawn,
             "epochs": round(loop.sampler.epoch, 3), "left": kv.left}
 
-
-class Preemption:
-    """SIGTERM as a preemption notice (spot capacity taken back): the worker finishes the step
-    it is in, push included, and leaves the elastic job cleanly instead of dying mid-push."""
-
-    def __init__(self):
-        self.given = False
-        self._before = signal.signal(signal.SIGTERM, self._notice)
-
-    def _notice(self, signum, frame) -> None:
-        self.given = True
-
-    def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._before)
