@@ -69,6 +69,24 @@ def test_ledger_gives_a_leavers_pieces_to_the_next_draw_first():
     ledger.check_invariants()
 
 
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(1, 30), ops=OPS)
+def test_ledger_state_survives_a_checkpoint(size, ops):
+    ledger = SampleLedger(size)
+    for op, worker, n in ops:
+        getattr(ledger, op)(*((worker, n) if op == "lend" else (worker,)))
+    lent = sum(p.size for ps in ledger.lent.values() for p in ps)
+    back = SampleLedger.from_state(ledger.to_state())
+    back.check_invariants()  # what was lent is free again: redone after a resume
+    assert not back.lent and sum(hi - lo for r in back.free.values() for lo, hi in r) == (
+        lent + sum(hi - lo for r in ledger.free.values() for lo, hi in r))
+    assert {e: c.consumed for e, c in back.epochs.items()} == {
+        e: c.consumed for e, c in ledger.epochs.items()}
+    with pytest.raises(ValueError, match="does not add up"):
+        SampleLedger.from_state({**ledger.to_state(), "free": [], "cursor": 0, "epoch": 0,
+                                 "consumed": {"0": size + 1}})
+
+
 def test_piece_from_wire_refuses_bad_input():
     assert Piece.from_wire([1, 2, 3]) == Piece(1, 2, 3)
     for bad in ([1, 3, 2], [1, 2], "x", [-1, 0, 1], [0, 0, 1.5]):
@@ -308,6 +326,24 @@ def test_a_worker_that_leaves_gives_its_samples_back():
     # the leaver's positions [16, 20) come first, then the next epoch
     lent = sorted(tuple(p) for i in out if isinstance(i, SendRelease) for p in i.samples)
     assert lent[0] == (0, 16, 20) and state.elastic.ledger.consumed(0) == 16
+
+
+def test_an_elastic_jobs_checkpoint_keeps_its_ledger(tmp_path):
+    from paramserver.coordinator.events import SaveCoordinatorState, ShardSaved
+    from paramserver.spec.job import CheckpointSpec
+    import dataclasses
+    job = dataclasses.replace(elastic_job(), checkpoint=CheckpointSpec(str(tmp_path), 1))
+    state = CoordinatorState(job)
+    boot(state, 2)
+    state.handle(Clocked("w0", 0, 8, 0.1, 2.0, to="c0"))
+    state.handle(Clocked("w1", 0, 8, 0.1, 2.1, to="c1"))
+    out = state.handle(ShardSaved("s0", "000000001", 2.2))
+    saved = next(i for i in out if isinstance(i, SaveCoordinatorState)).state
+    resumed = CoordinatorState(job, resume=saved)
+    ledger = resumed.elastic.ledger
+    assert ledger.consumed(0) == 16 and ledger.cursor == 16 + 16 - 20 and ledger.epoch == 1
+    # round 1's releases were lent when the checkpoint was asked for: free again on a resume
+    assert ledger.free[0] == [(16, 20)] and sorted(ledger.free[1]) == [(0, 4), (4, 12)]
 
 
 def test_elastic_start_needs_the_training_set_size():

@@ -26,6 +26,14 @@ class Elastic:
         self.paused_since: float | None = None
         self._held: list[Release] = []
 
+    def resume_state(self) -> dict:
+        """What a checkpoint keeps: the ledger (none before any worker started)."""
+        return {} if self.ledger is None else {"ledger": self.ledger.to_state()}
+
+    def resume(self, state: dict) -> None:
+        if state.get("ledger"):
+            self.ledger = SampleLedger.from_state(state["ledger"])
+
     @property
     def paused(self) -> bool:
         return self.paused_since is not None

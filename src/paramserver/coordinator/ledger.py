@@ -121,12 +121,40 @@ class SampleLedger:
                 self.free.setdefault(p.epoch, []).append((p.lo, p.hi))
         return sum(p.size for p in pieces)
 
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def to_state(self) -> dict:
+        """JSON-ready, for the coordinator's part of a checkpoint. Positions lent then count as
+        given back: the steps run on them after the checkpoint are lost with it on a resume."""
+        free = [[e, lo, hi] for e, ranges in sorted(self.free.items()) for lo, hi in ranges]
+        free += [p.to_wire() for pieces in self.lent.values() for p in pieces if p.size]
+        return {"size": self.size, "epoch": self.epoch, "cursor": self.cursor, "free": free,
+                "consumed": {str(e): c.consumed for e, c in self.epochs.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "SampleLedger":
+        ledger = cls(int(state["size"]), int(state["epoch"]), int(state["cursor"]))
+        for item in state.get("free", ()):
+            p = Piece.from_wire(item)
+            ledger.free.setdefault(p.epoch, []).append((p.lo, p.hi))
+        for epoch, consumed in state.get("consumed", {}).items():
+            n = int(consumed)
+            ledger.epochs[int(epoch)] = EpochCount(n, n == ledger.size)
+        problem = ledger.inconsistency()
+        if problem is not None:
+            raise ValueError(f"the checkpoint's sample ledger does not add up: {problem}")
+        return ledger
+
     def consumed(self, epoch: int) -> int:
         count = self.epochs.get(epoch)
         return 0 if count is None else count.consumed
 
     def check_invariants(self) -> None:
         """Per epoch: consumed + lent + free + (newest: not yet handed out) == size."""
+        problem = self.inconsistency()
+        assert problem is None, problem
+
+    def inconsistency(self) -> str | None:
+        """What contradicts the accounting (see check_invariants), or None."""
         held: dict[int, int] = {}
         for pieces in self.lent.values():
             for p in pieces:
@@ -136,5 +164,10 @@ class SampleLedger:
         for epoch, count in self.epochs.items():
             rest = self.size - self.cursor if epoch == self.epoch else 0
             total = count.consumed + held.get(epoch, 0) + rest
-            assert total == self.size, f"epoch {epoch}: {total} positions of {self.size}"
-            assert count.completed == (count.consumed == self.size)
+            if total != self.size:
+                return f"epoch {epoch}: {total} positions accounted for of {self.size}"
+            if count.completed != (count.consumed == self.size):
+                return f"epoch {epoch}: marked complete with {count.consumed} seen"
+        if set(held) - set(self.epochs):
+            return f"positions of epochs never opened: {sorted(set(held) - set(self.epochs))}"
+        return None

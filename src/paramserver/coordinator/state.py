@@ -81,6 +81,8 @@ class CoordinatorState:
             elapsed = 0.0
         if resume is not None:
             self.host.resume(resume)
+            if self.elastic is not None:  # each epoch goes on where the checkpoint left it
+                self.elastic.resume(resume.get("elastic", {}))
             self.budget.worker_samples = {int(k): v for k, v in resume["worker_samples"].items()}
             self.schedule.last_count = self.progress
             elapsed = float(resume.get("elapsed_s", 0.0))
@@ -607,6 +609,8 @@ class CoordinatorState:
             worker_samples={str(k): v for k, v in self.budget.worker_samples.items()},
             sync=self.host.name, num_keys=self.members.num_keys,
             elapsed_s=0.0 if t_start is None else now - t_start)
+        if self.elastic is not None:
+            self._checkpoint_state["elastic"] = self.elastic.resume_state()
         out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
                              self.members.server_links))
 
