@@ -411,3 +411,19 @@ def test_the_progress_line_says_when_the_job_waits(tmp_path):
         f.write('{"kind": "membership", "change": "back", "workers": 2}\n')
     tail.poll()
     assert tail.describe().endswith("workers 2") and tail.notices[-1].startswith("training again")
+
+
+def test_the_ledger_sampler_draws_the_pieces_it_is_fed():
+    import torch
+    from paramserver.data.ledger_sampler import LedgerSampler, epoch_order
+    X, y = torch.arange(20, dtype=torch.float32).reshape(10, 2), torch.arange(10)
+    sampler = LedgerSampler(X, y, seed=3)
+    sampler.feed([[0, 2, 5], [1, 0, 1]])
+    xb, yb = sampler.next_batch(4)
+    want = list(epoch_order(10, 3, 0)[2:5]) + [epoch_order(10, 3, 1)[0]]
+    assert yb.tolist() == want and sampler.samples_drawn == 4 and sampler.epoch == 1.1
+    sampler.feed([[0, 0, 2]])
+    with pytest.raises(ValueError, match="hold 2 samples, its batch is 3"):
+        sampler.next_indices(3)
+    sampler.feed(None)  # a release without pieces: the worker's own stream
+    assert len(sampler.next_indices(3)) == 3

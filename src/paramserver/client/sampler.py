@@ -85,4 +85,7 @@ class BatchSampler:
 
     def __iter__(self):
         while not self.opt.should_stop:
-            yield self.drawn() if self.elastic else self.take(self.opt.batch_size)
+            # (a release naming no samples: a coordinator restarted without a checkpoint of
+            # its ledger; the rank's own stream then, not exactly-once)
+            named = self.elastic and self.opt.kv.drawn is not None
+            yield self.drawn() if named else self.take(self.opt.batch_size)

@@ -77,6 +77,8 @@ class CoordinatorState:
             self.takeback_fails_at = now + limits.server_timeout
             if self.members.ranges is None and take_back.get("num_keys"):
                 self.members.learn_key_space(int(take_back["num_keys"]))
+            if self.elastic is not None:  # the ledger as of the latest checkpoint, if any
+                self.elastic.resume(take_back.get("elastic", {}))
         else:
             elapsed = 0.0
         if resume is not None:

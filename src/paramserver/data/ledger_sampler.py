@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from paramserver.coordinator.ledger import Piece
+from paramserver.data.sampler import BatchSampler
 
 # Permutations kept: the newest epoch's and the one before (a leaver's pieces given back).
 _KEEP = 3
@@ -32,8 +33,10 @@ class LedgerSampler:
             raise ValueError(f"X has {len(X)} samples and y {len(y)}: need the same, >= 1")
         self.X, self.y, self.ids, self.seed = X, y, ids, seed
         self._orders: dict[int, np.ndarray] = {}
-        self._pieces: tuple[Piece, ...] = ()
+        self._pieces: tuple[Piece, ...] | None = ()
         self.samples_drawn = 0
+        self.fallback_rank = 0  # the stream of a release without pieces (see feed)
+        self._fallback: BatchSampler | None = None
         self._at = 0.0  # epochs, as far as the newest position drawn
 
     def __len__(self) -> int:
@@ -45,7 +48,12 @@ class LedgerSampler:
         return self._at
 
     def feed(self, pieces) -> None:
-        """The pieces of the release about to run (wire form or Piece)."""
+        """The pieces of the release about to run (wire form or Piece). None: the release
+        named none (a coordinator restarted without a checkpoint to rebuild its ledger from):
+        the batch is drawn from this worker's own stream (`fallback_rank`), not exactly-once."""
+        if pieces is None:
+            self._pieces = None
+            return
         self._pieces = tuple(p if isinstance(p, Piece) else Piece.from_wire(p) for p in pieces)
 
     def _order(self, epoch: int) -> np.ndarray:
@@ -58,6 +66,8 @@ class LedgerSampler:
 
     def next_indices(self, batch_size: int) -> np.ndarray:
         pieces, self._pieces = self._pieces, ()
+        if pieces is None:
+            return self._own(batch_size)
         if sum(p.size for p in pieces) != batch_size:
             raise ValueError(f"the release's sample pieces hold {sum(p.size for p in pieces)} "
                              f"samples, its batch is {batch_size}")
@@ -69,6 +79,13 @@ class LedgerSampler:
             self._at = max(self._at, p.epoch + p.hi / len(self.X))
         self.samples_drawn += batch_size
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _own(self, batch_size: int) -> np.ndarray:
+        if self._fallback is None:
+            self._fallback = BatchSampler(self.X, self.y, seed=self.seed + 7919 * (
+                self.fallback_rank + 1))
+        self.samples_drawn += batch_size
+        return self._fallback.next_indices(batch_size)
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.from_numpy(self.next_indices(batch_size))

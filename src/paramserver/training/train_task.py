@@ -80,6 +80,7 @@ class StepLoop:
         if self.elastic:
             train = self.ds.train
             self.sampler = LedgerSampler(train.X, train.y, seed=task.seed, ids=train.ids)
+            self.sampler.fallback_rank = kv.rank
         else:
             self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
             self._skip(kv.spec.resume_samples)
