@@ -388,11 +388,12 @@ class CoordinatorState:
             ready, member.ready = member.ready, None
             self._deliver(ready, out, refill=True)
         elif self.barrier.open:
+            # A join of the running job (an elastic joiner, a replacement worker).
+            out.append(AppendEvent(now, "worker_joined", {
+                "worker": member.rank, "src": e.src, "workers": self._started(),
+                "round": self.host.rounds_applied, "samples": self.host.samples_done}))
             elastic = self.elastic
             if elastic is not None:
-                out.append(AppendEvent(now, "worker_joined", {
-                    "worker": member.rank, "src": e.src, "workers": self._started(),
-                    "round": self.host.rounds_applied, "samples": self.host.samples_done}))
                 self._metric(now, {"kind": "membership", "change": "joined",
                                    "worker": member.rank, "workers": self._started()}, out)
                 self._resume_if_enough(now, out)
