@@ -135,3 +135,37 @@ def test_a_launched_scripts_elastic_job(tmp_path):
                   if "training accuracy" in line]
     # every copy ends its loop (should_stop) and scores itself, the preempted one too
     assert len(accuracies) == 3 and min(accuracies) > 0.8
+
+
+@pytest.mark.slow
+def test_the_job_waits_below_min_and_goes_on_when_a_worker_joins(tmp_path):
+    cfg = TrainConfig(sync="bsp", workers=3, min_workers=2, epochs=6, heartbeat_timeout=2.0,
+                      device_time="2ms", eval_interval=1.0)
+    cluster = LocalCluster(prepare_job(cfg), tmp_path, job_timeout=300)
+    metrics, events = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl"
+    state = {"victim": None, "joined": False}
+
+    def on_tick():
+        text = events.read_text() if events.exists() else ""
+        n = metrics.read_text().count('"kind": "step"') if metrics.exists() else 0
+        if state["victim"] is None and n >= 40:
+            state["victim"] = next(c for c in cluster.children if c.role == "worker")
+            os.kill(state["victim"].proc.pid, signal.SIGTERM)
+        elif not state["joined"] and '"waiting_for_workers"' in text:
+            cluster.add_worker(2)
+            state["joined"] = True
+
+    cluster.run(on_tick=on_tick)
+    log = read_events(events)
+    kinds = [e["event"] for e in log]
+    assert kinds.index("waiting_for_workers") < kinds.index("worker_joined") \
+        < kinds.index("workers_back")
+    # nothing was applied while the job waited: the round after the wait follows the one before
+    wait, back = kinds.index("waiting_for_workers"), kinds.index("workers_back")
+    assert not [e for e in log[wait:back] if e["event"] == "apply_round"][1:]
+    rounds = [e["step"] for e in log if e["event"] == "apply_round"]
+    assert rounds == list(range(len(rounds)))
+    epochs = [e for e in log if e["event"] == "epoch_samples"]
+    assert len(epochs) >= 5 and all(e["samples"] == e["data_len"] for e in epochs)
+    evals = [r for r in read_records(metrics) if r["kind"] == "eval"]
+    assert evals[-1]["accuracy"] >= 0.85
