@@ -61,6 +61,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
     checkpoint_seconds: float | None = None
+    metrics_port: int | None = JobSpec.metrics_port  # --metrics-port (0: a free port)
+    metrics_host: str = JobSpec.metrics_host  # --metrics-host
+    preflight: bool = JobSpec.preflight  # --preflight/--no-preflight
 
     def __post_init__(self):
         # Text from a Python caller or a saved config.json: parsed here, once.

@@ -358,6 +358,12 @@ class JobSpec:
     # Keys where the model's layers start: the cuts between shards move to them when that
     # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
     layer_edges: tuple = ()
+    # Observability (issue 23): the coordinator's Prometheus endpoint (None: none; 0: a free
+    # port) and the host it binds; workers probe their links to the shards before the start
+    # barrier (preflight).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    preflight: bool = True
 
     def __post_init__(self):
         edges = self.layer_edges
@@ -391,6 +397,13 @@ class JobSpec:
             raise JobSpecError("job field 'restart_servers' needs checkpoints to restart from: "
                                "give --checkpoint-every or --checkpoint-seconds")
         object.__setattr__(self, "tables", _tables(self.tables))
+        if self.metrics_port is not None:
+            _int("metrics_port", self.metrics_port, 0)
+            if self.metrics_port > 65535:
+                _fail("metrics_port", self.metrics_port, "a port number (0: any free one)")
+        _name("metrics_host", self.metrics_host)
+        if not isinstance(self.preflight, bool):
+            _fail("preflight", self.preflight, "true or false")
 
     @classmethod
     def from_config(cls, config, num_keys: int, train_size: int,
@@ -422,7 +435,8 @@ class JobSpec:
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
                           max_message_bytes=c.max_message_bytes),
-            tables=tuple(tables))
+            tables=tuple(tables), metrics_port=c.metrics_port, metrics_host=c.metrics_host,
+            preflight=c.preflight)
 
     def message_limit(self, keys: int | None = None) -> int:
         """The largest frame a server accepts: limits.max_message_bytes, or derived from the
@@ -466,6 +480,10 @@ class JobSpec:
             out["tables"] = [_plain(t) for t in self.tables]
         if self.layer_edges:
             out["layer_edges"] = list(self.layer_edges)
+        for key, default in (("metrics_port", None), ("metrics_host", "127.0.0.1"),
+                             ("preflight", True)):  # left out at defaults, as above
+            if getattr(self, key) != default:
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
