@@ -14,7 +14,7 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.observe.preflight import (
-    MAX_BYTES, MIN_BYTES, PreflightBook, burst_size, parse_links, probe_link, rate_of,
+    MAX_BYTES, MIN_BYTES, SERVE_MAX, PreflightBook, burst_size, parse_links, probe_link, rate_of,
 )
 from paramserver.spec.job import JobSpec, SyncSpec
 
@@ -95,6 +95,7 @@ def test_the_coordinator_core_writes_the_file_and_one_event():
     state.check_invariants()
 
 
+@pytest.mark.slow  # a live cluster (6-12 s here); every default test whose worker starts probes
 def test_a_shard_answers_probes_within_bounds(tmp_path):
     from ps_helpers import make_job, running_job
 
@@ -103,7 +104,7 @@ def test_a_shard_answers_probes_within_bounds(tmp_path):
     with running_job(tmp_path, make_job(100, 1, 1, preflight=False)) as cluster:
         kv = KVWorker(cluster.address)
         try:
-            for asked, got in ((0, 0), (1000, 1000), (MAX_BYTES * 4, MAX_BYTES)):
+            for asked, got in ((0, 0), (1000, 1000), (SERVE_MAX * 4, SERVE_MAX)):
                 rid = kv.requests.send(0, Message("probe", {"bytes": asked}))
                 reply = kv.requests.collect([(0, rid, None)], "probe")[rid]
                 assert reply.op == "probe" and reply["bytes"] == got
