@@ -182,7 +182,6 @@ class KVWorker:
         settings = WorkerSettings.of(self.spec)
         self.num_keys, self.dtype = settings.num_keys, settings.dtype
         self._shaped = role == "worker" and shape_link(settings.links, self.rank)
-        self._probes = role == "worker" and self.spec.job.preflight  # before start()
         self.shards = [Shard(r, a, KeyRange(lo, hi),
                              connect_dealer(self.ctx, a, send_timeout=timeout,
                                             keys=self.keys, peer="server"))
@@ -210,6 +209,9 @@ class KVWorker:
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
                                          settings.coordinator_timeout)
+        if role == "worker" and self.spec.job.preflight:
+            # Here, not in start(): the step loops time start() as step 0's wait.
+            self._preflight()
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
@@ -733,9 +735,6 @@ class KVWorker:
 
         An observer's start returns None at once: it only marks it ready.
         """
-        if self._probes:
-            self._probes = False
-            self._preflight()
         reply = self.session.start()
         if reply.op == "ok":
             return None

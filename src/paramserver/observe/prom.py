@@ -57,8 +57,8 @@ class _Worker:
 
 @dataclass
 class _Shard:
-    apply_s: float = 0.0
-    applies: float = 0.0
+    apply_s: float | None = None  # None until the shard's first `shard` record
+    applies: float | None = None
     queue: float | None = None
     busy_s: float | None = None
     version: float | None = None
@@ -123,8 +123,8 @@ class JobMetrics:
         with self._lock:
             s = self._job.shards.setdefault(rank, _Shard())
             if r["kind"] == "shard":  # per-beat figures: summed
-                s.apply_s += _num(r, "apply_s") or 0.0
-                s.applies += _num(r, "applies") or 0.0
+                s.apply_s = (s.apply_s or 0.0) + (_num(r, "apply_s") or 0.0)
+                s.applies = (s.applies or 0.0) + (_num(r, "applies") or 0.0)
                 if _num(r, "queue") is not None:
                     s.queue = _num(r, "queue")
             for key in ("busy_s", "version", "late_pushes"):  # cumulative: the last one
@@ -234,9 +234,7 @@ class JobMetrics:
         }
         for rank, s in sorted(job.shards.items()):
             label = [str(rank)]
-            per_shard["apply_s"].add_metric(label, s.apply_s)
-            per_shard["applies"].add_metric(label, s.applies)
-            for key in ("queue", "busy_s", "version", "late_pushes"):
+            for key in ("apply_s", "applies", "queue", "busy_s", "version", "late_pushes"):
                 if getattr(s, key) is not None:
                     per_shard[key].add_metric(label, getattr(s, key))
         yield from per_shard.values()
