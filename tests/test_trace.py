@@ -111,8 +111,8 @@ def write_run(folder: Path, workers: int = 3, steps: int = 20, shards: int = 2) 
             events.append({"t": barrier + t, "event": "apply_round", "step": step})
         if step % 5 == 4:
             for s in range(shards):
-                metrics.append({"t": 0.1 * step, "kind": "shard", "shard": s, "apply_s": 0.01,
-                                "applies": 5, "queue": s})
+                metrics.append({"t": 0.1 * step, "kind": "shard", "server": s, "apply_s": 0.01,
+                                "applies": 5, "queue": s, "backlog": 2})
                 metrics.append({"t": 0.1 * step, "kind": "server", "server": s,
                                 "late_pushes": 0, "busy_s": 0.02 * step})
     events += [{"t": barrier + 0.55, "event": "checkpoint", "tag": "000000005"},
@@ -143,7 +143,8 @@ def test_the_trace_of_a_run_folder_is_valid_and_holds_every_workers_phases(tmp_p
     first = sorted((e for e in phases if e["tid"] == 1 and e["args"]["step"] == 3),
                    key=lambda e: e["ts"])
     assert [e["name"] for e in first] == ["wait", "pull", "data", "compute", "push"]
-    assert [round(e["dur"]) for e in first] == [20000, 10000, 5000, 30000, 15000]
+    # (data_s is part of compute_s: 5 ms of the 30 drew the batch)
+    assert [round(e["dur"]) for e in first] == [20000, 10000, 5000, 25000, 15000]
     shift = json.loads((run / "trace.json").read_text())["otherData"]["shift_us"]
     assert first[-1]["ts"] + first[-1]["dur"] - shift == pytest.approx(0.4e6, abs=1)
     named = {(e["args"]["name"], e["tid"]) for e in events if e["name"] == "thread_name"}
@@ -153,7 +154,8 @@ def test_the_trace_of_a_run_folder_is_valid_and_holds_every_workers_phases(tmp_p
             "server_joined", "worker_registered"} <= instants
     assert "apply_round" not in instants
     counters = {e["name"] for e in events if e["ph"] == "C"}
-    assert {"shard 0 apply_s", "shard 1 queue", "shard 1 applies", "shard 0 busy_s"} <= counters
+    assert {"shard 0 apply_s", "shard 1 queue", "shard 1 applies", "shard 0 busy_s",
+            "shard 1 backlog"} <= counters
 
 
 def test_a_step_window_keeps_those_steps_and_the_events_of_their_time(tmp_path):

@@ -60,6 +60,7 @@ class _Shard:
     apply_s: float | None = None  # None until the shard's first `shard` record
     applies: float | None = None
     queue: float | None = None
+    backlog: float | None = None
     busy_s: float | None = None
     version: float | None = None
     late_pushes: float | None = None
@@ -125,8 +126,9 @@ class JobMetrics:
             if r["kind"] == "shard":  # per-beat figures: summed
                 s.apply_s = (s.apply_s or 0.0) + (_num(r, "apply_s") or 0.0)
                 s.applies = (s.applies or 0.0) + (_num(r, "applies") or 0.0)
-                if _num(r, "queue") is not None:
-                    s.queue = _num(r, "queue")
+                for key in ("queue", "backlog"):  # as at the beat
+                    if _num(r, key) is not None:
+                        setattr(s, key, _num(r, key))
             for key in ("busy_s", "version", "late_pushes"):  # cumulative: the last one
                 if _num(r, key) is not None:
                     setattr(s, key, _num(r, key))
@@ -225,6 +227,8 @@ class JobMetrics:
                                "heartbeats)", labels=("shard",)),
             "queue": gauge("shard_queue", "requests waiting at the shard at its last "
                            "heartbeat", labels=("shard",)),
+            "backlog": gauge("shard_backlog", "the most messages one read of the shard's "
+                             "sockets found waiting, at its last heartbeat", labels=("shard",)),
             "busy_s": counter("shard_busy_seconds", "seconds the shard spent receiving, "
                               "handling and answering messages", labels=("shard",)),
             "version": gauge("shard_version", "the shard's version at its last heartbeat",
@@ -234,7 +238,8 @@ class JobMetrics:
         }
         for rank, s in sorted(job.shards.items()):
             label = [str(rank)]
-            for key in ("apply_s", "applies", "queue", "busy_s", "version", "late_pushes"):
+            for key in ("apply_s", "applies", "queue", "backlog", "busy_s", "version",
+                        "late_pushes"):
                 if getattr(s, key) is not None:
                     per_shard[key].add_metric(label, getattr(s, key))
         yield from per_shard.values()

@@ -8,15 +8,16 @@ so that the earliest event sits at 0 (`otherData.shift_us` says by how much).
 
 A step record carries when its clock reached the coordinator (`t`) and how long each phase
 took, not when each began. The phases are laid back to back, ending at `t`, in the order the
-train task runs them: wait (for this step's release), pull, data (`data_s`, when recorded),
-compute (`compute_s`: the modelled time, which is what the worker spent, straggler sleeps
-included), push (until every shard acknowledged). `t` is one hop after the push's end, so each
+train task runs them: wait (for this step's release), pull, data (`data_s`, when recorded:
+the first part of the compute time, which includes it), compute (`compute_s` less `data_s`:
+the modelled time, which is what the worker spent, straggler sleeps included), push (until
+every shard acknowledged). `t` is one hop after the push's end, so each
 phase is drawn at most that hop late. A phase that would begin before the same worker's
 previous step ended is cut to begin there (the records are rounded to the microsecond, and
 round mode's early pull overlaps the previous step's wait), so the tracks never overlap.
 
 Shards report apply time as totals per heartbeat (`shard` records: `apply_s`, `applies`,
-`queue`; `server` records: cumulative `busy_s`), not per apply: they become counter events
+`queue`, `backlog`; `server` records: cumulative `busy_s`), not per apply: they become counter events
 ("C") per shard. Membership changes, checkpoints, pauses, stalls and the like from events.jsonl
 become instant events ("i"); `apply_round` is left out (every round is visible in the phases).
 
@@ -40,7 +41,7 @@ COORDINATOR_PID, WORKERS_PID, SHARDS_PID = 1, 2, 3
 SKIPPED_EVENTS = frozenset({"apply_round"})
 # events.jsonl kinds drawn on a worker's own track when they name its rank
 WORKER_EVENTS = frozenset({"worker_registered", "worker_left", "worker_taken_back"})
-SHARD_COUNTERS = ("apply_s", "applies", "queue")
+SHARD_COUNTERS = ("apply_s", "applies", "queue", "backlog")
 DEFAULT_MAX_EVENTS = 200_000
 US = 1e6
 
@@ -93,14 +94,18 @@ def _num(record: dict, key: str) -> float | None:
 
 
 def _phase_seconds(record: dict) -> list[tuple[str, float]]:
-    out = []
+    found = {}
     for phase in PHASES:
         for key in PHASE_FIELDS[phase]:
             v = _num(record, key)
             if v is not None:
-                out.append((phase, max(0.0, v)))
+                found[phase] = max(0.0, v)
                 break
-    return out
+    if "data" in found:  # drawing the batch is part of the record's compute time
+        found["data"] = min(found["data"], found.get("compute", 0.0))
+        if "compute" in found:
+            found["compute"] -= found["data"]
+    return [(phase, found[phase]) for phase in PHASES if phase in found]
 
 
 def _step_events(record: dict, last_end: float | None) -> tuple[list[dict], float]:
