@@ -108,11 +108,11 @@ def _phase_seconds(record: dict) -> list[tuple[str, float]]:
     return [(phase, found[phase]) for phase in PHASES if phase in found]
 
 
-def _step_events(record: dict, last_end: float | None) -> tuple[list[dict], float]:
-    """The phases of one step record as (start_s, dur_s, phase, args) tuples in dicts, with
-    the step's end; start times on the barrier's clock in seconds (converted later)."""
+def _step_events(record: dict, last_end: float | None,
+                 phases: list[tuple[str, float]]) -> list[dict]:
+    """The `phases` of one step record as dicts (phase, start, dur, args), start times on the
+    barrier's clock in seconds (converted later)."""
     end = _num(record, "t")
-    phases = _phase_seconds(record)
     begin = end - sum(d for _, d in phases)
     out = []
     args = {"step": record.get("step")}
@@ -131,7 +131,7 @@ def _step_events(record: dict, last_end: float | None) -> tuple[list[dict], floa
             extra["bytes"] = record[f"{phase}_bytes"]
         out.append({"phase": phase, "start": start, "dur": stop - start,
                     "args": {**args, **extra}})
-    return out, end
+    return out
 
 
 def _barrier_t(events: list[dict]) -> float:
@@ -167,20 +167,12 @@ def build_trace(metrics: Iterable[dict], events: Iterable[dict],
         raise TraceError(f"no step record in steps {options.steps[0]}:{options.steps[1]} "
                          f"(the run has {all_steps} step records)")
 
-    # Worker phases, each worker's steps in order.
-    phases: dict[int, list[dict]] = {}
-    last_end: dict[int, float] = {}
-    for r in steps:
-        w = r["worker"]
-        evs, end = _step_events(r, last_end.get(w))
-        last_end[w] = end
-        for e in evs:
-            e["step"] = r["step"]
-        phases.setdefault(w, []).extend(evs)
+    # Each record's phases, counted before any event is built (a long run has millions).
+    seconds = [_phase_seconds(r) for r in steps]
     span = None
     if options.steps is not None and steps:
-        starts = [e["start"] for evs in phases.values() for e in evs] or [r["t"] for r in steps]
-        span = (min(starts), max(r["t"] for r in steps))
+        span = (min(r["t"] - sum(d for _, d in p) for r, p in zip(steps, seconds)),
+                max(r["t"] for r in steps))
 
     def within(t: float) -> bool:
         return span is None or span[0] <= t <= span[1]
@@ -202,7 +194,7 @@ def build_trace(metrics: Iterable[dict], events: Iterable[dict],
 
     # Thinning: metadata and the note first, then instants and counters (at most half of
     # what is left), then the phases, every k-th step.
-    workers = sorted(phases)
+    workers = sorted({r["worker"] for r in steps})
     shards = sorted({c["shard"] for c in counters})
     meta_count = 8 + 2 * (len(workers) + len(shards))
     room = max(0, options.max_events - meta_count)
@@ -210,16 +202,27 @@ def build_trace(metrics: Iterable[dict], events: Iterable[dict],
     side_every = 1 if side <= room // 2 else math.ceil(side / max(1, room // 2))
     instants, counters = _stride(instants, side_every), _stride(counters, side_every)
     room -= len(instants) + len(counters)
-    phase_count = sum(len(v) for v in phases.values())
-    step_ids = sorted({e["step"] for evs in phases.values() for e in evs})
-    every = 1 if phase_count <= room else math.ceil(phase_count / max(1, room))
-    if every > 1:
-        kept = set(step_ids[::every])
-        while every > 1 and sum(1 for evs in phases.values() for e in evs
-                                if e["step"] in kept) > room:
+    per_step: dict[int, int] = {}
+    for r, p in zip(steps, seconds):
+        per_step[r["step"]] = per_step.get(r["step"], 0) + len(p)
+    phase_count = sum(per_step.values())
+    step_ids = sorted(per_step)
+    every, kept = 1, None
+    if phase_count > room:
+        every = math.ceil(phase_count / max(1, room))
+        while every > 1 and sum(per_step[i] for i in step_ids[::every]) > room:
             every += 1
-            kept = set(step_ids[::every])
-        phases = {w: [e for e in evs if e["step"] in kept] for w, evs in phases.items()}
+        kept = set(step_ids[::every])
+
+    # Worker phases, each worker's steps in order; a phase is cut at the end of the worker's
+    # previous step record, kept or not.
+    phases: dict[int, list[dict]] = {w: [] for w in workers}
+    last_end: dict[int, float] = {}
+    for r, p in zip(steps, seconds):
+        w = r["worker"]
+        if kept is None or r["step"] in kept:
+            phases[w].extend(_step_events(r, last_end.get(w), p))
+        last_end[w] = r["t"]
     kept_phases = sum(len(v) for v in phases.values())
 
     # On the barrier's clock so far; shifted so that nothing starts before 0.
