@@ -30,7 +30,10 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
         max_message_bytes=None if args.max_message_bytes is None
         else int(args.max_message_bytes),
-        restart_coordinator=args.restart_coordinator), run_dir).to_dict()
+        restart_coordinator=args.restart_coordinator,
+        metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
+        preflight=getattr(args, "preflight", TrainConfig.preflight)), run_dir).to_dict()
 
 
 def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
@@ -59,6 +62,7 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
         limits=Limits(heartbeat_timeout=cfg.heartbeat_timeout, heartbeat_interval=0.5,
                       coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
                       max_message_bytes=cfg.max_message_bytes),
+        metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, preflight=cfg.preflight,
     )
 
 
@@ -139,6 +143,8 @@ def _run(args) -> int:
     if not command:
         print("paramserver launch: give the worker command after --, e.g. "
               "paramserver launch -- python train.py", file=sys.stderr)
+        return 2
+    if flag.check_observe_args(args, "launch"):
         return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     try:
@@ -266,6 +272,7 @@ def register(sub) -> None:
                         "(default 0)")
     from paramserver.cli.train_cmd import add_launcher_args
     add_launcher_args(p)
+    flag.add_observe_args(p)
     p.add_argument("--quiet", action="store_true",
                    help="no job progress line (worker output is still shown)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")

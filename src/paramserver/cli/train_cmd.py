@@ -152,6 +152,7 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
     p.add_argument("--checkpoint-seconds", type=flag.positive_seconds,
                    help="checkpoint every N seconds")
+    flag.add_observe_args(p)
 
 
 def _max_workers(workers) -> int:
@@ -190,7 +191,10 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         restart_coordinator=args.restart_coordinator,
         links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         device=getattr(args, "device", TrainConfig.device),
-        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
+        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
+        metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
+        preflight=getattr(args, "preflight", TrainConfig.preflight))
 
 
 def prepare_spec(cfg: TrainConfig) -> JobSpec:
@@ -389,6 +393,8 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
 
 def _run(args) -> int:
     from paramserver.launch.local import LaunchError
+    if flag.check_observe_args(args, "train"):
+        return 2
     try:
         resume = None
         if args.resume:

@@ -220,3 +220,24 @@ class Finish:
     """The job is over: failed with `failure`, or done (None)."""
 
     failure: str | None = None
+
+
+# ---- preflight (issue 23): a worker's link probes, into RUN/preflight.json -------------------
+
+@dataclass(slots=True)
+class PreflightReported:
+    """A worker's link figures to each shard, measured before its start (observe/preflight.py
+    wire form: [shard, rtt_ms, mbit_s, bytes] per link)."""
+
+    op: ClassVar[str] = "preflight"
+    src: str
+    links: list
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class SavePreflight:
+    """RUN/preflight.json's document (observe/preflight.PreflightBook.document)."""
+
+    document: dict

@@ -20,10 +20,12 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
+from paramserver.observe.preflight import PreflightBook, parse_links
 from paramserver.policies import (
     ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
 )
@@ -101,6 +103,9 @@ class CoordinatorState:
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
         }
+        # Preflight link probes (issue 23): each worker's figures, for RUN/preflight.json.
+        self.preflight = PreflightBook(job.workers)
+        self._handlers[PreflightReported] = self._on_preflight
 
     # ---- the envelope ---------------------------------------------------------------------------
     def handle(self, event) -> list:
@@ -590,6 +595,18 @@ class CoordinatorState:
                              for s, m in roster.servers.items()},
                  "gone": dict(roster.gone)}
         out.append(Reply(e.to, "state", {"state": state}))
+
+    def _on_preflight(self, e: PreflightReported, out: list) -> None:
+        """A worker's link probes: preflight.json rewritten with them; once every worker of
+        the job reported, one `preflight` event with all links (later, one per newcomer)."""
+        member = self.members.worker(e.src)
+        member.last_seen = e.now
+        links = parse_links(e.links)  # a malformed report is refused (ValueError)
+        due = self.preflight.report(f"worker-{member.rank}", links)
+        out.append(Reply(e.to, "ok", _OK))
+        out.append(SavePreflight(self.preflight.document(e.now)))
+        if due:
+            out.append(AppendEvent(e.now, "preflight", {"links": self.preflight.entries(due)}))
 
     def _on_answered(self, e: Answered, out: list) -> None:
         self.members.touch(e.src, e.now)

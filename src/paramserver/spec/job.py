@@ -390,6 +390,12 @@ class JobSpec:
     # Keys where the model's layers start: the cuts between shards move to them when that
     # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
     layer_edges: tuple = ()
+    # Observability (issue 23): the coordinator's Prometheus endpoint (None: none; 0: a free
+    # port) and the host it binds; workers probe their links to the shards before the start
+    # barrier (preflight).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    preflight: bool = True
     # An elastic job (`--workers MIN:MAX`): `workers` is MAX, this is MIN; 0: not elastic
     # (every worker is expected at the start, as always).
     min_workers: int = 0
@@ -439,6 +445,13 @@ class JobSpec:
             raise JobSpecError("job field 'restart_servers' needs checkpoints to restart from: "
                                "give --checkpoint-every or --checkpoint-seconds")
         object.__setattr__(self, "tables", _tables(self.tables))
+        if self.metrics_port is not None:
+            _int("metrics_port", self.metrics_port, 0)
+            if self.metrics_port > 65535:
+                _fail("metrics_port", self.metrics_port, "a port number (0: any free one)")
+        _name("metrics_host", self.metrics_host)
+        if not isinstance(self.preflight, bool):
+            _fail("preflight", self.preflight, "true or false")
         _int("min_workers", self.min_workers, 0)
         if self.min_workers > self.workers:
             _fail("min_workers", self.min_workers, f"at most workers ({self.workers})")
@@ -480,7 +493,8 @@ class JobSpec:
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
                           max_message_bytes=c.max_message_bytes),
-            tables=tuple(tables), min_workers=c.min_workers, batch_rule=c.batch_rule)
+            tables=tuple(tables), metrics_port=c.metrics_port, metrics_host=c.metrics_host,
+            preflight=c.preflight, min_workers=c.min_workers, batch_rule=c.batch_rule)
 
     def message_limit(self, keys: int | None = None) -> int:
         """The largest frame a server accepts: limits.max_message_bytes, or derived from the
@@ -524,6 +538,10 @@ class JobSpec:
             out["tables"] = [_plain(t) for t in self.tables]
         if self.layer_edges:
             out["layer_edges"] = list(self.layer_edges)
+        for key, default in (("metrics_port", None), ("metrics_host", "127.0.0.1"),
+                             ("preflight", True)):  # left out at defaults, as above
+            if getattr(self, key) != default:
+                out[key] = getattr(self, key)
         if self.min_workers:  # (left out unless elastic: fixed jobs' files read as before)
             out["min_workers"] = self.min_workers
         if self.batch_rule != "fixed":

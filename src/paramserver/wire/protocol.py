@@ -90,6 +90,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
     "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
     "state": {"state": _f(DICT)},
+    # preflight (issue 23): worker -> server `probe` asks for `bytes` zero bytes, answered by
+    # a `probe` with that many in one uint8 frame; worker -> coordinator `preflight` reports
+    # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
+    "probe": {"bytes": _f(NONNEG)},
+    "preflight": {"links": _f(LIST)},
     # either direction
     "ok": {},
     "error": {"msg": _f(STR), "code": _f(STR, False)},
