@@ -63,6 +63,25 @@ def test_a_codec_push_adds_what_its_chunks_decode_to(kv, name):
         assert np.abs(sent - g).max() > 0  # lossy: the check above is not a dense push's
 
 
+def test_a_mixed_push_keeps_its_runs_exact_across_chunks_and_shards(kv):
+    """`mixed` (what --compress auto pushes): the runs, here crossing a chunk's and the
+    shards' borders, arrive float32; each chunk's slice of them is placed by part()."""
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal(NUM_KEYS).astype(np.float32)
+    runs = ((10, 20), (60, 70), (140, 160), (299, 300))
+    before = kv.pull().copy()
+    sent = np.empty(NUM_KEYS, np.float32)
+    codec = make_codec("mixed", inner="uniform8").dense_runs(runs)
+    handle = kv.push_async(g, step=0, batch=1, codec=codec, sent=sent)
+    kv.wait(handle)
+    np.testing.assert_allclose(kv.pull(), before - sent, rtol=0, atol=1e-5)  # shards: `sent`
+    for a, b in runs:
+        np.testing.assert_allclose(sent[a:b], g[a:b], rtol=0, atol=0)
+    assert np.abs(sent - g).max() > 0  # the rest went as uniform8
+    dense = sum(b - a for a, b in runs)
+    assert handle.nbytes < 4 * dense + 2 * (NUM_KEYS - dense)
+
+
 def test_a_pruned_push_with_codec_values_across_shards(kv):
     keys = np.array([3, 140, 149, 150, 151, 299], dtype=np.int64)
     vals = np.array([0.1, -2.5, 3.0, 1e-3, 7.0, -0.3], dtype=np.float32)

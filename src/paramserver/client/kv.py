@@ -100,6 +100,12 @@ def _check_codec(codec: Codec | None, values: np.ndarray) -> Codec | None:
     return codec
 
 
+def _part(codec: Codec | None, sl: slice) -> Codec | None:
+    """The codec of one message's slice of a push (a `mixed` codec's runs are the whole
+    vector's; others are the same codec)."""
+    return None if codec is None else codec.part(sl.start, sl.stop)
+
+
 def _values_message(handle: Handle, fields: dict, values: np.ndarray,
                     codec: Codec | None, sent: np.ndarray | None = None) -> Message:
     """A dense push of `values` (encoded by `codec` when given), counted in handle.nbytes;
@@ -298,7 +304,8 @@ class KVWorker:
                 if beside is not None:
                     f["parts"] = 1 + beside
                 handle.parts.append((i, send(i, _values_message(
-                    handle, f, arr[sl], codec, None if sent is None else sent[sl])), sl))
+                    handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl])),
+                    sl))
             return handle
         arrival, extra = self._arrival, beside or 0
 
@@ -306,7 +313,7 @@ class KVWorker:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
-            return _values_message(handle, f, arr[c.out], codec,
+            return _values_message(handle, f, arr[c.out], _part(codec, c.out),
                                    None if sent is None else sent[c.out])
         handle.stream = stream
         return self._start(handle, message)
