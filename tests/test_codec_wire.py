@@ -100,6 +100,34 @@ def test_a_pruned_push_with_codec_values_across_shards(kv):
     np.testing.assert_array_equal(kv.pull(), expected)
 
 
+def test_a_pruned_block_codec_push_feeds_its_per_shard_rounding_back(kv):
+    """uniform8 values of a top-k are re-encoded per shard (their blocks move with the
+    slice): `sent` says what the shards added, and the compressor keeps the difference, so
+    what reached the shards plus the residual is still the gradient."""
+    import torch
+
+    from paramserver.compression import make_compressor
+    rng = np.random.default_rng(9)
+    g = (rng.standard_normal(NUM_KEYS) * np.exp(rng.standard_normal(NUM_KEYS) * 3)) \
+        .astype(np.float32)
+    c = make_compressor("topk", fraction=0.5, codec=make_codec("uniform8", block=8))
+    sparse = c.compress(torch.from_numpy(g))
+    assert sparse.keys.min() < 150 <= sparse.keys.max()  # on both shards
+    before = kv.pull().copy()
+    sent = np.empty_like(sparse.values)
+    shuffled = rng.permutation(sparse.keys.size)  # in any order: `sent` follows the caller's
+    kv.wait(kv.push_sparse_async(sparse.keys[shuffled], sparse.values[shuffled], step=0,
+                                 batch=1, codec=c.codec, sent=sent))
+    got = np.zeros(NUM_KEYS, np.float32)
+    got[sparse.keys[shuffled]] = sent
+    np.testing.assert_allclose(kv.pull(), before - got, rtol=0, atol=1e-5)
+    assert np.abs(sent - sparse.values[shuffled]).max() > 0  # it did round again
+    c.kept(sparse.keys[shuffled], sparse.values[shuffled] - sent)
+    np.testing.assert_allclose(got + c.residual.numpy(), g, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="sent must be"):
+        kv.push_sparse_async(sparse.keys, sparse.values, step=0, batch=1, sent=sent)
+
+
 def test_a_codec_needs_float32_values(kv):
     with pytest.raises(ValueError, match="float32"):
         kv.push(np.ones(NUM_KEYS, dtype=np.float64), step=0, batch=1, codec=make_codec("fp16"))

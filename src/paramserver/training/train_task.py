@@ -294,8 +294,12 @@ class StepLoop:
         sparse = self.compressor.compress(self.grads)
         if sparse.is_dense and sparse.encoded is None:
             return self.kv.push(self.grads_np, **tags), self.nbytes
-        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags,
-                                           codec=self.compressor.codec)
+        codec = self.compressor.codec
+        sent = None if codec is None else np.empty_like(sparse.values)
+        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags, codec=codec,
+                                           sent=sent)
+        if sent is not None:  # each shard's slice re-encoded: what that rounding kept back
+            self.compressor.kept(sparse.keys, sparse.values - sent)
         return self.kv.wait(handle), handle.nbytes
 
 
