@@ -3,7 +3,6 @@ round of chunks applies once, the chunks in flight stay bounded, the wide model'
 `--servers auto`."""
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -97,31 +96,22 @@ def _steps(kv: KVWorker, steps: int = 3) -> list[np.ndarray]:
     return seen
 
 
-def _side_by_side(run, *variants) -> list:
-    """run(variant) for every variant at once, in threads: each starts its own job, and the
-    processes' start-ups (most of the time) overlap. Their results, in order; the first
-    failure raises."""
-    with ThreadPoolExecutor(len(variants)) as pool:
-        futures = [pool.submit(run, v) for v in variants]
-        return [f.result() for f in futures]
-
-
 @pytest.mark.parametrize("sync", ["asp", "bsp"])  # arrival mode, round mode
 def test_chunked_pushes_and_pulls_equal_one_message_per_shard(tmp_path, sync):
-    def run(chunk_bytes):
+    results = {}
+    for chunk_bytes in (SMALL, 1 << 30):
         with running_job(tmp_path / str(chunk_bytes), _job(sync, chunk_bytes)) as cluster:
             kv = KVWorker(cluster.address)
             try:
                 assert kv.core.chunk == (8 if chunk_bytes == SMALL else (1 << 30) // 8)
-                return _steps(kv), list(kv.core.versions)
+                results[chunk_bytes] = _steps(kv)
+                versions = list(kv.core.versions)
             finally:
                 kv.close()
-
-    (chunked_run, versions), (whole_run, _) = _side_by_side(run, SMALL, 1 << 30)
-    if sync == "asp":
-        # Arrival mode applies each chunk: 7 and 6 chunks per push (49 + 48 keys), 3 pushes.
-        assert versions == [3 * 7, 3 * 6]
-    for chunked, whole in zip(chunked_run, whole_run):
+        if sync == "asp" and chunk_bytes == SMALL:
+            # Arrival mode applies each chunk: 7 and 6 chunks per push (49 + 48 keys), 3 pushes.
+            assert versions == [3 * 7, 3 * 6]
+    for chunked, whole in zip(results[SMALL], results[1 << 30]):
         np.testing.assert_array_equal(chunked, whole)
 
 
@@ -383,7 +373,8 @@ def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync)
     """Shared memory off: pieces (1.87 MB) above chunk_bytes (1 MB) go in 0.25 MB TCP chunks
     (8 per shard, 3 in flight) and give exactly what one message per shard gives; a worker
     that shares memory with the shards uses chunk_bytes and chunks_in_flight."""
-    def run(chunk_bytes):
+    results = {}
+    for chunk_bytes in (1 << 20, 1 << 30):
         job = make_job(TCP_KEYS, 2, 1, sync=sync, dtype="float32", lr=0.5,
                        chunk_bytes=chunk_bytes, chunks_in_flight=2,
                        tcp_chunk_bytes=1 << 18, tcp_chunks_in_flight=3)
@@ -392,7 +383,7 @@ def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync)
             try:
                 assert kv.core.runs == [min(1 << 18, chunk_bytes) // 4] * 2
                 assert kv.core.windows == [3, 3]
-                seen = _tcp_steps(kv)
+                results[chunk_bytes] = _tcp_steps(kv)
             finally:
                 kv.close()
             if chunk_bytes == 1 << 20:
@@ -403,8 +394,5 @@ def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync)
                         assert near.core.windows == [2, 2]
                 finally:
                     near.close()
-        return seen
-
-    chunked_run, whole_run = _side_by_side(run, 1 << 20, 1 << 30)
-    for chunked, whole in zip(chunked_run, whole_run):
+    for chunked, whole in zip(results[1 << 20], results[1 << 30]):
         np.testing.assert_array_equal(chunked, whole)

@@ -14,24 +14,11 @@ COMMON = ["--sync", "bsp", "--workers", "2", "--dtype", "float64", "--batch-size
           "--eval-interval", "0", "--quiet", "--seed", "3"]
 
 
-def train_at_once(runs: dict[str, list[str]], timeout: float = 300) -> dict:
-    """`paramserver train COMMON ARGS` for every NAME: ARGS at once (most of a run is process
-    start-up, which overlaps); {name: finished process}, each checked to have succeeded."""
-    procs = {name: subprocess.Popen([sys.executable, "-m", "paramserver", "train", *COMMON,
-                                     *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True) for name, args in runs.items()}
-    done = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"{name}: {err[-3000:]}"
-            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    return done
+def train(*args, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", *COMMON, *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -49,32 +36,17 @@ def runs(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def resumed(runs):
-    """Both tests' resumes to 40 rounds, side by side: stopped-15 as it stopped, stopped-10
-    after its latest checkpoint (25) was cut short. {name: (latest tag and values before the
-    resume, finished resume)}."""
-    before = {name: final_values(runs / name / "checkpoints")
-              for name in ("stopped-15", "stopped-10")}
-    path = runs / "stopped-10" / "checkpoints" / f"ckpt-{25:09d}" / "server-0" / "values.npy"
-    path.write_bytes(path.read_bytes()[:-4])  # a copy cut short
-    done = train_at_once({
-        "stopped-15": ["--resume", str(runs / "stopped-15"), "--steps", "40"],
-        "stopped-10": ["--resume", str(runs / "stopped-10"), "--steps", "40",
-                       "--timeout", "120"]})
-    return {name: (before[name], done[name]) for name in before}
-
-
 def final_values(ckpt_dir):
     tag = latest(ckpt_dir)
     values, _ = read_part(ckpt_dir, tag, "server-0")
     return tag, values["values"]
 
 
-def test_resumed_bsp_run_matches_an_uninterrupted_one(runs, resumed):
+def test_resumed_bsp_run_matches_an_uninterrupted_one(runs):
     straight, stopped = runs / "straight", runs / "stopped-15"
-    (tag_stop, at_stop), _ = resumed["stopped-15"]
+    tag_stop, at_stop = final_values(stopped / "checkpoints")
     assert tag_stop == f"{25:09d}"
+    train("--resume", str(stopped), "--steps", "40")
     tag_a, a = final_values(straight / "checkpoints")
     tag_b, b = final_values(stopped / "checkpoints")
     assert tag_a == tag_b == f"{40:09d}"
@@ -85,13 +57,13 @@ def test_resumed_bsp_run_matches_an_uninterrupted_one(runs, resumed):
     assert summary["steps"] == 80  # both parts' step records, 2 workers x 40 rounds
 
 
-def test_a_resume_whose_latest_checkpoint_is_corrupt_falls_back_to_the_previous_kept_one(
-        runs, resumed):
-    """(The fixture cut the latest checkpoint, 25, short before the resume.)"""
+def test_a_resume_whose_latest_checkpoint_is_corrupt_falls_back_to_the_previous_kept_one(runs):
     straight, stopped = runs / "straight", runs / "stopped-10"
     ckpt = stopped / "checkpoints"
-    (tag_stop, _), proc = resumed["stopped-10"]
-    assert tag_stop == f"{25:09d}"
+    assert latest(ckpt) == f"{25:09d}"
+    path = ckpt / f"ckpt-{25:09d}" / "server-0" / "values.npy"
+    path.write_bytes(path.read_bytes()[:-4])  # a copy cut short
+    proc = train("--resume", str(stopped), "--steps", "40", "--timeout", "120")
     assert (f"checkpoint {25:09d} is unusable (" in proc.stderr and "truncated" in proc.stderr
             and f"falling back to the previous kept checkpoint {20:09d}" in proc.stderr)
     coordinator_log = (stopped / "logs" / "coordinator-0.log").read_text()
