@@ -17,7 +17,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/state.py", "coordinator/events.py",
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
-        "coordinator/takeback.py",
+        "coordinator/takeback.py", "coordinator/replicas.py", "server/replication.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         # The simulator's core.

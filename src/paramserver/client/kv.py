@@ -185,22 +185,51 @@ class KVWorker:
         # as gone when unreachable for a heartbeat timeout, or while dead servers may be
         # restarted at the same address, for as long as the coordinator waits for that.
         limits = self.spec.job.limits
+        # With replicas, a dead primary's backup takes over once the coordinator has found it
+        # silent for a heartbeat timeout, and this worker hears of it with its next beat.
+        self._replicated = self.spec.job.replicas > 1
+        self._shard_epoch = 0  # the shard map's epoch this worker follows (see _follow_moves)
         self.links = ShardLinks(self.shards, limits.heartbeat_timeout
                                 if not self.spec.job.restart_servers else
                                 max(limits.heartbeat_timeout, limits.restart_timeout))
+        if self._replicated:
+            self.links.limit = 3 * limits.heartbeat_timeout
         self.session.servers = self.links
         self.requests = ShardRequests(
             self.shards, self.src, self.core, timeout, settings.retry_interval,
             limits.max_unacked_pushes,
             [self.spec.job.message_limit(s.range.size) for s in self.shards],
             check_peers=self.session.check_alive)
+        if self._replicated:  # every wait's look at the shards follows a moved one first
+            self.links.follow = self._follow_moves
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
+        # (Replicated shards move: an arena offered to one server would not follow its shard.)
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
-                                         shared_memory)
+                                         False if self._replicated else shared_memory)
         self._chunking(settings)
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
                                          settings.coordinator_timeout)
+
+    def _follow_moves(self) -> None:
+        """A shard whose backup took over (the coordinator's heartbeat answers say where):
+        connect to its new primary and send it every request still unanswered, same ids (its
+        dedup table answers a push the dead primary had applied, never applying it twice)."""
+        moved = self.session.moved
+        if moved is None or moved[0] == self._shard_epoch:
+            return
+        self._shard_epoch, where = moved
+        for i, s in enumerate(self.shards):
+            addr = where.get(s.rank)
+            if addr is None or addr == s.addr:
+                continue
+            sock = connect_dealer(self.ctx, addr, send_timeout=self.timeout, keys=self.keys,
+                                  peer="server")
+            old, s.sock, s.addr = s.sock, sock, addr
+            self.requests.swap(old, sock)
+            self.links.swap(i, sock)
+            old.close(0)
+            self.requests.resend(i)
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are

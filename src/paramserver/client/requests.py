@@ -160,6 +160,19 @@ class ShardRequests:
             if not self.core.reply(reply.rid, reply, lent):
                 shm.release_frames(frames)
 
+    def swap(self, old: zmq.Socket, new: zmq.Socket) -> None:
+        """A shard's DEALER replaced (its shard moved): poll the new one."""
+        self.poller.unregister(old)
+        self.poller.register(new, zmq.POLLIN)
+
+    def resend(self, shard: int) -> None:
+        """Send every unanswered request to `shard` again, same ids."""
+        core = self.core
+        for rid, (where, msg) in list(core.sent.items()):
+            if where == shard and rid not in core.inbox:
+                self._transmit(where, msg)
+                self.retries += 1
+
     def _name(self, sock) -> str:
         return next((f"server {s.rank} at {s.addr}" for s in self.shards if s.sock is sock),
                     "a server")

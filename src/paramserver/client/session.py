@@ -77,6 +77,9 @@ class CoordinatorSession:
         # timeout) and logged at a bounded rate.
         self.refusals = RefusalLog(log.warning, time.monotonic)
         self.barrier_wait: str | None = None  # whom the start barrier waited for, last asked
+        # Replicated shards: (epoch, {rank: address}) of the shards whose backup took over, as
+        # the latest heartbeat answer said (one assignment: read by the requests' thread).
+        self.moved: tuple[int, dict] | None = None
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -99,10 +102,21 @@ class CoordinatorSession:
                     _, reply, _ = rpc.recv(sock, routed=False)
                     self.heard = time.monotonic()
                     unknown = unknown or _unknown(reply)
+                    if isinstance(reply, Message) and reply.op == "ok" and "epoch" in reply.fields:
+                        self._moved(reply)
                 if unknown:
                     self.rejoin(sock, sent - interval)
         finally:
             sock.close(0)
+
+    def _moved(self, reply: Message) -> None:
+        epoch = reply["epoch"]
+        if self.moved is None or epoch > self.moved[0]:
+            try:
+                where = {int(r): str(a) for r, a in reply.get("shards", [])}
+            except (TypeError, ValueError):
+                return  # malformed: the next beat's answer says it again
+            self.moved = (epoch, where)
 
     def check_alive(self, waiting_since: float) -> None:
         """A coordinator that died must not leave its workers waiting for their release

@@ -20,6 +20,7 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import ReplicaReport
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog
@@ -45,7 +46,8 @@ def _register(msg: Message, now: float, to, link) -> Registered:
     layout = msg.get("layout")  # a malformed one raises LayoutError (a ValueError): refused
     return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"),
                       msg.get("rejoin"), msg.get("want_rank"),
-                      None if layout is None else ModelLayout.from_wire(layout))
+                      None if layout is None else ModelLayout.from_wire(layout),
+                      bool(msg.get("backup", False)))
 
 
 def _clock(msg: Message, now: float, to, link) -> Clocked:
@@ -68,6 +70,11 @@ EVENTS = {
         msg.src, msg["tag"], msg["lost_updates"], msg["version"], now, to),
     "ok": lambda msg, now, to, link: Answered(msg.src, now, to),
     "error": lambda msg, now, to, link: Answered(msg.src, now, to, msg["msg"]),
+    # a primary about its backup (--replicas 2, coordinator/replicas.py)
+    "backup_synced": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
+                                                              dict(msg.fields)),
+    "backup_lost": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
+                                                            dict(msg.fields)),
 }
 
 

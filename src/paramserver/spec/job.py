@@ -358,6 +358,9 @@ class JobSpec:
     # Keys where the model's layers start: the cuts between shards move to them when that
     # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
     layer_edges: tuple = ()
+    # Copies of each shard: 2 keeps a backup that every update reaches before it is
+    # acknowledged and that takes over when the primary dies (server/replication.py).
+    replicas: int = 1
 
     def __post_init__(self):
         edges = self.layer_edges
@@ -379,6 +382,12 @@ class JobSpec:
         _num("eval_interval", self.eval_interval, open_lo=False)
         _int("restart_servers", self.restart_servers, 0)
         _int("server_threads", self.server_threads, 1)
+        _int("replicas", self.replicas, 1)
+        if self.replicas > 2:
+            _fail("replicas", self.replicas, "1 or 2 (a primary and one backup)")
+        if self.replicas > 1 and self.restart_servers:
+            raise JobSpecError("job fields 'replicas' and 'restart_servers' are exclusive: a "
+                               "replicated shard's backup takes over, no checkpoint restore")
         for key, cls in (("sync", SyncSpec), ("optimizer", OptimizerSpec), ("task", TaskSpec),
                          ("limits", Limits), ("links", LinkTable)):
             if not isinstance(getattr(self, key), cls):
@@ -466,6 +475,8 @@ class JobSpec:
             out["tables"] = [_plain(t) for t in self.tables]
         if self.layer_edges:
             out["layer_edges"] = list(self.layer_edges)
+        if self.replicas != 1:
+            out["replicas"] = self.replicas
         return out
 
     @classmethod
