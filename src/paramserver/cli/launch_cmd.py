@@ -27,7 +27,8 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
         max_message_bytes=None if args.max_message_bytes is None
         else int(args.max_message_bytes),
-        restart_coordinator=args.restart_coordinator), run_dir).to_dict()
+        restart_coordinator=args.restart_coordinator, replicas=args.replicas),
+        run_dir).to_dict()
 
 
 def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
@@ -46,7 +47,7 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
         batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
         optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
         max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
-        max_seconds=cfg.max_seconds, eval_interval=0.0,
+        max_seconds=cfg.max_seconds, eval_interval=0.0, replicas=cfg.replicas,
         checkpoint=None if run_dir is None else CheckpointSpec(
             str(Path(run_dir).resolve() / "checkpoints")),
         # The script's DistributedOptimizer reads the injected slowness from its welcome.
@@ -148,10 +149,12 @@ def _run(args) -> int:
     from paramserver.launch.verdict import rank_records, worker_failures
     from paramserver.runlog.metrics import read_records
     if args.launcher == "ray":
-        if args.restart_coordinator:
-            print("paramserver launch: --restart-coordinator is not supported with --launcher "
-                  "ray yet; use the local launcher for it", file=sys.stderr)
-            return 2
+        for flag_name, used in (("--restart-coordinator", args.restart_coordinator),
+                                ("--replicas 2", args.replicas > 1)):
+            if used:
+                print(f"paramserver launch: {flag_name} is not supported with --launcher ray "
+                      f"yet; use the local launcher for it", file=sys.stderr)
+                return 2
         from paramserver.launch.ray_launcher import RayCluster, Resources
         cluster = RayCluster(job, run_dir, address=args.address, job_timeout=args.timeout,
                              resources=Resources(args.ray_worker_cpus, args.ray_worker_gpus,
@@ -227,6 +230,11 @@ def register(sub) -> None:
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                   help="copies of each shard: 2 runs a backup beside each shard server, which "
+                        "every update reaches before it is acknowledged and which takes over, "
+                        "with no update lost, when the primary dies (a new backup is then "
+                        "rebuilt from the survivor); twice the server processes (default 1)")
     add_policy_args(p)
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
     p.add_argument("--max-seconds", type=flag.positive_seconds,

@@ -161,9 +161,12 @@ class ReplicaLink:
 
     # ---- the backup -----------------------------------------------------------------------------
     def take(self, router: zmq.Socket, ident: bytes, msg: Message, events: dict) -> None:
-        """A `sync` or `fwd` from the primary: applied, then acknowledged."""
+        """A `sync` or `fwd` from the primary: acknowledged once it is here and parses (the
+        backup holds it; it is applied next, before anything else is read), then applied. A
+        forward is acknowledged before it is applied so that its apply overlaps the primary's
+        ack to the worker instead of delaying it."""
         seq, epoch = msg["seq"], msg["epoch"]
-        refused = None
+        refused, inner = None, None
         if not self.backup:
             refused = f"shard {self.rank}'s server here is a primary now"
         elif msg.op == "sync":
@@ -177,32 +180,39 @@ class ReplicaLink:
         elif ident != self.primary or epoch != self.epoch:
             refused = "forward from a primary this backup was not synced with"
         else:
-            refused = self._apply(msg, seq, events)
+            refused, inner = self._parse(msg)
         fields = {"seq": seq, "epoch": epoch}
         if refused:
             fields["refused"] = refused[:200]
         rpc.send_or_drop(router, Message("fwd_ack", fields, src=f"b{self.rank}"), ident)
+        if inner is not None:
+            self._apply(inner, seq, events)
 
-    def _apply(self, msg: Message, seq: int, events: dict) -> str | None:
+    @staticmethod
+    def _parse(msg: Message) -> tuple[str | None, Message | None]:
+        """(why it is refused, None) or (None, the forwarded request)."""
         if not msg.arrays:
-            return "forward without the request's header"
+            return "forward without the request's header", None
         try:
             inner = decode([msg.arrays[0], *msg.arrays[1:]])
         except WireError as exc:
-            return f"forwarded request does not parse: {exc}"
+            return f"forwarded request does not parse: {exc}", None
         if inner.op not in FORWARDED:
-            return f"op {inner.op!r} is not forwarded"
-        inner.rid, inner.src = msg.rid, msg.src
+            return f"op {inner.op!r} is not forwarded", None
+        return None, inner
+
+    def _apply(self, inner: Message, seq: int, events: dict) -> None:
         token = ("fwd", seq)
-        event = events[inner.op](inner, token)
-        replies, rest = self.hold_out(token, self.core.handle(event))
+        try:
+            event = events[inner.op](inner, token)
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            # The primary refused it the same way before its core saw it: nothing applied.
+            log.info("shard %d backup: forward %d refused: %s", self.rank, seq, exc)
+            return
+        # The replies (acks, or refusals the primary's core made the same way) go nowhere.
+        _, rest = self.hold_out(token, self.core.handle(event))
         self.execute(rest)
         self.applied += 1
-        for r in replies:
-            if r.op == "error":  # the primary's core took it (or refused it the same way)
-                log.info("shard %d backup: forward %d answered %s", self.rank, seq,
-                         r.fields.get("msg"))
-        return None
 
     def close(self) -> None:
         if self.sock is not None:

@@ -57,6 +57,7 @@ class TrainConfig:
     links: LinkTable = field(default_factory=LinkTable)  # or --link texts
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     restart_servers: int = JobSpec.restart_servers  # dead servers restarted from a checkpoint
+    replicas: int = JobSpec.replicas  # copies of each shard (2: primary and backup)
     restart_coordinator: int = 0  # dead coordinators restarted at the same address
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps

@@ -414,7 +414,7 @@ class JobSpec:
             optimizer=OptimizerSpec(c.optimizer, c.lr, c.optimizer_options),
             max_samples=c.max_samples(train_size), max_seconds=c.max_seconds,
             eval_interval=c.eval_interval, restart_servers=c.restart_servers,
-            links=c.links,
+            replicas=c.replicas, links=c.links,
             checkpoint=CheckpointSpec(c.checkpoint_dir, c.checkpoint_every,
                                       c.checkpoint_seconds) if c.checkpoint_dir else None,
             task=TaskSpec(model=c.model, dataset=c.dataset,
