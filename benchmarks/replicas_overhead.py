@@ -28,11 +28,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RUN = ("import sys; sys.path.insert(0, {bench!r}); import replicas_overhead as r; "
-       "print(r.bench({nbytes}, {repeats}, {replicas}, {shared}))")
-SIDES = {"plain": (1, True), "plain tcp": (1, False), "replicas": (2, False)}
+       "print(r.bench({nbytes}, {repeats}, {replicas}, {shared}, {limits!r}))")
+# side -> (replicas, shared memory, job limits)
+SIDES = {"plain": (1, True, {}), "plain tcp": (1, False, {}), "replicas": (2, False, {})}
 
 
-def bench(nbytes: int, repeats: int, replicas: int, shared: bool) -> float:
+def bench(nbytes: int, repeats: int, replicas: int, shared: bool,
+          limits: dict | None = None) -> float:
     """Seconds per push+pull of one worker (median of `repeats` batches)."""
     import numpy as np
 
@@ -42,7 +44,7 @@ def bench(nbytes: int, repeats: int, replicas: int, shared: bool) -> float:
     num_keys = nbytes // 4
     job = {"num_keys": num_keys, "dtype": "float32", "servers": 1, "workers": 1,
            "batch_size": 1, "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1.0},
-           "heartbeat_timeout": 60.0, "replicas": replicas}
+           "heartbeat_timeout": 60.0, "replicas": replicas, **(limits or {})}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(job, Path(tmp), keys=None,
                                env=None if shared else {"PARAMSERVER_SHM": "0"})
@@ -73,9 +75,9 @@ def bench(nbytes: int, repeats: int, replicas: int, shared: bool) -> float:
 
 
 def one_run(side: str, nbytes: int, repeats: int, timeout: float) -> float:
-    replicas, shared = SIDES[side]
+    replicas, shared, limits = SIDES[side]
     code = RUN.format(bench=str(HERE), nbytes=nbytes, repeats=repeats, replicas=replicas,
-                      shared=shared)
+                      shared=shared, limits=limits)
     env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=timeout, check=False)
@@ -90,11 +92,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=5, help="timed batches per run")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    parser.add_argument("--chunks", metavar="MB[:N]", help="add a side `replicas chunked`: "
+                        "the replicated job's pushes in chunks of MB (N in flight), so the "
+                        "primary forwards one chunk while the next arrives")
     args = parser.parse_args()
+    if args.chunks:
+        size, _, window = args.chunks.partition(":")
+        nbytes = int(float(size) * (1 << 20))
+        limits = {"chunk_bytes": nbytes, "tcp_chunk_bytes": nbytes}
+        if window:
+            limits["tcp_chunks_in_flight"] = int(window)
+        SIDES["replicas chunked"] = (2, False, limits)
     names = list(SIDES)
     times: dict[str, list[float]] = {n: [] for n in names}
     for i in range(args.rounds):
-        order = names[i % 3:] + names[:i % 3]
+        order = names[i % len(names):] + names[:i % len(names)]
         for side in order:
             times[side].append(one_run(side, args.bytes, args.repeats, args.timeout))
         print("round " + str(i) + ": " + "  ".join(
@@ -107,6 +119,10 @@ def main() -> int:
     print(f"replicas / plain: median {statistics.median(over):.3f} "
           f"(range {min(over):.2f}-{max(over):.2f}); replicas / plain tcp: median "
           f"{statistics.median(over_tcp):.3f} (range {min(over_tcp):.2f}-{max(over_tcp):.2f})")
+    if "replicas chunked" in times:
+        ch = [r / p for r, p in zip(times["replicas chunked"], times["plain tcp"])]
+        print(f"replicas chunked ({args.chunks} MB) / plain tcp: median "
+              f"{statistics.median(ch):.3f} (range {min(ch):.2f}-{max(ch):.2f})")
     return 0
 
 

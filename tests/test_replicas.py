@@ -236,6 +236,12 @@ def test_a_silent_primary_is_replaced_by_its_synced_backup_and_workers_learn_whe
     assert ops == [("promote", ("link-B1",))]
     assert [e.kind for e in out if type(e) is AppendEvent] == ["replica_promoted"]
     assert reps.worker_fields() == {"epoch": 1, "shards": [[1, "B1"]]}
+    # A beat the backup sent before it took its primary's name counts for the primary; a
+    # beat under a backup name from another connection is not answered.
+    assert reps.heartbeat("b1", "link-B1", 3.3, members) is True
+    assert members.roster.servers["s1"].last_seen == 3.3
+    assert reps.heartbeat("b1", "link-P1", 3.3, members) is False
+    assert reps.heartbeat("w-1", "link-W", 3.3, members) is None
     # The old primary, back from a stall, is no longer the shard's: it is stopped.
     out.clear()
     reps.report(ReplicaReport("backup_lost", "s1", 3.3, link="link-P1",

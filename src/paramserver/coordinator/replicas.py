@@ -56,11 +56,14 @@ class Replicas:
     def src_of(rank: int) -> str:
         return f"b{rank}"
 
+    @staticmethod
+    def rank_of(src: str) -> int | None:
+        """The shard rank of a backup's name (b<rank>), else None."""
+        return int(src[1:]) if len(src) > 1 and src[0] == "b" and src[1:].isdigit() else None
+
     def find(self, src: str) -> Backup | None:
-        if len(src) > 1 and src[0] == "b" and src[1:].isdigit():
-            b = self.backups.get(int(src[1:]))
-            return b
-        return None
+        rank = self.rank_of(src)
+        return None if rank is None else self.backups.get(rank)
 
     @property
     def links(self) -> tuple:
@@ -118,15 +121,23 @@ class Replicas:
                                                "epoch": b.epoch}, (primary.link,)))
 
     # ---- what members say -----------------------------------------------------------------------
-    def heartbeat(self, src: str, link, now: float) -> bool | None:
-        """A backup's heartbeat: True to answer it; None when `src` is no backup."""
-        b = self.find(src)
-        if b is None:
+    def heartbeat(self, src: str, link, now: float, members: Membership) -> bool | None:
+        """A backup's heartbeat: True to answer it; None when `src` is no backup's name. A
+        beat of a backup just promoted (sent before it took its primary's name) counts for
+        the primary it is now; one of a dropped backup is not answered (it was told to shut
+        down), never answered `unknown`, which would make it register again."""
+        rank = self.rank_of(src)
+        if rank is None:
             return None
-        if b.link != link:
-            return False  # a stale process at that name: left to time out
-        b.last_seen = now
-        return True
+        b = self.backups.get(rank)
+        if b is not None and b.link == link:
+            b.last_seen = now
+            return True
+        primary = members.roster.servers.get(f"s{rank}")
+        if primary is not None and primary.link == link:
+            primary.last_seen = now
+            return True
+        return False
 
     def report(self, e: ReplicaReport, members: Membership, out: list) -> bool:
         """A primary's `backup_synced` or `backup_lost`; True if it was answered (a stale

@@ -502,7 +502,7 @@ class CoordinatorState:
 
     def _on_heartbeat(self, e: Heartbeat, out: list) -> None:
         if self.replicas.enabled:
-            backup = self.replicas.heartbeat(e.src, e.link, e.now)
+            backup = self.replicas.heartbeat(e.src, e.link, e.now, self.members)
             if backup is not None:
                 if backup:
                     out.append(Reply(e.to, "ok", _OK))
