@@ -278,3 +278,46 @@ def test_a_job_without_replicas_wants_no_backup():
     e = _reg("server", "B", 0.0, backup=True)
     with pytest.raises(ValueError, match="no replicas"):
         reps.register(e, members, _welcome(e), [])
+
+
+# ---- the whole coordinator core -------------------------------------------------------------------
+def test_the_coordinator_waits_for_synced_backups_then_promotes_and_tells_the_workers():
+    from paramserver.coordinator.events import Heartbeat, Started, TimePassed
+    from paramserver.coordinator.state import CoordinatorState
+    from paramserver.spec.job import JobSpec, Limits, SyncSpec
+
+    job = JobSpec(num_keys=10, servers=1, workers=1, sync=SyncSpec("asp"), eval_interval=0.0,
+                  replicas=2, limits=Limits(heartbeat_timeout=1.0, start_timeout=60.0))
+    state = CoordinatorState(job)
+    out = state.handle(Registered("server", "server", 0.0, to="p", link="LP", addr="P"))
+    assert any(type(i) is Reply and i.op == "welcome" for i in out)
+    out = state.handle(Registered("server", "server", 0.0, to="b", link="LB", addr="B",
+                                  backup=True))
+    welcome = next(i for i in out if type(i) is Reply)
+    assert welcome.fields["backup"] is True and welcome.fields["rank"] == 0
+    attach = next(i for i in out if type(i) is ToServers)
+    assert (attach.op, attach.links, attach.fields["addr"]) == ("attach_backup", ("LP",), "B")
+    state.handle(Registered("w0", "worker", 0.1, to="w"))
+    out = state.handle(Started("w0", 0.2, to="s"))
+    assert not state.barrier.open  # the backup is not synced: no push may be acked alone
+    epoch = attach.fields["epoch"]
+    out = state.handle(ReplicaReport("backup_synced", "s0", 0.3, link="LP",
+                                     fields={"rank": 0, "epoch": epoch, "version": 0}))
+    assert state.barrier.open
+    assert ("backup_synced" in [i.kind for i in out if type(i) is AppendEvent])
+    # The primary falls silent; the backup and the worker beat on.
+    for t in (0.8, 1.2):
+        state.handle(Heartbeat("b0", t, to="hb", link="LB"))
+        state.handle(Heartbeat("w0", t, to="hw"))
+    out = state.handle(TimePassed(1.35))
+    assert [(i.op, i.links) for i in out if type(i) is ToServers] == [("promote", ("LB",))]
+    assert state.members.roster.servers["s0"].addr == "B"
+    assert "replica_promoted" in [i.kind for i in out if type(i) is AppendEvent]
+    assert shutdown_links(state) == ("LB",)
+    out = state.handle(Heartbeat("w0", 1.4, to="hw"))
+    assert out[0].fields == {"epoch": 1, "shards": [[0, "B"]]}
+    state.check_invariants()
+
+
+def shutdown_links(state):
+    return state.shutdown("done").links
