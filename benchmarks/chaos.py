@@ -141,10 +141,35 @@ class Chaos:
             self.order.append("worker")
             self.killed_pids.add(victim.proc.pid)
 
+    def _primary(self, live: list):
+        """With replicas: the process serving a random shard as its primary now (the address
+        of its last promotion, else the one it joined with), so that a backup takes over."""
+        import psutil
+        addrs: dict[int, str] = {}
+        for e in _events(self.cluster.run_dir):
+            if e["event"] in ("server_joined", "replica_promoted"):
+                addrs[e["rank"]] = e["addr"]
+        if not addrs:
+            return None
+        port = int(addrs[self.rng.choice(sorted(addrs))].rsplit(":", 1)[1])
+        for c in live:
+            try:
+                conns = psutil.Process(c.proc.pid).net_connections("tcp")
+            except psutil.Error:
+                continue
+            if any(x.laddr.port == port and x.status == psutil.CONN_LISTEN for x in conns):
+                return c
+        return None
+
     def _kill_server(self) -> None:
         live = self._live("server")
         if not live:
             return
+        if self.cluster.spec.replicas > 1:
+            victim = self._primary(live)
+            if victim is None:
+                return  # (tried again at the next tick)
+            live = [victim]
         tag = latest(self.ckpt)  # read before the kill: a later commit is seen as such
         progress = self.watch.rounds if self.round_mode else self.watch.steps
         victim = self.rng.choice(live)
