@@ -431,6 +431,12 @@ class ServerNode:
         if msg.get("code") != "unknown":
             log.warning("coordinator reported: %s", msg["msg"])
             return
+        if self.replica is not None and self.replica.backup:
+            # A restarted coordinator takes back primaries only (coordinator/replicas.py): a
+            # backup registering again would claim its primary's rank.
+            raise SystemExit(f"server {self.src}: the restarted coordinator at {self.join} "
+                             f"does not take back backups; exiting (the shard runs "
+                             f"unreplicated)")
         now = time.monotonic()
         if now - self._rejoin_at < self.settings.heartbeat_interval:
             return  # one re-registration in flight per beat
