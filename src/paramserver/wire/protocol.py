@@ -68,8 +68,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                  "backup": _f(BOOL, False)},  # a server that comes as a shard's backup
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
-              "record": _f(RECORD, False)},
-    "start": {},
+              "record": _f(RECORD, False),
+              # the worker's last step: it leaves with it (an elastic job's preempted worker)
+              "leave": _f(STR, False)},
+    # an elastic job's worker: its training set's size (the sample ledger's)
+    "start": {"data_len": _f(NONNEG, False)},
     "heartbeat": {"counters": _f(RECORD, False)},
     "bye": {"reason": _f(STR, False)},
     "status": {},
@@ -78,7 +81,9 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
-                "round_size": _f(NONNEG, False)},
+                "round_size": _f(NONNEG, False),
+                # an elastic job: [[epoch, lo, hi], ...] of the epochs' permutations to train on
+                "samples": _f(LIST, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
@@ -101,6 +106,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "fwd": {"seq": _f(NONNEG), "epoch": _f(NONNEG)},
     "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False)},
     "fwd_ack": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "refused": _f(STR, False)},
+    # preflight (issue 23): worker -> server `probe` asks for `bytes` zero bytes, answered by
+    # a `probe` with that many in one uint8 frame; worker -> coordinator `preflight` reports
+    # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
+    "probe": {"bytes": _f(NONNEG)},
+    "preflight": {"links": _f(LIST)},
     # either direction
     "ok": {"epoch": _f(NONNEG, False),  # a worker's heartbeat answered after a takeover:
            "shards": _f(LIST, False)},  # the moved shards, [[rank, addr], ...]
