@@ -18,6 +18,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py",
+        "coordinator/recent.py",
+        "observe/stats.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         # The simulator's core.

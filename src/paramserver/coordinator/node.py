@@ -16,8 +16,8 @@ from paramserver.coordinator.checkpoint_keeper import (
     load_coordinator_state, save_coordinator_state, usable_checkpoint,
 )
 from paramserver.coordinator.events import (
-    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
-    Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
+    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, ObserveAsked,
+    Registered, Reply, Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.state import CoordinatorState
@@ -58,11 +58,12 @@ EVENTS = {
     "clock": _clock,
     "start": lambda msg, now, to, link: Started(msg.src, now, to),
     "heartbeat": lambda msg, now, to, link: Heartbeat(msg.src, now, to, link,
-                                                      msg.get("counters")),
+                                                      msg.get("counters"), msg.get("shard")),
     "register": _register,
     "bye": lambda msg, now, to, link: Bye(msg.src, now, to, msg.get("reason", "done")),
     "report": lambda msg, now, to, link: Report(msg.src, msg["record"], now, to),
     "status": lambda msg, now, to, link: StatusAsked(msg.src, now, to),
+    "observe": lambda msg, now, to, link: ObserveAsked(msg.src, msg["since"], now, to),
     "saved": lambda msg, now, to, link: ShardSaved(msg.src, msg["tag"], now, to),
     "restored": lambda msg, now, to, link: ShardRestored(
         msg.src, msg["tag"], msg["lost_updates"], msg["version"], now, to),

@@ -69,10 +69,12 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
               "record": _f(RECORD, False)},
     "start": {},
-    "heartbeat": {"counters": _f(RECORD, False)},
+    "heartbeat": {"counters": _f(RECORD, False), "shard": _f(RECORD, False)},
     "bye": {"reason": _f(STR, False)},
     "status": {},
     "report": {"record": _f(RECORD)},
+    # a read-only observer (`paramserver top ADDRESS`): the metrics records after `since`
+    "observe": {"since": _f(NONNEG)},
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
@@ -85,6 +87,9 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
     "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
     "state": {"state": _f(DICT)},
+    # coordinator -> observer: records after `since` up to `seq` (more: ask again at once)
+    "observed": {"seq": _f(NONNEG), "records": _f(LIST), "members": _f(DICT),
+                 "more": _f(BOOL, False)},
     # either direction
     "ok": {},
     "error": {"msg": _f(STR), "code": _f(STR, False)},
