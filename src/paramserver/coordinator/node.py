@@ -16,10 +16,11 @@ from paramserver.coordinator.checkpoint_keeper import (
     load_coordinator_state, save_coordinator_state, usable_checkpoint,
 )
 from paramserver.coordinator.events import (
-    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, ObserveAsked,
-    Registered, Reply, Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
+    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
+    Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog

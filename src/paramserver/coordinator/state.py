@@ -15,13 +15,14 @@ from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.events import (
-    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, ObserveAsked,
-    Registered, Reply, Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
+    Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
+    Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
-from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
+from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.policies import (

@@ -194,7 +194,8 @@ class StepLoop:
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
-                  "data_s": round(self.data_s, 6), "pull_bytes": pull_bytes, "push_bytes": push_bytes,
+                  "data_s": round(self.data_s, 6),
+                  "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4), **self.codec.fields}
         return record, compute
