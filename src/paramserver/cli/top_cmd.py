@@ -36,6 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--slow-factor", type=float, default=1.5, metavar="X",
                    help="a step is slow when its work per sample exceeds X times the median of "
                         "the other workers' (default 1.5)")
+    p.add_argument("--keys", metavar="DIR",
+                   help="with an address: the job's key folder (default $PARAMSERVER_KEYS; a "
+                        "local `train` job's is RUN/keys); its observer key pair is used")
     p.add_argument("--width", type=int, metavar="COLS",
                    help="draw this many columns wide (default: the terminal's)")
     p.set_defaults(func=run)
@@ -55,7 +58,7 @@ def run(args) -> int:
                                 chronic_keep=max(1, window // 2),
                                 transient_min=min(2, window),
                                 clear_after=max(1, min(6, window // 2)))
-        source = open_source(args.target, args.replay, args.speed)
+        source = open_source(args.target, args.replay, args.speed, _keys(args))
     except (SourceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -73,10 +76,27 @@ def run(args) -> int:
             close()
 
 
+def _keys(args):
+    """The observer's CURVE keys for an address target: --keys or $PARAMSERVER_KEYS."""
+    import os
+
+    if not args.target.startswith(("tcp://", "ipc://")):
+        return None
+    from paramserver.transport import security
+
+    directory = args.keys or os.environ.get(security.ENV)
+    return security.load(directory, "observer") if directory else None
+
+
 def _frame(source, stats, finished: bool):
     from paramserver.observe.view import Header, render
 
-    head = Header(source.describe, source.policy, finished, source.members, source.preflight())
+    note = ""
+    if getattr(source, "silent_since", None) is not None:
+        note = (f"no answer from {source.address} yet: is the job running, and are these its "
+                f"keys (--keys DIR)?")
+    head = Header(source.describe, source.policy, finished, source.members, source.preflight(),
+                  note)
     return render(stats.snapshot(), head, MAX_WORKERS)
 
 

@@ -186,7 +186,7 @@ class ObserverSource:
     """The coordinator at `address`, asked for its recent records with the `observe` op: it
     never registers, pushes or clocks, so the job does not know it is watched."""
 
-    def __init__(self, address: str, timeout: float = 2.0, keys=None):
+    def __init__(self, address: str, timeout: float = 0.5, keys=None):
         import zmq
 
         from paramserver.transport import connect_dealer, new_context
@@ -259,12 +259,12 @@ class ObserverSource:
         terminate(self.ctx, (self.sock,))
 
 
-def open_source(target: str, replay: bool = False, speed: float = 1.0):
-    """The source for `paramserver top TARGET`."""
+def open_source(target: str, replay: bool = False, speed: float = 1.0, keys=None):
+    """The source for `paramserver top TARGET` (`keys`: an address's CURVE keys)."""
     if target.startswith(("tcp://", "ipc://")):
         if replay:
             raise SourceError("--replay needs a run folder, not an address")
-        return ObserverSource(target)
+        return ObserverSource(target, keys=keys)
     run = Path(target)
     if not run.is_dir():
         raise SourceError(f"{target}: no such run folder (or give a coordinator address "

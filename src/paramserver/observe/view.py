@@ -29,6 +29,7 @@ class Header:
     finished: bool
     members: dict
     preflight: list[Link] | None = None
+    note: str = ""  # a line under the header: why nothing shows, say
 
 
 def _ms(seconds: float) -> str:
@@ -159,6 +160,8 @@ def header_text(snap: Snapshot, head: Header) -> Text:
 
 def render(snap: Snapshot, head: Header, max_workers: int = 32) -> RenderableType:
     parts: list[RenderableType] = [header_text(snap, head)]
+    if head.note:
+        parts.append(Text(head.note, style="bold yellow"))
     if not snap.workers:
         parts.append(Text("waiting for the first step records...", style="dim"))
     else:
