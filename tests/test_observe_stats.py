@@ -205,6 +205,13 @@ def test_recent_records_fit_one_reply_header():
     msg = Message("observed", {"seq": seq, "records": records, "more": more,
                                "members": {"workers": {str(i): 10 ** 6 for i in range(256)}}})
     assert decode(encode(msg))["seq"] == seq  # within the 64 KB header bound
+    long = RecentRecords()
+    for i in range(200):  # records of long strings, the largest a RECORD may hold
+        long.add(float(i), {f"k{j}": "é" * 256 for j in range(63)})
+    seq, records, more = long.since(0)
+    assert more and records
+    msg = Message("observed", {"seq": seq, "records": records, "more": more, "members": {}})
+    assert decode(encode(msg))["seq"] == seq
 
 
 def bsp_core() -> CoordinatorState:

@@ -10,11 +10,19 @@ from __future__ import annotations
 from collections import deque
 
 # A reply's header is at most 64 KB (wire.codec.MAX_HEADER_BYTES): the records of one reply
-# stay under this estimate, which leaves room for the members' summary.
+# stay under this bound, which leaves room for the members' summary.
 REPLY_BUDGET = 40_000
-# Bytes a field costs at most in the estimate: msgpack keeps a key of up to 31 characters and a
-# float in 9 bytes, an int or a short string in fewer.
-FIELD_BYTES = 48
+
+
+def packed_size(record: dict) -> int:
+    """An upper bound of the record's msgpack size as a metrics line (with its `t`): a string
+    costs its UTF-8 bytes and a header of at most 3 bytes (a record's strings are at most 256
+    characters: wire RECORD), a number at most 9 bytes."""
+    size = 5 + 11  # the map's header, and "t" with a float
+    for k, v in record.items():
+        size += len(str(k).encode()) + 3
+        size += len(v.encode()) + 3 if isinstance(v, str) else 9
+    return size
 
 
 class RecentRecords:
@@ -46,7 +54,7 @@ class RecentRecords:
         n = start
         for i in range(start - first, len(self.ring)):
             t, record = self.ring[i]
-            cost = FIELD_BYTES * (len(record) + 1) + 16
+            cost = packed_size(record)
             if out and (len(out) >= limit or spent + cost > budget):
                 break
             out.append({"t": round(t, 6), **record})
