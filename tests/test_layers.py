@@ -18,6 +18,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py",
+        # Elastic workers: the wait below MIN and the per-epoch sample ledger.
+        "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
         "coordinator/recent.py",
         "observe/stats.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
@@ -32,7 +34,9 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         # advise: the cluster fit and the recommendation (engineer A's part).
         "advise/cluster.py", "advise/recommend.py",
         # launch: whether a worker's exit ends the job, what launch says about each rank.
-        "launch/verdict.py"]
+        "launch/verdict.py",
+        # observe: the Chrome trace of a run's records (trace's part of issue 23).
+        "observe/trace.py", "observe/preflight.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py", "emulation/trace_io.py", "advise/calibration_io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",

@@ -275,6 +275,8 @@ def _run(args) -> int:
 
     from paramserver.compression.wire import WireSpec
     console = Console(stderr=False, quiet=False)
+    if flag.check_observe_args(args, "compare"):  # (its runs go one after another)
+        return 2
     try:
         args.worker_command = script_command(args)
         policies = _policies(args.sync)

@@ -20,6 +20,8 @@ from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
 from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
+from paramserver.client.preemption import Preemption
+from paramserver.data.ledger_sampler import LedgerSampler
 from paramserver.spec.job import TaskSpec
 from paramserver.training.workload import build
 
@@ -72,8 +74,16 @@ class StepLoop:
         bind_to_flat(self.model, self.keys, self.params, self.grads)
         self.staging.watch(self.model)
         self.params_np, self.grads_np = self.staging.host_params_np, self.staging.host_grads_np
-        self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
-        self._skip(kv.spec.resume_samples)
+        # An elastic job's ranks come and go: the coordinator's ledger, not a rank's shard,
+        # says which samples each step trains on (every release names them).
+        self.elastic = job.elastic
+        if self.elastic:
+            train = self.ds.train
+            self.sampler = LedgerSampler(train.X, train.y, seed=task.seed, ids=train.ids)
+            self.sampler.fallback_rank = kv.rank
+        else:
+            self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
+            self._skip(kv.spec.resume_samples)
         # A model with a sparse table (DLRM): each step also pulls its batch's rows and pushes
         # their gradients with the dense gradient, in one push_step.
         table = getattr(self.model, "sparse_table", None)
@@ -167,6 +177,8 @@ class StepLoop:
 
     def step(self, release, wait_s: float) -> tuple[dict, float]:
         """Run the released step; returns (metrics record, modelled compute seconds)."""
+        if self.elastic:
+            self.sampler.feed(self.kv.drawn)
         if self.layered is not None:
             return self.step_layered(release, wait_s)
         t_a = time.perf_counter()
@@ -340,17 +352,28 @@ class WireValues:
 def run(kv: KVWorker, task: TaskSpec) -> dict:
     """Train until the coordinator's release says stop; returns this worker's totals."""
     loop = StepLoop(kv, task)
-    if kv.rank == 0:
+    if kv.rank == 0:  # (a rank 0 joining a running elastic job offers too: the first won)
         kv.init(loop.staging.params_to_host())
+    notice = Preemption() if loop.elastic else None
     t_wait = time.perf_counter()
-    release = kv.start()
+    release = kv.start(len(loop.sampler) if loop.elastic else None)
     wait_s, steps = time.perf_counter() - t_wait, 0
     while not release.stop:
+        if notice is not None and notice.given:  # between steps: the release is given back
+            kv.bye("preempted")
+            break
         record, compute = loop.step(release, wait_s)
+        if notice is not None and notice.given:  # its push is in: the step counts, then gone
+            kv.leave(release.step, release.batch_size, compute, record, "preempted")
+            steps += 1
+            break
         cpu, free = loop.host_load()
         t_wait = time.perf_counter()
         release = kv.clock(release.step, release.batch_size, compute, cpu, free, record,
                            while_waiting=loop.prepare_next)
         wait_s, steps = time.perf_counter() - t_wait, steps + 1
+    if notice is not None:
+        notice.restore()
     return {"rank": kv.rank, "steps": steps, "samples": loop.sampler.samples_drawn,
-            "epochs": round(loop.sampler.epoch, 3)}
+            "epochs": round(loop.sampler.epoch, 3), "left": kv.left}
+
