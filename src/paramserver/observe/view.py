@@ -115,8 +115,8 @@ def shards_table(snap: Snapshot) -> Table:
 
 def preflight_table(links: list[Link]) -> Table:
     shards = sorted({link.shard for link in links})
-    table = Table(title="preflight: rtt ms / Mbit/s per worker -> shard", title_justify="left",
-                  box=None, pad_edge=False, header_style="bold")
+    # The title is a line of its own: a table's title wraps at the (narrow) table's width.
+    table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("worker", no_wrap=True)
     for s in shards:
         table.add_column(f"shard {s}", justify="right", no_wrap=True)
@@ -171,5 +171,6 @@ def render(snap: Snapshot, head: Header, max_workers: int = 32) -> RenderableTyp
     if snap.shards:
         parts.append(shards_table(snap))
     if head.preflight:
+        parts.append(Text("preflight: rtt ms / Mbit/s per worker -> shard", style="italic"))
         parts.append(preflight_table(head.preflight))
     return Panel(Group(*parts), border_style="grey50", padding=(0, 1))
