@@ -57,6 +57,8 @@ def _legend() -> Text:
     for p in PHASES:
         t.append("█ ", style=PHASE_STYLE[p])
         t.append(p + "  ")
+    t.append("  x med: work per sample over the others' median;  lost s: seconds the other "
+             "workers waited for this one", style="dim")
     return t
 
 
@@ -76,7 +78,7 @@ def workers_table(snap: Snapshot, limit: int = 32) -> Table:
     for name, justify in (("worker", "right"), ("step", "right"), ("samples/s", "right"),
                           ("batch", "right"), ("stale", "right"), ("step ms", "right"),
                           *((p, "right") for p in PHASES), ("split", "left"),
-                          ("x med", "right"), ("state", "left"), ("others lost s", "right")):
+                          ("x med", "right"), ("state", "left"), ("lost s", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     rows, hidden = _order(snap.workers, limit)
     for r in rows:
