@@ -82,10 +82,12 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--compress", default=d.compress,
                    help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)}, or a value "
                         f"codec for dense pushes: {catalog.listed(catalog.CODECS)}, "
-                        f"or auto: each worker by its --link rate (>= 10 Gbit/s or no "
-                        f"--link dense, >= 1 Gbit/s bf16, slower uniform8; dense without a "
-                        f"tensor of 4096 values or more; options dense_below, dense_at, "
-                        f"bf16_at, slow=uniform8|topk, fraction) (default {d.compress})")
+                        f"or auto: each worker by its --link rate, or its share of the "
+                        f"servers' (>= 10 Gbit/s or no --link dense, >= 1 Gbit/s bf16, slower "
+                        f"uniform8; tensors under 4096 values stay float32 inside the push "
+                        f"(codec mixed: inner=CODEC, dense_below=N); dense without a tensor of "
+                        f"4096 values or more; options dense_below, dense_at, bf16_at, "
+                        f"slow=uniform8|topk, fraction) (default {d.compress})")
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="pruning or codec option, e.g. fraction=0.01, k=2, "
                         "error_feedback=false, block=64; a pruner's values through a codec: "

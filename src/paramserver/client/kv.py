@@ -108,6 +108,12 @@ def _check_codec(codec: Codec | None, values: np.ndarray) -> Codec | None:
     return codec
 
 
+def _part(codec: Codec | None, sl: slice) -> Codec | None:
+    """The codec of one message's slice of a push (a `mixed` codec's runs are the whole
+    vector's; others are the same codec)."""
+    return None if codec is None else codec.part(sl.start, sl.stop)
+
+
 def _values_message(handle: Handle, fields: dict, values: np.ndarray,
                     codec: Codec | None, sent: np.ndarray | None = None) -> Message:
     """A dense push of `values` (encoded by `codec` when given), counted in handle.nbytes;
@@ -339,7 +345,8 @@ class KVWorker:
                 if beside is not None:
                     f["parts"] = 1 + beside
                 handle.parts.append((i, send(i, _values_message(
-                    handle, f, arr[sl], codec, None if sent is None else sent[sl])), sl))
+                    handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl])),
+                    sl))
             return handle
         arrival, extra = self._arrival, beside or 0
 
@@ -347,7 +354,7 @@ class KVWorker:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
-            return _values_message(handle, f, arr[c.out], codec,
+            return _values_message(handle, f, arr[c.out], _part(codec, c.out),
                                    None if sent is None else sent[c.out])
         handle.stream = stream
         return self._start(handle, message)
@@ -360,10 +367,13 @@ class KVWorker:
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
                           scale: float = 1.0, round_size: int = 0,
-                          codec: Codec | None = None) -> Handle:
+                          codec: Codec | None = None, sent: np.ndarray | None = None
+                          ) -> Handle:
         """Send (keys, values) pairs; repeated keys add up on the server. With `codec` each
         shard's values go encoded (each shard's slice on its own: a compressor's decoded values
-        re-encode to themselves under an elementwise cast; a block codec may round again)."""
+        re-encode to themselves under an elementwise cast; a block codec may round again);
+        `sent` (as many float32 as `values`), if given, receives what each value decodes to,
+        i.e. what the shards add, in the caller's order."""
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = _as_array(values, self.dtype)
         if k.size != v.size:
@@ -374,6 +384,10 @@ class KVWorker:
         if order is not None:
             k, v = k[order], v[order]
         codec = _check_codec(codec, v)
+        if sent is not None and (codec is None or sent.shape != (v.size,)
+                                 or sent.dtype != np.float32):
+            raise ValueError(f"sent must be {v.size} float32 values, given with a codec")
+        decoded = None if sent is None else (sent if order is None else np.empty_like(sent))
         handle = Handle("push")
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
@@ -386,11 +400,16 @@ class KVWorker:
                 msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
                 handle.nbytes += k[a:b].nbytes + v[a:b].nbytes
             else:
-                enc_fields, frames = payload.pack(codec, v[a:b])
+                enc = codec.encode(v[a:b])
+                if decoded is not None:
+                    decoded[a:b] = codec.decode(enc, b - a)
+                enc_fields, frames = payload.as_fields(codec, enc)
                 fields.update(enc_fields)
                 msg = Message("push_sparse", fields, [k[a:b], *frames])
                 handle.nbytes += k[a:b].nbytes + payload.frame_bytes(frames)
             handle.parts.append((i, self.requests.send(i, msg), slice(a, b)))
+        if decoded is not None and order is not None:
+            sent[order] = decoded
         return handle
 
     def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0,

@@ -21,9 +21,11 @@ from paramserver.coordinator.events import (
     StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.events import ReplicaReport
+from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
+from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
@@ -107,7 +109,9 @@ class CoordinatorState:
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
             ReplicaReport: self._on_replica_report,
+            ObserveAsked: self._on_observe,
         }
+        self.recent = RecentRecords()  # the latest metrics records, for observers
         # Preflight link probes (issue 23): each worker's figures, for RUN/preflight.json.
         self.preflight = PreflightBook(job.workers)
         self._handlers[PreflightReported] = self._on_preflight
@@ -117,6 +121,13 @@ class CoordinatorState:
         """The instructions that follow from `event`, housekeeping included. A request the
         state refuses (an unknown worker, a push the policy did not release) gets an error
         reply and a warning."""
+        out = self._handle(event)
+        for i in out:  # what goes to metrics.jsonl is kept for observers too
+            if type(i) is AppendMetric:
+                self.recent.add(i.t, i.record)
+        return out
+
+    def _handle(self, event) -> list:
         out: list = []
         self._members_due_fresh = False
         self._dispatch(event, out)
@@ -569,6 +580,8 @@ class CoordinatorState:
                 if e.counters is not None:
                     self._metric(e.now, {"kind": "server", "server": member.rank, **e.counters},
                                  out)
+                if e.shard is not None:
+                    self._metric(e.now, {"kind": "shard", "server": member.rank, **e.shard}, out)
         else:
             # Once a shard's backup took over, workers learn its address here.
             out.append(Reply(e.to, "ok", self.replicas.worker_fields() or _OK))
@@ -618,6 +631,22 @@ class CoordinatorState:
                              for s, m in roster.servers.items()},
                  "gone": dict(roster.gone)}
         out.append(Reply(e.to, "state", {"state": state}))
+
+    def _on_observe(self, e: ObserveAsked, out: list) -> None:
+        """An observer is no member: it is answered and forgotten (no liveness, no rank)."""
+        seq, records, more = self.recent.since(e.since)
+        roster, t_start = self.members.roster, self.barrier.t_start
+        workers = sorted(roster.workers.values(), key=lambda m: m.rank)[:256]
+        members = {"policy": self.host.name, "round_mode": self.round_mode,
+                   "started": self.barrier.open,
+                   "finished": self.finished or (
+                       self.barrier.open and not roster.workers
+                       and not (self.elastic is not None and self.elastic.paused)),
+                   "elapsed_s": 0.0 if t_start is None else round(e.now - t_start, 3),
+                   "workers": {str(m.rank): m.steps for m in workers},
+                   "servers": len(roster.servers), "gone": len(roster.gone)}
+        out.append(Reply(e.to, "observed", {"seq": seq, "records": records, "more": more,
+                                            "members": members}))
 
     def _on_preflight(self, e: PreflightReported, out: list) -> None:
         """A worker's link probes: preflight.json rewritten with them; once every worker of

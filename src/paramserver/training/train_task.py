@@ -10,6 +10,7 @@ import psutil
 import torch
 from torch import nn
 
+from paramserver.compression.auto import link_rate
 from paramserver.compression.wire import WireSpec
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.emulation.links import link_for
@@ -91,12 +92,16 @@ class StepLoop:
             self.model, self.sampler, TableRows(kv, table))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
-        # `--compress auto` is chosen here, once: by this worker's emulated link and the
-        # sizes of the model's tensors (compression/auto.py).
-        link = link_for(job.links, "w", kv.rank)
+        # `--compress auto` is chosen here, once: by this worker's emulated link (or its share
+        # of the shards' links) and the sizes of the model's tensors (compression/auto.py).
+        def rate(link):
+            return None if link is None else link.rate
         self.wire = WireSpec.parse(task.compress, task.compress_options, task.pull_compress,
                                    task.pull_refresh).resolve(
-            None if link is None else link.rate, [p.keys.size for p in self.keys.params])
+            link_rate(rate(link_for(job.links, "w", kv.rank)),
+                      [rate(link_for(job.links, "s", i)) for i in range(job.servers)],
+                      job.workers),
+            [p.keys.size for p in self.keys.params])
         self.compressor = self.wire.compressor()  # None: the dense buffer as it is
         self.codec = WireValues(self.wire, self.keys.num_keys)
         self.plan = make_plan(task.push_range, self.keys.num_keys,
@@ -129,6 +134,7 @@ class StepLoop:
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
         self.grads_zeroed = False
+        self.data_s = 0.0  # the latest step's time drawing its batch (part of its compute)
 
     def _skip(self, samples: int) -> None:
         """A resumed worker draws the batches it drew before, so its data order goes on alike."""
@@ -141,7 +147,9 @@ class StepLoop:
         """Forward and backward on the next batch (with a sparse table: the batch fetched with
         its rows); dense gradients land in the flat buffer."""
         if self.rows is None:
+            drawn = time.perf_counter()
             xb, yb = self.sampler.next_batch(batch)
+            self.data_s = time.perf_counter() - drawn
         if not self.grads_zeroed:
             self.grads.zero_()
             self.staging.grads_zeroed()
@@ -203,9 +211,13 @@ class StepLoop:
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
+                  "data_s": round(self.data_s, 6),
                   "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4), **self.codec.fields}
+        if self.codec.saved:  # what the push and pull formats saved against float32
+            record["push_saved_bytes"] = self.nbytes - push_bytes
+            record["pull_saved_bytes"] = self.nbytes - pull_bytes
         return record, compute
 
     def step_layered(self, release, wait_s: float) -> tuple[dict, float]:
@@ -224,7 +236,7 @@ class StepLoop:
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c2, 6),
-                  "suspend_s": round(self.layered.suspend, 6),
+                  "suspend_s": round(self.layered.suspend, 6), "data_s": round(self.data_s, 6),
                   "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
                   "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4)}
@@ -298,8 +310,12 @@ class StepLoop:
         sparse = self.compressor.compress(self.grads)
         if sparse.is_dense and sparse.encoded is None:
             return self.kv.push(self.grads_np, **tags), self.nbytes
-        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags,
-                                           codec=self.compressor.codec)
+        codec = self.compressor.codec
+        sent = None if codec is None else np.empty_like(sparse.values)
+        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags, codec=codec,
+                                           sent=sent)
+        if sent is not None:  # each shard's slice re-encoded: what that rounding kept back
+            self.compressor.kept(sparse.keys, sparse.values - sent)
         return self.kv.wait(handle), handle.nbytes
 
 
@@ -319,6 +335,8 @@ class WireValues:
         self._since_dense = None  # delta pulls since the last dense one (None: none yet)
         # Constant per job: every step record says which formats its bytes are in.
         self.fields = {"push_codec": wire.label(), "pull_codec": wire.pull_codec or "none"}
+        # step records say the bytes saved where a push or pull format is not float32
+        self.saved = self.fields != {"push_codec": "none", "pull_codec": "none"}
 
     def before_push(self, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(values to push, the buffer each chunk's decoded values land in, or None)."""
