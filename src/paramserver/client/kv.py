@@ -194,6 +194,7 @@ class KVWorker:
             limits.max_unacked_pushes,
             [self.spec.job.message_limit(s.range.size) for s in self.shards],
             check_peers=self.session.check_alive)
+        self.requests.flight = self.session.flight  # one recorder for the whole client
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
                                          shared_memory)

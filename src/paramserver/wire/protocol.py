@@ -85,6 +85,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
     "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
     "state": {"state": _f(DICT)},
+    # the hang doctor (observe/): the coordinator asks every live member for its stack, its
+    # flight recorder's last lines and what it waits for; the answer fits one header (64 KB)
+    "stall_probe": {"n": _f(NONNEG)},
+    "stall_answer": {"n": _f(NONNEG), "role": _f(STR), "stack": _f(STR),
+                     "flight": _f(LIST, False), "waiting": _f(DICT, False)},
     # either direction
     "ok": {},
     "error": {"msg": _f(STR), "code": _f(STR, False)},
