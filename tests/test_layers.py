@@ -30,7 +30,9 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         # advise: the cluster fit and the recommendation (engineer A's part).
         "advise/cluster.py", "advise/recommend.py",
         # launch: whether a worker's exit ends the job, what launch says about each rank.
-        "launch/verdict.py"]
+        "launch/verdict.py",
+        # observe: the stall detector and the stall report (doctor's part).
+        "observe/stall.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py", "emulation/trace_io.py", "advise/calibration_io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",
