@@ -124,3 +124,39 @@ def test_a_stopped_worker_under_asp_is_reported_missing_not_a_hang(tmp_path):
     stall = [e for e in events if e["event"] == "stall"]
     assert [e["verdict"] for e in stall] == ["missing"] and stall[0]["missing"] == [1]
     assert not errors and code == 0, errors
+
+
+@pytest.mark.slow
+def test_an_announced_pause_is_not_flagged_and_a_silent_step_is_a_hang_with_the_stack(tmp_path):
+    """One worker of a tiny BSP job (coordinator and shard as processes, the worker here):
+    its `paused()` evaluation outlasts the stall timeout unflagged; then it stops stepping
+    (alive, heartbeating) and the report holds its own stack, parked in this function."""
+    import numpy as np
+
+    from paramserver.client.kv import KVWorker
+    from ps_helpers import make_job, running_job
+    with running_job(tmp_path, make_job(8, 1, 1, sync="bsp", stall_timeout=1.0)) as cluster:
+        run_dir = cluster.run_dir
+        kv = KVWorker(cluster.address)
+        try:
+            kv.init(np.zeros(8))
+            release = kv.start()
+            for _ in range(5):
+                kv.push(np.ones(8), step=release.step, batch=1)
+                release = kv.clock(release.step, batch=1, compute_time=0.001)
+            with kv.paused("evaluation"):
+                time.sleep(1.6)
+            release = kv.clock(release.step, batch=1, compute_time=0.001)
+            assert not list(run_dir.glob("stall-*.txt"))
+            _wait_for(lambda: (run_dir / "stall-1.txt").exists(), "a stall report", 10)
+            text = (run_dir / "stall-1.txt").read_text()
+        finally:
+            kv.close()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    pauses = [(e["event"], e["reason"]) for e in events if e["event"] in ("pause", "resume")]
+    assert pauses == [("pause", "evaluation (worker rank 0)"),
+                      ("resume", "evaluation (worker rank 0)")]
+    assert "HANG: no step completed" in text
+    assert "waiting: no worker's clock is held" in text  # it is inside its step (sleeping)
+    assert "test_an_announced_pause_is_not_flagged" in text  # its main thread's stack
+    assert "_wait_for" in text and text.count("stack (faulthandler") == 3  # + shard, coord

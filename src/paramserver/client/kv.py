@@ -17,6 +17,7 @@ an async push is sent zero-copy: do not modify it before the handle is waited on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from dataclasses import dataclass
@@ -760,6 +761,16 @@ class KVWorker:
 
     def bye(self, reason: str = "done") -> None:
         self.session.bye(reason)
+
+    @contextlib.contextmanager
+    def paused(self, reason: str = "evaluation"):
+        """A legitimate pause in this worker's steps (its own evaluation, say): announced to
+        the coordinator, whose stall detector then flags no hang or missing worker for it."""
+        self.report({"kind": "pause", "reason": str(reason)[:64]})
+        try:
+            yield
+        finally:
+            self.report({"kind": "resume", "reason": str(reason)[:64]})
 
     def close(self) -> None:
         self.session.close()

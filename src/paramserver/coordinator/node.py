@@ -199,6 +199,8 @@ class CoordinatorNode:
                 if op == "stall_answer":
                     self.doctor.answer(msg, self.now())
                     continue
+                if op == "report":
+                    self.doctor.reported(msg.src, msg.get("record"))
             try:
                 make = events.get(msg.op)
                 if make is None:

@@ -50,6 +50,7 @@ class StallDoctor:
         self.beat_s = beat
         self.probe_wait = max(2.0, 2 * beat + 1.0)
         self.links: dict = {}  # src -> the connection its heartbeats come on
+        self.member_pauses: dict = {}  # src -> the reason of the pause it announced
         self.probe: _Probe | None = None
         self.next_check = 0.0
         self.reports = 0
@@ -64,6 +65,15 @@ class StallDoctor:
 
     def released(self) -> None:
         self.detector.released(self.node.now())
+
+    def reported(self, src: str, record) -> None:
+        """A member's report: a pause it announces (KVWorker.paused) or its end."""
+        if not isinstance(record, dict) or record.get("kind") not in ("pause", "resume"):
+            return
+        if record["kind"] == "pause":
+            self.member_pauses[src] = str(record.get("reason", "pause"))[:64]
+        else:
+            self.member_pauses.pop(src, None)
 
     def answer(self, msg: Message, now: float) -> None:
         """A stall_answer: kept if it answers the probe in flight, from a member it asked."""
@@ -102,11 +112,18 @@ class StallDoctor:
         if stall is not None and self.reports < MAX_REPORTS:
             self._start_probe(stall, now)
 
-    @staticmethod
-    def _pauses(state) -> list[str]:
+    def _pauses(self, state) -> list[str]:
         """The legitimate pauses in force: a checkpoint being written, releases a policy holds
-        on purpose until a time."""
+        on purpose until a time, a pause a worker announced (its own evaluation)."""
+        members = state.members.roster
+        for src in [s for s in self.member_pauses if s not in members.workers
+                    and s not in members.observers]:
+            del self.member_pauses[src]  # it left mid-pause
         reasons = []
+        for src, reason in sorted(self.member_pauses.items()):
+            m = members.workers.get(src)
+            reasons.append(f"{reason} (worker rank {m.rank})" if m is not None
+                           else f"{reason} ({src})")
         if state.schedule.pending_tag is not None:
             reasons.append("checkpoint")
         if state.host.held():
