@@ -62,7 +62,7 @@ def register(sub) -> None:
         description="Print the latest stall report of a run folder (and list the others). "
                     "The coordinator writes RUN/stall-<n>.txt when no step completes for the "
                     "stall timeout (--stall-timeout; default 10 x the median step time, at "
-                    "least 3 s), or when one worker clocks no step for that long while the "
+                    "least min(3 s, heartbeat timeout / 2)), or when one worker clocks no step for that long while the "
                     "others step on: the missing workers, what every member says it waits for "
                     "(op, step, key range, peer), and each live member's stack (faulthandler) "
                     "and last protocol events. A member that did not answer (stopped, hung "

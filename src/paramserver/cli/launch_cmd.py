@@ -246,7 +246,8 @@ def register(sub) -> None:
     p.add_argument("--stall-timeout", type=flag.positive_seconds,
                    help="seconds without a completed step after which the coordinator writes "
                         "RUN/stall-N.txt (see `paramserver doctor`) (default: 10 x the median "
-                        "step time, at least 3 s)")
+                        "step time, at least 3 s or half the heartbeat timeout, whichever is "
+                        "less)")
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB (default: the "
                         "largest legitimate frame plus headroom, from the model size)")
