@@ -2,6 +2,10 @@
 
 Run it as the workers of a local job:
     paramserver launch --workers 2 --sync bsp --steps 150 -- python examples/train_my_model.py
+or of an elastic one, which more copies join by hand and a SIGTERM leaves cleanly:
+    paramserver launch --workers 2:4 --sync bsp --steps 150 -- python examples/train_my_model.py
+    PARAMSERVER_JOIN=$(cat RUN/coordinator.addr) PARAMSERVER_KEYS=RUN/keys \
+        python examples/train_my_model.py
 """
 
 import torch
@@ -17,7 +21,8 @@ data = TensorDataset(torch.tensor(X / 16.0, dtype=torch.float32), torch.tensor(y
 torch.manual_seed(0)  # rank 0's weights start the job; the others receive them on first pull
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
-with paramserver.DistributedOptimizer(model) as opt:  # the update rule runs on the servers
+# (data_len: an elastic job deals each epoch's samples out to whoever is there)
+with paramserver.DistributedOptimizer(model, data_len=len(data)) as opt:  # updates: servers
     loader = DataLoader(data, batch_sampler=paramserver.BatchSampler(len(data), opt, seed=0))
     for x, target in loader:  # batches follow the size the sync policy releases
         opt.zero_grad()

@@ -9,7 +9,7 @@ import pytest
 from paramserver.cli import catalog
 
 COMMANDS = ["", "advise", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
-            "launch", "report", "zipline", "keys", "demo", "calibrate", "serve"]
+            "launch", "report", "zipline", "keys", "demo", "calibrate", "serve", "trace"]
 HEAVY = ("torch", "matplotlib", "sklearn")
 # Imports the CLI, asks for help, and prints which heavy modules the answer loaded.
 RUNNER = """

@@ -63,6 +63,25 @@ def test_a_codec_push_adds_what_its_chunks_decode_to(kv, name):
         assert np.abs(sent - g).max() > 0  # lossy: the check above is not a dense push's
 
 
+def test_a_mixed_push_keeps_its_runs_exact_across_chunks_and_shards(kv):
+    """`mixed` (what --compress auto pushes): the runs, here crossing a chunk's and the
+    shards' borders, arrive float32; each chunk's slice of them is placed by part()."""
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal(NUM_KEYS).astype(np.float32)
+    runs = ((10, 20), (60, 70), (140, 160), (299, 300))
+    before = kv.pull().copy()
+    sent = np.empty(NUM_KEYS, np.float32)
+    codec = make_codec("mixed", inner="uniform8").dense_runs(runs)
+    handle = kv.push_async(g, step=0, batch=1, codec=codec, sent=sent)
+    kv.wait(handle)
+    np.testing.assert_allclose(kv.pull(), before - sent, rtol=0, atol=1e-5)  # shards: `sent`
+    for a, b in runs:
+        np.testing.assert_allclose(sent[a:b], g[a:b], rtol=0, atol=0)
+    assert np.abs(sent - g).max() > 0  # the rest went as uniform8
+    dense = sum(b - a for a, b in runs)
+    assert handle.nbytes < 4 * dense + 2 * (NUM_KEYS - dense)
+
+
 def test_a_pruned_push_with_codec_values_across_shards(kv):
     keys = np.array([3, 140, 149, 150, 151, 299], dtype=np.int64)
     vals = np.array([0.1, -2.5, 3.0, 1e-3, 7.0, -0.3], dtype=np.float32)
@@ -79,6 +98,34 @@ def test_a_pruned_push_with_codec_values_across_shards(kv):
                    codec=make_codec("uniform8"))
     expected[5] -= 2.0
     np.testing.assert_array_equal(kv.pull(), expected)
+
+
+def test_a_pruned_block_codec_push_feeds_its_per_shard_rounding_back(kv):
+    """uniform8 values of a top-k are re-encoded per shard (their blocks move with the
+    slice): `sent` says what the shards added, and the compressor keeps the difference, so
+    what reached the shards plus the residual is still the gradient."""
+    import torch
+
+    from paramserver.compression import make_compressor
+    rng = np.random.default_rng(9)
+    g = (rng.standard_normal(NUM_KEYS) * np.exp(rng.standard_normal(NUM_KEYS) * 3)) \
+        .astype(np.float32)
+    c = make_compressor("topk", fraction=0.5, codec=make_codec("uniform8", block=8))
+    sparse = c.compress(torch.from_numpy(g))
+    assert sparse.keys.min() < 150 <= sparse.keys.max()  # on both shards
+    before = kv.pull().copy()
+    sent = np.empty_like(sparse.values)
+    shuffled = rng.permutation(sparse.keys.size)  # in any order: `sent` follows the caller's
+    kv.wait(kv.push_sparse_async(sparse.keys[shuffled], sparse.values[shuffled], step=0,
+                                 batch=1, codec=c.codec, sent=sent))
+    got = np.zeros(NUM_KEYS, np.float32)
+    got[sparse.keys[shuffled]] = sent
+    np.testing.assert_allclose(kv.pull(), before - got, rtol=0, atol=1e-5)
+    assert np.abs(sent - sparse.values[shuffled]).max() > 0  # it did round again
+    c.kept(sparse.keys[shuffled], sparse.values[shuffled] - sent)
+    np.testing.assert_allclose(got + c.residual.numpy(), g, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="sent must be"):
+        kv.push_sparse_async(sparse.keys, sparse.values, step=0, batch=1, sent=sent)
 
 
 def test_a_codec_needs_float32_values(kv):

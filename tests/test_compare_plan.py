@@ -89,3 +89,33 @@ def test_bounded_staleness_policies_get_their_paired_rule_unless_one_is_given(tm
     runs = plan_runs(base, ["ssp"], parse_scenarios(["one-slow"]), 1, tmp_path,
                      variants=variants, policy_optimizers=PAIRED_OPTIMIZERS)
     assert {r.policy: r.config.optimizer for r in runs} == {"ssp+dense": "dynsgd", SINGLE: "sgd"}
+
+
+def test_a_variant_may_set_its_own_pull_codec_and_refresh(tmp_path):
+    variants = parse_variants(["dense=none", "bf16=bf16:pull=bf16",
+                               "k=topk:fraction=0.01:codec=bf16:pull=uniform8:pull_refresh=50"])
+    base = TrainConfig(workers=2, pull_compress="none", pull_refresh=20)
+    runs = plan_runs(base, ["bsp"], parse_scenarios(["one-slow"]), 1, tmp_path,
+                     single=False, variants=variants)
+    got = {r.policy: (r.config.compress, r.config.compress_options, r.config.pull_compress,
+                      r.config.pull_refresh) for r in runs}
+    assert got == {"bsp+dense": ("none", {}, "none", 20),
+                   "bsp+bf16": ("bf16", {}, "bf16", 20),
+                   "bsp+k": ("topk", {"fraction": 0.01, "codec": "bf16"}, "uniform8", 50)}
+    # each variant's settings are what the worker's WireSpec reads (pull keys are not codec
+    # options)
+    from paramserver.compression.wire import WireSpec
+    for r in runs:
+        c = r.config
+        spec = WireSpec.parse(c.compress, c.compress_options, c.pull_compress, c.pull_refresh)
+        assert spec.pull_codec == (None if c.pull_compress == "none" else c.pull_compress)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "fp16-scaled", "bf16", "uniform8",
+                                   "quantile8", "sign", "randomk", "powersgd"])
+def test_every_codec_is_a_variant_pushed_and_pulled(codec):
+    from paramserver.compression.wire import WireSpec
+    from paramserver.spec.compare_plan import variant_settings
+    ((label, (name, opts)),) = parse_variants([f"{codec}:pull={codec}"]).items()
+    spec = WireSpec.parse(name, *variant_settings(opts, "none", 20))
+    assert (spec.label(), spec.pull_codec) == (codec, codec)

@@ -42,11 +42,32 @@ def test_a_worker_pushes_its_large_tensors_format_and_dense_with_none_large():
     mlp = [8192, 128, 1280, 10]  # the digits MLP's tensors
     p = plan(mlp, 100e6, AutoOptions())
     assert [c.label() for c in p.tensors] == ["uniform8", "none", "none", "none"]
-    assert (p.tier, p.worker.label()) == ("slow", "uniform8")
+    # the small tensors stay float32 inside the push (codec mixed), the large one uniform8
+    assert (p.tier, p.worker.label()) == ("slow", "uniform8+small-fp32")
+    assert p.worker == Choice("mixed", (("inner", "uniform8"), ("dense_below", 4096)))
     assert plan([10, 4000], 100e6, AutoOptions()).worker.label() == "none"
     assert plan([], 100e6, AutoOptions()).worker.label() == "none"
-    assert plan(mlp, 2e9, AutoOptions()).worker.label() == "bf16"
+    assert plan(mlp, 2e9, AutoOptions()).worker.label() == "bf16+small-fp32"
+    assert plan([8192, 4096], 2e9, AutoOptions()).worker.label() == "bf16"  # none small
+    # top-k picks keys over the whole vector: one format
+    assert plan(mlp, 100e6, AutoOptions(slow="topk")).worker.label() == "topk+bf16"
     assert plan(mlp, None, AutoOptions()).tier == "dense"
+
+
+def test_the_servers_links_cap_a_workers_rate_where_they_are_shaped():
+    from paramserver.compression.auto import link_rate
+    assert link_rate(None, [None, None], 4) is None  # nothing shaped: fast
+    assert link_rate(100e6, [None], 4) == 100e6  # only the worker's own link
+    # one shard at 1 Gbit/s shared by 4 workers: 250 Mbit/s each, below a 5 Gbit/s own link
+    assert link_rate(5e9, [1e9], 4) == 250e6
+    assert link_rate(None, [1e9], 4) == 250e6
+    # two shards, each worker sends each its half: the slower shaped one bounds the push
+    assert link_rate(None, [1e9, None], 4) == 500e6
+    assert link_rate(100e6, [10e9, 10e9], 4) == 100e6  # the worker's own link is slower
+    links = LinkTable.parse(["s=1gbit"])  # so auto compresses a fast worker behind it
+    shard = links.link_for("s", 0).rate
+    assert tier(link_rate(None, [shard], 8), AutoOptions()) == "slow"  # 125 Mbit/s each
+    assert tier(link_rate(None, [shard], 1), AutoOptions()) == "bf16"
 
 
 def test_thresholds_are_options_with_units():
@@ -85,8 +106,12 @@ def test_auto_resolves_per_worker_from_the_jobs_links():
         link = links.link_for("w", rank)
         got[rank] = spec.resolve(None if link is None else link.rate, mlp)
     assert {r: w.label() for r, w in got.items()} == {
-        0: "uniform8", 1: "bf16", 2: "none", 3: "uniform8"}
-    assert got[0].push_codec().name == "uniform8" and got[1].push_codec().name == "bf16"
+        0: "uniform8+small-fp32", 1: "bf16+small-fp32", 2: "none", 3: "uniform8+small-fp32"}
+    # the small tensors' keys: the first bias, the second layer and its bias, adjacent: one run
+    assert got[0].dense_runs == ((8192, 9610),)
+    codec = got[0].push_codec()
+    assert (codec.name, codec.inner.name, codec.runs) == ("mixed", "uniform8", ((8192, 9610),))
+    assert got[1].push_codec().inner.name == "bf16"
     assert got[2].compressor() is None and got[2].push_codec() is None
     # Pulls are --pull-compress's, whatever auto chose.
     assert all((w.pull_codec, w.pull_refresh) == ("bf16", 5) for w in got.values())
@@ -106,10 +131,15 @@ def test_live_a_slow_linked_worker_compresses_and_a_fast_one_does_not(tmp_path):
     assert all(len(v) == 4 for v in by_worker.values())
     for r in by_worker[0]:
         assert (r["push_codec"], r["push_bytes"]) == ("none", dense)
+        assert "push_saved_bytes" not in r  # float32 both ways: nothing saved to say
     for r in by_worker[1]:
-        assert r["push_codec"] == "uniform8" and r["push_bytes"] < dense / 3, r
+        # uniform8 for the large tensor, its small ones float32 in the same push
+        assert r["push_codec"] == "uniform8+small-fp32" and r["push_bytes"] < dense / 3, r
+        assert (r["push_saved_bytes"], r["pull_saved_bytes"]) == (dense - r["push_bytes"], 0)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["push_codecs"] == ["none", "uniform8"]
+    assert summary["push_codecs"] == ["none", "uniform8+small-fp32"]
+    assert summary["push_saved_bytes_per_step"] == pytest.approx(
+        sum(dense - r["push_bytes"] for r in by_worker[1]) / 4)
 
 
 def test_defaults_are_the_ones_help_and_docs_state():

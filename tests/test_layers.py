@@ -18,6 +18,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py",
+        # Elastic workers: the wait below MIN and the per-epoch sample ledger.
+        "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         # The simulator's core.
@@ -32,7 +34,9 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         # launch: whether a worker's exit ends the job, what launch says about each rank.
         "launch/verdict.py",
         # observe: the stall detector and the stall report (doctor's part).
-        "observe/stall.py"]
+        "observe/stall.py",
+        # observe: the Chrome trace of a run's records (trace's part of issue 23).
+        "observe/trace.py", "observe/preflight.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.
 IO_ADAPTERS = {"zipline/io.py", "emulation/trace_io.py", "advise/calibration_io.py"}
 FORBIDDEN = {"zmq", "socket", "threading", "time", "subprocess", "multiprocessing", "asyncio",

@@ -51,6 +51,12 @@ def test_bytes_per_step_and_the_codecs_each_worker_named():
     s = summarize(named, JOB)
     assert (s["push_codecs"], s["pull_codecs"]) == (["none", "uniform8"], ["none"])
     assert s["push_bytes_per_step"] == pytest.approx(63.0)
+    assert "push_saved_bytes_per_step" not in s  # no step said what it saved
+    # steps that say what their format saved (worker 1's): the mean over those steps
+    saved = [{**r, "push_saved_bytes": 74, "pull_saved_bytes": 0}
+             if r["kind"] == "step" and r["worker"] == 1 else r for r in named]
+    s = summarize(saved, JOB)
+    assert (s["push_saved_bytes_per_step"], s["pull_saved_bytes_per_step"]) == (74, 0)
 
 
 def test_arrival_mode_counts_every_push_as_an_update():

@@ -416,3 +416,10 @@ def test_codec_runs_show_their_bytes_and_formats_in_table_and_csv(tmp_path):
         assert float(r["push_bytes_per_step"]) == float(r["pull_bytes_per_step"]) == nbytes
         assert r["push_codec"] == r["pull_codec"] == codec
     assert float(out["asp"]["push_bytes_per_step"]) * 2 == float(out["bsp"]["push_bytes_per_step"])
+
+
+def test_bytes_cells_say_what_a_format_saved_against_float32():
+    from paramserver.report.table import fmt_bytes_saved
+    assert fmt_bytes_saved(1_864_724, 1_864_724) == "1.86 MB (−50%)"
+    assert fmt_bytes_saved(3_729_448, None) == "3.73 MB"  # a dense run says nothing
+    assert fmt_bytes_saved(3_729_448, 0) == "3.73 MB" and fmt_bytes_saved(None, 5) == "–"

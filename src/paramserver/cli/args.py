@@ -118,6 +118,23 @@ def _servers(text: str) -> int | str:
 servers = _typed(_servers, "servers")
 
 
+def _workers(text: str):
+    from paramserver.spec.job import WorkerCount
+    return WorkerCount.parse(text)
+
+
+# N, or MIN:MAX for an elastic job (spec/job.py WorkerCount).
+workers = _typed(_workers, "workers")
+
+
+def _batch_rule(text: str) -> str:
+    from paramserver.policies.batch_rule import BatchRule
+    return BatchRule.parse(text, 1, 1).text()
+
+
+batch_rule = _typed(_batch_rule, "batch rule")
+
+
 def checked_text(parser: Callable) -> Callable:
     """A flag whose value stays text for a config that stores text (SimConfig): checked here
     with the shared grammar, so a bad value fails at the flag, not inside the run."""
@@ -134,3 +151,44 @@ def links(values) -> LinkTable:
     for value in values or []:
         table = table.merged(value)
     return table
+
+
+# ---- issue 23: the coordinator's Prometheus endpoint and the preflight link probes ----------
+def port(text: str) -> int:
+    value = _count(0)(text)
+    if value > 65535:
+        raise ValueError(f"expected a port number 0..65535, got {text!r}")
+    return value
+
+
+port = _typed(port, "port")
+
+
+def add_observe_args(p) -> None:
+    """--metrics-port, --metrics-host and --preflight/--no-preflight (train, compare, launch)."""
+    p.add_argument("--metrics-port", type=port, metavar="PORT",
+                   help="serve Prometheus metrics of the job (workers, shards, the last step's "
+                        "time) at http://HOST:PORT/metrics on the coordinator while it runs "
+                        "(0: a free port; the address is in the coordinator's log and "
+                        "events.jsonl, event metrics_endpoint); needs the optional extra: pip "
+                        "install 'paramserver[metrics]'")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="the address the metrics endpoint binds (default 127.0.0.1)")
+    p.add_argument("--preflight", action=argparse.BooleanOptionalAction, default=True,
+                   help="before the start barrier each worker probes its link to each shard "
+                        "(round trip, a short burst's rate) into RUN/preflight.json "
+                        "(default: on)")
+
+
+def check_observe_args(args, command: str) -> int:
+    """0, or 2 after saying why: --metrics-port without prometheus_client installed."""
+    if getattr(args, "metrics_port", None) is None:
+        return 0
+    from paramserver.observe.prom import MetricsUnavailable, require
+    try:
+        require()
+    except MetricsUnavailable as exc:
+        import sys
+        print(f"paramserver {command}: {exc}", file=sys.stderr)
+        return 2
+    return 0

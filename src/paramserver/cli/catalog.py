@@ -9,7 +9,7 @@ MODELS = ("mlp", "cnn", "logreg", "dlrm", "wide")
 DATASETS = ("digits", "mnist", "synthetic", "clicks")
 COMPRESSORS = ("none", "topk", "std", "dynamic")
 CODECS = ("fp32", "fp16", "fp16-scaled", "bf16", "uniform8", "quantile8", "sign", "randomk",
-          "powersgd")
+          "powersgd", "mixed")
 UPDATE_RULES = ("sgd", "momentum", "consgd", "dynsgd", "staleness-aware", "adagrad-global",
                 "direction-distance")
 PREDICTORS = ("last_interval", "ema", "median")

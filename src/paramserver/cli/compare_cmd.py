@@ -14,7 +14,9 @@ from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
 from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, resolve_servers
 from paramserver.emulation.trace_io import read_trace
-from paramserver.spec.compare_plan import SCENARIOS, SINGLE, parse_scenarios, plan_runs
+from paramserver.spec.compare_plan import (
+    SCENARIOS, SINGLE, parse_scenarios, plan_runs, variant_settings,
+)
 from paramserver.spec.config import TrainConfig
 
 # The default comparison: short on this machine, yet the straggler and the policies' answers
@@ -275,6 +277,8 @@ def _run(args) -> int:
 
     from paramserver.compression.wire import WireSpec
     console = Console(stderr=False, quiet=False)
+    if flag.check_observe_args(args, "compare"):  # (its runs go one after another)
+        return 2
     try:
         args.worker_command = script_command(args)
         policies = _policies(args.sync)
@@ -288,7 +292,7 @@ def _run(args) -> int:
         variants = parse_variants(args.compress_variant)
         for name, opts in variants.values():
             # unknown names and options fail before any run (pruners or codecs: bf16, uniform8)
-            WireSpec.parse(name, opts, base.pull_compress, base.pull_refresh)
+            WireSpec.parse(name, *variant_settings(opts, base.pull_compress, base.pull_refresh))
         runs = plan_runs(base, policies, scenarios, args.repeats, out, single=not args.no_single,
                          policy_options=policy_sync_options(args.sync_opt), variants=variants,
                          policy_optimizers=args.policy_optimizers)
@@ -356,9 +360,13 @@ def register(sub) -> None:
                         "such as dlrm (default 0.7)")
     p.add_argument("--compress-variant", action="append", metavar="[LABEL=]NAME[:KEY=VALUE...]",
                    type=compress_variant,
-                   help="run every policy once per gradient-pruning setting instead of with "
-                        "--compress, e.g. topk:fraction=0.01:error_feedback=false; rows are "
-                        "named POLICY+LABEL (repeatable)")
+                   help="run every policy once per push format instead of with --compress: "
+                        "a pruner or a codec with its options, e.g. "
+                        "topk:fraction=0.01:error_feedback=false, bf16, powersgd:rank=4, "
+                        "topk:fraction=0.01:codec=bf16; pull=CODEC and pull_refresh=N set the "
+                        "variant's --pull-compress and --pull-refresh (e.g. "
+                        "8bit=uniform8:pull=uniform8); rows are named POLICY+LABEL "
+                        "(repeatable)")
     p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
     add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
                       f"{paired_text()}; a rule given applies to every policy")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
+from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.job import (
     CheckpointSpec, JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
 )
@@ -20,7 +21,9 @@ def build_job(args, run_dir: Path | None = None) -> dict:
     has left (no checkpoint before that), from which launch writes model.pt."""
     from paramserver.spec.config import TrainConfig
     return script_job(TrainConfig(
-        sync=args.sync, sync_options=flag.options(args.sync_opt), workers=args.workers,
+        sync=args.sync, sync_options=flag.options(args.sync_opt),
+        workers=args.workers.max, min_workers=args.workers.min if args.workers.elastic else 0,
+        batch_rule=args.batch_rule,
         servers=args.servers, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
         optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
         max_seconds=args.max_seconds, straggler=args.straggler, device_time=args.device_time,
@@ -28,7 +31,10 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         max_message_bytes=None if args.max_message_bytes is None
         else int(args.max_message_bytes),
         restart_coordinator=args.restart_coordinator,
-        stall_timeout=args.stall_timeout), run_dir).to_dict()
+        stall_timeout=args.stall_timeout,
+        metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
+        preflight=getattr(args, "preflight", TrainConfig.preflight)), run_dir).to_dict()
 
 
 def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
@@ -44,6 +50,7 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
     cfg.straggler.model.check_workers(cfg.workers)
     return JobSpec(
         num_keys=0, dtype=cfg.dtype, servers=cfg.servers, workers=cfg.workers,
+        min_workers=cfg.min_workers, batch_rule=cfg.batch_rule,
         batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
         optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
         max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
@@ -57,6 +64,7 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
                       coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
                       max_message_bytes=cfg.max_message_bytes,
                       stall_timeout=cfg.stall_timeout),
+        metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, preflight=cfg.preflight,
     )
 
 
@@ -138,6 +146,8 @@ def _run(args) -> int:
         print("paramserver launch: give the worker command after --, e.g. "
               "paramserver launch -- python train.py", file=sys.stderr)
         return 2
+    if flag.check_observe_args(args, "launch"):
+        return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
     try:
         job = build_job(args, run_dir)
@@ -179,7 +189,7 @@ def _run(args) -> int:
     exits, tails = _worker_exits(cluster, args.launcher)
     failures = worker_failures(exits, rank_records(records))
     steps = sum(1 for r in records if r.get("kind") == "step")
-    print(f"launch: {args.workers} workers ran {' '.join(command)}; {steps} steps, "
+    print(f"launch: {args.workers.text()} workers ran {' '.join(command)}; {steps} steps, "
           f"logs in {run_dir}; {_final_model(run_dir)}")
     for rank, failure in failures:
         tail = tails.get(rank)
@@ -227,7 +237,16 @@ def register(sub) -> None:
                     "the final parameters go to RUN/model.pt under the script's parameter "
                     "names (see `paramserver export`). "
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--workers", type=flag.workers, default=flag.workers("2"),
+                   metavar="N|MIN:MAX",
+                   help="worker processes (default 2); MIN:MAX makes the job elastic: MIN "
+                        "start, more join by hand (PARAMSERVER_JOIN=ADDR, the address in "
+                        "RUN/coordinator.addr, and PARAMSERVER_KEYS=RUN/keys) up to MAX, a "
+                        "worker sent SIGTERM finishes its "
+                        "step and leaves; the script passes DistributedOptimizer(model, "
+                        "data_len=len(dataset)) and draws through paramserver.BatchSampler")
+    p.add_argument("--batch-rule", type=flag.batch_rule, default="fixed",
+                   help=f"elastic jobs: {BATCH_RULE_HELP} (default fixed)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
     add_policy_args(p)
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
@@ -260,6 +279,7 @@ def register(sub) -> None:
                         "(default 0)")
     from paramserver.cli.train_cmd import add_launcher_args
     add_launcher_args(p)
+    flag.add_observe_args(p)
     p.add_argument("--quiet", action="store_true",
                    help="no job progress line (worker output is still shown)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")

@@ -216,7 +216,10 @@ def register(sub) -> None:
     p.set_defaults(func=_run_server)
 
     p = sub.add_parser("worker", help=SUMMARY["worker"],
-                       description="Run one worker: joins the job and runs the task it names.")
+                       description="Run one worker: joins the job and runs the task it names. "
+                                   "An elastic job's (train --workers MIN:MAX) is joined at "
+                                   "any time, up to MAX; SIGTERM then makes the worker finish "
+                                   "its step and leave cleanly.")
     _join_args(p, ", e.g. tcp://10.0.0.1:5555")
     p.add_argument("--result-dir", help="write this worker's result JSON here")
     _security_args(p, binds=False)

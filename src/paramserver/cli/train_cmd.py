@@ -16,6 +16,7 @@ from paramserver.core.keyspace import AUTO_SERVERS_HELP
 from paramserver.emulation.device_time import DEVICE_TIME_HELP
 from paramserver.emulation.links import HELP as LINK_HELP
 from paramserver.emulation.stragglers import STRAGGLER_HELP
+from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.config import TrainConfig
 from paramserver.spec.job import JobSpec, ResumeSpec
 
@@ -42,8 +43,14 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     optimizer_default, if given, is what --optimizer's help says its default is, and the flag
     then defaults to None (the caller picks the rule per policy)."""
     d = d or TrainConfig()
-    p.add_argument("--workers", type=flag.positive_int, default=d.workers,
-                   help=f"workers (default {d.workers})")
+    p.add_argument("--workers", type=flag.workers, default=d.workers, metavar="N|MIN:MAX",
+                   help=f"workers; MIN:MAX makes the job elastic: it starts with MIN, a worker "
+                        f"started by hand (PARAMSERVER_KEYS=RUN/keys paramserver worker --join "
+                        f"$(cat RUN/coordinator.addr)) joins at any time up to MAX (more are "
+                        f"refused), training waits while fewer than MIN are left, a worker "
+                        f"sent SIGTERM finishes its step and leaves (default {d.workers})")
+    p.add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
+                   help=f"elastic jobs: {BATCH_RULE_HELP} (default {d.batch_rule})")
     p.add_argument("--servers", type=flag.servers, default=d.servers,
                    help=f"shards, or {AUTO_SERVERS_HELP} (default {d.servers})")
     p.add_argument("--model", default=d.model,
@@ -75,10 +82,12 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--compress", default=d.compress,
                    help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)}, or a value "
                         f"codec for dense pushes: {catalog.listed(catalog.CODECS)}, "
-                        f"or auto: each worker by its --link rate (>= 10 Gbit/s or no "
-                        f"--link dense, >= 1 Gbit/s bf16, slower uniform8; dense without a "
-                        f"tensor of 4096 values or more; options dense_below, dense_at, "
-                        f"bf16_at, slow=uniform8|topk, fraction) (default {d.compress})")
+                        f"or auto: each worker by its --link rate, or its share of the "
+                        f"servers' (>= 10 Gbit/s or no --link dense, >= 1 Gbit/s bf16, slower "
+                        f"uniform8; tensors under 4096 values stay float32 inside the push "
+                        f"(codec mixed: inner=CODEC, dense_below=N); dense without a tensor of "
+                        f"4096 values or more; options dense_below, dense_at, bf16_at, "
+                        f"slow=uniform8|topk, fraction) (default {d.compress})")
     p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="pruning or codec option, e.g. fraction=0.01, k=2, "
                         "error_feedback=false, block=64; a pruner's values through a codec: "
@@ -151,6 +160,16 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
     p.add_argument("--checkpoint-seconds", type=flag.positive_seconds,
                    help="checkpoint every N seconds")
+    flag.add_observe_args(p)
+
+
+def _max_workers(workers) -> int:
+    return workers if isinstance(workers, int) else workers.max
+
+
+def _min_workers(workers) -> int:
+    """MIN of an elastic --workers MIN:MAX; 0 for a fixed count."""
+    return workers.min if getattr(workers, "elastic", False) else 0
 
 
 def config_from_args(args, sync: str, sync_options: dict | None = None) -> TrainConfig:
@@ -159,7 +178,9 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         sync_options = flag.options(getattr(args, "sync_opt", None))
     return TrainConfig(
         sync=sync, sync_options=sync_options,
-        workers=args.workers, servers=args.servers, model=args.model,
+        workers=_max_workers(args.workers), min_workers=_min_workers(args.workers),
+        batch_rule=getattr(args, "batch_rule", TrainConfig.batch_rule),
+        servers=args.servers, model=args.model,
         model_options=flag.options(args.model_opt), model_size=args.model_size,
         dataset=args.dataset,
         data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
@@ -179,7 +200,10 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         restart_coordinator=args.restart_coordinator,
         links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         device=getattr(args, "device", TrainConfig.device),
-        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
+        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
+        metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
+        preflight=getattr(args, "preflight", TrainConfig.preflight))
 
 
 def prepare_spec(cfg: TrainConfig) -> JobSpec:
@@ -378,6 +402,8 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
 
 def _run(args) -> int:
     from paramserver.launch.local import LaunchError
+    if flag.check_observe_args(args, "train"):
+        return 2
     try:
         resume = None
         if args.resume:

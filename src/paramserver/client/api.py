@@ -40,6 +40,8 @@ from paramserver.models.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
 from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
+from paramserver.client.preemption import Preemption
+from paramserver.policies.base import Release
 from paramserver.training.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
@@ -89,9 +91,13 @@ class DistributedOptimizer:
     # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
     # `paramserver launch` names it as failed (launch/verdict.py).
     _steps = 0
+    _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
-                 timeout: float = 120.0):
+                 timeout: float = 120.0, data_len: int | None = None):
+        """`data_len`: the training set's size, which an elastic job (`launch --workers
+        MIN:MAX`) needs: its coordinator deals each epoch's samples out to whoever is there,
+        and `BatchSampler(data_len, opt)` draws what each release names."""
         self.model = _as_module(params)  # bad input fails before anything joins
         model_device(self.model)  # all on one device (cpu or cuda), also before joining
         join = join or os.environ.get(JOIN_ENV)
@@ -119,8 +125,12 @@ class DistributedOptimizer:
             task = self.kv.spec.job.task
             self.pacer = Pacer(self.kv.rank, task.straggler, task.device_time, task.seed)
             self._t0 = time.monotonic()
+            # An elastic job's worker leaves cleanly on SIGTERM (a preemption notice).
+            self.elastic = self.kv.spec.job.elastic
+            self._notice = Preemption() if self.elastic else None
+            self.data_len = data_len
             t0 = time.perf_counter()
-            self.release = self.kv.start()
+            self.release = self.kv.start(data_len if self.elastic else None)
             self._wait = time.perf_counter() - t0
             self._pull()
         except BaseException:
@@ -196,11 +206,21 @@ class DistributedOptimizer:
         if loss is not None:
             value = loss.detach() if isinstance(loss, torch.Tensor) else loss
             record["loss"] = round(float(value), 6)
+        if self._notice is not None and self._notice.given:
+            # Preempted: this step's push is in; it counts, and the worker is gone.
+            self.kv.leave(self.release.step, batch, compute, record, "preempted")
+            self._steps += 1
+            self._stopped()
+            return
         t1 = time.perf_counter()
         self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
                                      record=record)
         self._wait = time.perf_counter() - t1
         self._steps += 1
+        if self._notice is not None and self._notice.given and not self.release.stop:
+            self.kv.bye("preempted")  # the notice came during the wait: its release unrun
+            self._stopped()
+            return
         # At the stop too: the model (and state_dict(), the exported model.pt) then ends on
         # the job's final parameters, not one round short of them.
         self._pull()
@@ -229,7 +249,18 @@ class DistributedOptimizer:
         of the last pull: loads into a fresh model with load_state_dict."""
         return OrderedDict((k, v.detach().clone()) for k, v in self.model.state_dict().items())
 
+    def _stopped(self) -> None:
+        """This worker has left (preempted): should_stop turns True, the loop ends."""
+        r = self.release
+        self.release = Release(r.worker, r.step, r.batch_size, None, r.scale, r.min_version,
+                               r.round_size, True)
+
     def _leave(self, reason: str) -> None:
+        if self._notice is not None:
+            self._notice.restore()
+        if self.kv.left is not None:  # gone already (preempted)
+            self.kv.close()
+            return
         try:
             self.kv.bye(reason)
         except Exception:  # noqa: BLE001 - the coordinator may be gone; the sockets still close

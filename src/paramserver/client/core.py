@@ -150,6 +150,7 @@ class WorkerCore:
         self.chunk = 1 << 62  # the smallest of `chunks`: most requests are checked in one compare
         self.all_fit = True  # every piece of all_pieces fits its shard's chunk
         self.release: Release | None = None  # sent by the coordinator, not yet taken
+        self.drawn: list | None = None  # the samples the last release names (elastic jobs)
         # By shard, the rids of pushes sent and maybe not answered, oldest first (an answered
         # one leaves when it reaches the front): the shard's watermark is the first.
         self.pushes: list[deque[int]] = []
@@ -389,6 +390,8 @@ class WorkerCore:
                                min_version=fields["min_version"],
                                round_size=int(fields.get("round_size", 0)),
                                stop=bool(fields.get("stop", False)))
+        # An elastic job's release names the samples to train on (coordinator/ledger.py).
+        self.drawn = fields.get("samples")
         return self.release
 
     def take_release(self) -> Release:

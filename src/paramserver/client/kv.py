@@ -18,8 +18,10 @@ an async push is sent zero-copy: do not modify it before the handle is waited on
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,8 @@ from paramserver.client.transport import offer_shared_memory, shape_link, shared
 from paramserver.compression import payload
 from paramserver.compression.codec import Codec
 from paramserver.core.keyspace import KeyRange
+from paramserver.net.rpc import RemoteError
+from paramserver.observe.preflight import LinkProbe, probe_link
 from paramserver.policies.base import Release
 from paramserver.sparse.placement import shard_of
 from paramserver.spec.job import Limits, TableSpec
@@ -42,6 +46,10 @@ from paramserver.transport import (
 )
 from paramserver.wire import Message
 from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
+
+log = logging.getLogger(__name__)
+# The longest one preflight probe may wait for its shard (a dead one must not hold the start).
+PROBE_TIMEOUT = 15.0
 
 # Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
@@ -99,6 +107,12 @@ def _check_codec(codec: Codec | None, values: np.ndarray) -> Codec | None:
         raise ValueError(f"codec {codec.name!r} takes float32 values; this job's are "
                          f"{values.dtype}")
     return codec
+
+
+def _part(codec: Codec | None, sl: slice) -> Codec | None:
+    """The codec of one message's slice of a push (a `mixed` codec's runs are the whole
+    vector's; others are the same codec)."""
+    return None if codec is None else codec.part(sl.start, sl.stop)
 
 
 def _values_message(handle: Handle, fields: dict, values: np.ndarray,
@@ -170,6 +184,7 @@ class KVWorker:
         # `layout` (core.layout's wire form): the coordinator refuses a model unlike the job's.
         welcome = self.session.register(role, num_keys, want_rank=_launch_rank(), layout=layout)
         self.rank: int = welcome["rank"]
+        self.left: str | None = None  # why this worker left the job (bye or leave), once it has
         self.job: dict = welcome["job"]  # the welcome's job as it came (user scripts read it)
         self.spec: WorkerJob = WorkerJob.from_dict(self.job)  # parsed once, typed
         settings = WorkerSettings.of(self.spec)
@@ -203,6 +218,9 @@ class KVWorker:
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
                                          settings.coordinator_timeout)
+        if role == "worker" and self.spec.job.preflight:
+            # Here, not in start(): the step loops time start() as step 0's wait.
+            self._preflight()
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
@@ -300,7 +318,8 @@ class KVWorker:
                 if beside is not None:
                     f["parts"] = 1 + beside
                 handle.parts.append((i, send(i, _values_message(
-                    handle, f, arr[sl], codec, None if sent is None else sent[sl])), sl))
+                    handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl])),
+                    sl))
             return handle
         arrival, extra = self._arrival, beside or 0
 
@@ -308,7 +327,7 @@ class KVWorker:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
-            return _values_message(handle, f, arr[c.out], codec,
+            return _values_message(handle, f, arr[c.out], _part(codec, c.out),
                                    None if sent is None else sent[c.out])
         handle.stream = stream
         return self._start(handle, message)
@@ -321,10 +340,13 @@ class KVWorker:
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
                           scale: float = 1.0, round_size: int = 0,
-                          codec: Codec | None = None) -> Handle:
+                          codec: Codec | None = None, sent: np.ndarray | None = None
+                          ) -> Handle:
         """Send (keys, values) pairs; repeated keys add up on the server. With `codec` each
         shard's values go encoded (each shard's slice on its own: a compressor's decoded values
-        re-encode to themselves under an elementwise cast; a block codec may round again)."""
+        re-encode to themselves under an elementwise cast; a block codec may round again);
+        `sent` (as many float32 as `values`), if given, receives what each value decodes to,
+        i.e. what the shards add, in the caller's order."""
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = _as_array(values, self.dtype)
         if k.size != v.size:
@@ -335,6 +357,10 @@ class KVWorker:
         if order is not None:
             k, v = k[order], v[order]
         codec = _check_codec(codec, v)
+        if sent is not None and (codec is None or sent.shape != (v.size,)
+                                 or sent.dtype != np.float32):
+            raise ValueError(f"sent must be {v.size} float32 values, given with a codec")
+        decoded = None if sent is None else (sent if order is None else np.empty_like(sent))
         handle = Handle("push")
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
@@ -347,11 +373,16 @@ class KVWorker:
                 msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
                 handle.nbytes += k[a:b].nbytes + v[a:b].nbytes
             else:
-                enc_fields, frames = payload.pack(codec, v[a:b])
+                enc = codec.encode(v[a:b])
+                if decoded is not None:
+                    decoded[a:b] = codec.decode(enc, b - a)
+                enc_fields, frames = payload.as_fields(codec, enc)
                 fields.update(enc_fields)
                 msg = Message("push_sparse", fields, [k[a:b], *frames])
                 handle.nbytes += k[a:b].nbytes + payload.frame_bytes(frames)
             handle.parts.append((i, self.requests.send(i, msg), slice(a, b)))
+        if decoded is not None and order is not None:
+            sent[order] = decoded
         return handle
 
     def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0,
@@ -721,16 +752,52 @@ class KVWorker:
                              self.dtype)
 
     # ---- the step protocol ----------------------------------------------------------------------
-    def start(self) -> Release | None:
+    def start(self, data_len: int | None = None) -> Release | None:
         """Tell the coordinator this worker is ready; blocks until the policy releases step 0.
 
-        An observer's start returns None at once: it only marks it ready.
+        An observer's start returns None at once: it only marks it ready. `data_len`: the
+        training set's size, which an elastic job's worker gives (its releases then name the
+        samples to train on: `drawn`).
         """
-        reply = self.session.start()
+        reply = self.session.start(data_len)
         if reply.op == "ok":
             return None
         self.core.released(reply)
         return self.core.take_release()
+
+    def preflight(self) -> list[LinkProbe]:
+        """Probe the link to each shard, one after another (observe/preflight.py): round
+        trip and a short burst's rate, through the same sockets and emulated link as pulls."""
+        def roundtrip(shard: int):
+            def timed(nbytes: int) -> float:
+                began = time.perf_counter()
+                rid = self.requests.send(shard, Message("probe", {"bytes": int(nbytes)}))
+                self.requests.collect([(shard, rid, None)], "probe")
+                took = time.perf_counter() - began
+                self.requests.let_go(rid)
+                return took
+            return timed
+        timeout, self.requests.timeout = self.requests.timeout, min(self.timeout,
+                                                                    PROBE_TIMEOUT)
+        try:
+            return [probe_link(s.rank, roundtrip(i)) for i, s in enumerate(self.shards)]
+        finally:
+            self.requests.timeout = timeout
+
+    def _preflight(self) -> None:
+        """The start's preflight: probes sent to the coordinator for RUN/preflight.json. It
+        never stops the job: a failed probe or an older coordinator is logged."""
+        began = time.perf_counter()
+        try:
+            links = self.preflight()
+            self.session.call(Message("preflight", {"links": [p.wire() for p in links]}),
+                              self.timeout)
+        except (TimeoutError, RemoteError, ValueError) as exc:
+            log.warning("preflight of worker %s skipped: %s", self.rank, exc)
+            return
+        log.info("preflight of worker %s: %s in %.3f s", self.rank,
+                 ", ".join(f"shard {p.shard} {p.rtt_s * 1e3:.2f} ms {p.rate / 1e6:.0f} mbit/s"
+                           for p in links), time.perf_counter() - began)
 
     def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
               free_mem: float | None = None, record: dict | None = None,
@@ -751,6 +818,21 @@ class KVWorker:
         self.core.released(self.session.clock(fields, while_waiting))
         return self.core.take_release()
 
+    def leave(self, step: int, batch: int, compute_time: float, record: dict | None = None,
+              reason: str = "preempted") -> None:
+        """Report step `step` done and leave the job in one message (a preempted worker: its
+        push is acknowledged, its step counts, nothing is rolled back); no bye after it."""
+        fields = {"step": step, "batch": batch, "compute_time": float(compute_time)}
+        if record:
+            fields["record"] = record
+        self.session.leave(fields, reason)
+        self.left = reason
+
+    @property
+    def drawn(self) -> list | None:
+        """The samples the last release names ([[epoch, lo, hi], ...]; elastic jobs), or None."""
+        return self.core.drawn
+
     def status(self) -> dict:
         """The coordinator's view of the job (samples done, members, whether workers are done)."""
         return self.session.status()
@@ -761,6 +843,7 @@ class KVWorker:
 
     def bye(self, reason: str = "done") -> None:
         self.session.bye(reason)
+        self.left = reason
 
     @contextlib.contextmanager
     def paused(self, reason: str = "evaluation"):

@@ -10,6 +10,11 @@ prefetch, so their batches lag the policy by the prefetch depth). A batch that r
 of an epoch is filled from the next one, so every batch has the size the policy released; the
 iterator ends when the job does (`opt.should_stop`), so it has no len(): the job's budget
 (`launch --steps/--max-seconds`), not an epoch count, says how long training runs.
+
+In an elastic job (`launch --workers MIN:MAX`, the optimizer made with `data_len`) ranks come
+and go, so no rank owns a shard: each batch is the samples the optimizer's current release
+names (positions of the epoch's permutation of the whole set, dealt by the coordinator's
+ledger), so every epoch is seen exactly once whoever is there.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ class BatchSampler:
         self.epoch = 0
         self._shard = self._deal(0)
         self._pos = 0
+        self.elastic = bool(getattr(opt, "elastic", False))
+        if self.elastic and getattr(opt, "data_len", None) != dataset_len:
+            raise ValueError(f"an elastic job's sampler draws what the coordinator deals: make "
+                             f"the optimizer with data_len={dataset_len} (it has "
+                             f"{getattr(opt, 'data_len', None)})")
 
     def _deal(self, epoch: int) -> list[int]:
         """This rank's indices of `epoch`: every index of the dataset is in one rank's shard."""
@@ -61,6 +71,21 @@ class BatchSampler:
             batch += got
         return batch
 
+    def drawn(self) -> list[int]:
+        """An elastic job's batch: the indices the optimizer's current release names."""
+        from paramserver.data.ledger_sampler import epoch_order
+        batch: list[int] = []
+        for epoch, lo, hi in self.opt.kv.drawn or ():
+            if self.shuffle:
+                batch += epoch_order(self.dataset_len, self.seed, epoch)[lo:hi].tolist()
+            else:
+                batch += range(lo, hi)
+            self.epoch = epoch
+        return batch
+
     def __iter__(self):
         while not self.opt.should_stop:
-            yield self.take(self.opt.batch_size)
+            # (a release naming no samples: a coordinator restarted without a checkpoint of
+            # its ledger; the rank's own stream then, not exactly-once)
+            named = self.elastic and self.opt.kv.drawn is not None
+            yield self.drawn() if named else self.take(self.opt.batch_size)

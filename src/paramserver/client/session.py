@@ -263,9 +263,11 @@ class CoordinatorSession:
                            samples=int(job.get("resume_samples", 0)))
         return welcome
 
-    def start(self) -> Message:
-        """Ready: the answer is the release of step 0 (or "ok" for an observer)."""
-        reply = self.call(Message("start"), self.release_timeout)
+    def start(self, data_len: int | None = None) -> Message:
+        """Ready: the answer is the release of step 0 (or "ok" for an observer). `data_len`:
+        an elastic job's worker tells its training set's size (the coordinator's ledger)."""
+        fields = {} if data_len is None else {"data_len": int(data_len)}
+        reply = self.call(Message("start", fields), self.release_timeout)
         if reply.op == "release":
             with self._rejoin_lock:
                 self.me.step = reply["step"]
@@ -287,6 +289,17 @@ class CoordinatorSession:
 
     def report(self, record: dict) -> None:
         self.call(Message("report", {"record": record}), self.timeout)
+
+    def leave(self, fields: dict, reason: str) -> None:
+        """The last step done, and gone: the clock of step `fields["step"]` (counted as any)
+        that also says this worker leaves (`reason`: preempted); answered "ok", no release."""
+        me = self.me
+        with self._rejoin_lock:
+            me.clocked, me.pending_batch = True, fields["batch"]
+        self.call(Message("clock", {**fields, "leave": reason}), self.timeout)
+        with self._rejoin_lock:
+            me.clocked = False
+            me.samples += me.pending_batch
 
     def bye(self, reason: str) -> None:
         self.call(Message("bye", {"reason": reason}), self.timeout)

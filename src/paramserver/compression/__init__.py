@@ -26,6 +26,7 @@ from paramserver.compression.codec import Codec, Encoded
 from paramserver.compression.dense import Dense
 from paramserver.compression.dynamic import DynamicThreshold
 from paramserver.compression.encoding import KEY_ENCODINGS, EncodedKeys, decode_keys, encode_keys
+from paramserver.compression.mixed import MixedCodec
 from paramserver.compression.onebit import Sign
 from paramserver.compression.powersgd import PowerSGD
 from paramserver.compression.quant8 import Quantile8, Uniform8
@@ -43,7 +44,8 @@ COMPRESSORS.register("std")(StdThreshold)
 COMPRESSORS.register("dynamic")(DynamicThreshold)
 
 CODECS: Registry[type[Codec]] = Registry("codec")
-for _codec in (Fp32, Fp16, ScaledFp16, Bf16, Uniform8, Quantile8, Sign, RandomK, PowerSGD):
+for _codec in (Fp32, Fp16, ScaledFp16, Bf16, Uniform8, Quantile8, Sign, RandomK, PowerSGD,
+               MixedCodec):
     CODECS.register(_codec.name)(_codec)
 
 

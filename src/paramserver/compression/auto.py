@@ -1,5 +1,6 @@
 """`--compress auto` (issue 22): the push format of each tensor and each worker, from the
-tensor's size and the worker's link rate. A table lookup; no I/O.
+tensor's size and the worker's link rate (its own link, or its share of the servers' links
+where those are slower: `link_rate`). A table lookup; no I/O.
 
     worker's link rate              tensors of >= dense_below values    smaller tensors
     >= dense_at (10 Gbit/s), unset  none (float32)                      none
@@ -12,11 +13,15 @@ A fast link gains little from fewer bytes and pays the codec's error and encodin
 slow one is bound by bytes, so it compresses harder (BytePS's result: several-fold on a slow
 link, little on a fast one). Small tensors (biases, norms) cost few bytes and their values
 matter most per byte, so they stay dense. The rate is the worker's emulated link (`--link`,
-emulation/links.py); a worker without one is taken as fast.
+emulation/links.py), capped by its share of the shards' links (`--link s=...`); a worker
+with neither is taken as fast.
 
-A push message carries one format today, so the worker pushes every value in the format its
-plan gives its large tensors (`AutoPlan.worker`; none when it has no large tensor), error
-feedback keeping what the small ones lose; `AutoPlan.tensors` is the per-tensor choice.
+Inside one push the choice is per tensor: a worker whose large tensors go through a codec
+(bf16, uniform8) pushes with codec `mixed` (compression/mixed.py), which sends the small
+tensors' runs as float32 and the rest through that codec (`AutoPlan.worker`; `AutoPlan.tensors`
+lists each tensor's choice). Top-k (slow=topk) picks keys by magnitude over the whole vector,
+small tensors included, so its plan pushes every value in one format (error feedback keeps
+what is not sent).
 """
 
 from __future__ import annotations
@@ -90,7 +95,10 @@ class Choice:
 
     def label(self) -> str:
         """As step records' push_codec says it: none, bf16, uniform8, topk+bf16."""
-        codec = dict(self.options).get("codec")
+        opts = dict(self.options)
+        if self.compress == "mixed":
+            return f"{opts['inner']}+small-fp32"
+        codec = opts.get("codec")
         return self.compress if codec is None else f"{self.compress}+{codec}"
 
 
@@ -106,6 +114,21 @@ class AutoPlan:
     tier: str  # one of TIERS
     tensors: tuple[Choice, ...]
     worker: Choice
+
+
+def link_rate(own: float | None, servers: Sequence[float | None], workers: int
+              ) -> float | None:
+    """The rate (bits/s) a worker's push or pull moves at: its own link's, or its share of the
+    servers' links where --link shapes those (None: not shaped). Every worker sends each of
+    the S shards its slice at about the same time (a round), so a shard's link gives each
+    worker rate / workers, and a push ends when its slice to the slowest shaped shard is
+    through: S x min(rate) / workers for the whole vector (equal slices). Pessimistic where
+    workers do not push together (asp); None when nothing is shaped."""
+    shaped = [r for r in servers if r is not None]
+    if not shaped:
+        return own
+    share = len(servers) * min(shaped) / max(1, workers)
+    return share if own is None else min(own, share)
 
 
 def tier(rate: float | None, o: AutoOptions) -> str:
@@ -136,4 +159,6 @@ def plan(sizes: Sequence[int], rate: float | None, o: AutoOptions) -> AutoPlan:
     t = tier(rate, o)
     tensors = tuple(choose_tensor(n, rate, o) for n in sizes)
     worker = tier_choice(t, o) if any(n >= o.dense_below for n in sizes) else DENSE
+    if worker.compress in ("bf16", "uniform8") and any(c == DENSE for c in tensors):
+        worker = Choice("mixed", (("inner", worker.compress), ("dense_below", o.dense_below)))
     return AutoPlan(rate, t, tensors, worker)

@@ -120,6 +120,13 @@ class Compressor(Configurable):
         self._record(g.numel(), sel.keys.numel(), sel.threshold, sel.restarted)
         return Sparse(sel.keys.numpy(), values.numpy(), g.numel(), encoded)
 
+    def kept(self, keys, extra) -> None:
+        """What the wire delivered short of the values compress() returned (`extra` = those
+        values - what the shards add, at `keys`; a block codec re-encoded per shard's slice
+        rounds again) goes back into the residual, so sent + residual still sums every
+        gradient. No-op without error feedback."""
+        self.feedback.kept(torch.as_tensor(keys), torch.as_tensor(extra))
+
     def _encode_values(self, keys: torch.Tensor, values: torch.Tensor):
         """(decoded values, payload); what decoding lost goes back to the residual. A codec
         that refuses the values (NaN, inf) leaves them in the residual: reset() clears it."""

@@ -178,6 +178,11 @@ class Codec(Configurable):
     def options(self) -> dict:
         return asdict(self.opts) if self.opts else {}
 
+    def part(self, lo: int, hi: int) -> "Codec":
+        """The codec for the slice [lo, hi) of the vectors this one encodes, where a message
+        carries one slice (compression/mixed.py's runs are placed in the whole vector)."""
+        return self
+
     def encode(self, x) -> Encoded:
         return self._encode(as_f32(x))
 

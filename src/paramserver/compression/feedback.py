@@ -18,6 +18,9 @@ class Drop:
         self.size = grad.numel()
         return grad
 
+    def kept(self, keys: torch.Tensor, extra: torch.Tensor) -> None:
+        pass
+
     def sent(self, keys: torch.Tensor, left: torch.Tensor | None = None) -> None:
         pass
 
@@ -52,6 +55,10 @@ class Residual:
             self.v.index_fill_(0, keys, 0)
         else:
             self.v.index_copy_(0, keys, left)
+
+    def kept(self, keys: torch.Tensor, extra: torch.Tensor) -> None:
+        """`extra` at `keys` was not delivered after all (a later rounding): keep it."""
+        self.v.index_add_(0, keys, extra)
 
     @property
     def residual(self) -> torch.Tensor | None:

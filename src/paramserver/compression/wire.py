@@ -18,6 +18,7 @@ stays unresolved until a worker knows its link and tensors (`resolve`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -26,6 +27,7 @@ from paramserver.compression import CODECS, COMPRESSORS, make_codec, make_compre
 from paramserver.compression.auto import AutoOptions, AutoPlan, plan
 from paramserver.compression.base import Compressor
 from paramserver.compression.codec import Codec
+from paramserver.compression.mixed import MixedCodec, runs_of
 
 DEFAULT_PULL_REFRESH = 20
 
@@ -51,6 +53,9 @@ class WireSpec:
     pull_codec_options: Mapping = field(default_factory=dict)
     pull_refresh: int = DEFAULT_PULL_REFRESH
     auto: AutoOptions | None = None  # `--compress auto`: chosen per worker by `resolve`
+    # codec `mixed`: the [start, stop) runs of the model's small tensors it keeps float32, from
+    # the tensors' sizes (`resolve`)
+    dense_runs: tuple = ()
 
     def __post_init__(self):
         for name in ("pruner_options", "codec_options", "pull_codec_options"):
@@ -107,7 +112,11 @@ class WireSpec:
     def resolve(self, rate: float | None, sizes) -> "WireSpec":
         """The spec a worker pushes with: `auto` chosen for its link's `rate` (bits/s; None:
         no emulated link) and its tensors' sizes (values each, key order); others as they are."""
-        return self if self.auto is None else self.resolved(self.plan(rate, sizes))
+        spec = self if self.auto is None else self.resolved(self.plan(rate, sizes))
+        if spec.codec == MixedCodec.name:
+            below = spec.codec_options.get("dense_below", 0)
+            spec = dataclasses.replace(spec, dense_runs=runs_of(list(sizes), below))
+        return spec
 
     def plan(self, rate: float | None, sizes) -> AutoPlan:
         if self.auto is None:
@@ -133,7 +142,10 @@ class WireSpec:
 
     def push_codec(self) -> Codec | None:
         """A dense push's codec (None: plain values, or a pruner carries the codec)."""
-        return make_codec(self.codec, **self.codec_options) if self.dense_codec else None
+        if not self.dense_codec:
+            return None
+        codec = make_codec(self.codec, **self.codec_options)
+        return codec.dense_runs(self.dense_runs) if self.dense_runs else codec
 
     def pull_codec_object(self) -> Codec | None:
         if self.pull_codec is None:
@@ -145,6 +157,8 @@ class WireSpec:
         worker resolved it)."""
         if self.auto is not None:
             return "auto"
+        if self.codec == MixedCodec.name:  # large tensors through `inner`, small ones float32
+            return f"{self.codec_options.get('inner', 'uniform8')}+small-fp32"
         if self.pruner == "none":
             return self.codec or "none"
         return self.pruner if self.codec is None else f"{self.pruner}+{self.codec}"

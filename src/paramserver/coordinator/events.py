@@ -40,6 +40,7 @@ class Started:
     src: str
     now: float
     to: Any = None
+    data_len: int | None = None  # an elastic job's worker: its training set's size
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class Clocked:
     cpu_load: float | None = None
     free_mem: float | None = None
     record: dict | None = None  # the step's metrics, for metrics.jsonl
+    leave: str | None = None  # its last step: the worker leaves with it (why: preempted)
 
 
 @dataclass(slots=True)
@@ -160,6 +162,9 @@ class SendRelease:
     round_size: int = 0  # 0: not known, not sent
     stop: bool = False
     scale: float = 1.0
+    # An elastic job: the positions of the epochs' permutations this step trains on,
+    # [[epoch, lo, hi], ...] (coordinator/ledger.py); None otherwise.
+    samples: list | None = None
 
 
 @dataclass(slots=True)
@@ -215,3 +220,24 @@ class Finish:
     """The job is over: failed with `failure`, or done (None)."""
 
     failure: str | None = None
+
+
+# ---- preflight (issue 23): a worker's link probes, into RUN/preflight.json -------------------
+
+@dataclass(slots=True)
+class PreflightReported:
+    """A worker's link figures to each shard, measured before its start (observe/preflight.py
+    wire form: [shard, rtt_ms, mbit_s, bytes] per link)."""
+
+    op: ClassVar[str] = "preflight"
+    src: str
+    links: list
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class SavePreflight:
+    """RUN/preflight.json's document (observe/preflight.PreflightBook.document)."""
+
+    document: dict

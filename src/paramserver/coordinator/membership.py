@@ -60,8 +60,12 @@ class Membership:
     waiting for a rank, and the silence limits."""
 
     def __init__(self, servers: int, workers: int, num_keys: int, heartbeat_timeout: float,
-                 start_grace: float, layer_edges=()):
+                 start_grace: float, layer_edges=(), elastic: bool = False):
         self.servers_expected, self.workers_expected = servers, workers
+        # An elastic job's `workers` is its MAX: one more is refused at once, not kept waiting
+        # for a rank (a fixed job's extra registration is a replacement for one not yet
+        # declared dead).
+        self.elastic = elastic
         self.roster = Roster()
         self.num_keys = num_keys
         self.layer_edges = tuple(layer_edges)  # cuts between shards prefer these (layers)
@@ -209,6 +213,10 @@ class Membership:
             rank = want  # a launched script's $RANK is its job rank, as torchrun users expect
         else:
             rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        if group is roster.workers and rank >= self.workers_expected and self.elastic:
+            raise ValueError(f"this elastic job takes at most {self.workers_expected} workers "
+                             f"(--workers MIN:{self.workers_expected}) and has them all: "
+                             f"worker {src!r} refused")
         if group is roster.workers and rank >= self.workers_expected:
             # One wait per sender (a retry replaces it), and at most as many as there are
             # ranks: a flood of registrations must not grow the list for 2 heartbeat timeouts.

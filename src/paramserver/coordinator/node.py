@@ -20,6 +20,7 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog
@@ -36,6 +37,7 @@ from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 log = logging.getLogger(__name__)
 
 LAYOUT_FILE = "model_layout.json"  # the job's model layout, beside events.jsonl
+PREFLIGHT_FILE = "preflight.json"  # the workers' link probes, beside events.jsonl
 # The longest the loop sleeps without looking at the time (the core's wake-up may be later).
 MAX_WAIT = 0.2
 # What turning a parsed request into an event may raise: refused with an error reply.
@@ -54,12 +56,12 @@ def _register(msg: Message, now: float, to, link) -> Registered:
 def _clock(msg: Message, now: float, to, link) -> Clocked:
     f = msg.fields
     return Clocked(msg.src, f["step"], f["batch"], float(f["compute_time"]), now, to,
-                   f.get("cpu_load"), f.get("free_mem"), f.get("record"))
+                   f.get("cpu_load"), f.get("free_mem"), f.get("record"), f.get("leave"))
 
 
 EVENTS = {
     "clock": _clock,
-    "start": lambda msg, now, to, link: Started(msg.src, now, to),
+    "start": lambda msg, now, to, link: Started(msg.src, now, to, msg.get("data_len")),
     "heartbeat": lambda msg, now, to, link: Heartbeat(msg.src, now, to, link,
                                                       msg.get("counters")),
     "register": _register,
@@ -71,6 +73,7 @@ EVENTS = {
         msg.src, msg["tag"], msg["lost_updates"], msg["version"], now, to),
     "ok": lambda msg, now, to, link: Answered(msg.src, now, to),
     "error": lambda msg, now, to, link: Answered(msg.src, now, to, msg["msg"]),
+    "preflight": lambda msg, now, to, link: PreflightReported(msg.src, msg["links"], now, to),
 }
 
 
@@ -113,6 +116,13 @@ class CoordinatorNode:
                          resume["samples_done"])
             self.state = CoordinatorState(job, resume, last)
         self.take_back = take_back
+        # The Prometheus endpoint (job.metrics_port): its figures, fed below as the logs are
+        # written; the endpoint itself lives as long as run().
+        self.exporter = None
+        self.metrics_port, self.metrics_host = job.metrics_port, job.metrics_host
+        if job.metrics_port is not None:
+            from paramserver.observe.prom import JobMetrics
+            self.exporter = JobMetrics(self.state.host.name)
         self.finished = False
         self.failure: str | None = None
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
@@ -129,7 +139,7 @@ class CoordinatorNode:
             SendRelease: self._send_release, ToServers: self._to_servers, Reply: self._reply,
             AppendEvent: self._append_event, AppendMetric: self._append_metric,
             SaveCoordinatorState: self._save, Warn: self._warn, Finish: self._finish,
-            SaveLayout: self._save_layout,
+            SaveLayout: self._save_layout, SavePreflight: self._save_preflight,
         }
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -147,9 +157,13 @@ class CoordinatorNode:
         log.info("coordinator at %s, policy %s", addr, self.state.host.name)
         self.record("restart" if self.take_back else "start", address=addr,
                     policy=self.state.host.name)
+        endpoint = None
         try:
+            endpoint = self._serve_metrics()
             self._loop()
         finally:
+            if endpoint is not None:  # the endpoint ends with the job
+                endpoint.close()
             self._to_servers(self.state.shutdown(
                 "job finished" if self.finished else "coordinator stopping"))
             terminate(ctx, (self.sock,))
@@ -160,6 +174,21 @@ class CoordinatorNode:
             print(f"paramserver coordinator: the job failed: {self.failure}", file=sys.stderr)
             return 1
         return 0
+
+    def _serve_metrics(self):
+        """The Prometheus endpoint of job.metrics_port, announced in the log and events.jsonl;
+        None without one."""
+        if self.exporter is None:
+            return None
+        from paramserver.observe.prom import MetricsEndpoint
+        try:
+            endpoint = MetricsEndpoint(self.exporter, self.metrics_host, self.metrics_port)
+        except OSError as exc:  # a port taken: the job was asked to be seen, so it stops
+            raise SystemExit(f"paramserver coordinator: cannot serve metrics at "
+                             f"{self.metrics_host}:{self.metrics_port}: {exc}") from None
+        log.info("metrics at %s", endpoint.url)
+        self.record("metrics_endpoint", url=endpoint.url, port=endpoint.port)
+        return endpoint
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -180,6 +209,10 @@ class CoordinatorNode:
             self.execute(state.handle(TimePassed(self.now())))
             self.doctor.tick(self.now())
             self.refusals.flush()
+            if self.exporter is not None:
+                roster = state.members.roster
+                self.exporter.set_job(len(roster.workers), len(roster.servers), state.progress,
+                                      state.samples_done)
 
     def _drain(self) -> None:
         handle, execute, events, sock = self.state.handle, self.execute, EVENTS, self.sock
@@ -236,6 +269,8 @@ class CoordinatorNode:
             fields["stop"] = True
         if i.scale != 1.0:
             fields["scale"] = float(i.scale)
+        if i.samples is not None:
+            fields["samples"] = i.samples
         ident, rid = i.to
         rpc.send(self.sock, Message("release", fields, rid=rid, src="coord"), ident)
         self.flight.record("send", op="release", step=i.step, rid=rid)
@@ -263,13 +298,28 @@ class CoordinatorNode:
         except OSError as exc:  # the job goes on; only `export` needs the file
             log.warning("could not write %s: %s", self.layout_path, exc)
 
+    def _save_preflight(self, i: SavePreflight) -> None:
+        if self.layout_path is None:  # (no run folder)
+            return
+        path = self.layout_path.with_name(PREFLIGHT_FILE)
+        tmp = path.with_name(PREFLIGHT_FILE + ".tmp")
+        try:
+            tmp.write_text(json.dumps(i.document, indent=1))
+            tmp.replace(path)  # a reader (top) never sees half a file
+        except OSError as exc:  # the job goes on without it
+            log.warning("could not write %s: %s", path, exc)
+
     def _append_event(self, i: AppendEvent) -> None:
         if self.events:
             self.events.write(json.dumps({"t": round(i.t, 6), "event": i.kind, **i.data}) + "\n")
+        if self.exporter is not None:
+            self.exporter.on_event(i.kind, i.data)
 
     def _append_metric(self, i: AppendMetric) -> None:
         if self.metrics:
             self.metrics.write(json.dumps({"t": round(i.t, 6), **i.record}) + "\n")
+        if self.exporter is not None:
+            self.exporter.on_metric(i.record)
 
     def _save(self, i: SaveCoordinatorState) -> None:
         save_coordinator_state(self.state.schedule.root, i.tag, i.state)

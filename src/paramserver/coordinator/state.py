@@ -14,15 +14,18 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
+from paramserver.coordinator.elastic import Elastic
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
+from paramserver.observe.preflight import PreflightBook, parse_links
 from paramserver.policies import (
     ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
 )
@@ -49,10 +52,15 @@ class CoordinatorState:
         self.job = job
         limits, ckpt = job.limits, job.checkpoint
         policy = make_policy(job.sync.name, job.batch_size, **job.sync.options)
-        self.host = PolicyHost(policy, job.max_samples or None)
+        self.host = PolicyHost(policy, job.max_samples or None,
+                               batch_rule=job.batch_rule_spec() if job.elastic else None)
         self.round_mode = policy.apply_mode == "round"
         self.members = Membership(job.servers, job.workers, job.num_keys,
-                                  limits.heartbeat_timeout, limits.start_grace, job.layer_edges)
+                                  limits.heartbeat_timeout, limits.start_grace, job.layer_edges,
+                                  elastic=job.elastic)
+        # An elastic job (--workers MIN:MAX): the wait below MIN and the sample ledger.
+        self.elastic = Elastic(job.min_workers, job.workers, limits.start_timeout) \
+            if job.elastic else None
         self.budget = Budget(job.max_seconds or None)
         self.schedule = CheckpointSchedule(
             None if ckpt is None else str(PurePath(ckpt.dir)),
@@ -71,15 +79,19 @@ class CoordinatorState:
             self.takeback_fails_at = now + limits.server_timeout
             if self.members.ranges is None and take_back.get("num_keys"):
                 self.members.learn_key_space(int(take_back["num_keys"]))
+            if self.elastic is not None:  # the ledger as of the latest checkpoint, if any
+                self.elastic.resume(take_back.get("elastic", {}))
         else:
             elapsed = 0.0
         if resume is not None:
             self.host.resume(resume)
+            if self.elastic is not None:  # each epoch goes on where the checkpoint left it
+                self.elastic.resume(resume.get("elastic", {}))
             self.budget.worker_samples = {int(k): v for k, v in resume["worker_samples"].items()}
             self.schedule.last_count = self.progress
             elapsed = float(resume.get("elapsed_s", 0.0))
-        self.barrier = StartBarrier(job.workers, bool(job.eval_interval), limits.start_timeout,
-                                    elapsed)
+        self.barrier = StartBarrier(job.min_workers or job.workers, bool(job.eval_interval),
+                                    limits.start_timeout, elapsed)
         self.end = EndOfJob(limits.observer_grace)
         self.failure: str | None = None
         self.finished = False
@@ -91,6 +103,9 @@ class CoordinatorState:
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
         }
+        # Preflight link probes (issue 23): each worker's figures, for RUN/preflight.json.
+        self.preflight = PreflightBook(job.workers)
+        self._handlers[PreflightReported] = self._on_preflight
 
     # ---- the envelope ---------------------------------------------------------------------------
     def handle(self, event) -> list:
@@ -110,7 +125,8 @@ class CoordinatorState:
         budget = self.budget
         if not budget.closed and (budget.max_seconds or self.host.stopping):
             self._check_budget(now, out)
-        if self.barrier.open and not self.members.roster.workers:
+        if self.barrier.open and not self.members.roster.workers and not (
+                self.elastic is not None and self.elastic.paused and not self.host.stopping):
             self._check_finished(now, out)
         return out
 
@@ -153,6 +169,10 @@ class CoordinatorState:
         t = self.recovery.next_deadline(self.members.roster.servers)
         if t is not None and (due is None or t < due):
             due = t
+        if self.elastic is not None:
+            t = self.elastic.next_deadline()
+            if t is not None and (due is None or t < due):
+                due = t
         if self.takeback is not None:
             t = min(self.takeback.deadline, self.takeback_fails_at)
             if due is None or t < due:
@@ -163,7 +183,8 @@ class CoordinatorState:
     def waiting_for(self) -> str:
         """Whom the start barrier waits for (its note, its failure, a status reply)."""
         m = self.members
-        return waiting_for(m.roster, m.workers_expected, m.servers_expected,
+        # (an elastic job's barrier waits for MIN, not MAX)
+        return waiting_for(m.roster, self.barrier.workers_expected, m.servers_expected,
                            len(m.pending_workers), self.barrier.evaluator)
 
     @property
@@ -365,12 +386,23 @@ class CoordinatorState:
         if self.takeback is not None:
             self.takeback.defer(e)
             return
+        if self.elastic is not None and not member.started:
+            self.elastic.check_data(e.data_len)  # refused: it never starts
         member.last_seen, member.waiting, member.started = now, e.to, True
         if member.ready is not None:
             ready, member.ready = member.ready, None
             self._deliver(ready, out, refill=True)
         elif self.barrier.open:
-            self._apply(self.host.joined(member.rank, now), now, out)
+            # A join of the running job (an elastic joiner, a replacement worker).
+            out.append(AppendEvent(now, "worker_joined", {
+                "worker": member.rank, "src": e.src, "workers": self._started(),
+                "round": self.host.rounds_applied, "samples": self.host.samples_done}))
+            elastic = self.elastic
+            if elastic is not None:
+                self._metric(now, {"kind": "membership", "change": "joined",
+                                   "worker": member.rank, "workers": self._started()}, out)
+                self._resume_if_enough(now, out)
+            self._apply(self.host.joined(member.rank, now, late=elastic is not None), now, out)
 
     def _on_clocked(self, e: Clocked, out: list) -> None:
         member = self.members.worker(e.src)
@@ -388,6 +420,10 @@ class CoordinatorState:
                                        again.round_size, again.stop, again.scale))
             return
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
+        if e.leave is not None:
+            # Its last step: counted as any, then it is gone; a release the policy makes for
+            # it now is kept back (never sent: the answer is "ok") and dropped with it.
+            member.waiting = None
         if member.behind is not None and self._caught_up(member, e, out):
             return
         budget = self.budget
@@ -396,12 +432,17 @@ class CoordinatorState:
         decisions = self.host.pushed(Pushed(member.rank, e.step - member.offset, now, e.batch,
                                             e.compute_time, e.cpu_load, e.free_mem))
         budget.count(member.rank, e.batch)
+        if self.elastic is not None:
+            self.elastic.clocked(member.rank, now, out)
         self._apply(decisions, now, out)
         if e.record is not None and self.barrier.t_start is not None:
             # After the releases: the log line is off their path.
             out.append(AppendMetric(now - self.barrier.t_start, {
                 "kind": "step", "worker": member.rank, "step": e.step, "batch": e.batch,
                 **e.record}))
+        if e.leave is not None:
+            out.append(Reply(e.to, "ok", _OK))
+            self._drop_worker(e.src, e.leave, now, out)
         if self.checkpoints:
             self._maybe_checkpoint(now, out)
 
@@ -458,6 +499,10 @@ class CoordinatorState:
         if member.waiting is None:
             member.ready = d  # decided before the worker asked for it
             return
+        elastic = self.elastic
+        if elastic is not None and elastic.paused and not d.stop:
+            elastic.hold(d)  # fewer than MIN workers: nobody steps until enough are back
+            return
         if refill:  # it waited for its worker: what it must say is what holds now
             host = self.host
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
@@ -466,6 +511,8 @@ class CoordinatorState:
         member.last_release = release = SendRelease(
             member.waiting, d.step + member.offset, d.batch_size, d.min_version, d.round_size,
             d.stop, d.scale)
+        if elastic is not None and not d.stop:
+            release.samples = elastic.lend(d.worker, d.batch_size)
         out.append(release)
         member.waiting = None
 
@@ -549,6 +596,18 @@ class CoordinatorState:
                  "gone": dict(roster.gone)}
         out.append(Reply(e.to, "state", {"state": state}))
 
+    def _on_preflight(self, e: PreflightReported, out: list) -> None:
+        """A worker's link probes: preflight.json rewritten with them; once every worker of
+        the job reported, one `preflight` event with all links (later, one per newcomer)."""
+        member = self.members.worker(e.src)
+        member.last_seen = e.now
+        links = parse_links(e.links)  # a malformed report is refused (ValueError)
+        due = self.preflight.report(f"worker-{member.rank}", links)
+        out.append(Reply(e.to, "ok", _OK))
+        out.append(SavePreflight(self.preflight.document(e.now)))
+        if due:
+            out.append(AppendEvent(e.now, "preflight", {"links": self.preflight.entries(due)}))
+
     def _on_answered(self, e: Answered, out: list) -> None:
         self.members.touch(e.src, e.now)
         if e.error is not None:
@@ -570,6 +629,8 @@ class CoordinatorState:
             worker_samples={str(k): v for k, v in self.budget.worker_samples.items()},
             sync=self.host.name, num_keys=self.members.num_keys,
             elapsed_s=0.0 if t_start is None else now - t_start)
+        if self.elastic is not None:
+            self._checkpoint_state["elastic"] = self.elastic.resume_state()
         out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
                              self.members.server_links))
 
@@ -606,6 +667,8 @@ class CoordinatorState:
                     "msg": f"all {self.job.workers} worker ranks of this job are taken",
                     "code": "refused"}))
         failure = self.recovery.check(now, members.roster.servers, out)
+        if failure is None and self.elastic is not None:
+            failure = self.elastic.check(now, out)
         if failure is not None:
             self._fail(failure, now, out)
         if not late:
@@ -625,7 +688,12 @@ class CoordinatorState:
     def _drop_worker(self, src: str, reason: str, now: float, out: list) -> None:
         members = self.members
         member = members.drop_worker(src, reason)
-        out.append(AppendEvent(now, "worker_left", {"worker": member.rank, "reason": reason}))
+        left = {"worker": member.rank, "reason": reason}
+        elastic = self.elastic
+        if elastic is not None:
+            left["samples_returned"] = elastic.left(member.rank)
+            left["workers"] = self._started()
+        out.append(AppendEvent(now, "worker_left", left))
         self._metric(now, {"kind": "left", "worker": member.rank, "reason": reason}, out)
         if member.started and self.barrier.open:
             # A release still held for this rank must not reach a newcomer that takes it.
@@ -634,6 +702,27 @@ class CoordinatorState:
             self.barrier.lost_before_start += 1
         if members.rank_waiters:
             self._admit(self._register_worker, members.rank_waiters.pop(0)[0], now, out)
+        if elastic is not None and self.barrier.open and not self.host.stopping:
+            if elastic.below_min(self._started(), now, out):
+                self._metric(now, {"kind": "membership", "change": "waiting",
+                                   "workers": self._started(),
+                                   "min_workers": elastic.min_workers}, out)
+
+    # ---- elastic workers ------------------------------------------------------------------------
+    def _started(self) -> int:
+        """Workers that are training (started), the count an elastic job keeps >= MIN."""
+        return sum(1 for m in self.members.roster.workers.values() if m.started)
+
+    def _resume_if_enough(self, now: float, out: list) -> None:
+        """Enough workers again: the releases held while below MIN go out."""
+        elastic = self.elastic
+        if not elastic.paused:
+            return
+        for d in elastic.enough(self._started(), now, out):
+            self._deliver(d, out)
+        if not elastic.paused:
+            self._metric(now, {"kind": "membership", "change": "back",
+                               "workers": self._started()}, out)
 
     # ---- coordinator recovery -------------------------------------------------------------------
     def _check_takeback(self, now: float, out: list) -> None:

@@ -62,6 +62,7 @@ class ProgressLine:
         self.interval = interval if self.tty else plain_interval
         self.steps: list[dict] = []
         self.metric: tuple[str, float] | None = None
+        self.waiting: str | None = None  # an elastic job below its minimum of workers
         self._offset = 0
         self._shown = ""
         self._drawn = False  # a line sits on the terminal's last row
@@ -83,6 +84,10 @@ class ProgressLine:
                 continue
             if record.get("kind") == "step":
                 self.steps.append(record)
+            elif record.get("kind") == "membership":
+                self.waiting = None if record.get("change") != "waiting" else (
+                    f"WAITING for workers: {record.get('workers')} training, fewer than the "
+                    f"minimum {record.get('min_workers')}")
             elif metric_of(record) is not None:  # kv.report({"test_accuracy": ...})
                 self.metric = metric_of(record)
 
@@ -93,6 +98,8 @@ class ProgressLine:
         self._last = now
         self._read()
         text = summarize(self.steps, metric=self.metric)
+        if self.waiting is not None:
+            text = f"{text} | {self.waiting}"
         if text == self._shown and (self.tty or not self.steps):
             return
         with self.lock:

@@ -240,7 +240,9 @@ class LocalCluster:
             time.sleep(0.02)
         self.address = addr_file.read_text().strip()
         if spawn_workers:
-            for w in range(self.spec.workers):
+            # An elastic job starts with its MIN workers; more join by hand (paramserver
+            # worker --join, the address in RUN/coordinator.addr) or by add_worker.
+            for w in range(self.spec.min_workers or self.spec.workers):
                 self.add_worker(w)
         return self.address
 

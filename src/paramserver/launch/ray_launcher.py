@@ -253,7 +253,7 @@ class RayCluster:
         for s in range(spec.servers):
             self._spawn(ray, f"server {s}", "server", ["--join", self.join, "--bind", bind], keys,
                         cpus=r.server_cpus)
-        for w in range(spec.workers):
+        for w in range(spec.min_workers or spec.workers):  # an elastic job: its MIN
             env = None if not self.worker_cmd else {
                 "PARAMSERVER_JOIN": self.join, "RANK": str(w), "WORLD_SIZE": str(spec.workers),
                 # Ray places each worker where it likes: its local rank is not known here.

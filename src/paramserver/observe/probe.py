@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paramserver.coordinator.events import AppendEvent
 from paramserver.observe.flight import ANSWER_LINES, MAX_LINE, MAX_STACK_CHARS, stack_dump
 from paramserver.observe.stall import (
     MemberView, ProbeAnswer, ReportInput, StallDetector, StallSettings, build_report, headline,
@@ -107,14 +108,15 @@ class StallDoctor:
             detector.released(now)  # the clock runs only while steps are due
             return
         for kind, reason in detector.paused(self._pauses(state), now):
-            self.node.record(kind, reason=reason)
+            self._event(now, kind, {"reason": reason})
         stall = detector.check(now, [s for s, m in roster.workers.items() if m.started])
         if stall is not None and self.reports < MAX_REPORTS:
             self._start_probe(stall, now)
 
     def _pauses(self, state) -> list[str]:
         """The legitimate pauses in force: a checkpoint being written, releases a policy holds
-        on purpose until a time, a pause a worker announced (its own evaluation)."""
+        on purpose until a time, an elastic job waiting below its minimum of workers, a pause
+        a worker announced (its own evaluation)."""
         members = state.members.roster
         for src in [s for s in self.member_pauses if s not in members.workers
                     and s not in members.observers]:
@@ -128,6 +130,8 @@ class StallDoctor:
             reasons.append("checkpoint")
         if state.host.held():
             reasons.append("policy_wait")
+        if state.elastic is not None and state.elastic.paused:  # below MIN: waits for joins
+            reasons.append("waiting_for_workers")
         return reasons
 
     # ---- the probe ------------------------------------------------------------------------------
@@ -185,11 +189,16 @@ class StallDoctor:
                 where = str(path)
             except OSError as exc:
                 where = f"(not written: {exc})"
-        self.node.record("stall", n=p.n, verdict=p.stall.kind, file=name,
-                         timeout_s=round(p.stall.timeout_s, 3),
-                         missing=[m.rank for m in missing],
-                         silent=sorted(m.src for m in p.members if m.src not in p.answers))
+        self._event(now, "stall", {
+            "n": p.n, "verdict": p.stall.kind, "file": name,
+            "timeout_s": round(p.stall.timeout_s, 3), "missing": [m.rank for m in missing],
+            "silent": sorted(m.src for m in p.members if m.src not in p.answers)})
         log.warning("%s; stall report %s", headline(text), where)
+
+
+    def _event(self, now: float, kind: str, data: dict) -> None:
+        """An events.jsonl line, as the node appends the core's (the metrics endpoint sees it)."""
+        self.node.execute([AppendEvent(now, kind, data)])
 
 
 def _last_report_number(run_dir: Path | None) -> int:

@@ -13,10 +13,13 @@ ApplyMode = Literal["arrival", "round"]
 
 @dataclass(frozen=True)
 class Joined:
-    """Worker `worker` registered and waits for its first release."""
+    """Worker `worker` registered and waits for its first release. `late`: it joins a job
+    already running (an elastic join), not at the start barrier: a round-mode policy then
+    starts it at the next round, since the round in progress was sized without it."""
 
     worker: int
     now: float
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,12 +141,18 @@ class SyncPolicy(ABC):
 
     name: ClassVar[str] = "?"
     apply_mode: ClassVar[ApplyMode] = "arrival"
+    # True for a policy that sizes each worker's batch itself (LB-BSP): under an elastic
+    # job's batch rule it splits `global_batch`, and the host leaves its batches as they are.
+    own_batches: ClassVar[bool] = False
 
     def __init__(self, batch_size: int):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = batch_size
         self.active: set[int] = set()
+        # An elastic job's global batch (policies/batch_rule.py), set by the PolicyHost before
+        # each join and leave; None: the policy's own (batch_size per worker).
+        self.global_batch: int | None = None
 
     def handle(self, event: Event) -> list[Decision]:
         if isinstance(event, Joined):

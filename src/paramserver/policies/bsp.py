@@ -17,17 +17,32 @@ class BSP(SyncPolicy):
         super().__init__(batch_size)
         self.round = 0
         self.done: set[int] = set()
+        # Late joiners (an elastic job's): active, released only when the round in progress,
+        # sized without them, closes; the round never waits for them.
+        self.joining: set[int] = set()
 
     def batch_for(self, worker: int) -> int:
-        """Batch size of `worker` in the next round; LB-BSP overrides this."""
+        """Batch size of `worker` in the next round; LB-BSP overrides this. (Under an elastic
+        job's batch rule the PolicyHost sets each release's batch.)"""
         return self.batch_size
 
     def on_joined(self, event: Joined) -> list[Decision]:
+        if event.late and len(self.active - self.joining) > 1:
+            # The releases of the round in progress told the servers its size without this
+            # worker: it starts with the next round (its push would come after the round was
+            # applied and be dropped).
+            self.joining.add(event.worker)
+            return []
         # A newcomer joins the round in progress; the round now also waits for it.
         return [Release(event.worker, self.round, self.batch_for(event.worker))]
 
     def on_left(self, event: Left) -> list[Decision]:
         self.done.discard(event.worker)
+        self.joining.discard(event.worker)
+        if self.joining and self.active == self.joining:
+            # Nobody is left in the round in progress: the late joiners start it.
+            self.joining = set()
+            return [Release(w, self.round, self.batch_for(w)) for w in sorted(self.active)]
         return self._maybe_close_round()
 
     def on_pushed(self, event: Pushed) -> list[Decision]:
@@ -41,17 +56,21 @@ class BSP(SyncPolicy):
         return self._maybe_close_round()
 
     def round_size(self) -> int:
-        return len(self.active)  # the round closes when every active worker pushed
+        # The round closes when every active worker pushed (late joiners wait for the next).
+        return len(self.active) - len(self.joining)
 
     def observe(self, event: Pushed) -> None:
         """Hook for subclasses that learn from each push (LB-BSP's speed predictors)."""
 
     def _maybe_close_round(self) -> list[Decision]:
-        if not self.done or not self.active <= self.done:
+        joining = self.joining
+        if not self.done or not (self.active <= self.done if not joining
+                                 else self.active - joining <= self.done):
             return []
         decisions: list[Decision] = [ApplyRound(self.round, tuple(sorted(self.done)))]
         self.round += 1
         self.done = set()
+        self.joining = set()
         self.before_release()
         decisions += [Release(w, self.round, self.batch_for(w)) for w in sorted(self.active)]
         return decisions

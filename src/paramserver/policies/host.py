@@ -21,6 +21,7 @@ from typing import Union
 from paramserver.policies.base import (
     ApplyRound, Decision, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy, Tick,
 )
+from paramserver.policies.batch_rule import BatchRule, BatchTerms
 
 Out = Union[Release, ApplyRound, Note]
 
@@ -43,7 +44,8 @@ class PolicyHost:
     """
 
     def __init__(self, policy: SyncPolicy, max_samples: int | None = None, *,
-                 on_decision: Callable[[Decision, float], None] | None = None):
+                 on_decision: Callable[[Decision, float], None] | None = None,
+                 batch_rule: BatchRule | None = None):
         if max_samples is not None and max_samples < 1:
             raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
         self.policy = policy
@@ -67,6 +69,12 @@ class PolicyHost:
         self._held: list[tuple[float, int, Release]] = []
         self._held_for: dict[int, Release] = {}
         self._held_seq = 0
+        # An elastic job's global-batch rule (None: every release as the policy made it). On
+        # each join and leave the host works out the new terms, tells the policy the global
+        # batch, notes them ("batch_rule") and sets each release's batch and scale by them.
+        self.batch_rule = batch_rule
+        self.batch_terms: BatchTerms | None = None
+        self._batch_of: dict[int, int] = {}
 
     @property
     def version(self) -> int:
@@ -74,15 +82,23 @@ class PolicyHost:
         return self.rounds_applied
 
     # ---- events ---------------------------------------------------------------------------------
-    def joined(self, worker: int, now: float) -> list[Out]:
-        return self._interpret(self.policy.handle(Joined(worker, now)), now, [])
+    def joined(self, worker: int, now: float, late: bool = False) -> list[Out]:
+        """`late`: an elastic join into a running job (see Joined)."""
+        out: list[Out] = []
+        if self.batch_rule is not None:
+            self._rebatch(self.policy.active | {worker}, now, out)
+        return self._interpret(self.policy.handle(Joined(worker, now, late)), now, out)
 
     def joined_all(self, workers: Iterable[int], now: float) -> list[Out]:
         """The start barrier opens: every worker joins before any release goes out, so each
         release already carries the full round size."""
+        workers = list(workers)
+        out: list[Out] = []
+        if self.batch_rule is not None:
+            self._rebatch(self.policy.active | set(workers), now, out)
         handle = self.policy.handle
         decisions = [d for w in workers for d in handle(Joined(w, now))]
-        return self._interpret(decisions, now, [])
+        return self._interpret(decisions, now, out)
 
     def pushed(self, event: Pushed) -> list[Out]:
         """Count the step, check the budget (this push may be the last step), then tell the
@@ -112,7 +128,25 @@ class PolicyHost:
         if self._held_for.pop(worker, None) is not None:
             self._held = [e for e in self._held if e[2].worker != worker]
             heapify(self._held)
-        return self._interpret(self.policy.handle(Left(worker, now, reason)), now, [])
+        out: list[Out] = []
+        if self.batch_rule is not None and worker in self.policy.active and not self.stopping:
+            self._rebatch(self.policy.active - {worker}, now, out)
+        return self._interpret(self.policy.handle(Left(worker, now, reason)), now, out)
+
+    def _rebatch(self, workers: set[int], now: float, out: list[Out]) -> None:
+        """The batch rule's terms for the workers active after a join or leave: set before the
+        policy hears of it, so the releases it makes then follow them; recorded as a Note.
+        (Not after the budget is spent: the leaves then are the end of the job.)"""
+        terms = self.batch_rule.terms(len(workers))
+        ranks = sorted(workers)
+        self.batch_terms = terms
+        self._batch_of = dict(zip(ranks, terms.batches))
+        self.policy.global_batch = terms.global_batch or None
+        note = Note("batch_rule", {"rule": self.batch_rule.text(), "ranks": ranks,
+                                   **terms.to_dict()})
+        if self.on_decision is not None:
+            self.on_decision(note, now)
+        out.append(note)
 
     def advance(self, now: float) -> list[Out]:
         """Time `now` has come: the held releases due by then go out (in not_before order),
@@ -178,6 +212,8 @@ class PolicyHost:
                 watch(d, now)
             kind = type(d)
             if kind is Release:
+                if self.batch_rule is not None:
+                    d = self._by_rule(d)
                 w, nb = d.worker, d.not_before
                 if w not in active:
                     raise PolicyError(f"t={now}: {d} for a worker that has not joined or has "
@@ -207,6 +243,19 @@ class PolicyHost:
             else:
                 raise PolicyError(f"unknown decision {d!r} from {self.name}")
         return out
+
+    def _by_rule(self, d: Release) -> Release:
+        """The release with the batch rule's batch (unless the policy sizes batches itself)
+        and its update scaled by the rule's multiplier."""
+        terms = self.batch_terms
+        batch = d.batch_size
+        if not self.policy.own_batches:
+            batch = self._batch_of.get(d.worker, batch)
+        scale = d.scale * terms.lr_scale if terms is not None else d.scale
+        if batch == d.batch_size and scale == d.scale:
+            return d
+        return Release(d.worker, d.step, batch, d.not_before, scale, d.min_version,
+                       d.round_size, d.stop)
 
     def _terms(self) -> tuple[int, int, bool]:
         """What a release going out now carries: (min_version, round_size, stop)."""

@@ -36,7 +36,8 @@ class LBBSPOptions:
 class LBBSP(BSP, Configurable):
     """Load-balanced BSP: worker i gets x_i = X * v_i / sum_j v_j samples per round.
 
-    X = batch_size * N (N active workers at the round's start) stays fixed; v_i is the
+    X = batch_size * N (N active workers at the round's start; an elastic job's batch rule may
+    fix X instead: `global_batch`) stays fixed; v_i is the
     predicted speed (samples/s, learnt from batch / compute time of each push, plus the
     host's cpu load and free memory for NARX). Sizes are integers summing to X exactly
     (largest remainder), within [min_batch, max_batch]; when the bounds cannot hold X
@@ -48,6 +49,7 @@ class LBBSP(BSP, Configurable):
 
     name = "lbbsp"
     Options = LBBSPOptions
+    own_batches = True
 
     def __init__(self, batch_size: int, *, predictor: str = "ema", min_batch: int = 1,
                  max_batch: int | None = None, alpha: float = 0.5, window: int = 5):
@@ -87,7 +89,8 @@ class LBBSP(BSP, Configurable):
         known = [v for v in predicted.values() if v is not None]
         mean = sum(known) / len(known) if known else 1.0
         speeds = [predicted[w] if predicted[w] is not None else mean for w in workers]
-        total = self.batch_size * len(workers)
+        # An elastic job's batch rule may fix the global batch whoever is there.
+        total = self.global_batch or self.batch_size * len(workers)
         sizes = split_batch(total, speeds, self.options.min_batch, self.options.max_batch)
         self.sizes = dict(zip(workers, sizes))
         self.last_speeds = dict(zip(workers, speeds))
@@ -97,7 +100,8 @@ class LBBSP(BSP, Configurable):
         if not any(isinstance(d, ApplyRound) for d in out) or not self.sizes:
             return out
         workers = sorted(self.sizes)
+        total = self.global_batch or self.batch_size * len(workers)
         return out + [Note("lbbsp_batches", {
-            "round": self.round, "global_batch": self.batch_size * len(workers),
+            "round": self.round, "global_batch": total,
             "workers": workers, "batch": [self.sizes[w] for w in workers],
             "speed": [round(self.last_speeds[w], 6) for w in workers]})]

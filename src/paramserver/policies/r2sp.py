@@ -95,6 +95,8 @@ class R2SP(SyncPolicy, Configurable):
         self.options = R2SPOptions(gap_ratio, ema, warmup, heterogeneous, base_batch,
                                    min_batch, max_batch, strict)
         self.base = base_batch or batch_size
+        # Heterogeneous mode sizes each batch itself: an elastic job's batch rule leaves them.
+        self.own_batches = heterogeneous
         self.max_batch = max_batch or max(4 * self.base, min_batch)
         self.rotation = Rotation()
         self.throttling = False

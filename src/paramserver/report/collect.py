@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paramserver.report.timeline import membership_timeline
 from paramserver.runlog.metrics import (
     evaluations, read_records, summarize, time_to_accuracy, time_to_auc,
 )
@@ -48,6 +49,8 @@ class Run:
     recomputed: bool = False  # summary.json was missing or unreadable
     # A simulation's steps.npz (sim.stepstats): per-step quantile bands, per-worker totals.
     step_stats: dict | None = None
+    # Membership changes from events.jsonl (report/timeline.py): joins, leaves, waits, losses.
+    timeline: tuple = ()
 
     @property
     def global_batch(self) -> int:
@@ -179,7 +182,22 @@ def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
     stale = dict(Counter(int(r.get("staleness") or 0) for r in steps))
     train_time = max((float(r["t"]) for r in steps), default=0.0)
     return Run(path, scenario, policy or summary.get("sync") or "unknown", repeat, summary, evals,
-               stale, train_time, recomputed)
+               stale, train_time, recomputed, timeline=_timeline(path / "events.jsonl"))
+
+
+def _timeline(path: Path) -> tuple:
+    """The run's membership changes; none when it has no (readable) events.jsonl."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ()
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a kill: the rest still tells the story
+    return tuple(membership_timeline(events))
 
 
 def _read_json(path: Path):

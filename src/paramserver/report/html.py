@@ -180,6 +180,23 @@ def coverage_warnings(c: Collection) -> list[str]:
     return out
 
 
+def timeline_section(c: Collection) -> str:
+    """Each run's membership changes (workers joining, leaving, preempted; the job waiting
+    below its minimum; servers lost and restored), in training seconds; nothing when no run
+    had any."""
+    runs = [r for r in c.runs if r.timeline]
+    if not runs:
+        return ""
+    out = ["<h2>Membership timeline</h2><p>Who joined, left or was lost, and when (seconds of "
+           "training, from <code>events.jsonl</code>).</p>"]
+    for run in runs:
+        out.append(f"<h3>{_e(run.scenario)} / {_e(run.policy)} (repeat {run.repeat})</h3>")
+        out.append("<table><tr><th>t (s)</th><th>change</th></tr>" + "".join(
+            f"<tr><td>{row.t:.1f}</td><td>{_e(row.text)}</td></tr>" for row in run.timeline)
+            + "</table>")
+    return "\n".join(out)
+
+
 def fidelity_section(rows: list[Row]) -> str:
     """How much of the modelled compute time was real computation rather than emulated sleep."""
     policies = list(dict.fromkeys(r.policy for r in rows))
@@ -298,7 +315,7 @@ def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> 
             "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
             render_table(rows, c.target, c.score,
                          {k: d.line(k[1]) for k, d in why.items()}),
-            warnings_section(c, rows), notes_section(c),
+            warnings_section(c, rows), notes_section(c), timeline_section(c),
             fidelity_section(rows), figures_section(c, figures), plan_section(c)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"

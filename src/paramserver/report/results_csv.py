@@ -12,7 +12,8 @@ from paramserver.report.diagnose import RunOutcome, classify
 COLUMNS = ("scenario", "policy", "repeat", "time_to_target_s", "target", "score",
            "final_score", "best_score", "reached", "diverged", "outcome", "wait_fraction",
            "mean_staleness", "samples_per_s", "steps", "push_bytes_per_step",
-           "pull_bytes_per_step", "push_codec", "pull_codec", "run_folder")
+           "pull_bytes_per_step", "push_codec", "pull_codec", "run_folder",
+           "push_saved_bytes_per_step", "pull_saved_bytes_per_step")
 
 
 def result_row(run: Run, target: float, score: str, chance: float | None) -> dict:
@@ -33,7 +34,10 @@ def result_row(run: Run, target: float, score: str, chance: float | None) -> dic
             "steps": s.get("steps"), "push_bytes_per_step": s.get("push_bytes_per_step"),
             "pull_bytes_per_step": s.get("pull_bytes_per_step"),
             "push_codec": _codecs(s.get("push_codecs")),
-            "pull_codec": _codecs(s.get("pull_codecs")), "run_folder": str(run.path)}
+            "pull_codec": _codecs(s.get("pull_codecs")), "run_folder": str(run.path),
+            # against float32, where a codec or pruner was used (empty for dense runs)
+            "push_saved_bytes_per_step": s.get("push_saved_bytes_per_step"),
+            "pull_saved_bytes_per_step": s.get("pull_saved_bytes_per_step")}
 
 
 def _codecs(names) -> str | None:

@@ -33,6 +33,8 @@ class Row:
     pull_bytes: float | None = None
     push_codecs: tuple[str, ...] = ()  # the formats its steps named, over repeats (none: dense)
     pull_codecs: tuple[str, ...] = ()
+    push_saved: float | None = None  # bytes per step saved against float32, median; None: dense
+    pull_saved: float | None = None
     speedup: float | None = None  # median BSP time / median time of this policy
     score: str = "accuracy"  # what final/best_accuracy hold: accuracy, or AUC (click models)
     optimizer: str | None = None  # the update rule its runs had, when they agree
@@ -74,6 +76,8 @@ def policy_row(scenario: str, policy: str, runs: list[Run], target: float,
         pull_bytes=_median_or_none(x.get("pull_bytes_per_step") for x in s),
         push_codecs=_union(x.get("push_codecs") for x in s),
         pull_codecs=_union(x.get("pull_codecs") for x in s),
+        push_saved=_median_or_none(x.get("push_saved_bytes_per_step") for x in s),
+        pull_saved=_median_or_none(x.get("pull_saved_bytes_per_step") for x in s),
         optimizer=(lambda rules: rules.pop() if len(rules) == 1 else None)(
             {x.get("optimizer") for x in s}))
 
@@ -113,8 +117,18 @@ def _cells(row: Row) -> list[str]:
             "–" if row.speedup is None else f"×{row.speedup:.2f}",
             fmt_score(row.score, row.final_accuracy), fmt_score(row.score, row.best_accuracy),
             fmt_pct(row.wait_fraction),
-            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}", fmt_bytes(row.push_bytes),
-            fmt_bytes(row.pull_bytes), fmt_codecs(row.push_codecs, row.pull_codecs)]
+            f"{row.staleness:.2f}", f"{row.samples_per_s:.0f}",
+            fmt_bytes_saved(row.push_bytes, row.push_saved),
+            fmt_bytes_saved(row.pull_bytes, row.pull_saved),
+            fmt_codecs(row.push_codecs, row.pull_codecs)]
+
+
+def fmt_bytes_saved(value: float | None, saved: float | None) -> str:
+    """"1.86 MB (-50%)": the bytes, and what the format saved against float32 where it is
+    known (runs with a codec or pruner)."""
+    if value is None or not saved or value + saved <= 0:
+        return fmt_bytes(value)
+    return f"{fmt_bytes(value)} (−{100 * saved / (value + saved):.0f}%)"
 
 
 def fmt_codecs(push: tuple[str, ...], pull: tuple[str, ...]) -> str:

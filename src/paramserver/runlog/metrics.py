@@ -134,6 +134,7 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "pull_bytes_per_step": (sum(r.get("pull_bytes", 0) or 0 for r in steps) / len(steps)
                                 if steps else 0.0),
         **codecs_used(steps),
+        **bytes_saved(steps),
         "per_worker": {str(k): v for k, v in workers.items()},
         **_restarts(records),
         **_server_counters(records),
@@ -148,6 +149,18 @@ def codecs_used(steps: list[dict]) -> dict:
     return {f"{way}_codecs": sorted({str(r[f"{way}_codec"]) for r in steps
                                      if r.get(f"{way}_codec") is not None})
             for way in ("push", "pull")}
+
+
+def bytes_saved(steps: list[dict]) -> dict:
+    """Bytes per step the push and pull formats saved against float32 (the steps'
+    `push_saved_bytes`/`pull_saved_bytes`, over the steps that carry them: a worker with a
+    codec or a pruner); {} where none does (dense runs)."""
+    out = {}
+    for way in ("push", "pull"):
+        got = [r[f"{way}_saved_bytes"] for r in steps if r.get(f"{way}_saved_bytes") is not None]
+        if got:
+            out[f"{way}_saved_bytes_per_step"] = sum(got) / len(got)
+    return out
 
 
 def _restarts(records: list[dict]) -> dict:

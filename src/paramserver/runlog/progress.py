@@ -16,6 +16,11 @@ class MetricsTail:
         self.samples = self.steps = 0
         self.wait = self.busy = 0.0
         self.accuracy: float | None = None
+        # An elastic job's membership: workers training, whether it waits below its minimum,
+        # and the changes not yet printed.
+        self.workers: int | None = None
+        self.waiting: str | None = None
+        self.notices: list[str] = []
 
     def poll(self) -> None:
         try:
@@ -40,11 +45,30 @@ class MetricsTail:
                           + r.get("push_s", 0.0))
         elif r.get("kind") == "eval":
             self.accuracy = r["accuracy"]
+        elif r.get("kind") == "membership":
+            self._membership(r)
+
+    def _membership(self, r: dict) -> None:
+        change, n = r.get("change"), r.get("workers")
+        self.workers = n
+        if change == "joined":
+            self.notices.append(f"worker {r.get('worker')} joined: {n} training")
+        elif change == "waiting":
+            self.waiting = (f"WAITING for workers: {n} training, fewer than the minimum "
+                            f"{r.get('min_workers')}")
+            self.notices.append(f"{self.waiting} (start one: PARAMSERVER_KEYS=RUN/keys "
+                                f"paramserver worker --join $(cat RUN/coordinator.addr))")
+        elif change == "back":
+            self.waiting = None
+            self.notices.append(f"training again with {n} workers")
 
     def describe(self) -> str:
         acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
         share = self.wait / self.busy if self.busy else 0.0
-        return f"steps {self.steps:6d}  test acc {acc}  wait {share:5.1%}"
+        text = f"steps {self.steps:6d}  test acc {acc}  wait {share:5.1%}"
+        if self.waiting is not None:
+            return f"{text}  {self.waiting}"
+        return text if self.workers is None else f"{text}  workers {self.workers}"
 
 
 class JobProgress:
@@ -70,6 +94,9 @@ class JobProgress:
         if self.progress is None:
             return
         self.tail.poll()
+        for notice in self.tail.notices:
+            self.progress.console.print(f"[bold]{notice}")
+        self.tail.notices.clear()
         self.progress.update(self.task, completed=self.tail.samples if self.total is None
                              else min(self.tail.samples, self.total),
                              info=self.tail.describe())

@@ -14,6 +14,7 @@ from paramserver.compression import payload
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder, probe_answer
+from paramserver.observe.preflight import served_bytes
 from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
@@ -189,6 +190,7 @@ class ServerNode:
         # The last protocol events, for the coordinator's stall probe (observe/flight.py).
         self.flight = FlightRecorder()
         self.flight.waiting = self._holding
+        self._probe_bytes = np.zeros(0, np.uint8)  # what preflight probes are answered from
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
@@ -355,6 +357,9 @@ class ServerNode:
     def _dispatch(self, ident, msg: Message, from_worker: bool) -> None:
         """The message as an event for the core (refused here when the peer may not send it),
         and the core's instructions carried out."""
+        if from_worker and msg.op == "probe":  # preflight (issue 23): the shard's state unused
+            self._probe(ident, msg)
+            return
         if from_worker:
             if msg.op not in WORKER_OPS:
                 raise ValueError(f"op {msg.op!r} is not served by a parameter server")
@@ -374,6 +379,15 @@ class ServerNode:
         event = as_event(msg, (ident, msg.rid))
         if event is not None:
             self._execute(self.core.handle(event))
+
+    def _probe(self, ident, msg: Message) -> None:
+        """A worker's link probe: as many zero bytes as it asked for, within bounds."""
+        n = served_bytes(msg["bytes"], self.settings.max_message_bytes)
+        if self._probe_bytes.size < n:
+            self._probe_bytes = np.zeros(n, np.uint8)
+        arrays = [self._probe_bytes[:n]] if n else []
+        rpc.send(self.router, Message("probe", {"bytes": n}, arrays, rid=msg.rid, src=self.src),
+                 ident)
 
     def _from_coordinator(self, msg: Message) -> None:
         """A restarted coordinator does not know this server (`unknown`): register again with

@@ -57,6 +57,20 @@ def single_reference(base: TrainConfig) -> TrainConfig:
                                batch_size=base.batch_size * base.workers)
 
 
+# A variant's own pull settings (`--compress-variant bf16:pull=bf16:pull_refresh=50`): they
+# replace --pull-compress and --pull-refresh for its runs; the other options are --compress's.
+VARIANT_PULL = {"pull": "pull_compress", "pull_refresh": "pull_refresh"}
+
+
+def variant_settings(options: dict, pull_compress: str, pull_refresh: int
+                     ) -> tuple[dict, str, int]:
+    """A variant's options into (--compress-opt options, its pull codec, its pull refresh),
+    the pull settings defaulting to the base's."""
+    rest = {k: v for k, v in options.items() if k not in VARIANT_PULL}
+    return (rest, str(options.get("pull", pull_compress)),
+            options.get("pull_refresh", pull_refresh))
+
+
 def _per_variant(run: PlannedRun, variants: dict[str, tuple[str, dict]]) -> list[PlannedRun]:
     """`run` once per compression variant (the single-process reference stays one run)."""
     if run.policy == SINGLE:
@@ -64,7 +78,10 @@ def _per_variant(run: PlannedRun, variants: dict[str, tuple[str, dict]]) -> list
     out = []
     for label, (name, options) in variants.items():
         policy = f"{run.policy}+{label}"
-        config = dataclasses.replace(run.config, compress=name, compress_options=dict(options))
+        opts, pull, refresh = variant_settings(options, run.config.pull_compress,
+                                               run.config.pull_refresh)
+        config = dataclasses.replace(run.config, compress=name, compress_options=opts,
+                                     pull_compress=pull, pull_refresh=refresh)
         out.append(dataclasses.replace(run, policy=policy, config=config,
                                        folder=run.folder.parent.with_name(policy) / run.folder.name))
     return out

@@ -62,6 +62,11 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps
     checkpoint_seconds: float | None = None
+    metrics_port: int | None = JobSpec.metrics_port  # --metrics-port (0: a free port)
+    metrics_host: str = JobSpec.metrics_host  # --metrics-host
+    preflight: bool = JobSpec.preflight  # --preflight/--no-preflight
+    min_workers: int = 0  # elastic (--workers MIN:MAX): MIN, and `workers` is MAX; 0: fixed
+    batch_rule: str = "fixed"  # the global-batch rule of an elastic job (--batch-rule)
 
     def __post_init__(self):
         # Text from a Python caller or a saved config.json: parsed here, once.

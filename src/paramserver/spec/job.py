@@ -335,6 +335,38 @@ _DICT_ABSENT = {"eval_interval": 0.0,  # no evaluator process
                 "task": {"name": "demo"}}  # workers run the demo task (constant gradients)
 
 
+# --- elastic workers ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerCount:
+    """`--workers N` (a fixed job: min == max, not elastic) or `--workers MIN:MAX` (elastic:
+    the job starts with MIN, takes joiners up to MAX, waits while fewer than MIN are left)."""
+
+    min: int
+    max: int
+    elastic: bool = False
+
+    def __post_init__(self):
+        _int("workers (min)", self.min, 1)
+        _int("workers (max)", self.max, 1)
+        if self.min > self.max:
+            raise JobSpecError(f"workers {self.min}:{self.max}: MIN must be <= MAX")
+
+    @classmethod
+    def parse(cls, text: str) -> "WorkerCount":
+        lo, colon, hi = str(text).strip().partition(":")
+        try:
+            if not colon:
+                n = int(lo)
+                return cls(n, n)
+            return cls(int(lo), int(hi), True)
+        except ValueError:
+            raise JobSpecError(f"workers {text!r}: expected N or MIN:MAX (whole numbers "
+                               f">= 1)") from None
+
+    def text(self) -> str:
+        return f"{self.min}:{self.max}" if self.elastic else str(self.max)
+
+
 # --- the job --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobSpec:
@@ -363,6 +395,28 @@ class JobSpec:
     # Keys where the model's layers start: the cuts between shards move to them when that
     # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
     layer_edges: tuple = ()
+    # Observability (issue 23): the coordinator's Prometheus endpoint (None: none; 0: a free
+    # port) and the host it binds; workers probe their links to the shards before the start
+    # barrier (preflight).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    preflight: bool = True
+    # An elastic job (`--workers MIN:MAX`): `workers` is MAX, this is MIN; 0: not elastic
+    # (every worker is expected at the start, as always).
+    min_workers: int = 0
+    # The global-batch rule as workers come and go (policies/batch_rule.py): fixed,
+    # keep-global, target:T, linear.
+    batch_rule: str = "fixed"
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers > 0
+
+    def batch_rule_spec(self):
+        """The typed rule (its reference head count: MIN workers, or all of them)."""
+        from paramserver.policies.batch_rule import BatchRule
+        return BatchRule.parse(self.batch_rule, self.batch_size,
+                               self.min_workers or self.workers)
 
     def __post_init__(self):
         edges = self.layer_edges
@@ -396,6 +450,23 @@ class JobSpec:
             raise JobSpecError("job field 'restart_servers' needs checkpoints to restart from: "
                                "give --checkpoint-every or --checkpoint-seconds")
         object.__setattr__(self, "tables", _tables(self.tables))
+        if self.metrics_port is not None:
+            _int("metrics_port", self.metrics_port, 0)
+            if self.metrics_port > 65535:
+                _fail("metrics_port", self.metrics_port, "a port number (0: any free one)")
+        _name("metrics_host", self.metrics_host)
+        if not isinstance(self.preflight, bool):
+            _fail("preflight", self.preflight, "true or false")
+        _int("min_workers", self.min_workers, 0)
+        if self.min_workers > self.workers:
+            _fail("min_workers", self.min_workers, f"at most workers ({self.workers})")
+        try:
+            self.batch_rule_spec()
+        except ValueError as exc:
+            raise JobSpecError(f"job field 'batch_rule': {exc}") from None
+        if self.batch_rule != "fixed" and not self.elastic:
+            raise JobSpecError("job field 'batch_rule' applies to an elastic job (--workers "
+                               "MIN:MAX); a fixed job's batch is --batch-size per worker")
 
     @classmethod
     def from_config(cls, config, num_keys: int, train_size: int,
@@ -428,7 +499,8 @@ class JobSpec:
                           start_timeout=start_timeout_for(num_keys, c.dtype),
                           max_message_bytes=c.max_message_bytes,
                           stall_timeout=c.stall_timeout),
-            tables=tuple(tables))
+            tables=tuple(tables), metrics_port=c.metrics_port, metrics_host=c.metrics_host,
+            preflight=c.preflight, min_workers=c.min_workers, batch_rule=c.batch_rule)
 
     def message_limit(self, keys: int | None = None) -> int:
         """The largest frame a server accepts: limits.max_message_bytes, or derived from the
@@ -474,6 +546,14 @@ class JobSpec:
             out["tables"] = [_plain(t) for t in self.tables]
         if self.layer_edges:
             out["layer_edges"] = list(self.layer_edges)
+        for key, default in (("metrics_port", None), ("metrics_host", "127.0.0.1"),
+                             ("preflight", True)):  # left out at defaults, as above
+            if getattr(self, key) != default:
+                out[key] = getattr(self, key)
+        if self.min_workers:  # (left out unless elastic: fixed jobs' files read as before)
+            out["min_workers"] = self.min_workers
+        if self.batch_rule != "fixed":
+            out["batch_rule"] = self.batch_rule
         return out
 
     @classmethod

@@ -10,6 +10,7 @@ import psutil
 import torch
 from torch import nn
 
+from paramserver.compression.auto import link_rate
 from paramserver.compression.wire import WireSpec
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.emulation.links import link_for
@@ -20,6 +21,8 @@ from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.pacing import Pacer
 from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
+from paramserver.client.preemption import Preemption
+from paramserver.data.ledger_sampler import LedgerSampler
 from paramserver.spec.job import TaskSpec
 from paramserver.training.workload import build
 
@@ -72,8 +75,16 @@ class StepLoop:
         bind_to_flat(self.model, self.keys, self.params, self.grads)
         self.staging.watch(self.model)
         self.params_np, self.grads_np = self.staging.host_params_np, self.staging.host_grads_np
-        self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
-        self._skip(kv.spec.resume_samples)
+        # An elastic job's ranks come and go: the coordinator's ledger, not a rank's shard,
+        # says which samples each step trains on (every release names them).
+        self.elastic = job.elastic
+        if self.elastic:
+            train = self.ds.train
+            self.sampler = LedgerSampler(train.X, train.y, seed=task.seed, ids=train.ids)
+            self.sampler.fallback_rank = kv.rank
+        else:
+            self.sampler = self.ds.sampler(kv.rank, job.workers, seed=task.seed)
+            self._skip(kv.spec.resume_samples)
         # A model with a sparse table (DLRM): each step also pulls its batch's rows and pushes
         # their gradients with the dense gradient, in one push_step.
         table = getattr(self.model, "sparse_table", None)
@@ -81,12 +92,16 @@ class StepLoop:
             self.model, self.sampler, TableRows(kv, table))
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
-        # `--compress auto` is chosen here, once: by this worker's emulated link and the
-        # sizes of the model's tensors (compression/auto.py).
-        link = link_for(job.links, "w", kv.rank)
+        # `--compress auto` is chosen here, once: by this worker's emulated link (or its share
+        # of the shards' links) and the sizes of the model's tensors (compression/auto.py).
+        def rate(link):
+            return None if link is None else link.rate
         self.wire = WireSpec.parse(task.compress, task.compress_options, task.pull_compress,
                                    task.pull_refresh).resolve(
-            None if link is None else link.rate, [p.keys.size for p in self.keys.params])
+            link_rate(rate(link_for(job.links, "w", kv.rank)),
+                      [rate(link_for(job.links, "s", i)) for i in range(job.servers)],
+                      job.workers),
+            [p.keys.size for p in self.keys.params])
         self.compressor = self.wire.compressor()  # None: the dense buffer as it is
         self.codec = WireValues(self.wire, self.keys.num_keys)
         self.plan = make_plan(task.push_range, self.keys.num_keys,
@@ -164,6 +179,8 @@ class StepLoop:
 
     def step(self, release, wait_s: float) -> tuple[dict, float]:
         """Run the released step; returns (metrics record, modelled compute seconds)."""
+        if self.elastic:
+            self.sampler.feed(self.kv.drawn)
         if self.layered is not None:
             return self.step_layered(release, wait_s)
         t_a = time.perf_counter()
@@ -194,6 +211,9 @@ class StepLoop:
                   "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4), **self.codec.fields}
+        if self.codec.saved:  # what the push and pull formats saved against float32
+            record["push_saved_bytes"] = self.nbytes - push_bytes
+            record["pull_saved_bytes"] = self.nbytes - pull_bytes
         return record, compute
 
     def step_layered(self, release, wait_s: float) -> tuple[dict, float]:
@@ -286,8 +306,12 @@ class StepLoop:
         sparse = self.compressor.compress(self.grads)
         if sparse.is_dense and sparse.encoded is None:
             return self.kv.push(self.grads_np, **tags), self.nbytes
-        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags,
-                                           codec=self.compressor.codec)
+        codec = self.compressor.codec
+        sent = None if codec is None else np.empty_like(sparse.values)
+        handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags, codec=codec,
+                                           sent=sent)
+        if sent is not None:  # each shard's slice re-encoded: what that rounding kept back
+            self.compressor.kept(sparse.keys, sparse.values - sent)
         return self.kv.wait(handle), handle.nbytes
 
 
@@ -307,6 +331,8 @@ class WireValues:
         self._since_dense = None  # delta pulls since the last dense one (None: none yet)
         # Constant per job: every step record says which formats its bytes are in.
         self.fields = {"push_codec": wire.label(), "pull_codec": wire.pull_codec or "none"}
+        # step records say the bytes saved where a push or pull format is not float32
+        self.saved = self.fields != {"push_codec": "none", "pull_codec": "none"}
 
     def before_push(self, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(values to push, the buffer each chunk's decoded values land in, or None)."""
@@ -336,17 +362,28 @@ class WireValues:
 def run(kv: KVWorker, task: TaskSpec) -> dict:
     """Train until the coordinator's release says stop; returns this worker's totals."""
     loop = StepLoop(kv, task)
-    if kv.rank == 0:
+    if kv.rank == 0:  # (a rank 0 joining a running elastic job offers too: the first won)
         kv.init(loop.staging.params_to_host())
+    notice = Preemption() if loop.elastic else None
     t_wait = time.perf_counter()
-    release = kv.start()
+    release = kv.start(len(loop.sampler) if loop.elastic else None)
     wait_s, steps = time.perf_counter() - t_wait, 0
     while not release.stop:
+        if notice is not None and notice.given:  # between steps: the release is given back
+            kv.bye("preempted")
+            break
         record, compute = loop.step(release, wait_s)
+        if notice is not None and notice.given:  # its push is in: the step counts, then gone
+            kv.leave(release.step, release.batch_size, compute, record, "preempted")
+            steps += 1
+            break
         cpu, free = loop.host_load()
         t_wait = time.perf_counter()
         release = kv.clock(release.step, release.batch_size, compute, cpu, free, record,
                            while_waiting=loop.prepare_next)
         wait_s, steps = time.perf_counter() - t_wait, steps + 1
+    if notice is not None:
+        notice.restore()
     return {"rank": kv.rank, "steps": steps, "samples": loop.sampler.samples_drawn,
-            "epochs": round(loop.sampler.epoch, 3)}
+            "epochs": round(loop.sampler.epoch, 3), "left": kv.left}
+

@@ -17,7 +17,8 @@ def run_worker(join: str, result_dir: str | None = None, keys=None) -> int:
     try:
         task = kv.spec.job.task
         result = load_task(task.name)(kv, task)
-        kv.bye()
+        if kv.left is None:  # a preempted worker has left already
+            kv.bye()
     finally:
         kv.close()
     if result_dir and result is not None:

@@ -67,8 +67,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                  "layout": _f(DICT, False)},
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
-              "record": _f(RECORD, False)},
-    "start": {},
+              "record": _f(RECORD, False),
+              # the worker's last step: it leaves with it (an elastic job's preempted worker)
+              "leave": _f(STR, False)},
+    # an elastic job's worker: its training set's size (the sample ledger's)
+    "start": {"data_len": _f(NONNEG, False)},
     "heartbeat": {"counters": _f(RECORD, False)},
     "bye": {"reason": _f(STR, False)},
     "status": {},
@@ -77,7 +80,9 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
-                "round_size": _f(NONNEG, False)},
+                "round_size": _f(NONNEG, False),
+                # an elastic job: [[epoch, lo, hi], ...] of the epochs' permutations to train on
+                "samples": _f(LIST, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
@@ -90,6 +95,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "stall_probe": {"n": _f(NONNEG)},
     "stall_answer": {"n": _f(NONNEG), "role": _f(STR), "stack": _f(STR),
                      "flight": _f(LIST, False), "waiting": _f(DICT, False)},
+    # preflight (issue 23): worker -> server `probe` asks for `bytes` zero bytes, answered by
+    # a `probe` with that many in one uint8 frame; worker -> coordinator `preflight` reports
+    # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
+    "probe": {"bytes": _f(NONNEG)},
+    "preflight": {"links": _f(LIST)},
     # either direction
     "ok": {},
     "error": {"msg": _f(STR), "code": _f(STR, False)},
