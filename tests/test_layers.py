@@ -36,6 +36,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "advise/cluster.py", "advise/recommend.py",
         # launch: whether a worker's exit ends the job, what launch says about each rank.
         "launch/verdict.py",
+        # observe: the stall detector and the stall report (doctor's part).
+        "observe/stall.py",
         # observe: the Chrome trace of a run's records (trace's part of issue 23).
         "observe/trace.py", "observe/preflight.py"]
 # File readers that sit beside the pure code they feed; they may open files but not sockets.

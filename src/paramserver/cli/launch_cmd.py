@@ -31,6 +31,7 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         max_message_bytes=None if args.max_message_bytes is None
         else int(args.max_message_bytes),
         restart_coordinator=args.restart_coordinator, replicas=args.replicas,
+        stall_timeout=args.stall_timeout,
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
         preflight=getattr(args, "preflight", TrainConfig.preflight)), run_dir).to_dict()
@@ -61,7 +62,8 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
                       device_time=cfg.device_time.text(), seed=cfg.seed),
         limits=Limits(heartbeat_timeout=cfg.heartbeat_timeout, heartbeat_interval=0.5,
                       coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
-                      max_message_bytes=cfg.max_message_bytes),
+                      max_message_bytes=cfg.max_message_bytes,
+                      stall_timeout=cfg.stall_timeout),
         metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, preflight=cfg.preflight,
     )
 
@@ -267,6 +269,11 @@ def register(sub) -> None:
                    help="float32 (default) or float64")
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=10.0,
                    help="seconds of silence before a worker is declared dead (default 10)")
+    p.add_argument("--stall-timeout", type=flag.positive_seconds,
+                   help="seconds without a completed step after which the coordinator writes "
+                        "RUN/stall-N.txt (see `paramserver doctor`) (default: 10 x the median "
+                        "step time, at least 3 s or half the heartbeat timeout, whichever is "
+                        "less)")
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB (default: the "
                         "largest legitimate frame plus headroom, from the model size)")

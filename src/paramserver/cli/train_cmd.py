@@ -130,6 +130,12 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
+    p.add_argument("--stall-timeout", type=flag.positive_seconds, default=d.stall_timeout,
+                   help="seconds without a completed step after which the coordinator writes "
+                        "RUN/stall-N.txt (who is missing, what each member waits for, every "
+                        "member's stack; `paramserver doctor RUN` prints it) (default: 10 x "
+                        "the median step time, at least 3 s or half the heartbeat timeout, "
+                        "whichever is less)")
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB; a larger one "
                         "disconnects its sender before it is read (default: the job's largest "
@@ -193,6 +199,7 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         pull_refresh=getattr(args, "pull_refresh", TrainConfig.pull_refresh),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
+        stall_timeout=getattr(args, "stall_timeout", None),
         max_message_bytes=None if getattr(args, "max_message_bytes", None) is None
         else int(args.max_message_bytes),
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,

@@ -17,6 +17,7 @@ an async push is sent zero-copy: do not modify it before the handle is waited on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -217,6 +218,7 @@ class KVWorker:
             check_peers=self.session.check_alive)
         if self._replicated:  # every wait's look at the shards follows a moved one first
             self.links.follow = self._follow_moves
+        self.requests.flight = self.session.flight  # one recorder for the whole client
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         # (Replicated shards move: an arena offered to one server would not follow its shard.)
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
@@ -871,6 +873,16 @@ class KVWorker:
     def bye(self, reason: str = "done") -> None:
         self.session.bye(reason)
         self.left = reason
+
+    @contextlib.contextmanager
+    def paused(self, reason: str = "evaluation"):
+        """A legitimate pause in this worker's steps (its own evaluation, say): announced to
+        the coordinator, whose stall detector then flags no hang or missing worker for it."""
+        self.report({"kind": "pause", "reason": str(reason)[:64]})
+        try:
+            yield
+        finally:
+            self.report({"kind": "resume", "reason": str(reason)[:64]})
 
     def close(self) -> None:
         self.session.close()

@@ -13,6 +13,7 @@ import zmq
 from paramserver.compression import payload
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
+from paramserver.observe.flight import FlightRecorder, probe_answer
 from paramserver.observe.preflight import served_bytes
 from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
@@ -213,6 +214,9 @@ class ServerNode:
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
         self.refusals = RefusalLog(log.warning, time.monotonic)
+        # The last protocol events, for the coordinator's stall probe (observe/flight.py).
+        self.flight = FlightRecorder()
+        self.flight.waiting = self._holding
         self.load = ShardLoad()
         self._probe_bytes = np.zeros(0, np.uint8)  # what preflight probes are answered from
 
@@ -432,6 +436,11 @@ class ServerNode:
             if name is not None:
                 self.src = name
             return
+        elif msg.op == "stall_probe":
+            self._to_coordinator(Message("stall_answer", probe_answer(
+                msg["n"], "server", self.flight), src=self.src))
+            return
+        self.flight.record("recv", op=msg.op, src=msg.src, rid=msg.rid)
         as_event = EVENTS.get(msg.op)
         if as_event is None:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
@@ -504,6 +513,7 @@ class ServerNode:
             kind = type(ins)
             if kind is Reply:  # (inline: one per push and pull)
                 ident, rid = ins.to
+                self.flight.record("send", op=ins.op, rid=rid)
                 msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
                 if ident is None:
                     self._to_coordinator(msg)
@@ -532,6 +542,15 @@ class ServerNode:
 
     def _notify(self, op: str, fields: dict) -> None:
         self._to_coordinator(Message(op, fields, src=self.src))
+
+    def _holding(self) -> dict | None:
+        """What this shard holds back, for a stall probe: a server never blocks, but pulls
+        wait here for a version the pushes have not reached."""
+        core = self.core
+        if core is None:
+            return {"op": "welcome", "peer": "coordinator"}
+        return {"op": "serve", "note": f"version {core.store.version}, {len(core.pulls)} "
+                                       f"pull(s) waiting for a newer one"}
 
     def _to_coordinator(self, msg: Message) -> None:
         """Send to the coordinator, or drop when its queue is full: it is gone or hopelessly

@@ -47,6 +47,7 @@ class TrainConfig:
     dtype: str = JobSpec.dtype
     heartbeat_timeout: float = Limits.heartbeat_timeout
     max_message_bytes: int | None = Limits.max_message_bytes  # None: from the model size
+    stall_timeout: float | None = Limits.stall_timeout  # None: from the step time
     compress: str = TaskSpec.compress
     compress_options: dict = field(default_factory=dict)
     pull_compress: str = TaskSpec.pull_compress  # a codec for delta pulls (compression/wire.py)

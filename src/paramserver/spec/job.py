@@ -243,6 +243,10 @@ class Limits:
     # Pushes one client may have unacknowledged at one shard: the client waits for the oldest
     # before sending more, and the shard refuses more (its exactly-once window is this deep).
     max_unacked_pushes: int = 1024
+    # No step completing for this long makes the coordinator write a stall report
+    # (observe/stall.py). None: derived from the step time, max(10 x median, floor), the floor
+    # min(3 s, heartbeat_timeout / 2): a stopped worker is reported before it is declared dead.
+    stall_timeout: float | None = None
 
     def __post_init__(self):
         _num("heartbeat_timeout", self.heartbeat_timeout)
@@ -253,8 +257,9 @@ class Limits:
         if self.coordinator_timeout is None:
             object.__setattr__(self, "coordinator_timeout", 1.5 * self.heartbeat_timeout)
         for f in fields(self):
-            if f.name != "max_message_bytes":
+            if f.name not in ("max_message_bytes", "stall_timeout"):
                 _num(f.name, getattr(self, f.name))
+        _num("stall_timeout", self.stall_timeout, optional=True)
         if self.max_message_bytes is not None:
             _int("max_message_bytes", self.max_message_bytes, MIN_MESSAGE_BYTES)
         _int("max_pending_pulls", self.max_pending_pulls, 1)
@@ -501,7 +506,8 @@ class JobSpec:
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
-                          max_message_bytes=c.max_message_bytes),
+                          max_message_bytes=c.max_message_bytes,
+                          stall_timeout=c.stall_timeout),
             tables=tuple(tables), metrics_port=c.metrics_port, metrics_host=c.metrics_host,
             preflight=c.preflight, min_workers=c.min_workers, batch_rule=c.batch_rule)
 
@@ -541,6 +547,8 @@ class JobSpec:
                              ("pull_refresh", TaskSpec.pull_refresh)):
             if out["task"][key] == default:
                 del out["task"][key]
+        if self.limits.stall_timeout is None:  # (derived: left out, as the task's above)
+            del out["stall_timeout"]
         if self.resume is not None:
             out["resume"] = _plain(self.resume)
         if self.tables:  # (left out when empty: job files of dense jobs read as before)

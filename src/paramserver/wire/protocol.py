@@ -108,6 +108,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "fwd": {"seq": _f(NONNEG), "epoch": _f(NONNEG)},
     "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False)},
     "fwd_ack": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "refused": _f(STR, False)},
+    # the hang doctor (observe/): the coordinator asks every live member for its stack, its
+    # flight recorder's last lines and what it waits for; the answer fits one header (64 KB)
+    "stall_probe": {"n": _f(NONNEG)},
+    "stall_answer": {"n": _f(NONNEG), "role": _f(STR), "stack": _f(STR),
+                     "flight": _f(LIST, False), "waiting": _f(DICT, False)},
     # preflight (issue 23): worker -> server `probe` asks for `bytes` zero bytes, answered by
     # a `probe` with that many in one uint8 frame; worker -> coordinator `preflight` reports
     # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
