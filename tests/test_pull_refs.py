@@ -6,7 +6,9 @@ import numpy as np
 
 from paramserver.compression import make_codec, payload
 from paramserver.server import deltas
+from paramserver.server.core import ShardCore
 from paramserver.server.deltas import IDLE_SWEEPS, PullRefs
+from paramserver.server.events import Init, Pull, Push, Reply, Restore, ShardSettings, Then
 
 HEAD = {"version": 1, "range": [0, 8]}
 
@@ -157,3 +159,44 @@ def test_values_replaced_at_the_same_version_are_not_answered_by_an_old_step():
     copy = v1 + payload.unpack(fields, frames, 4)
     np.testing.assert_array_equal(copy, v1 * 3)
     assert refs.encodes == 2 and refs.shared == 1  # (the refresh's dense step only)
+
+
+def test_a_shard_core_encodes_one_delta_for_a_round_of_four_waiting_pulls():
+    """Through ShardCore: four workers' delta pulls waiting for a round are answered with the
+    same frames by one encode; after a restore that keeps the version, the next pull is
+    encoded anew from the restored values."""
+    n, workers = 6, ["w0", "w1", "w2", "w3"]
+    c = ShardCore(ShardSettings(rank=0, lo=0, hi=n, dtype="float32", apply_mode="round",
+                                optimizer="sgd", lr=0.5))
+    c.handle(Init("i", 0, n, np.linspace(-1, 1, n, dtype=np.float32)))
+    rid = iter(range(1, 1000))
+
+    def pull(s, version, delta=True):
+        return Pull(("c", s), 0.0, version, 0, n, client=s, ref=True, sender=s, rid=next(rid),
+                    delta=make_codec("uniform8") if delta else None)
+
+    copies = {}
+    for s in workers:
+        copies[s] = c.handle(pull(s, 0, delta=False))[0].arrays[0].copy()
+    for s in workers:
+        assert not c.handle(pull(s, 1))  # waits for the round
+    out = []
+    for k, s in enumerate(workers):
+        out += c.handle(Push(("c", s), s, next(rid), 0, n, np.full(n, k, np.float32), 0, 1, 0,
+                             1.0, len(workers)))
+    out += [r for t in out if type(t) is Then for r in c.handle(t.event)]
+    replies = [r for r in out if type(r) is Reply and r.op == "values"]
+    assert len(replies) == 4 and c.refs.encodes == 1
+    assert all(r.arrays[0] is replies[0].arrays[0] for r in replies)
+    for s, r in zip(workers, replies):
+        copies[s] += payload.unpack(r.fields, r.arrays, n)
+        np.testing.assert_array_equal(copies[s], c.refs._refs[s].values)
+    arrays, meta = c.store.snapshot()
+    arrays = {k: v.copy() for k, v in arrays.items()}
+    c.handle(pull("w0", 1))  # the version's step, kept for the others ...
+    arrays["values"] += np.float32(1)
+    c.handle(Restore("t", arrays, meta))  # ... is not theirs after other values at version 1
+    r = c.handle(pull("w1", 1))[0]
+    copies["w1"] += payload.unpack(r.fields, r.arrays, n)
+    assert c.refs.encodes == 3
+    np.testing.assert_allclose(copies["w1"], c.store.values.numpy(), atol=0.02)
