@@ -9,7 +9,8 @@ import pytest
 from paramserver.cli import catalog
 
 COMMANDS = ["", "advise", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
-            "launch", "report", "zipline", "keys", "demo", "calibrate", "serve", "trace"]
+            "launch", "report", "zipline", "keys", "demo", "calibrate", "serve", "trace",
+            "top"]
 HEAVY = ("torch", "matplotlib", "sklearn")
 # Imports the CLI, asks for help, and prints which heavy modules the answer loaded.
 RUNNER = """

@@ -20,6 +20,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/takeback.py",
         # Elastic workers: the wait below MIN and the per-epoch sample ledger.
         "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
+        "coordinator/recent.py",
+        "observe/stats.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         # The simulator's core.

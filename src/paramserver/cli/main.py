@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "paramserver.cli.serve_cmd",
     "paramserver.cli.simulate_cmd",
     "paramserver.cli.tensorboard_cmd",
+    "paramserver.cli.top_cmd",
     "paramserver.cli.trace_cmd",
     "paramserver.cli.train_cmd",
     "paramserver.cli.zipline_cmd",

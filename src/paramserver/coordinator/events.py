@@ -68,6 +68,7 @@ class Heartbeat:
     to: Any = None
     link: Any = None
     counters: dict | None = None  # a server's loss counters, when they changed
+    shard: dict | None = None  # a server's load since its last beat (kind shard), if not idle
 
 
 @dataclass(slots=True)
@@ -86,6 +87,18 @@ class Report:
     op: ClassVar[str] = "report"
     src: str
     record: dict
+    now: float
+    to: Any = None
+
+
+@dataclass(slots=True)
+class ObserveAsked:
+    """A read-only observer (`paramserver top ADDRESS`) asks for the metrics records after
+    number `since`; it is no member and is not remembered."""
+
+    op: ClassVar[str] = "observe"
+    src: str
+    since: int
     now: float
     to: Any = None
 

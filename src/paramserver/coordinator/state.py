@@ -20,9 +20,11 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
+from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.observe.preflight import PreflightBook, parse_links
@@ -102,7 +104,9 @@ class CoordinatorState:
             Registered: self._on_registered, Started: self._on_started, Bye: self._on_bye,
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
+            ObserveAsked: self._on_observe,
         }
+        self.recent = RecentRecords()  # the latest metrics records, for observers
         # Preflight link probes (issue 23): each worker's figures, for RUN/preflight.json.
         self.preflight = PreflightBook(job.workers)
         self._handlers[PreflightReported] = self._on_preflight
@@ -112,6 +116,13 @@ class CoordinatorState:
         """The instructions that follow from `event`, housekeeping included. A request the
         state refuses (an unknown worker, a push the policy did not release) gets an error
         reply and a warning."""
+        out = self._handle(event)
+        for i in out:  # what goes to metrics.jsonl is kept for observers too
+            if type(i) is AppendMetric:
+                self.recent.add(i.t, i.record)
+        return out
+
+    def _handle(self, event) -> list:
         out: list = []
         self._members_due_fresh = False
         self._dispatch(event, out)
@@ -547,6 +558,8 @@ class CoordinatorState:
                 if e.counters is not None:
                     self._metric(e.now, {"kind": "server", "server": member.rank, **e.counters},
                                  out)
+                if e.shard is not None:
+                    self._metric(e.now, {"kind": "shard", "server": member.rank, **e.shard}, out)
         else:
             out.append(Reply(e.to, "ok", _OK))
 
@@ -595,6 +608,22 @@ class CoordinatorState:
                              for s, m in roster.servers.items()},
                  "gone": dict(roster.gone)}
         out.append(Reply(e.to, "state", {"state": state}))
+
+    def _on_observe(self, e: ObserveAsked, out: list) -> None:
+        """An observer is no member: it is answered and forgotten (no liveness, no rank)."""
+        seq, records, more = self.recent.since(e.since)
+        roster, t_start = self.members.roster, self.barrier.t_start
+        workers = sorted(roster.workers.values(), key=lambda m: m.rank)[:256]
+        members = {"policy": self.host.name, "round_mode": self.round_mode,
+                   "started": self.barrier.open,
+                   "finished": self.finished or (
+                       self.barrier.open and not roster.workers
+                       and not (self.elastic is not None and self.elastic.paused)),
+                   "elapsed_s": 0.0 if t_start is None else round(e.now - t_start, 3),
+                   "workers": {str(m.rank): m.steps for m in workers},
+                   "servers": len(roster.servers), "gone": len(roster.gone)}
+        out.append(Reply(e.to, "observed", {"seq": seq, "records": records, "more": more,
+                                            "members": members}))
 
     def _on_preflight(self, e: PreflightReported, out: list) -> None:
         """A worker's link probes: preflight.json rewritten with them; once every worker of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from paramserver.report.attribution import blames, write_attribution_csv
 from paramserver.report.collect import Collection, ReportError, Run, collect
 from paramserver.report.figures import draw_all
 from paramserver.report.html import chance_level, render_report
@@ -12,11 +13,12 @@ from paramserver.report.table import Row, table_rows
 
 
 RESULTS_CSV = "results.csv"  # one row per run, beside report.html
+ATTRIBUTION_CSV = "attribution.csv"  # one row per worker of each run: who cost how much time
 
 
 def build_report(directory: str | Path, target: float | None = None) -> Path:
-    """Write DIR/report.html, DIR/results.csv and DIR/figures/*.png from the runs under DIR;
-    returns the page."""
+    """Write DIR/report.html, DIR/results.csv, DIR/attribution.csv and DIR/figures/*.png from
+    the runs under DIR; returns the page."""
     directory = Path(directory)
     c = collect(directory)
     if target is not None:
@@ -25,10 +27,12 @@ def build_report(directory: str | Path, target: float | None = None) -> Path:
     rows = table_rows(c)
     figures = draw_all(c, rows, directory / "figures")
     page = directory / "report.html"
-    page.write_text(render_report(c, rows, figures), encoding="utf-8")
+    blamed = blames(c)
+    page.write_text(render_report(c, rows, figures, blamed), encoding="utf-8")
     write_results_csv(c, directory / RESULTS_CSV, chance_level(c))
+    write_attribution_csv(blamed, directory / ATTRIBUTION_CSV)
     return page
 
 
 __all__ = ["RESULTS_CSV", "Collection", "ReportError", "Row", "Run", "build_report", "collect",
-           "table_rows"]
+           "table_rows", "ATTRIBUTION_CSV"]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from statistics import median
 
+from paramserver.report.attribution import attribution_section, blames
 from paramserver.report.collect import SINGLE, Collection, Run, fmt_target
 from paramserver.report.diagnose import Diagnosis, RunOutcome, Setting, diagnose
 from paramserver.report.figures import FigureFile
@@ -301,9 +302,13 @@ def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile],
     return "\n".join(out)
 
 
-def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> str:
-    """The whole page as one string."""
+def render_report(c: Collection, rows: list[Row], figures: list[FigureFile],
+                  blamed: list | None = None) -> str:
+    """The whole page as one string; `blamed`: the runs' straggler attribution
+    (report/attribution.py), worked out here when not given."""
     why = diagnoses(c, rows)
+    if blamed is None:
+        blamed = blames(c)
     body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
             f"<code>{_e(c.root)}</code>; everything below is drawn from their log files, and "
             "every run is a row of <a href='results.csv'>results.csv</a> beside this page.</p>",
@@ -315,7 +320,8 @@ def render_report(c: Collection, rows: list[Row], figures: list[FigureFile]) -> 
             "Accuracies are medians, wait fraction and staleness means over repeats.</p>",
             render_table(rows, c.target, c.score,
                          {k: d.line(k[1]) for k, d in why.items()}),
-            warnings_section(c, rows), notes_section(c), timeline_section(c),
+            warnings_section(c, rows), attribution_section(blamed), notes_section(c),
+            timeline_section(c),
             fidelity_section(rows), figures_section(c, figures), plan_section(c)]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<title>paramserver report</title><style>" + _CSS + "</style></head><body>\n"

@@ -154,6 +154,30 @@ EVENTS = {
 }
 
 
+class ShardLoad:
+    """The shard's load for `paramserver top`, sent with each heartbeat as a `kind: shard`
+    record (docs/metrics.md): seconds the core spent on pushes (adding into the round,
+    applying it), updates applied, pulls held waiting for a version, and the most messages one
+    read of the sockets found waiting; each since the last beat."""
+
+    PUSHES = (Push, PushSparse, PushRows)
+
+    def __init__(self) -> None:
+        self.apply_s = 0.0
+        self.backlog = 0
+        self.applied = 0  # the store's updates_applied at the last beat
+
+    def beat(self, updates_applied: int, queue: int) -> dict | None:
+        """The figures since the last beat, None when the shard was idle."""
+        applies = updates_applied - self.applied
+        if not (applies or queue or self.apply_s or self.backlog > 1):
+            return None
+        out = {"apply_s": round(self.apply_s, 6), "applies": applies, "queue": queue,
+               "backlog": self.backlog}
+        self.apply_s, self.backlog, self.applied = 0.0, 0, updates_applied
+        return out
+
+
 class ServerNode:
     """One shard: a ROUTER for workers, a DEALER to the coordinator, one thread, no blocking.
 
@@ -186,6 +210,7 @@ class ServerNode:
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
         self.refusals = RefusalLog(log.warning, time.monotonic)
+        self.load = ShardLoad()
         self._probe_bytes = np.zeros(0, np.uint8)  # what preflight probes are answered from
 
     # ---- setup ----------------------------------------------------------------------------------
@@ -328,11 +353,13 @@ class ServerNode:
     def _drain(self, sock) -> None:
         routed = sock is self.router
         # Bounded batch per wake-up so that the coordinator's commands are never starved.
-        for _ in range(256):
+        for n in range(256):
             try:
                 ident, msg, frames = rpc.recv_nowait(sock, routed)
             except zmq.Again:
                 return
+            if n >= self.load.backlog:
+                self.load.backlog = n + 1
             for f in frames:
                 if len(f) > TRIM_ABOVE:
                     self.big_frame = True
@@ -368,7 +395,14 @@ class ServerNode:
         if as_event is None:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
         event = as_event(msg, (ident, msg.rid))
-        if event is not None:
+        if event is None:
+            return
+        if type(event) in ShardLoad.PUSHES:
+            began = time.perf_counter()
+            out = self.core.handle(event)
+            self.load.apply_s += time.perf_counter() - began
+            self._execute(out)
+        else:
             self._execute(self.core.handle(event))
 
     def _probe(self, ident, msg: Message) -> None:
@@ -427,6 +461,9 @@ class ServerNode:
                 self._execute(self.core.handle(ins.event))
             elif kind is Heartbeat:
                 fields = {} if ins.counters is None else {"counters": ins.counters}
+                shard = self.load.beat(self.core.store.updates_applied, len(self.core.pulls))
+                if shard is not None:
+                    fields["shard"] = shard
                 self._to_coordinator(Message("heartbeat", fields, src=self.src))
             elif kind is SaveShard:
                 write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)

@@ -134,6 +134,7 @@ class StepLoop:
         self.nbytes = self.keys.num_keys * self.params.element_size()
         self.host_load = HostLoad()
         self.grads_zeroed = False
+        self.data_s = 0.0  # the latest step's time drawing its batch (part of its compute)
 
     def _skip(self, samples: int) -> None:
         """A resumed worker draws the batches it drew before, so its data order goes on alike."""
@@ -146,7 +147,9 @@ class StepLoop:
         """Forward and backward on the next batch (with a sparse table: the batch fetched with
         its rows); dense gradients land in the flat buffer."""
         if self.rows is None:
+            drawn = time.perf_counter()
             xb, yb = self.sampler.next_batch(batch)
+            self.data_s = time.perf_counter() - drawn
         if not self.grads_zeroed:
             self.grads.zero_()
             self.staging.grads_zeroed()
@@ -208,6 +211,7 @@ class StepLoop:
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c, 6),
+                  "data_s": round(self.data_s, 6),
                   "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4), **self.codec.fields}
@@ -232,7 +236,7 @@ class StepLoop:
         record = {"loss": round(loss, 6), "compute_s": round(compute, 6),
                   "real_compute_s": round(real, 6), "wait_s": round(wait_s, 6),
                   "pull_s": round(t_b - t_a, 6), "push_s": round(t_d - t_c2, 6),
-                  "suspend_s": round(self.layered.suspend, 6),
+                  "suspend_s": round(self.layered.suspend, 6), "data_s": round(self.data_s, 6),
                   "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
                   "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
                   "epoch": round(self.sampler.epoch, 4)}

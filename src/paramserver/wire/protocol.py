@@ -72,10 +72,12 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
               "leave": _f(STR, False)},
     # an elastic job's worker: its training set's size (the sample ledger's)
     "start": {"data_len": _f(NONNEG, False)},
-    "heartbeat": {"counters": _f(RECORD, False)},
+    "heartbeat": {"counters": _f(RECORD, False), "shard": _f(RECORD, False)},
     "bye": {"reason": _f(STR, False)},
     "status": {},
     "report": {"record": _f(RECORD)},
+    # a read-only observer (`paramserver top ADDRESS`): the metrics records after `since`
+    "observe": {"since": _f(NONNEG)},
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
@@ -95,6 +97,9 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
     "probe": {"bytes": _f(NONNEG)},
     "preflight": {"links": _f(LIST)},
+    # coordinator -> observer: records after `since` up to `seq` (more: ask again at once)
+    "observed": {"seq": _f(NONNEG), "records": _f(LIST), "members": _f(DICT),
+                 "more": _f(BOOL, False)},
     # either direction
     "ok": {},
     "error": {"msg": _f(STR), "code": _f(STR, False)},
