@@ -18,6 +18,9 @@ Usage:
   python benchmarks/chaos.py --policies bsp,asp,ssp,ebsp,r2sp,lbbsp,dssp [--seeds 0]
   python benchmarks/chaos.py --no-coordinator ...   # workers and a server only, as before
   python benchmarks/chaos.py --intervals 5,10,20,40 --policies bsp,asp --seeds 0,1,2
+  python benchmarks/chaos.py --replicas 2 --policies bsp,asp   # replicated shards: the killed
+      server's backup takes over (or, a backup killed, is rebuilt); lost updates must be 0.
+      Implies --no-coordinator (a restarted coordinator does not take back backups yet).
 """
 
 from __future__ import annotations
@@ -138,10 +141,35 @@ class Chaos:
             self.order.append("worker")
             self.killed_pids.add(victim.proc.pid)
 
+    def _primary(self, live: list):
+        """With replicas: the process serving a random shard as its primary now (the address
+        of its last promotion, else the one it joined with), so that a backup takes over."""
+        import psutil
+        addrs: dict[int, str] = {}
+        for e in _events(self.cluster.run_dir):
+            if e["event"] in ("server_joined", "replica_promoted"):
+                addrs[e["rank"]] = e["addr"]
+        if not addrs:
+            return None
+        port = int(addrs[self.rng.choice(sorted(addrs))].rsplit(":", 1)[1])
+        for c in live:
+            try:
+                conns = psutil.Process(c.proc.pid).net_connections("tcp")
+            except psutil.Error:
+                continue
+            if any(x.laddr.port == port and x.status == psutil.CONN_LISTEN for x in conns):
+                return c
+        return None
+
     def _kill_server(self) -> None:
         live = self._live("server")
         if not live:
             return
+        if self.cluster.spec.replicas > 1:
+            victim = self._primary(live)
+            if victim is None:
+                return  # (tried again at the next tick)
+            live = [victim]
         tag = latest(self.ckpt)  # read before the kill: a later commit is seen as such
         progress = self.watch.rounds if self.round_mode else self.watch.steps
         victim = self.rng.choice(live)
@@ -167,12 +195,14 @@ def expected_lost(kill: dict, restored_tag: str, round_mode: bool, workers: int)
 def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
               kill_server: bool = True, checkpoint_every: int = 10, epochs: float = 6.0,
               workers: int = 4, servers: int = 2, timeout: float = 400.0,
-              kill_coordinator: bool = False) -> dict:
-    """One chaos run; returns what happened and what was predicted."""
+              kill_coordinator: bool = False, replicas: int = 1) -> dict:
+    """One chaos run; returns what happened and what was predicted. With `replicas` 2 a
+    killed server's backup takes over (no restart from a checkpoint)."""
     cfg = TrainConfig(sync=sync, workers=workers, servers=servers, epochs=epochs, seed=seed,
                       heartbeat_timeout=4.0, eval_interval=1.0,
                       restart_workers=worker_kills + 2,  # slack for a worker starved at startup
-                      restart_servers=1 if kill_server else 0,
+                      restart_servers=1 if kill_server and replicas == 1 else 0,
+                      replicas=replicas,
                       restart_coordinator=1 if kill_coordinator else 0,
                       checkpoint_dir=str(out / "checkpoints"), checkpoint_every=checkpoint_every)
     job = prepare_job(cfg)
@@ -200,6 +230,9 @@ def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
               "workers_killed": len(chaos.workers_killed), "worker_restarts": cluster.restarts,
               "server_restarts": summary["server_restarts"],
               "lost_updates": summary["lost_updates"], "server_kill": chaos.server_kill,
+              "replicas": replicas, "promotions": summary["replica_promotions"],
+              "membership": [e["event"] for e in _events(out) if e["event"] in (
+                  "replica_promoted", "backup_lost", "backup_rebuilt")],
               "restored": [r["checkpoint"] for r in restarts],
               "order": chaos.order, "coordinator_restarts": cluster.coordinator_restarts}
     kill = chaos.coordinator_kill
@@ -218,6 +251,11 @@ def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
     return result
 
 
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
 def _sweep(args) -> list[dict]:
     results = []
     intervals = [int(x) for x in args.intervals.split(",")] if args.intervals else [args.every]
@@ -227,8 +265,9 @@ def _sweep(args) -> list[dict]:
                 with tempfile.TemporaryDirectory() as tmp:
                     r = chaos_run(sync, Path(tmp), seed=seed, checkpoint_every=every,
                                   worker_kills=0 if args.intervals else args.worker_kills,
-                                  epochs=args.epochs,
-                                  kill_coordinator=not (args.intervals or args.no_coordinator))
+                                  epochs=args.epochs, replicas=args.replicas,
+                                  kill_coordinator=not (args.intervals or args.no_coordinator
+                                                        or args.replicas > 1))
                 print(json.dumps(r), file=sys.stderr, flush=True)
                 results.append(r)
     return results
@@ -237,8 +276,8 @@ def _sweep(args) -> list[dict]:
 def _print_runs(results: list[dict]) -> None:
     print("| policy | seed | kill order | wall s | steps | final acc | best acc after restart "
           "| workers killed/restarted | server restarts | coordinator restarts | take-back s "
-          "| members kept | lost updates | predicted |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| members kept | lost updates | predicted | replicas | promotions | membership |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         acc, best = ("-" if a is None else f"{a:.3f}"
                      for a in (r["final_accuracy"], r["best_accuracy_after_restart"]))
@@ -248,7 +287,8 @@ def _print_runs(results: list[dict]) -> None:
               f"{r['steps']} | {acc} | {best} | {r['workers_killed']}/{r['worker_restarts']} | "
               f"{r['server_restarts']} | {r['coordinator_restarts']} | "
               f"{r.get('take_back_s', '-')} | {kept} | {r['lost_updates']} | "
-              f"{r.get('expected_lost')} |")
+              f"{r.get('expected_lost')} | {r['replicas']} | {r['promotions']} | "
+              f"{', '.join(r['membership']) or '-'} |")
 
 
 def _print_intervals(results: list[dict]) -> None:
@@ -273,6 +313,8 @@ def main() -> int:
     p.add_argument("--no-coordinator", action="store_true",
                    help="do not kill the coordinator (workers and a server only)")
     p.add_argument("--epochs", type=float, default=6.0)
+    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                   help="2: replicated shards; the server killed is taken over by its backup")
     args = p.parse_args()
     results = _sweep(args)
     _print_runs(results)

@@ -30,7 +30,8 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
         max_message_bytes=None if args.max_message_bytes is None
         else int(args.max_message_bytes),
-        restart_coordinator=args.restart_coordinator,
+        restart_coordinator=args.restart_coordinator, replicas=args.replicas,
+        stall_timeout=args.stall_timeout,
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
         preflight=getattr(args, "preflight", TrainConfig.preflight)), run_dir).to_dict()
@@ -53,7 +54,7 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
         batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
         optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
         max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
-        max_seconds=cfg.max_seconds, eval_interval=0.0,
+        max_seconds=cfg.max_seconds, eval_interval=0.0, replicas=cfg.replicas,
         checkpoint=None if run_dir is None else CheckpointSpec(
             str(Path(run_dir).resolve() / "checkpoints")),
         # The script's DistributedOptimizer reads the injected slowness from its welcome.
@@ -61,7 +62,8 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
                       device_time=cfg.device_time.text(), seed=cfg.seed),
         limits=Limits(heartbeat_timeout=cfg.heartbeat_timeout, heartbeat_interval=0.5,
                       coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
-                      max_message_bytes=cfg.max_message_bytes),
+                      max_message_bytes=cfg.max_message_bytes,
+                      stall_timeout=cfg.stall_timeout),
         metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, preflight=cfg.preflight,
     )
 
@@ -158,10 +160,12 @@ def _run(args) -> int:
     from paramserver.launch.verdict import rank_records, worker_failures
     from paramserver.runlog.metrics import read_records
     if args.launcher == "ray":
-        if args.restart_coordinator:
-            print("paramserver launch: --restart-coordinator is not supported with --launcher "
-                  "ray yet; use the local launcher for it", file=sys.stderr)
-            return 2
+        for flag_name, used in (("--restart-coordinator", args.restart_coordinator),
+                                ("--replicas 2", args.replicas > 1)):
+            if used:
+                print(f"paramserver launch: {flag_name} is not supported with --launcher ray "
+                      f"yet; use the local launcher for it", file=sys.stderr)
+                return 2
         from paramserver.launch.ray_launcher import RayCluster, Resources
         cluster = RayCluster(job, run_dir, address=args.address, job_timeout=args.timeout,
                              resources=Resources(args.ray_worker_cpus, args.ray_worker_gpus,
@@ -246,6 +250,11 @@ def register(sub) -> None:
     p.add_argument("--batch-rule", type=flag.batch_rule, default="fixed",
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default fixed)")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                   help="copies of each shard: 2 runs a backup beside each shard server, which "
+                        "every update reaches before it is acknowledged and which takes over, "
+                        "with no update lost, when the primary dies (a new backup is then "
+                        "rebuilt from the survivor); twice the server processes (default 1)")
     add_policy_args(p)
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
     p.add_argument("--max-seconds", type=flag.positive_seconds,
@@ -260,6 +269,11 @@ def register(sub) -> None:
                    help="float32 (default) or float64")
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=10.0,
                    help="seconds of silence before a worker is declared dead (default 10)")
+    p.add_argument("--stall-timeout", type=flag.positive_seconds,
+                   help="seconds without a completed step after which the coordinator writes "
+                        "RUN/stall-N.txt (see `paramserver doctor`) (default: 10 x the median "
+                        "step time, at least 3 s or half the heartbeat timeout, whichever is "
+                        "less)")
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB (default: the "
                         "largest legitimate frame plus headroom, from the model size)")

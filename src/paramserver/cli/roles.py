@@ -130,7 +130,7 @@ def _run_server(args) -> int:
     security.check_bind(args.bind, "tcp", keys)
     from paramserver.server.node import ServerNode
     return ServerNode(_join(args), args.bind, args.port, keys=keys,
-                      advertise=args.advertise).run()
+                      advertise=args.advertise, backup=args.backup).run()
 
 
 @_clear_errors
@@ -212,6 +212,10 @@ def register(sub) -> None:
                        description="Run one shard server; the coordinator assigns its key range.")
     _join_args(p, ", e.g. tcp://10.0.0.1:5555")
     _bind_args(p, "server")
+    p.add_argument("--backup", action="store_true",
+                   help="join a job with --replicas 2 as a shard's backup: the coordinator "
+                        "pairs it with the first shard that has none, whose primary sends it "
+                        "the shard and then every update; it takes over if the primary dies")
     _security_args(p, binds=True)
     p.set_defaults(func=_run_server)
 

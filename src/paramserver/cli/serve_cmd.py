@@ -31,6 +31,7 @@ def build_job(args) -> JobSpec:
         optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
         max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
         max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
+        replicas=args.replicas,
         limits=Limits(start_timeout=args.start_timeout))
 
 
@@ -82,6 +83,11 @@ def register(sub) -> None:
     p.add_argument("--num-keys", type=int, required=True, metavar="N",
                    help="the length of the job's flat parameter vector")
     p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                   help="copies of each shard: 2 runs a backup beside each shard server, which "
+                        "every update reaches before it is acknowledged and which takes over, "
+                        "with no update lost, when the primary dies (a new backup is then "
+                        "rebuilt from the survivor); twice the server processes (default 1)")
     p.add_argument("--workers", type=int, default=1,
                    help="workers the start barrier waits for (default 1)")
     add_policy_args(p)

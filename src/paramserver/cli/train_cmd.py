@@ -130,6 +130,12 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
+    p.add_argument("--stall-timeout", type=flag.positive_seconds, default=d.stall_timeout,
+                   help="seconds without a completed step after which the coordinator writes "
+                        "RUN/stall-N.txt (who is missing, what each member waits for, every "
+                        "member's stack; `paramserver doctor RUN` prints it) (default: 10 x "
+                        "the median step time, at least 3 s or half the heartbeat timeout, "
+                        "whichever is less)")
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB; a larger one "
                         "disconnects its sender before it is read (default: the job's largest "
@@ -143,6 +149,12 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                         "needs --checkpoint-every or --checkpoint-seconds; the updates lost "
                         "since are counted in summary.json). With 0, a server's "
                         f"death stops the job (default {d.restart_servers})")
+    p.add_argument("--replicas", type=int, choices=(1, 2), default=d.replicas,
+                   help="copies of each shard: 2 runs a backup beside each shard server, which "
+                        "every update reaches before it is acknowledged and which takes over, "
+                        "with no update lost, when the primary dies (a new backup is then "
+                        "rebuilt from the survivor); twice the server processes; exclusive "
+                        f"with --restart-servers (default {d.replicas})")
     p.add_argument("--restart-coordinator", type=flag.count, default=d.restart_coordinator,
                    help="restart a coordinator that dies, up to N times, at the same address: "
                         "it takes back the live servers and workers without restarting them "
@@ -187,10 +199,11 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         pull_refresh=getattr(args, "pull_refresh", TrainConfig.pull_refresh),
         threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
         heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
+        stall_timeout=getattr(args, "stall_timeout", None),
         max_message_bytes=None if getattr(args, "max_message_bytes", None) is None
         else int(args.max_message_bytes),
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
-        restart_coordinator=args.restart_coordinator,
+        restart_coordinator=args.restart_coordinator, replicas=args.replicas,
         links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
         device=getattr(args, "device", TrainConfig.device),
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
@@ -423,7 +436,8 @@ def _launcher(args) -> dict:
         return {"name": "local"}
     # Not wired through Ray yet: refuse rather than silently run without them.
     for flag, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume),
-                       ("--restart-coordinator", args.restart_coordinator)):
+                       ("--restart-coordinator", args.restart_coordinator),
+                       ("--replicas 2", args.replicas > 1)):
         if used:
             raise ValueError(f"{flag} is not supported with --launcher ray yet; "
                              f"use the local launcher for it")

@@ -238,6 +238,12 @@ class DistributedOptimizer:
             record["auc" if key == "test_auc" else key] = float(value)
         self.kv.report(record)
 
+    def paused(self, reason: str = "evaluation"):
+        """`with opt.paused():` around the script's own evaluation (or any deliberate wait
+        between steps): the job's stall detector does not flag it (docs/architecture.md,
+        "Seeing a stalled job")."""
+        return self.kv.paused(reason)
+
     def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """A copy of the trained model's state (the model's own names; buffers included), as
         of the last pull: loads into a fresh model with load_state_dict."""

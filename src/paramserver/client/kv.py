@@ -17,6 +17,7 @@ an async push is sent zero-copy: do not modify it before the handle is waited on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -200,18 +201,28 @@ class KVWorker:
         # as gone when unreachable for a heartbeat timeout, or while dead servers may be
         # restarted at the same address, for as long as the coordinator waits for that.
         limits = self.spec.job.limits
+        # With replicas, a dead primary's backup takes over once the coordinator has found it
+        # silent for a heartbeat timeout, and this worker hears of it with its next beat.
+        self._replicated = self.spec.job.replicas > 1
+        self._shard_epoch = 0  # the shard map's epoch this worker follows (see _follow_moves)
         self.links = ShardLinks(self.shards, limits.heartbeat_timeout
                                 if not self.spec.job.restart_servers else
                                 max(limits.heartbeat_timeout, limits.restart_timeout))
+        if self._replicated:
+            self.links.limit = 3 * limits.heartbeat_timeout
         self.session.servers = self.links
         self.requests = ShardRequests(
             self.shards, self.src, self.core, timeout, settings.retry_interval,
             limits.max_unacked_pushes,
             [self.spec.job.message_limit(s.range.size) for s in self.shards],
             check_peers=self.session.check_alive)
+        if self._replicated:  # every wait's look at the shards follows a moved one first
+            self.links.follow = self._follow_moves
+        self.requests.flight = self.session.flight  # one recorder for the whole client
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
+        # (Replicated shards move: an arena offered to one server would not follow its shard.)
         self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
-                                         shared_memory)
+                                         False if self._replicated else shared_memory)
         self._chunking(settings)
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
@@ -219,6 +230,26 @@ class KVWorker:
         if role == "worker" and self.spec.job.preflight:
             # Here, not in start(): the step loops time start() as step 0's wait.
             self._preflight()
+
+    def _follow_moves(self) -> None:
+        """A shard whose backup took over (the coordinator's heartbeat answers say where):
+        connect to its new primary and send it every request still unanswered, same ids (its
+        dedup table answers a push the dead primary had applied, never applying it twice)."""
+        moved = self.session.moved
+        if moved is None or moved[0] == self._shard_epoch:
+            return
+        self._shard_epoch, where = moved
+        for i, s in enumerate(self.shards):
+            addr = where.get(s.rank)
+            if addr is None or addr == s.addr:
+                continue
+            sock = connect_dealer(self.ctx, addr, send_timeout=self.timeout, keys=self.keys,
+                                  peer="server")
+            old, s.sock, s.addr = s.sock, sock, addr
+            self.requests.swap(old, sock)
+            self.links.swap(i, sock)
+            old.close(0)
+            self.requests.resend(i)
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
@@ -842,6 +873,16 @@ class KVWorker:
     def bye(self, reason: str = "done") -> None:
         self.session.bye(reason)
         self.left = reason
+
+    @contextlib.contextmanager
+    def paused(self, reason: str = "evaluation"):
+        """A legitimate pause in this worker's steps (its own evaluation, say): announced to
+        the coordinator, whose stall detector then flags no hang or missing worker for it."""
+        self.report({"kind": "pause", "reason": str(reason)[:64]})
+        try:
+            yield
+        finally:
+            self.report({"kind": "resume", "reason": str(reason)[:64]})
 
     def close(self) -> None:
         self.session.close()

@@ -27,6 +27,8 @@ class ShardLinks:
         # a server that never answers is refused: its reconnects are retried, and say so).
         self.down_since: list[float | None] = [None] * len(shards)
         self.monitors = []
+        # Called before each check: follows a shard whose backup took over (replicas).
+        self.follow = None
         try:
             for s in shards:
                 m = s.sock.get_monitor_socket(_EVENTS)
@@ -47,6 +49,8 @@ class ShardLinks:
 
     def check(self) -> None:
         """Raise TimeoutError naming a server unreachable for longer than the limit."""
+        if self.follow is not None:
+            self.follow()
         now = time.monotonic()
         self._read(now)
         for i, since in enumerate(self.down_since):
@@ -54,6 +58,14 @@ class ShardLinks:
                 s = self.shards[i]
                 raise TimeoutError(f"server {s.rank} at {s.addr} has been unreachable for "
                                    f"{now - since:.1f} s (limit {self.limit:g} s): it is gone")
+
+    def swap(self, i: int, sock) -> None:
+        """Shard `i` is reached through a new socket (its shard moved to its backup)."""
+        m = sock.get_monitor_socket(_EVENTS)
+        m.linger = 0
+        self.monitors[i].close(0)
+        self.monitors[i] = m
+        self.down_since[i] = None
 
     def close(self) -> None:
         for m in self.monitors:

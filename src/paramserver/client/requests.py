@@ -59,6 +59,10 @@ class ShardRequests:
         self.poller = zmq.Poller()
         for s in shards:
             self.poller.register(s.sock, zmq.POLLIN)
+        # observe.flight.FlightRecorder (the session's), given by the client: sends, replies
+        # and the wait in progress, for the coordinator's stall probe.
+        self.flight = None
+        self._wait = None  # (what, rid -> shard, since) while _await waits
 
     @property
     def inbox(self) -> dict:
@@ -90,6 +94,8 @@ class ShardRequests:
     def _transmit(self, shard: int, msg: Message) -> None:
         if msg.op in PUSH_OPS:  # (a retry says the watermark as it is now)
             msg.fields["wm"] = self.core.watermark(shard)
+        if self.flight is not None:
+            self.flight.record("send", op=msg.op, shard=shard, rid=msg.rid)
         try:
             rpc.send(self.shards[shard].sock, msg)
         except zmq.Again:
@@ -119,8 +125,37 @@ class ShardRequests:
         """Receive until `enough` (all or any) of the requests `want` (rid -> shard) have
         replies, re-sending the unanswered every retry_interval; past the timeout, forget them
         and fail naming the servers still silent."""
+        since = time.monotonic()
+        flight = self.flight
+        if flight is None:
+            self._await_loop(want, enough, what, since)
+            return
+        before, self._wait = (flight.waiting, self._wait), (what, want, since)
+        flight.waiting = self._describe_wait
+        try:
+            self._await_loop(want, enough, what, since)
+        finally:
+            flight.waiting, self._wait = before
+
+    def _describe_wait(self) -> dict | None:
+        """The wait in progress as a probe reports it: the op, the shards still silent and
+        the first one's key range (read from the heartbeat thread: copies, no iteration)."""
+        wait = self._wait
+        if wait is None:
+            return None
+        what, want, since = wait
         inbox = self.core.inbox
-        now = since = time.monotonic()
+        silent = sorted({shard for rid, shard in list(want.items()) if rid not in inbox})
+        if not silent:
+            return None
+        first = self.shards[silent[0]]
+        return {"op": what, "peer": ", ".join(f"server {self.shards[i].rank}" for i in silent),
+                "range": [first.range.lo, first.range.hi],
+                "for_s": round(time.monotonic() - since, 3)}
+
+    def _await_loop(self, want: dict[int, int], enough, what: str, since: float) -> None:
+        inbox = self.core.inbox
+        now = since
         deadline, retry_at = now + self.timeout, now + self.retry_interval
         while not enough(rid in inbox for rid in want):
             now = time.monotonic()
@@ -155,10 +190,25 @@ class ShardRequests:
                 name = self._name(sock)
                 self.refusals.refused(name, f"dropped a bad frame from {name}: {reply}")
                 continue
+            if self.flight is not None:
+                self.flight.record("recv", op=reply.op, rid=reply.rid)
             # Frames in a server's arena stay lent (the server leaves them be) until let go.
             lent = frames if any(isinstance(f, shm.SharedFrame) for f in frames) else None
             if not self.core.reply(reply.rid, reply, lent):
                 shm.release_frames(frames)
+
+    def swap(self, old: zmq.Socket, new: zmq.Socket) -> None:
+        """A shard's DEALER replaced (its shard moved): poll the new one."""
+        self.poller.unregister(old)
+        self.poller.register(new, zmq.POLLIN)
+
+    def resend(self, shard: int) -> None:
+        """Send every unanswered request to `shard` again, same ids."""
+        core = self.core
+        for rid, (where, msg) in list(core.sent.items()):
+            if where == shard and rid not in core.inbox:
+                self._transmit(where, msg)
+                self.retries += 1
 
     def _name(self, sock) -> str:
         return next((f"server {s.rank} at {s.addr}" for s in self.shards if s.sock is sock),

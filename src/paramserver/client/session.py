@@ -20,6 +20,7 @@ import zmq
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
+from paramserver.observe.flight import FlightRecorder, probe_answer
 from paramserver.transport import connect_dealer, security
 from paramserver.wire import Message, WireError
 
@@ -77,6 +78,12 @@ class CoordinatorSession:
         # timeout) and logged at a bounded rate.
         self.refusals = RefusalLog(log.warning, time.monotonic)
         self.barrier_wait: str | None = None  # whom the start barrier waited for, last asked
+        # Replicated shards: (epoch, {rank: address}) of the shards whose backup took over, as
+        # the latest heartbeat answer said (one assignment: read by the requests' thread).
+        self.moved: tuple[int, dict] | None = None
+        # The member's protocol events and what it waits for: the heartbeat thread answers
+        # the coordinator's stall probe with them (observe/flight.py).
+        self.flight = FlightRecorder()
 
     # ---- liveness -------------------------------------------------------------------------------
     def start_heartbeat(self, interval: float, coordinator_timeout: float) -> None:
@@ -99,10 +106,32 @@ class CoordinatorSession:
                     _, reply, _ = rpc.recv(sock, routed=False)
                     self.heard = time.monotonic()
                     unknown = unknown or _unknown(reply)
+                    if isinstance(reply, Message) and reply.op == "ok" and "epoch" in reply.fields:
+                        self._moved(reply)
+                    if isinstance(reply, Message) and reply.op == "stall_probe":
+                        self._answer_probe(sock, reply["n"])
                 if unknown:
                     self.rejoin(sock, sent - interval)
         finally:
             sock.close(0)
+
+    def _moved(self, reply: Message) -> None:
+        epoch = reply["epoch"]
+        if self.moved is None or epoch > self.moved[0]:
+            try:
+                where = {int(r): str(a) for r, a in reply.get("shards", [])}
+            except (TypeError, ValueError):
+                return  # malformed: the next beat's answer says it again
+            self.moved = (epoch, where)
+
+    def _answer_probe(self, sock, n: int) -> None:
+        """The coordinator saw the job stall: say where this process is (from this thread,
+        which the main thread's wait does not block)."""
+        fields = probe_answer(n, self.me.role, self.flight)
+        waiting = fields.get("waiting")
+        if waiting is not None and waiting.get("step") is None and self.me.step >= 0:
+            waiting["step"] = self.me.step  # the step of the release held
+        rpc.send_or_drop(sock, Message("stall_answer", fields, src=self.src))
 
     def check_alive(self, waiting_since: float) -> None:
         """A coordinator that died must not leave its workers waiting for their release
@@ -154,6 +183,25 @@ class CoordinatorSession:
         """Send `msg` and wait for the answer to it (an error answer raises RemoteError). If
         the coordinator was restarted meanwhile, `msg` goes again to the new one."""
         msg.rid, msg.src = self.next_rid(), self.src
+        flight = self.flight
+        if msg.op == "status":  # asked often (an evaluator's loop): kept off the recorder
+            return self._call(msg, timeout, while_waiting)
+        flight.record("send", op=msg.op, rid=msg.rid, step=msg.fields.get("step"))
+        before, since = flight.waiting, time.monotonic()
+        if msg.op == "clock":  # the release into the next step
+            want, step = "release", msg.fields["step"] + 1
+        else:
+            want, step = ("release" if msg.op == "start" else f"{msg.op} answer"), self.me.step
+        flight.waiting = lambda: {"op": want, "step": step, "peer": "coordinator",
+                                  "for_s": round(time.monotonic() - since, 3)}
+        try:
+            reply = self._call(msg, timeout, while_waiting)
+        finally:
+            flight.waiting = before
+        flight.record("recv", op=reply.op, rid=reply.rid, step=reply.fields.get("step"))
+        return reply
+
+    def _call(self, msg: Message, timeout: float, while_waiting) -> Message:
         if not rpc.send_or_drop(self.sock, msg):
             raise TimeoutError(f"coordinator at {self.join} accepted no {msg.op!r} for "
                                f"{self.timeout:.0f} s (its queue is full)")

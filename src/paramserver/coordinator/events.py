@@ -9,7 +9,7 @@ treat them as immutable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
@@ -30,6 +30,7 @@ class Registered:
     rejoin: dict | None = None  # a live member back to a restarted coordinator: who it is
     want_rank: int | None = None  # a worker's launch slot ($RANK): its rank when still free
     layout: Any = None  # a worker's core.layout.ModelLayout, when it sent one
+    backup: bool = False  # a server that registers as a shard's backup (--replicas 2)
 
 
 @dataclass(slots=True)
@@ -69,6 +70,18 @@ class Heartbeat:
     link: Any = None
     counters: dict | None = None  # a server's loss counters, when they changed
     shard: dict | None = None  # a server's load since its last beat (kind shard), if not idle
+
+
+@dataclass(slots=True)
+class ReplicaReport:
+    """A primary about its backup (`backup_synced`, `backup_lost`); see replicas.py."""
+
+    op: str
+    src: str
+    now: float
+    to: Any = None
+    link: Any = None
+    fields: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -20,12 +20,16 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import ReplicaReport
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
+from paramserver.observe.flight import FlightRecorder
+from paramserver.observe.probe import StallDoctor
+from paramserver.observe.stall import StallSettings
 from paramserver.runlog.checkpoint import CheckpointError, latest
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security, terminate
@@ -48,7 +52,8 @@ def _register(msg: Message, now: float, to, link) -> Registered:
     layout = msg.get("layout")  # a malformed one raises LayoutError (a ValueError): refused
     return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"),
                       msg.get("rejoin"), msg.get("want_rank"),
-                      None if layout is None else ModelLayout.from_wire(layout))
+                      None if layout is None else ModelLayout.from_wire(layout),
+                      bool(msg.get("backup", False)))
 
 
 def _clock(msg: Message, now: float, to, link) -> Clocked:
@@ -72,6 +77,11 @@ EVENTS = {
         msg.src, msg["tag"], msg["lost_updates"], msg["version"], now, to),
     "ok": lambda msg, now, to, link: Answered(msg.src, now, to),
     "error": lambda msg, now, to, link: Answered(msg.src, now, to, msg["msg"]),
+    # a primary about its backup (--replicas 2, coordinator/replicas.py)
+    "backup_synced": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
+                                                              dict(msg.fields)),
+    "backup_lost": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
+                                                            dict(msg.fields)),
     "preflight": lambda msg, now, to, link: PreflightReported(msg.src, msg["links"], now, to),
 }
 
@@ -126,6 +136,14 @@ class CoordinatorNode:
         self.failure: str | None = None
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
         self.refusals = RefusalLog(log.warning, time.monotonic)
+        # The hang doctor: the last protocol events, and a stall report when steps stop.
+        self.flight = FlightRecorder()
+        limits = job.limits
+        self.doctor = StallDoctor(
+            self, StallSettings(limits.stall_timeout, floor=min(3.0,
+                                                                limits.heartbeat_timeout / 2)),
+            Path(events_path).parent if events_path else None, self.flight,
+            beat=limits.heartbeat_interval)
         self._execute = {
             SendRelease: self._send_release, ToServers: self._to_servers, Reply: self._reply,
             AppendEvent: self._append_event, AppendMetric: self._append_metric,
@@ -198,6 +216,7 @@ class CoordinatorNode:
             if sock.poll(wait * 1000):
                 self._drain()
             self.execute(state.handle(TimePassed(self.now())))
+            self.doctor.tick(self.now())
             self.refusals.flush()
             if self.exporter is not None:
                 roster = state.members.roster
@@ -214,6 +233,16 @@ class CoordinatorNode:
             if isinstance(msg, WireError):
                 rpc.refuse(sock, ident, msg, "coord", frames, self.refusals)
                 continue
+            op = msg.op
+            if op == "heartbeat":
+                self.doctor.beat(msg.src, ident)
+            else:
+                self.flight.record("recv", op=op, src=msg.src, rid=msg.rid)
+                if op == "stall_answer":
+                    self.doctor.answer(msg, self.now())
+                    continue
+                if op == "report":
+                    self.doctor.reported(msg.src, msg.get("record"))
             try:
                 make = events.get(msg.op)
                 if make is None:
@@ -225,6 +254,8 @@ class CoordinatorNode:
                     if role is not None:
                         security.check_role(ident, role, True)
                 event = make(msg, time.monotonic() - self.t0, (ident, msg.rid), ident)
+                if make is _clock:
+                    self.doctor.clocked(msg.src, event.now)
             except REFUSED as exc:
                 sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
                 self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
@@ -251,6 +282,8 @@ class CoordinatorNode:
             fields["samples"] = i.samples
         ident, rid = i.to
         rpc.send(self.sock, Message("release", fields, rid=rid, src="coord"), ident)
+        self.flight.record("send", op="release", step=i.step, rid=rid)
+        self.doctor.released()
 
     def _reply(self, i: Reply) -> None:
         ident, rid = i.to
@@ -259,6 +292,10 @@ class CoordinatorNode:
     def _to_servers(self, i: ToServers) -> None:
         for ident in i.links:
             rpc.send(self.sock, Message(i.op, i.fields, src="coord"), ident)
+
+    def send_to(self, ident, msg: Message) -> None:
+        """A message on the connection `ident` (the hang doctor's probes)."""
+        rpc.send_or_drop(self.sock, msg, ident)
 
     def _save_layout(self, i: SaveLayout) -> None:
         if self.layout_path is None:

@@ -20,11 +20,13 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
+from paramserver.coordinator.events import ReplicaReport
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
 from paramserver.coordinator.recent import RecentRecords
+from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.observe.preflight import PreflightBook, parse_links
@@ -73,6 +75,8 @@ class CoordinatorState:
         self._checkpoint_state: dict = {}  # the counters the pending checkpoint records
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
                                        limits.restart_timeout)
+        # Shard backups (--replicas 2): a dead primary's backup takes over (replicas.py).
+        self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout)
         self.takeback: TakeBack | None = None
         if take_back is not None:
             self.takeback = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
@@ -104,6 +108,7 @@ class CoordinatorState:
             Registered: self._on_registered, Started: self._on_started, Bye: self._on_bye,
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
+            ReplicaReport: self._on_replica_report,
             ObserveAsked: self._on_observe,
         }
         self.recent = RecentRecords()  # the latest metrics records, for observers
@@ -180,6 +185,10 @@ class CoordinatorState:
         t = self.recovery.next_deadline(self.members.roster.servers)
         if t is not None and (due is None or t < due):
             due = t
+        if self.replicas.backups:
+            t = self.replicas.next_deadline(self.members)
+            if t is not None and (due is None or t < due):
+                due = t
         if self.elastic is not None:
             t = self.elastic.next_deadline()
             if t is not None and (due is None or t < due):
@@ -220,7 +229,8 @@ class CoordinatorState:
 
     def shutdown(self, reason: str) -> ToServers:
         """The message that stops every server (the node sends it as it exits)."""
-        return ToServers("shutdown", {"reason": reason}, self.members.server_links)
+        return ToServers("shutdown", {"reason": reason},
+                         self.members.server_links + self.replicas.links)
 
     def metric(self, now: float, record: dict, age: float = 0.0) -> AppendMetric | None:
         """A metrics.jsonl line, stamped with seconds since the start barrier opened."""
@@ -276,6 +286,10 @@ class CoordinatorState:
         if e.addr is None:
             raise ValueError("a server must register with its address")
         members = self.members
+        if e.backup:
+            self.replicas.register(e, members, lambda rank: Reply(e.to, "welcome", {
+                "rank": rank, "job": self._server_job(rank).to_dict(), "backup": True}), out)
+            return
         if e.rejoin is not None:
             self._rejoin_server(e, now, out)
             return
@@ -296,6 +310,8 @@ class CoordinatorState:
             job = job.with_restore(ShardRestore.of_resume(self.job.resume, self.progress))
         out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job.to_dict()}))
         out.append(AppendEvent(now, "server_joined", {"rank": member.rank, "addr": e.addr}))
+        if self.replicas.enabled:
+            self.replicas.primary_up(member, now, out)
         if members.servers_complete:
             pending, members.pending_workers = members.pending_workers, []
             for worker in pending:
@@ -543,6 +559,12 @@ class CoordinatorState:
         return True
 
     def _on_heartbeat(self, e: Heartbeat, out: list) -> None:
+        if self.replicas.enabled:
+            backup = self.replicas.heartbeat(e.src, e.link, e.now, self.members)
+            if backup is not None:
+                if backup:
+                    out.append(Reply(e.to, "ok", _OK))
+                return
         role, member = self.members.find(e.src)
         if member is None:
             if e.src not in self.members.roster.gone:  # a coordinator restart: come back
@@ -561,7 +583,8 @@ class CoordinatorState:
                 if e.shard is not None:
                     self._metric(e.now, {"kind": "shard", "server": member.rank, **e.shard}, out)
         else:
-            out.append(Reply(e.to, "ok", _OK))
+            # Once a shard's backup took over, workers learn its address here.
+            out.append(Reply(e.to, "ok", self.replicas.worker_fields() or _OK))
 
     def _on_bye(self, e: Bye, out: list) -> None:
         members = self.members
@@ -683,6 +706,9 @@ class CoordinatorState:
         out.append(event)
         self._metric(e.now, record, out)
 
+    def _on_replica_report(self, e: ReplicaReport, out: list) -> None:
+        self.replicas.report(e, self.members, out)
+
     # ---- time -----------------------------------------------------------------------------------
     def _on_time(self, e: TimePassed, out: list) -> None:
         now, members = e.now, self.members
@@ -695,6 +721,9 @@ class CoordinatorState:
                 out.append(Reply(waiter.to, "error", {
                     "msg": f"all {self.job.workers} worker ranks of this job are taken",
                     "code": "refused"}))
+        if self.replicas.backups:
+            for rank in self.replicas.check(now, members, self.schedule, out):
+                self._metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
         failure = self.recovery.check(now, members.roster.servers, out)
         if failure is None and self.elastic is not None:
             failure = self.elastic.check(now, out)
@@ -805,6 +834,15 @@ class CoordinatorState:
 
     # ---- housekeeping ---------------------------------------------------------------------------
     def _check_start_barrier(self, now: float, out: list) -> None:
+        if not self.replicas.complete:  # no push is acknowledged by one copy alone
+            if now > self.barrier.start_timeout:
+                self._fail(f"the shards' replicas were not ready within "
+                           f"{self.barrier.start_timeout:.0f} s: {self.replicas.waiting()}",
+                           now, out)
+            elif self.barrier.note_due(now):
+                out.append(Warn(f"start barrier: waiting for replicas: "
+                                f"{self.replicas.waiting()}"))
+            return
         failure, started, warning = self.barrier.check(now, self.members.roster)
         if failure is not None:
             self._fail(f"{failure} ({self.waiting_for()})", now, out)

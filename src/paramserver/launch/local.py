@@ -91,6 +91,9 @@ class LocalCluster:
     restart_coordinator: int = 0
     coordinator_restarts: int = 0
     coordinator_port: int = 0
+    # With replicas (JobSpec.replicas 2): each dead server is replaced by a new backup, which
+    # the survivor of its shard rebuilds (at most `backup_rebuilds` over the job's life).
+    backup_rebuilds: int = 0
     children: list[Child] = field(default_factory=list)
     address: str = ""
     barrier_opened: bool = False  # seen in events.jsonl: from then on dead workers are the policy's
@@ -193,11 +196,21 @@ class LocalCluster:
             return ["--join", self.address]
         return ["--join-file", str(self.run_dir / "coordinator.addr")]
 
-    def _spawn_server(self, index: int) -> Child:
+    def _spawn_server(self, index: int, backup: bool = False) -> Child:
         args = [*self._join(), "--bind", self.host]
         if self.server_ports:  # a restarted server must come back where workers look for it
             args += ["--port", str(self.server_ports[index])]
-        return self._spawn("server", index, args)
+        return self._spawn("server", index, args + (["--backup"] if backup else []))
+
+    def _rebuild_backup(self) -> bool:
+        """A replicated job's server died: start a new backup (its shard's survivor sends it
+        the state), while the budget lasts (4 per shard)."""
+        if self.spec.replicas < 2 or self.backup_rebuilds >= 4 * self.spec.servers:
+            return False
+        self.backup_rebuilds += 1
+        index = 1 + max(c.index for c in self.children if c.role == "server")
+        self._spawn_server(index, backup=True)
+        return True
 
     def _prepare_server_restarts(self) -> None:
         """With server recovery on: each server's port is fixed up front (a restart rebinds
@@ -225,6 +238,9 @@ class LocalCluster:
         # two busy cores): they start now, beside the coordinator, and read its address file.
         for s in range(self.spec.servers):
             self._spawn_server(s)
+        if self.spec.replicas > 1:  # a backup per shard (coordinator/replicas.py pairs them)
+            for s in range(self.spec.servers):
+                self._spawn_server(self.spec.servers + s, backup=True)
         if spawn_workers and self.spec.eval_interval:
             self._spawn("evaluator", 0, [*self._join(), "--interval",
                                          str(self.spec.eval_interval), "--save-model",
@@ -297,6 +313,11 @@ class LocalCluster:
                 c.replaced = True
                 self.server_restarts += 1
                 self._spawn_server(c.index)
+                continue
+            if c.role == "server" and self._rebuild_backup():
+                # Its shard's survivor serves on; whether the job can go on is the
+                # coordinator's to say (both copies of a shard lost ends it).
+                c.replaced = True
                 continue
             return c
         return None

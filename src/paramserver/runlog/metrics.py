@@ -167,7 +167,9 @@ def _restarts(records: list[dict]) -> dict:
     """Servers restarted from a checkpoint, and the updates their shards lost doing so."""
     restarts = [r for r in records if r.get("kind") == "restart" and r.get("role") == "server"]
     return {"server_restarts": len(restarts),
-            "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts)}
+            "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts),
+            # replicated shards: backups that took over (no checkpoint restore, nothing lost)
+            "replica_promotions": sum(1 for r in records if r.get("kind") == "promotion")}
 
 
 def shard_load(records: list[dict], servers: int, wall: float) -> dict:

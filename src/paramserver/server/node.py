@@ -13,10 +13,12 @@ import zmq
 from paramserver.compression import payload
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
+from paramserver.observe.flight import FlightRecorder, probe_answer
 from paramserver.observe.preflight import served_bytes
 from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
+from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
     Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
@@ -186,7 +188,7 @@ class ServerNode:
     def __init__(self, join: str, host: str = "127.0.0.1", port: int = 0,
                  pull_timeout: float = 60.0, register_timeout: float = 60.0,
                  reuse_memory: bool = True, shared_memory: bool | None = None, keys=None,
-                 advertise: str | None = None):
+                 advertise: str | None = None, backup: bool = False):
         self.join, self.host, self.port = join, host, port
         # The address workers dial: `host`, or for a wildcard bind (0.0.0.0) `advertise`, else
         # this host's address on the route to the coordinator.
@@ -204,18 +206,26 @@ class ServerNode:
         self.src = "server"
         self.running = True
         self.core: ShardCore | None = None
+        self.backup = backup  # registers as a shard's backup (--replicas 2)
+        self.replica: ReplicaLink | None = None  # a replicated shard's link (replica_link.py)
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
         self._rejoin_at = -1e9
         self.dropped = 0  # messages to the coordinator dropped on its full queue
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
         self.refusals = RefusalLog(log.warning, time.monotonic)
+        # The last protocol events, for the coordinator's stall probe (observe/flight.py).
+        self.flight = FlightRecorder()
+        self.flight.waiting = self._holding
         self.load = ShardLoad()
         self._probe_bytes = np.zeros(0, np.uint8)  # what preflight probes are answered from
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
-        rpc.send(self.coord, Message("register", {"role": "server", "addr": addr}, src=self.src))
+        fields = {"role": "server", "addr": addr}
+        if self.backup:
+            fields["backup"] = True
+        rpc.send(self.coord, Message("register", fields, src=self.src))
         if not self.coord.poll(int(self.register_timeout * 1000)):
             raise TimeoutError(f"coordinator at {self.join} did not answer registration within "
                                f"{self.register_timeout:.0f} s")
@@ -226,13 +236,22 @@ class ServerNode:
 
     def _build_core(self, welcome: Message, ctx: zmq.Context, hold) -> None:
         s = self.settings = shard_settings(welcome, self.pull_timeout)
+        backup = bool(welcome.get("backup", False))
+        limit = s.max_message_bytes
+        if backup:  # the state sync carries the whole shard, an array per frame
+            limit = max(limit, (s.hi - s.lo) * 8 + (1 << 20))
         # Bound only now, when the job has said how large a frame may be: ZeroMQ then refuses a
         # larger one before it is read, rather than this process holding it.
         self.router, self.addr = bind_router(ctx, self.host, self.port, keys=self.keys,
                                              advertise=self.advertise,
-                                             max_message=s.max_message_bytes, hold=hold)
-        self.src = f"s{s.rank}"
+                                             max_message=limit, hold=hold)
+        self.src = f"b{s.rank}" if backup else f"s{s.rank}"
         self.core = ShardCore(s, alloc=self._shared_values(s.hi - s.lo, s.dtype))
+        # Every server can be a replicated shard's: a backup from its welcome, a primary once
+        # the coordinator attaches a backup to it.
+        self.replica = ReplicaLink(ctx, self.keys, s.rank, backup, 2 * s.heartbeat_interval
+                                   + s.coordinator_timeout, self.core, self._execute,
+                                   self._notify)
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if s.restore is not None:
@@ -299,13 +318,14 @@ class ServerNode:
             self._loop()
             return 0
         finally:
+            if self.replica is not None:
+                self.replica.close()
             terminate(ctx, (self.router, self.coord))
 
     # ---- main loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.coord, zmq.POLLIN)
+        poller, polled = zmq.Poller(), ()
+        replica = self.replica
         core = self.core
         self.coord_heard = time.monotonic()
         # Seconds spent receiving, handling and answering messages (wall time, the shard's
@@ -320,12 +340,23 @@ class ServerNode:
             if now >= tidy_at:
                 tidy_at = now + self.settings.heartbeat_interval
                 self._tidy()
-            timeout = max(0.0, core.next_wakeup() - now)
+            replica.tick(now)
+            # Workers' requests wait while the backup's window of forwards is full.
+            socks = (self.coord, *(() if replica.full else (self.router,)),
+                     *(() if replica.sock is None else (replica.sock,)))
+            if socks != polled:
+                poller, polled = zmq.Poller(), socks
+                for sock in socks:
+                    poller.register(sock, zmq.POLLIN)
+            timeout = max(0.0, min(core.next_wakeup(), replica.next_deadline()) - now)
             for sock, _ in poller.poll(timeout * 1000):
                 if sock is self.coord:
                     self.coord_heard = time.monotonic()
                 began = clock()
-                self._drain(sock)
+                if sock is replica.sock:
+                    replica.from_backup()
+                else:
+                    self._drain(sock)
                 busy += clock() - began
             self._check_coordinator()
             self.refusals.flush()
@@ -367,23 +398,32 @@ class ServerNode:
                 rpc.refuse(sock, ident, msg, self.src, frames, self.refusals)
                 continue
             try:
-                self._dispatch(ident, msg, routed)
+                self._dispatch(ident, msg, routed, frames)
             except REFUSED as exc:
                 # As the coordinator does: a refused role or op is seen in the log.
                 sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
                 self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
                 rpc.send_or_drop(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                                rid=msg.rid, src=self.src), ident)
-            if not rpc.queued(sock):
+            if not rpc.queued(sock) or (routed and self.replica.full):
                 return
 
-    def _dispatch(self, ident, msg: Message, from_worker: bool) -> None:
+    def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
         """The message as an event for the core (refused here when the peer may not send it),
-        and the core's instructions carried out."""
+        and the core's instructions carried out. A request that changes a replicated shard
+        goes to its backup first, and its replies wait for the backup's acknowledgement."""
         if from_worker and msg.op == "probe":  # preflight (issue 23): the shard's state unused
             self._probe(ident, msg)
             return
+        replica = self.replica
         if from_worker:
+            if msg.op in ("fwd", "sync"):  # from this backup's primary
+                security.check_role(ident, "server", self.secured)
+                replica.take(self.router, ident, msg, EVENTS)
+                return
+            if replica.backup:
+                raise ValueError(f"this server is shard {self.settings.rank}'s backup: it "
+                                 f"serves workers once promoted")
             if msg.op not in WORKER_OPS:
                 raise ValueError(f"op {msg.op!r} is not served by a parameter server")
             if msg.op in WRITE_OPS:
@@ -391,19 +431,38 @@ class ServerNode:
         elif msg.op in ("error", "welcome"):
             self._from_coordinator(msg)
             return
+        elif msg.op in FROM_COORDINATOR:
+            name = replica.from_coordinator(msg)
+            if name is not None:
+                self.src = name
+            return
+        elif msg.op == "stall_probe":
+            self._to_coordinator(Message("stall_answer", probe_answer(
+                msg["n"], "server", self.flight), src=self.src))
+            return
+        self.flight.record("recv", op=msg.op, src=msg.src, rid=msg.rid)
         as_event = EVENTS.get(msg.op)
         if as_event is None:
             raise ValueError(f"op {msg.op!r} is not served by a parameter server")
-        event = as_event(msg, (ident, msg.rid))
+        to = (ident, msg.rid)
+        event = as_event(msg, to)
         if event is None:
             return
+        # A replicated shard's write goes to the backup first (its replies are held below).
+        seq = replica.forward(msg, frames[0] if frames else None) \
+            if replica.forwards(msg.op) else None
         if type(event) in ShardLoad.PUSHES:
             began = time.perf_counter()
             out = self.core.handle(event)
             self.load.apply_s += time.perf_counter() - began
-            self._execute(out)
         else:
-            self._execute(self.core.handle(event))
+            out = self.core.handle(event)
+        if seq is None:
+            self._execute(out)
+            return
+        held, rest = replica.hold_out(to, out)
+        self._execute(rest)
+        self._execute(replica.hold(seq, held))
 
     def _probe(self, ident, msg: Message) -> None:
         """A worker's link probe: as many zero bytes as it asked for, within bounds."""
@@ -430,6 +489,12 @@ class ServerNode:
         if msg.get("code") != "unknown":
             log.warning("coordinator reported: %s", msg["msg"])
             return
+        if self.replica is not None and self.replica.backup:
+            # A restarted coordinator takes back primaries only (coordinator/replicas.py): a
+            # backup registering again would claim its primary's rank.
+            raise SystemExit(f"server {self.src}: the restarted coordinator at {self.join} "
+                             f"does not take back backups; exiting (the shard runs "
+                             f"unreplicated)")
         now = time.monotonic()
         if now - self._rejoin_at < self.settings.heartbeat_interval:
             return  # one re-registration in flight per beat
@@ -448,6 +513,7 @@ class ServerNode:
             kind = type(ins)
             if kind is Reply:  # (inline: one per push and pull)
                 ident, rid = ins.to
+                self.flight.record("send", op=ins.op, rid=rid)
                 msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)
                 if ident is None:
                     self._to_coordinator(msg)
@@ -473,6 +539,18 @@ class ServerNode:
                 self.running = False
             else:
                 raise TypeError(f"no way to carry out {ins!r}")
+
+    def _notify(self, op: str, fields: dict) -> None:
+        self._to_coordinator(Message(op, fields, src=self.src))
+
+    def _holding(self) -> dict | None:
+        """What this shard holds back, for a stall probe: a server never blocks, but pulls
+        wait here for a version the pushes have not reached."""
+        core = self.core
+        if core is None:
+            return {"op": "welcome", "peer": "coordinator"}
+        return {"op": "serve", "note": f"version {core.store.version}, {len(core.pulls)} "
+                                       f"pull(s) waiting for a newer one"}
 
     def _to_coordinator(self, msg: Message) -> None:
         """Send to the coordinator, or drop when its queue is full: it is gone or hopelessly

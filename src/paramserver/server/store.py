@@ -290,6 +290,37 @@ class ShardStore:
         return lost
 
 
+    # ---- replicas (server/replication.py) ------------------------------------------------------
+    def round_state(self) -> tuple[dict, dict]:
+        """What a new backup needs beside snapshot(): the open round (its sum as an array),
+        the init's progress and the late-push count, JSON-able."""
+        meta = {"round_step": self.round_step, "round_batches": self.round_batches,
+                "round_size": self.round_size, "round_got": self.round_got,
+                "round_need": self.round_need, "round_complete": self.round_complete,
+                "last_round": self.last_round, "late_pushes": self.late_pushes,
+                "init_runs": self._init_runs, "version": self.version}
+        arrays = {}
+        if self.round_step is not None and self.round_sum is not None:
+            arrays["round_sum"] = self.round_sum.numpy()
+        return meta, arrays
+
+    def load_round_state(self, meta: dict, arrays: dict) -> None:
+        """The inverse of round_state (after restore() of the snapshot, if any)."""
+        self.round_step = meta["round_step"]
+        self.round_batches = {str(k): int(v) for k, v in meta["round_batches"].items()}
+        self.round_size = int(meta["round_size"])
+        self.round_got = {str(k): int(v) for k, v in meta["round_got"].items()}
+        self.round_need = {str(k): int(v) for k, v in meta["round_need"].items()}
+        self.round_complete = int(meta["round_complete"])
+        self.last_round = meta["last_round"]
+        self.late_pushes = int(meta["late_pushes"])
+        self.version = int(meta["version"])
+        if not self.initialized:
+            self._init_runs = [tuple(r) for r in meta["init_runs"]]
+        if "round_sum" in arrays:
+            self.round_sum = torch.from_numpy(np.array(arrays["round_sum"]))
+
+
 def _merge(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
     """Sorted disjoint runs with [lo, hi) added, touching runs joined."""
     out = []

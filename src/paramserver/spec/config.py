@@ -47,6 +47,7 @@ class TrainConfig:
     dtype: str = JobSpec.dtype
     heartbeat_timeout: float = Limits.heartbeat_timeout
     max_message_bytes: int | None = Limits.max_message_bytes  # None: from the model size
+    stall_timeout: float | None = Limits.stall_timeout  # None: from the step time
     compress: str = TaskSpec.compress
     compress_options: dict = field(default_factory=dict)
     pull_compress: str = TaskSpec.pull_compress  # a codec for delta pulls (compression/wire.py)
@@ -57,6 +58,7 @@ class TrainConfig:
     links: LinkTable = field(default_factory=LinkTable)  # or --link texts
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     restart_servers: int = JobSpec.restart_servers  # dead servers restarted from a checkpoint
+    replicas: int = JobSpec.replicas  # copies of each shard (2: primary and backup)
     restart_coordinator: int = 0  # dead coordinators restarted at the same address
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # rounds (round-mode policies) or worker steps

@@ -243,6 +243,10 @@ class Limits:
     # Pushes one client may have unacknowledged at one shard: the client waits for the oldest
     # before sending more, and the shard refuses more (its exactly-once window is this deep).
     max_unacked_pushes: int = 1024
+    # No step completing for this long makes the coordinator write a stall report
+    # (observe/stall.py). None: derived from the step time, max(10 x median, floor), the floor
+    # min(3 s, heartbeat_timeout / 2): a stopped worker is reported before it is declared dead.
+    stall_timeout: float | None = None
 
     def __post_init__(self):
         _num("heartbeat_timeout", self.heartbeat_timeout)
@@ -253,8 +257,9 @@ class Limits:
         if self.coordinator_timeout is None:
             object.__setattr__(self, "coordinator_timeout", 1.5 * self.heartbeat_timeout)
         for f in fields(self):
-            if f.name != "max_message_bytes":
+            if f.name not in ("max_message_bytes", "stall_timeout"):
                 _num(f.name, getattr(self, f.name))
+        _num("stall_timeout", self.stall_timeout, optional=True)
         if self.max_message_bytes is not None:
             _int("max_message_bytes", self.max_message_bytes, MIN_MESSAGE_BYTES)
         _int("max_pending_pulls", self.max_pending_pulls, 1)
@@ -390,6 +395,9 @@ class JobSpec:
     # Keys where the model's layers start: the cuts between shards move to them when that
     # keeps the shards' bytes balanced (core/keyspace.split_by_bytes). Empty: no preference.
     layer_edges: tuple = ()
+    # Copies of each shard: 2 keeps a backup that every update reaches before it is
+    # acknowledged and that takes over when the primary dies (server/replication.py).
+    replicas: int = 1
     # Observability (issue 23): the coordinator's Prometheus endpoint (None: none; 0: a free
     # port) and the host it binds; workers probe their links to the shards before the start
     # barrier (preflight).
@@ -433,6 +441,12 @@ class JobSpec:
         _num("eval_interval", self.eval_interval, open_lo=False)
         _int("restart_servers", self.restart_servers, 0)
         _int("server_threads", self.server_threads, 1)
+        _int("replicas", self.replicas, 1)
+        if self.replicas > 2:
+            _fail("replicas", self.replicas, "1 or 2 (a primary and one backup)")
+        if self.replicas > 1 and self.restart_servers:
+            raise JobSpecError("job fields 'replicas' and 'restart_servers' are exclusive: a "
+                               "replicated shard's backup takes over, no checkpoint restore")
         for key, cls in (("sync", SyncSpec), ("optimizer", OptimizerSpec), ("task", TaskSpec),
                          ("limits", Limits), ("links", LinkTable)):
             if not isinstance(getattr(self, key), cls):
@@ -476,7 +490,7 @@ class JobSpec:
             optimizer=OptimizerSpec(c.optimizer, c.lr, c.optimizer_options),
             max_samples=c.max_samples(train_size), max_seconds=c.max_seconds,
             eval_interval=c.eval_interval, restart_servers=c.restart_servers,
-            links=c.links,
+            replicas=c.replicas, links=c.links,
             checkpoint=CheckpointSpec(c.checkpoint_dir, c.checkpoint_every,
                                       c.checkpoint_seconds) if c.checkpoint_dir else None,
             task=TaskSpec(model=c.model, dataset=c.dataset,
@@ -492,7 +506,8 @@ class JobSpec:
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
-                          max_message_bytes=c.max_message_bytes),
+                          max_message_bytes=c.max_message_bytes,
+                          stall_timeout=c.stall_timeout),
             tables=tuple(tables), metrics_port=c.metrics_port, metrics_host=c.metrics_host,
             preflight=c.preflight, min_workers=c.min_workers, batch_rule=c.batch_rule)
 
@@ -532,12 +547,16 @@ class JobSpec:
                              ("pull_refresh", TaskSpec.pull_refresh)):
             if out["task"][key] == default:
                 del out["task"][key]
+        if self.limits.stall_timeout is None:  # (derived: left out, as the task's above)
+            del out["stall_timeout"]
         if self.resume is not None:
             out["resume"] = _plain(self.resume)
         if self.tables:  # (left out when empty: job files of dense jobs read as before)
             out["tables"] = [_plain(t) for t in self.tables]
         if self.layer_edges:
             out["layer_edges"] = list(self.layer_edges)
+        if self.replicas != 1:
+            out["replicas"] = self.replicas
         for key, default in (("metrics_port", None), ("metrics_host", "127.0.0.1"),
                              ("preflight", True)):  # left out at defaults, as above
             if getattr(self, key) != default:

@@ -64,7 +64,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                  "num_keys": _f(NONNEG, False), "rejoin": _f(RECORD, False),
                  # a worker's model layout (core/layout.py; checked there, the header's 64 KB
                  # bound its size): every rank's must be the job's
-                 "layout": _f(DICT, False)},
+                 "layout": _f(DICT, False),
+                 "backup": _f(BOOL, False)},  # a server that comes as a shard's backup
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),
               "record": _f(RECORD, False),
@@ -79,7 +80,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # a read-only observer (`paramserver top ADDRESS`): the metrics records after `since`
     "observe": {"since": _f(NONNEG)},
     # coordinator -> others
-    "welcome": {"rank": _f(NONNEG), "job": _f(DICT)},
+    "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
                 "round_size": _f(NONNEG, False),
@@ -92,6 +93,26 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
     "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
     "state": {"state": _f(DICT)},
+    # replicated shards (--replicas 2, server/replication.py, coordinator/replicas.py):
+    # coordinator -> primary / backup
+    "attach_backup": {"rank": _f(NONNEG), "addr": _f(STR), "epoch": _f(NONNEG)},
+    "backup_dropped": {"rank": _f(NONNEG), "epoch": _f(NONNEG)},
+    "promote": {"rank": _f(NONNEG), "epoch": _f(NONNEG)},
+    # primary -> coordinator
+    "backup_synced": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "version": _f(NONNEG)},
+    "backup_lost": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "reason": _f(STR)},
+    # primary -> backup: a request that changes the shard, as it came (its header as the first
+    # uint8 array, then its arrays), numbered per link (seq) of attach `epoch`; the shard's
+    # whole state to start from (sync: a JSON description, then each array's bytes);
+    # backup -> primary: every forward up to seq is applied
+    "fwd": {"seq": _f(NONNEG), "epoch": _f(NONNEG)},
+    "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False)},
+    "fwd_ack": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "refused": _f(STR, False)},
+    # the hang doctor (observe/): the coordinator asks every live member for its stack, its
+    # flight recorder's last lines and what it waits for; the answer fits one header (64 KB)
+    "stall_probe": {"n": _f(NONNEG)},
+    "stall_answer": {"n": _f(NONNEG), "role": _f(STR), "stack": _f(STR),
+                     "flight": _f(LIST, False), "waiting": _f(DICT, False)},
     # preflight (issue 23): worker -> server `probe` asks for `bytes` zero bytes, answered by
     # a `probe` with that many in one uint8 frame; worker -> coordinator `preflight` reports
     # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
@@ -101,7 +122,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "observed": {"seq": _f(NONNEG), "records": _f(LIST), "members": _f(DICT),
                  "more": _f(BOOL, False)},
     # either direction
-    "ok": {},
+    "ok": {"epoch": _f(NONNEG, False),  # a worker's heartbeat answered after a takeover:
+           "shards": _f(LIST, False)},  # the moved shards, [[rank, addr], ...]
     "error": {"msg": _f(STR), "code": _f(STR, False)},
 }
 

@@ -1,0 +1,220 @@
+"""A replicated shard's I/O (`--replicas 2`): as a primary, the DEALER to its backup, what is
+forwarded on it and the replies held until the backup has acknowledged; as a backup, what it
+takes from its primary and acknowledges. The rules are server/replication.py's Forwarder;
+the coordinator's part is coordinator/replicas.py.
+
+A forward carries the request as it came: its header bytes as the first (uint8) array, then
+its arrays, under the original sender and request id, so the backup decodes it with the wire
+codec's checks and its core applies it exactly as the primary's did (its dedup table keyed
+the same). The backup answers `fwd_ack` after each one; a refusal there means the copies
+differ, and the primary reports the backup lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import zmq
+
+from paramserver.net import rpc
+from paramserver.server.events import Reply
+from paramserver.server.replication import Forwarder, load_sync, sync_payload
+from paramserver.transport import connect_dealer
+from paramserver.wire import Message, WireError
+from paramserver.wire.codec import decode, encode
+from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+# Requests that change a shard: forwarded to its backup before the primary applies them.
+FORWARDED = frozenset(("init", "push", "push_sparse", "push_rows", "apply_round"))
+FROM_COORDINATOR = frozenset(("attach_backup", "backup_dropped", "promote"))
+# Forwards in flight per backup; below the DEALER's high-water mark (64), so a send never
+# waits: a full window stops the primary reading workers' requests instead.
+WINDOW = 32
+
+
+class ReplicaLink:
+    """One server's side of its shard's replication. `core` is the ShardCore, `execute` runs
+    core instructions, `to_coordinator(op, fields)` tells the coordinator."""
+
+    def __init__(self, ctx: zmq.Context, keys, rank: int, backup: bool, timeout: float,
+                 core, execute, to_coordinator):
+        self.ctx, self.keys, self.rank = ctx, keys, rank
+        self.backup = backup  # a backup until promoted
+        self.core, self.execute, self.to_coordinator = core, execute, to_coordinator
+        self.forwarder = Forwarder(WINDOW, timeout)
+        self.sock: zmq.Socket | None = None  # the primary's DEALER to its backup
+        # A backup's primary: the ROUTER peer of the latest state sync, and its attach epoch.
+        self.primary: bytes | None = None
+        self.epoch = 0
+        self.applied = 0  # forwards a backup applied
+
+    # ---- the primary ----------------------------------------------------------------------------
+    @property
+    def full(self) -> bool:
+        return self.forwarder.full
+
+    def forwards(self, op: str) -> bool:
+        return self.forwarder.active and op in FORWARDED
+
+    def forward(self, msg: Message, header) -> int:
+        """Send the request (`header`: its raw header frame, or None to encode it) to the
+        backup; its seq, by which its replies are held."""
+        fw = self.forwarder
+        seq = fw.forward(time.monotonic())
+        if header is None:
+            header = encode(Message(msg.op, msg.fields, rid=msg.rid, src=msg.src))[0]
+        head = np.frombuffer(getattr(header, "buffer", header), dtype=np.uint8)
+        try:
+            rpc.send(self.sock, Message("fwd", {"seq": seq, "epoch": fw.epoch},
+                                        [head, *msg.arrays], rid=msg.rid, src=msg.src))
+        except zmq.Again:  # (the window keeps below the high-water mark: not expected)
+            self._report(fw.refused(seq, "its queue is full"))
+        return seq
+
+    @staticmethod
+    def hold_out(token, instructions) -> tuple[list, list]:
+        """(the replies to request `token`, the other instructions)."""
+        held, rest = [], []
+        for ins in instructions:
+            (held if type(ins) is Reply and ins.to == token else rest).append(ins)
+        return held, rest
+
+    def hold(self, seq: int, replies: list) -> list:
+        return self.forwarder.hold(seq, replies)
+
+    def from_backup(self) -> None:
+        """Drain the backup's acknowledgements: the replies they release go out."""
+        for _ in range(256):
+            try:
+                _, msg, _ = rpc.recv_nowait(self.sock, False)
+            except zmq.Again:
+                return
+            if msg is None or isinstance(msg, WireError) or msg.op != "fwd_ack":
+                continue
+            fw = self.forwarder
+            if msg.get("refused"):
+                self._report(fw.refused(msg["seq"], msg["refused"]))
+                continue
+            released, synced = fw.acked(msg["epoch"], msg["seq"])
+            if released:
+                self.execute(released)
+            if synced:
+                log.info("shard %d: backup at %s synced", self.rank, fw.addr)
+                self.to_coordinator("backup_synced", {"rank": self.rank, "epoch": fw.epoch,
+                                                      "version": self.core.store.version})
+
+    def tick(self, now: float) -> None:
+        self._report(self.forwarder.expired(now))
+
+    def next_deadline(self) -> float:
+        return self.forwarder.next_deadline()
+
+    def _report(self, why: str | None) -> None:
+        if why is None:
+            return
+        log.warning("shard %d: %s; held replies wait for the coordinator's word", self.rank,
+                    why)
+        self.to_coordinator("backup_lost", {"rank": self.rank, "epoch": self.forwarder.epoch,
+                                            "reason": why})
+
+    def from_coordinator(self, msg: Message) -> str | None:
+        """attach_backup, backup_dropped, promote; returns the server's new name on
+        promotion."""
+        if msg["rank"] != self.rank:
+            return None
+        if msg.op == "promote":
+            self.backup, self.primary = False, None
+            log.warning("shard %d: promoted to primary (epoch %d) at version %d", self.rank,
+                        msg["epoch"], self.core.store.version)
+            return f"s{self.rank}"
+        if msg.op == "backup_dropped":
+            if msg["epoch"] == self.forwarder.epoch:
+                log.warning("shard %d: backup dropped; serving unreplicated", self.rank)
+                self._drop()
+            return None
+        if msg.op == "attach_backup" and not self.backup:
+            self._drop()
+            fw = self.forwarder
+            self.sock = connect_dealer(self.ctx, msg["addr"], keys=self.keys, send_timeout=0,
+                                       max_message=CONTROL_MESSAGE_BYTES, peer="server")
+            seq = fw.attach(msg["addr"], msg["epoch"], time.monotonic())
+            fields, arrays = sync_payload(self.core)
+            fields.update(seq=seq, epoch=fw.epoch)
+            # (a copy: the values change under a zero-copy send still in flight)
+            rpc.send(self.sock, Message("sync", fields, [np.array(a) for a in arrays],
+                                        src=f"s{self.rank}"))
+            log.info("shard %d: attaching backup at %s (epoch %d)", self.rank, msg["addr"],
+                     fw.epoch)
+        return None
+
+    def _drop(self) -> None:
+        released = self.forwarder.dropped()
+        if released:
+            self.execute(released)
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    # ---- the backup -----------------------------------------------------------------------------
+    def take(self, router: zmq.Socket, ident: bytes, msg: Message, events: dict) -> None:
+        """A `sync` or `fwd` from the primary: acknowledged once it is here and parses (the
+        backup holds it; it is applied next, before anything else is read), then applied. A
+        forward is acknowledged before it is applied so that its apply overlaps the primary's
+        ack to the worker instead of delaying it."""
+        seq, epoch = msg["seq"], msg["epoch"]
+        refused, inner = None, None
+        if not self.backup:
+            refused = f"shard {self.rank}'s server here is a primary now"
+        elif msg.op == "sync":
+            if epoch < self.epoch:
+                refused = f"sync of attach {epoch}, this backup is on attach {self.epoch}"
+            else:
+                load_sync(self.core, msg.arrays)
+                self.primary, self.epoch = ident, epoch
+                log.info("shard %d: backup synced at version %d (attach %d)", self.rank,
+                         self.core.store.version, epoch)
+        elif ident != self.primary or epoch != self.epoch:
+            refused = "forward from a primary this backup was not synced with"
+        else:
+            refused, inner = self._parse(msg)
+        fields = {"seq": seq, "epoch": epoch}
+        if refused:
+            fields["refused"] = refused[:200]
+        rpc.send_or_drop(router, Message("fwd_ack", fields, src=f"b{self.rank}"), ident)
+        if inner is not None:
+            self._apply(inner, seq, events)
+
+    @staticmethod
+    def _parse(msg: Message) -> tuple[str | None, Message | None]:
+        """(why it is refused, None) or (None, the forwarded request)."""
+        if not msg.arrays:
+            return "forward without the request's header", None
+        try:
+            inner = decode([msg.arrays[0], *msg.arrays[1:]])
+        except WireError as exc:
+            return f"forwarded request does not parse: {exc}", None
+        if inner.op not in FORWARDED:
+            return f"op {inner.op!r} is not forwarded", None
+        return None, inner
+
+    def _apply(self, inner: Message, seq: int, events: dict) -> None:
+        token = ("fwd", seq)
+        try:
+            event = events[inner.op](inner, token)
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            # The primary refused it the same way before its core saw it: nothing applied.
+            log.info("shard %d backup: forward %d refused: %s", self.rank, seq, exc)
+            return
+        # The replies (acks, or refusals the primary's core made the same way) go nowhere.
+        _, rest = self.hold_out(token, self.core.handle(event))
+        self.execute(rest)
+        self.applied += 1
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None

@@ -1,0 +1,199 @@
+"""Replicated shards (`--replicas 2`), the pure part: the primary's forwards that its backup
+has not acknowledged yet, the replies held until it has, and the state a new backup starts
+from. No sockets, no clock: times come in as arguments.
+
+The primary sends every request that changes its shard (init, the pushes, the coordinator's
+apply_round) to its backup before it applies it, in the order it handles them, numbered
+(`seq`). The backup applies the same requests in the same order with the same rules, so its
+values, optimizer state, round and dedup table are the primary's. A reply to such a request
+(the worker's ack, or its refusal) is held until the backup has acknowledged that `seq`: an
+update is acknowledged once both hold it. Acknowledgements come in order, so the ack of `seq`
+releases every reply held up to it.
+
+A backup attached to a running primary first gets the whole state (`sync_payload`, sequence
+number 0 of its link), then the forwards; the forwards sent after the sync are in its queue
+behind it. Bounded: at most `window` forwards unacknowledged (the node stops reading workers'
+requests while the window is full), and a forward unacknowledged for `timeout` s makes the
+primary report its backup lost once; the coordinator decides (`Forwarder.dropped`), so a
+primary cut off from the coordinator never runs on alone while its backup takes over.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from paramserver.server.dedup import DedupTable
+
+NONE, SYNCING, LIVE, LOST = "none", "syncing", "live", "lost"
+
+
+@dataclass(slots=True)
+class _Pending:
+    seq: int
+    sent_at: float
+    held: list = field(default_factory=list)  # replies waiting for this seq's ack
+
+
+class Forwarder:
+    """The primary's side of one backup link: sequence numbers, the forwards in flight, the
+    replies they hold, and whether the backup is synced, live or being reported lost."""
+
+    def __init__(self, window: int = 32, timeout: float = 5.0):
+        if window < 1 or timeout <= 0:
+            raise ValueError("the forward window must be >= 1 and the timeout > 0")
+        self.window, self.timeout = window, timeout
+        self.state = NONE
+        self.addr: str | None = None
+        self.epoch = 0  # the attach this link belongs to: acks of an older link are ignored
+        self.seq = 0
+        self.acked_seq = 0
+        self._pending: deque[_Pending] = deque()
+        self.forwards = 0  # requests forwarded, over the shard's life
+        self.reported: str | None = None  # why the backup was reported lost (once per link)
+
+    # ---- the link -------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Forwards go out and replies wait for the backup (synced or syncing)."""
+        return self.state in (SYNCING, LIVE, LOST)
+
+    @property
+    def full(self) -> bool:
+        """The window is full: take no new request until an ack comes."""
+        return len(self._pending) >= self.window
+
+    def attach(self, addr: str, epoch: int, now: float) -> int:
+        """A new backup at `addr`: its link starts with the state sync, seq returned. Replies
+        held for an earlier backup are released by the caller first (dropped())."""
+        if self._pending:
+            raise ValueError("attach with forwards of another backup still held: drop first")
+        self.state, self.addr, self.epoch = SYNCING, addr, epoch
+        self.seq = self.acked_seq = 0
+        self.reported = None
+        return self.forward(now)
+
+    def forward(self, now: float) -> int | None:
+        """The seq of the next forward, or None without a backup (nothing to wait for)."""
+        if not self.active:
+            return None
+        self.seq += 1
+        self._pending.append(_Pending(self.seq, now))
+        self.forwards += 1
+        return self.seq
+
+    def hold(self, seq: int | None, replies: list) -> list:
+        """Keep `replies` until `seq` is acknowledged; returns those that may go now."""
+        if seq is None or seq <= self.acked_seq or not self._pending:
+            return replies
+        for p in reversed(self._pending):  # (the newest, almost always)
+            if p.seq == seq:
+                p.held.extend(replies)
+                return []
+        return replies
+
+    def acked(self, epoch: int, seq: int) -> tuple[list, bool]:
+        """The backup holds everything up to `seq`: (replies to send, whether this ack made
+        the backup synced). An ack of another link, or one already had, changes nothing."""
+        if epoch != self.epoch or not self.active or seq <= self.acked_seq:
+            return [], False
+        out = []
+        while self._pending and self._pending[0].seq <= seq:
+            out.extend(self._pending.popleft().held)
+        self.acked_seq = seq
+        synced = self.state == SYNCING
+        if synced:
+            self.state = LIVE
+        return out, synced
+
+    def expired(self, now: float) -> str | None:
+        """Why the backup must be reported lost (once per link): its oldest forward has waited
+        past the timeout. None while all is well or already reported."""
+        if self.state not in (SYNCING, LIVE) or not self._pending:
+            return None
+        oldest = self._pending[0]
+        if now - oldest.sent_at <= self.timeout:
+            return None
+        self.state = LOST
+        self.reported = (f"backup at {self.addr} has not acknowledged forward {oldest.seq} "
+                         f"for {now - oldest.sent_at:.1f} s (timeout {self.timeout:g} s)")
+        return self.reported
+
+    def refused(self, seq: int, why: str) -> str | None:
+        """The backup could not apply forward `seq` the way the primary did: it no longer
+        mirrors the shard, so it is reported lost (once)."""
+        if self.state not in (SYNCING, LIVE):
+            return None
+        self.state = LOST
+        self.reported = f"backup at {self.addr} refused forward {seq}: {why}"
+        return self.reported
+
+    def dropped(self) -> list:
+        """The coordinator dropped the backup: every held reply goes now, and the shard runs
+        unreplicated until a new backup is attached."""
+        out = []
+        while self._pending:
+            out.extend(self._pending.popleft().held)
+        self.state, self.addr = NONE, None
+        return out
+
+    def next_deadline(self) -> float:
+        if self.state in (SYNCING, LIVE) and self._pending:
+            return self._pending[0].sent_at + self.timeout
+        return float("inf")
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+
+# ---- the state a new backup starts from ---------------------------------------------------------
+def sync_payload(core) -> tuple[dict, list]:
+    """The shard's whole state as (fields, arrays) for a new backup: every array as raw bytes
+    (uint8) and one JSON frame naming them, with the store's scalars and round, the dedup table
+    and the tables' rows. JSON and raw frames: nothing here unpickles on the other side."""
+    arrays, meta = core.store.snapshot()
+    arrays.update(core.tables.snapshot())
+    round_meta, round_arrays = core.store.round_state()
+    arrays.update(round_arrays)
+    names, frames = [], []
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        names.append([name, str(a.dtype), list(a.shape)])
+        frames.append(a.reshape(-1).view(np.uint8))
+    blob = {"meta": meta, "round": round_meta, "arrays": names,
+            "applied": core.dedup.dump(), "initialized": core.store.initialized,
+            "initial_saved": core.initial_saved}
+    head = np.frombuffer(json.dumps(blob).encode(), dtype=np.uint8)
+    return {"arrays_n": len(names)}, [head, *frames]
+
+
+def load_sync(core, arrays: list) -> None:
+    """Make `core` (a fresh backup's) the state `sync_payload` described."""
+    if not arrays:
+        raise ValueError("a state sync needs its description frame")
+    blob = json.loads(bytes(arrays[0]).decode())
+    names = blob["arrays"]
+    if len(names) != len(arrays) - 1:
+        raise ValueError(f"state sync names {len(names)} arrays but {len(arrays) - 1} came")
+    got = {}
+    for (name, dtype, shape), raw in zip(names, arrays[1:]):
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        if raw.nbytes != count * dt.itemsize:
+            raise ValueError(f"state sync array {name!r}: {raw.nbytes} bytes for {shape} {dt}")
+        got[name] = np.frombuffer(raw, dtype=dt).reshape(shape)
+    st = core.store
+    if blob["initialized"]:
+        st.restore(got, blob["meta"])
+    else:  # an init in chunks, part way: the values it set so far
+        st.values.copy_(torch.from_numpy(np.array(got["values"])))
+    st.load_round_state(blob["round"], got)
+    core.tables.restore(got)
+    d = core.dedup
+    core.dedup = DedupTable.load(blob["applied"], d.window, d.senders, d.depth)
+    core.initial_saved = bool(blob["initial_saved"])
