@@ -38,8 +38,10 @@ reply and copy that range into their reference: one encode (and one decode) per 
 worker, and still the reference is the worker's copy bit for bit. A whole-range dense pull
 leads to the same contents from any tag, so a refresh brings every worker to one tag again.
 Steps are kept only for the shard's current version (a new version or epoch drops them all),
-only while a worker still holds their source tag, and at most MAX_STEP_KEYS x the shard's
-keys of ranges in all (oldest dropped first): 8 bytes per key of the shard at most.
+only while a worker or a kept step leading there holds their source tag (so a worker pulling
+in chunks may run ahead of the others and each chunk is still shared), and at most
+MAX_STEP_KEYS x the shard's keys of ranges in all (oldest dropped first): 8 bytes per key of
+the shard at most.
 """
 
 from __future__ import annotations
