@@ -255,9 +255,10 @@ class ShardCore:
                 raise StoreError("compressed pulls take a key range of float32 values")
             values = st.read(ev.lo, ev.hi, shared=True).numpy()  # read now, not sent
             head = {"version": st.version, "range": [ev.lo, ev.hi]}
-            kept = (self.refs.dense(ev.sender, ev.rid, ev.lo, ev.hi, values, head)
+            kept = (self.refs.dense(ev.sender, ev.rid, ev.lo, ev.hi, values, head, st.version)
                     if ev.delta is None else
-                    self.refs.delta(ev.sender, ev.rid, ev.lo, ev.hi, values, ev.delta, head))
+                    self.refs.delta(ev.sender, ev.rid, ev.lo, ev.hi, values, ev.delta, head,
+                                    st.version))
         fields, frames = kept
         return Reply(ev.to, "values", fields, frames)
 
@@ -298,6 +299,7 @@ class ShardCore:
     def _restore(self, ev: Restore) -> list:
         self.initial_saved = self.initial_saved or ev.tag == INITIAL_TAG
         self.lost_updates = self.store.restore(ev.arrays, ev.meta, ev.version_floor)
+        self.refs.values_replaced()  # (the version may not move: see server/deltas.py)
         self.tables.restore(ev.arrays)
         # The pushes in the checkpoint stay applied once: their retries are answered.
         self.dedup = DedupTable.load(ev.meta.get("applied", []), self.dedup.window,
