@@ -51,7 +51,11 @@ def test_burst_size_and_rate_arithmetic():
     assert burst_size(65536, 10.0, 0.0) == MIN_BYTES  # a crawling one: the floor
     assert burst_size(65536, 0.101, 0.001, target_s=0.5) == 327680
     assert rate_of(1_000_000, 1.001, 0.001) == pytest.approx(8e6)
-    assert rate_of(1000, 0.001, 0.002) == pytest.approx(8e9)  # never a negative time
+    # A round trip (a ping on a busy host) longer than the burst is not taken off: the
+    # burst's whole time counts, never ~0 s and a rate of terabits (seen: 16777216 Mbit/s).
+    assert rate_of(1000, 0.001, 0.002) == pytest.approx(8e6)
+    assert rate_of(2_097_152, 0.004, 0.0056) == pytest.approx(2_097_152 * 8 / 0.004)
+    assert rate_of(2_097_152, 0.004, 0.0019) == pytest.approx(2_097_152 * 8 / 0.0021)
 
 
 def test_reports_are_checked():

@@ -50,14 +50,22 @@ class LinkProbe:
 def burst_size(first_bytes: int, first_s: float, rtt_s: float, target_s: float = TARGET_S,
                lo: int = MIN_BYTES, hi: int = MAX_BYTES) -> int:
     """The second burst's bytes: what the first's rate carries in `target_s`, in lo..hi."""
-    carried = max(first_s - rtt_s, 1e-6)
-    return int(min(hi, max(lo, first_bytes / carried * target_s)))
+    return int(min(hi, max(lo, first_bytes / _carried(first_s, rtt_s) * target_s)))
 
 
 def rate_of(nbytes: int, seconds: float, rtt_s: float) -> float:
     """Bits per second of a burst of `nbytes` that took `seconds` on a link of round trip
-    `rtt_s` (the burst's own round trip taken off, at least 1 us left)."""
-    return nbytes * 8 / max(seconds - rtt_s, 1e-6)
+    `rtt_s` (the burst's own round trip taken off where the burst is clearly longer)."""
+    return nbytes * 8 / _carried(seconds, rtt_s)
+
+
+def _carried(seconds: float, rtt_s: float) -> float:
+    """The burst's time on the wire. The round trip is a median of three pings taken before
+    it: on a busy host one ping can take longer than the whole burst, and taking it off would
+    leave ~0 s and an absurd rate (2 MB "in 1 us", 16 Tbit/s). Only a burst at least twice the
+    round trip has it taken off; a shorter one keeps its whole time, a rate that errs low."""
+    carried = seconds - rtt_s if seconds >= 2 * rtt_s else seconds
+    return max(carried, 1e-6)
 
 
 def probe_link(shard: int, roundtrip: Callable[[int], float], pings: int = PINGS,
