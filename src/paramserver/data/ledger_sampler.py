@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from paramserver.coordinator.ledger import Piece
-from paramserver.data.sampler import BatchSampler
+from paramserver.data.sampler import BatchSampler, take_rows, take_sparse_rows
 
 # Permutations kept: the newest epoch's and the one before (a leaver's pieces given back).
 _KEEP = 3
@@ -88,13 +88,9 @@ class LedgerSampler:
         return self._fallback.next_indices(batch_size)
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.from_numpy(self.next_indices(batch_size))
-        return self.X.index_select(0, index), self.y.index_select(0, index)
+        return take_rows(self.next_indices(batch_size), self.X, self.y)
 
     def next_sparse_batch(self, batch_size: int
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.ids is None:
-            raise ValueError("this training set has no categorical ids (not a click log)")
-        index = torch.from_numpy(self.next_indices(batch_size))
-        return (self.X.index_select(0, index), self.ids.index_select(0, index),
-                self.y.index_select(0, index))
+        return take_sparse_rows(self.next_indices(batch_size), self.X, self.ids, self.y,
+                                "this training set")

@@ -57,14 +57,27 @@ class BatchSampler:
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (X, y) batch of exactly `batch_size` samples (copies, safe to modify)."""
-        index = torch.from_numpy(self.next_indices(batch_size))
-        return self.X.index_select(0, index), self.y.index_select(0, index)
+        return take_rows(self.next_indices(batch_size), self.X, self.y)
 
     def next_sparse_batch(self, batch_size: int
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The next (X, ids, y) batch, for a shard with categorical ids."""
-        if self.ids is None:
-            raise ValueError("this shard has no categorical ids (not a click log)")
-        index = torch.from_numpy(self.next_indices(batch_size))
-        return (self.X.index_select(0, index), self.ids.index_select(0, index),
-                self.y.index_select(0, index))
+        return take_sparse_rows(self.next_indices(batch_size), self.X, self.ids, self.y,
+                                "this shard")
+
+
+def take_rows(index: np.ndarray, X: torch.Tensor, y: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (X, y) rows at `index` (copies): every sampler's batch."""
+    at = torch.from_numpy(index)
+    return X.index_select(0, at), y.index_select(0, at)
+
+
+def take_sparse_rows(index: np.ndarray, X: torch.Tensor, ids: torch.Tensor | None,
+                     y: torch.Tensor, what: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (X, ids, y) rows at `index` of a click log; `what` names the data in the error."""
+    if ids is None:
+        raise ValueError(f"{what} has no categorical ids (not a click log)")
+    at = torch.from_numpy(index)
+    return X.index_select(0, at), ids.index_select(0, at), y.index_select(0, at)
