@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import subprocess
 import sys
@@ -155,3 +156,19 @@ def train_side_by_side(root: Path, runs: dict[str, list[str]], timeout: float = 
                 proc.kill()
                 proc.wait(10)
     return done
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, poll: float = 0.02):
+    """Poll `predicate` until it returns something true (returned), or fail naming `what`
+    once `timeout` seconds have passed: every wait in a live test is bounded."""
+    deadline = time.monotonic() + timeout
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(poll)
+    return found
+
+
+def run_events(run_dir: Path) -> list[dict]:
+    """The run folder's events.jsonl as records so far (none before the file exists)."""
+    path = Path(run_dir) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -2,7 +2,6 @@
 live servers and workers, whose processes go on (same PIDs), and the job ends with every update
 applied exactly once."""
 
-import json
 import os
 import signal
 import threading
@@ -13,7 +12,7 @@ import pytest
 
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.client.kv import KVWorker
-from ps_helpers import join_all, known_gradient, make_job, start_workers
+from ps_helpers import join_all, known_gradient, make_job, start_workers, wait_for, run_events
 
 KEYS, WORKERS, STEPS = 10, 2, 150
 
@@ -37,18 +36,6 @@ def push_known_logged(addr: str, steps: int, out_dir: str, final_version: int) -
         kv.bye()
     finally:
         kv.close()
-
-
-def _events(cluster) -> list[dict]:
-    path = cluster.run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
 
 
 def _kill_coordinator_mid_job(tmp_path, sync: str, **extra):
@@ -76,7 +63,7 @@ def _kill_coordinator_mid_job(tmp_path, sync: str, **extra):
                               str(tmp_path), final_version)
         pids = [p.pid for p in procs]
         first = cluster.coordinator
-        _wait_for(lambda: _steps(cluster) >= WORKERS * STEPS // 3, "a third of the job")
+        wait_for(lambda: _steps(cluster) >= WORKERS * STEPS // 3, "a third of the job")
         os.kill(first.proc.pid, signal.SIGKILL)
         codes = join_all(procs, timeout=90)
         supervisor.join(60)
@@ -118,7 +105,7 @@ def test_a_killed_coordinator_takes_back_the_job_and_nothing_is_lost_or_applied_
     # Nobody else was restarted: the same server and worker processes served the whole job.
     assert after == servers and pids_after == pids
     assert len([c for c in cluster.children if c.role == "server"]) == 2
-    events = _events(cluster)
+    events = run_events(cluster.run_dir)
     taken = [e for e in events if e["event"] == "taken_back"]
     assert len(taken) == 1 and taken[0]["servers"] == 2 and taken[0]["workers"] == WORKERS
     for rank in range(WORKERS):

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import psutil
@@ -15,7 +14,7 @@ import pytest
 
 from paramserver.client.kv import KVWorker
 from paramserver.runlog.metrics import read_records, summarize
-from ps_helpers import known_gradient, make_job, running_job
+from ps_helpers import known_gradient, make_job, running_job, wait_for, run_events
 
 pytestmark = pytest.mark.slow
 
@@ -23,16 +22,8 @@ KEYS = 1000  # two shards
 WORKERS = 4
 
 
-def _events(cluster) -> list[dict]:
-    path = cluster.run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
+def _happened(cluster, event: str) -> bool:
+    return any(e["event"] == event for e in run_events(cluster.run_dir))
 
 
 def _listener(cluster, addr: str):
@@ -76,22 +67,22 @@ def test_killed_primary_is_replaced_by_its_backup_with_no_update_lost_or_doubled
                 t.start()
             for t in starts:
                 t.join(60)
-            assert {e["rank"] for e in _events(cluster) if e["event"] == "backup_synced"} == {0, 1}
+            assert {e["rank"] for e in run_events(cluster.run_dir)
+                    if e["event"] == "backup_synced"} == {0, 1}
             threads = [threading.Thread(target=_pusher, args=(kv, stop, a, errors))
                        for kv, a in zip(kvs, acked)]
             for t in threads:
                 t.start()
-            _wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
-            primary = next(e["addr"] for e in _events(cluster)
+            wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
+            primary = next(e["addr"] for e in run_events(cluster.run_dir)
                            if e["event"] == "server_joined" and e["rank"] == 1)
             os.kill(_listener(cluster, primary).proc.pid, signal.SIGKILL)
             before = sum(map(len, acked))
-            _wait_for(lambda: any(e["event"] == "replica_promoted" for e in _events(cluster)),
-                      "the backup's promotion")
-            _wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover")
-            _wait_for(lambda: any(e["event"] == "backup_rebuilt" for e in _events(cluster)),
-                      "a new backup rebuilt from the survivor")
-            _wait_for(lambda: sum(map(len, acked)) >= before + 160, "pushes after the rebuild")
+            wait_for(lambda: _happened(cluster, "replica_promoted"), "the backup's promotion")
+            wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover")
+            wait_for(lambda: _happened(cluster, "backup_rebuilt"),
+                     "a new backup rebuilt from the survivor")
+            wait_for(lambda: sum(map(len, acked)) >= before + 160, "pushes after the rebuild")
             stop.set()
             for t in threads:
                 t.join(60)
@@ -106,7 +97,7 @@ def test_killed_primary_is_replaced_by_its_backup_with_no_update_lost_or_doubled
             for kv in kvs:
                 kv.close()
         supervisor.join(60)
-    events = _events(cluster)
+    events = run_events(cluster.run_dir)
     promoted = [e for e in events if e["event"] == "replica_promoted"]
     assert [e["rank"] for e in promoted] == [1]
     assert not [e for e in events if e["event"] in ("server_restored", "server_lost")]

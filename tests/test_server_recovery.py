@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import psutil
@@ -16,7 +15,7 @@ from paramserver.runlog.metrics import read_records, summarize
 from paramserver.runlog.checkpoint import latest
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.client.kv import KVWorker
-from ps_helpers import known_gradient, make_job
+from ps_helpers import known_gradient, make_job, wait_for
 
 KEYS = 10  # two shards: [0, 5) and [5, 10)
 
@@ -40,13 +39,6 @@ def _server(cluster, rank: int):
     raise AssertionError(f"no live server listens at {addr}")
 
 
-def _wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def _steps(kv, release, steps):
     for _ in range(steps):
         kv.pull(min_version=release.min_version)
@@ -68,7 +60,7 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
         try:
             kv.init(np.zeros(KEYS))
             release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
-            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+            wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30.0)
             os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)  # round 4 is lost on shard 1
             release = _steps(kv, release, 5)  # retried until the restarted server answers
             final = kv.pull(min_version=release.min_version)
@@ -158,7 +150,7 @@ def test_a_restarted_server_whose_checkpoint_is_truncated_falls_back_to_the_prev
     with _recovering_job(cluster) as kv:
         kv.init(np.zeros(KEYS))
         release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
-        _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+        wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30.0)
         path = tmp_path / "ckpt" / f"ckpt-{4:09d}" / "server-1" / "values.npy"
         path.write_bytes(path.read_bytes()[:-8])
         victim = _server(cluster, 1)
@@ -228,7 +220,7 @@ def test_a_restarted_server_with_no_usable_checkpoint_ends_the_job_at_once_namin
         try:
             kv.init(np.zeros(KEYS))
             _steps(kv, kv.start(), 5)
-            _wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
+            wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30.0)
             for tag in (2, 4):
                 path = tmp_path / "ckpt" / f"ckpt-{tag:09d}" / "server-1" / "values.npy"
                 path.write_bytes(path.read_bytes()[:-8])

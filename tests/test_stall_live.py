@@ -16,6 +16,7 @@ import pytest
 from paramserver.cli.train_cmd import prepare_job
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.spec.config import TrainConfig
+from ps_helpers import wait_for
 
 STALL = 4.0  # --stall-timeout of these jobs
 
@@ -23,14 +24,6 @@ STALL = 4.0  # --stall-timeout of these jobs
 def _steps(run_dir) -> int:
     path = run_dir / "metrics.jsonl"
     return path.read_text().count('"kind": "step"') if path.exists() else 0
-
-
-def _wait_for(predicate, what: str, timeout: float):
-    deadline = time.monotonic() + timeout
-    while not (found := predicate()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return found
 
 
 def _pid_of_rank(run_dir, rank: int) -> int:
@@ -63,12 +56,12 @@ def _stop_a_worker_mid_run(tmp_path, sync: str):
                 errors.append(exc)
         supervisor = threading.Thread(target=supervise, daemon=True)
         supervisor.start()
-        _wait_for(lambda: _steps(run_dir) >= 30, "30 steps", 120)
+        wait_for(lambda: _steps(run_dir) >= 30, "30 steps", 120)
         pid = _pid_of_rank(run_dir, 1)
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         try:
-            report = _wait_for(lambda: (run_dir / "stall-1.txt").exists(), "a stall report",
+            report = wait_for(lambda: (run_dir / "stall-1.txt").exists(), "a stall report",
                                4 * STALL)
             took = time.monotonic() - stopped
         finally:
@@ -148,7 +141,7 @@ def test_an_announced_pause_is_not_flagged_and_a_silent_step_is_a_hang_with_the_
                 time.sleep(1.6)
             release = kv.clock(release.step, batch=1, compute_time=0.001)
             assert not list(run_dir.glob("stall-*.txt"))
-            _wait_for(lambda: (run_dir / "stall-1.txt").exists(), "a stall report", 10)
+            wait_for(lambda: (run_dir / "stall-1.txt").exists(), "a stall report", 10)
             text = (run_dir / "stall-1.txt").read_text()
         finally:
             kv.close()
@@ -159,4 +152,4 @@ def test_an_announced_pause_is_not_flagged_and_a_silent_step_is_a_hang_with_the_
     assert "HANG: no step completed" in text
     assert "waiting: no worker's clock is held" in text  # it is inside its step (sleeping)
     assert "test_an_announced_pause_is_not_flagged" in text  # its main thread's stack
-    assert "_wait_for" in text and text.count("stack (faulthandler") == 3  # + shard, coord
+    assert "in wait_for" in text and text.count("stack (faulthandler") == 3  # + shard, coord
