@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from paramserver.launch.local import LocalCluster
 from paramserver.client.kv import KVWorker
@@ -172,3 +173,15 @@ def run_events(run_dir: Path) -> list[dict]:
     """The run folder's events.jsonl as records so far (none before the file exists)."""
     path = Path(run_dir) / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def server_listening_at(cluster, addr: str):
+    """The live server process of `cluster` listening at `addr` (a promoted backup or a
+    restarted server has a new process: its pid is found by the port, not remembered)."""
+    port = int(addr.rsplit(":", 1)[1])
+    for c in cluster.children:
+        if c.role == "server" and c.proc.poll() is None and any(
+                conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
+                for conn in psutil.Process(c.proc.pid).net_connections("tcp")):
+            return c
+    raise AssertionError(f"no live server listens at {addr}")

@@ -9,12 +9,12 @@ import signal
 import threading
 
 import numpy as np
-import psutil
 import pytest
 
 from paramserver.client.kv import KVWorker
 from paramserver.runlog.metrics import read_records, summarize
-from ps_helpers import known_gradient, make_job, running_job, wait_for, run_events
+from ps_helpers import (known_gradient, make_job, running_job, run_events, server_listening_at,
+                        wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -24,17 +24,6 @@ WORKERS = 4
 
 def _happened(cluster, event: str) -> bool:
     return any(e["event"] == event for e in run_events(cluster.run_dir))
-
-
-def _listener(cluster, addr: str):
-    """The live server process listening at `addr`."""
-    port = int(addr.rsplit(":", 1)[1])
-    for c in cluster.children:
-        if c.role == "server" and c.proc.poll() is None and any(
-                conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
-                for conn in psutil.Process(c.proc.pid).net_connections("tcp")):
-            return c
-    raise AssertionError(f"no live server listens at {addr}")
 
 
 def _pusher(kv: KVWorker, stop: threading.Event, acked: list, errors: list):
@@ -76,7 +65,7 @@ def test_killed_primary_is_replaced_by_its_backup_with_no_update_lost_or_doubled
             wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
             primary = next(e["addr"] for e in run_events(cluster.run_dir)
                            if e["event"] == "server_joined" and e["rank"] == 1)
-            os.kill(_listener(cluster, primary).proc.pid, signal.SIGKILL)
+            os.kill(server_listening_at(cluster, primary).proc.pid, signal.SIGKILL)
             before = sum(map(len, acked))
             wait_for(lambda: _happened(cluster, "replica_promoted"), "the backup's promotion")
             wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover")

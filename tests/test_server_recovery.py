@@ -8,14 +8,13 @@ import signal
 import threading
 
 import numpy as np
-import psutil
 import pytest
 
 from paramserver.runlog.metrics import read_records, summarize
 from paramserver.runlog.checkpoint import latest
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.client.kv import KVWorker
-from ps_helpers import known_gradient, make_job, wait_for
+from ps_helpers import known_gradient, make_job, server_listening_at, wait_for
 
 KEYS = 10  # two shards: [0, 5) and [5, 10)
 
@@ -30,13 +29,7 @@ def _server(cluster, rank: int):
     events = (cluster.run_dir / "events.jsonl").read_text().splitlines()
     addr = next(e["addr"] for e in map(json.loads, events)
                 if e["event"] == "server_joined" and e["rank"] == rank)
-    port = int(addr.rsplit(":", 1)[1])
-    for c in cluster.children:
-        if c.role == "server" and c.proc.poll() is None and any(
-                conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
-                for conn in psutil.Process(c.proc.pid).net_connections("tcp")):
-            return c
-    raise AssertionError(f"no live server listens at {addr}")
+    return server_listening_at(cluster, addr)
 
 
 def _steps(kv, release, steps):
