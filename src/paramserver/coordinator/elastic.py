@@ -52,16 +52,17 @@ class Elastic:
             raise ValueError(f"this worker's training set has {data_len} samples, the job's "
                              f"{self.ledger.size}: every worker must load the same data")
 
-    def lend(self, worker: int, n: int) -> list | None:
-        """The positions of `worker`'s release of `n` samples, in wire form."""
+    def lend(self, worker: int, n: int, step: int | None = None) -> list | None:
+        """The positions of `worker`'s release of `n` samples for `step`, in wire form."""
         if self.ledger is None:
             return None
-        return [p.to_wire() for p in self.ledger.lend(worker, n)]
+        return [p.to_wire() for p in self.ledger.lend(worker, n, step)]
 
-    def clocked(self, worker: int, now: float, out: list) -> None:
+    def clocked(self, worker: int, now: float, out: list, step: int | None = None) -> None:
+        """`worker`'s clock of `step` came: the samples lent for that step are seen."""
         if self.ledger is None:
             return
-        for epoch in self.ledger.consume(worker):
+        for epoch in self.ledger.consume(worker, step):
             out.append(AppendEvent(now, "epoch_samples", {
                 "epoch": epoch, "samples": self.ledger.consumed(epoch),
                 "data_len": self.ledger.size}))

@@ -6,10 +6,14 @@ job's coordinator owns the epoch instead. Each epoch is one permutation of the t
 (the worker computes it from the job's seed and the epoch number: `data/ledger_sampler.py`);
 the ledger hands out positions in it, as pieces (epoch, lo, hi), with each release:
 
-- `lend(worker, n)`: the release's `n` positions: first what leavers gave back (oldest epoch
-  first), then fresh ones from the newest epoch's cursor, a new epoch opening when it is done;
-- `consume(worker)`: its clock came, the step ran on them: they are seen;
-- `give_back(worker)`: it left (or died) without clocking its release: its pieces go back.
+- `lend(worker, n, step)`: the release's `n` positions: first what leavers gave back (oldest
+  epoch first), then fresh ones from the newest epoch's cursor, a new epoch opening when it is
+  done;
+- `consume(worker, step)`: its clock of that step came (sent once its push was acknowledged),
+  the step ran on them: they are seen. A clock of another step (a release the ledger never
+  lent, e.g. one a restarted coordinator's predecessor sent) consumes nothing;
+- `give_back(worker)`: it left (or died: declared dead once silent) without clocking its
+  release: its pieces go back, once (they are no longer lent to it).
 
 So every position of an epoch is lent to one worker at a time and consumed at most once, and
 an epoch is complete (consumed == size) once all its pieces were consumed. Pure: no I/O, no
@@ -61,6 +65,7 @@ class SampleLedger:
     cursor: int = 0  # its next position never handed out
     free: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # given back
     lent: dict[int, tuple[Piece, ...]] = field(default_factory=dict)  # worker -> its release's
+    lent_step: dict[int, int] = field(default_factory=dict)  # worker -> that release's step
     epochs: dict[int, EpochCount] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -69,7 +74,7 @@ class SampleLedger:
                              f"got {self.size!r}")
         self.epochs.setdefault(self.epoch, EpochCount())
 
-    def lend(self, worker: int, n: int) -> tuple[Piece, ...]:
+    def lend(self, worker: int, n: int, step: int | None = None) -> tuple[Piece, ...]:
         """`n` positions for `worker`'s next step. A worker holds one release's pieces at a
         time: lending again before they were consumed or given back gives the old ones back
         first (a release replaced before it was used)."""
@@ -100,10 +105,16 @@ class SampleLedger:
             self.cursor += take
             need -= take
         self.lent[worker] = out = tuple(pieces)
+        if step is not None:
+            self.lent_step[worker] = step
         return out
 
-    def consume(self, worker: int) -> list[int]:
-        """`worker` ran its step on what it was lent; returns the epochs this completed."""
+    def consume(self, worker: int, step: int | None = None) -> list[int]:
+        """`worker` ran its step `step` on what it was lent for it; returns the epochs this
+        completed. (None: whatever release it holds.)"""
+        if step is not None and self.lent_step.get(worker, step) != step:
+            return []  # not the step its pieces were lent for: they stay lent
+        self.lent_step.pop(worker, None)
         done = []
         for p in self.lent.pop(worker, ()):
             count = self.epochs[p.epoch]
@@ -116,6 +127,7 @@ class SampleLedger:
     def give_back(self, worker: int) -> int:
         """`worker` left without running its step: its positions go back; returns how many."""
         pieces = self.lent.pop(worker, ())
+        self.lent_step.pop(worker, None)
         for p in pieces:
             if p.size:
                 self.free.setdefault(p.epoch, []).append((p.lo, p.hi))

@@ -443,8 +443,10 @@ class CoordinatorState:
                 member.waiting = e.to  # the release goes to the request still waited on
             elif member.last_release is not None:
                 again = member.last_release
+                # (with its samples: the ledger counts them seen at this worker's next clock)
                 out.append(SendRelease(e.to, again.step, again.batch, again.min_version,
-                                       again.round_size, again.stop, again.scale))
+                                       again.round_size, again.stop, again.scale,
+                                       again.samples))
             return
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
         if e.leave is not None:
@@ -460,7 +462,7 @@ class CoordinatorState:
                                             e.compute_time, e.cpu_load, e.free_mem))
         budget.count(member.rank, e.batch)
         if self.elastic is not None:
-            self.elastic.clocked(member.rank, now, out)
+            self.elastic.clocked(member.rank, now, out, e.step)
         self._apply(decisions, now, out)
         if e.record is not None and self.barrier.t_start is not None:
             # After the releases: the log line is off their path.
@@ -539,7 +541,7 @@ class CoordinatorState:
             member.waiting, d.step + member.offset, d.batch_size, d.min_version, d.round_size,
             d.stop, d.scale)
         if elastic is not None and not d.stop:
-            release.samples = elastic.lend(d.worker, d.batch_size)
+            release.samples = elastic.lend(d.worker, d.batch_size, release.step)
         out.append(release)
         member.waiting = None
 
