@@ -82,6 +82,9 @@ EVENTS = {
                                                               dict(msg.fields)),
     "backup_lost": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
                                                             dict(msg.fields)),
+    # a backup about its primary's dropped connection
+    "primary_down": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
+                                                             dict(msg.fields)),
     "preflight": lambda msg, now, to, link: PreflightReported(msg.src, msg["links"], now, to),
 }
 

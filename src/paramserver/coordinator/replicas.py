@@ -13,6 +13,13 @@ backup silent that long, or reported lost by its primary, is dropped: the primar
 (`backup_dropped`) and runs unreplicated until a new backup registers. A report from a
 primary that is no longer the shard's (it was replaced while cut off) is answered with
 `shutdown`: two primaries of one shard never both acknowledge pushes.
+
+Sooner than the timeout: a backup whose primary's connection dropped says so (`primary_down`,
+server/replica_link.py); the primary is then promoted away once it has also been silent for
+`fast` s (2 heartbeat intervals), unless it beat after the report (a dropped connection of a
+live primary: the suspicion is cleared). A false alarm costs a promotion, never an update:
+the old primary acknowledges nothing alone (its held replies wait for the backup's ack, and a
+promoted backup refuses its forwards), and its next report is answered with shutdown.
 """
 
 from __future__ import annotations
@@ -37,10 +44,14 @@ class Backup:
 class Replicas:
     """The backups of a job's shards, by rank, and the shard addresses that moved."""
 
-    def __init__(self, replicas: int, servers: int, timeout: float):
+    def __init__(self, replicas: int, servers: int, timeout: float,
+                 fast: float | None = None):
         self.enabled = replicas > 1
         self.servers = servers
         self.timeout = timeout
+        # A primary whose backup saw its connection drop: promoted away after this silence.
+        self.fast = timeout if fast is None else min(fast, timeout)
+        self.suspected: dict[int, float] = {}  # rank -> when its backup said primary_down
         self.backups: dict[int, Backup] = {}
         self.attaches = 0  # numbers each attach (the primary's link epoch)
         self.epoch = 0  # the shard map's: bumped by every promotion
@@ -143,6 +154,9 @@ class Replicas:
         """A primary's `backup_synced` or `backup_lost`; True if it was answered (a stale
         primary's report is answered with shutdown)."""
         rank = int(e.fields.get("rank", -1))
+        if e.op == "primary_down":
+            self._suspect(e, rank, members, out)
+            return False
         primary = members.roster.servers.get(f"s{rank}")
         if primary is None or primary.link != e.link:
             out.append(ToServers("shutdown", {
@@ -164,8 +178,38 @@ class Replicas:
             self._drop(b, primary, str(e.fields.get("reason", "")), e.now, out, members)
         return False
 
+    def _suspect(self, e: ReplicaReport, rank: int, members: Membership, out: list) -> None:
+        """A synced backup's word that its primary's connection dropped (from its own
+        connection, of its current attach): the primary is promoted away once silent `fast`."""
+        b = self.backups.get(rank)
+        primary = members.roster.servers.get(f"s{rank}")
+        if (b is None or b.link != e.link or not b.synced or primary is None
+                or b.epoch != int(e.fields.get("epoch", -1))):
+            return
+        b.last_seen = e.now
+        if rank not in self.suspected:
+            out.append(AppendEvent(e.now, "primary_suspected", {
+                "rank": rank, "addr": primary.addr,
+                "silent_s": round(e.now - primary.last_seen, 3)}))
+        self.suspected[rank] = e.now
+
+    def _gone(self, rank: int, primary: Member, now: float) -> str | None:
+        """Why shard `rank`'s primary is judged dead now: silent past the timeout, or reported
+        down by its backup and silent past `fast` since; None while it is not."""
+        silent = now - primary.last_seen
+        if silent > self.timeout:
+            return "silence"
+        since = self.suspected.get(rank)
+        if since is None:
+            return None
+        if primary.last_seen > since:  # it beat after its connection dropped: alive
+            del self.suspected[rank]
+            return None
+        return "link_down" if silent > self.fast else None
+
     def _drop(self, b: Backup, primary: Member | None, why: str, now: float, out: list,
               members: Membership) -> None:
+        self.suspected.pop(b.rank, None)
         del self.backups[b.rank]
         self.lost += 1
         out.append(AppendEvent(now, "backup_lost", {"rank": b.rank, "addr": b.addr,
@@ -188,14 +232,17 @@ class Replicas:
                 self._drop(b, primary, f"silent for {now - b.last_seen:.1f} s", now, out,
                            members)
                 continue
-            if primary is not None and b.synced and now - primary.last_seen > self.timeout:
-                self._promote(b, primary, now, members, schedule, out)
-                promoted.append(rank)
+            if primary is not None and b.synced:
+                why = self._gone(rank, primary, now)
+                if why is not None:
+                    self._promote(b, primary, now, members, schedule, out, why)
+                    promoted.append(rank)
         return promoted
 
     def _promote(self, b: Backup, old: Member, now: float, members: Membership, schedule,
-                 out: list) -> None:
+                 out: list, why: str = "silence") -> None:
         rank = b.rank
+        self.suspected.pop(rank, None)
         del self.backups[rank]
         new = Member(rank, b.addr, now, link=b.link)
         members.roster.servers[f"s{rank}"] = new
@@ -206,7 +253,7 @@ class Replicas:
         out.append(ToServers("promote", {"rank": rank, "epoch": self.epoch}, (b.link,)))
         out.append(AppendEvent(now, "replica_promoted", {
             "rank": rank, "addr": b.addr, "old_addr": old.addr, "epoch": self.epoch,
-            "silent_s": round(now - old.last_seen, 3)}))
+            "silent_s": round(now - old.last_seen, 3), "after": why}))
         if schedule.pending_tag is not None:  # the dead primary will never confirm it
             out.append(AppendEvent(now, "checkpoint_aborted",
                                    {"tag": schedule.pending_tag, "server": rank}))
@@ -219,7 +266,8 @@ class Replicas:
             t = b.last_seen + self.timeout
             primary = members.roster.servers.get(f"s{rank}")
             if b.synced and primary is not None:
-                t = min(t, primary.last_seen + self.timeout)
+                limit = self.fast if rank in self.suspected else self.timeout
+                t = min(t, primary.last_seen + limit)
             if due is None or t < due:
                 due = t
         return None if due is None else due + 1e-6

@@ -76,7 +76,8 @@ class CoordinatorState:
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
                                        limits.restart_timeout)
         # Shard backups (--replicas 2): a dead primary's backup takes over (replicas.py).
-        self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout)
+        self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout,
+                                 fast=2 * limits.heartbeat_interval)
         self.takeback: TakeBack | None = None
         if take_back is not None:
             self.takeback = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,

@@ -252,6 +252,8 @@ class ServerNode:
         self.replica = ReplicaLink(ctx, self.keys, s.rank, backup, 2 * s.heartbeat_interval
                                    + s.coordinator_timeout, self.core, self._execute,
                                    self._notify)
+        if backup:  # its primary's dropped connection is told at once (replica_link.py)
+            self.replica.watch(self.router)
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if s.restore is not None:
@@ -343,7 +345,8 @@ class ServerNode:
             replica.tick(now)
             # Workers' requests wait while the backup's window of forwards is full.
             socks = (self.coord, *(() if replica.full else (self.router,)),
-                     *(() if replica.sock is None else (replica.sock,)))
+                     *(() if replica.sock is None else (replica.sock,)),
+                     *(() if replica.monitor is None else (replica.monitor,)))
             if socks != polled:
                 poller, polled = zmq.Poller(), socks
                 for sock in socks:
@@ -355,6 +358,8 @@ class ServerNode:
                 began = clock()
                 if sock is replica.sock:
                     replica.from_backup()
+                elif sock is replica.monitor:
+                    replica.from_monitor()
                 else:
                     self._drain(sock)
                 busy += clock() - began

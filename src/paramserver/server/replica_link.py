@@ -8,6 +8,12 @@ its arrays, under the original sender and request id, so the backup decodes it w
 codec's checks and its core applies it exactly as the primary's did (its dedup table keyed
 the same). The backup answers `fwd_ack` after each one; a refusal there means the copies
 differ, and the primary reports the backup lost.
+
+A backup watches its ROUTER's connections (a ZeroMQ socket monitor, as client/links.py
+watches a worker's): before its promotion the only peer connected there is its primary's
+DEALER, so a dropped connection means the primary is probably gone (a killed process's
+sockets close at once). It says so (`primary_down`); the coordinator promotes it once the
+primary has also been silent for a short deadline, instead of a whole heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 
 import numpy as np
 import zmq
+from zmq.utils import monitor
 
 from paramserver.net import rpc
 from paramserver.server.events import Reply
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 # Requests that change a shard: forwarded to its backup before the primary applies them.
 FORWARDED = frozenset(("init", "push", "push_sparse", "push_rows", "apply_round"))
 FROM_COORDINATOR = frozenset(("attach_backup", "backup_dropped", "promote"))
+# What a backup watches on its ROUTER: its primary's DEALER connecting and dropping.
+_WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 # Forwards in flight per backup; below the DEALER's high-water mark (64), so a send never
 # waits: a full window stops the primary reading workers' requests instead.
 WINDOW = 32
@@ -51,6 +60,9 @@ class ReplicaLink:
         self.primary: bytes | None = None
         self.epoch = 0
         self.applied = 0  # forwards a backup applied
+        self.monitor: zmq.Socket | None = None  # a backup's watch on its ROUTER (watch)
+        self._watched: zmq.Socket | None = None  # that ROUTER
+        self.down_told = False  # primary_down said since the last connection came
 
     # ---- the primary ----------------------------------------------------------------------------
     @property
@@ -128,6 +140,7 @@ class ReplicaLink:
             return None
         if msg.op == "promote":
             self.backup, self.primary = False, None
+            self._unwatch()  # workers connect and leave from now on
             log.warning("shard %d: promoted to primary (epoch %d) at version %d", self.rank,
                         msg["epoch"], self.core.store.version)
             return f"s{self.rank}"
@@ -214,7 +227,36 @@ class ReplicaLink:
         self.execute(rest)
         self.applied += 1
 
+    def watch(self, router: zmq.Socket) -> None:
+        """A backup: watch its ROUTER's connections for its primary's dropping (from_monitor
+        when `monitor` is readable)."""
+        self.monitor = router.get_monitor_socket(_WATCHED)
+        self.monitor.linger = 0
+        self._watched = router
+
+    def from_monitor(self) -> None:
+        """A synced backup whose primary's connection dropped tells the coordinator, once per
+        connection; the coordinator weighs it against the primary's heartbeats."""
+        m = self.monitor
+        while m is not None and m.poll(0):
+            event = monitor.recv_monitor_message(m)["event"]
+            if event == zmq.EVENT_ACCEPTED:
+                self.down_told = False
+            elif (event == zmq.EVENT_DISCONNECTED and self.backup and self.primary is not None
+                  and not self.down_told):
+                self.down_told = True
+                log.warning("shard %d backup: its primary's connection dropped", self.rank)
+                self.to_coordinator("primary_down", {"rank": self.rank, "epoch": self.epoch})
+
+    def _unwatch(self) -> None:
+        if self.monitor is not None:
+            # Off first: a ROUTER left monitoring into a closed socket stalls its connections.
+            self._watched.disable_monitor()
+            self.monitor.close(0)
+            self.monitor = self._watched = None
+
     def close(self) -> None:
+        self._unwatch()
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None

@@ -101,6 +101,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # primary -> coordinator
     "backup_synced": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "version": _f(NONNEG)},
     "backup_lost": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "reason": _f(STR)},
+    # backup -> coordinator: its primary's connection dropped (promoted sooner if it is silent)
+    "primary_down": {"rank": _f(NONNEG), "epoch": _f(NONNEG)},
     # primary -> backup: a request that changes the shard, as it came (its header as the first
     # uint8 array, then its arrays), numbered per link (seq) of attach `epoch`; the shard's
     # whole state to start from (sync: a JSON description, then each array's bytes);
