@@ -13,6 +13,8 @@ process with that tree first on PYTHONPATH, the trees' jobs interleaved; the fig
 are the medians per tree.
 
   python benchmarks/promotion_time.py --jobs 3 --kills 3 --trees src,/work/main/src
+
+(PROMOTION_RUN_DIR=DIR keeps a single job's run folder there, logs included.)
 """
 
 from __future__ import annotations
@@ -99,9 +101,6 @@ def one_job(kills: int, heartbeat_timeout: float) -> list[dict]:
             for t in threads:
                 t.start()
             for k in range(kills):
-                events = _events(run_dir)
-                synced = sum(e["event"] in ("backup_synced", "backup_rebuilt")
-                             and e["rank"] == 1 for e in events)
                 _wait(lambda: sum(e["event"] in ("backup_synced", "backup_rebuilt")
                                   and e["rank"] == 1 for e in _events(run_dir)) >= k + 1,
                       "synced backup of shard 1")
@@ -121,8 +120,7 @@ def one_job(kills: int, heartbeat_timeout: float) -> list[dict]:
                 took = time.monotonic() - killed
                 records.append({"promotion_s": round(took, 3),
                                 "silent_s": event.get("silent_s"),
-                                "after": event.get("after", "silence"), "kill": k,
-                                "synced_before": synced})
+                                "after": event.get("after", "silence"), "kill": k})
             stop.set()
             for t in threads:
                 t.join(30)
