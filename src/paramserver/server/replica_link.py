@@ -251,7 +251,10 @@ class ReplicaLink:
     def _unwatch(self) -> None:
         if self.monitor is not None:
             # Off first: a ROUTER left monitoring into a closed socket stalls its connections.
-            self._watched.disable_monitor()
+            try:
+                self._watched.disable_monitor()
+            except zmq.ZMQError:  # (the ROUTER closed already: nothing left to stall)
+                pass
             self.monitor.close(0)
             self.monitor = self._watched = None
 
