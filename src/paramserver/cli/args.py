@@ -135,6 +135,15 @@ def _batch_rule(text: str) -> str:
 batch_rule = _typed(_batch_rule, "batch rule")
 
 
+def _membership(text: str):
+    from paramserver.sim.membership import parse_membership
+    return parse_membership(text)
+
+
+# simulate's join@T[*N] / leave@T[:wR] schedule (sim/membership.py Schedule).
+membership = _typed(_membership, "membership")
+
+
 def checked_text(parser: Callable) -> Callable:
     """A flag whose value stays text for a config that stores text (SimConfig): checked here
     with the shared grammar, so a bad value fails at the flag, not inside the run."""
