@@ -13,6 +13,7 @@ import pytest
 from paramserver.cli.main import main
 from paramserver.policies import SYNC_POLICIES, make_policy
 from paramserver.policies.batch_rule import BatchRule
+from paramserver.report.collect import load_run
 from paramserver.report.timeline import membership_timeline
 from paramserver.sim import Engine, Network, NullSink, SimConfig, simulate
 from paramserver.sim.compute import parse_compute
@@ -223,6 +224,8 @@ def test_a_simulated_runs_folder_shows_the_membership_changes(tmp_path):
     assert {"kind": "membership", "change": "joined", "worker": 2, "workers": 3} == {
         k: v for k, v in next(r for r in records if r["kind"] == "membership").items()
         if k != "t"}
+    run = load_run(tmp_path, "sim", None, 0, [])  # what the report draws its timeline from
+    assert [r.text for r in run.timeline] == texts
     config = json.loads((tmp_path / "config.json").read_text())["config"]
     assert config["membership"]["changes"][0] == {"kind": "join", "at": 0.055, "worker": None}
 

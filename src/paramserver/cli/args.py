@@ -144,6 +144,15 @@ def _membership(text: str):
 membership = _typed(_membership, "membership")
 
 
+def _join_at(text: str):
+    from paramserver.spec.compare_plan import JoinAt
+    return JoinAt.parse(text)
+
+
+# compare's --join-at: seconds of training or N% of the budget (spec/compare_plan.py JoinAt).
+join_at = _typed(_join_at, "join_at")
+
+
 def checked_text(parser: Callable) -> Callable:
     """A flag whose value stays text for a config that stores text (SimConfig): checked here
     with the shared grammar, so a bad value fails at the flag, not inside the run."""

@@ -83,11 +83,12 @@ def script_settings(cfg) -> dict:
 
 
 def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
-               timeout: float | None = None) -> dict:
+               timeout: float | None = None, watch=None) -> dict:
     """One local job of `command` as the workers under `cfg` (see script_job), as
     train_cmd.run_training runs the built-in task: writes config.json (with the command),
     metrics.jsonl and summary.json into run_dir and returns the summary. A worker that exits
-    with an error fails the run (LaunchError), as a dead built-in worker would."""
+    with an error fails the run (LaunchError), as a dead built-in worker would.
+    `watch(cluster)`, if given, is called at every poll while the job runs (as run_training's)."""
     import json
 
     from paramserver.launch.local import LaunchError, LocalCluster
@@ -104,7 +105,7 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
                            restart_coordinator=cfg.restart_coordinator)
     with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, f"{cfg.sync} x{cfg.workers}",
                      quiet) as bar:
-        cluster.run(on_tick=bar.tick)
+        cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
     records = list(read_records(run_dir / "metrics.jsonl"))
     exits, tails = _worker_exits(cluster, "local")
     failures = worker_failures(exits, rank_records(records))

@@ -307,11 +307,12 @@ def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: 
 
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
                  timeout: float | None = None, resume: dict | None = None,
-                 launcher: dict | None = None) -> dict:
+                 launcher: dict | None = None, watch=None) -> dict:
     """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir.
 
     `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint; `launcher`
-    picks where the processes run (make_cluster).
+    picks where the processes run (make_cluster); `watch(cluster)`, if given, is called at
+    every poll while the job runs (compare's scheduled joins).
     """
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
@@ -328,7 +329,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     cluster = make_cluster(spec, run_dir, cfg, timeout, launcher)
     label = f"{cfg.sync} x{cfg.workers}"
     with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, label, quiet) as bar:
-        cluster.run(on_tick=bar.tick)
+        cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
     summary = summarize(read_records(run_dir / "metrics.jsonl"),
                         {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
