@@ -42,15 +42,24 @@ class Capture(NullSink):
         return [(t, d) for t, k, d in self.events if k == kind]
 
 
+class Watched(Engine):
+    """The engine, keeping each release it lets go (the round size the servers are told)."""
+
+    def _release(self, d, t):
+        self.released.append(d)
+        super()._release(d, t)
+
+
 def run(sync, workers, membership, *, max_samples=None, steps=None, compute="const:1ms",
         batch=10, rule=None, **options):
     schedule = parse_membership(membership)
     ranks = workers + schedule.joins
     sink = Capture()
     cost = parse_compute(compute).bind(ranks, 100, 0)
-    engine = Engine(make_policy(sync, batch, **options), workers, steps, cost, Network(),
+    engine = Watched(make_policy(sync, batch, **options), workers, steps, cost, Network(),
                     sink=sink, max_samples=max_samples, membership=schedule,
                     batch_rule=BatchRule.parse(rule or "fixed", batch, workers))
+    engine.released = []
     assert engine.run()
     return engine, sink
 
@@ -89,6 +98,9 @@ def test_bsp_rounds_take_joiners_from_the_next_round_and_drop_a_leaver_after_its
     for k, who in rounds.items():
         expected = {0, 1} if k < 6 else {0, 1, 2, 3} if k <= 10 else {0, 2, 3}
         assert who == expected, k
+    # Each release tells the servers the size of the round it opens: the same head counts.
+    sizes = {(d.step, d.round_size) for d in engine.released if not d.stop}
+    assert sizes == {(k, len(who)) for k, who in rounds.items()}
     # The rounds' times follow from it: 10 ms each, whoever is there.
     for r in sink.steps:
         assert r["t"] == pytest.approx(STEP * (r["step"] + 1))
