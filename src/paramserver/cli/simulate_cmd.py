@@ -59,7 +59,8 @@ def add_sim_args(p) -> None:
     p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
     p.add_argument("--workers", type=int, default=d.workers,
-                   help=f"virtual workers (default {d.workers})")
+                   help=f"virtual workers (default {d.workers}); with --membership the "
+                        f"workers it starts with, more may join")
     p.add_argument("--steps", type=int, default=None,
                    help=f"steps per worker (default {d.steps}, none with --max-samples)")
     p.add_argument("--max-samples", type=int, default=None,
@@ -222,8 +223,9 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help=SUMMARY["simulate"],
                        description="Drive the live sync policies with virtual workers in "
                                    "virtual time (discrete events):\ncompute-time models, "
-                                   "stragglers and server link contention; optionally train a "
-                                   "small\nmodel on the simulated schedule.",
+                                   "stragglers and server link contention, workers joining "
+                                   "and\nleaving (--membership); optionally train a small "
+                                   "model on the simulated schedule.",
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sim_args(p)
     add_train_args(p)
