@@ -108,10 +108,14 @@ model_size = _typed(lambda t: units.parse_count(t, "model size"), "count")
 AUTO = "auto"
 
 
-def _servers(text: str) -> int | str:
-    """A shard count, or "auto" (resolved once the model's size is known)."""
+def _servers(text: str):
+    """A shard count, "auto" (resolved once the model's size is known), or MIN:MAX (a job
+    that servers join and leave while it runs: spec/job.py ServerCount)."""
     if text.strip().lower() == AUTO:
         return AUTO
+    if ":" in text:
+        from paramserver.spec.job import ServerCount
+        return ServerCount.parse(text)
     return _count(1)(text)
 
 
