@@ -122,6 +122,20 @@ def _servers(text: str):
 servers = _typed(_servers, "servers")
 
 
+def _server_count(text: str):
+    """N, or MIN:MAX (servers join and leave while the job runs)."""
+    if ":" in text:
+        from paramserver.spec.job import ServerCount
+        return ServerCount.parse(text)
+    return _count(1)(text)
+
+
+server_count = _typed(_server_count, "servers")
+SERVERS_RANGE_HELP = ("or MIN:MAX: start MIN, let servers join (`paramserver server --join "
+                      "ADDR`) up to MAX and be drained (`paramserver drain`, or SIGTERM to a "
+                      "server) back to MIN while the job runs")
+
+
 def _workers(text: str):
     from paramserver.spec.job import WorkerCount
     return WorkerCount.parse(text)
