@@ -309,3 +309,32 @@ def test_a_worker_hears_the_map_in_heartbeat_answers_once_keys_moved():
         state.handle(Resharded("x", 1.4, 1, 1, link=link))
     out = state.handle(Heartbeat("w0", 1.5, to="hb1"))
     assert kinds(out, Reply)[0].fields == {"epoch": 1, "layout": state.members.shard_map()}
+
+
+# ---- checkpoints of a job whose servers came and went -----------------------------------------
+
+def test_a_checkpoint_is_read_back_with_the_server_count_it_was_taken_with(tmp_path):
+    import numpy as np
+
+    from paramserver.coordinator.checkpoint_keeper import (
+        CheckpointError, check_checkpoint, save_coordinator_state)
+    from paramserver.runlog.model_file import checkpoint_flat
+    from paramserver.server.checkpoint import write_shard
+
+    flat = np.arange(30, dtype=np.float32)
+    cuts = [(0, 7), (7, 19), (19, 30)]  # three servers at the checkpoint, the job started two
+    for rank, (lo, hi) in enumerate(cuts):
+        write_shard(str(tmp_path), "000000005", rank, {"values": flat[lo:hi].copy()},
+                    {"version": 5, "range": [lo, hi], "dtype": "float32", "updates_applied": 5})
+    state = {"rounds_applied": 5, "samples_done": 0, "steps_done": 0, "num_keys": 30,
+             "worker_samples": {}, "elapsed_s": 0.0}
+    save_coordinator_state(tmp_path, "000000005", {**state, "servers": 3})
+    assert check_checkpoint(tmp_path, "000000005", 2, "float32") == 3
+    np.testing.assert_array_equal(checkpoint_flat(tmp_path, "000000005", 2, "float32"), flat)
+    # Without the count recorded, the job's two are read, and the third part is missed.
+    save_coordinator_state(tmp_path, "000000006", state)
+    for rank, (lo, hi) in enumerate(cuts):
+        write_shard(str(tmp_path), "000000006", rank, {"values": flat[lo:hi].copy()},
+                    {"version": 6, "range": [lo, hi], "dtype": "float32", "updates_applied": 6})
+    with pytest.raises(CheckpointError, match="hold keys"):
+        check_checkpoint(tmp_path, "000000006", 2, "float32")

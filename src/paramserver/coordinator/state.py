@@ -724,6 +724,8 @@ class CoordinatorState:
             elapsed_s=0.0 if t_start is None else now - t_start)
         if self.elastic is not None:
             self._checkpoint_state["elastic"] = self.elastic.resume_state()
+        if self.reshard.enabled:  # the parts to read back: servers may have come and gone
+            self._checkpoint_state["servers"] = len(self.members.roster.servers)
         out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
                              self.members.server_links))
 
