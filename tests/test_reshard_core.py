@@ -338,3 +338,18 @@ def test_a_checkpoint_is_read_back_with_the_server_count_it_was_taken_with(tmp_p
                     {"version": 6, "range": [lo, hi], "dtype": "float32", "updates_applied": 6})
     with pytest.raises(CheckpointError, match="hold keys"):
         check_checkpoint(tmp_path, "000000006", 2, "float32")
+
+
+def test_servers_beating_under_their_new_names_before_the_commit_are_no_strangers():
+    state = started_job()
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    # The joiner got rank 2 (or another); it beats before the roster knows it.
+    for src, link in (("s2", "LN"), ("s1", "L0")):
+        out = state.handle(Heartbeat(src, 1.35, to="hb", link=link))
+        assert [r.op for r in kinds(out, Reply)] == ["ok"]
+    # A stranger still hears `unknown` (a coordinator restart's signal to register again).
+    out = state.handle(Heartbeat("s7", 1.35, to="hb", link="LX"))
+    assert kinds(out, Reply)[0].fields.get("code") == "unknown"

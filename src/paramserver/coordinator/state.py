@@ -597,6 +597,15 @@ class CoordinatorState:
                     out.append(Reply(e.to, "ok", _OK))
                 return
         role, member = self.members.find(e.src)
+        run = self.reshard.running
+        if run is not None and run.moving_since is not None and (
+                member is None or member.link != e.link) and (
+                run.ask.link == e.link
+                or any(m.link == e.link for m in self.members.roster.servers.values())):
+            # Keys on the move: a server beats under its new name before the roster has it
+            # (the joiner, a renumbered one); no stranger, so not told to register again.
+            out.append(Reply(e.to, "ok", _OK))
+            return
         if member is None:
             if e.src not in self.members.roster.gone:  # a coordinator restart: come back
                 out.append(Reply(e.to, "error", {"msg": f"unknown member {e.src!r}",
