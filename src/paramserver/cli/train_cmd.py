@@ -52,7 +52,10 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default {d.batch_rule})")
     p.add_argument("--servers", type=flag.servers, default=d.servers,
-                   help=f"shards, or {AUTO_SERVERS_HELP} (default {d.servers})")
+                   help=f"shards, or {AUTO_SERVERS_HELP}, or MIN:MAX: start MIN, let servers "
+                        f"join (`paramserver server --join`) up to MAX and be drained "
+                        f"(`paramserver drain`) back to MIN while training runs; key ranges "
+                        f"move to balance bytes and load (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
@@ -186,7 +189,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         sync=sync, sync_options=sync_options,
         workers=_max_workers(args.workers), min_workers=_min_workers(args.workers),
         batch_rule=getattr(args, "batch_rule", TrainConfig.batch_rule),
-        servers=args.servers, model=args.model,
+        servers=getattr(args.servers, "min", args.servers),
+        max_servers=getattr(args.servers, "max", 0), model=args.model,
         model_options=flag.options(args.model_opt), model_size=args.model_size,
         dataset=args.dataset,
         data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
@@ -404,6 +408,13 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     if tag is None:
         raise ValueError(f"cannot resume {run_dir}: no kept checkpoint in "
                          f"{cfg.checkpoint_dir} is usable")
+    from paramserver.coordinator.checkpoint_keeper import load_coordinator_state
+    had = load_coordinator_state(cfg.checkpoint_dir, tag).get("servers")
+    starts = int(job.get("servers", cfg.servers))
+    if isinstance(had, int) and had != starts:
+        raise ValueError(f"cannot resume {run_dir}: checkpoint {tag} was taken with {had} "
+                         f"servers (servers joined or left), the job starts with {starts}; "
+                         f"resuming on a changed server count is not supported yet")
     return cfg, run_dir, {"dir": cfg.checkpoint_dir, "tag": tag}
 
 
