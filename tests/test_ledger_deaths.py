@@ -245,3 +245,50 @@ def test_a_clock_consumes_the_pieces_of_its_own_step_only(size, ops):
     for epoch, positions in seen.items():
         assert len(positions) == len(set(positions))
         assert ledger.consumed(epoch) == len(positions)
+
+
+# ---- the same, one schedule at a time ------------------------------------------------------
+
+def _two_workers():
+    state = CoordinatorState(job("asp", 2, 4))  # both start at the barrier
+    state.handle(Registered("srv", "server", 0.0, to="r-srv", link="L", addr="tcp://h:1"))
+    for w in ("w0", "w1"):
+        state.handle(Registered(w, "worker", 0.1, to=("r", w)))
+    out = []
+    for w in ("w0", "w1"):
+        out += state.handle(Started(w, 0.5, to=("s", w), data_len=SIZE))
+    return state, {i.to[1]: i.samples for i in out if isinstance(i, SendRelease)}
+
+
+def test_a_repeated_clock_is_answered_with_the_same_samples():
+    state, lent = _two_workers()
+    first = next(i for i in state.handle(Clocked("w0", 0, 5, 0.1, 1.0, to=("c", "w0")))
+                 if isinstance(i, SendRelease))
+    assert first.to == ("c", "w0") and first.samples == [[0, 10, 15]]
+    again = state.handle(Clocked("w0", 0, 5, 0.1, 1.2, to=("c2", "w0")))
+    assert [(i.to, i.step, i.samples) for i in again if isinstance(i, SendRelease)] == [
+        (("c2", "w0"), 1, first.samples)]
+    assert state.elastic.ledger.consumed(0) == 5  # the repeat counted nothing
+
+
+def test_a_dead_workers_samples_go_back_once_and_its_late_clock_is_refused():
+    state, lent = _two_workers()
+    state.handle(Clocked("w0", 0, 5, 0.1, 1.0, to=("c", "w0")))  # w1 dies holding its release
+    state.handle(Heartbeat("w0", 5.9, to=("h", "w0")))
+    out = state.handle(TimePassed(6.0))
+    left = next(i for i in out if getattr(i, "kind", None) == "worker_left")
+    assert left.data["reason"] == "dead" and left.data["samples_returned"] == 5
+    ledger = state.elastic.ledger
+    assert ledger.free == {0: [tuple(lent["w1"][0][1:])]}
+    out = state.handle(Clocked("w1", 0, 5, 0.1, 6.1, to=("c", "w1")))  # it was only stalled
+    assert any(isinstance(i, Reply) and i.op == "error" for i in out)
+    assert ledger.consumed(0) == 5 and ledger.free  # not seen, still free
+    # the next release takes the dead worker's positions first, once
+    again = [i.samples for i in out if isinstance(i, SendRelease)]
+    assert again == []
+    state.handle(Registered("w2", "worker", 6.2, to=("r", "w2")))
+    out = state.handle(Started("w2", 6.3, to=("s", "w2"), data_len=SIZE))
+    handed = [p for i in out if isinstance(i, SendRelease) for p in i.samples] + [
+        p for s in again for p in s]
+    assert handed.count(lent["w1"][0]) == 1 and not ledger.free
+    ledger.check_invariants()
