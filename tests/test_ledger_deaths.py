@@ -162,7 +162,7 @@ def check(fleet: Fleet) -> None:
     ledger.check_invariants()
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(sync=st.sampled_from(["bsp", "ssp", "asp"]), lo=st.integers(1, 2),
        actions=ACTIONS)
 def test_every_sample_is_seen_once_whoever_dies(sync, lo, actions):
@@ -212,7 +212,7 @@ STEP_OPS = st.lists(st.tuples(st.sampled_from(["lend", "clock", "stale_clock", "
                               st.integers(0, 3), st.integers(0, 30)), max_size=80)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(size=st.integers(1, 40), ops=STEP_OPS)
 def test_a_clock_consumes_the_pieces_of_its_own_step_only(size, ops):
     ledger = SampleLedger(size)
