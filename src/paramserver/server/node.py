@@ -251,9 +251,7 @@ class ServerNode:
         # the coordinator attaches a backup to it.
         self.replica = ReplicaLink(ctx, self.keys, s.rank, backup, 2 * s.heartbeat_interval
                                    + s.coordinator_timeout, self.core, self._execute,
-                                   self._notify)
-        if backup:  # its primary's dropped connection is told at once (replica_link.py)
-            self.replica.watch(self.router)
+                                   self._notify, self.addr)
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if s.restore is not None:

@@ -9,11 +9,12 @@ codec's checks and its core applies it exactly as the primary's did (its dedup t
 the same). The backup answers `fwd_ack` after each one; a refusal there means the copies
 differ, and the primary reports the backup lost.
 
-A backup watches its ROUTER's connections (a ZeroMQ socket monitor, as client/links.py
-watches a worker's): before its promotion the only peer connected there is its primary's
-DEALER, so a dropped connection means the primary is probably gone (a killed process's
-sockets close at once). It says so (`primary_down`); the coordinator promotes it once the
-primary has also been silent for a short deadline, instead of a whole heartbeat timeout.
+A backup watches its primary: the sync names the primary's address, and the backup keeps an
+idle DEALER connected to it with a ZeroMQ socket monitor (as client/links.py watches a
+worker's shards; not on its own ROUTER, whose one monitor the CURVE guard owns). A dropped
+connection means the primary is probably gone (a killed process's sockets close at once): it
+says so (`primary_down`), and the coordinator promotes it once the primary has also been
+silent for a short deadline, instead of a whole heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ log = logging.getLogger(__name__)
 # Requests that change a shard: forwarded to its backup before the primary applies them.
 FORWARDED = frozenset(("init", "push", "push_sparse", "push_rows", "apply_round"))
 FROM_COORDINATOR = frozenset(("attach_backup", "backup_dropped", "promote"))
-# What a backup watches on its ROUTER: its primary's DEALER connecting and dropping.
-_WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+# What a backup's DEALER to its primary watches: the connection up (its handshake done, so a
+# peer refusing it is never taken for a primary that died) and dropping.
+_WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 # Forwards in flight per backup; below the DEALER's high-water mark (64), so a send never
 # waits: a full window stops the primary reading workers' requests instead.
 WINDOW = 32
@@ -50,8 +52,9 @@ class ReplicaLink:
     core instructions, `to_coordinator(op, fields)` tells the coordinator."""
 
     def __init__(self, ctx: zmq.Context, keys, rank: int, backup: bool, timeout: float,
-                 core, execute, to_coordinator):
+                 core, execute, to_coordinator, addr: str = ""):
         self.ctx, self.keys, self.rank = ctx, keys, rank
+        self.addr = addr  # this server's: a primary names it in the sync (its backup watches)
         self.backup = backup  # a backup until promoted
         self.core, self.execute, self.to_coordinator = core, execute, to_coordinator
         self.forwarder = Forwarder(WINDOW, timeout)
@@ -60,9 +63,10 @@ class ReplicaLink:
         self.primary: bytes | None = None
         self.epoch = 0
         self.applied = 0  # forwards a backup applied
-        self.monitor: zmq.Socket | None = None  # a backup's watch on its ROUTER (watch)
-        self._watched: zmq.Socket | None = None  # that ROUTER
-        self.down_told = False  # primary_down said since the last connection came
+        # A backup's watch on its primary: an idle DEALER to it and that DEALER's monitor.
+        self.watcher: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None
+        self.up = False  # the watcher's connection is up
 
     # ---- the primary ----------------------------------------------------------------------------
     @property
@@ -157,6 +161,8 @@ class ReplicaLink:
             seq = fw.attach(msg["addr"], msg["epoch"], time.monotonic())
             fields, arrays = sync_payload(self.core)
             fields.update(seq=seq, epoch=fw.epoch)
+            if self.addr:
+                fields["addr"] = self.addr  # the backup watches it (from_monitor)
             # (a copy: the values change under a zero-copy send still in flight)
             rpc.send(self.sock, Message("sync", fields, [np.array(a) for a in arrays],
                                         src=f"s{self.rank}"))
@@ -188,6 +194,7 @@ class ReplicaLink:
             else:
                 load_sync(self.core, msg.arrays)
                 self.primary, self.epoch = ident, epoch
+                self._watch(msg.get("addr"))
                 log.info("shard %d: backup synced at version %d (attach %d)", self.rank,
                          self.core.store.version, epoch)
         elif ident != self.primary or epoch != self.epoch:
@@ -227,12 +234,18 @@ class ReplicaLink:
         self.execute(rest)
         self.applied += 1
 
-    def watch(self, router: zmq.Socket) -> None:
-        """A backup: watch its ROUTER's connections for its primary's dropping (from_monitor
-        when `monitor` is readable)."""
-        self.monitor = router.get_monitor_socket(_WATCHED)
+    def _watch(self, addr: str | None) -> None:
+        """A backup synced by the primary at `addr`: an idle DEALER to it, whose monitor says
+        when the connection drops (from_monitor, when `monitor` is readable). It sends
+        nothing; a primary that names no address is not watched (its death waits for the
+        heartbeat timeout)."""
+        self._unwatch()
+        if not addr:
+            return
+        self.watcher = connect_dealer(self.ctx, addr, keys=self.keys, send_timeout=0,
+                                      max_message=CONTROL_MESSAGE_BYTES, peer="server")
+        self.monitor = self.watcher.get_monitor_socket(_WATCHED)
         self.monitor.linger = 0
-        self._watched = router
 
     def from_monitor(self) -> None:
         """A synced backup whose primary's connection dropped tells the coordinator, once per
@@ -240,23 +253,24 @@ class ReplicaLink:
         m = self.monitor
         while m is not None and m.poll(0):
             event = monitor.recv_monitor_message(m)["event"]
-            if event == zmq.EVENT_ACCEPTED:
-                self.down_told = False
-            elif (event == zmq.EVENT_DISCONNECTED and self.backup and self.primary is not None
-                  and not self.down_told):
-                self.down_told = True
-                log.warning("shard %d backup: its primary's connection dropped", self.rank)
-                self.to_coordinator("primary_down", {"rank": self.rank, "epoch": self.epoch})
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up = True
+            elif event == zmq.EVENT_DISCONNECTED and self.up:
+                self.up = False
+                if self.backup and self.primary is not None:
+                    log.warning("shard %d backup: its primary's connection dropped", self.rank)
+                    self.to_coordinator("primary_down", {"rank": self.rank,
+                                                         "epoch": self.epoch})
 
     def _unwatch(self) -> None:
-        if self.monitor is not None:
-            # Off first: a ROUTER left monitoring into a closed socket stalls its connections.
-            try:
-                self._watched.disable_monitor()
-            except zmq.ZMQError:  # (the ROUTER closed already: nothing left to stall)
-                pass
+        if self.watcher is not None:
+            # The monitor off before its socket closes: a socket left monitoring into a
+            # closed one can stall the context's I/O.
+            self.watcher.disable_monitor()
             self.monitor.close(0)
-            self.monitor = self._watched = None
+            self.watcher.close(0)
+            self.watcher = self.monitor = None
+            self.up = False
 
     def close(self) -> None:
         self._unwatch()

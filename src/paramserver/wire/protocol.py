@@ -112,7 +112,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # whole state to start from (sync: a JSON description, then each array's bytes);
     # backup -> primary: every forward up to seq is applied
     "fwd": {"seq": _f(NONNEG), "epoch": _f(NONNEG)},
-    "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False)},
+    "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False),
+             "addr": _f(STR, False)},  # addr: the primary's, which its backup watches
     "fwd_ack": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "refused": _f(STR, False)},
     # live resharding (--servers MIN:MAX; coordinator/reshard.py, server/handoff.py):
     # coordinator -> server: the new layout and the old, [[rank, addr, lo, hi], ...]
