@@ -2,8 +2,10 @@
 workers push; its backup's socket monitor sees the connection drop and says so, the
 coordinator promotes it after 2 heartbeat intervals (not the heartbeat timeout), and the
 promoted server goes on serving: pushes are acknowledged and a new backup is synced from it.
+Plaintext and CURVE (where the backup's watch must leave the CURVE guard's monitor alone).
 The same logic on the pure core is tests/test_replicas_fast.py."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -12,21 +14,35 @@ import numpy as np
 import pytest
 
 from paramserver.client.kv import KVWorker
-from ps_helpers import make_job, running_job, run_events, server_listening_at, wait_for
+from paramserver.launch.local import LocalCluster
+from ps_helpers import make_job, run_events, server_listening_at, wait_for
 
 pytestmark = pytest.mark.slow
 
 KEYS = 200
 
 
-def test_a_killed_primary_is_promoted_away_on_its_backups_word(tmp_path):
+@contextlib.contextmanager
+def _cluster(tmp_path, job, curve: bool):
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120,
+                           keys="ephemeral" if curve else None)
+    try:
+        cluster.start(spawn_workers=False)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plaintext", "curve"])
+def test_a_killed_primary_is_promoted_away_on_its_backups_word(tmp_path, curve):
     # heartbeat interval 0.2 s (make_job): promoted after 0.4 s of silence, the timeout is 4 s
     job = make_job(KEYS, 2, 2, sync="asp", replicas=2, retry_interval=0.5,
                    heartbeat_timeout=4.0)
-    with running_job(tmp_path, job) as cluster:
+    with _cluster(tmp_path, job, curve) as cluster:
         supervisor = threading.Thread(target=cluster.wait, daemon=True)
         supervisor.start()
-        kvs = [KVWorker(cluster.address) for _ in range(2)]
+        kvs = [KVWorker(cluster.address, keys=cluster.client_keys("worker"))
+               for _ in range(2)]
         acked, errors, stop = [0, 0], [], threading.Event()
 
         def push(i, kv):
