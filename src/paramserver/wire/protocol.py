@@ -80,12 +80,16 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # a read-only observer (`paramserver top ADDRESS`): the metrics records after `since`
     "observe": {"since": _f(NONNEG)},
     # coordinator -> others
-    "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False)},
+    "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False),
+                # live resharding: the shard map's epoch the job's `shards` are
+                "epoch": _f(NONNEG, False)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
                 "round_size": _f(NONNEG, False),
                 # an elastic job: [[epoch, lo, hi], ...] of the epochs' permutations to train on
-                "samples": _f(LIST, False)},
+                "samples": _f(LIST, False),
+                # live resharding: a newer shard map, [[rank, addr, lo, hi], ...], and its epoch
+                "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
@@ -123,8 +127,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                  "more": _f(BOOL, False)},
     # either direction
     "ok": {"epoch": _f(NONNEG, False),  # a worker's heartbeat answered after a takeover:
-           "shards": _f(LIST, False)},  # the moved shards, [[rank, addr], ...]
-    "error": {"msg": _f(STR), "code": _f(STR, False)},
+           "shards": _f(LIST, False),  # the moved shards, [[rank, addr], ...]
+           "layout": _f(LIST, False)},  # live resharding: the shard map of `epoch`
+    "error": {"msg": _f(STR), "code": _f(STR, False),
+              # code "moved" (live resharding): the shard map the refusing server follows
+              "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
 }
 
 OPS = frozenset(SCHEMAS)
