@@ -108,7 +108,7 @@ NUM_KEYS = 100
 class FakeJob:
     """A fake coordinator and shard servers in one thread (see the module docstring)."""
 
-    def __init__(self, servers: int, **job):
+    def __init__(self, servers: int, apply_mode: str = "arrival", **job):
         self.ctx = new_context()
         self.stop = threading.Event()
         self.routers = [bind_router(self.ctx) for _ in range(servers + 1)]
@@ -125,7 +125,7 @@ class FakeJob:
         self.moved_to(0, [[r, a, lo, hi] for r, (a, (lo, hi)) in enumerate(
             zip(self.addrs, [(0, 50), (50, 100)]))])
         spec = JobSpec.from_dict(make_job(NUM_KEYS, 2, 1, preflight=False, **job))
-        self.job = WorkerJob.of(spec, NUM_KEYS, [tuple(s) for s in self.layout], "arrival",
+        self.job = WorkerJob.of(spec, NUM_KEYS, [tuple(s) for s in self.layout], apply_mode,
                                 "asp", 0).to_dict()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -320,5 +320,18 @@ def test_a_delta_pull_refused_moved_is_redone_dense_and_a_chunked_push_is_refuse
             fake.moved_to(2, [[0, c, 0, 100]])
             with pytest.raises(RemoteError, match="chunked push met a moved shard"):
                 kv.push(np.ones(NUM_KEYS, np.float32), step=0, batch=1)
+    finally:
+        fake.close()
+
+
+def test_a_round_mode_push_meeting_moved_raises_naming_the_server_and_the_map():
+    fake = FakeJob(2, apply_mode="round")
+    a, b = fake.addrs[:2]
+    try:
+        with KVWorker(fake.coord_addr, heartbeat=False, keys=None) as kv:
+            fake.moved_to(4, [[0, b, 0, 100]])
+            with pytest.raises(RemoteError, match="round-mode push met a moved shard") as err:
+                kv.push(np.ones(NUM_KEYS), step=0, batch=1, round_size=1)
+            assert f"at {a} refused push" in str(err.value) and "shard map 4" in str(err.value)
     finally:
         fake.close()

@@ -347,7 +347,10 @@ class KVWorker:
         if resend and handle.kind not in ("push", "init"):
             raise RemoteError(f"{moved}; a {handle.kind} is not sent again under a new shard "
                               f"map") from None
-        if resend and (handle.stream is not None or not self._arrival):
+        # A chunk's or round's part refused cannot be told from the rest (a round counts its
+        # messages): only one-message parts of arrival-mode pushes (and inits) go again.
+        if resend and (handle.stream is not None or (handle.kind == "push"
+                                                     and not self._arrival)):
             what = "chunked" if handle.stream is not None else "round-mode"
             raise RemoteError(f"a {what} {handle.kind} met a moved shard: {moved}; only one-"
                               f"message pushes in arrival mode are sent again under a new "
