@@ -13,6 +13,11 @@ Usage::
 Requests are sliced across shards and their replies reassembled. `push_async`/`pull_async`
 return a Handle; `kv.wait(handle)` finishes it (like ps-lite's timestamps). A buffer passed to
 an async push is sent zero-copy: do not modify it before the handle is waited on.
+
+In a job whose servers join and leave (`--servers MIN:MAX`), key ranges move between servers
+while it runs: the client follows each new shard map (heard in a release, a heartbeat answer or
+a server's `moved` refusal) at a quiet point, and a request a server refused `moved` is sent
+again under the new map by wait() (see adopt and _follow_moved).
 """
 
 from __future__ import annotations
@@ -335,6 +340,7 @@ class KVWorker:
         self.core.reshard(layout.ranges)
         self._chunking(self._settings)
         self._dense_next = True
+        self.session.flight.record("reshard", epoch=layout.epoch, shards=len(shards))
         log.info("%s %s follows shard map %d: %s", self.session.me.role, self.rank,
                  layout.epoch, ", ".join(f"s{s.rank} [{s.range.lo}, {s.range.hi}) at {s.addr}"
                                          for s in shards))
