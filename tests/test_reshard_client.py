@@ -155,8 +155,9 @@ class FakeJob:
     def _coordinate(self, msg: Message) -> Message:
         if msg.op == "register":
             return Message("welcome", {"rank": 0, "job": self.job, "epoch": 0})
-        if msg.op == "start":
-            fields = {"step": 0, "batch": 1, "min_version": 0}
+        if msg.op in ("start", "clock"):
+            step = msg["step"] + 1 if msg.op == "clock" else 0
+            fields = {"step": step, "batch": 1, "min_version": 0}
             if self.release_layout is not None:
                 fields["epoch"], fields["layout"] = self.release_layout
             return Message("release", fields)
@@ -333,5 +334,46 @@ def test_a_round_mode_push_meeting_moved_raises_naming_the_server_and_the_map():
             with pytest.raises(RemoteError, match="round-mode push met a moved shard") as err:
                 kv.push(np.ones(NUM_KEYS), step=0, batch=1, round_size=1)
             assert f"at {a} refused push" in str(err.value) and "shard map 4" in str(err.value)
+    finally:
+        fake.close()
+
+
+def test_a_release_naming_a_new_map_while_a_pull_sent_ahead_is_in_flight_waits_for_it():
+    """Round mode's pull ahead: the release of the next step names the new map while the pull
+    sent under the old one is unanswered; the client switches before its next request."""
+    fake = FakeJob(3, apply_mode="round")
+    a, b, c = fake.addrs
+    try:
+        with KVWorker(fake.coord_addr, heartbeat=False, keys=None) as kv:
+            fake.values[:] = np.arange(NUM_KEYS)
+            kv.start()
+            ahead = kv.pull_async()
+            fake.release_layout = (1, new := [[0, c, 0, 25], [1, a, 25, 100]])
+            kv.clock(0, batch=1, compute_time=0.0)
+            assert kv.shard_epoch == 0  # not while the pull is in flight
+            np.testing.assert_array_equal(kv.wait(ahead), np.arange(NUM_KEYS))
+            fake.moved_to(1, new)  # (the servers switched at the fence, after answering it)
+            kv.push(np.ones(NUM_KEYS), step=1, batch=1, round_size=1)
+            assert kv.shard_epoch == 1 and [s.addr for s in kv.shards] == [c, a]
+            assert fake.refused == [] and by_server(fake.applied) == {
+                k: [owner(new, k)] for k in range(NUM_KEYS)}
+    finally:
+        fake.close()
+
+
+def test_pipelined_pushes_all_refused_are_each_sent_again_once():
+    """Two async pushes in flight when the map changes: the first one's wait follows the map
+    once the second's replies are in too, and the second's refused parts go again as well."""
+    fake = FakeJob(3)
+    a, b, c = fake.addrs
+    try:
+        with KVWorker(fake.coord_addr, heartbeat=False, keys=None) as kv:
+            fake.moved_to(1, new := [[0, c, 0, 40], [1, b, 40, 100]])
+            h1 = kv.push_async(np.ones(NUM_KEYS), step=0, batch=1)
+            h2 = kv.push_async(np.full(NUM_KEYS, 2.0), step=0, batch=1)
+            assert kv.wait(h1) == 0 and kv.wait(h2) == 0
+            np.testing.assert_array_equal(fake.values, np.full(NUM_KEYS, 3.0))
+            assert by_server(fake.applied) == {k: [owner(new, k)] * 2 for k in range(NUM_KEYS)}
+            assert set(fake.refused) == {(a, "push")}
     finally:
         fake.close()

@@ -370,7 +370,8 @@ class KVWorker:
         self.requests.drain(f"requests in flight before shard map {moved.epoch}")
         if self._layouts.behind:
             self._switch()
-        elif not newer:  # the server has not switched to the map we follow yet: a pause
+        elif not newer and not self.core.stale.issuperset(moved.refused):
+            # Refused under the map we follow: its server has not switched yet; a pause.
             waited = time.monotonic() - since
             if waited > self.timeout:
                 raise RemoteError(f"{moved}; still refused under shard map "
