@@ -1,0 +1,233 @@
+"""Live resharding, the server side: handoff pieces against direct slicing, the `moved`
+refusal of the shard core, and two live ServerNodes moving keys on a `reshard`."""
+
+import numpy as np
+import pytest
+
+from paramserver.server.core import ShardCore
+from paramserver.server.events import Init, Pull, Push, PushSparse, ShardSettings, Status
+from paramserver.server.handoff import (
+    Assembly, HandoffError, Piece, cut, parse_layout, piece_keys, plan,
+)
+from paramserver.wire import Message, decode, encode
+
+N = 200
+
+
+def settings(rank, lo, hi, optimizer="momentum", **options):
+    return ShardSettings(rank=rank, lo=lo, hi=hi, dtype="float32", apply_mode="arrival",
+                         optimizer=optimizer, lr=0.1, optimizer_options=options)
+
+
+def layout(cuts, addrs):
+    return [[r, a, lo, hi] for r, (a, lo, hi) in enumerate(zip(addrs, cuts[:-1], cuts[1:]))]
+
+
+def random_cuts(rng, shards):
+    inner = sorted(rng.choice(np.arange(1, N), size=shards - 1, replace=False).tolist())
+    return [0, *inner, N]
+
+
+def trained_cores(rng, cuts, optimizer, **options):
+    """One core per old shard, initialized and pushed to by two workers (each worker's
+    optimizer state appears with its first push)."""
+    cores = []
+    for r, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        c = ShardCore(settings(r, lo, hi, optimizer, **options))
+        c.handle(Init("i", lo, hi, rng.standard_normal(hi - lo).astype(np.float32)))
+        for rid in range(1, 6):
+            for w in ("w0", "w1"):
+                g = rng.standard_normal(hi - lo).astype(np.float32)
+                assert c.handle(Push("t", w, rid, lo, hi, g, rid, 1, 0))[-1].op == "ack"
+        cores.append(c)
+    return cores
+
+
+def global_arrays(cores):
+    """The reference: every per-key array of the old shards concatenated over the key space."""
+    names = set().union(*(c.store.state for c in cores))
+    out = {"values": np.concatenate([c.store.values.numpy() for c in cores])}
+    for name in names:
+        out[name] = np.concatenate([
+            c.store.state[name].numpy() if name in c.store.state
+            else np.zeros(c.store.range.size, np.float32) for c in cores])
+    return out
+
+
+def wire(piece, epoch):
+    """A piece through the real codec: what a receiver parses."""
+    fields, arrays = piece.message(epoch)
+    msg = decode(encode(Message("handoff", fields, arrays, src="s0")))
+    return Piece.parse(msg.fields, msg.arrays, "float32")
+
+
+@pytest.mark.parametrize("optimizer,options", [("momentum", {"momentum": 0.9}),
+                                               ("adagrad-global", {}),
+                                               ("adagrad-global", {"granularity": "worker"})])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pieces_assemble_shifted_ranges_exactly_as_direct_slicing(seed, optimizer, options):
+    rng = np.random.default_rng(seed)
+    old_n, new_n = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    old_cuts, new_cuts = random_cuts(rng, old_n), random_cuts(rng, new_n)
+    # Some servers stay (maybe under another rank), some leave, some join.
+    pool = [f"tcp://h:{p}" for p in range(8)]
+    old_addrs = list(rng.permutation(pool[:5])[:old_n])
+    new_addrs = list(rng.permutation(pool[2:])[:new_n])
+    old, new = layout(old_cuts, old_addrs), layout(new_cuts, new_addrs)
+    cores = trained_cores(rng, old_cuts, optimizer, **options)
+    ref = global_arrays(cores)
+    by_addr = dict(zip(old_addrs, cores))
+    assemblies = {a: Assembly(lo, hi, "float32") for _, a, lo, hi in new}
+    max_keys = int(rng.integers(1, 30))
+    for addr in set(old_addrs) | set(new_addrs):
+        move = plan(3, old, new, addr)
+        assert move.drained == (addr not in new_addrs)
+        if move.kept is not None:
+            assemblies[addr].keep(by_addr[addr].store, *move.kept)
+        for to, lo, hi in move.sends:
+            pieces = cut(by_addr[addr].store, lo, hi, max_keys)
+            assert [p.lo for p in pieces] == list(range(lo, hi, max_keys))
+            assert all(p.hi - p.lo <= max_keys for p in pieces)
+            for p in pieces:
+                assemblies[to].add(wire(p, 3))
+    for r, (_, addr, lo, hi) in enumerate(new):
+        asm = assemblies[addr]
+        assert asm.whole and asm.missing() == []
+        core = ShardCore(settings(r, lo, hi, optimizer, **options))
+        asm.install(core.store)
+        np.testing.assert_array_equal(core.store.values.numpy(), ref["values"][lo:hi])
+        for name, t in core.store.state.items():
+            if t.shape == core.store.values.shape and name in ref:
+                np.testing.assert_array_equal(t.numpy(), ref[name][lo:hi], err_msg=name)
+        assert core.store.version == max(c.store.version for c in cores
+                                         if c.store.range.lo < hi and lo < c.store.range.hi)
+        if options.get("granularity") == "worker":  # scalar state: one contributor's
+            assert {n for n in core.store.state if n.startswith("sumsq/")} == {"sumsq/w0",
+                                                                               "sumsq/w1"}
+
+
+def test_assembly_takes_every_key_once_and_says_what_is_missing():
+    asm = Assembly(10, 30, "float32")
+    assert asm.missing() == [(10, 30)] and not asm.whole
+    asm.add(Piece(15, 20, 4, np.ones(5, np.float32)))
+    asm.add(Piece(25, 30, 7, np.full(5, 2, np.float32)))
+    assert asm.missing() == [(10, 15), (20, 25)]
+    with pytest.raises(HandoffError, match="overlaps"):
+        asm.add(Piece(18, 22, 4, np.ones(4, np.float32)))
+    with pytest.raises(HandoffError, match="outside"):
+        asm.add(Piece(28, 31, 4, np.ones(3, np.float32)))
+    with pytest.raises(HandoffError, match="float32"):
+        asm.add(Piece(10, 12, 4, np.ones(2, np.float64)))
+    asm.add(Piece(10, 15, 1, np.zeros(5, np.float32)))
+    asm.add(Piece(20, 25, 1, np.zeros(5, np.float32)))
+    assert asm.whole and asm.version == 7
+    core = ShardCore(settings(0, 10, 30))
+    with pytest.raises(HandoffError, match="missing"):
+        Assembly(10, 31, "float32").install(core.store)
+    asm.install(core.store, version_floor=9)
+    assert core.store.version == 9 and core.store.initialized
+    assert core.store.values.numpy().tolist() == [0] * 5 + [1] * 5 + [0] * 5 + [2] * 5
+    assert core.store.state["momentum"].numpy().tolist() == [0] * 20  # none came: zeros
+
+
+def test_plan_join_drain_and_bad_layouts():
+    old = [[0, "a", 0, 50], [1, "b", 50, 100]]
+    new = [[0, "a", 0, 30], [1, "c", 30, 70], [2, "b", 70, 100]]
+    assert plan(1, old, new, "a").sends == (("c", 30, 50),)
+    assert plan(1, old, new, "a").kept == (0, 30)
+    joiner = plan(1, old, new, "c")
+    assert joiner.old is None and joiner.sends == () and joiner.new.rank == 1
+    assert plan(1, old, new, "b").new.rank == 2
+    drained = plan(2, new, old, "c")
+    assert drained.drained and drained.sends == (("a", 30, 50), ("b", 50, 70))
+    for bad, why in [([[0, "a", 0, 50], [1, "b", 60, 100]], "previous one ends"),
+                     ([[1, "a", 0, 100]], "ranks go"),
+                     ([[0, "a", 0, 50], [1, "a", 50, 100]], "twice"),
+                     ([[0, "a", 0]], "rank, addr, lo, hi"),
+                     ([[0, "a", 50, 10]], "shards.hi")]:
+        with pytest.raises(HandoffError, match=why):
+            parse_layout(bad)
+    with pytest.raises(HandoffError, match="covers"):
+        plan(1, old, [[0, "a", 0, 90]], "a")
+    with pytest.raises(HandoffError, match="neither"):
+        plan(1, old, new, "z")
+    assert piece_keys(4, 100 << 20, 16 << 20) == 4 << 20
+    assert piece_keys(4, 2 << 20, 16 << 20) == 1 << 18  # half the receiver's frame limit
+
+
+def test_piece_that_does_not_match_its_header_is_refused():
+    fields, arrays = Piece(0, 4, 1, np.ones(4, np.float32),
+                           (("momentum", np.ones(4, np.float32)),)).message(0)
+    with pytest.raises(HandoffError, match="carries"):
+        Piece.parse(fields, arrays[:1], "float32")
+    with pytest.raises(HandoffError, match="expected float32"):
+        Piece.parse(fields, [arrays[0], np.ones(3, np.float32)], "float32")
+    with pytest.raises(HandoffError, match="empty"):
+        Piece.parse({**fields, "hi": 0}, arrays, "float32")
+
+
+# ---- the core's `moved` refusal -----------------------------------------------------------------
+LAYOUT = [[0, "a", 0, 10], [1, "b", 10, 20]]
+
+
+def resharded_core():
+    """Shard [0, 20) with one push applied (rid 1), then resharded to keep [0, 10)."""
+    c = ShardCore(settings(0, 0, 20, "sgd"))
+    c.handle(Init("i", 0, 20, np.zeros(20, np.float32)))
+    assert c.handle(Push("t", "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))[-1].op == "ack"
+    asm = Assembly(0, 10, "float32")
+    asm.keep(c.store, 0, 10)
+    c2, out = c.successor(settings(0, 0, 10, "sgd"), asm, 1, LAYOUT)
+    assert out == []
+    return c2
+
+
+def test_requests_outside_the_range_are_refused_moved_with_nothing_applied():
+    c = resharded_core()
+    before = c.store.values.numpy().copy()
+    requests = [Push(("w", 2), "w", 2, 5, 15, np.ones(10, np.float32), 1, 1, 1),
+                PushSparse(("w", 3), "w", 3, np.array([3, 12]), np.ones(2, np.float32), 1, 1,
+                           1),
+                Pull(("w", 4), 0.0, 0, 10, 12),
+                Pull(("w", 5), 0.0, 0, keys=np.array([0, 19])),
+                Init(("w", 6), 0, 20, np.zeros(20, np.float32))]
+    for ev in requests:
+        (reply,) = c.handle(ev)
+        assert reply.op == "error" and reply.fields["code"] == "moved", ev
+        assert reply.fields["epoch"] == 1 and reply.fields["layout"] == LAYOUT
+    np.testing.assert_array_equal(c.store.values.numpy(), before)
+    assert c.store.updates_applied == 1 and c.duplicates == 0
+    # Nothing of them is in the dedup table: the same rids in range are applied as new.
+    assert c.handle(Push(("w", 2), "w", 2, 0, 10, np.ones(10, np.float32), 1, 1, 1))[-1].op \
+        == "ack"
+    assert c.store.updates_applied == 2 and c.duplicates == 0
+    assert c.handle(Pull("p", 0.0, 0, 0, 10))[0].op == "values"
+
+
+def test_retry_of_a_push_applied_before_the_reshard_is_answered_not_moved():
+    c = resharded_core()
+    (ack,) = c.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))
+    assert ack.op == "ack" and c.duplicates == 1 and c.store.updates_applied == 1
+    # A drained server (an empty range) still answers it, and refuses everything else.
+    d, _ = c.successor(settings(0, 10, 10, "sgd"), None, 2, [[0, "b", 0, 20]])
+    assert d.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))[0].op \
+        == "ack"
+    (moved,) = d.handle(Pull(("w", 9), 0.0, 0, 0, 1))
+    assert moved.fields["code"] == "moved" and moved.fields["epoch"] == 2
+    assert d.handle(Status("s"))[0].fields["state"]["duplicates"] == 2
+
+
+def test_waiting_pulls_are_served_or_moved_by_the_successor():
+    c = ShardCore(settings(0, 0, 20, "sgd"))
+    c.handle(Init("i", 0, 20, np.zeros(20, np.float32)))
+    assert c.handle(Pull(("p", 1), 0.0, 5, 0, 5)) == ()  # waits for version 5
+    assert c.handle(Pull(("p", 2), 0.0, 5, 15, 20)) == ()
+    asm = Assembly(0, 10, "float32")
+    asm.keep(c.store, 0, 10)
+    c2, out = c.successor(settings(0, 0, 10, "sgd"), asm, 1, LAYOUT, version_floor=5)
+    by_to = {r.to: r for r in out}
+    assert by_to[("p", 1)].op == "values" and by_to[("p", 1)].fields["version"] == 5
+    assert by_to[("p", 2)].fields["code"] == "moved"
+    # Without a known layout a request outside is bad input, as before resharding existed.
+    (refused,) = ShardCore(settings(0, 0, 10, "sgd")).handle(Pull("x", 0.0, 0, 5, 15))
+    assert refused.fields["code"] == "refused"
