@@ -231,3 +231,150 @@ def test_waiting_pulls_are_served_or_moved_by_the_successor():
     # Without a known layout a request outside is bad input, as before resharding existed.
     (refused,) = ShardCore(settings(0, 0, 10, "sgd")).handle(Pull("x", 0.0, 0, 5, 15))
     assert refused.fields["code"] == "refused"
+
+
+# ---- two (then three) live ServerNodes, driven by a test ROUTER acting as the coordinator ------
+class FakeCoordinator:
+    """A ROUTER on 127.0.0.1 that welcomes servers and sends them what the coordinator's
+    reshard would (coordinator/reshard.py is the real one); every wait bounded."""
+
+    def __init__(self, ctx):
+        import zmq
+        self.zmq = zmq
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.addr = f"tcp://127.0.0.1:{port}"
+        self.idents = {}  # server addr -> ROUTER identity
+
+    def recv(self, op, timeout=10.0):
+        """The next message `op` from a server (heartbeats and the like skipped)."""
+        from paramserver.net import rpc
+        import time
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.sock.poll(int(max(0.0, end - time.monotonic()) * 1000)):
+                ident, msg, _ = rpc.recv(self.sock, True)
+                if msg is not None and msg.op == op:
+                    return ident, msg
+        raise AssertionError(f"no {op} from a server within {timeout} s")
+
+    def welcome(self, ident, rank, lo, hi, **extra):
+        from paramserver.net import rpc
+        from paramserver.spec.job import OptimizerSpec
+        from paramserver.spec.welcome import ServerJob
+        job = ServerJob((lo, hi), "float32", "arrival", OptimizerSpec("momentum", 0.5,
+                                                                      {"momentum": 0.5}),
+                        heartbeat_interval=0.5, coordinator_timeout=60.0, server_threads=1)
+        rpc.send(self.sock, Message("welcome", {"rank": rank, "job": job.to_dict(), **extra},
+                                    src="coordinator"), ident)
+
+    def send(self, addr, op, fields):
+        from paramserver.net import rpc
+        rpc.send(self.sock, Message(op, fields, src="coordinator"), self.idents[addr])
+
+
+class Worker:
+    """A DEALER per server address, one request at a time."""
+
+    def __init__(self, ctx):
+        self.ctx, self.socks, self.rid = ctx, {}, 0
+
+    def ask(self, addr, op, fields, arrays=()):
+        import zmq
+        from paramserver.net import rpc
+        if addr not in self.socks:
+            s = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(addr)
+            self.socks[addr] = s
+        self.rid += 1
+        rpc.send(self.socks[addr], Message(op, fields, list(arrays), rid=self.rid, src="w0"))
+        assert self.socks[addr].poll(10_000), f"{op} to {addr} unanswered"
+        _, msg, _ = rpc.recv(self.socks[addr], False)
+        return msg
+
+    def pull(self, addr, lo, hi):
+        msg = self.ask(addr, "pull", {"range": [lo, hi]})
+        return msg if msg.op == "error" else msg.arrays[0].copy()
+
+
+def test_live_servers_move_keys_join_and_drain_on_reshard():
+    """Two servers of [0, 20) move keys [6, 10) from one to the other, a third joins with keys
+    [6, 12), then is drained: each time the new owner serves the moved values (and momentum:
+    a push after the move continues it) and the old one answers `moved`."""
+    import threading
+    import zmq
+    from paramserver.server.node import ServerNode
+    ctx = zmq.Context()
+    coord, w = FakeCoordinator(ctx), Worker(ctx)
+    nodes, threads = [], []
+
+    def start(n):
+        for _ in range(n):
+            node = ServerNode(coord.addr, shared_memory=False, register_timeout=10)
+            t = threading.Thread(target=node.run, daemon=True)
+            t.start()
+            nodes.append(node)
+            threads.append(t)
+        return [coord.recv("register") for _ in range(n)]
+
+    try:
+        regs = start(2)
+        a, b = (msg["addr"] for _, msg in regs)
+        for (ident, msg), (rank, lo, hi) in zip(regs, [(0, 0, 10), (1, 10, 20)]):
+            coord.idents[msg["addr"]] = ident
+            coord.welcome(ident, rank, lo, hi)
+        x = np.arange(20, dtype=np.float32)
+        g = np.ones(20, np.float32)
+        for addr, lo, hi in [(a, 0, 10), (b, 10, 20)]:
+            assert w.ask(addr, "init", {"range": [lo, hi]}, [x[lo:hi]]).op == "ack"
+            assert w.ask(addr, "push", {"range": [lo, hi], "step": 0, "version": 0,
+                                        "batch": 1}, [g[lo:hi]]).op == "ack"
+        # momentum 0.5, lr 0.5: buf = g, x -= 0.5 * g; a second push: buf = 1.5 g
+        x1, x2 = x - 0.5, x - 0.5 - 0.75
+        old = [[0, a, 0, 10], [1, b, 10, 20]]
+        new = [[0, a, 0, 6], [1, b, 6, 20]]
+        for addr in (a, b):
+            coord.send(addr, "reshard", {"epoch": 1, "layout": new, "old": old, "version": 0})
+        done = {coord.recv("resharded")[1]["rank"] for _ in range(2)}
+        assert done == {0, 1}
+        np.testing.assert_array_equal(w.pull(b, 6, 20), x1[6:])
+        moved = w.pull(a, 6, 10)
+        assert moved.fields["code"] == "moved" and moved.fields["epoch"] == 1
+        assert moved.fields["layout"] == new
+        assert w.ask(b, "push", {"range": [6, 20], "step": 1, "version": 1, "batch": 1},
+                     [g[6:]]).op == "ack"
+        np.testing.assert_array_equal(w.pull(b, 6, 20), x2[6:])  # momentum moved with keys
+        # A third server joins with keys [6, 12) (its welcome held until the reshard).
+        ((ident, msg),) = start(1)
+        c = msg["addr"]
+        coord.idents[c] = ident
+        joined = [[0, a, 0, 6], [1, c, 6, 12], [2, b, 12, 20]]
+        coord.welcome(ident, 1, 6, 12, epoch=2, handoff=True)
+        for addr in (a, b, c):
+            coord.send(addr, "reshard", {"epoch": 2, "layout": joined, "old": new,
+                                         "version": 0})
+        reports = {m["rank"]: m for m in (coord.recv("resharded")[1] for _ in range(3))}
+        assert sorted(reports) == [0, 1, 2] and reports[1]["version"] >= 2
+        np.testing.assert_array_equal(w.pull(c, 6, 12), x2[6:12])
+        assert w.pull(b, 6, 12).fields["code"] == "moved"
+        # ... and is drained again: its keys go back to b.
+        for addr in (a, b, c):
+            coord.send(addr, "reshard", {"epoch": 3, "layout": new, "old": joined,
+                                         "version": 0})
+        reports = [coord.recv("resharded")[1] for _ in range(3)]
+        assert [r.fields.get("drained", False) for r in reports].count(True) == 1
+        np.testing.assert_array_equal(w.pull(b, 6, 20), x2[6:])
+        gone = w.pull(c, 6, 12)
+        assert gone.fields["code"] == "moved" and gone.fields["layout"] == new
+    finally:
+        for addr in coord.idents:
+            coord.send(addr, "shutdown", {})
+        for t in threads:
+            t.join(10)
+        for s in w.socks.values():
+            s.close(0)
+        coord.sock.close(0)
+        ctx.term()
+    assert not any(t.is_alive() for t in threads)
