@@ -233,14 +233,27 @@ def test_waiting_pulls_are_served_or_moved_by_the_successor():
     assert refused.fields["code"] == "refused"
 
 
-# ---- two (then three) live ServerNodes, driven by a test ROUTER acting as the coordinator ------
+# ---- live ServerNodes, driven by a test ROUTER acting as the coordinator ------------------------
+# The real coordinator side (coordinator/reshard.py) is the lead's: FakeCoordinator welcomes the
+# servers and sends the `reshard` messages it would, and collects the `resharded` reports.
+LIMIT = 8192  # the servers' frame limit: a piece is 1024 float32 keys, a move several pieces
+KEYS = 6000
+
+
+def server_job(lo, hi, **extra):
+    from paramserver.spec.job import OptimizerSpec
+    from paramserver.spec.welcome import ServerJob
+    return ServerJob((lo, hi), "float32", "arrival", OptimizerSpec("momentum", 0.5,
+                                                                   {"momentum": 0.5}),
+                     heartbeat_interval=0.5, coordinator_timeout=60.0, server_threads=1,
+                     max_message_bytes=LIMIT, **extra)
+
+
 class FakeCoordinator:
-    """A ROUTER on 127.0.0.1 that welcomes servers and sends them what the coordinator's
-    reshard would (coordinator/reshard.py is the real one); every wait bounded."""
+    """A ROUTER on 127.0.0.1; every wait bounded."""
 
     def __init__(self, ctx):
         import zmq
-        self.zmq = zmq
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
@@ -249,8 +262,8 @@ class FakeCoordinator:
 
     def recv(self, op, timeout=10.0):
         """The next message `op` from a server (heartbeats and the like skipped)."""
-        from paramserver.net import rpc
         import time
+        from paramserver.net import rpc
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.sock.poll(int(max(0.0, end - time.monotonic()) * 1000)):
@@ -259,115 +272,86 @@ class FakeCoordinator:
                     return ident, msg
         raise AssertionError(f"no {op} from a server within {timeout} s")
 
-    def welcome(self, ident, rank, lo, hi, **extra):
-        from paramserver.net import rpc
-        from paramserver.spec.job import OptimizerSpec
-        from paramserver.spec.welcome import ServerJob
-        job = ServerJob((lo, hi), "float32", "arrival", OptimizerSpec("momentum", 0.5,
-                                                                      {"momentum": 0.5}),
-                        heartbeat_interval=0.5, coordinator_timeout=60.0, server_threads=1)
-        rpc.send(self.sock, Message("welcome", {"rank": rank, "job": job.to_dict(), **extra},
-                                    src="coordinator"), ident)
+    def register(self, timeout=10.0):
+        ident, msg = self.recv("register", timeout)
+        self.idents[msg["addr"]] = ident
+        return msg["addr"]
+
+    def welcome(self, addr, rank, job, **extra):
+        self.send(addr, "welcome", {"rank": rank, "job": job.to_dict(), **extra})
 
     def send(self, addr, op, fields):
         from paramserver.net import rpc
         rpc.send(self.sock, Message(op, fields, src="coordinator"), self.idents[addr])
 
+    def reshard(self, epoch, old, new, to=None):
+        for addr in to or {e[1] for e in old + new}:
+            self.send(addr, "reshard", {"epoch": epoch, "layout": new, "old": old,
+                                        "version": 0})
+
 
 class Worker:
-    """A DEALER per server address, one request at a time."""
+    """A DEALER per server address."""
 
     def __init__(self, ctx):
         self.ctx, self.socks, self.rid = ctx, {}, 0
 
-    def ask(self, addr, op, fields, arrays=()):
+    def sock(self, addr):
         import zmq
-        from paramserver.net import rpc
         if addr not in self.socks:
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.connect(addr)
             self.socks[addr] = s
+        return self.socks[addr]
+
+    def send(self, addr, op, fields, arrays=()):
+        from paramserver.net import rpc
         self.rid += 1
-        rpc.send(self.socks[addr], Message(op, fields, list(arrays), rid=self.rid, src="w0"))
-        assert self.socks[addr].poll(10_000), f"{op} to {addr} unanswered"
-        _, msg, _ = rpc.recv(self.socks[addr], False)
-        return msg
+        rpc.send(self.sock(addr), Message(op, fields, list(arrays), rid=self.rid, src="w0"))
+
+    def answer(self, addr, timeout=10.0):
+        from paramserver.net import rpc
+        assert self.sock(addr).poll(int(timeout * 1000)), f"no answer from {addr}"
+        return rpc.recv(self.sock(addr), False)[1]
+
+    def ask(self, addr, op, fields, arrays=()):
+        self.send(addr, op, fields, arrays)
+        return self.answer(addr)
+
+    def put(self, addr, op, lo, hi, values, **fields):
+        """Init or push [lo, hi) in chunks under the servers' frame limit."""
+        for a in range(lo, hi, 1500):
+            b = min(hi, a + 1500)
+            reply = self.ask(addr, op, {"range": [a, b], **fields}, [values[a:b]])
+            assert reply.op == "ack", reply.fields
 
     def pull(self, addr, lo, hi):
         msg = self.ask(addr, "pull", {"range": [lo, hi]})
         return msg if msg.op == "error" else msg.arrays[0].copy()
 
 
-def test_live_servers_move_keys_join_and_drain_on_reshard():
-    """Two servers of [0, 20) move keys [6, 10) from one to the other, a third joins with keys
-    [6, 12), then is drained: each time the new owner serves the moved values (and momentum:
-    a push after the move continues it) and the old one answers `moved`."""
+@pytest.fixture
+def live():
+    """(coordinator, worker, start(n) -> the new servers' addresses); every server thread is
+    told shutdown and joined at the end."""
     import threading
     import zmq
     from paramserver.server.node import ServerNode
     ctx = zmq.Context()
     coord, w = FakeCoordinator(ctx), Worker(ctx)
-    nodes, threads = [], []
+    threads = []
 
     def start(n):
         for _ in range(n):
             node = ServerNode(coord.addr, shared_memory=False, register_timeout=10)
             t = threading.Thread(target=node.run, daemon=True)
             t.start()
-            nodes.append(node)
             threads.append(t)
-        return [coord.recv("register") for _ in range(n)]
+        return [coord.register() for _ in range(n)]
 
     try:
-        regs = start(2)
-        a, b = (msg["addr"] for _, msg in regs)
-        for (ident, msg), (rank, lo, hi) in zip(regs, [(0, 0, 10), (1, 10, 20)]):
-            coord.idents[msg["addr"]] = ident
-            coord.welcome(ident, rank, lo, hi)
-        x = np.arange(20, dtype=np.float32)
-        g = np.ones(20, np.float32)
-        for addr, lo, hi in [(a, 0, 10), (b, 10, 20)]:
-            assert w.ask(addr, "init", {"range": [lo, hi]}, [x[lo:hi]]).op == "ack"
-            assert w.ask(addr, "push", {"range": [lo, hi], "step": 0, "version": 0,
-                                        "batch": 1}, [g[lo:hi]]).op == "ack"
-        # momentum 0.5, lr 0.5: buf = g, x -= 0.5 * g; a second push: buf = 1.5 g
-        x1, x2 = x - 0.5, x - 0.5 - 0.75
-        old = [[0, a, 0, 10], [1, b, 10, 20]]
-        new = [[0, a, 0, 6], [1, b, 6, 20]]
-        for addr in (a, b):
-            coord.send(addr, "reshard", {"epoch": 1, "layout": new, "old": old, "version": 0})
-        done = {coord.recv("resharded")[1]["rank"] for _ in range(2)}
-        assert done == {0, 1}
-        np.testing.assert_array_equal(w.pull(b, 6, 20), x1[6:])
-        moved = w.pull(a, 6, 10)
-        assert moved.fields["code"] == "moved" and moved.fields["epoch"] == 1
-        assert moved.fields["layout"] == new
-        assert w.ask(b, "push", {"range": [6, 20], "step": 1, "version": 1, "batch": 1},
-                     [g[6:]]).op == "ack"
-        np.testing.assert_array_equal(w.pull(b, 6, 20), x2[6:])  # momentum moved with keys
-        # A third server joins with keys [6, 12) (its welcome held until the reshard).
-        ((ident, msg),) = start(1)
-        c = msg["addr"]
-        coord.idents[c] = ident
-        joined = [[0, a, 0, 6], [1, c, 6, 12], [2, b, 12, 20]]
-        coord.welcome(ident, 1, 6, 12, epoch=2, handoff=True)
-        for addr in (a, b, c):
-            coord.send(addr, "reshard", {"epoch": 2, "layout": joined, "old": new,
-                                         "version": 0})
-        reports = {m["rank"]: m for m in (coord.recv("resharded")[1] for _ in range(3))}
-        assert sorted(reports) == [0, 1, 2] and reports[1]["version"] >= 2
-        np.testing.assert_array_equal(w.pull(c, 6, 12), x2[6:12])
-        assert w.pull(b, 6, 12).fields["code"] == "moved"
-        # ... and is drained again: its keys go back to b.
-        for addr in (a, b, c):
-            coord.send(addr, "reshard", {"epoch": 3, "layout": new, "old": joined,
-                                         "version": 0})
-        reports = [coord.recv("resharded")[1] for _ in range(3)]
-        assert [r.fields.get("drained", False) for r in reports].count(True) == 1
-        np.testing.assert_array_equal(w.pull(b, 6, 20), x2[6:])
-        gone = w.pull(c, 6, 12)
-        assert gone.fields["code"] == "moved" and gone.fields["layout"] == new
+        yield coord, w, start
     finally:
         for addr in coord.idents:
             coord.send(addr, "shutdown", {})
@@ -378,3 +362,78 @@ def test_live_servers_move_keys_join_and_drain_on_reshard():
         coord.sock.close(0)
         ctx.term()
     assert not any(t.is_alive() for t in threads)
+
+
+def two_servers(coord, w, start):
+    """Servers a [0, 3000) and b [3000, 6000) of KEYS keys, initialized and pushed once:
+    (a, b, the values after one push, after a second)."""
+    a, b = start(2)
+    coord.welcome(a, 0, server_job(0, 3000))
+    coord.welcome(b, 1, server_job(3000, KEYS))
+    x = np.arange(KEYS, dtype=np.float32)
+    g = np.ones(KEYS, np.float32)
+    for addr, lo, hi in [(a, 0, 3000), (b, 3000, KEYS)]:
+        w.put(addr, "init", lo, hi, x)
+        w.put(addr, "push", lo, hi, g, step=0, version=0, batch=1)
+    # momentum 0.5, lr 0.5: buf = g, x -= 0.5 g; a second push: buf = 1.5 g, x -= 0.75 g
+    return a, b, x - 0.5, x - 1.25
+
+
+def test_live_servers_move_keys_join_and_drain_on_reshard(live):
+    """a gives keys [1000, 3000) to b, a third server c joins with [1000, 3500), then is
+    drained: each time the new owner serves the moved values (and momentum: a push after the
+    move continues it) and the old one answers `moved`. Moves are several pieces each."""
+    coord, w, start = live
+    a, b, x1, x2 = two_servers(coord, w, start)
+    old = [[0, a, 0, 3000], [1, b, 3000, KEYS]]
+    new = [[0, a, 0, 1000], [1, b, 1000, KEYS]]
+    coord.reshard(1, old, new)
+    assert {coord.recv("resharded")[1]["rank"] for _ in range(2)} == {0, 1}
+    np.testing.assert_array_equal(w.pull(b, 1000, KEYS), x1[1000:])
+    moved = w.pull(a, 1000, 1010)
+    assert moved.fields["code"] == "moved" and moved.fields["epoch"] == 1
+    assert moved.fields["layout"] == new
+    w.put(b, "push", 1000, KEYS, np.ones(KEYS, np.float32), step=1, version=1, batch=1)
+    np.testing.assert_array_equal(w.pull(b, 1000, KEYS), x2[1000:])  # momentum moved too
+    # A third server joins with keys [1000, 3500) (the coordinator held its welcome).
+    (c,) = start(1)
+    joined = [[0, a, 0, 1000], [1, c, 1000, 3500], [2, b, 3500, KEYS]]
+    coord.welcome(c, 1, server_job(1000, 3500), epoch=2, handoff=True)
+    coord.reshard(2, new, joined)
+    reports = {m["rank"]: m for m in (coord.recv("resharded")[1] for _ in range(3))}
+    assert sorted(reports) == [0, 1, 2] and reports[1]["epoch"] == 2
+    np.testing.assert_array_equal(w.pull(c, 1000, 3500), x2[1000:3500])
+    assert w.pull(b, 1000, 1001).fields["code"] == "moved"
+    # ... and is drained again: its keys go back to b.
+    coord.reshard(3, joined, new)
+    reports = [coord.recv("resharded")[1] for _ in range(3)]
+    assert [r.get("drained", False) for r in reports].count(True) == 1
+    np.testing.assert_array_equal(w.pull(b, 1000, KEYS), x2[1000:])
+    gone = w.pull(c, 1000, 1001)
+    assert gone.fields["code"] == "moved" and gone.fields["layout"] == new
+
+
+def test_live_requests_while_moving_wait_for_the_rebuild_and_overflow_busy(live):
+    """b has heard its reshard, a not yet: b waits for a's keys, holding workers' requests
+    (one over the bound is refused "busy"); once a sends, the held ones are answered under the new
+    layout, in order."""
+    from paramserver.server.reshard_link import MAX_QUEUED
+    coord, w, start = live
+    a, b, x1, _ = two_servers(coord, w, start)
+    old = [[0, a, 0, 3000], [1, b, 3000, KEYS]]
+    new = [[0, a, 0, 1000], [1, b, 1000, KEYS]]
+    coord.reshard(1, old, new, to=[b])
+    # (its stall answer comes after it handled the reshard: same socket, in order)
+    coord.send(b, "stall_probe", {"n": 1})
+    waiting = coord.recv("stall_answer")[1]["waiting"]
+    assert waiting["op"] == "handoff" and "[1000, 3000]" in waiting["note"]
+    for _ in range(MAX_QUEUED + 1):
+        w.send(b, "pull", {"range": [1000, 1010]})
+    busy = w.answer(b)
+    assert busy.op == "error" and busy.fields["code"] == "busy"
+    coord.reshard(1, old, new, to=[a])
+    for _ in range(MAX_QUEUED):
+        reply = w.answer(b)
+        assert reply.op == "values", reply.fields
+    np.testing.assert_array_equal(reply.arrays[0], x1[1000:1010])
+    assert coord.recv("resharded")[1]["epoch"] == 1

@@ -611,6 +611,9 @@ class ServerNode:
         core = self.core
         if core is None:
             return {"op": "welcome", "peer": "coordinator"}
+        moving = self.resharding.waiting() if self.resharding is not None else None
+        if moving is not None:
+            return moving
         return {"op": "serve", "note": f"version {core.store.version}, {len(core.pulls)} "
                                        f"pull(s) waiting for a newer one"}
 

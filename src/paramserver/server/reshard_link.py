@@ -33,8 +33,11 @@ from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 log = logging.getLogger(__name__)
 
 # Workers' requests held while the shard moves (after `reshard`, before the rebuild); the
-# fence keeps policy workers quiet then, so these are observers' and bare KV clients'.
-MAX_QUEUED = 256
+# fence keeps policy workers quiet then, so these are observers' and bare KV clients'. Their
+# replies go out in one burst after the rebuild: no more than a peer's send queue surely
+# holds (a ROUTER drops what is over its high-water mark, and the queue's count of what was
+# sent on is updated every half of that mark).
+MAX_QUEUED = DEFAULT_HWM // 2
 # Pieces of a reshard that came before its `reshard` (another server heard it first).
 MAX_EARLY = 4096
 
@@ -179,6 +182,15 @@ class ReshardLink:
         queued, self.queued = self.queued, deque()
         for ident, msg, frames in queued:
             node.handle_worker(ident, msg, frames)
+
+    def waiting(self) -> dict | None:
+        """What a moving server waits for, for a stall probe; None when not moving."""
+        if not self.moving:
+            return None
+        missing = self.assembly.missing()
+        return {"op": "handoff", "peer": "servers",
+                "note": f"reshard {self.epoch}: {len(missing)} run(s) of keys still to come "
+                        f"(first {list(missing[0])}), {len(self.queued)} request(s) held"}
 
     # ---- workers' requests while moving ---------------------------------------------------------
     def hold(self, ident, msg: Message, frames) -> bool:
