@@ -437,3 +437,65 @@ def test_live_requests_while_moving_wait_for_the_rebuild_and_overflow_busy(live)
         assert reply.op == "values", reply.fields
     np.testing.assert_array_equal(reply.arrays[0], x1[1000:1010])
     assert coord.recv("resharded")[1]["epoch"] == 1
+
+
+def _serve(join):
+    from paramserver.server.node import ServerNode
+    raise SystemExit(ServerNode(join, shared_memory=False, register_timeout=10).run())
+
+
+def _has_max_servers():
+    from dataclasses import fields
+    from paramserver.spec.welcome import ServerJob
+    return "max_servers" in {f.name for f in fields(ServerJob)}
+
+
+@pytest.mark.slow  # (~8 s: a server process imports torch)
+@pytest.mark.skipif(not _has_max_servers(), reason="ServerJob.max_servers not there yet")
+def test_sigterm_asks_to_drain_and_the_drained_server_hands_its_keys_over():
+    """A server process of an elastic-servers job told SIGTERM sends `drain` and goes on
+    serving; drained by the next reshard it sends its keys (here to a test ROUTER standing
+    for the receiving server), reports, answers `moved`, and exits on shutdown."""
+    import os
+    import signal
+    import zmq
+    from paramserver.net import rpc
+    from ps_helpers import CTX
+    ctx = zmq.Context()
+    coord, w = FakeCoordinator(ctx), Worker(ctx)
+    peer = ctx.socket(zmq.ROUTER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer_addr = f"tcp://127.0.0.1:{peer.bind_to_random_port('tcp://127.0.0.1')}"
+    proc = CTX.Process(target=_serve, args=(coord.addr,), daemon=True)
+    proc.start()
+    try:
+        a = coord.register(timeout=30)
+        coord.welcome(a, 0, server_job(0, 3000, max_servers=2))
+        x = np.arange(3000, dtype=np.float32)
+        w.put(a, "init", 0, 3000, x)
+        coord.send(a, "stall_probe", {"n": 1})  # (answered from the loop: handler set)
+        coord.recv("stall_answer")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert coord.recv("drain")[1]["rank"] == 0
+        np.testing.assert_array_equal(w.pull(a, 0, 10), x[:10])  # still serving
+        coord.reshard(1, [[0, a, 0, 3000]], [[0, peer_addr, 0, 3000]], to=[a])
+        got = np.zeros(3000, np.float32)
+        for _ in range(3):  # 1024 keys a piece under the 8 KB frame limit
+            assert peer.poll(10_000)
+            _, msg, _ = rpc.recv(peer, True)
+            assert msg.op == "handoff" and msg["epoch"] == 1
+            got[msg["lo"]:msg["hi"]] = msg.arrays[0]
+        np.testing.assert_array_equal(got, x)
+        report = coord.recv("resharded")[1]
+        assert report.fields == {"epoch": 1, "rank": 0, "version": 0, "drained": True}
+        assert w.pull(a, 0, 10).fields["code"] == "moved"
+        coord.send(a, "shutdown", {})
+        proc.join(10)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        for s in (*w.socks.values(), peer, coord.sock):
+            s.close(0)
+        ctx.term()
