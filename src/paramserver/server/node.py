@@ -214,7 +214,10 @@ class ServerNode:
         self.backup = backup  # registers as a shard's backup (--replicas 2)
         self.replica: ReplicaLink | None = None  # a replicated shard's link (replica_link.py)
         self.resharding: ReshardLink | None = None  # live resharding (reshard_link.py)
-        self.drain_wanted = False  # SIGTERM in an elastic-servers job: ask to be drained
+        # SIGTERMs had in an elastic-servers job (the first asks to be drained), and whether
+        # that was asked
+        self.sigterms = 0
+        self.drain_asked = False
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
         self._rejoin_at = -1e9
         self.dropped = 0  # messages to the coordinator dropped on its full queue
@@ -344,14 +347,14 @@ class ServerNode:
             return
 
         def term(signum, frame):
-            if self.drain_wanted or self.resharding.drained:
+            self.sigterms += 1  # (the drain is asked from the loop: the sockets are its own)
+            if self.sigterms > 1 or self.resharding.drained:
                 raise SystemExit(f"server {self.src}: terminated")
-            self.drain_wanted = True  # (sent from the loop: the sockets are its own)
 
         signal.signal(signal.SIGTERM, term)
 
     def _ask_drain(self) -> None:
-        self.drain_wanted = None  # asked once
+        self.drain_asked = True
         log.warning("server %s: SIGTERM, asking the coordinator to drain it", self.src)
         self._to_coordinator(Message("drain", {"rank": self.settings.rank}, src=self.src))
 
@@ -368,7 +371,7 @@ class ServerNode:
         while self.running:
             now = time.monotonic()
             core = self.core  # (a reshard rebuilds it)
-            if self.drain_wanted:
+            if self.sigterms and not self.drain_asked:
                 self._ask_drain()
             if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
                 self._execute(core.handle(TimePassed(now, busy)))
