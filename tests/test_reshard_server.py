@@ -153,6 +153,8 @@ def test_plan_join_drain_and_bad_layouts():
         plan(1, old, new, "z")
     assert piece_keys(4, 100 << 20, 16 << 20) == 4 << 20
     assert piece_keys(4, 2 << 20, 16 << 20) == 1 << 18  # half the receiver's frame limit
+    assert piece_keys(8, 100 << 20) == 1 << 17  # chunk_bytes not known: 1 MB pieces
+    assert piece_keys(4, 100 << 20, 16 << 20, arrays=2) == 2 << 20  # values + momentum
 
 
 def test_piece_that_does_not_match_its_header_is_refused():
@@ -236,7 +238,7 @@ def test_waiting_pulls_are_served_or_moved_by_the_successor():
 # ---- live ServerNodes, driven by a test ROUTER acting as the coordinator ------------------------
 # The real coordinator side (coordinator/reshard.py) is the lead's: FakeCoordinator welcomes the
 # servers and sends the `reshard` messages it would, and collects the `resharded` reports.
-LIMIT = 8192  # the servers' frame limit: a piece is 1024 float32 keys, a move several pieces
+LIMIT = 8192  # the servers' frame limit: a piece (values + momentum) is 512 float32 keys
 KEYS = 6000
 
 
@@ -480,7 +482,7 @@ def test_sigterm_asks_to_drain_and_the_drained_server_hands_its_keys_over():
         np.testing.assert_array_equal(w.pull(a, 0, 10), x[:10])  # still serving
         coord.reshard(1, [[0, a, 0, 3000]], [[0, peer_addr, 0, 3000]], to=[a])
         got = np.zeros(3000, np.float32)
-        for _ in range(3):  # 1024 keys a piece under the 8 KB frame limit
+        for _ in range(6):  # values + momentum of 512 keys a piece under the 8 KB limit
             assert peer.poll(10_000)
             _, msg, _ = rpc.recv(peer, True)
             assert msg.op == "handoff" and msg["epoch"] == 1

@@ -164,13 +164,20 @@ class Piece:
                    tuple(scalars), last)
 
 
-def piece_keys(itemsize: int, limit: int, chunk_bytes: int) -> int:
-    """Keys per piece: each array of a piece at most `chunk_bytes` and half the largest frame
-    a server takes (`limit`), so that a piece always fits the receiver's limit."""
-    return max(1, min(chunk_bytes, limit // 2) // max(1, itemsize))
+# A server's frame limit derived from its job (JobSpec.message_limit) is above the job's
+# chunk_bytes plus 1 MB whatever its range; a limit set outright is every server's.
+SAFE_PIECE_BYTES = 1 << 20
 
 
-def _keyed(store: ShardStore) -> tuple[list[str], list[str]]:
+def piece_keys(itemsize: int, limit: int, chunk_bytes: int = 0, arrays: int = 1) -> int:
+    """Keys per piece of `arrays` arrays (the values and the per-key state): all of them
+    together at most the job's `chunk_bytes` (0: not known, 1 MB) and half this server's frame
+    limit (`limit`), so that a piece fits every receiver's."""
+    piece = min(chunk_bytes or SAFE_PIECE_BYTES, limit // 2)
+    return max(1, piece // (max(1, itemsize) * max(1, arrays)))
+
+
+def keyed_state(store: ShardStore) -> tuple[list[str], list[str]]:
     """(per-key state names, scalar state names) of the store's rule, sorted."""
     keyed, scalar = [], []
     for name in sorted(store.state):
@@ -186,7 +193,7 @@ def cut(store: ShardStore, lo: int, hi: int, max_keys: int) -> list[Piece]:
     if max_keys < 1:
         raise HandoffError("pieces need at least one key")
     arrays, meta = store.snapshot()  # views of the live values and state
-    keyed, scalar = _keyed(store)
+    keyed, scalar = keyed_state(store)
     scalars = tuple((n, np.array(arrays[f"state.{n}"])) for n in scalar)
     base = store.range.lo
     store.local(lo, hi)  # (refuses keys outside the store)

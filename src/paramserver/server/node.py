@@ -72,7 +72,7 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
         max_message_bytes=job.max_message_bytes,
         initial_checkpoint_dir=job.initial_checkpoint_dir,
         # (an elastic-servers job's field; absent from jobs that predate it)
-        max_servers=getattr(job, "max_servers", 0))
+        max_servers=getattr(job, "max_servers", 0), chunk_bytes=getattr(job, "chunk_bytes", 0))
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------

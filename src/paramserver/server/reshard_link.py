@@ -22,8 +22,9 @@ from dataclasses import replace
 import zmq
 
 from paramserver.net import rpc
-from paramserver.server.handoff import Assembly, HandoffError, Piece, cut, piece_keys, plan
-from paramserver.spec.job import Limits
+from paramserver.server.handoff import (
+    Assembly, HandoffError, Piece, cut, keyed_state, piece_keys, plan,
+)
 from paramserver.spec.welcome import ShardAddress
 from paramserver.transport import connect_dealer
 from paramserver.transport.zmq_sockets import DEFAULT_HWM
@@ -115,7 +116,7 @@ class ReshardLink:
         node = self.node
         store = node.core.store
         per_piece = piece_keys(store.dtype.itemsize, node.settings.max_message_bytes,
-                               Limits.chunk_bytes)
+                               node.settings.chunk_bytes, 1 + len(keyed_state(store)[0]))
         count = 0
         for addr, lo, hi in sends:
             pieces = cut(store, lo, hi, per_piece)
