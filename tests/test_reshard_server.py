@@ -235,6 +235,32 @@ def test_waiting_pulls_are_served_or_moved_by_the_successor():
     assert refused.fields["code"] == "refused"
 
 
+def test_round_mode_successor_starts_at_the_round_version_and_drops_late_pushes():
+    from paramserver.server.events import ApplyRound
+    s = ShardSettings(rank=0, lo=0, hi=20, dtype="float32", apply_mode="round",
+                      optimizer="sgd", lr=1.0)
+    c = ShardCore(s)
+    c.handle(Init("i", 0, 20, np.zeros(20, np.float32)))
+    c.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 3, 1, 0))
+    c.handle(ApplyRound(None, 3))
+    assert c.store.last_round == 3 and c.store.version == 1
+    asm = Assembly(0, 10, "float32")
+    asm.keep(c.store, 0, 10)
+    new, _ = c.successor(ShardSettings(rank=0, lo=0, hi=10, dtype="float32",
+                                       apply_mode="round", optimizer="sgd", lr=1.0),
+                         asm, 1, LAYOUT, version_floor=4)
+    assert new.store.version == 4 and new.store.last_round == 3
+    # A push for the round applied before the move is late, as it would have been there.
+    new.handle(Push(("w", 2), "w", 2, 0, 10, np.ones(10, np.float32), 3, 1, 0))
+    assert new.store.late_pushes == 1
+    np.testing.assert_array_equal(new.store.values.numpy(), -np.ones(10, np.float32))
+    # The next round is taken and applied as usual.
+    new.handle(Push(("w", 3), "w", 3, 0, 10, np.ones(10, np.float32), 4, 1, 4))
+    new.handle(ApplyRound(None, 4))
+    assert new.store.version == 5
+    np.testing.assert_array_equal(new.store.values.numpy(), np.full(10, -2, np.float32))
+
+
 # ---- live ServerNodes, driven by a test ROUTER acting as the coordinator ------------------------
 # The real coordinator side (coordinator/reshard.py) is the lead's: FakeCoordinator welcomes the
 # servers and sends the `reshard` messages it would, and collects the `resharded` reports.
