@@ -88,7 +88,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                 "round_size": _f(NONNEG, False),
                 # an elastic job: [[epoch, lo, hi], ...] of the epochs' permutations to train on
                 "samples": _f(LIST, False),
-                # live resharding: the shard map, sent when the worker's epoch is older
+                # live resharding: a newer shard map, [[rank, addr, lo, hi], ...]
                 "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
@@ -112,17 +112,17 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "fwd": {"seq": _f(NONNEG), "epoch": _f(NONNEG)},
     "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False)},
     "fwd_ack": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "refused": _f(STR, False)},
-    # live resharding (RESHARD_API.md, server/handoff.py): coordinator -> server `reshard`
-    # from layout `old` to `layout` ([[rank, addr, lo, hi], ...]); server -> server `handoff`
-    # of keys [lo, hi) (frame 0 the values, then the state arrays meta["state"] names);
-    # server -> coordinator `resharded` once its new range is whole (or, drained, once sent);
-    # anyone -> coordinator `drain` of server `rank`
+    # live resharding (--servers MIN:MAX; coordinator/reshard.py, server/handoff.py):
+    # coordinator -> server: the new layout and the old, [[rank, addr, lo, hi], ...]
     "reshard": {"epoch": _f(NONNEG), "layout": _f(LIST), "old": _f(LIST),
-                "version": _f(NONNEG)},
+                "version": _f(NONNEG, False)},
+    # server -> server: keys [lo, hi) (values, then the optimizer state arrays meta names)
     "handoff": {"epoch": _f(NONNEG), "lo": _f(NONNEG), "hi": _f(NONNEG),
-                "version": _f(NONNEG), "meta": _f(DICT)},
-    "resharded": {"epoch": _f(NONNEG), "rank": _f(NONNEG), "version": _f(NONNEG),
+                "version": _f(NONNEG), "meta": _f(DICT, False)},
+    # server -> coordinator: its new range is whole (drained: all it held is sent)
+    "resharded": {"epoch": _f(NONNEG), "rank": _f(NONNEG), "version": _f(NONNEG, False),
                   "drained": _f(BOOL, False)},
+    # anyone -> coordinator: the server of `rank` should leave the job
     "drain": {"rank": _f(NONNEG)},
     # the hang doctor (observe/): the coordinator asks every live member for its stack, its
     # flight recorder's last lines and what it waits for; the answer fits one header (64 KB)
@@ -140,10 +140,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # either direction
     "ok": {"epoch": _f(NONNEG, False),  # a worker's heartbeat answered after a takeover:
            "shards": _f(LIST, False),  # the moved shards, [[rank, addr], ...]
-           "layout": _f(LIST, False)},  # live resharding: the shard map of `epoch`
-    # code "moved" (live resharding): the keys are elsewhere under `epoch`'s `layout`
-    "error": {"msg": _f(STR), "code": _f(STR, False), "epoch": _f(NONNEG, False),
-              "layout": _f(LIST, False)},
+           "layout": _f(LIST, False)},  # live resharding: the whole map of `epoch`
+    "error": {"msg": _f(STR), "code": _f(STR, False),
+              # code "moved": the map the refused request should follow
+              "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
 }
 
 OPS = frozenset(SCHEMAS)
