@@ -472,14 +472,7 @@ def _serve(join):
     raise SystemExit(ServerNode(join, shared_memory=False, register_timeout=10).run())
 
 
-def _has_max_servers():
-    from dataclasses import fields
-    from paramserver.spec.welcome import ServerJob
-    return "max_servers" in {f.name for f in fields(ServerJob)}
-
-
 @pytest.mark.slow  # (~8 s: a server process imports torch)
-@pytest.mark.skipif(not _has_max_servers(), reason="ServerJob.max_servers not there yet")
 def test_sigterm_asks_to_drain_and_the_drained_server_hands_its_keys_over():
     """A server process of an elastic-servers job told SIGTERM sends `drain` and goes on
     serving; drained by the next reshard it sends its keys (here to a test ROUTER standing

@@ -136,7 +136,7 @@ class Piece:
     @classmethod
     def parse(cls, fields: dict, arrays: list, dtype) -> "Piece":
         """A received `handoff` as a Piece, its frames checked against its range and dtype."""
-        lo, hi, meta = fields["lo"], fields["hi"], fields["meta"]
+        lo, hi, meta = fields["lo"], fields["hi"], fields.get("meta") or {}
         if hi <= lo:
             raise HandoffError(f"handoff of an empty range [{lo}, {hi})")
         names = meta.get("state", [])

@@ -70,9 +70,8 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
         restore=restore, tables=job.tables, servers=job.servers,
         max_pending_pulls=job.max_pending_pulls, max_unacked_pushes=job.max_unacked_pushes,
         max_message_bytes=job.max_message_bytes,
-        initial_checkpoint_dir=job.initial_checkpoint_dir,
-        # (an elastic-servers job's field; absent from jobs that predate it)
-        max_servers=getattr(job, "max_servers", 0), chunk_bytes=getattr(job, "chunk_bytes", 0))
+        initial_checkpoint_dir=job.initial_checkpoint_dir, max_servers=job.max_servers,
+        chunk_bytes=job.chunk_bytes)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------

@@ -79,13 +79,14 @@ class ReshardLink:
     def reshard(self, msg: Message) -> None:
         epoch, core = msg["epoch"], self.node.core
         if self.moving and epoch == self.epoch:  # a joiner's reshard, after its welcome
-            self.layout, self.floor = list(msg["layout"]), max(self.floor, msg["version"])
+            self.layout = list(msg["layout"])
+            self.floor = max(self.floor, msg.get("version", 0))
             self._finish_if_whole()
             return
         if epoch <= core.epoch or self.moving:
             if epoch == core.epoch and core.layout is None:  # a joiner that finished first
                 core.layout = list(msg["layout"])
-                core.store.version = max(core.store.version, msg["version"])
+                core.store.version = max(core.store.version, msg.get("version", 0))
             else:
                 log.warning("server %s: reshard %d ignored (at epoch %d%s)", self.node.src,
                             epoch, core.epoch, ", moving" if self.moving else "")
@@ -101,7 +102,7 @@ class ReshardLink:
         if move.drained:
             self._drain(move, sent)
             return
-        self.new, self.floor = move.new, msg["version"]
+        self.new, self.floor = move.new, msg.get("version", 0)
         self.assembly = Assembly(move.new.lo, move.new.hi, node.settings.dtype)
         if move.kept is not None:
             self.assembly.keep(core.store, *move.kept)
