@@ -1,5 +1,7 @@
 """Live resharding, the server side: handoff pieces against direct slicing, the `moved`
-refusal of the shard core, and two live ServerNodes moving keys on a `reshard`."""
+refusal of the shard core, and live ServerNodes (threads of this process, real sockets on
+127.0.0.1) moving keys on a `reshard`. The coordinator is a test ROUTER sending what
+coordinator/reshard.py would; the real one drives real servers in tests/test_reshard_live.py."""
 
 import numpy as np
 import pytest
