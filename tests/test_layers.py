@@ -26,6 +26,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "observe/stats.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
+        "server/handoff.py",
         # The simulator's core.
         "sim/engine.py", "sim/comm.py", "sim/compute.py", "sim/membership.py",
         # Scoring beside the evaluator.
