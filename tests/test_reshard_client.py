@@ -10,6 +10,7 @@ does. The servers' own side (handoffs, the fence) is not here: the test moves th
 
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import zmq
 
 from paramserver.client.core import Handle, WorkerCore
 from paramserver.client.kv import KVWorker
+from paramserver.client.links import ShardLinks
 from paramserver.client.reshard import LayoutFollower, ShardLayout
 from paramserver.compression import make_codec, payload
 from paramserver.core.keyspace import KeyRange
@@ -24,7 +26,7 @@ from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.spec.job import JobSpec
 from paramserver.spec.welcome import WorkerJob
-from paramserver.transport import bind_router, new_context, terminate
+from paramserver.transport import bind_router, connect_dealer, new_context, terminate
 from paramserver.wire import Message
 from ps_helpers import make_job
 from test_worker_core import Reply
@@ -377,3 +379,36 @@ def test_pipelined_pushes_all_refused_are_each_sent_again_once():
             assert set(fake.refused) == {(a, "push")}
     finally:
         fake.close()
+
+
+def test_a_server_the_pending_map_drops_is_not_judged_gone_and_kept_monitors_carry_over():
+    """ShardLinks on a new map: a kept DEALER keeps its monitor; until the client switches, a
+    server the newer map no longer names (drained, shutting down) is not reported gone."""
+    ctx = new_context()
+    live, live_addr = bind_router(ctx)
+    dead, dead_addr = bind_router(ctx)
+    dead.close(0)  # its port refuses: the DEALER's reconnects are retried, and say so
+    shards = [SimpleNamespace(rank=r, addr=a, sock=connect_dealer(ctx, a, peer="server"))
+              for r, a in enumerate([live_addr, dead_addr])]
+    links = ShardLinks(shards, limit=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while links.down_since[1] is None and time.monotonic() < deadline:
+            links._read(time.monotonic())
+            time.sleep(0.02)
+        time.sleep(0.1)
+        with pytest.raises(TimeoutError, match=f"at {dead_addr} has been unreachable"):
+            links.check()
+        links.leaving = frozenset([dead_addr])
+        links.check()  # excused: the map that drops it is pending
+        kept = links.monitors[0]
+        old = list(shards)
+        shards[:] = [SimpleNamespace(rank=0, addr=live_addr, sock=old[0].sock)]
+        links.reshard(old)
+        old[1].sock.close(0)
+        assert links.monitors == [kept] and links.leaving == frozenset()
+        links.check()
+    finally:
+        links.close()
+        live.close(0)
+        terminate(ctx, [s.sock for s in shards])
