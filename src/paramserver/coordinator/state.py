@@ -807,6 +807,12 @@ class CoordinatorState:
             self._fail(f"resharding did not finish within {reshard.move_timeout:.0f} s: no "
                        f"'resharded' from {sorted(run.waiting)}", now, out)
             return
+        if reshard.running is None and reshard.asks and self.host.stopping:
+            # The budget is spent: no step will come to fence at; a joiner hears it now
+            # rather than waiting out its registration.
+            while reshard.asks:
+                self._refuse_ask(reshard.asks.popleft(), "the job is ending (its budget is "
+                                 "spent)", now, out)
         if (reshard.running is None and reshard.asks and self.barrier.open
                 and self.schedule.pending_tag is None and not self.host.stopping):
             run = reshard.begin(members.shard_map(), now)
