@@ -211,7 +211,7 @@ def test_the_shard_maps_epoch_goes_on_from_a_promoted_primarys_rejoin():
     assert reps.worker_fields() == {"epoch": 3, "shards": [[0, "P0"], [1, "B1"]]}
 
 
-# ---- the whole coordinator core -------------------------------------------------------------------
+# ---- the whole coordinator core ------------------------------------------------------------------
 def test_a_restarted_coordinator_takes_back_the_backup_and_does_not_wait_for_a_lost_one():
     from paramserver.coordinator.state import CoordinatorState
     from paramserver.spec.job import JobSpec, Limits, SyncSpec
