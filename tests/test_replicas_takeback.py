@@ -158,6 +158,23 @@ def test_a_new_backup_waits_for_the_window_then_is_attached_after_the_old_epochs
     assert reps.complete
 
 
+def test_a_primarys_repeated_rejoin_changes_nothing_once_its_claim_is_decided():
+    members, reps = _restarted(servers=1)
+    out = _primary_back(members, reps, 0, 0.1, claim=("B0", 3, True))
+    _backup_back(members, reps, 0, 0.2, "B0", 4, out=out)  # disagrees: refused, link dropped
+    assert _kinds(out).count("backup_lost") == 1
+    again = _primary_back(members, reps, 0, 0.3, claim=("B0", 3, True))  # sent before it knew
+    assert again == [] and not reps.claims
+    reps.check(WINDOW + 0.01, members, Schedule(), again)
+    assert again == [] and reps.lost == 1
+    # Paired, then the same rejoin again: still paired, nothing said.
+    members, reps = _restarted(servers=1)
+    out = _primary_back(members, reps, 0, 0.1, claim=("B0", 3, True))
+    _backup_back(members, reps, 0, 0.2, "B0", 3, out=out)
+    assert _primary_back(members, reps, 0, 0.3, claim=("B0", 3, True)) == []
+    assert reps.backups[0].epoch == 3 and reps.complete
+
+
 def test_backups_hear_unknown_only_from_a_restarted_coordinator():
     members = Membership(1, 1, 100, heartbeat_timeout=1.0, start_grace=1.0)
     fresh = Replicas(2, 1, timeout=1.0)

@@ -78,6 +78,7 @@ class Replicas:
         self.claims: dict[int, ForwardsTo | None] = {}  # rank -> its primary's word, once back
         self.returning: dict[int, Returning] = {}  # rank -> its backup, back before the word
         self.dropped_links: set = set()  # backups dropped or refused: their beats unanswered
+        self.settled: set[tuple[int, int]] = set()  # (rank, attach epoch) of claims decided
 
     @staticmethod
     def src_of(rank: int) -> str:
@@ -163,12 +164,15 @@ class Replicas:
         claim = back.backup
         if claim is not None:
             self.attaches = max(self.attaches, claim.epoch)
+            if (rank, claim.epoch) in self.settled:  # a repeated rejoin: decided already
+                return
         b = self.backups.get(rank)
         if b is not None:  # already paired (a repeated rejoin), or a new one waits to attach
             if not b.epoch:
                 self._attach(b, member, now, out)
             return
         if claim is not None and claim.lost:  # reported to the old coordinator: drop it
+            self.settled.add((rank, claim.epoch))
             out.append(AppendEvent(now, "backup_lost", {
                 "rank": rank, "addr": claim.addr, "reason": "reported lost before the "
                                                             "coordinator restart"}))
@@ -217,6 +221,8 @@ class Replicas:
             return
         del self.returning[rank]
         claim = self.claims.pop(rank)
+        if claim is not None:
+            self.settled.add((rank, claim.epoch))
         addr, back = ret.e.addr, ret.back
         if claim is None:
             why = f"shard {rank}'s primary forwards to no backup"
@@ -251,6 +257,7 @@ class Replicas:
                    now: float, out: list) -> None:
         """The backup a primary forwards to is not taken back: the primary drops it (its held
         replies go) and serves unreplicated until a new backup is attached."""
+        self.settled.add((rank, claim.epoch))
         self.lost += 1
         out.append(AppendEvent(now, "backup_lost", {"rank": rank, "addr": claim.addr,
                                                     "reason": f"not taken back: {why}"}))
