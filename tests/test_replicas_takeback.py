@@ -175,6 +175,16 @@ def test_a_primarys_repeated_rejoin_changes_nothing_once_its_claim_is_decided():
     assert reps.backups[0].epoch == 3 and reps.complete
 
 
+def test_of_two_backups_back_for_one_shard_the_later_attach_waits_for_the_primary():
+    members, reps = _restarted(servers=1)
+    out = _backup_back(members, reps, 0, 0.1, "B0", 5)
+    _backup_back(members, reps, 0, 0.2, "Bstale", 2, out=out)  # dropped, its shutdown lost
+    assert [i.to for i in out if type(i) is Reply] == ["rBstale"]
+    assert reps.returning[0].e.addr == "B0"
+    _primary_back(members, reps, 0, 0.3, claim=("B0", 5, True), out=out)
+    assert reps.backups[0].addr == "B0" and reps.complete
+
+
 def test_backups_hear_unknown_only_from_a_restarted_coordinator():
     members = Membership(1, 1, 100, heartbeat_timeout=1.0, start_grace=1.0)
     fresh = Replicas(2, 1, timeout=1.0)

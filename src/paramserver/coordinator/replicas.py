@@ -209,7 +209,12 @@ class Replicas:
             return
         old = self.returning.get(rank)
         if old is not None and old.e.link != e.link:
-            self._refuse(old, f"another backup of shard {rank} came back", e.now, out)
+            # Two backups of one shard (one dropped before the restart, its shutdown lost):
+            # attach epochs only grow, so the later attach is the primary's.
+            if old.back.epoch > back.epoch:
+                old, ret = ret, old
+            self._refuse(old, f"a backup of shard {rank} of a later attach came back", e.now,
+                         out)
         self.returning[rank] = ret
         self._pair(rank, members, e.now, out)
 
