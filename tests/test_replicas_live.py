@@ -119,8 +119,11 @@ def test_a_restarted_coordinator_keeps_the_backups_and_a_later_primary_kill_lose
     events say so), then a primary is SIGKILLed: its backup takes over with nothing lost."""
     from paramserver.launch.local import LaunchError, LocalCluster
 
+    # (A wider heartbeat timeout than above: the 4 clients share this busy process through a
+    # restart, and the stall doctor, which the restarted coordinator would point at clients
+    # that never clock, is kept quiet.)
     job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
-                   heartbeat_timeout=1.5, coordinator_timeout=30.0)
+                   heartbeat_timeout=3.0, coordinator_timeout=30.0, stall_timeout=120.0)
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
                            restart_coordinator=1)
     failures: list = []
