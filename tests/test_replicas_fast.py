@@ -13,6 +13,7 @@ from paramserver.coordinator.membership import Membership
 from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.spec.job import JobSpec, Limits, SyncSpec
+from paramserver.wire import Message
 
 
 class Schedule:
@@ -116,3 +117,67 @@ def test_the_coordinator_core_promotes_on_the_backups_word():
                                      fields={"rank": 0, "epoch": epoch, "reason": "refused"}))
     assert [(i.op, i.links) for i in out if type(i) is ToServers] == [("shutdown", ("LP",))]
     state.check_invariants()
+
+
+# ---- the backup's watch, on real sockets in this process ----------------------------------------
+def _watching_backup(ctx, addr):
+    import zmq  # noqa: F401  (the sockets below)
+    from paramserver.server.replica_link import ReplicaLink
+    told = []
+    from paramserver.server.core import ShardCore
+    from paramserver.server.events import ShardSettings
+    core = ShardCore(ShardSettings(rank=1, lo=0, hi=4, dtype="float64", apply_mode="arrival",
+                                   optimizer="sgd", lr=1.0))
+    link = ReplicaLink(ctx, None, 1, True, 1.0, core, None,
+                       lambda op, fields: told.append((op, fields)))
+    link.primary, link.epoch = b"primary", 3  # as after a sync of attach 3
+    link.watch_primary(addr)
+    return link, told
+
+
+def _pump(link, until, limit=5.0):
+    import time
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if link.monitor is not None and link.monitor.poll(20):
+            link.from_monitor()
+        if until():
+            return True
+    return False
+
+
+def test_a_backup_says_once_that_its_primarys_connection_dropped():
+    import zmq
+    ctx = zmq.Context()
+    primary = ctx.socket(zmq.ROUTER)
+    port = primary.bind_to_random_port("tcp://127.0.0.1")
+    link, told = _watching_backup(ctx, f"tcp://127.0.0.1:{port}")
+    try:
+        assert _pump(link, lambda: link.up), "the watch never came up"
+        assert told == []
+        primary.close(0)  # its process dies: its connections close
+        assert _pump(link, lambda: told), "no primary_down"
+        _pump(link, lambda: False, limit=0.5)  # the reconnects that follow say nothing more
+        assert told == [("primary_down", {"rank": 1, "epoch": 3})]
+        # promoted: the watch is over (its DEALER and monitor closed)
+        assert link.from_coordinator(Message("promote", {"rank": 1, "epoch": 1})) == "s1"
+        assert link.monitor is None and link.watcher is None
+    finally:
+        link.close()
+        ctx.term()
+
+
+def test_a_primary_gone_before_the_watch_came_up_is_told_too():
+    import zmq
+    ctx = zmq.Context()
+    probe = ctx.socket(zmq.ROUTER)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(0)  # nothing listens there any more
+    link, told = _watching_backup(ctx, f"tcp://127.0.0.1:{port}")
+    try:
+        assert _pump(link, lambda: told), "no primary_down"
+        _pump(link, lambda: False, limit=0.5)
+        assert told == [("primary_down", {"rank": 1, "epoch": 3})] and not link.up
+    finally:
+        link.close()
+        ctx.term()

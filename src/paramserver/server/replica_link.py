@@ -39,9 +39,13 @@ log = logging.getLogger(__name__)
 # Requests that change a shard: forwarded to its backup before the primary applies them.
 FORWARDED = frozenset(("init", "push", "push_sparse", "push_rows", "apply_round"))
 FROM_COORDINATOR = frozenset(("attach_backup", "backup_dropped", "promote"))
-# What a backup's DEALER to its primary watches: the connection up (its handshake done, so a
-# peer refusing it is never taken for a primary that died) and dropping.
-_WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+# What a backup's DEALER to its primary watches: the connection up (its handshake done), then
+# dropping; or, not up yet, its connect refused (no process listens there any more). A
+# handshake refused means a key mismatch, not a death: that watch then says nothing.
+_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+            | _FAILED)
 # Forwards in flight per backup; below the DEALER's high-water mark (64), so a send never
 # waits: a full window stops the primary reading workers' requests instead.
 WINDOW = 32
@@ -67,6 +71,7 @@ class ReplicaLink:
         self.watcher: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
         self.up = False  # the watcher's connection is up
+        self.told = False  # primary_down said (or muted) since it was last up
 
     # ---- the primary ----------------------------------------------------------------------------
     @property
@@ -194,7 +199,7 @@ class ReplicaLink:
             else:
                 load_sync(self.core, msg.arrays)
                 self.primary, self.epoch = ident, epoch
-                self._watch(msg.get("addr"))
+                self.watch_primary(msg.get("addr"))
                 log.info("shard %d: backup synced at version %d (attach %d)", self.rank,
                          self.core.store.version, epoch)
         elif ident != self.primary or epoch != self.epoch:
@@ -234,7 +239,7 @@ class ReplicaLink:
         self.execute(rest)
         self.applied += 1
 
-    def _watch(self, addr: str | None) -> None:
+    def watch_primary(self, addr: str | None) -> None:
         """A backup synced by the primary at `addr`: an idle DEALER to it, whose monitor says
         when the connection drops (from_monitor, when `monitor` is readable). It sends
         nothing; a primary that names no address is not watched (its death waits for the
@@ -254,10 +259,16 @@ class ReplicaLink:
         while m is not None and m.poll(0):
             event = monitor.recv_monitor_message(m)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.up = True
-            elif event == zmq.EVENT_DISCONNECTED and self.up:
+                self.up, self.told = True, False
+            elif event & _FAILED:
+                self.up, self.told = False, True
+                log.warning("shard %d backup: its primary refused the watch's handshake; its "
+                            "death is judged by its silence", self.rank)
+            elif ((event == zmq.EVENT_DISCONNECTED and self.up)
+                  or (event == zmq.EVENT_CONNECT_RETRIED and not self.up)):
                 self.up = False
-                if self.backup and self.primary is not None:
+                if not self.told and self.backup and self.primary is not None:
+                    self.told = True
                     log.warning("shard %d backup: its primary's connection dropped", self.rank)
                     self.to_coordinator("primary_down", {"rank": self.rank,
                                                          "epoch": self.epoch})
@@ -270,7 +281,7 @@ class ReplicaLink:
             self.monitor.close(0)
             self.watcher.close(0)
             self.watcher = self.monitor = None
-            self.up = False
+            self.up = self.told = False
 
     def close(self) -> None:
         self._unwatch()
