@@ -159,9 +159,11 @@ def test_a_backup_says_once_that_its_primarys_connection_dropped():
         assert _pump(link, lambda: told), "no primary_down"
         _pump(link, lambda: False, limit=0.5)  # the reconnects that follow say nothing more
         assert told == [("primary_down", {"rank": 1, "epoch": 3})]
-        # promoted: the watch is over (its DEALER and monitor closed)
+        # promoted: the watch points at nothing (its sockets stay open until close())
         assert link.from_coordinator(Message("promote", {"rank": 1, "epoch": 1})) == "s1"
-        assert link.monitor is None and link.watcher is None
+        assert link.watching is None
+        _pump(link, lambda: False, limit=0.3)
+        assert len(told) == 1
     finally:
         link.close()
         ctx.term()

@@ -70,6 +70,7 @@ class ReplicaLink:
         # A backup's watch on its primary: an idle DEALER to it and that DEALER's monitor.
         self.watcher: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
+        self.watching: str | None = None  # the address the watcher connects to
         self.up = False  # the watcher's connection is up
         self.told = False  # primary_down said (or muted) since it was last up
 
@@ -149,7 +150,7 @@ class ReplicaLink:
             return None
         if msg.op == "promote":
             self.backup, self.primary = False, None
-            self._unwatch()  # workers connect and leave from now on
+            self._point_watch(None)  # nothing to watch any more
             log.warning("shard %d: promoted to primary (epoch %d) at version %d", self.rank,
                         msg["epoch"], self.core.store.version)
             return f"s{self.rank}"
@@ -244,13 +245,29 @@ class ReplicaLink:
         when the connection drops (from_monitor, when `monitor` is readable). It sends
         nothing; a primary that names no address is not watched (its death waits for the
         heartbeat timeout)."""
-        self._unwatch()
-        if not addr:
+        if self.watcher is None and addr:
+            self.watcher = connect_dealer(self.ctx, addr, keys=self.keys, send_timeout=0,
+                                          max_message=CONTROL_MESSAGE_BYTES, peer="server")
+            self.monitor = self.watcher.get_monitor_socket(_WATCHED)
+            self.monitor.linger = 0
+            self.watching, self.up, self.told = addr, False, False
             return
-        self.watcher = connect_dealer(self.ctx, addr, keys=self.keys, send_timeout=0,
-                                      max_message=CONTROL_MESSAGE_BYTES, peer="server")
-        self.monitor = self.watcher.get_monitor_socket(_WATCHED)
-        self.monitor.linger = 0
+        self._point_watch(addr)
+
+    def _point_watch(self, addr: str | None) -> None:
+        """Point the watcher at `addr` (None: at nothing). Its DEALER and monitor stay open
+        until close(): a monitor torn down beside a live socket can stall the context's I/O
+        thread, so the watch is only disconnected, and what its monitor says is read on."""
+        if self.watcher is None or addr == self.watching:
+            return
+        if self.watching is not None:
+            try:
+                self.watcher.disconnect(self.watching)
+            except zmq.ZMQError:  # (never connected there: nothing to undo)
+                pass
+        if addr:
+            self.watcher.connect(addr)
+        self.watching, self.up, self.told = addr, False, False
 
     def from_monitor(self) -> None:
         """A synced backup whose primary's connection dropped tells the coordinator, once per
@@ -274,13 +291,12 @@ class ReplicaLink:
                                                          "epoch": self.epoch})
 
     def _unwatch(self) -> None:
+        """At the end only (see _point_watch): the watched socket first, then its monitor;
+        the context's bounded termination follows."""
         if self.watcher is not None:
-            # The monitor off before its socket closes: a socket left monitoring into a
-            # closed one can stall the context's I/O.
-            self.watcher.disable_monitor()
-            self.monitor.close(0)
             self.watcher.close(0)
-            self.watcher = self.monitor = None
+            self.monitor.close(0)
+            self.watcher = self.monitor = self.watching = None
             self.up = self.told = False
 
     def close(self) -> None:
