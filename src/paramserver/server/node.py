@@ -419,7 +419,7 @@ class ServerNode:
         if from_worker:
             if msg.op in ("fwd", "sync"):  # from this backup's primary
                 security.check_role(ident, "server", self.secured)
-                replica.take(self.router, ident, msg, EVENTS)
+                replica.take(self.router, ident, msg, EVENTS, frames)
                 return
             if replica.backup:
                 raise ValueError(f"this server is shard {self.settings.rank}'s backup: it "
