@@ -60,7 +60,7 @@ class Pair:
     def _run_b(self, instructions):
         _run(self.backup_core, instructions)
 
-    def pump(self, until, what: str, timeout: float = 10.0):
+    def pump(self, until, what: str, timeout: float = 10.0, primary: bool = True):
         deadline = time.monotonic() + timeout
         while not until():
             if time.monotonic() > deadline:
@@ -70,7 +70,7 @@ class Pair:
                 if msg is not None:
                     self.received = frames
                     self.backup.take(self.router, ident, msg, self.events, frames)
-            if self.primary.sock is not None and self.primary.sock.poll(0):
+            if primary and self.primary.sock is not None and self.primary.sock.poll(0):
                 self.primary.from_backup()
 
     def close(self):
@@ -137,3 +137,22 @@ def test_without_shared_memory_forwards_go_over_the_socket(pair, monkeypatch):
     assert pair.primary.arena is None and pair.primary.shared_bytes == 0
     assert not any(type(f) is shm.SharedFrame for f in pair.received)
     np.testing.assert_array_equal(pair.backup_core.store.values.numpy(), -grad)
+
+
+def test_the_primary_takes_the_ack_the_backup_posted_in_its_arena_before_the_message(pair):
+    shm.serve_shared(pair.router, shm.Arena(1 << 16))  # the backup's arena (its values' there)
+    _attach(pair)
+    pair.pump(lambda: shm.shared_with(pair.primary.sock)
+              and shm.peer_counter(pair.primary.sock, 0) is not None, "both arenas mapped")
+    msg, frames = _request("push", 2, np.ones(KEYS, np.float32))
+    seq = pair.primary.forward(msg, frames[0])
+    assert pair.primary.hold(seq, ["ack to w0"]) == []  # the backup has not taken it yet
+    # The backup takes it (its fwd_ack message stays unread on the primary's socket) ...
+    pair.pump(lambda: pair.backup_core.store.version == 1, "the backup's apply", primary=False)
+    released = []
+    pair.primary.execute = released.extend
+    pair.primary.tick(time.monotonic())  # ... and the primary's next look releases the reply
+    assert released == ["ack to w0"] and pair.primary.forwarder.acked_seq == seq
+    assert pair.primary.sock.poll(5000)
+    pair.primary.from_backup()  # the fwd_ack message
+    assert released == ["ack to w0"]  # the message came after: nothing twice

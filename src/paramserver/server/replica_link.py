@@ -14,7 +14,10 @@ forward arena (transport.shm): the primary copies each forward's large arrays in
 memcpy, a fraction of a second TCP transfer's CPU on loopback) and only a descriptor crosses
 the socket. The backup copies them out into its own memory before it acknowledges, so an
 acknowledged update never lives only in the primary's memory; the primary writes a region
-again only after the ack of the forward that used it (replication.ForwardRing).
+again only after the ack of the forward that used it (replication.ForwardRing). The backup
+also posts each ack in its own arena (transport.shm.publish: attach epoch and seq in one word),
+where the primary reads it as soon as it has applied its own copy: on two busy cores the ack
+message waits for both processes' I/O threads, often longer than the backup took to copy.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ WINDOW = 32
 # The forward arena: room for a few forwards of the whole shard in flight, within bounds (a
 # chunked push's forwards are chunks: 64 MB holds four of the default 16 MB).
 RING_MIN, RING_MAX, RING_SHARDS = 4 << 20, 64 << 20, 4
+# Where a backup posts its acks in its arena's header, as epoch << ACK_BITS | seq.
+ACK_SLOT, ACK_BITS = 0, 40
 
 
 class ReplicaLink:
@@ -136,7 +141,18 @@ class ReplicaLink:
         return held, rest
 
     def hold(self, seq: int, replies: list) -> list:
-        return self.forwarder.hold(seq, replies)
+        out = self.forwarder.hold(seq, replies)
+        self.shared_ack()  # the backup may hold it already (it copies while we apply)
+        return out
+
+    def shared_ack(self) -> None:
+        """Take the ack the backup posted in its arena, if it is on this host: the same as its
+        fwd_ack message, which may still be on its way (and then changes nothing)."""
+        if self.sock is None:
+            return
+        posted = shm.peer_counter(self.sock, ACK_SLOT)
+        if posted:
+            self._acked(posted >> ACK_BITS, posted & ((1 << ACK_BITS) - 1))
 
     def from_backup(self) -> None:
         """Drain the backup's acknowledgements: the replies they release go out."""
@@ -151,17 +167,22 @@ class ReplicaLink:
             if msg.get("refused"):
                 self._report(fw.refused(msg["seq"], msg["refused"]))
                 continue
-            released, synced = fw.acked(msg["epoch"], msg["seq"])
-            if self.ring is not None:
-                self.ring.release(fw.acked_seq)
-            if released:
-                self.execute(released)
-            if synced:
-                log.info("shard %d: backup at %s synced", self.rank, fw.addr)
-                self.to_coordinator("backup_synced", {"rank": self.rank, "epoch": fw.epoch,
-                                                      "version": self.core.store.version})
+            self._acked(msg["epoch"], msg["seq"])
+
+    def _acked(self, epoch: int, seq: int) -> None:
+        fw = self.forwarder
+        released, synced = fw.acked(epoch, seq)
+        if self.ring is not None:
+            self.ring.release(fw.acked_seq)
+        if released:
+            self.execute(released)
+        if synced:
+            log.info("shard %d: backup at %s synced", self.rank, fw.addr)
+            self.to_coordinator("backup_synced", {"rank": self.rank, "epoch": fw.epoch,
+                                                  "version": self.core.store.version})
 
     def tick(self, now: float) -> None:
+        self.shared_ack()
         self._report(self.forwarder.expired(now))
 
     def next_deadline(self) -> float:
@@ -246,6 +267,8 @@ class ReplicaLink:
         fields = {"seq": seq, "epoch": epoch}
         if refused:
             fields["refused"] = refused[:200]
+        elif seq < 1 << ACK_BITS:
+            shm.publish(router, ACK_SLOT, epoch << ACK_BITS | seq)  # for a primary on this host
         rpc.send_or_drop(router, Message("fwd_ack", fields, src=f"b{self.rank}"), ident)
         if inner is not None:
             self._apply(inner, seq, events)
