@@ -14,7 +14,8 @@ on all; the figures to quote are the medians of the per-round ratios replicas / 
 replicas / plain tcp. The replicated runs start timing only once every backup is synced.
 `--tcp-forward` adds the replicated job with shared memory off (every forward through TCP);
 `--a TREE` adds the replicated job of another source tree (its own benchmarks/ and src/,
-e.g. main), for an interleaved A/B: the per-round ratio replicas / replicas A.
+e.g. main), for an interleaved A/B: the per-round ratio replicas / replicas A; `--a TREE=NAME`
+names the side `replicas NAME` (repeat --a for more trees).
 
   python benchmarks/replicas_overhead.py --rounds 7
   python benchmarks/replicas_overhead.py --rounds 7 --a /work/main --tcp-forward
@@ -105,16 +106,21 @@ def main() -> int:
                         "primary forwards one chunk while the next arrives")
     parser.add_argument("--tcp-forward", action="store_true", help="add a side `replicas "
                         "tcp`: the replicated job with shared memory off, forwards over TCP")
-    parser.add_argument("--a", type=Path, metavar="TREE", help="add a side `replicas A`: "
-                        "the replicated job of source tree TREE as it measures it")
+    parser.add_argument("--a", action="append", default=[], metavar="TREE[=NAME]",
+                        help="add a side `replicas NAME` (A): the replicated job of source "
+                        "tree TREE as it measures it")
     args = parser.parse_args()
     if args.tcp_forward:
         SIDES["replicas tcp"] = (2, False, {})
-    if args.a:
+    others = []
+    for spec in args.a:
+        tree, _, name = spec.partition("=")
+        side = f"replicas {name or 'A'}"
         # The other tree's own replicated side (before shared forwards it turned shared
         # memory off, which changed nothing for its forwards).
-        SIDES["replicas A"] = (2, False, {})
-        TREES["replicas A"] = args.a.resolve()
+        SIDES[side] = (2, False, {})
+        TREES[side] = Path(tree).resolve()
+        others.append(side)
     if args.chunks:
         size, _, window = args.chunks.partition(":")
         nbytes = int(float(size) * (1 << 20))
@@ -138,14 +144,13 @@ def main() -> int:
     print(f"replicas / plain: median {statistics.median(over):.3f} "
           f"(range {min(over):.2f}-{max(over):.2f}); replicas / plain tcp: median "
           f"{statistics.median(over_tcp):.3f} (range {min(over_tcp):.2f}-{max(over_tcp):.2f})")
-    for extra in ("replicas tcp", "replicas A"):
-        if extra in times:
-            r = [x / p for x, p in zip(times[extra], times["plain tcp"])]
-            print(f"{extra} / plain tcp: median {statistics.median(r):.3f} "
-                  f"(range {min(r):.2f}-{max(r):.2f})")
-    if "replicas A" in times:
-        ab = [b / a for b, a in zip(rep, times["replicas A"])]
-        print(f"A/B: replicas (this tree) / replicas A: median {statistics.median(ab):.3f} "
+    for extra in [*(("replicas tcp",) if args.tcp_forward else ()), *others]:
+        r = [x / p for x, p in zip(times[extra], times["plain tcp"])]
+        print(f"{extra} / plain tcp: median {statistics.median(r):.3f} "
+              f"(range {min(r):.2f}-{max(r):.2f})")
+    for side in others:
+        ab = [b / a for b, a in zip(rep, times[side])]
+        print(f"A/B: replicas (this tree) / {side}: median {statistics.median(ab):.3f} "
               f"(range {min(ab):.2f}-{max(ab):.2f})")
     if "replicas chunked" in times:
         ch = [r / p for r, p in zip(times["replicas chunked"], times["plain tcp"])]
