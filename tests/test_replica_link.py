@@ -1,13 +1,15 @@
 """A replicated shard's link (server/replica_link.py) on real sockets, in one process: the
 primary's forwards reach a backup on this host through the primary's shared arena, and the
 backup holds its own copy of what it acknowledged (the primary writes that memory again once
-the ack is in, and may die at any time). The slow live checks are tests/test_replicas_live.py.
+the ack is in, and may die at any time), and posts its acks where the primary reads them
+without a message. The slow live checks are tests/test_replicas_live.py.
 """
 
 import time
 
 import numpy as np
 import pytest
+
 from paramserver.net import rpc
 from paramserver.server.core import ShardCore
 from paramserver.server.events import ShardSettings, Then
