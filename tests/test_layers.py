@@ -18,6 +18,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/membership.py", "coordinator/progress.py",
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py", "coordinator/replicas.py", "server/replication.py",
+        "coordinator/reshard.py",
         "coordinator/takeback.py",
         # Elastic workers: the wait below MIN and the per-epoch sample ledger.
         "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
@@ -25,8 +26,9 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "observe/stats.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
+        "server/handoff.py",
         # The simulator's core.
-        "sim/engine.py", "sim/comm.py", "sim/compute.py",
+        "sim/engine.py", "sim/comm.py", "sim/compute.py", "sim/membership.py",
         # Scoring beside the evaluator.
         "training/auc.py",
         # advise: the convergence model and its fit (engineer B's part).

@@ -108,14 +108,32 @@ model_size = _typed(lambda t: units.parse_count(t, "model size"), "count")
 AUTO = "auto"
 
 
-def _servers(text: str) -> int | str:
-    """A shard count, or "auto" (resolved once the model's size is known)."""
+def _servers(text: str):
+    """A shard count, "auto" (resolved once the model's size is known), or MIN:MAX (a job
+    that servers join and leave while it runs: spec/job.py ServerCount)."""
     if text.strip().lower() == AUTO:
         return AUTO
+    if ":" in text:
+        from paramserver.spec.job import ServerCount
+        return ServerCount.parse(text)
     return _count(1)(text)
 
 
 servers = _typed(_servers, "servers")
+
+
+def _server_count(text: str):
+    """N, or MIN:MAX (servers join and leave while the job runs)."""
+    if ":" in text:
+        from paramserver.spec.job import ServerCount
+        return ServerCount.parse(text)
+    return _count(1)(text)
+
+
+server_count = _typed(_server_count, "servers")
+SERVERS_RANGE_HELP = ("or MIN:MAX: start MIN, let servers join (`paramserver server --join "
+                      "ADDR`) up to MAX and be drained (`paramserver drain`, or SIGTERM to a "
+                      "server) back to MIN while the job runs")
 
 
 def _workers(text: str):
@@ -133,6 +151,24 @@ def _batch_rule(text: str) -> str:
 
 
 batch_rule = _typed(_batch_rule, "batch rule")
+
+
+def _membership(text: str):
+    from paramserver.sim.membership import parse_membership
+    return parse_membership(text)
+
+
+# simulate's join@T[*N] / leave@T[:wR] schedule (sim/membership.py Schedule).
+membership = _typed(_membership, "membership")
+
+
+def _join_at(text: str):
+    from paramserver.spec.compare_plan import JoinAt
+    return JoinAt.parse(text)
+
+
+# compare's --join-at: seconds of training or N% of the budget (spec/compare_plan.py JoinAt).
+join_at = _typed(_join_at, "join_at")
 
 
 def checked_text(parser: Callable) -> Callable:

@@ -15,7 +15,7 @@ from paramserver.cli.args import parse_options
 from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
-    SCENARIOS, SINGLE, parse_scenarios, plan_runs, variant_settings,
+    SCENARIOS, SINGLE, THIRD, JoinAt, parse_scenarios, plan_runs, variant_settings,
 )
 from paramserver.spec.config import TrainConfig
 
@@ -96,6 +96,15 @@ SCRIPT_NOTES = [
     "the test metric is the one the script reported with opt.report(test_accuracy=...), "
     "timed when the coordinator received it.",
 ]
+ELASTIC_NOTE = (
+    "An elastic comparison (--workers MIN:MAX): every run starts with MIN workers and MAX - MIN "
+    "more join it through its join address (`paramserver worker --join`, as by hand) at the "
+    "same point, --join-at (seconds of training, or a share of the sample budget: the same work "
+    "under every policy; a joiner registers once its process is up, seconds later on a busy "
+    "host, and its worker_joined event's `samples` says where it landed); each run's membership "
+    "timeline shows the joins and the --batch-rule's "
+    "terms after them. The single-process reference trains at the global batch the runs start "
+    "with (MIN workers').")
 USAGE_SCRIPT = ("compare's script form: paramserver compare --sync bsp,lbbsp --steps 200 -- "
                 "python my_script.py")
 
@@ -192,6 +201,38 @@ def _policies(arg: str | None) -> list[str]:
     return names
 
 
+class ScheduledJoins:
+    """The joiners of one run of an elastic comparison: workers MIN..MAX-1, each started as
+    `paramserver worker --join ADDR` would be by hand (LocalCluster.add_worker), once `join_at`
+    is due, judged from the run's metrics.jsonl as it grows. Called at every poll of the run."""
+
+    def __init__(self, metrics_path: Path, join_at: JoinAt, first: int, last: int):
+        from paramserver.runlog.progress import MetricsTail
+        self.tail = MetricsTail(metrics_path)
+        self.join_at, self.slots = join_at, range(first, last)
+        self.joined_at: float | None = None  # seconds of training when they were started
+
+    def __call__(self, cluster) -> None:
+        if self.joined_at is not None or not self.slots:
+            return
+        tail = self.tail
+        tail.poll()
+        if not tail.steps:  # training has not begun: nothing to join yet
+            return
+        spec = cluster.spec
+        if self.join_at.due(tail.t, tail.samples, spec.max_samples, spec.max_seconds):
+            for slot in self.slots:
+                cluster.add_worker(slot)
+            self.joined_at = tail.t
+
+
+def joins_for(cfg: TrainConfig, folder: Path, join_at: JoinAt) -> ScheduledJoins | None:
+    """The scheduled joins of a run of `cfg` (None unless it is elastic with MAX > MIN)."""
+    if not cfg.min_workers or cfg.workers <= cfg.min_workers:
+        return None
+    return ScheduledJoins(folder / "metrics.jsonl", join_at, cfg.min_workers, cfg.workers)
+
+
 def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) -> None:
     script = getattr(args, "worker_command", None)
     if script:
@@ -206,8 +247,12 @@ def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) ->
             # has the one it ran with).
             "policy_optimizers": {p: r for p, r in args.policy_optimizers.items()
                                   if p in policies and r != base.optimizer},
-            "notes": SCRIPT_NOTES if script else NOTES,
+            "notes": (SCRIPT_NOTES if script else NOTES)
+            + ([ELASTIC_NOTE] if base.min_workers else []),
             "runs": done, "command": " ".join(sys.argv)}
+    if base.min_workers:  # the membership change every run goes through
+        plan["elastic"] = {"min_workers": base.min_workers, "max_workers": base.workers,
+                           "join_at": args.join_at.text(), "batch_rule": base.batch_rule}
     if script:
         plan["worker_command"] = script
     (out / "compare.json").write_text(json.dumps(plan, indent=2))
@@ -220,9 +265,10 @@ def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
     command = getattr(args, "worker_command", None)
 
     def run_one(cfg, folder, quiet, timeout) -> dict:  # the user's script, or the built-in task
+        watch = joins_for(cfg, folder, args.join_at)
         if command:
-            return run_script(cfg, folder, command, quiet=quiet, timeout=timeout)
-        return run_training(cfg, folder, quiet=quiet, timeout=timeout)
+            return run_script(cfg, folder, command, quiet=quiet, timeout=timeout, watch=watch)
+        return run_training(cfg, folder, quiet=quiet, timeout=timeout, watch=watch)
     done: list[dict] = []
     for i, run in enumerate(runs, 1):
         label = f"[{i}/{len(runs)}] {run.scenario} / {run.policy} / rep {run.repeat}"
@@ -281,6 +327,11 @@ def _run(args) -> int:
         return 2
     try:
         args.worker_command = script_command(args)
+        if args.join_at is None:
+            args.join_at = THIRD
+        elif not getattr(args.workers, "elastic", False):
+            raise ValueError("--join-at applies to an elastic comparison: give --workers "
+                             "MIN:MAX")
         policies = _policies(args.sync)
         scenarios = parse_scenarios(args.scenario, read_trace)
         args.optimizer, args.policy_optimizers = rule_pairing(args.optimizer)
@@ -307,6 +358,10 @@ def _run(args) -> int:
                   f"{args.repeats} repeat(s): {len(runs)} runs into {out}"
                   + (f", each running {' '.join(args.worker_command)} as the workers"
                      if args.worker_command else ""))
+    if base.min_workers and base.workers > base.min_workers:
+        joiners = base.workers - base.min_workers
+        console.print(f"each run starts {base.min_workers} workers; {joiners} more join "
+                      f"{args.join_at.describe()} (batch rule {base.batch_rule})")
     code = 0
     try:
         _run_all(runs, out, args, base, scenarios, policies, console)
@@ -345,7 +400,11 @@ def register(sub) -> None:
         "opt.report(test_accuracy=...) (the time to target is taken from it), and the "
         "scenario's straggler stretches its measured step time. A script run needs --steps "
         "or --max-seconds; the built-in model's flags (--model, --dataset, --epochs, "
-        "--eval-interval, ...) are refused.",
+        "--eval-interval, ...) are refused. "
+        "With --workers MIN:MAX every run starts MIN workers and MAX - MIN join it at "
+        "--join-at, through the join address as `paramserver worker --join` does: the "
+        "report compares the policies under that membership change, each run's timeline "
+        "showing it.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sync", help=f"comma-separated policies (default all: "
                                   f"{','.join(catalog.SYNC_POLICIES)})")
@@ -368,6 +427,11 @@ def register(sub) -> None:
                         "8bit=uniform8:pull=uniform8); rows are named POLICY+LABEL "
                         "(repeatable)")
     p.add_argument("--no-single", action="store_true", help="skip the single-process reference")
+    p.add_argument("--join-at", type=flag.join_at, default=None, metavar="SECONDS|N%",
+                   help="with --workers MIN:MAX: when MAX - MIN workers join each run (through "
+                        "its join address, as `paramserver worker --join` by hand): after "
+                        "SECONDS of training (e.g. 20s) or at N%% of the sample budget (the same "
+                        "work under every policy; default 33%%, a third of the way)")
     add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
                       f"{paired_text()}; a rule given applies to every policy")
     p.add_argument("--out", help="output folder (default runs/<time>-compare)")

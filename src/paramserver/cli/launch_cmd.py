@@ -24,7 +24,9 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         sync=args.sync, sync_options=flag.options(args.sync_opt),
         workers=args.workers.max, min_workers=args.workers.min if args.workers.elastic else 0,
         batch_rule=args.batch_rule,
-        servers=args.servers, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+        servers=getattr(args.servers, "min", args.servers),
+        max_servers=getattr(args.servers, "max", 0),
+        batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
         optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
         max_seconds=args.max_seconds, straggler=args.straggler, device_time=args.device_time,
         dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
@@ -49,7 +51,8 @@ def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     cfg.straggler.model.check_workers(cfg.workers)
     return JobSpec(
-        num_keys=0, dtype=cfg.dtype, servers=cfg.servers, workers=cfg.workers,
+        num_keys=0, dtype=cfg.dtype, servers=cfg.servers, max_servers=cfg.max_servers,
+        workers=cfg.workers,
         min_workers=cfg.min_workers, batch_rule=cfg.batch_rule,
         batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
         optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
@@ -83,11 +86,12 @@ def script_settings(cfg) -> dict:
 
 
 def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
-               timeout: float | None = None) -> dict:
+               timeout: float | None = None, watch=None) -> dict:
     """One local job of `command` as the workers under `cfg` (see script_job), as
     train_cmd.run_training runs the built-in task: writes config.json (with the command),
     metrics.jsonl and summary.json into run_dir and returns the summary. A worker that exits
-    with an error fails the run (LaunchError), as a dead built-in worker would."""
+    with an error fails the run (LaunchError), as a dead built-in worker would.
+    `watch(cluster)`, if given, is called at every poll while the job runs (as run_training's)."""
     import json
 
     from paramserver.launch.local import LaunchError, LocalCluster
@@ -104,7 +108,7 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
                            restart_coordinator=cfg.restart_coordinator)
     with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, f"{cfg.sync} x{cfg.workers}",
                      quiet) as bar:
-        cluster.run(on_tick=bar.tick)
+        cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
     records = list(read_records(run_dir / "metrics.jsonl"))
     exits, tails = _worker_exits(cluster, "local")
     failures = worker_failures(exits, rank_records(records))
@@ -249,7 +253,8 @@ def register(sub) -> None:
                         "data_len=len(dataset)) and draws through paramserver.BatchSampler")
     p.add_argument("--batch-rule", type=flag.batch_rule, default="fixed",
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default fixed)")
-    p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--servers", type=flag.server_count, default=1,
+                   help=f"shards, {flag.SERVERS_RANGE_HELP} (default 1)")
     p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
                    help="copies of each shard: 2 runs a backup beside each shard server, which "
                         "every update reaches before it is acknowledged and which takes over, "

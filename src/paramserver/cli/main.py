@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "paramserver.cli.compare_cmd",
     "paramserver.cli.demo_cmd",
     "paramserver.cli.doctor_cmd",
+    "paramserver.cli.drain_cmd",
     "paramserver.cli.export_cmd",
     "paramserver.cli.keys_cmd",
     "paramserver.cli.launch_cmd",

@@ -20,13 +20,15 @@ def build_job(args) -> JobSpec:
     from paramserver.policies import make_policy
     if args.num_keys < 1:
         raise ValueError(f"--num-keys must be at least 1, not {args.num_keys}")
-    if args.workers < 1 or args.servers < 1:
+    servers = getattr(args.servers, "min", args.servers)
+    if args.workers < 1 or servers < 1:
         raise ValueError("--workers and --servers must be at least 1")
     sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
     make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
     make_rule(args.optimizer, args.lr, **opt_opts)
     return JobSpec(
-        num_keys=args.num_keys, dtype=args.dtype, servers=args.servers, workers=args.workers,
+        num_keys=args.num_keys, dtype=args.dtype, servers=servers,
+        max_servers=getattr(args.servers, "max", 0), workers=args.workers,
         batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
         optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
         max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
@@ -49,7 +51,7 @@ def _run(args) -> int:
                            job_timeout=args.timeout)
     try:
         address = cluster.start(spawn_workers=False)
-        print(f"serve: {args.num_keys} keys on {args.servers} shard(s), {args.sync}, waiting "
+        print(f"serve: {args.num_keys} keys on {job.servers} shard(s), {args.sync}, waiting "
               f"for {args.workers} worker(s); join at {address}\n"
               f"       e.g. KVWorker({address!r}); logs in {run_dir}", flush=True)
         cluster.wait()
@@ -82,7 +84,8 @@ def register(sub) -> None:
                     "logs whom it waits for meanwhile. Plaintext on loopback only.")
     p.add_argument("--num-keys", type=int, required=True, metavar="N",
                    help="the length of the job's flat parameter vector")
-    p.add_argument("--servers", type=int, default=1, help="shards (default 1)")
+    p.add_argument("--servers", type=flag.server_count, default=1,
+                   help=f"shards, {flag.SERVERS_RANGE_HELP} (default 1)")
     p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
                    help="copies of each shard: 2 runs a backup beside each shard server, which "
                         "every update reaches before it is acknowledged and which takes over, "

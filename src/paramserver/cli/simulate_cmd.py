@@ -10,6 +10,7 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.emulation.stragglers import STRAGGLER_HELP
+from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 
 # The simulator (numpy, the policies) loads when this command's parser is built, not when
 # `paramserver --help` lists the commands.
@@ -25,6 +26,15 @@ model bytes / servers / bandwidth seconds; every message also takes --latency on
 a live run's folder (or metrics.jsonl), plus the step time no field records and the wait
 before the start barrier; --latency is then each coordinator message's (release, clock).
 `paramserver.sim.replay` builds the whole mirror of a live run (benchmarks/replay_check.py).
+
+--membership SCHEDULE
+{membership_help}
+Each change is an event in events.jsonl (worker_joined, preemption_notice, worker_left with
+reason preempted, membership_skipped; batch_rule with the terms after each change, as a live
+elastic job writes them), a record in metrics.jsonl (membership, left) and a row of the
+report's membership timeline; summary.json's simulator.membership lists them. --batch-rule
+(as train's) says what the batch becomes as workers come and go; its reference head count is
+--workers, the workers the run starts with.
 
 The end: --steps per worker, or --max-samples shared by all workers as in a live job: from
 the clock that reaches the budget on, every release says stop (steps under way finish).
@@ -49,7 +59,8 @@ def add_sim_args(p) -> None:
     p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
     p.add_argument("--workers", type=int, default=d.workers,
-                   help=f"virtual workers (default {d.workers})")
+                   help=f"virtual workers (default {d.workers}); with --membership the "
+                        f"workers it starts with, more may join")
     p.add_argument("--steps", type=int, default=None,
                    help=f"steps per worker (default {d.steps}, none with --max-samples)")
     p.add_argument("--max-samples", type=int, default=None,
@@ -85,6 +96,12 @@ def add_sim_args(p) -> None:
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "float64"),
                    help="float32 or float64 parameters")
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    p.add_argument("--membership", type=flag.membership, default=d.membership,
+                   metavar="SCHEDULE",
+                   help="workers that join and leave in virtual time, e.g. "
+                        "join@30s*2,leave@60s:w1 (grammar below; default none)")
+    p.add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
+                   help=f"with --membership: {BATCH_RULE_HELP} (default {d.batch_rule})")
 
 
 def add_train_args(p) -> None:
@@ -118,14 +135,16 @@ def config_from_args(args):
         dtype=args.dtype, seed=args.seed, train=args.train, lr=args.lr,
         optimizer=args.optimizer, optimizer_options=flag.options(args.optimizer_opt),
         eval_interval=args.eval_interval, threads=args.threads,
-        detail=getattr(args, "detail", None) or SimConfig().detail)
+        detail=getattr(args, "detail", None) or SimConfig().detail,
+        membership=getattr(args, "membership", None) or SimConfig().membership,
+        batch_rule=getattr(args, "batch_rule", None) or SimConfig().batch_rule)
 
 
 def drive(sim, quiet: bool) -> tuple[bool, float]:
     """Run to the end or to Ctrl-C, with a progress bar; returns (complete, wall seconds)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     engine, total = sim.engine, sim.engine.total_steps
-    by_samples = total is None  # a sample budget: progress in samples
+    by_samples = total is None and bool(sim.cfg.max_samples)  # progress in samples
     if by_samples:
         total = sim.cfg.max_samples
     bar = None if quiet else Progress(
@@ -162,6 +181,10 @@ def print_summary(s: dict, run_dir: Path) -> None:
         tta = ", ".join(f"{k}: {'-' if v is None else f'{v:.2f}s'}"
                         for k, v in s["time_to_accuracy"].items())
         print(f"  final test accuracy {s['final_test_accuracy']:.4f}; time to accuracy: {tta}")
+    for m in sim.get("membership", []):
+        what = (m["change"] if "why" in m else
+                f"worker {m['worker']} {m['change']}, {m['workers']} training")
+        print(f"  t={m['t']:.3f} s: {what}" + (f" ({m['why']})" if "why" in m else ""))
     print(f"  simulator: {sim['events']} events in {sim['wall_s']:.2f} s "
           f"({sim['events_per_s']:,.0f} events/s)")
     print(f"  run folder: {run_dir}")
@@ -193,14 +216,16 @@ SUMMARY = {"simulate": "simulate a sync policy with many virtual workers"}
 
 def register(sub) -> None:
     from paramserver.sim.compute import COMPUTE_HELP
+    from paramserver.sim.membership import MEMBERSHIP_HELP
     from paramserver.sim.run import DETAIL_LIMIT, DETAILS
     epilog = EPILOG.format(compute_help=COMPUTE_HELP, straggler_help=STRAGGLER_HELP,
-                           detail_limit=DETAIL_LIMIT)
+                           detail_limit=DETAIL_LIMIT, membership_help=MEMBERSHIP_HELP)
     p = sub.add_parser("simulate", help=SUMMARY["simulate"],
                        description="Drive the live sync policies with virtual workers in "
                                    "virtual time (discrete events):\ncompute-time models, "
-                                   "stragglers and server link contention; optionally train a "
-                                   "small\nmodel on the simulated schedule.",
+                                   "stragglers and server link contention, workers joining "
+                                   "and\nleaving (--membership); optionally train a small "
+                                   "model on the simulated schedule.",
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sim_args(p)
     add_train_args(p)

@@ -52,7 +52,10 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default {d.batch_rule})")
     p.add_argument("--servers", type=flag.servers, default=d.servers,
-                   help=f"shards, or {AUTO_SERVERS_HELP} (default {d.servers})")
+                   help=f"shards, or {AUTO_SERVERS_HELP}, or MIN:MAX: start MIN, let servers "
+                        f"join (`paramserver server --join`) up to MAX and be drained "
+                        f"(`paramserver drain`) back to MIN while training runs; key ranges "
+                        f"move to balance bytes and load (default {d.servers})")
     p.add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
@@ -186,7 +189,8 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         sync=sync, sync_options=sync_options,
         workers=_max_workers(args.workers), min_workers=_min_workers(args.workers),
         batch_rule=getattr(args, "batch_rule", TrainConfig.batch_rule),
-        servers=args.servers, model=args.model,
+        servers=getattr(args.servers, "min", args.servers),
+        max_servers=getattr(args.servers, "max", 0), model=args.model,
         model_options=flag.options(args.model_opt), model_size=args.model_size,
         dataset=args.dataset,
         data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
@@ -307,11 +311,12 @@ def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: 
 
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
                  timeout: float | None = None, resume: dict | None = None,
-                 launcher: dict | None = None) -> dict:
+                 launcher: dict | None = None, watch=None) -> dict:
     """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir.
 
     `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint; `launcher`
-    picks where the processes run (make_cluster).
+    picks where the processes run (make_cluster); `watch(cluster)`, if given, is called at
+    every poll while the job runs (compare's scheduled joins).
     """
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
@@ -328,7 +333,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     cluster = make_cluster(spec, run_dir, cfg, timeout, launcher)
     label = f"{cfg.sync} x{cfg.workers}"
     with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, label, quiet) as bar:
-        cluster.run(on_tick=bar.tick)
+        cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
     summary = summarize(read_records(run_dir / "metrics.jsonl"),
                         {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -403,6 +408,13 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     if tag is None:
         raise ValueError(f"cannot resume {run_dir}: no kept checkpoint in "
                          f"{cfg.checkpoint_dir} is usable")
+    from paramserver.coordinator.checkpoint_keeper import load_coordinator_state
+    had = load_coordinator_state(cfg.checkpoint_dir, tag).get("servers")
+    starts = int(job.get("servers", cfg.servers))
+    if isinstance(had, int) and had != starts:
+        raise ValueError(f"cannot resume {run_dir}: checkpoint {tag} was taken with {had} "
+                         f"servers (servers joined or left), the job starts with {starts}; "
+                         f"resuming on a changed server count is not supported yet")
     return cfg, run_dir, {"dir": cfg.checkpoint_dir, "tag": tag}
 
 

@@ -60,12 +60,17 @@ def load_coordinator_state(root: str | Path, tag: str) -> dict:
     return check_coordinator_state(meta, str(part_folder(Path(root), tag, COORDINATOR_PART)))
 
 
-def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> None:
+def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> int:
     """CheckpointError unless checkpoint `tag` is whole and fits a job of `servers` shards
     holding `dtype` values: the coordinator's state, and each shard's part with its files
-    (sizes, headers, checksums), the shards' ranges tiling [0, num_keys) in rank order."""
+    (sizes, headers, checksums), the shards' ranges tiling [0, num_keys) in rank order.
+    Returns the number of shard parts: a job whose servers joined or left (--servers
+    MIN:MAX) records how many it had at the checkpoint, which wins over `servers`."""
     root = Path(root)
     state = load_coordinator_state(root, tag)
+    recorded = state.get("servers")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        servers = recorded
     lo = 0
     for rank in range(servers):
         part = f"server-{rank}"
@@ -81,6 +86,7 @@ def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> No
     if lo != state["num_keys"]:
         raise CheckpointError(f"checkpoint {tag} in {root}: its {servers} shards hold keys "
                               f"[0, {lo}) of the job's {state['num_keys']}")
+    return servers
 
 
 def usable_checkpoint(root: str | Path, servers: int, dtype: str,

@@ -85,6 +85,31 @@ class ReplicaReport:
 
 
 @dataclass(slots=True)
+class DrainAsked:
+    """`drain` {rank}: the server of that rank should leave the job (a `paramserver drain`, or
+    the server itself on SIGTERM); see reshard.py."""
+
+    op: ClassVar[str] = "drain"
+    src: str
+    now: float
+    rank: int
+    to: Any = None
+
+
+@dataclass(slots=True)
+class Resharded:
+    """A server's `resharded`: its new range is whole (or, drained, it sent all it held)."""
+
+    op: ClassVar[str] = "resharded"
+    src: str
+    now: float
+    epoch: int
+    version: int
+    to: Any = None
+    link: Any = None
+
+
+@dataclass(slots=True)
 class Bye:
     op: ClassVar[str] = "bye"
     src: str
@@ -191,6 +216,10 @@ class SendRelease:
     # An elastic job: the positions of the epochs' permutations this step trains on,
     # [[epoch, lo, hi], ...] (coordinator/ledger.py); None otherwise.
     samples: list | None = None
+    # Live resharding: the shard map's epoch and layout ([[rank, addr, lo, hi], ...]), sent to
+    # a worker whose map is older; None otherwise.
+    epoch: int = 0
+    layout: list | None = None
 
 
 @dataclass(slots=True)

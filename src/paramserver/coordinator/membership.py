@@ -39,6 +39,7 @@ class Member:
     behind: int | None = None
     last_release: Any = None  # the SendRelease that answered its last clock (sent again to a
     # repeat of that clock: a worker re-sends one whose answer it did not get)
+    epoch: int = 0  # a worker: the shard map's epoch it was told (live resharding)
 
 
 class UnknownMember(ValueError):

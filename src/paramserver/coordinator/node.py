@@ -21,6 +21,7 @@ from paramserver.coordinator.events import (
     StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.events import ReplicaReport
+from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.state import CoordinatorState
@@ -83,6 +84,9 @@ EVENTS = {
     "backup_lost": lambda msg, now, to, link: ReplicaReport(msg.op, msg.src, now, to, link,
                                                             dict(msg.fields)),
     "preflight": lambda msg, now, to, link: PreflightReported(msg.src, msg["links"], now, to),
+    "drain": lambda msg, now, to, link: DrainAsked(msg.src, now, msg["rank"], to),
+    "resharded": lambda msg, now, to, link: Resharded(msg.src, now, msg["epoch"],
+                                                      msg.get("version", 0), to, link),
 }
 
 
@@ -280,6 +284,8 @@ class CoordinatorNode:
             fields["scale"] = float(i.scale)
         if i.samples is not None:
             fields["samples"] = i.samples
+        if i.layout is not None:
+            fields["epoch"], fields["layout"] = i.epoch, i.layout
         ident, rid = i.to
         rpc.send(self.sock, Message("release", fields, rid=rid, src="coord"), ident)
         self.flight.record("send", op="release", step=i.step, rid=rid)

@@ -21,6 +21,9 @@ from paramserver.coordinator.events import (
     StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.events import ReplicaReport
+from paramserver.coordinator.events import DrainAsked, Resharded
+from paramserver.coordinator.reshard import Resharder
+from paramserver.core.keyspace import KeyRange
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
@@ -77,6 +80,11 @@ class CoordinatorState:
                                        limits.restart_timeout)
         # Shard backups (--replicas 2): a dead primary's backup takes over (replicas.py).
         self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout)
+        # Live resharding (--servers MIN:MAX): servers join and leave (reshard.py).
+        self.reshard = Resharder(job.servers, job.max_servers, limits.server_timeout,
+                                 limits.server_timeout)
+        self.shard_busy: dict[int, float] = {}  # rank -> apply seconds since the last reshard
+        self.draining: list = []  # (link, when it is told to shut down) of drained servers
         self.takeback: TakeBack | None = None
         if take_back is not None:
             self.takeback = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
@@ -115,6 +123,8 @@ class CoordinatorState:
         # Preflight link probes (issue 23): each worker's figures, for RUN/preflight.json.
         self.preflight = PreflightBook(job.workers)
         self._handlers[PreflightReported] = self._on_preflight
+        self._handlers[DrainAsked] = self._on_drain
+        self._handlers[Resharded] = self._on_resharded
 
     # ---- the envelope ---------------------------------------------------------------------------
     def handle(self, event) -> list:
@@ -196,6 +206,10 @@ class CoordinatorState:
         if self.takeback is not None:
             t = min(self.takeback.deadline, self.takeback_fails_at)
             if due is None or t < due:
+                due = t
+        if self.reshard.enabled:
+            t = self._reshard_deadline()
+            if t is not None and (due is None or t < due):
                 due = t
         return due
 
@@ -304,6 +318,13 @@ class CoordinatorState:
             if failure is not None:
                 self._fail(failure, now, out)
             return
+        if self.reshard.enabled and members.servers_complete:
+            # A server beyond the ranks taken: it joins the running job at the next reshard,
+            # welcomed then with the range it gets.
+            self.reshard.ask_join(e.addr, len(members.roster.servers), now, e.to, e.link,
+                                  e.src)
+            out.append(AppendEvent(now, "server_join_asked", {"addr": e.addr}))
+            return
         member = members.add_server(e)
         job = self._server_job(member.rank)
         if self.job.resume is not None:
@@ -399,7 +420,10 @@ class CoordinatorState:
         job = WorkerJob.of(self.job, self.members.num_keys, self.members.shard_map(),
                            self.host.apply_mode, self.host.name,
                            self.budget.worker_samples.get(member.rank, 0))
-        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": job.to_dict()}))
+        fields = {"rank": member.rank, "job": job.to_dict()}
+        if self.reshard.enabled:
+            fields["epoch"] = member.epoch = self.reshard.epoch
+        out.append(Reply(e.to, "welcome", fields))
 
     # ---- the step protocol ----------------------------------------------------------------------
     def _on_started(self, e: Started, out: list) -> None:
@@ -530,6 +554,10 @@ class CoordinatorState:
         if elastic is not None and elastic.paused and not d.stop:
             elastic.hold(d)  # fewer than MIN workers: nobody steps until enough are back
             return
+        reshard = self.reshard
+        if reshard.holding and not d.stop:
+            reshard.hold(d)  # the fence: nobody steps until the keys have moved
+            return
         if refill:  # it waited for its worker: what it must say is what holds now
             host = self.host
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
@@ -540,6 +568,9 @@ class CoordinatorState:
             d.stop, d.scale)
         if elastic is not None and not d.stop:
             release.samples = elastic.lend(d.worker, d.batch_size)
+        if member.epoch != reshard.epoch:  # the keys moved since it last heard
+            release.epoch, release.layout = reshard.epoch, self.members.shard_map()
+            member.epoch = reshard.epoch
         out.append(release)
         member.waiting = None
 
@@ -566,6 +597,15 @@ class CoordinatorState:
                     out.append(Reply(e.to, "ok", _OK))
                 return
         role, member = self.members.find(e.src)
+        run = self.reshard.running
+        if run is not None and run.moving_since is not None and (
+                member is None or member.link != e.link) and (
+                run.ask.link == e.link
+                or any(m.link == e.link for m in self.members.roster.servers.values())):
+            # Keys on the move: a server beats under its new name before the roster has it
+            # (the joiner, a renumbered one); no stranger, so not told to register again.
+            out.append(Reply(e.to, "ok", _OK))
+            return
         if member is None:
             if e.src not in self.members.roster.gone:  # a coordinator restart: come back
                 out.append(Reply(e.to, "error", {"msg": f"unknown member {e.src!r}",
@@ -582,6 +622,14 @@ class CoordinatorState:
                                  out)
                 if e.shard is not None:
                     self._metric(e.now, {"kind": "shard", "server": member.rank, **e.shard}, out)
+                    apply_s = e.shard.get("apply_s")
+                    if isinstance(apply_s, (int, float)):
+                        self.shard_busy[member.rank] = self.shard_busy.get(member.rank, 0.0) \
+                            + float(apply_s)
+        elif self.reshard.epoch:
+            # Keys moved: observers and bare clients learn the map here (workers in releases).
+            out.append(Reply(e.to, "ok", {"epoch": self.reshard.epoch,
+                                          "layout": self.members.shard_map()}))
         else:
             # Once a shard's backup took over, workers learn its address here.
             out.append(Reply(e.to, "ok", self.replicas.worker_fields() or _OK))
@@ -670,6 +718,8 @@ class CoordinatorState:
         count, schedule = self.progress, self.schedule
         if not (final or schedule.due(count, now)) or schedule.pending_tag is not None:
             return
+        if self.reshard.running is not None:  # keys on the move: the next due time saves
+            return
         tag = f"{count:09d}"
         schedule.begin(tag, [m.rank for m in self.members.roster.servers.values()], count, now)
         # The counters as they stand when the servers are asked, not when the last one has
@@ -683,6 +733,8 @@ class CoordinatorState:
             elapsed_s=0.0 if t_start is None else now - t_start)
         if self.elastic is not None:
             self._checkpoint_state["elastic"] = self.elastic.resume_state()
+        if self.reshard.enabled:  # the parts to read back: servers may have come and gone
+            self._checkpoint_state["servers"] = len(self.members.roster.servers)
         out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
                              self.members.server_links))
 
@@ -709,6 +761,133 @@ class CoordinatorState:
     def _on_replica_report(self, e: ReplicaReport, out: list) -> None:
         self.replicas.report(e, self.members, out)
 
+    # ---- live resharding (reshard.py) ----------------------------------------------------------
+    def _on_drain(self, e: DrainAsked, out: list) -> None:
+        member = self.members.roster.servers.get(f"s{e.rank}")
+        if member is None:
+            raise ValueError(f"no server of rank {e.rank}: ranks are 0.."
+                             f"{len(self.members.roster.servers) - 1}")
+        self.reshard.ask_drain(member.addr, len(self.members.roster.servers), e.now, e.src)
+        out.append(Reply(e.to, "ok", _OK))
+        out.append(AppendEvent(e.now, "server_drain_asked", {"rank": e.rank, "addr": member.addr,
+                                                             "by": e.src}))
+
+    def _on_resharded(self, e: Resharded, out: list) -> None:
+        reshard, run = self.reshard, self.reshard.running
+        if run is None or run.moving_since is None or e.epoch != reshard.epoch + 1:
+            return  # a report of a reshard given up, or a stale one
+        addr = next((m.addr for m in self.members.roster.servers.values() if m.link == e.link),
+                    run.ask.addr if run.ask.kind == "join" and run.ask.link == e.link else None)
+        if addr is None:
+            raise ValueError(f"resharded from {e.src!r}, which is no server of this reshard")
+        if reshard.reported(addr, e.version):
+            self._commit_reshard(e.now, out)
+
+    def _fenced(self) -> bool:
+        """Every started worker waits for a release: none has a request in flight."""
+        return all(m.waiting is not None for m in self.members.roster.workers.values()
+                   if m.started)
+
+    def _check_reshard(self, now: float, out: list) -> None:
+        reshard, members = self.reshard, self.members
+        for link, due in list(self.draining):
+            if now >= due:
+                self.draining.remove((link, due))
+                out.append(ToServers("shutdown", {"reason": "drained"}, (link,)))
+        over = reshard.overdue(now)
+        if over == "fence":
+            ask, held = reshard.cancel()
+            why = (f"no quiet point came within {reshard.fence_timeout:.0f} s (a worker that "
+                   f"never clocks holds the fence)")
+            self._refuse_ask(ask, why, now, out)
+            for d in held:
+                self._deliver(d, out)
+        elif over == "move":
+            run = reshard.running
+            self._fail(f"resharding did not finish within {reshard.move_timeout:.0f} s: no "
+                       f"'resharded' from {sorted(run.waiting)}", now, out)
+            return
+        if (reshard.running is None and reshard.asks and self.barrier.open
+                and self.schedule.pending_tag is None and not self.host.stopping):
+            run = reshard.begin(members.shard_map(), now)
+            out.append(AppendEvent(now, "reshard_fence", {"kind": run.ask.kind,
+                                                          "addr": run.ask.addr}))
+        run = reshard.running
+        if run is not None and run.moving_since is None and self._fenced():
+            self._start_moving(now, out)
+
+    def _refuse_ask(self, ask, why: str, now: float, out: list) -> None:
+        out.append(Warn(f"server {ask.kind} of {ask.addr} given up: {why}"))
+        out.append(AppendEvent(now, "reshard_refused", {"kind": ask.kind, "addr": ask.addr,
+                                                        "reason": why}))
+        if ask.to is not None:
+            out.append(Reply(ask.to, "error", {"msg": why, "code": "refused"}))
+
+    def _start_moving(self, now: float, out: list) -> None:
+        reshard, members = self.reshard, self.members
+        busy = [self.shard_busy.get(r, 0.0) for r in range(len(members.roster.servers))]
+        run = reshard.move(busy, members.layer_edges, now)
+        fields = {"epoch": reshard.epoch + 1, "layout": run.new, "old": run.old,
+                  "version": self.host.version if self.round_mode else 0}
+        out.append(ToServers("reshard", fields, members.server_links))
+        ask = run.ask
+        if ask.kind == "join":
+            rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
+            job = ServerJob.of(self.job, lo, hi, self.host.apply_mode)
+            out.append(Reply(ask.to, "welcome", {"rank": rank, "job": job.to_dict(),
+                                                 "epoch": reshard.epoch + 1, "handoff": True}))
+            out.append(ToServers("reshard", fields, (ask.link,)))
+        out.append(AppendEvent(now, "reshard_moving", {
+            "kind": ask.kind, "addr": ask.addr, "epoch": reshard.epoch + 1, "old": run.old,
+            "layout": run.new, "moved_keys": run.plan.moved_keys,
+            "fence_s": round(now - run.started, 6)}))
+
+    def _commit_reshard(self, now: float, out: list) -> None:
+        members, reshard = self.members, self.reshard
+        run, held = reshard.commit()
+        roster = members.roster
+        by_addr = {m.addr: m for m in roster.servers.values()}
+        kept = {addr for _, addr, _, _ in run.new}
+        servers = {}
+        for rank, addr, lo, hi in run.new:
+            m = by_addr.get(addr)
+            if m is None:  # the joiner
+                m = Member(rank, addr, now, link=run.ask.link)
+            m.rank, m.last_seen = rank, now
+            servers[f"s{rank}"] = m
+        roster.servers = servers
+        members.ranges = [KeyRange(lo, hi) for _, _, lo, hi in run.new]
+        members.servers_expected = len(run.new)
+        members.relinked()
+        self.shard_busy = {}
+        grace = 2 * self.job.limits.heartbeat_interval
+        for addr, m in by_addr.items():
+            if addr not in kept:
+                self.draining.append((m.link, now + grace))
+        ask = run.ask
+        change = "server_joined" if ask.kind == "join" else "server_left"
+        rank = next((x[0] for x in run.new if x[1] == ask.addr), None)
+        info = {"addr": ask.addr, "epoch": reshard.epoch, "servers": len(run.new),
+                "moved_keys": run.plan.moved_keys, "pause_s": round(now - run.started, 6),
+                "move_s": round(now - run.moving_since, 6), "layout": run.new}
+        if rank is not None:
+            info["rank"] = rank
+        out.append(AppendEvent(now, "server_joined" if ask.kind == "join" else "server_drained",
+                               info))
+        self._metric(now, {"kind": "membership", "change": change, "servers": len(run.new),
+                           "epoch": reshard.epoch, "moved_keys": run.plan.moved_keys,
+                           "pause_s": info["pause_s"]}, out)
+        for d in held:
+            self._deliver(d, out)
+
+    def _reshard_deadline(self) -> float | None:
+        t = self.reshard.next_deadline()
+        for _, due in self.draining:
+            t = due if t is None or due < t else t
+        if self.reshard.asks and self.reshard.running is None:
+            return None  # begins at the next look (the node looks after every event)
+        return t
+
     # ---- time -----------------------------------------------------------------------------------
     def _on_time(self, e: TimePassed, out: list) -> None:
         now, members = e.now, self.members
@@ -724,6 +903,8 @@ class CoordinatorState:
         if self.replicas.backups:
             for rank in self.replicas.check(now, members, self.schedule, out):
                 self._metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
+        if self.reshard.enabled:
+            self._check_reshard(now, out)
         failure = self.recovery.check(now, members.roster.servers, out)
         if failure is None and self.elastic is not None:
             failure = self.elastic.check(now, out)

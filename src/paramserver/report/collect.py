@@ -165,7 +165,8 @@ def load_run(path: Path, scenario: str, policy: str | None, repeat: int,
             float(e["accuracy"]), float(e["t"])
         stale = dict(zip(stats["staleness_values"].tolist(), stats["staleness_counts"].tolist()))
         return Run(path, scenario, policy or summary.get("sync") or "unknown", repeat, summary,
-                   evals, stale, float(stats["train_time"]), False, stats)
+                   evals, stale, float(stats["train_time"]), False, stats,
+                   timeline=_timeline(path / "events.jsonl"))  # a simulated membership's
     records = read_records(path / "metrics.jsonl")
     if not records:
         raise ValueError("metrics.jsonl holds no records")

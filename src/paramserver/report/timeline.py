@@ -43,6 +43,16 @@ DESCRIBE = {
     "taken_back": lambda d: (f"coordinator restarted: took back {d.get('servers')} servers and "
                              f"{d.get('workers')} workers at round {d.get('round')}"),
     "job_failed": lambda d: f"job failed: {d.get('reason')}",
+    # Live resharding (the start's own server_joined events carry no epoch: not changes).
+    "server_joined": lambda d: (f"server {d.get('addr')} joined as shard {d.get('rank')}: "
+                                f"{d.get('servers')} servers, {d.get('moved_keys')} keys "
+                                f"moved, steps held {d.get('pause_s')} s")
+    if "epoch" in d else None,
+    "server_drained": lambda d: (f"server {d.get('addr')} drained: {d.get('servers')} "
+                                 f"servers, {d.get('moved_keys')} keys moved, steps held "
+                                 f"{d.get('pause_s')} s"),
+    "reshard_refused": lambda d: (f"server {d.get('kind')} of {d.get('addr')} given up: "
+                                  f"{d.get('reason')}"),
 }
 
 

@@ -149,7 +149,7 @@ def checkpoint_flat(root: Path, tag: str, servers: int, dtype: str) -> np.ndarra
     placed at its key range."""
     from paramserver.coordinator.checkpoint_keeper import check_checkpoint
     from paramserver.runlog.checkpoint import ShardMeta, part_folder
-    check_checkpoint(root, tag, servers, dtype)
+    servers = check_checkpoint(root, tag, servers, dtype)
     parts = []
     for rank in range(servers):
         arrays, manifest = load_part(root, tag, f"server-{rank}")

@@ -15,6 +15,7 @@ class MetricsTail:
         self.path, self.offset, self.partial = path, 0, ""
         self.samples = self.steps = 0
         self.wait = self.busy = 0.0
+        self.t = 0.0  # the latest record's time: seconds of training
         self.accuracy: float | None = None
         # An elastic job's membership: workers training, whether it waits below its minimum,
         # and the changes not yet printed.
@@ -37,6 +38,9 @@ class MetricsTail:
                 self._take(json.loads(line))
 
     def _take(self, r: dict) -> None:
+        t = r.get("t")
+        if isinstance(t, (int, float)) and t > self.t:
+            self.t = t
         if r.get("kind") == "step":
             self.steps += 1
             self.samples += r.get("batch", 0)

@@ -56,6 +56,11 @@ class ShardCore:
         self.refused_pulls = 0  # pulls beyond a client's allowance of waiting ones
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
         self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
+        # An elastic-servers job's shard map (server/handoff.py), set at a reshard: a request
+        # touching keys outside this shard is refused `moved` with them. None: not known, a
+        # request outside is refused as bad input.
+        self.epoch = 0
+        self.layout: list | None = None
         self.stopped = False
         self.initial_saved = False  # checkpoint 0 on disk (saved at init, or restored from)
         self._beat_due = float("-inf")  # the first look at the clock beats
@@ -89,6 +94,8 @@ class ShardCore:
 
     # ---- writes ---------------------------------------------------------------------------------
     def _init(self, ev: Init) -> list:
+        if self._outside(ev.lo, ev.hi):
+            return [self._moved(ev.to)]
         was = self.store.initialized
         took = self.store.init(ev.lo, ev.hi, ev.values)
         out = self._serve([])
@@ -105,9 +112,12 @@ class ShardCore:
         st = self.store
         if not st.initialized:
             raise StoreError("shard not initialized: a worker must init before pushing")
-        done = self._applied_before(ev)
+        done = self._retried(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
+        if self._outside(ev.lo, ev.hi):  # after the dedup check, before the table hears of it
+            return [self._moved(ev.to)]
+        self._admit(ev)
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
                             ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
@@ -118,9 +128,12 @@ class ShardCore:
             raise StoreError("shard not initialized: a worker must init before pushing")
         if ev.keys.dtype != np.int64:
             raise StoreError("sparse keys must be int64")
-        done = self._applied_before(ev)
+        done = self._retried(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
+        if self._outside_keys(ev.keys):
+            return [self._moved(ev.to)]
+        self._admit(ev)
         res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
                              ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
@@ -153,6 +166,13 @@ class ShardCore:
         admitted). A retry below what the dedup table let go of may have been applied: it is
         refused (the pusher hears why) and counted, never applied a second time; so is a push
         beyond its sender's unacknowledged depth."""
+        done = self._retried(ev)
+        if done is None:
+            self._admit(ev)
+        return done
+
+    def _retried(self, ev) -> dict | None:
+        """The ack a retried push got the first time; None for a push never applied."""
         done = self.dedup.lookup(ev.sender, ev.rid, ev.mark)
         if done is FORGOTTEN:
             self.refused_retries += 1
@@ -161,13 +181,62 @@ class ShardCore:
                              f"refused rather than applied twice")
         if done is not None:
             self.duplicates += 1
-            return done
+        return done
+
+    def _admit(self, ev) -> None:
+        """Refuse (and count) a fresh push beyond its sender's unacknowledged depth."""
         try:
             self.dedup.admit(ev.sender, ev.rid)
         except DedupError as exc:
             self.refused_pushes += 1
             raise StoreError(str(exc)) from None
-        return None
+
+    # ---- resharding (server/handoff.py) ---------------------------------------------------------
+    def _outside(self, lo: int, hi: int) -> bool:
+        """Keys [lo, hi) reach outside this shard of a known layout (a malformed range is
+        left to the store to refuse)."""
+        r = self.store.range
+        return self.layout is not None and 0 <= lo <= hi and (lo < r.lo or hi > r.hi)
+
+    def _outside_keys(self, keys: np.ndarray) -> bool:
+        r = self.store.range
+        return (self.layout is not None and keys.size > 0
+                and (int(keys.min()) < r.lo or int(keys.max()) >= r.hi))
+
+    def _moved(self, to) -> Reply:
+        """The refusal of a request for keys another shard holds now: nothing of it applied,
+        the layout to find them in."""
+        r = self.store.range
+        return Reply(to, "error", {
+            "msg": f"server {self.name} holds keys [{r.lo}, {r.hi}) under epoch {self.epoch}: "
+                   f"the request's keys moved", "code": "moved",
+            "epoch": self.epoch, "layout": self.layout})
+
+    def successor(self, settings: ShardSettings, assembly, epoch: int, layout: list,
+                  version_floor: int = 0, alloc=None) -> tuple["ShardCore", list]:
+        """The core of this shard's server after reshard `epoch`: on `settings`' range and
+        rank, its state from `assembly` (a whole handoff.Assembly; None: an empty range, a
+        drained server), at version max(its pieces', `version_floor`, this core's). The dedup
+        table and the counters stay (a retry of a push applied here is still answered once);
+        the pulls waiting here are handled anew by the new core (served, kept or `moved`):
+        (new core, the instructions that makes)."""
+        core = ShardCore(settings, alloc=alloc)
+        floor = max(version_floor, self.store.version)
+        if assembly is not None:
+            assembly.install(core.store, floor)
+        else:
+            core.store.version, core.store.initialized = floor, True
+            core.store.last_round = self.store.last_round
+        core.store.updates_applied = self.store.updates_applied
+        core.epoch, core.layout = epoch, layout
+        core.dedup = self.dedup
+        for name in ("duplicates", "refused_retries", "refused_pushes", "refused_pulls",
+                     "lost_updates", "busy_s", "initial_saved", "_beat_due", "_counters_sent"):
+            setattr(core, name, getattr(self, name))
+        out = []
+        for pull in self.pulls.reached(float("inf")):
+            out.extend(core.handle(pull))
+        return core, out
 
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}
@@ -199,6 +268,8 @@ class ShardCore:
         st = self.store
         if ev.keys is not None and ev.keys.dtype != np.int64:
             raise StoreError("keys must be int64")
+        if self._outside(ev.lo, ev.hi) if ev.keys is None else self._outside_keys(ev.keys):
+            return [self._moved(ev.to)]
         if st.initialized and st.version >= ev.min_version:
             return [self._values(ev)]  # (reading checks the keys)
         # Refuse bad keys now, not when the pull is finally served.

@@ -57,6 +57,8 @@ class ShardSettings:
     max_unacked_pushes: int = _LIMITS.max_unacked_pushes  # the dedup table's depth per sender
     max_message_bytes: int = _LIMITS.chunk_bytes  # (the node's) largest frame received
     initial_checkpoint_dir: str | None = None  # where checkpoint 0 goes once initialized
+    max_servers: int = 0  # an elastic-servers job's most servers (0: fixed): SIGTERM drains
+    chunk_bytes: int = 0  # the job's chunk size, when its welcome says (handoff pieces)
 
 
 # ---- events -------------------------------------------------------------------------------------

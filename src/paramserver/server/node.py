@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
 from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
+from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
     Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
@@ -67,7 +70,8 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
         restore=restore, tables=job.tables, servers=job.servers,
         max_pending_pulls=job.max_pending_pulls, max_unacked_pushes=job.max_unacked_pushes,
         max_message_bytes=job.max_message_bytes,
-        initial_checkpoint_dir=job.initial_checkpoint_dir)
+        initial_checkpoint_dir=job.initial_checkpoint_dir, max_servers=job.max_servers,
+        chunk_bytes=job.chunk_bytes)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
@@ -208,6 +212,11 @@ class ServerNode:
         self.core: ShardCore | None = None
         self.backup = backup  # registers as a shard's backup (--replicas 2)
         self.replica: ReplicaLink | None = None  # a replicated shard's link (replica_link.py)
+        self.resharding: ReshardLink | None = None  # live resharding (reshard_link.py)
+        # SIGTERMs had in an elastic-servers job (the first asks to be drained), and whether
+        # that was asked
+        self.sigterms = 0
+        self.drain_asked = False
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
         self._rejoin_at = -1e9
         self.dropped = 0  # messages to the coordinator dropped on its full queue
@@ -252,8 +261,11 @@ class ServerNode:
         self.replica = ReplicaLink(ctx, self.keys, s.rank, backup, 2 * s.heartbeat_interval
                                    + s.coordinator_timeout, self.core, self._execute,
                                    self._notify)
+        self.resharding = ReshardLink(ctx, self.keys, self)
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
+        if welcome.get("handoff"):  # joining a running job: its keys come from the others
+            self.resharding.join(welcome.get("epoch", 0))
         if s.restore is not None:
             self._restore(s.restore)
 
@@ -315,18 +327,40 @@ class ServerNode:
             st = self.core.store
             log.info("server %s serving keys [%d, %d) at %s", self.src, st.range.lo,
                      st.range.hi, addr)
+            self._on_sigterm()
             self._loop()
             return 0
         finally:
             if self.replica is not None:
                 self.replica.close()
+            if self.resharding is not None:
+                self.resharding.close()
             terminate(ctx, (self.router, self.coord))
+
+    def _on_sigterm(self) -> None:
+        """In an elastic-servers job a SIGTERM (a preemption notice) asks the coordinator to
+        drain this server, which goes on serving until its `reshard`; a second one ends it.
+        Other jobs keep the default (the process ends). Only the main thread takes signals."""
+        if self.settings.max_servers <= 0 or threading.current_thread() is not \
+                threading.main_thread():
+            return
+
+        def term(signum, frame):
+            self.sigterms += 1  # (the drain is asked from the loop: the sockets are its own)
+            if self.sigterms > 1 or self.resharding.drained:
+                raise SystemExit(f"server {self.src}: terminated")
+
+        signal.signal(signal.SIGTERM, term)
+
+    def _ask_drain(self) -> None:
+        self.drain_asked = True
+        log.warning("server %s: SIGTERM, asking the coordinator to drain it", self.src)
+        self._to_coordinator(Message("drain", {"rank": self.settings.rank}, src=self.src))
 
     # ---- main loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
         poller, polled = zmq.Poller(), ()
         replica = self.replica
-        core = self.core
         self.coord_heard = time.monotonic()
         # Seconds spent receiving, handling and answering messages (wall time, the shard's
         # load: its torch threads included), beside the time spent waiting for them.
@@ -335,6 +369,9 @@ class ServerNode:
         tidy_at = 0.0
         while self.running:
             now = time.monotonic()
+            core = self.core  # (a reshard rebuilds it)
+            if self.sigterms and not self.drain_asked:
+                self._ask_drain()
             if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
                 self._execute(core.handle(TimePassed(now, busy)))
             if now >= tidy_at:
@@ -397,16 +434,24 @@ class ServerNode:
             if isinstance(msg, WireError):
                 rpc.refuse(sock, ident, msg, self.src, frames, self.refusals)
                 continue
-            try:
-                self._dispatch(ident, msg, routed, frames)
-            except REFUSED as exc:
-                # As the coordinator does: a refused role or op is seen in the log.
-                sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
-                self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
-                rpc.send_or_drop(sock, Message("error", {"msg": str(exc), "code": "refused"},
-                                               rid=msg.rid, src=self.src), ident)
+            self._safely(sock, ident, msg, routed, frames)
             if not rpc.queued(sock) or (routed and self.replica.full):
                 return
+
+    def _safely(self, sock, ident, msg: Message, routed: bool, frames) -> None:
+        """Dispatch `msg`; a request refused is answered with an error, the server goes on."""
+        try:
+            self._dispatch(ident, msg, routed, frames)
+        except REFUSED as exc:
+            # As the coordinator does: a refused role or op is seen in the log.
+            sender = f"{msg.src!r} ({rpc.peer_name(ident)})"
+            self.refusals.refused(sender, f"refused {msg.op} from {sender}: {exc}")
+            rpc.send_or_drop(sock, Message("error", {"msg": str(exc), "code": "refused"},
+                                           rid=msg.rid, src=self.src), ident)
+
+    def handle_worker(self, ident, msg: Message, frames) -> None:
+        """A worker's request held while the shard moved, handled now."""
+        self._safely(self.router, ident, msg, True, frames)
 
     def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
         """The message as an event for the core (refused here when the peer may not send it),
@@ -421,6 +466,10 @@ class ServerNode:
                 security.check_role(ident, "server", self.secured)
                 replica.take(self.router, ident, msg, EVENTS, frames)
                 return
+            if msg.op == "handoff":  # keys of a reshard, from their old server
+                security.check_role(ident, "server", self.secured)
+                self.resharding.piece(msg)
+                return
             if replica.backup:
                 raise ValueError(f"this server is shard {self.settings.rank}'s backup: it "
                                  f"serves workers once promoted")
@@ -428,8 +477,13 @@ class ServerNode:
                 raise ValueError(f"op {msg.op!r} is not served by a parameter server")
             if msg.op in WRITE_OPS:
                 security.check_role(ident, "worker", self.secured)
+            if self.resharding.hold(ident, msg, frames):  # moving keys: handled after
+                return
         elif msg.op in ("error", "welcome"):
             self._from_coordinator(msg)
+            return
+        elif msg.op == "reshard":
+            self.resharding.reshard(msg)
             return
         elif msg.op in FROM_COORDINATOR:
             name = replica.from_coordinator(msg)
@@ -543,12 +597,25 @@ class ServerNode:
     def _notify(self, op: str, fields: dict) -> None:
         self._to_coordinator(Message(op, fields, src=self.src))
 
+    notify = _notify
+
+    def swap_core(self, core: ShardCore, instructions) -> None:
+        """A reshard's rebuilt core (ShardCore.successor) in place of the old one, under its
+        rank's name; then the instructions its making called for."""
+        self.core, self.settings = core, core.settings
+        self.src = core.name
+        self.replica.core, self.replica.rank = core, core.settings.rank
+        self._execute(instructions)
+
     def _holding(self) -> dict | None:
         """What this shard holds back, for a stall probe: a server never blocks, but pulls
         wait here for a version the pushes have not reached."""
         core = self.core
         if core is None:
             return {"op": "welcome", "peer": "coordinator"}
+        moving = self.resharding.waiting() if self.resharding is not None else None
+        if moving is not None:
+            return moving
         return {"op": "serve", "note": f"version {core.store.version}, {len(core.pulls)} "
                                        f"pull(s) waiting for a newer one"}
 

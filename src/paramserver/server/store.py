@@ -108,7 +108,7 @@ class ShardStore:
         self._writable()
         self.values[index] = self._tensor(array)
         # A large init comes in chunks: the shard is initialized once they cover it.
-        self._init_runs = _merge(self._init_runs, index.start, index.stop)
+        self._init_runs = merge_runs(self._init_runs, index.start, index.stop)
         self.initialized = self._init_runs == [(0, self.range.size)]
         return True
 
@@ -321,7 +321,7 @@ class ShardStore:
             self.round_sum = torch.from_numpy(np.array(arrays["round_sum"]))
 
 
-def _merge(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+def merge_runs(runs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
     """Sorted disjoint runs with [lo, hi) added, touching runs joined."""
     out = []
     for a, b in sorted([*runs, (lo, hi)]):

@@ -24,6 +24,15 @@ ticks the policy, fills each release's min_version and stop. The end: `steps` pe
 worker, or a sample budget shared by all workers (`max_samples`, the host's), reached when a
 clock brings the count to it, before the policy hears of that push; every release from then on
 tells its worker to stop. The engine checks what the host lets go against its workers' state.
+
+Membership (`membership`, a sim.membership.Schedule): workers join and leave at given virtual
+times through the events the live coordinator sends. A join takes the lowest free rank and is
+Joined(late=True) (the policy starts it at its next release). A leave is a preemption notice:
+a worker with a step under way finishes it, and its clock is its last (the step counts, a
+release the policy makes for it then is kept back, then Left(reason="preempted")); a worker
+waiting for a release leaves when the release comes, its step unrun. Ranks run up to `workers`
++ the joins (the cost model and the straggler must cover them). An elastic job's global-batch
+rule (`batch_rule`, policies.batch_rule) goes to the host, as the live coordinator's.
 """
 
 from __future__ import annotations
@@ -31,14 +40,16 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 
 from paramserver.policies.base import ApplyRound, PolicyError, Pushed, Release, SyncPolicy
+from paramserver.policies.batch_rule import BatchRule
 from paramserver.policies.host import PolicyHost
 from paramserver.sim.comm import LinkSteps, ReplaySteps
+from paramserver.sim.membership import Change, Schedule
 
-# Event kinds (indexes into Engine.handlers) and worker states.
-READ, COMPUTED, APPLIED, CLOCK, LEAVE, WAKE = range(6)
+# Event kinds (indexes into Engine.handlers) and worker states (GONE: left, or a free rank).
+READ, COMPUTED, APPLIED, CLOCK, LEAVE, WAKE, MEMBER = range(7)
 WAITING, RELEASED, BUSY, GONE = range(4)
 
 
@@ -86,18 +97,23 @@ class Engine:
     None; trainer: optional, gets pull / push / apply_round / advance calls (see sim.train).
     max_samples: a budget shared by all workers (steps may then be None: no per-worker cap).
     comm: replayed communication times instead of `network` (see the module doc).
+    membership: joins and leaves in virtual time; batch_rule: the elastic job's global-batch
+    rule (both: see the module doc). `ranks` is the number of ranks the run can hold.
     """
 
     def __init__(self, policy: SyncPolicy, workers: int, steps: int | None, cost,
                  network: Network, sink=None, straggler=None, trainer=None,
-                 max_samples: int | None = None, comm=None):
+                 max_samples: int | None = None, comm=None,
+                 membership: Schedule | None = None, batch_rule: BatchRule | None = None):
         if steps is None and not max_samples:
             raise ValueError("need steps per worker or a sample budget (max_samples)")
         if workers < 1 or (steps is not None and steps < 1) or (max_samples or 1) < 1:
             raise ValueError(f"need workers >= 1, steps >= 1 and max_samples >= 1, got "
                              f"{workers}, {steps}, {max_samples}")
         self.policy, self.n, self.cost = policy, workers, cost
-        self.host = PolicyHost(policy, max_samples or None)
+        self.changes: tuple[Change, ...] = membership.changes if membership else ()
+        self.ranks = ranks = workers + sum(c.kind == "join" for c in self.changes)
+        self.host = PolicyHost(policy, max_samples or None, batch_rule=batch_rule)
         self.steps = math.inf if steps is None else steps
         self.net, self.sink = network, sink or NullSink()
         self.straggler, self.trainer = straggler, trainer
@@ -108,14 +124,23 @@ class Engine:
         self.events = 0
         self.queue: list[tuple[float, int, int, int]] = []
         self.wake_at: float | None = None  # the host's next_wakeup, once scheduled
-        z = [0] * workers
-        self.status, self.done, self.step, self.batch = [WAITING] * workers, z[:], z[:], z[:]
-        self.scale, self.pulled, self.min_version = [1.0] * workers, z[:], z[:]
-        self.wait_from = [-self.comm.start_wait(w) for w in range(workers)]
-        self.wait_s, self.pull_s = [0.0] * workers, [0.0] * workers
-        self.push_from, self.push_s = [0.0] * workers, [0.0] * workers
-        self.compute_s, self.factor, self.stale = [0.0] * workers, [1.0] * workers, z[:]
-        self.handlers = (None, None, None, self._clock, self._leave, self._wake)  # run(): inline
+        z = [0] * ranks
+        self.status = [WAITING] * workers + [GONE] * (ranks - workers)
+        self.done, self.step, self.batch = z[:], z[:], z[:]
+        self.scale, self.pulled, self.min_version = [1.0] * ranks, z[:], z[:]
+        self.wait_from = [-self.comm.start_wait(w) for w in range(workers)] + [0.0] * (
+            ranks - workers)
+        self.wait_s, self.pull_s = [0.0] * ranks, [0.0] * ranks
+        self.push_from, self.push_s = [0.0] * ranks, [0.0] * ranks
+        self.compute_s, self.factor, self.stale = [0.0] * ranks, [1.0] * ranks, z[:]
+        # The step each worker's next release must name; -1: any (a joiner starts where the
+        # policy puts it: BSP's round, SSP's slowest clock).
+        self.expect = z[:]
+        self.leaving: set[int] = set()  # preemption notices not yet acted on
+        self.leave_reason: dict[int, str] = {}  # workers whose goodbye is on its way
+        self.membership_log: list[dict] = []  # each change: applied (rank, head count) or skipped
+        self.handlers = (None, None, None, self._clock, self._leave, self._wake,
+                         self._member)  # run(): the first three inline
         self.started = False
 
     # ---- what the host counts -------------------------------------------------------------------
@@ -137,8 +162,14 @@ class Engine:
 
     @property
     def total_steps(self) -> int | None:
-        """Steps of the whole run when fixed (steps per worker), None under a sample budget."""
-        return None if self.steps == math.inf else self.n * self.steps
+        """Steps of the whole run when fixed (steps per worker), None under a sample budget or
+        when workers join and leave."""
+        return None if self.steps == math.inf or self.changes else self.n * self.steps
+
+    @property
+    def alive(self) -> int:
+        """Workers in the job now (a worker with a notice counts until it has left)."""
+        return sum(s != GONE for s in self.status)
 
     # ---- driving --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,6 +177,8 @@ class Engine:
         self.started = True
         self.sink.event(0.0, "barrier_open", {"workers": self.n})
         self._take(self.host.joined_all(range(self.n), 0.0), 0.0)
+        for i, c in enumerate(self.changes):
+            self._at(c.at, MEMBER, i)
 
     def run(self, max_events: int | None = None) -> bool:
         """Process events (at most `max_events`); True once the simulation has ended."""
@@ -163,7 +196,8 @@ class Engine:
         step_of, batch_of, factor, compute_s = self.step, self.batch, self.factor, self.compute_s
         status, push_from, stale, pull_s, push_s = (self.status, self.push_from, self.stale,
                                                     self.pull_s, self.push_s)
-        plain_clock = tr is None and comm.real is None
+        # (with a membership schedule a clock may be a leaver's last: _clock sees to it)
+        plain_clock = tr is None and comm.real is None and not self.changes
         sink_step, host_pushed, take, done = self.sink.step, self.host.pushed, self._take, self.done
         n, t = 0, self.now
         try:
@@ -250,14 +284,93 @@ class Engine:
         self.sink.step(t, w, step, batch, c, self.wait_s[w], self.pull_s[w], self.push_s[w],
                        self.stale[w], self.factor[w], extra)
         self.done[w] += 1
+        if w in self.leaving:  # its last step: counted, then it is gone (as a live clock with
+            self.leaving.discard(w)  # leave: a release made for it now is kept back)
+            self.status[w] = RELEASED  # neither waiting nor free until it has left
+            outs = self.host.pushed(Pushed(w, step, t, batch, c))
+            self._take([d for d in outs if type(d) is not Release or d.worker != w], t)
+            self._gone(t, w, "preempted")
+            return
         self.status[w] = WAITING
         self._take(self.host.pushed(Pushed(w, step, t, batch, c)), t)
 
     def _leave(self, t: float, w: int) -> None:
+        self.leaving.discard(w)
+        self._gone(t, w, self.leave_reason.pop(w, "done"))
+
+    def _gone(self, t: float, w: int, reason: str) -> None:
         self.status[w] = GONE
-        self.sink.left(t, w, "done")
-        self.sink.event(t, "worker_left", {"worker": w, "reason": "done"})
-        self._take(self.host.left(w, t, "done"), t)
+        self.sink.left(t, w, reason)
+        left = {"worker": w, "reason": reason}
+        if self.changes:  # an elastic job's events say how many are left (as live)
+            left["workers"] = self.alive
+            if reason == "preempted":
+                self.membership_log.append({"t": t, "change": "left", "worker": w,
+                                            "workers": left["workers"]})
+        self.sink.event(t, "worker_left", left)
+        self._take(self.host.left(w, t, reason), t)
+        if self.changes and not self.alive:
+            self._end_of_changes(t)
+
+    # ---- membership -----------------------------------------------------------------------------
+    def _member(self, t: float, i: int) -> None:
+        """The i-th change of the schedule is due."""
+        c = self.changes[i]
+        if self.host.stopping:
+            self._skip(t, c, "the budget is spent")
+        elif c.kind == "join":
+            self._join(t)
+        else:
+            self._notice(t, c)
+
+    def _join(self, t: float) -> None:
+        """A new worker registers: the lowest free rank, fresh state, a late join."""
+        status = self.status
+        w = status.index(GONE)  # the ranks hold every join, so one is free
+        status[w] = WAITING
+        self.done[w], self.expect[w], self.wait_from[w] = 0, -1, t
+        workers = self.alive
+        self.membership_log.append({"t": t, "change": "joined", "worker": w, "workers": workers})
+        self.sink.event(t, "worker_joined", {"worker": w, "workers": workers,
+                                             "round": self.host.rounds_applied,
+                                             "samples": self.host.samples_done})
+        self.sink.record({"t": t, "kind": "membership", "change": "joined", "worker": w,
+                          "workers": workers})
+        self._take(self.host.joined(w, t, late=True), t)
+
+    def _notice(self, t: float, c: Change) -> None:
+        """A preemption notice: acted on at the worker's next clock, or its next release."""
+        status, leaving = self.status, self.leaving
+        training = [w for w in range(self.ranks) if status[w] != GONE and w not in leaving
+                    and w not in self.leave_reason]
+        w = c.worker if c.worker is not None else (training[-1] if training else None)
+        if w is None or w not in training:
+            self._skip(t, c, "no worker training" if w is None else
+                       f"worker {w} is not training")
+            return
+        # Busy: its next clock is its last (_clock); waiting: it leaves when its release
+        # comes (_release), as a live worker's SIGTERM handler does.
+        leaving.add(w)
+        self.sink.event(t, "preemption_notice", {"worker": w})
+
+    def _skip(self, t: float, c: Change, why: str) -> None:
+        self.membership_log.append({"t": t, "change": f"skipped {c.text()}", "why": why})
+        self.sink.event(t, "membership_skipped", {"change": c.text(), "why": why})
+
+    def _end_of_changes(self, t: float) -> None:
+        """Nobody is left: with the budget spent, or with no join to come, the job is over and
+        the changes still due are skipped now (not at their time, which would stretch the
+        run's virtual time)."""
+        q = self.queue
+        due = sorted((e for e in q if e[2] == MEMBER), key=lambda e: e[:2])
+        if not due:
+            return
+        if not self.host.stopping and any(self.changes[e[3]].kind == "join" for e in due):
+            return  # a worker will come: the job goes on then
+        q[:] = [e for e in q if e[2] != MEMBER]  # in place: run() holds this list
+        heapify(q)
+        for e in due:
+            self._skip(t, self.changes[e[3]], "the job had ended")
 
     def _wake(self, t: float, _: int) -> None:
         if self.wake_at is not None and self.wake_at <= t:
@@ -282,17 +395,21 @@ class Engine:
     def _release(self, d: Release, t: float) -> None:
         """The release leaves the coordinator: it says stop past the budget or the last step."""
         w = d.worker
-        if not 0 <= w < self.n or self.status[w] != WAITING:
-            state = "unknown" if not 0 <= w < self.n else ("waiting", "released", "busy",
-                                                           "gone")[self.status[w]]
+        if not 0 <= w < self.ranks or self.status[w] != WAITING:
+            state = "unknown" if not 0 <= w < self.ranks else ("waiting", "released", "busy",
+                                                               "gone")[self.status[w]]
             raise SimError(f"t={t}: release {d} for a worker that is {state}")
-        if d.step != self.done[w] or d.batch_size < 1 or not d.scale > 0:
-            raise SimError(f"t={t}: bad release {d}: worker {w} has done {self.done[w]} steps")
+        expect = self.expect[w]
+        if (expect >= 0 and d.step != expect) or d.batch_size < 1 or not d.scale > 0:
+            raise SimError(f"t={t}: bad release {d}: worker {w} is at step {expect}")
+        self.expect[w] = d.step + 1
         self.status[w] = RELEASED
         self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
         self.min_version[w] = d.min_version
-        if d.stop or self.done[w] >= self.steps:
-            self._at(t + self.comm.to_leave, LEAVE, w)  # the worker's goodbye comes back
+        if d.stop or self.done[w] >= self.steps or w in self.leaving:
+            # the worker's goodbye comes back (a preempted one's step unrun)
+            self.leave_reason[w] = "done" if w not in self.leaving else "preempted"
+            self._at(t + self.comm.to_leave, LEAVE, w)
         else:
             heappush(self.queue, (t + self.comm.to_read, next(self._seq), READ, w))
 
@@ -303,7 +420,7 @@ class Engine:
         self.sink.event(t, "apply_round", {"step": d.step, "contributors": list(d.contributors)})
 
     def _check_everyone_left(self) -> None:
-        stuck = [w for w in range(self.n) if self.status[w] != GONE]
+        stuck = [w for w in range(self.ranks) if self.status[w] != GONE]
         if stuck:
             raise SimError(f"deadlock at t={self.now}: {len(stuck)} workers never finished "
                            f"(first: {stuck[:10]}); steps done: "

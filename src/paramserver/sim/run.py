@@ -8,8 +8,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from paramserver.policies import make_policy
+from paramserver.policies.batch_rule import BatchRule
 from paramserver.sim.compute import parse_compute
 from paramserver.sim.engine import Engine, Network
+from paramserver.sim.membership import Schedule
 from paramserver.runlog.metrics import summarize
 from paramserver.sim import stepstats
 from paramserver.sim.records import RunWriter
@@ -58,6 +60,23 @@ class SimConfig:
     eval_interval: float = 1.0  # virtual seconds, --train only
     threads: int = 1
     detail: str = "auto"  # step records in metrics.jsonl: steps, summary (steps.npz only), auto
+    # Workers that join and leave in virtual time (sim.membership); `workers` start, as a live
+    # --workers MIN:MAX job's MIN, and the ranks run up to workers + the joins (`ranks`).
+    membership: Schedule = field(default_factory=Schedule)
+    batch_rule: str = "fixed"  # the global-batch rule as they come and go (policies.batch_rule)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks the run can hold: the live job's MAX."""
+        return self.workers + self.membership.joins
+
+    def batch_rule_spec(self) -> BatchRule | None:
+        """The rule the policy host applies (a job with a membership schedule is elastic, as a
+        live --workers MIN:MAX job, and its reference head count is the workers it starts
+        with); None without one."""
+        if not self.membership:
+            return None
+        return BatchRule.parse(self.batch_rule, self.batch_size, self.workers)
 
     @property
     def step_detail(self) -> bool:
@@ -74,11 +93,16 @@ class SimConfig:
                   ("batch_size", self.batch_size >= 1), ("servers", self.servers >= 1),
                   ("lr", self.lr > 0), ("eval_interval", self.eval_interval > 0),
                   ("dtype", self.dtype in ("float32", "float64")),
-                  ("detail", self.detail in DETAILS)]
+                  ("detail", self.detail in DETAILS),
+                  ("membership", isinstance(self.membership, Schedule))]
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise ValueError("invalid value for " + ", ".join(f"{b}={getattr(self, b)!r}"
                                                               for b in bad))
+        BatchRule.parse(self.batch_rule, self.batch_size, self.workers)  # names it if bad
+        if self.batch_rule != "fixed" and not self.membership:
+            raise ValueError(f"batch rule {self.batch_rule!r} applies to a job whose workers "
+                             f"come and go: give --membership")
 
     def task(self) -> dict:
         return {"name": "sim", "model": self.model, "dataset": self.dataset,
@@ -107,8 +131,8 @@ class Simulation:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
         straggler = parse_straggler(cfg.straggler, cfg.seed, read_trace)
-        straggler.check_workers(cfg.workers)
-        cost = parse_compute(cfg.compute, load_trace).bind(cfg.workers, cfg.steps_hint(), cfg.seed)
+        straggler.check_workers(cfg.ranks)
+        cost = parse_compute(cfg.compute, load_trace).bind(cfg.ranks, cfg.steps_hint(), cfg.seed)
         built = _build_task(cfg) if cfg.train or cfg.param_bytes is None else None
         if built and cfg.train and getattr(built[1], "sparse_table", None):
             raise ValueError(f"simulate --train cannot train --model {cfg.model} yet: its rows "
@@ -130,7 +154,8 @@ class Simulation:
         self.engine = Engine(self.policy, cfg.workers, cfg.steps, cost, self.network,
                              sink=self.writer, trainer=self.trainer,
                              straggler=None if cfg.straggler.strip() in ("", "none") else straggler,
-                             max_samples=cfg.max_samples, comm=self.comm)
+                             max_samples=cfg.max_samples, comm=self.comm,
+                             membership=cfg.membership, batch_rule=cfg.batch_rule_spec())
         self.writer.event(0.0, "start", {"policy": self.policy.name, "simulated": True})
 
     def _comm(self) -> CommReplay | None:
@@ -152,13 +177,17 @@ class Simulation:
     def _job(self, num_keys, nbytes) -> dict:
         cfg = self.cfg
         job = {"num_keys": num_keys, "dtype": cfg.dtype, "servers": cfg.servers,
-               "workers": cfg.workers, "batch_size": cfg.batch_size,
+               "workers": cfg.ranks, "batch_size": cfg.batch_size,
                "sync": {"name": cfg.sync, "options": dict(cfg.sync_options)},
                "apply_mode": self.policy.apply_mode, "task": cfg.task(), "simulated": True,
                "max_samples": cfg.max_samples,
                "sim": {"steps": cfg.steps, "compute": cfg.compute, "bandwidth": cfg.bandwidth,
                        "latency": cfg.latency, "model_bytes": nbytes, "train": cfg.train,
                        "comm": cfg.comm, "comm_options": dict(cfg.comm_options)}}
+        if cfg.membership:  # as a live elastic job's: workers is MAX, min_workers the start
+            job["min_workers"] = cfg.workers
+            job["batch_rule"] = cfg.batch_rule
+            job["sim"]["membership"] = cfg.membership.text()
         if cfg.train:
             job["optimizer"] = {"name": cfg.optimizer, "lr": cfg.lr,
                                 "options": dict(cfg.optimizer_options)}
@@ -171,7 +200,7 @@ class Simulation:
         from paramserver.sim.train import Trainer
         torch.set_num_threads(self.cfg.threads)
         ds, model, keys = built
-        return Trainer(ds, model, keys, self.cfg.workers, self.policy.apply_mode,
+        return Trainer(ds, model, keys, self.cfg.ranks, self.policy.apply_mode,
                        lr=self.cfg.lr, optimizer=self.cfg.optimizer,
                        optimizer_options=self.cfg.optimizer_options,
                        eval_interval=self.cfg.eval_interval, seed=self.cfg.seed,
@@ -186,7 +215,7 @@ class Simulation:
         self.writer.close()
         e = self.engine
         if self.writer.detail:
-            summary = summarize_run(self.run_dir / "metrics.jsonl", self.job, self.cfg.workers,
+            summary = summarize_run(self.run_dir / "metrics.jsonl", self.job, self.cfg.ranks,
                                     self.cfg.steps_hint())
         else:  # from the columns: the log holds no steps to summarize
             summary = stepstats.summary(self.writer.stats, summarize(self.writer.evals, self.job),
@@ -196,6 +225,7 @@ class Simulation:
             "complete": complete, "events": e.events, "virtual_time_s": round(e.now, 6),
             "steps": e.steps_done, "rounds_applied": e.rounds, "budget_reached": e.stopping,
             "transfer_s": self.network.transfer_time, "model_bytes": self.network.model_bytes,
+            **({"membership": e.membership_log} if self.cfg.membership else {}),
             **(self.trainer.stats() if self.trainer else {}), **(extra or {})}
         (self.run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
         return summary

@@ -52,9 +52,67 @@ def parse_scenarios(specs: list[str] | None, read_trace: TraceReader | None = No
 
 
 def single_reference(base: TrainConfig) -> TrainConfig:
-    """One worker with the global batch of the distributed runs: what distribution must beat."""
+    """One worker with the global batch of the distributed runs: what distribution must beat.
+    (An elastic comparison's is the global batch it starts with, MIN workers', which the
+    keep-global rule holds.)"""
     return dataclasses.replace(base, sync="bsp", sync_options={}, workers=1, straggler="none",
-                               batch_size=base.batch_size * base.workers)
+                               batch_size=base.batch_size * (base.min_workers or base.workers),
+                               min_workers=0, batch_rule="fixed")
+
+
+@dataclass(frozen=True)
+class JoinAt:
+    """When the joiners of an elastic comparison (`compare --workers MIN:MAX`) join each run:
+    after `seconds` of training (since the start barrier), or once a `share` of the run's
+    sample budget is trained (of its --max-seconds, with no sample budget). The same point in
+    every run: a share of the budget is the same work under every policy."""
+
+    seconds: float | None = None
+    share: float | None = None
+
+    def __post_init__(self):
+        if (self.seconds is None) == (self.share is None):
+            raise ValueError("join at: give seconds or a share of the budget, one of them")
+        if self.share is not None and not 0 <= self.share < 1:
+            raise ValueError(f"join at {self.share:.0%} of the budget: expected 0% to 99%")
+        if self.seconds is not None and not self.seconds >= 0:
+            raise ValueError(f"join at {self.seconds} s: expected seconds >= 0")
+
+    @classmethod
+    def parse(cls, text: str) -> "JoinAt":
+        """'20s', '20' (seconds), '500ms', or 'N%' of the budget."""
+        from paramserver.core.units import parse_seconds
+        raw = str(text).strip()
+        if raw.endswith("%"):
+            try:
+                share = float(raw[:-1]) / 100
+            except ValueError:
+                raise ValueError(f"join at {text!r}: expected N% of the budget, e.g. "
+                                 f"33%") from None
+            return cls(share=share)
+        return cls(seconds=parse_seconds(raw, "join time"))
+
+    def text(self) -> str:
+        return f"{self.share:.0%}" if self.share is not None else f"{self.seconds:g}s"
+
+    def describe(self) -> str:
+        return (f"after {self.seconds:g} s of training" if self.seconds is not None else
+                f"at {self.share:.0%} of the budget")
+
+    def due(self, trained_s: float, samples: int, max_samples: int | None,
+            max_seconds: float | None) -> bool:
+        """Whether the joiners go now: `trained_s` seconds trained and `samples` seen, of a
+        run with budget `max_samples` (or `max_seconds`)."""
+        if self.seconds is not None:
+            return trained_s >= self.seconds
+        if max_samples:
+            return samples >= self.share * max_samples
+        if max_seconds:
+            return trained_s >= self.share * max_seconds
+        return True  # no budget to take a share of: at the start
+
+
+THIRD = JoinAt(share=1 / 3)  # compare's default: a third of the way through each run
 
 
 # A variant's own pull settings (`--compress-variant bf16:pull=bf16:pull_refresh=50`): they

@@ -67,6 +67,7 @@ class TrainConfig:
     metrics_host: str = JobSpec.metrics_host  # --metrics-host
     preflight: bool = JobSpec.preflight  # --preflight/--no-preflight
     min_workers: int = 0  # elastic (--workers MIN:MAX): MIN, and `workers` is MAX; 0: fixed
+    max_servers: int = 0  # --servers MIN:MAX: MAX, and `servers` is MIN; 0: a fixed count
     batch_rule: str = "fixed"  # the global-batch rule of an elastic job (--batch-rule)
 
     def __post_init__(self):

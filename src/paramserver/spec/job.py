@@ -367,6 +367,34 @@ class WorkerCount:
         return f"{self.min}:{self.max}" if self.elastic else str(self.max)
 
 
+@dataclass(frozen=True)
+class ServerCount:
+    """`--servers MIN:MAX`: a job that starts with MIN shard servers, takes servers joining
+    while it runs up to MAX and lets them be drained back to MIN (live resharding)."""
+
+    min: int
+    max: int
+
+    def __post_init__(self):
+        _int("servers (min)", self.min, 1)
+        _int("servers (max)", self.max, 1)
+        if self.min >= self.max:
+            raise JobSpecError(f"servers {self.min}:{self.max}: MIN must be below MAX (a "
+                               f"fixed count is one number)")
+
+    @classmethod
+    def parse(cls, text: str) -> "ServerCount":
+        lo, _, hi = str(text).strip().partition(":")
+        try:
+            return cls(int(lo), int(hi))
+        except ValueError:
+            raise JobSpecError(f"servers {text!r}: expected N, auto or MIN:MAX (whole "
+                               f"numbers >= 1)") from None
+
+    def text(self) -> str:
+        return f"{self.min}:{self.max}"
+
+
 # --- the job --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobSpec:
@@ -410,10 +438,18 @@ class JobSpec:
     # The global-batch rule as workers come and go (policies/batch_rule.py): fixed,
     # keep-global, target:T, linear.
     batch_rule: str = "fixed"
+    # Live resharding (`--servers MIN:MAX`): `servers` is MIN, the count the job starts with
+    # and the fewest a drain may leave; this is MAX, the most a join may make; 0: a fixed
+    # server count (core/reshard_plan.py, coordinator/reshard.py).
+    max_servers: int = 0
 
     @property
     def elastic(self) -> bool:
         return self.min_workers > 0
+
+    @property
+    def elastic_servers(self) -> bool:
+        return self.max_servers > 0
 
     def batch_rule_spec(self):
         """The typed rule (its reference head count: MIN workers, or all of them)."""
@@ -476,6 +512,20 @@ class JobSpec:
         if self.batch_rule != "fixed" and not self.elastic:
             raise JobSpecError("job field 'batch_rule' applies to an elastic job (--workers "
                                "MIN:MAX); a fixed job's batch is --batch-size per worker")
+        _int("max_servers", self.max_servers, 0)
+        if self.max_servers:
+            if self.max_servers <= self.servers:
+                _fail("max_servers", self.max_servers,
+                      f"above servers ({self.servers}), or 0 for a fixed count")
+            # A shard that moves its keys cannot take its replica, its checkpoint-restore
+            # rank or its sparse rows along yet.
+            for key, used in (("replicas", self.replicas > 1),
+                              ("restart_servers", bool(self.restart_servers)),
+                              ("tables", bool(self.tables))):
+                if used:
+                    raise JobSpecError(f"job fields 'max_servers' (--servers MIN:MAX) and "
+                                       f"{key!r} are exclusive: live resharding does not "
+                                       f"move them yet")
 
     @classmethod
     def from_config(cls, config, num_keys: int, train_size: int,
@@ -509,7 +559,8 @@ class JobSpec:
                           max_message_bytes=c.max_message_bytes,
                           stall_timeout=c.stall_timeout),
             tables=tuple(tables), metrics_port=c.metrics_port, metrics_host=c.metrics_host,
-            preflight=c.preflight, min_workers=c.min_workers, batch_rule=c.batch_rule)
+            preflight=c.preflight, min_workers=c.min_workers, batch_rule=c.batch_rule,
+            max_servers=c.max_servers)
 
     def message_limit(self, keys: int | None = None) -> int:
         """The largest frame a server accepts: limits.max_message_bytes, or derived from the
@@ -565,6 +616,8 @@ class JobSpec:
             out["min_workers"] = self.min_workers
         if self.batch_rule != "fixed":
             out["batch_rule"] = self.batch_rule
+        if self.max_servers:
+            out["max_servers"] = self.max_servers
         return out
 
     @classmethod

@@ -108,6 +108,10 @@ class ServerJob:
     max_message_bytes: int = Limits.chunk_bytes
     max_pending_pulls: int = Limits.max_pending_pulls
     max_unacked_pushes: int = Limits.max_unacked_pushes
+    # Live resharding: the job's most servers (0: fixed; a SIGTERM then asks for a drain) and
+    # its chunk size (a handoff piece's bound).
+    max_servers: int = 0
+    chunk_bytes: int = Limits.chunk_bytes
 
     def __post_init__(self):
         r = self.shard_range
@@ -133,6 +137,8 @@ class ServerJob:
         _int("max_message_bytes", self.max_message_bytes, 1)
         _int("max_pending_pulls", self.max_pending_pulls, 1)
         _int("max_unacked_pushes", self.max_unacked_pushes, 1)
+        _int("max_servers", self.max_servers, 0)
+        _int("chunk_bytes", self.chunk_bytes, 8)
 
     @classmethod
     def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
@@ -143,7 +149,8 @@ class ServerJob:
                    limits.coordinator_timeout, job.server_threads, restore, job.tables,
                    job.servers, max_message_bytes=job.message_limit(hi - lo),
                    max_pending_pulls=limits.max_pending_pulls,
-                   max_unacked_pushes=limits.max_unacked_pushes)
+                   max_unacked_pushes=limits.max_unacked_pushes,
+                   max_servers=job.max_servers, chunk_bytes=limits.chunk_bytes)
 
     def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
         return replace(self, restore=restore)
@@ -166,7 +173,8 @@ class ServerJob:
             out["initial_checkpoint_dir"] = self.initial_checkpoint_dir
         out.update(max_message_bytes=self.max_message_bytes,
                    max_pending_pulls=self.max_pending_pulls,
-                   max_unacked_pushes=self.max_unacked_pushes)
+                   max_unacked_pushes=self.max_unacked_pushes,
+                   max_servers=self.max_servers, chunk_bytes=self.chunk_bytes)
         return out
 
     @classmethod
@@ -174,7 +182,8 @@ class ServerJob:
         d = _fields_of(cls, data, "server job")
         what = "server job"
         optional = ("restore", "tables", "servers", "initial_checkpoint_dir",
-                    "max_message_bytes", "max_pending_pulls", "max_unacked_pushes")
+                    "max_message_bytes", "max_pending_pulls", "max_unacked_pushes",
+                    "max_servers", "chunk_bytes")
         args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name not in optional}
         args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
         restore = d.pop("restore", None)

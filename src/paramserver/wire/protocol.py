@@ -80,12 +80,16 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # a read-only observer (`paramserver top ADDRESS`): the metrics records after `since`
     "observe": {"since": _f(NONNEG)},
     # coordinator -> others
-    "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False)},
+    "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False),
+                # live resharding: the shard map's epoch; a joining server takes handoffs
+                "epoch": _f(NONNEG, False), "handoff": _f(BOOL, False)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
                 "round_size": _f(NONNEG, False),
                 # an elastic job: [[epoch, lo, hi], ...] of the epochs' permutations to train on
-                "samples": _f(LIST, False)},
+                "samples": _f(LIST, False),
+                # live resharding: a newer shard map, [[rank, addr, lo, hi], ...]
+                "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
@@ -108,6 +112,18 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "fwd": {"seq": _f(NONNEG), "epoch": _f(NONNEG)},
     "sync": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "arrays_n": _f(NONNEG, False)},
     "fwd_ack": {"seq": _f(NONNEG), "epoch": _f(NONNEG), "refused": _f(STR, False)},
+    # live resharding (--servers MIN:MAX; coordinator/reshard.py, server/handoff.py):
+    # coordinator -> server: the new layout and the old, [[rank, addr, lo, hi], ...]
+    "reshard": {"epoch": _f(NONNEG), "layout": _f(LIST), "old": _f(LIST),
+                "version": _f(NONNEG, False)},
+    # server -> server: keys [lo, hi) (values, then the optimizer state arrays meta names)
+    "handoff": {"epoch": _f(NONNEG), "lo": _f(NONNEG), "hi": _f(NONNEG),
+                "version": _f(NONNEG), "meta": _f(DICT, False)},
+    # server -> coordinator: its new range is whole (drained: all it held is sent)
+    "resharded": {"epoch": _f(NONNEG), "rank": _f(NONNEG), "version": _f(NONNEG, False),
+                  "drained": _f(BOOL, False)},
+    # anyone -> coordinator: the server of `rank` should leave the job
+    "drain": {"rank": _f(NONNEG)},
     # the hang doctor (observe/): the coordinator asks every live member for its stack, its
     # flight recorder's last lines and what it waits for; the answer fits one header (64 KB)
     "stall_probe": {"n": _f(NONNEG)},
@@ -123,8 +139,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                  "more": _f(BOOL, False)},
     # either direction
     "ok": {"epoch": _f(NONNEG, False),  # a worker's heartbeat answered after a takeover:
-           "shards": _f(LIST, False)},  # the moved shards, [[rank, addr], ...]
-    "error": {"msg": _f(STR), "code": _f(STR, False)},
+           "shards": _f(LIST, False),  # the moved shards, [[rank, addr], ...]
+           "layout": _f(LIST, False)},  # live resharding: the whole map of `epoch`
+    "error": {"msg": _f(STR), "code": _f(STR, False),
+              # code "moved": the map the refused request should follow
+              "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
 }
 
 OPS = frozenset(SCHEMAS)

@@ -1,0 +1,220 @@
+"""Live resharding, a server's I/O (RESHARD_API.md): the rules are server/handoff.py's, the
+coordinator's part coordinator/reshard.py.
+
+On `reshard` the server sends the keys another server owns now as `handoff` pieces on a
+DEALER it opens to that server, keeps the rest, and waits for the pieces of its new range;
+meanwhile workers' requests are queued (bounded: "busy" beyond). Once the range is whole the
+node rebuilds its core on it (ShardCore.successor) under its new rank, reports `resharded`
+and handles the queued requests. A drained server reports once its pieces are out and then
+answers requests `moved` (its core's range is empty) until the coordinator says `shutdown`.
+
+The handoff DEALERs stay open until the next reshard or the end: a DEALER closed at once
+(LINGER 0) would drop pieces not yet delivered, and the coordinator's commit, which waits for
+every receiver, says when they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import replace
+
+import zmq
+
+from paramserver.net import rpc
+from paramserver.server.handoff import (
+    Assembly, HandoffError, Piece, cut, keyed_state, piece_keys, plan,
+)
+from paramserver.spec.welcome import ShardAddress
+from paramserver.transport import connect_dealer
+from paramserver.transport.zmq_sockets import DEFAULT_HWM
+from paramserver.wire import Message
+from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+# Workers' requests held while the shard moves (after `reshard`, before the rebuild); the
+# fence keeps policy workers quiet then, so these are observers' and bare KV clients'. Their
+# replies go out in one burst after the rebuild: no more than a peer's send queue surely
+# holds (a ROUTER drops what is over its high-water mark, and the queue's count of what was
+# sent on is updated every half of that mark).
+MAX_QUEUED = DEFAULT_HWM // 2
+# Pieces of a reshard that came before its `reshard` (another server heard it first).
+MAX_EARLY = 4096
+
+
+class ReshardLink:
+    """One server's side of live resharding. `node` is its ServerNode: the link reads its
+    core, settings and address and swaps in the rebuilt core."""
+
+    def __init__(self, ctx: zmq.Context, keys, node):
+        self.ctx, self.keys, self.node = ctx, keys, node
+        self.epoch = 0  # of the reshard under way (moving) or the last one done
+        self.new: ShardAddress | None = None  # this server's entry in the new layout
+        self.layout: list | None = None
+        self.assembly: Assembly | None = None  # not None while moving
+        self.floor = 0  # the version the new shard starts at, at least
+        self.queued: deque = deque()  # (ident, msg, frames) of workers, while moving
+        self.early: list[Message] = []  # handoffs of a reshard not heard of yet
+        self.drained = False
+        self.socks: list[zmq.Socket] = []  # handoff DEALERs of the last reshard
+        self.busy = 0  # requests refused "busy" while moving
+
+    @property
+    def moving(self) -> bool:
+        return self.assembly is not None
+
+    # ---- the joining server ---------------------------------------------------------------------
+    def join(self, epoch: int) -> None:
+        """A welcome with `handoff`: the core's range (empty so far) fills from handoffs."""
+        s = self.node.settings
+        self.epoch, self.new = epoch, ShardAddress(s.rank, self.node.addr, s.lo, s.hi)
+        self.assembly, self.floor = Assembly(s.lo, s.hi, s.dtype), 0
+        log.info("server %s joins at epoch %d: waiting for keys [%d, %d)", self.node.src,
+                 epoch, s.lo, s.hi)
+        self._take_early()
+        self._finish_if_whole()
+
+    # ---- the coordinator's `reshard` ------------------------------------------------------------
+    def reshard(self, msg: Message) -> None:
+        epoch, core = msg["epoch"], self.node.core
+        if self.moving and epoch == self.epoch:  # a joiner's reshard, after its welcome
+            self.layout = list(msg["layout"])
+            self.floor = max(self.floor, msg.get("version", 0))
+            self._finish_if_whole()
+            return
+        if epoch <= core.epoch or self.moving:
+            if epoch == core.epoch and core.layout is None:  # a joiner that finished first
+                core.layout = list(msg["layout"])
+                core.store.version = max(core.store.version, msg.get("version", 0))
+            else:
+                log.warning("server %s: reshard %d ignored (at epoch %d%s)", self.node.src,
+                            epoch, core.epoch, ", moving" if self.moving else "")
+            return
+        node = self.node
+        move = plan(epoch, msg["old"], msg["layout"], node.addr)  # (HandoffError: refused)
+        if move.old is None:
+            raise HandoffError(f"server {node.addr} is not in the old layout of reshard "
+                               f"{epoch} and was not welcomed as a joiner")
+        self._close()
+        sent = self._send(epoch, move.sends)
+        self.epoch, self.layout = epoch, list(msg["layout"])
+        if move.drained:
+            self._drain(move, sent)
+            return
+        self.new, self.floor = move.new, msg.get("version", 0)
+        self.assembly = Assembly(move.new.lo, move.new.hi, node.settings.dtype)
+        if move.kept is not None:
+            self.assembly.keep(core.store, *move.kept)
+        log.info("server %s: reshard %d, sent %d key(s) in %d piece(s); keys [%d, %d) as "
+                 "rank %d", node.src, epoch, sum(hi - lo for _, lo, hi in move.sends), sent,
+                 move.new.lo, move.new.hi, move.new.rank)
+        self._take_early()
+        self._finish_if_whole()
+
+    def _send(self, epoch: int, sends) -> int:
+        """Every piece for every receiver, on a DEALER each; how many pieces went."""
+        node = self.node
+        store = node.core.store
+        per_piece = piece_keys(store.dtype.itemsize, node.settings.max_message_bytes,
+                               node.settings.chunk_bytes, 1 + len(keyed_state(store)[0]))
+        count = 0
+        for addr, lo, hi in sends:
+            pieces = cut(store, lo, hi, per_piece)
+            # The queue holds every piece (a receiver still binding takes them late): a send
+            # never waits.
+            sock = connect_dealer(self.ctx, addr, hwm=max(DEFAULT_HWM, len(pieces) + 1),
+                                  send_timeout=0, keys=self.keys, peer="server",
+                                  max_message=CONTROL_MESSAGE_BYTES)
+            self.socks.append(sock)
+            for piece in pieces:
+                fields, arrays = piece.message(epoch)
+                rpc.send(sock, Message("handoff", fields, arrays, src=node.src))
+            count += len(pieces)
+        return count
+
+    def _drain(self, move, sent: int) -> None:
+        """Drained: the core keeps no keys (every request is `moved`, a retry of a push
+        applied here still answered) until the coordinator's shutdown."""
+        node = self.node
+        old = move.old
+        settings = replace(node.settings, lo=old.hi, hi=old.hi)
+        node.swap_core(*node.core.successor(settings, None, self.epoch, self.layout))
+        self.drained = True
+        node.notify("resharded", {"epoch": self.epoch, "rank": old.rank,
+                                  "version": node.core.store.version, "drained": True})
+        log.info("server %s drained at epoch %d: %d piece(s) sent", node.src, self.epoch, sent)
+
+    # ---- handoffs from other servers ------------------------------------------------------------
+    def piece(self, msg: Message) -> None:
+        epoch = msg["epoch"]
+        if self.moving and epoch == self.epoch:
+            self._add(msg)
+            self._finish_if_whole()
+        elif epoch > max(self.epoch, self.node.core.epoch):
+            if len(self.early) >= MAX_EARLY:
+                raise HandoffError(f"{MAX_EARLY} handoffs wait for a reshard not heard of")
+            self.early.append(msg)
+        else:
+            log.warning("server %s: handoff of keys [%d, %d) for epoch %d dropped (at %d)",
+                        self.node.src, msg["lo"], msg["hi"], epoch, self.epoch)
+
+    def _add(self, msg: Message) -> None:
+        self.assembly.add(Piece.parse(msg.fields, msg.arrays, self.node.settings.dtype))
+
+    def _take_early(self) -> None:
+        now, self.early = [m for m in self.early if m["epoch"] == self.epoch], \
+            [m for m in self.early if m["epoch"] > self.epoch]
+        for msg in now:
+            self._add(msg)
+
+    def _finish_if_whole(self) -> None:
+        asm = self.assembly
+        if asm is None or not asm.whole:
+            return
+        node, new = self.node, self.new
+        settings = replace(node.settings, rank=new.rank, lo=new.lo, hi=new.hi)
+        core, out = node.core.successor(settings, asm, self.epoch, self.layout, self.floor)
+        self.assembly = None
+        node.swap_core(core, out)
+        node.notify("resharded", {"epoch": self.epoch, "rank": new.rank,
+                                  "version": core.store.version})
+        log.info("server %s serves keys [%d, %d) at epoch %d, version %d", node.src, new.lo,
+                 new.hi, self.epoch, core.store.version)
+        queued, self.queued = self.queued, deque()
+        for ident, msg, frames in queued:
+            node.handle_worker(ident, msg, frames)
+
+    def waiting(self) -> dict | None:
+        """What a moving server waits for, for a stall probe; None when not moving."""
+        if not self.moving:
+            return None
+        missing = self.assembly.missing()
+        return {"op": "handoff", "peer": "servers",
+                "note": f"reshard {self.epoch}: {len(missing)} run(s) of keys still to come "
+                        f"(first {list(missing[0])}), {len(self.queued)} request(s) held"}
+
+    # ---- workers' requests while moving ---------------------------------------------------------
+    def hold(self, ident, msg: Message, frames) -> bool:
+        """Queue a worker's request while moving (True); over the bound it is answered
+        "busy". False when not moving: handle it now."""
+        if not self.moving:
+            return False
+        if len(self.queued) >= MAX_QUEUED:
+            self.busy += 1
+            rpc.send_or_drop(self.node.router, Message("error", {
+                "msg": f"server {self.node.src} is moving keys (reshard {self.epoch}) and "
+                       f"holds {MAX_QUEUED} requests already: retry", "code": "busy"},
+                rid=msg.rid, src=self.node.src), ident)
+            return True
+        # (frames of a zero-copy receive: kept as they are, the request handled later)
+        self.queued.append((ident, msg, frames))
+        return True
+
+    def _close(self) -> None:
+        for sock in self.socks:
+            sock.close(0)
+        self.socks = []
+
+    def close(self) -> None:
+        self._close()

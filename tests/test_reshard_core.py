@@ -1,0 +1,355 @@
+"""Live resharding's pure parts: the plan (core/reshard_plan.py) checked against brute force,
+and the coordinator's core (coordinator/reshard.py in CoordinatorState) driven by events."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from paramserver.coordinator.events import (
+    AppendEvent, AppendMetric, Clocked, DrainAsked, Heartbeat, Registered, Reply, Resharded,
+    SendRelease, Started, TimePassed, ToServers,
+)
+from paramserver.coordinator.state import CoordinatorState
+from paramserver.core.keyspace import KeyRange
+from paramserver.core.reshard_plan import ReshardPlan, plan_drain, plan_join, weighted_cuts
+from paramserver.spec.job import JobSpec, JobSpecError, Limits, ServerCount, SyncSpec
+
+
+def ranges_of(bounds):
+    return tuple(KeyRange(a, b) for a, b in zip(bounds, bounds[1:]))
+
+
+def random_layout(rng, num_keys, count):
+    cuts = sorted(rng.sample(range(1, num_keys), count - 1))
+    return ranges_of([0, *cuts, num_keys])
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+
+def owner_of_each_key(ranges, owners):
+    """key -> the server holding it (an old rank, or 'J' for the joiner), one by one."""
+    out = []
+    for r, o in zip(ranges, owners):
+        out += ["J" if o is None else o] * r.size
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_moves_take_every_key_to_its_new_owner_once(seed):
+    rng = random.Random(seed)
+    num_keys = rng.randint(5, 60)
+    old = random_layout(rng, num_keys, rng.randint(2, min(5, num_keys)))
+    busy = [rng.random() for _ in old] if rng.random() < 0.7 else None
+    plan = (plan_join(old, busy) if rng.random() < 0.5
+            else plan_drain(old, rng.randrange(len(old)), busy))
+    before = owner_of_each_key(old, range(len(old)))
+    after = owner_of_each_key(plan.new, plan.owners)
+    # Replay the moves key by key: each key that changes server moves exactly once, from the
+    # old rank that held it to the server of its new rank.
+    moved = {}
+    for m in plan.moves:
+        assert before[m.keys.lo:m.keys.hi] == [m.src] * m.keys.size
+        for k in range(m.keys.lo, m.keys.hi):
+            assert k not in moved
+            moved[k] = "J" if plan.owners[m.dst] is None else plan.owners[m.dst]
+    for k in range(num_keys):
+        if k in moved:
+            assert moved[k] == after[k] != before[k]
+        else:
+            assert after[k] == before[k]
+    assert plan.moved_keys == sum(a != b for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_join_goes_where_it_moves_fewest_keys(seed):
+    rng = random.Random(100 + seed)
+    old = random_layout(rng, rng.randint(8, 50), rng.randint(1, 4))
+    busy = [rng.random() for _ in old]
+    plan = plan_join(old, busy)
+    # Every placement of the joiner that keeps the old servers' order, on the same cuts.
+    brute = min(ReshardPlan(old, plan.new, tuple([*range(at), None, *range(at, len(old))]))
+                .moved_keys for at in range(len(old) + 1))
+    assert plan.moved_keys == brute
+    assert len(plan.new) == len(old) + 1 and plan.drained == []
+
+
+def test_a_drain_gives_its_keys_to_its_neighbours_and_leaves():
+    old = ranges_of([0, 30, 60, 90])
+    plan = plan_drain(old, 1)
+    assert plan.drained == [1] and plan.owners == (0, 2)
+    assert plan.new == ranges_of([0, 45, 90])
+    assert {(m.src, m.dst) for m in plan.moves} == {(1, 0), (1, 1)}
+    with pytest.raises(ValueError, match="last server"):
+        plan_drain(ranges_of([0, 9]), 0)
+
+
+def cost_of(old, busy, r):
+    """An independent sum of the per-key cost over range r (module note: half bytes, half
+    the shard's busy share spread over its keys)."""
+    n, total = old[-1].hi, sum(busy)
+    c = 0.0
+    for k in range(r.lo, r.hi):
+        i = next(i for i, o in enumerate(old) if o.lo <= k < o.hi)
+        c += 0.5 / n + 0.5 * busy[i] / total / old[i].size
+    return c
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_cuts_balance_bytes_and_measured_load(seed):
+    rng = random.Random(200 + seed)
+    num_keys = rng.randint(200, 2000)
+    old = random_layout(rng, num_keys, rng.randint(2, 5))
+    busy = [rng.uniform(0.1, 5.0) for _ in old]
+    count = rng.randint(2, 6)
+    new = weighted_cuts(old, busy, count)
+    costs = [cost_of(old, busy, r) for r in new]
+    # Each range within one key's worth of cost of the ideal share (cuts are whole keys).
+    worst_key = max(0.5 / num_keys + 0.5 * b / sum(busy) / o.size for o, b in zip(old, busy))
+    for c in costs:
+        assert abs(c - 1.0 / count) <= worst_key + 1e-9
+
+
+def test_a_busier_shard_gives_away_more_keys():
+    old = ranges_of([0, 500, 1000])
+    even = plan_join(old, [1.0, 1.0])
+    hot = plan_join(old, [9.0, 1.0])
+    # The joiner lands beside the busy first shard, which keeps fewer keys than when even.
+    assert hot.new[0].size < even.new[0].size
+    assert weighted_cuts(old, None, 2) == old  # nothing measured: bytes alone
+
+
+def test_cuts_prefer_layer_edges_nearby():
+    old = ranges_of([0, 1000])
+    assert weighted_cuts(old, None, 2, edges=(480,)) == ranges_of([0, 480, 1000])
+    assert weighted_cuts(old, None, 2, edges=(300,)) == ranges_of([0, 500, 1000])
+
+
+def test_every_range_keeps_a_key():
+    old = ranges_of([0, 1, 3])
+    for busy in ([100.0, 0.0], [0.0, 100.0], None):
+        new = weighted_cuts(old, busy, 3)
+        assert [r.size for r in new] == [1, 1, 1]
+
+
+# ---- the job spec -------------------------------------------------------------------------------
+
+def test_servers_min_max_in_the_job():
+    assert ServerCount.parse("2:3") == ServerCount(2, 3)
+    for bad in ("3:2", "2:2", "a:3", "0:2"):
+        with pytest.raises(JobSpecError):
+            ServerCount.parse(bad)
+    job = JobSpec(servers=2, max_servers=3)
+    assert job.elastic_servers and JobSpec.from_dict(job.to_dict()) == job
+    assert "max_servers" not in JobSpec().to_dict()
+    with pytest.raises(JobSpecError, match="max_servers"):
+        JobSpec(servers=2, max_servers=2)
+    with pytest.raises(JobSpecError, match="replicas"):
+        JobSpec(servers=2, max_servers=3, replicas=2)
+
+
+# ---- the coordinator --------------------------------------------------------------------------
+
+HB = 5.0
+
+
+def job_of(sync="bsp", **fields):
+    fields = dict(dict(workers=2, servers=2, max_servers=3, batch_size=32, num_keys=100),
+                  **fields)
+    return JobSpec(sync=SyncSpec(sync), eval_interval=0.0,
+                   limits=Limits(heartbeat_timeout=HB, start_timeout=60.0), **fields)
+
+
+def kinds(out, kind):
+    return [i for i in out if type(i) is kind]
+
+
+def started_job(sync="bsp", **fields):
+    state = CoordinatorState(job_of(sync, **fields))
+    for r in range(state.job.servers):
+        state.handle(Registered(f"s{r}", "server", 0.0, to=f"reg-s{r}", link=f"L{r}",
+                                addr=f"tcp://h:{r + 1}"))
+    for w in range(2):
+        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
+    state.handle(Started("w0", 0.5, to="st0"))
+    out = state.handle(Started("w1", 0.6, to="st1"))
+    assert len(kinds(out, SendRelease)) == 2
+    return state
+
+
+def join(state, t=1.0):
+    return state.handle(Registered("new", "server", t, to="reg-new", link="LN",
+                                   addr="tcp://h:9"))
+
+
+def test_a_server_joins_at_a_quiet_point_and_workers_get_the_new_map():
+    state = started_job()
+    out = join(state)
+    assert not kinds(out, Reply)  # answered at the reshard, with its range
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    out = state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    # The round is applied; its releases are held: every worker waits, so the keys move.
+    assert kinds(out, ToServers)[0].op == "apply_round" and not kinds(out, SendRelease)
+    out = state.handle(TimePassed(1.3))
+    reshard = [i for i in kinds(out, ToServers) if i.op == "reshard"]
+    assert {link for i in reshard for link in i.links} == {"L0", "L1", "LN"}
+    fields = reshard[0].fields
+    assert fields["epoch"] == 1 and fields["version"] == 1
+    assert fields["old"] == [[0, "tcp://h:1", 0, 50], [1, "tcp://h:2", 50, 100]]
+    new = fields["layout"]
+    assert [x[1] for x in new].count("tcp://h:9") == 1 and new[-1][3] == 100
+    welcome = kinds(out, Reply)[0]
+    assert welcome.to == "reg-new" and welcome.fields["handoff"] and welcome.fields["epoch"] == 1
+    rank, _, lo, hi = next(x for x in new if x[1] == "tcp://h:9")
+    assert welcome.fields["rank"] == rank
+    assert welcome.fields["job"]["shard_range"] == [lo, hi]
+    # Nothing goes out until every server of both layouts has its keys.
+    assert not kinds(state.handle(Resharded("s0", 1.4, 1, 1, link="L0")), SendRelease)
+    assert not kinds(state.handle(Resharded("s9", 1.4, 0, 1, link="LN")), SendRelease)  # stale
+    assert not kinds(state.handle(Resharded("s1", 1.5, 1, 1, link="L1")), SendRelease)
+    out = state.handle(Resharded("s2", 1.6, 1, 1, link="LN"))
+    releases = kinds(out, SendRelease)
+    assert [r.to for r in releases] == ["c0", "c1"]
+    assert all(r.epoch == 1 and r.layout == new and r.step == 1 for r in releases)
+    events = {i.kind: i.data for i in kinds(out, AppendEvent)}
+    assert events["server_joined"]["servers"] == 3 and events["server_joined"]["epoch"] == 1
+    assert any(m.record.get("change") == "server_joined" for m in kinds(out, AppendMetric))
+    assert state.members.shard_map() == new
+    assert [m.link for m in state.members.roster.servers.values()] == [
+        {"tcp://h:1": "L0", "tcp://h:2": "L1", "tcp://h:9": "LN"}[x[1]] for x in new]
+    # The next round's releases carry no map: the workers have it.
+    state.handle(Clocked("w0", 1, 32, 0.1, 2.0, to="c0b"))
+    out = state.handle(Clocked("w1", 1, 32, 0.1, 2.1, to="c1b"))
+    assert all(r.layout is None for r in kinds(out, SendRelease))
+    state.check_invariants()
+
+
+def test_a_drain_moves_keys_to_the_others_then_stops_the_server():
+    state = started_job()
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    for src, link in (("s0", "L0"), ("s1", "L1"), ("s2", "LN")):
+        state.handle(Resharded(src, 1.4, 1, 1, link=link))
+    assert len(state.members.roster.servers) == 3
+    out = state.handle(DrainAsked("ops", 2.0, 0, to="d"))
+    assert kinds(out, Reply)[0].op == "ok"
+    # A second drain of a 3:2 job would go below MIN.
+    out = state.handle(DrainAsked("ops", 2.0, 1, to="d2"))
+    assert kinds(out, Reply)[0].op == "error"
+    state.handle(Clocked("w0", 1, 32, 0.1, 2.1, to="c0"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 2.2, to="c1"))
+    out = state.handle(TimePassed(2.3))
+    fields = next(i for i in kinds(out, ToServers) if i.op == "reshard").fields
+    assert fields["epoch"] == 2 and len(fields["layout"]) == 2
+    assert "tcp://h:1" not in [x[1] for x in fields["layout"]]
+    for link in ("L0", "L1", "LN"):
+        out = state.handle(Resharded("x", 2.4, 2, 2, link=link))
+    assert kinds(out, SendRelease) and kinds(out, AppendEvent)[0].kind == "server_drained"
+    assert len(state.members.roster.servers) == 2
+    # The drained server answers stragglers `moved` a little longer, then is told to stop.
+    out = state.handle(TimePassed(2.4 + 2 * state.job.limits.heartbeat_interval + 0.01))
+    stop = [i for i in kinds(out, ToServers) if i.op == "shutdown"]
+    assert stop and stop[0].links == ("L0",)
+    state.check_invariants()
+
+
+def test_arrival_mode_fences_every_worker_before_moving():
+    state = started_job("asp")
+    join(state)
+    out = state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    assert not kinds(out, SendRelease)  # held
+    assert not [i for i in kinds(state.handle(TimePassed(1.15)), ToServers)
+                if i.op == "reshard"]  # w1 computes still
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    out = state.handle(TimePassed(1.3))
+    fields = next(i for i in kinds(out, ToServers) if i.op == "reshard").fields
+    assert fields["version"] == 0  # arrival mode: each server takes its pieces' newest
+
+
+def test_a_fence_that_never_comes_gives_the_join_up_and_releases_the_workers():
+    state = started_job("asp")
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(TimePassed(1.2))
+    # w1 keeps beating but never clocks past the fence limit.
+    limit = state.job.limits.server_timeout
+    state.handle(Heartbeat("w1", 1.2 + limit / 2, to="hb"))
+    out = state.handle(TimePassed(1.2 + limit + 0.1))
+    assert [r.to for r in kinds(out, SendRelease)] == ["c0"]
+    refused = [i for i in kinds(out, Reply) if i.to == "reg-new"]
+    assert refused and refused[0].op == "error"
+    assert any(i.kind == "reshard_refused" for i in kinds(out, AppendEvent))
+
+
+def test_joins_beyond_max_and_asks_in_fixed_jobs_are_refused():
+    state = started_job()
+    join(state)
+    out = state.handle(Registered("new2", "server", 1.0, to="reg-2", link="L9",
+                                  addr="tcp://h:10"))
+    assert kinds(out, Reply)[0].op == "error" and "most servers" in kinds(
+        out, Reply)[0].fields["msg"]
+    fixed = CoordinatorState(job_of(max_servers=0))
+    out = fixed.handle(DrainAsked("ops", 0.0, 0, to="d"))
+    assert kinds(out, Reply)[0].op == "error"
+
+
+def test_a_worker_hears_the_map_in_heartbeat_answers_once_keys_moved():
+    state = started_job()
+    out = state.handle(Heartbeat("w0", 0.9, to="hb0"))
+    assert "layout" not in kinds(out, Reply)[0].fields
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    for link in ("L0", "L1", "LN"):
+        state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    out = state.handle(Heartbeat("w0", 1.5, to="hb1"))
+    assert kinds(out, Reply)[0].fields == {"epoch": 1, "layout": state.members.shard_map()}
+
+
+# ---- checkpoints of a job whose servers came and went -----------------------------------------
+
+def test_a_checkpoint_is_read_back_with_the_server_count_it_was_taken_with(tmp_path):
+    import numpy as np
+
+    from paramserver.coordinator.checkpoint_keeper import (
+        CheckpointError, check_checkpoint, save_coordinator_state)
+    from paramserver.runlog.model_file import checkpoint_flat
+    from paramserver.server.checkpoint import write_shard
+
+    flat = np.arange(30, dtype=np.float32)
+    cuts = [(0, 7), (7, 19), (19, 30)]  # three servers at the checkpoint, the job started two
+    for rank, (lo, hi) in enumerate(cuts):
+        write_shard(str(tmp_path), "000000005", rank, {"values": flat[lo:hi].copy()},
+                    {"version": 5, "range": [lo, hi], "dtype": "float32", "updates_applied": 5})
+    state = {"rounds_applied": 5, "samples_done": 0, "steps_done": 0, "num_keys": 30,
+             "worker_samples": {}, "elapsed_s": 0.0}
+    save_coordinator_state(tmp_path, "000000005", {**state, "servers": 3})
+    assert check_checkpoint(tmp_path, "000000005", 2, "float32") == 3
+    np.testing.assert_array_equal(checkpoint_flat(tmp_path, "000000005", 2, "float32"), flat)
+    # Without the count recorded, the job's two are read, and the third part is missed.
+    save_coordinator_state(tmp_path, "000000006", state)
+    for rank, (lo, hi) in enumerate(cuts):
+        write_shard(str(tmp_path), "000000006", rank, {"values": flat[lo:hi].copy()},
+                    {"version": 6, "range": [lo, hi], "dtype": "float32", "updates_applied": 6})
+    with pytest.raises(CheckpointError, match="hold keys"):
+        check_checkpoint(tmp_path, "000000006", 2, "float32")
+
+
+def test_servers_beating_under_their_new_names_before_the_commit_are_no_strangers():
+    state = started_job()
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    # The joiner got rank 2 (or another); it beats before the roster knows it.
+    for src, link in (("s2", "LN"), ("s1", "L0")):
+        out = state.handle(Heartbeat(src, 1.35, to="hb", link=link))
+        assert [r.op for r in kinds(out, Reply)] == ["ok"]
+    # A stranger still hears `unknown` (a coordinator restart's signal to register again).
+    out = state.handle(Heartbeat("s7", 1.35, to="hb", link="LX"))
+    assert kinds(out, Reply)[0].fields.get("code") == "unknown"
