@@ -11,6 +11,7 @@ barrier, budget, end of job); the node's loop turns are `TimePassed` events.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
@@ -292,10 +293,17 @@ class CoordinatorState:
 
     def _server_job(self, rank: int) -> ServerJob:
         shard = self.members.ranges[rank]
-        job = ServerJob.of(self.job, shard.lo, shard.hi, self.host.apply_mode)
+        job = self._shard_job(shard.lo, shard.hi)
         if self.schedule.keeps_initial:
             job = job.with_initial_checkpoint(str(self.schedule.root))
         return job
+
+    def _shard_job(self, lo: int, hi: int) -> ServerJob:
+        job = self.job
+        if job.max_servers and job.num_keys != self.members.num_keys:
+            # (the key space learned from the first worker bounds a moving shard's frames)
+            job = replace(job, num_keys=self.members.num_keys)
+        return ServerJob.of(job, lo, hi, self.host.apply_mode)
 
     def _register_server(self, e: Registered, now: float, out: list) -> None:
         if e.addr is None:
@@ -847,7 +855,7 @@ class CoordinatorState:
         ask = run.ask
         if ask.kind == "join":
             rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
-            job = ServerJob.of(self.job, lo, hi, self.host.apply_mode)
+            job = self._shard_job(lo, hi)
             out.append(Reply(ask.to, "welcome", {"rank": rank, "job": job.to_dict(),
                                                  "epoch": reshard.epoch + 1, "handoff": True}))
             out.append(ToServers("reshard", fields, (ask.link,)))
