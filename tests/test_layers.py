@@ -27,6 +27,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         "server/handoff.py",
+        # live resharding: which shard map a client follows
+        "client/reshard.py",
         # The simulator's core.
         "sim/engine.py", "sim/comm.py", "sim/compute.py", "sim/membership.py",
         # Scoring beside the evaluator.

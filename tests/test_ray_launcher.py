@@ -79,6 +79,48 @@ def test_a_killed_worker_is_restarted_by_ray_and_rejoins(local_ray, tmp_path):
     assert [r for r in records if r["kind"] == "eval"][-1]["accuracy"] >= 0.9
 
 
+@pytest.mark.slow  # ~45 s: Ray starting, the heartbeat timeout and Ray's actor restart
+def test_replicated_shards_as_ray_actors_a_killed_primary_loses_nothing(local_ray, tmp_path):
+    """--replicas 2 through Ray: a backup actor beside the shard's primary; the primary's
+    process is SIGKILLed mid-training, its backup takes over, and Ray restarts the dead
+    actor as a new backup that the survivor rebuilds."""
+    from paramserver.runlog.metrics import summarize
+    cfg = TrainConfig(sync="asp", workers=1, epochs=6, lr=0.2, heartbeat_timeout=2.0,
+                      device_time="2ms", eval_interval=1.0, replicas=2)
+    job = prepare_job(cfg)
+    cluster = RayCluster(job, tmp_path, resources=Resources(**SMALL), job_timeout=300)
+    killed = []
+
+    def kill_once():  # 100 steps into training: SIGKILL the primary's role process
+        actors = {name: a for name, _, a in cluster.actors}
+        if killed or ray.get(actors["coordinator"].read.remote("metrics.jsonl")).count(
+                b'"kind": "step"') < 100:
+            return
+        killed.append(ray.get(actors["server 0"].pid.remote()))
+        os.kill(killed[0], signal.SIGKILL)
+
+    cluster.run(on_tick=kill_once)
+    assert killed
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds.count("backup_synced") == 1 and kinds.count("replica_promoted") == 1, kinds
+    assert "backup_rebuilt" in kinds[kinds.index("replica_promoted"):], kinds
+    records = read_records(tmp_path / "metrics.jsonl")
+    summary = summarize(records, job)
+    assert (summary["lost_updates"], summary["replica_promotions"]) == (0, 1)
+    assert [r for r in records if r["kind"] == "eval"][-1]["accuracy"] >= 0.9
+    logs = {p.name for p in (tmp_path / "logs").glob("*.log")}
+    assert {"server-0.log", "backup-0.log"} <= logs
+    # The killed primary's actor, restarted by Ray, came back as the shard's new backup.
+    assert "server b0 serving keys" in (tmp_path / "logs" / "server-0.log").read_text()
+
+
+def test_a_replicated_job_asks_ray_for_a_backup_per_shard():
+    job = {"workers": 2, "servers": 2, "replicas": 2}
+    with pytest.raises(LaunchError, match="asks Ray for 6 CPUs"):
+        check_resources(job, Resources(1.0, 0.0, 1.0), {"CPU": 4.0})
+
+
 def test_more_than_the_cluster_has_is_a_clear_error():
     job = {"workers": 4, "servers": 1}
     with pytest.raises(LaunchError, match="asks Ray for 5 CPUs and 0 GPUs, the cluster has 2"):

@@ -114,3 +114,98 @@ def test_chaos_with_replicas_a_primary_killed_mid_training_loses_nothing(tmp_pat
     assert (r["lost_updates"], r["promotions"]) == (0, 1), r
     assert r["membership"][:2] == ["replica_promoted", "backup_rebuilt"], r
     assert r["best_accuracy_after_restart"] >= 0.88 and r["final_accuracy"] >= 0.7, r
+
+
+def test_a_restarted_coordinator_keeps_the_backups_and_a_later_primary_kill_loses_nothing(
+        tmp_path):
+    """--replicas 2 with --restart-coordinator: the coordinator is SIGKILLed mid-stream and
+    restarted (--take-back); both backups are taken back as their primaries' (same processes,
+    events say so), then a primary is SIGKILLed: its backup takes over with nothing lost."""
+    from paramserver.launch.local import LaunchError, LocalCluster
+
+    # (A wider heartbeat timeout than above: the 4 clients share this busy process through a
+    # restart, and the stall doctor, which the restarted coordinator would point at clients
+    # that never clock, is kept quiet.)
+    job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
+                   heartbeat_timeout=3.0, coordinator_timeout=30.0, stall_timeout=120.0)
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
+                           restart_coordinator=1)
+    failures: list = []
+
+    def supervise():
+        try:
+            cluster.wait()
+        except LaunchError as exc:
+            failures.append(exc)
+
+    kvs: list = []
+    stop = threading.Event()
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor = threading.Thread(target=supervise, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
+        init = np.arange(KEYS, dtype=np.float64)
+        acked = [[] for _ in kvs]
+        errors: list = []
+        kvs[0].init(init)
+        starts = [threading.Thread(target=kv.start) for kv in kvs]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(60)
+        wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
+                          if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
+        servers = {c.proc.pid for c in cluster.children if c.role == "server"}
+        threads = [threading.Thread(target=_pusher, args=(kv, stop, a, errors))
+                   for kv, a in zip(kvs, acked)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
+        first = cluster.coordinator
+        os.kill(first.proc.pid, signal.SIGKILL)
+        wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
+                          if e["event"] == "backup_taken_back"} == {0, 1},
+                 "both backups taken back by the restarted coordinator")
+        assert first.proc.returncode == -signal.SIGKILL and cluster.coordinator is not first
+        before = sum(map(len, acked))
+        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the take-back")
+        # Every server process of the start serves on: no backup exited or was rebuilt.
+        assert {c.proc.pid for c in cluster.children
+                if c.role == "server" and c.proc.poll() is None} == servers
+        primary = next(e["addr"] for e in run_events(cluster.run_dir)
+                       if e["event"] == "server_taken_back" and e["rank"] == 1)
+        os.kill(server_listening_at(cluster, primary).proc.pid, signal.SIGKILL)
+        before = sum(map(len, acked))
+        wait_for(lambda: _happened(cluster, "replica_promoted"), "the backup's promotion")
+        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover")
+        # The new backup is attached after every epoch the old coordinator gave out.
+        rebuilt = wait_for(lambda: [e for e in run_events(cluster.run_dir)
+                                    if e["event"] == "backup_rebuilt"], "a rebuilt backup")
+        assert rebuilt[0]["rank"] == 1
+        before = sum(map(len, acked))
+        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the rebuild")
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        final = kvs[0].pull()
+        np.testing.assert_array_equal(final, init - sum(g for a in acked for g in a))
+        for kv in kvs:
+            kv.bye()
+        supervisor.join(60)
+        assert not supervisor.is_alive() and not failures, failures
+    finally:
+        stop.set()
+        for kv in kvs:
+            kv.close()
+        cluster.stop()
+    events = run_events(cluster.run_dir)
+    kinds = [e["event"] for e in events]
+    assert "backup_not_taken_back" not in kinds, events
+    taken = [e for e in events if e["event"] == "backup_taken_back"]
+    assert all(e["synced"] for e in taken), taken
+    assert kinds.index("replica_promoted") > kinds.index("taken_back")
+    assert [e["rank"] for e in events if e["event"] == "replica_promoted"] == [1]
+    summary = summarize(read_records(cluster.run_dir / "metrics.jsonl"), cluster.job)
+    assert (summary["lost_updates"], summary["replica_promotions"]) == (0, 1)

@@ -353,3 +353,33 @@ def test_servers_beating_under_their_new_names_before_the_commit_are_no_stranger
     # A stranger still hears `unknown` (a coordinator restart's signal to register again).
     out = state.handle(Heartbeat("s7", 1.35, to="hb", link="LX"))
     assert kinds(out, Reply)[0].fields.get("code") == "unknown"
+
+
+def test_a_join_asked_once_the_budget_is_spent_is_refused_at_once():
+    state = CoordinatorState(job_of(max_samples=64))
+    for r in range(2):
+        state.handle(Registered(f"s{r}", "server", 0.0, to=f"reg-s{r}", link=f"L{r}",
+                                addr=f"tcp://h:{r + 1}"))
+    for w in range(2):
+        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
+    state.handle(Started("w0", 0.5, to="st0"))
+    state.handle(Started("w1", 0.6, to="st1"))
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    assert state.stopping
+    join(state, t=1.3)
+    out = state.handle(TimePassed(1.4))
+    refused = [i for i in kinds(out, Reply) if i.to == "reg-new"]
+    assert refused and refused[0].op == "error" and "ending" in refused[0].fields["msg"]
+    assert not state.reshard.holding
+
+
+def test_a_moving_shard_takes_frames_as_large_as_the_whole_key_space():
+    state = CoordinatorState(job_of(num_keys=4_000_000))
+    out = state.handle(Registered("s0", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    limit = kinds(out, Reply)[0].fields["job"]["max_message_bytes"]
+    assert limit == state.job.message_limit(None) > state.job.message_limit(2_000_000)
+    fixed = CoordinatorState(job_of(num_keys=4_000_000, max_servers=0))
+    out = fixed.handle(Registered("s0", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    assert kinds(out, Reply)[0].fields["job"]["max_message_bytes"] == \
+        fixed.job.message_limit(2_000_000)

@@ -149,7 +149,8 @@ def test_a_server_joins_and_one_drains_with_every_update_kept_exactly(tmp_path, 
 def test_training_keeps_its_accuracy_across_a_join_and_a_drain(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
-           "--servers", "2:3", "--epochs", "6", "--batch-size", "32", "--lr", "0.1",
+           "--servers", "2:3", "--epochs", "200", "--max-seconds", "40", "--batch-size", "32",
+           "--lr", "0.1",
            "--eval-interval", "1", "--out", str(run), "--timeout", "300"]
     log = (tmp_path / "train.log").open("w")
     train = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -164,8 +164,7 @@ def _run(args) -> int:
     from paramserver.launch.verdict import rank_records, worker_failures
     from paramserver.runlog.metrics import read_records
     if args.launcher == "ray":
-        for flag_name, used in (("--restart-coordinator", args.restart_coordinator),
-                                ("--replicas 2", args.replicas > 1)):
+        for flag_name, used in (("--restart-coordinator", args.restart_coordinator),):
             if used:
                 print(f"paramserver launch: {flag_name} is not supported with --launcher ray "
                       f"yet; use the local launcher for it", file=sys.stderr)

@@ -448,8 +448,7 @@ def _launcher(args) -> dict:
         return {"name": "local"}
     # Not wired through Ray yet: refuse rather than silently run without them.
     for flag, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume),
-                       ("--restart-coordinator", args.restart_coordinator),
-                       ("--replicas 2", args.replicas > 1)):
+                       ("--restart-coordinator", args.restart_coordinator)):
         if used:
             raise ValueError(f"{flag} is not supported with --launcher ray yet; "
                              f"use the local launcher for it")

@@ -42,6 +42,13 @@ class Handle:
     message: Any = None  # a chunked request's chunk -> Message
     nbytes: int = 0  # value bytes the request put on the wire (codec frames as encoded)
     delta: bool = False  # a compressed pull: replies add codec deltas into `out` (or set it)
+    # Live resharding: `again()` sends the request anew under the shard map now followed (a
+    # pull refused `moved` is redone); `carried` is what the parts answered before a push's
+    # refused parts were sent again said (largest staleness; an init's smallest); `moved`,
+    # a refusal met while another request was waited on, for wait() to follow.
+    again: Any = None
+    carried: int | None = None
+    moved: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +161,9 @@ class WorkerCore:
         # By shard, the rids of pushes sent and maybe not answered, oldest first (an answered
         # one leaves when it reaches the front): the shard's watermark is the first.
         self.pushes: list[deque[int]] = []
+        # Requests answered under an older shard map whose replies are not taken yet: their
+        # shard numbers are the old map's, so their versions are not noted (see reshard).
+        self.stale: set[int] = set()
 
     def welcome(self, rank: int, ranges: Sequence[KeyRange], num_keys: int) -> None:
         """This worker's rank, the job's key space and the shards' ranges in shard order."""
@@ -165,6 +175,32 @@ class WorkerCore:
         # The common request (every key) is split once.
         self.all_pieces = self._split(KeyRange(0, self.num_keys))
         self.chunking(1 << 62, 1)
+
+    def reshard(self, ranges: Sequence[KeyRange]) -> None:
+        """Follow a new shard map (live resharding): `ranges` in shard order. Only at a quiet
+        point: no request may be unanswered (its shard number would name another shard now).
+        The rid counter keeps counting (servers' dedup tables key on sender and rid); each
+        new shard's version is the oldest version this worker read of any key it now holds
+        (staleness errs high, never low); chunking is reset (the caller sets it again)."""
+        if any(rid not in self.inbox for rid in self.sent):
+            raise RuntimeError(f"a new shard map with {len(self.unanswered(self.sent))} "
+                               f"request(s) unanswered: switch only when none is in flight")
+        old, versions = self.ranges, self.versions
+        carried = []
+        for r in ranges:
+            seen = [v for held, v in zip(old, versions) if held.intersect(r) is not None]
+            carried.append(min(seen, default=0))
+        self.stale = set(self.sent)
+        self.welcome(self.rank, ranges, self.num_keys)
+        self.versions = carried
+
+    def note_version(self, shard: int, rid: int, version: int) -> None:
+        """Shard `shard` answered pull `rid` at `version` (ignored for a request sent under
+        an older shard map)."""
+        if rid in self.stale:
+            self.stale.discard(rid)
+        else:
+            self.versions[shard] = version
 
     def chunking(self, chunk: int | Sequence[int], window: int | Sequence[int],
                  run: int | Sequence[int] | None = None) -> None:
@@ -320,6 +356,8 @@ class WorkerCore:
         """A push's acks are in (its one-message parts' and, with a stream, its chunks'): its
         result is the largest staleness any shard saw."""
         result = max((m.get("staleness", 0) for m in replies.values()), default=0)
+        if handle.carried is not None:
+            result = max(result, handle.carried)
         if handle.stream is not None:
             result = max(result, max(handle.stream.seen.values(), default=0))
         handle.result, handle.done = result, True
@@ -338,7 +376,7 @@ class WorkerCore:
             values = replies[rid].arrays[0]
             if (rid not in self.held and values.size == out.size and values.dtype == out.dtype
                     and values.flags.writeable):
-                self.versions[shard] = replies[rid]["version"]
+                self.note_version(shard, rid, replies[rid]["version"])
                 handle.result, handle.out, handle.done = values, values, True
                 return lent
         return self._assemble(handle, replies)
@@ -359,7 +397,7 @@ class WorkerCore:
             reply = replies[rid]
             values = reply.arrays[0]
             out[where] = values.reshape(-1, out.shape[1]) if rows else values
-            self.versions[shard] = reply["version"]
+            self.note_version(shard, rid, reply["version"])
             reply.arrays = []
             frames = self.held.pop(rid, None)
             if frames:
@@ -371,8 +409,8 @@ class WorkerCore:
     def borrowed(self, handle: Handle, reply: Any) -> np.ndarray:
         """A single-shard pull finished without a copy: its values are the reply's, still lent
         (under the handle's one rid) until let go."""
-        shard, _, _ = handle.parts[0]
-        self.versions[shard] = reply["version"]
+        shard, rid, _ = handle.parts[0]
+        self.note_version(shard, rid, reply["version"])
         handle.done, handle.result = True, reply.arrays[0]
         return handle.result
 

@@ -13,6 +13,11 @@ Usage::
 Requests are sliced across shards and their replies reassembled. `push_async`/`pull_async`
 return a Handle; `kv.wait(handle)` finishes it (like ps-lite's timestamps). A buffer passed to
 an async push is sent zero-copy: do not modify it before the handle is waited on.
+
+In a job whose servers join and leave (`--servers MIN:MAX`), key ranges move between servers
+while it runs: the client follows each new shard map (heard in a release, a heartbeat answer or
+a server's `moved` refusal) at a quiet point, and a request a server refused `moved` is sent
+again under the new map by wait() (see adopt and _follow_moved).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import zmq
 
 from paramserver.client.core import Chunk, Handle, Stream, WorkerCore
 from paramserver.client.links import ShardLinks
-from paramserver.client.requests import ShardRequests
+from paramserver.client.requests import Moved, ShardRequests
+from paramserver.client.reshard import LayoutFollower
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
 from paramserver.compression import payload
@@ -50,6 +56,9 @@ from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
 log = logging.getLogger(__name__)
 # The longest one preflight probe may wait for its shard (a dead one must not hold the start).
 PROBE_TIMEOUT = 15.0
+# A request refused `moved` under the shard map it already follows (a server that has not
+# switched yet) is tried again after a pause growing up to this, for at most its timeout.
+MOVED_PAUSE = 0.2
 
 # Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
@@ -205,6 +214,12 @@ class KVWorker:
         # silent for a heartbeat timeout, and this worker hears of it with its next beat.
         self._replicated = self.spec.job.replicas > 1
         self._shard_epoch = 0  # the shard map's epoch this worker follows (see _follow_moves)
+        # Live resharding (an elastic-servers job): the shard map followed and the newest one
+        # heard of, switched to at a quiet point (see adopt).
+        self._elastic_servers = getattr(self.spec.job, "max_servers", 0) > 0
+        self._layouts = LayoutFollower(welcome.get("epoch", 0), self.num_keys)
+        self._settings = settings
+        self._dense_next = False  # the first compressed pull after a switch goes dense
         self.links = ShardLinks(self.shards, limits.heartbeat_timeout
                                 if not self.spec.job.restart_servers else
                                 max(limits.heartbeat_timeout, limits.restart_timeout))
@@ -214,15 +229,19 @@ class KVWorker:
         self.requests = ShardRequests(
             self.shards, self.src, self.core, timeout, settings.retry_interval,
             limits.max_unacked_pushes,
-            [self.spec.job.message_limit(s.range.size) for s in self.shards],
+            [self._frame_limit(s.range.size) for s in self.shards],
             check_peers=self.session.check_alive)
         if self._replicated:  # every wait's look at the shards follows a moved one first
             self.links.follow = self._follow_moves
+        else:  # a wait's look at the shards switches to a newer shard map, when quiet
+            self.links.follow = self._follow_layout
         self.requests.flight = self.session.flight  # one recorder for the whole client
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
-        # (Replicated shards move: an arena offered to one server would not follow its shard.)
-        self.arena = offer_shared_memory(self.shards, self.num_keys * self.dtype.itemsize,
-                                         False if self._replicated else shared_memory)
+        # (Replicated shards move, and so do key ranges in an elastic-servers job: an arena
+        # offered to one server would not follow its keys.)
+        self.arena = offer_shared_memory(
+            self.shards, self.num_keys * self.dtype.itemsize,
+            False if self._replicated or self._elastic_servers else shared_memory)
         self._chunking(settings)
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
@@ -230,6 +249,12 @@ class KVWorker:
         if role == "worker" and self.spec.job.preflight:
             # Here, not in start(): the step loops time start() as step 0's wait.
             self._preflight()
+
+    def _frame_limit(self, keys: int) -> int:
+        """The largest frame a shard of `keys` keys takes (the server's bound, the same rule):
+        in a job whose keys move between servers, the whole key space's."""
+        job = self.spec.job
+        return job.message_limit(None if getattr(job, "max_servers", 0) else keys)
 
     def _follow_moves(self) -> None:
         """A shard whose backup took over (the coordinator's heartbeat answers say where):
@@ -250,6 +275,174 @@ class KVWorker:
             self.links.swap(i, sock)
             old.close(0)
             self.requests.resend(i)
+
+    # ---- live resharding -------------------------------------------------------------------------
+    def adopt(self, epoch: int, layout) -> bool:
+        """Follow shard map `epoch`, `layout` [[rank, addr, lo, hi], ...] (rank order is key
+        order), if it is newer than the one followed: at once when no request is in flight,
+        else before the first request sent once none is. True if it is newer."""
+        newer = self._heard(epoch, layout, "adopt()")
+        if self._layouts.behind and self._quiet():
+            self._switch()
+        return newer
+
+    @property
+    def shard_epoch(self) -> int:
+        """The epoch of the shard map this client follows (live resharding)."""
+        return self._layouts.epoch
+
+    def _heard(self, epoch, layout, source: str) -> bool:
+        try:
+            return self._layouts.offer(epoch, layout)
+        except ValueError as exc:
+            raise RemoteError(f"{source} named a shard map this client cannot follow: "
+                              f"{exc}") from None
+
+    def _quiet(self) -> bool:
+        """No request in flight: every one sent is answered (its reply maybe not taken)."""
+        core = self.core
+        return not self._streams and all(rid in core.inbox for rid in core.sent)
+
+    def _before_request(self) -> None:
+        """Before a request is sent: switch to a newer shard map heard of, if quiet (else the
+        request goes under the map followed; a server that moved its keys refuses it, and
+        the refusal is followed)."""
+        heard = self.session.layout
+        if heard is None and self._layouts.pending is None:
+            return  # (the common case: one look)
+        if heard is not None and heard[0] > self._layouts.epoch:
+            self._heard(heard[0], heard[1], "a heartbeat answer")
+        if self._layouts.behind and self._quiet():
+            self._switch()
+
+    def _follow_layout(self) -> None:
+        """Each wait's look at the shards (ShardLinks.check): a newer shard map heard of is
+        switched to when quiet; until then a server it no longer names (drained: it shuts
+        down soon) is not judged gone."""
+        self._before_request()
+        pending = self._layouts.pending
+        if pending is not None:
+            self.links.leaving = frozenset(s.addr for s in self.shards) - set(pending.addrs)
+
+    def _switch(self) -> None:
+        """Switch to the pending shard map (no request in flight): one DEALER per address,
+        the one already open kept, new ones connected, the others closed; the core's ranges,
+        versions and chunking, the requests' polling and limits, the links' monitors follow."""
+        layout = self._layouts.take()
+        old = list(self.shards)
+        by_addr = {s.addr: s for s in old}
+        shards = []
+        for place in layout.shards:
+            kept = by_addr.pop(place.addr, None)
+            sock = kept.sock if kept is not None else connect_dealer(
+                self.ctx, place.addr, send_timeout=self.timeout, keys=self.keys, peer="server")
+            shards.append(Shard(place.rank, place.addr, KeyRange(place.lo, place.hi), sock))
+        self.shards[:] = shards  # in place: the requests and links hold this list
+        self.links.reshard(old)
+        self.requests.reshard([s.sock for s in old],
+                              [self._frame_limit(s.range.size) for s in shards])
+        for gone in by_addr.values():
+            gone.sock.close(0)
+        self.core.reshard(layout.ranges)
+        self._chunking(self._settings)
+        self._dense_next = True
+        self.session.flight.record("reshard", epoch=layout.epoch, shards=len(shards))
+        log.info("%s %s follows shard map %d: %s", self.session.me.role, self.rank,
+                 layout.epoch, ", ".join(f"s{s.rank} [{s.range.lo}, {s.range.hi}) at {s.addr}"
+                                         for s in shards))
+
+    def _follow_moved(self, handle: Handle, moved: Moved, since: float) -> None:
+        """`handle` met a `moved` refusal (its replies all taken): switch to the map it names
+        once no other request is in flight, then send it again under that map, a pull whole
+        (dense), a one-message push or init its refused parts only, as new requests."""
+        resend = handle.again is None
+        if resend and handle.kind not in ("push", "init"):
+            raise RemoteError(f"{moved}; a {handle.kind} is not sent again under a new shard "
+                              f"map") from None
+        # A chunk's or round's part refused cannot be told from the rest (a round counts its
+        # messages): only one-message parts of arrival-mode pushes (and inits) go again.
+        if resend and (handle.stream is not None or (handle.kind == "push"
+                                                     and not self._arrival)):
+            what = "chunked" if handle.stream is not None else "round-mode"
+            raise RemoteError(f"a {what} {handle.kind} met a moved shard: {moved}; only one-"
+                              f"message pushes in arrival mode are sent again under a new "
+                              f"shard map (a policy worker is fenced and never meets this)"
+                              ) from None
+        newer = self._heard(moved.epoch, moved.layout, f"server {moved.shard}'s refusal")
+        others = [h for h in self._streams if h is not handle]
+        if others:
+            raise RemoteError(f"{moved}; {len(others)} chunked request(s) still in flight: "
+                              f"wait for them before following a new shard map") from None
+        self.requests.drain(f"requests in flight before shard map {moved.epoch}")
+        if self._layouts.behind:
+            self._switch()
+        elif not newer and not self.core.stale.issuperset(moved.refused):
+            # Refused under the map we follow: its server has not switched yet; a pause.
+            waited = time.monotonic() - since
+            if waited > self.timeout:
+                raise RemoteError(f"{moved}; still refused under shard map "
+                                  f"{self._layouts.epoch} after {waited:.0f} s") from None
+            time.sleep(min(MOVED_PAUSE, 0.005 + waited / 4))
+        if not resend:
+            self._become(handle, handle.again())
+            return
+        answered = [m.get("staleness", 0) for m in moved.replies.values()]
+        if handle.carried is not None:
+            answered.append(handle.carried)
+        if answered:
+            handle.carried = max(answered) if handle.kind == "push" else min(answered)
+        handle.parts = []
+        for request in moved.refused.values():
+            for i, msg in self._split_again(request, handle):
+                handle.parts.append((i, self.requests.send(i, msg), slice(0, 0)))
+
+    def _become(self, handle: Handle, new: Handle) -> None:
+        """`handle` (the caller's) takes over `new`, the same request sent again."""
+        nbytes = handle.nbytes
+        vars(handle).update(vars(new))
+        handle.nbytes += nbytes
+        for k, h in enumerate(self._streams):
+            if h is new:
+                self._streams[k] = handle
+
+    def _split_again(self, request: Message, handle: Handle) -> list[tuple[int, Message]]:
+        """A refused push or init's keys as messages under the map now followed (shard,
+        message); encoded values go decoded: the shards add exactly what they stood for."""
+        if request is None or request.op not in ("push", "init", "push_sparse"):
+            op = None if request is None else request.op
+            raise RemoteError(f"a refused {op!r} is not sent again under a new shard map")
+        fields = {k: v for k, v in request.fields.items() if k != "wm"}
+        versions = self.core.versions
+        out = []
+        if request.op == "push_sparse":
+            keys = request.arrays[0]
+            values = self._plain(fields, request.arrays[1:], keys.size)
+            for i, (a, b) in enumerate(self.core.sparse_cuts(keys)):
+                if a < b:
+                    handle.nbytes += keys[a:b].nbytes + values[a:b].nbytes
+                    out.append((i, Message("push_sparse", {**fields, "version": versions[i]},
+                                           [keys[a:b], values[a:b]])))
+            return out
+        lo, hi = fields["range"]
+        values = self._plain(fields, request.arrays, hi - lo)
+        for i, p, sl in self.core.pieces(KeyRange(lo, hi)):
+            f = {**fields, "range": [p.lo, p.hi]}
+            if request.op == "push":
+                f["version"] = versions[i]
+                handle.nbytes += values[sl].nbytes
+            out.append((i, Message(request.op, f, [values[sl]])))
+        return out
+
+    @staticmethod
+    def _plain(fields: dict, frames: list, size: int) -> np.ndarray:
+        """A request's values as plain numbers (decoded when they came encoded; `fields`
+        then lose their codec header)."""
+        if "enc" not in fields:
+            return frames[0]
+        values = payload.unpack(fields, frames, size)
+        fields.pop("enc")
+        fields.pop("enc_opts", None)
+        return values
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
@@ -286,6 +479,7 @@ class KVWorker:
     # ---- the KV API -----------------------------------------------------------------------------
     def init(self, values, keys: KeyRange | tuple[int, int] | None = None) -> bool:
         """Offer initial values; the first offer per shard wins. True if ours was taken."""
+        self._before_request()
         r = self.core.key_range(keys)
         arr = _as_array(values, self.dtype)
         pieces = self.core.pieces(r)
@@ -296,8 +490,7 @@ class KVWorker:
             return self.wait(handle) >= 0
         parts = [(i, self.requests.send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
                  for i, p, sl in pieces]
-        replies = self.requests.collect(parts, "init")
-        return all(m.get("staleness", 0) >= 0 for m in replies.values())
+        return self.wait(Handle("init", parts=parts)) >= 0
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
                    batch: int, scale: float = 1.0, round_size: int = 0,
@@ -310,6 +503,7 @@ class KVWorker:
         keeps any error feedback: `sent` (as many float32 as `values`), if given, receives
         what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
         what went on the wire). Like `values`, `sent` is written until the handle is waited."""
+        self._before_request()
         core = self.core
         r = core.key_range(keys)
         arr = _as_array(values, self.dtype)
@@ -376,6 +570,7 @@ class KVWorker:
         re-encode to themselves under an elementwise cast; a block codec may round again);
         `sent` (as many float32 as `values`), if given, receives what each value decodes to,
         i.e. what the shards add, in the caller's order."""
+        self._before_request()
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = _as_array(values, self.dtype)
         if k.size != v.size:
@@ -429,6 +624,7 @@ class KVWorker:
         `delta` (a codec) a shard sends the change since, encoded, which is added into `out`
         (a shard that remembers nothing of the range answers dense). Pull with `ref` every so
         often: between, `out` differs from the shard by the last delta's coding error."""
+        self._before_request()
         if delta is not None or ref:
             return self._pull_refs(keys, out, min_version, delta)
         r = self.core.key_range(keys)
@@ -440,12 +636,15 @@ class KVWorker:
         pieces = self.core.pieces(r)
         stream = self.core.stream(r, pieces)
         if stream is not None:
-            return self._start(Handle("pull", out=out, stream=stream), lambda c: Message(
+            handle = self._start(Handle("pull", out=out, stream=stream), lambda c: Message(
                 "pull", {"range": [c.keys.lo, c.keys.hi], "min_version": min_version}))
-        handle = Handle("pull", out=out, out_ours=ours)
-        for i, p, sl in pieces:
-            fields = {"range": [p.lo, p.hi], "min_version": min_version}
-            handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
+        else:
+            handle = Handle("pull", out=out, out_ours=ours)
+            for i, p, sl in pieces:
+                fields = {"range": [p.lo, p.hi], "min_version": min_version}
+                handle.parts.append((i, self.requests.send(i, Message("pull", fields)), sl))
+        # Refused `moved`: the same pull again under the new shard map, into the same out.
+        handle.again = lambda: self.pull_async(r, out, min_version)
         return handle
 
     def _pull_refs(self, keys, out: np.ndarray | None, min_version: int,
@@ -455,18 +654,25 @@ class KVWorker:
             raise ValueError(f"a compressed pull adds into the worker's copy: out must hold "
                              f"{r.size} float32 values")
         _check_codec(codec, out)
+        if self._dense_next:  # a new shard map: what each shard thinks we hold starts again
+            codec, self._dense_next = None, False
         fields = {"ref": True} if codec is None else {
             "delta": {"name": codec.name, "opts": codec.options()}}
         pieces = self.core.pieces(r)
         stream = self.core.stream(r, pieces)
         if stream is not None:
-            return self._start(Handle("pull", out=out, stream=stream, delta=True),
-                               lambda c: Message("pull", {"range": [c.keys.lo, c.keys.hi],
-                                                          "min_version": min_version, **fields}))
-        handle = Handle("pull", out=out, delta=True)
-        for i, p, sl in pieces:
-            f = {"range": [p.lo, p.hi], "min_version": min_version, **fields}
-            handle.parts.append((i, self.requests.send(i, Message("pull", f)), sl))
+            handle = self._start(Handle("pull", out=out, stream=stream, delta=True),
+                                 lambda c: Message("pull", {"range": [c.keys.lo, c.keys.hi],
+                                                            "min_version": min_version,
+                                                            **fields}))
+        else:
+            handle = Handle("pull", out=out, delta=True)
+            for i, p, sl in pieces:
+                f = {"range": [p.lo, p.hi], "min_version": min_version, **fields}
+                handle.parts.append((i, self.requests.send(i, Message("pull", f)), sl))
+        # Refused `moved`: pulled again dense, which also resets what each shard of the new
+        # map thinks this worker holds (the replies to the rest were dropped).
+        handle.again = lambda: self.pull_async(r, out, min_version, ref=True)
         return handle
 
     def _take_values(self, handle: Handle, where, reply: Message) -> None:
@@ -489,15 +695,21 @@ class KVWorker:
     def pull_keys(self, keys, min_version: int = 0) -> np.ndarray:
         """Values of arbitrary keys, in the order given."""
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
-        owner = self.core.owners(k)
         if k.size and (k.min() < 0 or k.max() >= self.num_keys):
             raise ValueError(f"keys must lie in [0, {self.num_keys})")
-        handle = Handle("pull_keys", out=np.empty(k.size, dtype=self.dtype))
+        return self.wait(self._pull_keys_async(k, np.empty(k.size, dtype=self.dtype),
+                                               min_version))
+
+    def _pull_keys_async(self, k: np.ndarray, out: np.ndarray, min_version: int) -> Handle:
+        self._before_request()
+        owner = self.core.owners(k)
+        handle = Handle("pull_keys", out=out)
         for i in np.unique(owner):
             idx = np.flatnonzero(owner == i)
             msg = Message("pull_keys", {"min_version": min_version}, [np.ascontiguousarray(k[idx])])
             handle.parts.append((int(i), self.requests.send(int(i), msg), idx))
-        return self.wait(handle)
+        handle.again = lambda: self._pull_keys_async(k, out, min_version)
+        return handle
 
     # ---- sparse tables --------------------------------------------------------------------------
     # A key's rows live on shard shard_of(key): the same on every client. A push's duplicate
@@ -520,6 +732,7 @@ class KVWorker:
 
     def pull_rows_async(self, table: str, keys, min_version: int = 0) -> Handle:
         """Ask for the rows of `keys` (int64, duplicates allowed); finish with wait()."""
+        self._before_request()
         spec = self._table(table)
         k = _as_keys(keys)
         expand = None
@@ -574,6 +787,7 @@ class KVWorker:
         `round_size` (the release's): give it when these rows are all the step sends; a step
         that also pushes dense values or other tables' rows in round mode uses push_step, or
         the round may be applied before all of it is in."""
+        self._before_request()
         handle = Handle("push")
         handle.parts = self._rows_messages(
             table, keys, grads, self._push_fields(step, batch, scale, round_size),
@@ -593,6 +807,7 @@ class KVWorker:
         In round mode (`round_size`) every shard hears once per table and once per dense
         message, and each message says how many that is (`parts`), so a shard applies the
         round only once every contributor's values and rows are in."""
+        self._before_request()
         rows = rows or {}
         for name in rows:
             self._table(name)  # before anything is sent
@@ -626,7 +841,23 @@ class KVWorker:
                                               round_size=round_size))
 
     def wait(self, handle: Handle):
-        """Finish an async request: a push returns its max staleness, a pull its values."""
+        """Finish an async request: a push returns its max staleness, a pull its values.
+
+        A request a server refused `moved` (live resharding: the shard map changed under it)
+        is followed: the map it names adopted, a pull sent again whole, a push's or init's
+        refused parts sent again under the new map; its result is then the whole request's."""
+        since = None
+        while True:
+            try:
+                if handle.moved is not None:
+                    moved, handle.moved = handle.moved, None
+                    raise moved
+                return self._finish(handle)
+            except Moved as moved:
+                since = time.monotonic() if since is None else since
+                self._follow_moved(handle, moved, since)
+
+    def _finish(self, handle: Handle):
         if handle.done:
             return handle.result
         if handle.stream is not None or self._streams:
@@ -638,13 +869,19 @@ class KVWorker:
         replies = self.requests.collect(handle.parts, handle.kind)
         if handle.kind == "push":
             return self.core.push_done(handle, replies)
+        if handle.kind == "init":  # -1 from a shard that had its values already
+            seen = [m.get("staleness", 0) for m in replies.values()]
+            if handle.carried is not None:
+                seen.append(handle.carried)
+            handle.result, handle.done = min(seen, default=0), True
+            return handle.result
         if handle.kind == "pull_rows":
             self.requests.give_back(self.core.rows_done(handle, replies))
             return handle.result
         if handle.delta:
             for shard, rid, where in handle.parts:
                 self._take_values(handle, where, replies[rid])
-                self.core.versions[shard] = replies[rid]["version"]
+                self.core.note_version(shard, rid, replies[rid]["version"])
                 self.requests.let_go(rid)
             handle.done, handle.result = True, handle.out
             return handle.result
@@ -660,7 +897,11 @@ class KVWorker:
         if handle.done or len(handle.parts) != 1 or handle.stream is not None:
             return self.wait(handle), None
         _, rid, _ = handle.parts[0]
-        reply = self.requests.collect(handle.parts, handle.kind)[rid]
+        try:
+            reply = self.requests.collect(handle.parts, handle.kind)[rid]
+        except Moved as moved:  # followed, and the pull sent again: wait for it as any
+            handle.moved = moved
+            return self.wait(handle), None
         return self.core.borrowed(handle, reply), rid
 
     def give_back(self, loan: int | None) -> None:
@@ -720,6 +961,12 @@ class KVWorker:
                     continue
                 try:
                     reply = requests.collect([(chunk.shard, rid, None)], handle.kind)[rid]
+                except Moved as moved:
+                    self._end_stream(handle)  # its other chunks are dropped
+                    if handle is target:
+                        raise
+                    handle.moved = moved  # followed when it is waited on
+                    continue
                 except BaseException:
                     self._end_stream(handle)
                     handle.done = True
@@ -792,6 +1039,7 @@ class KVWorker:
         if reply.op == "ok":
             return None
         self.core.released(reply)
+        self._released(reply)
         return self.core.take_release()
 
     def preflight(self) -> list[LinkProbe]:
@@ -844,8 +1092,19 @@ class KVWorker:
             fields["cpu_load"] = float(cpu_load)
         if free_mem is not None:
             fields["free_mem"] = float(free_mem)
-        self.core.released(self.session.clock(fields, while_waiting))
+        reply = self.session.clock(fields, while_waiting)
+        self.core.released(reply)
+        self._released(reply)
         return self.core.take_release()
+
+    def _released(self, release: Message) -> None:
+        """A release names a newer shard map (live resharding: the coordinator switched maps
+        while every worker waited for its release): switched to now, or, with a pull sent
+        ahead still in flight, before the next request."""
+        if "layout" in release.fields:
+            self._heard(release.get("epoch"), release["layout"], "the coordinator's release")
+            if self._quiet():
+                self._switch()
 
     def leave(self, step: int, batch: int, compute_time: float, record: dict | None = None,
               reason: str = "preempted") -> None:

@@ -27,8 +27,12 @@ class ShardLinks:
         # a server that never answers is refused: its reconnects are retried, and say so).
         self.down_since: list[float | None] = [None] * len(shards)
         self.monitors = []
-        # Called before each check: follows a shard whose backup took over (replicas).
+        # Called before each check: follows a shard whose backup took over (replicas), or a
+        # new shard map (live resharding).
         self.follow = None
+        # Addresses a newer shard map no longer names (a drained server, which shuts down
+        # after the switch): not judged gone while this client has not switched yet.
+        self.leaving: frozenset[str] = frozenset()
         try:
             for s in shards:
                 m = s.sock.get_monitor_socket(_EVENTS)
@@ -56,6 +60,8 @@ class ShardLinks:
         for i, since in enumerate(self.down_since):
             if since is not None and now - since > self.limit:
                 s = self.shards[i]
+                if s.addr in self.leaving:
+                    continue
                 raise TimeoutError(f"server {s.rank} at {s.addr} has been unreachable for "
                                    f"{now - since:.1f} s (limit {self.limit:g} s): it is gone")
 
@@ -66,6 +72,24 @@ class ShardLinks:
         self.monitors[i].close(0)
         self.monitors[i] = m
         self.down_since[i] = None
+
+    def reshard(self, old: list) -> None:
+        """A new shard map: `self.shards` holds the new shards, `old` those watched until now.
+        A socket kept (its server kept) keeps its monitor and what it said; a new one gets
+        its own; those of dropped sockets close."""
+        kept = {id(s.sock): (m, d) for s, m, d in zip(old, self.monitors, self.down_since)}
+        monitors, down = [], []
+        for s in self.shards:
+            m, d = kept.pop(id(s.sock), (None, None))
+            if m is None:
+                m = s.sock.get_monitor_socket(_EVENTS)
+                m.linger = 0
+            monitors.append(m)
+            down.append(d)
+        for m, _ in kept.values():
+            m.close(0)
+        self.monitors, self.down_since = monitors, down
+        self.leaving = frozenset()
 
     def close(self) -> None:
         for m in self.monitors:

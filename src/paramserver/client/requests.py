@@ -33,6 +33,22 @@ PUSH_OPS = frozenset(("push", "push_sparse", "push_rows"))
 PEER_CHECK = 0.25
 
 
+class Moved(RemoteError):
+    """A server refused requests with code "moved" (live resharding: it does not hold their
+    keys under shard map `epoch`, whose `layout` it names; nothing of them was applied).
+    `refused`: rid -> the request refused, as sent; `replies`: rid -> the other replies
+    taken with them (their frames already given back)."""
+
+    def __init__(self, msg: str, epoch, layout, refused: dict, replies: dict, shard: int):
+        super().__init__(msg)
+        self.epoch, self.layout, self.shard = epoch, layout, shard
+        self.refused, self.replies = refused, replies
+
+
+def is_moved(reply) -> bool:
+    return reply.op == "error" and reply.get("code") == "moved"
+
+
 class ShardRequests:
     """Outstanding requests of one client, over one DEALER socket per shard.
 
@@ -107,13 +123,34 @@ class ShardRequests:
         """Wait for the replies to `parts` (shard, rid, ...) or fail naming the silent server."""
         want = {rid: shard for shard, rid, _ in parts}
         self._await(want, all, what)
+        inbox, sent = self.core.inbox, self.core.sent
+        # The requests refused, as sent (a `moved` one is sent again under the new map).
+        refused = {rid: sent[rid][1] for rid in want if inbox[rid].op == "error"}
         replies = self.core.take(want)
-        for rid, reply in replies.items():
-            if reply.op == "error":
-                for r in want:
-                    self.let_go(r)
-                raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
+        if refused:
+            self._refused(want, replies, refused, what)
         return replies
+
+    def _refused(self, want: dict, replies: dict, refused: dict, what: str) -> None:
+        for r in want:
+            self.let_go(r)
+        for rid in refused:
+            reply = replies[rid]
+            if not is_moved(reply):
+                raise RemoteError(f"server {want[rid]} refused {what}: {reply['msg']}")
+        # Every error is a `moved`: the caller follows the newest map named.
+        newest = max((replies[r] for r in refused), key=lambda m: m.get("epoch", -1))
+        shard = want[next(iter(refused))]
+        raise Moved(f"{self._shard_name(shard)} refused {what}: {newest['msg']} (shard map "
+                    f"{newest.get('epoch', '?')})", newest.get("epoch"), newest.get("layout"),
+                    refused, {r: m for r, m in replies.items() if r not in refused}, shard)
+
+    def drain(self, what: str) -> None:
+        """Wait until no request is unanswered (the replies stay in for their callers)."""
+        inbox = self.core.inbox
+        want = {rid: shard for rid, (shard, _) in self.core.sent.items() if rid not in inbox}
+        if want:
+            self._await(want, all, what)
 
     def wait_any(self, parts: list[tuple[int, int, object]], what: str) -> None:
         """Wait until a reply to any of `parts` (shard, rid, ...) is in, left in the inbox for
@@ -202,6 +239,15 @@ class ShardRequests:
         self.poller.unregister(old)
         self.poller.register(new, zmq.POLLIN)
 
+    def reshard(self, old: list, max_message: list[int]) -> None:
+        """The shards were replaced (a new shard map; `self.shards` holds the new list, `old`
+        the sockets polled until now): poll the new ones."""
+        for sock in old:
+            self.poller.unregister(sock)
+        for s in self.shards:
+            self.poller.register(s.sock, zmq.POLLIN)
+        self.max_message = list(max_message)
+
     def resend(self, shard: int) -> None:
         """Send every unanswered request to `shard` again, same ids."""
         core = self.core
@@ -209,6 +255,12 @@ class ShardRequests:
             if where == shard and rid not in core.inbox:
                 self._transmit(where, msg)
                 self.retries += 1
+
+    def _shard_name(self, i: int) -> str:
+        # (a reply to a request sent under an older shard map may name a shard gone since)
+        if i < len(self.shards):
+            return f"server {self.shards[i].rank} at {self.shards[i].addr}"
+        return f"server {i}"
 
     def _name(self, sock) -> str:
         return next((f"server {s.rank} at {s.addr}" for s in self.shards if s.sock is sock),

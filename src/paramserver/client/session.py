@@ -81,6 +81,10 @@ class CoordinatorSession:
         # Replicated shards: (epoch, {rank: address}) of the shards whose backup took over, as
         # the latest heartbeat answer said (one assignment: read by the requests' thread).
         self.moved: tuple[int, dict] | None = None
+        # Live resharding: (epoch, layout as the wire says it) of the newest shard map a
+        # heartbeat answer named (one assignment, read by the requests' thread, which checks
+        # it: client/reshard.py).
+        self.layout: tuple[int, list] | None = None
         # The member's protocol events and what it waits for: the heartbeat thread answers
         # the coordinator's stall probe with them (observe/flight.py).
         self.flight = FlightRecorder()
@@ -117,6 +121,9 @@ class CoordinatorSession:
 
     def _moved(self, reply: Message) -> None:
         epoch = reply["epoch"]
+        layout = reply.get("layout")
+        if layout is not None and (self.layout is None or epoch > self.layout[0]):
+            self.layout = (epoch, layout)
         if self.moved is None or epoch > self.moved[0]:
             try:
                 where = {int(r): str(a) for r, a in reply.get("shards", [])}

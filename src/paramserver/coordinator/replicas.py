@@ -13,6 +13,15 @@ backup silent that long, or reported lost by its primary, is dropped: the primar
 (`backup_dropped`) and runs unreplicated until a new backup registers. A report from a
 primary that is no longer the shard's (it was replaced while cut off) is answered with
 `shutdown`: two primaries of one shard never both acknowledge pushes.
+
+A restarted coordinator (`--take-back`) takes back the live backups as well: it answers a
+backup's beat with `unknown`, and the backup registers again (`rejoin`: the rank it mirrors,
+the attach epoch of the sync it took). Its primary's own rejoin says which backup it forwards to
+(address, epoch, whether synced). The two are paired only when they agree, within the take-back
+window (the heartbeat timeout from the restart); a backup that disagrees, or comes back late,
+is refused (it exits and the launcher rebuilds a new one), and a primary whose backup does not
+come back is told `backup_dropped`, so neither the take-back nor the start barrier waits on a
+backup.
 """
 
 from __future__ import annotations
@@ -20,8 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from paramserver.coordinator.events import AppendEvent, Registered, ReplicaReport, ToServers
-from paramserver.coordinator.membership import Member, Membership
+from paramserver.coordinator.events import (
+    AppendEvent, Registered, ReplicaReport, Reply, ToServers,
+)
+from paramserver.coordinator.membership import Member, Membership, UnknownMember
+from paramserver.coordinator.takeback import BackupBack, ForwardsTo, ServerBack
 
 
 @dataclass
@@ -32,6 +44,15 @@ class Backup:
     last_seen: float
     epoch: int  # the attach it was told about: reports of an older one are stale
     synced: bool = False
+
+
+@dataclass
+class Returning:
+    """A backup back to a restarted coordinator, waiting for its primary's word."""
+
+    e: Registered
+    back: BackupBack
+    welcome: Any
 
 
 class Replicas:
@@ -51,6 +72,13 @@ class Replicas:
         # Backups registered while every shard had one (a replacement started as soon as a
         # server died, before its shard's backup took over): welcomed when a rank frees up.
         self.waiting_backups: list = []  # (Registered, welcome)
+        # Coordinator recovery: backups come back until `returning_until` (take_back()).
+        self.restarted = False
+        self.returning_until: float | None = None
+        self.claims: dict[int, ForwardsTo | None] = {}  # rank -> its primary's word, once back
+        self.returning: dict[int, Returning] = {}  # rank -> its backup, back before the word
+        self.dropped_links: set = set()  # backups dropped or refused: their beats unanswered
+        self.settled: set[tuple[int, int]] = set()  # (rank, attach epoch) of claims decided
 
     @staticmethod
     def src_of(rank: int) -> str:
@@ -67,7 +95,13 @@ class Replicas:
 
     @property
     def links(self) -> tuple:
-        return tuple(b.link for b in self.backups.values())
+        return (*(b.link for b in self.backups.values()),
+                *(r.e.link for r in self.returning.values()))
+
+    @property
+    def watching(self) -> bool:
+        """Something for check() to judge in time: a backup, or a take-back window open."""
+        return bool(self.backups) or self.returning_until is not None
 
     @property
     def complete(self) -> bool:
@@ -86,7 +120,10 @@ class Replicas:
         to its primary when that is registered (else when it registers: primary_up)."""
         if not self.enabled:
             raise ValueError("this job has no replicas (--replicas 2): no backup is wanted")
-        free = [r for r in range(self.servers) if r not in self.backups]
+        # (While backups may still come back, no rank is free: the new one waits for the end
+        # of the take-back window.)
+        free = [] if self.returning_until is not None else [
+            r for r in range(self.servers) if r not in self.backups]
         if not free:
             if len(self.waiting_backups) >= self.servers:
                 raise ValueError(f"every one of the {self.servers} shards has its backup and "
@@ -107,6 +144,150 @@ class Replicas:
             e, welcome = self.waiting_backups.pop(0)
             e.now = now
             self.register(e, members, welcome, out)
+
+    # ---- coordinator recovery -------------------------------------------------------------------
+    def take_back(self, until: float) -> None:
+        """This coordinator replaces one that died: the live backups come back until `until`
+        (their beats are answered `unknown` until then, and after it too: a late one is
+        refused)."""
+        if self.enabled:
+            self.restarted = True
+            self.returning_until = until
+
+    def primary_back(self, member: Member, back: ServerBack, now: float, members: Membership,
+                     out: list) -> None:
+        """Shard `back.rank`'s primary re-registered, saying which backup it forwards to."""
+        rank = member.rank
+        if back.map_epoch:  # promoted under the old coordinator: the map's epoch goes on
+            self.epoch = max(self.epoch, back.map_epoch)
+            self.moved[rank] = member.addr
+        claim = back.backup
+        if claim is not None:
+            self.attaches = max(self.attaches, claim.epoch)
+            if (rank, claim.epoch) in self.settled:  # a repeated rejoin: decided already
+                return
+        b = self.backups.get(rank)
+        if b is not None:  # already paired (a repeated rejoin), or a new one waits to attach
+            if not b.epoch:
+                self._attach(b, member, now, out)
+            return
+        if claim is not None and claim.lost:  # reported to the old coordinator: drop it
+            self.settled.add((rank, claim.epoch))
+            out.append(AppendEvent(now, "backup_lost", {
+                "rank": rank, "addr": claim.addr, "reason": "reported lost before the "
+                                                            "coordinator restart"}))
+            out.append(ToServers("backup_dropped", {"rank": rank, "epoch": claim.epoch},
+                                 (member.link,)))
+            self.lost += 1
+            claim = None
+        if self.returning_until is None:  # past the window: its backup is not taken back
+            if claim is not None:
+                self._unclaimed(rank, claim, member, "the take-back window had closed", now,
+                                out)
+            return
+        self.claims[rank] = claim
+        self._pair(rank, members, now, out)
+
+    def backup_back(self, e: Registered, back: BackupBack, members: Membership, welcome,
+                    out: list) -> None:
+        """A live backup re-registered with a restarted coordinator: paired with its primary
+        when both agree, refused otherwise (it exits; a new backup is rebuilt)."""
+        if not self.enabled:
+            raise ValueError("this job has no replicas (--replicas 2): no backup is wanted")
+        rank = back.rank
+        if not 0 <= rank < self.servers:
+            raise ValueError(f"backup of shard {rank}: this job has {self.servers} shards")
+        b = self.backups.get(rank)
+        if b is not None and b.link == e.link:  # taken back already: a repeat
+            out.append(welcome(rank))
+            return
+        ret = Returning(e, back, welcome)
+        if b is not None or self.returning_until is None:
+            why = (f"shard {rank} has its backup at {b.addr}" if b is not None else
+                   "it came back after the take-back window")
+            self._refuse(ret, why, e.now, out)
+            return
+        old = self.returning.get(rank)
+        if old is not None and old.e.link != e.link:
+            # Two backups of one shard (one dropped before the restart, its shutdown lost):
+            # attach epochs only grow, so the later attach is the primary's.
+            if old.back.epoch > back.epoch:
+                old, ret = ret, old
+            self._refuse(old, f"a backup of shard {rank} of a later attach came back", e.now,
+                         out)
+        self.returning[rank] = ret
+        self._pair(rank, members, e.now, out)
+
+    def _pair(self, rank: int, members: Membership, now: float, out: list) -> None:
+        """Both the primary and the backup of `rank` are back: take the backup back as its
+        primary's, or refuse it."""
+        ret = self.returning.get(rank)
+        if rank not in self.claims or ret is None:
+            return
+        del self.returning[rank]
+        claim = self.claims.pop(rank)
+        if claim is not None:
+            self.settled.add((rank, claim.epoch))
+        addr, back = ret.e.addr, ret.back
+        if claim is None:
+            why = f"shard {rank}'s primary forwards to no backup"
+        elif (claim.addr, claim.epoch) != (addr, back.epoch):
+            why = (f"shard {rank}'s primary forwards to {claim.addr} (attach {claim.epoch}), "
+                   f"not to {addr} (attach {back.epoch})")
+        elif claim.synced and not back.synced:
+            why = f"shard {rank}'s primary counts it synced, it took no sync"
+        else:
+            b = self.backups[rank] = Backup(rank, addr, ret.e.link, now, claim.epoch,
+                                            claim.synced)
+            if b.synced:
+                self.synced_ranks.add(rank)
+            out.append(ret.welcome(rank))
+            out.append(AppendEvent(now, "backup_taken_back", {
+                "rank": rank, "addr": addr, "epoch": claim.epoch, "synced": claim.synced,
+                "version": back.version}))
+            return
+        self._refuse(ret, why, now, out)
+        if claim is not None:
+            primary = members.roster.servers.get(f"s{rank}")
+            self._unclaimed(rank, claim, primary, why, now, out)
+
+    def _refuse(self, ret: Returning, why: str, now: float, out: list) -> None:
+        self.dropped_links.add(ret.e.link)
+        out.append(Reply(ret.e.to, "error", {"msg": f"backup not taken back: {why}",
+                                             "code": "refused"}))
+        out.append(AppendEvent(now, "backup_not_taken_back", {
+            "rank": ret.back.rank, "addr": ret.e.addr, "reason": why}))
+
+    def _unclaimed(self, rank: int, claim: ForwardsTo, primary: Member | None, why: str,
+                   now: float, out: list) -> None:
+        """The backup a primary forwards to is not taken back: the primary drops it (its held
+        replies go) and serves unreplicated until a new backup is attached."""
+        self.settled.add((rank, claim.epoch))
+        self.lost += 1
+        out.append(AppendEvent(now, "backup_lost", {"rank": rank, "addr": claim.addr,
+                                                    "reason": f"not taken back: {why}"}))
+        if primary is not None:
+            out.append(ToServers("backup_dropped", {"rank": rank, "epoch": claim.epoch},
+                                 (primary.link,)))
+
+    def _close_window(self, now: float, members: Membership, out: list) -> None:
+        """The take-back window is over: a primary's backup that did not come back is
+        dropped, a backup whose primary did not is refused; waiting new backups take the
+        free ranks."""
+        self.returning_until = None
+        for rank, claim in sorted(self.claims.items()):
+            if claim is not None:
+                self._unclaimed(rank, claim, members.roster.servers.get(f"s{rank}"),
+                                "it did not come back within the take-back window", now, out)
+        for ret in self.returning.values():
+            self._refuse(ret, f"shard {ret.back.rank}'s primary did not come back within the "
+                              f"take-back window", now, out)
+        self.claims.clear()
+        self.returning.clear()
+        for _ in range(self.servers):
+            if not self.waiting_backups or len(self.backups) >= self.servers:
+                break
+            self._next_waiting(members, now, out)
 
     def primary_up(self, member: Member, now: float, out: list) -> None:
         """Shard `member.rank`'s primary registered: attach its waiting backup."""
@@ -137,6 +318,11 @@ class Replicas:
         if primary is not None and primary.link == link:
             primary.last_seen = now
             return True
+        ret = self.returning.get(rank)
+        if ret is not None and ret.e.link == link:  # back, waiting for its primary's word
+            return True
+        if self.restarted and link not in self.dropped_links:
+            raise UnknownMember(f"unknown backup {src!r}")  # it registers again (backup_back)
         return False
 
     def report(self, e: ReplicaReport, members: Membership, out: list) -> bool:
@@ -144,6 +330,8 @@ class Replicas:
         primary's report is answered with shutdown)."""
         rank = int(e.fields.get("rank", -1))
         primary = members.roster.servers.get(f"s{rank}")
+        if primary is None and self.restarted and 0 <= rank < self.servers:
+            raise UnknownMember(f"unknown primary {e.src!r}")  # not back yet: it registers
         if primary is None or primary.link != e.link:
             out.append(ToServers("shutdown", {
                 "reason": f"this server is no longer shard {rank}'s primary"}, (e.link,)))
@@ -152,6 +340,15 @@ class Replicas:
         primary.last_seen = e.now
         b = self.backups.get(rank)
         epoch = int(e.fields.get("epoch", 0))
+        claim = self.claims.get(rank)
+        if b is None and claim is not None and claim.epoch == epoch:  # its backup not back yet
+            if e.op == "backup_synced":
+                self.claims[rank] = ForwardsTo(claim.addr, claim.epoch, True)
+            elif e.op == "backup_lost":
+                self.claims[rank] = None
+                self._unclaimed(rank, claim, primary, str(e.fields.get("reason", "")), e.now,
+                                out)
+            return False
         if b is None or b.epoch != epoch:
             return False
         if e.op == "backup_synced":
@@ -167,6 +364,7 @@ class Replicas:
     def _drop(self, b: Backup, primary: Member | None, why: str, now: float, out: list,
               members: Membership) -> None:
         del self.backups[b.rank]
+        self.dropped_links.add(b.link)
         self.lost += 1
         out.append(AppendEvent(now, "backup_lost", {"rank": b.rank, "addr": b.addr,
                                                     "reason": why}))
@@ -182,6 +380,8 @@ class Replicas:
         """Promote the synced backup of a primary silent past the timeout; drop a backup
         silent that long. Returns the ranks promoted."""
         roster, promoted = members.roster, []
+        if self.returning_until is not None and now >= self.returning_until:
+            self._close_window(now, members, out)
         for rank, b in list(self.backups.items()):
             primary = roster.servers.get(f"s{rank}")
             if now - b.last_seen > self.timeout:
@@ -214,7 +414,7 @@ class Replicas:
         self._next_waiting(members, now, out)
 
     def next_deadline(self, members: Membership) -> float | None:
-        due = None
+        due = self.returning_until
         for rank, b in self.backups.items():
             t = b.last_seen + self.timeout
             primary = members.roster.servers.get(f"s{rank}")

@@ -11,6 +11,7 @@ barrier, budget, end of job); the node's loop turns are `TimePassed` events.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
@@ -31,7 +32,7 @@ from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, wai
 from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.server_recovery import ServerRecovery
-from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
+from paramserver.coordinator.takeback import BackupBack, ServerBack, TakeBack, WorkerBack
 from paramserver.observe.preflight import PreflightBook, parse_links
 from paramserver.policies import (
     ApplyRound, Note, PolicyError, PolicyHost, Pushed, Release, make_policy,
@@ -91,6 +92,7 @@ class CoordinatorState:
                                      take_back, job.batch_size)
             # Servers hold the parameters: without all of them back there is no job.
             self.takeback_fails_at = now + limits.server_timeout
+            self.replicas.take_back(now + limits.heartbeat_timeout)  # and their backups
             if self.members.ranges is None and take_back.get("num_keys"):
                 self.members.learn_key_space(int(take_back["num_keys"]))
             if self.elastic is not None:  # the ledger as of the latest checkpoint, if any
@@ -195,7 +197,7 @@ class CoordinatorState:
         t = self.recovery.next_deadline(self.members.roster.servers)
         if t is not None and (due is None or t < due):
             due = t
-        if self.replicas.backups:
+        if self.replicas.watching:
             t = self.replicas.next_deadline(self.members)
             if t is not None and (due is None or t < due):
                 due = t
@@ -291,18 +293,30 @@ class CoordinatorState:
 
     def _server_job(self, rank: int) -> ServerJob:
         shard = self.members.ranges[rank]
-        job = ServerJob.of(self.job, shard.lo, shard.hi, self.host.apply_mode)
+        job = self._shard_job(shard.lo, shard.hi)
         if self.schedule.keeps_initial:
             job = job.with_initial_checkpoint(str(self.schedule.root))
         return job
+
+    def _shard_job(self, lo: int, hi: int) -> ServerJob:
+        job = self.job
+        if job.max_servers and job.num_keys != self.members.num_keys:
+            # (the key space learned from the first worker bounds a moving shard's frames)
+            job = replace(job, num_keys=self.members.num_keys)
+        return ServerJob.of(job, lo, hi, self.host.apply_mode)
 
     def _register_server(self, e: Registered, now: float, out: list) -> None:
         if e.addr is None:
             raise ValueError("a server must register with its address")
         members = self.members
         if e.backup:
-            self.replicas.register(e, members, lambda rank: Reply(e.to, "welcome", {
-                "rank": rank, "job": self._server_job(rank).to_dict(), "backup": True}), out)
+            def welcome(rank: int) -> Reply:
+                return Reply(e.to, "welcome", {"rank": rank, "backup": True,
+                                               "job": self._server_job(rank).to_dict()})
+            if e.rejoin is not None:  # a live backup back to this restarted coordinator
+                self.replicas.backup_back(e, BackupBack.of(e.rejoin), members, welcome, out)
+            else:
+                self.replicas.register(e, members, welcome, out)
             return
         if e.rejoin is not None:
             self._rejoin_server(e, now, out)
@@ -349,6 +363,8 @@ class CoordinatorState:
                                                          "version": back.version}))
         if self.takeback is not None:
             self.takeback.server_back(back)
+        if self.replicas.enabled:  # the backup it forwards to, when that one is back too
+            self.replicas.primary_back(member, back, now, self.members, out)
         members = self.members
         if members.servers_complete and members.pending_workers:
             pending, members.pending_workers = members.pending_workers, []
@@ -807,6 +823,12 @@ class CoordinatorState:
             self._fail(f"resharding did not finish within {reshard.move_timeout:.0f} s: no "
                        f"'resharded' from {sorted(run.waiting)}", now, out)
             return
+        if reshard.running is None and reshard.asks and self.host.stopping:
+            # The budget is spent: no step will come to fence at; a joiner hears it now
+            # rather than waiting out its registration.
+            while reshard.asks:
+                self._refuse_ask(reshard.asks.popleft(), "the job is ending (its budget is "
+                                 "spent)", now, out)
         if (reshard.running is None and reshard.asks and self.barrier.open
                 and self.schedule.pending_tag is None and not self.host.stopping):
             run = reshard.begin(members.shard_map(), now)
@@ -833,7 +855,7 @@ class CoordinatorState:
         ask = run.ask
         if ask.kind == "join":
             rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
-            job = ServerJob.of(self.job, lo, hi, self.host.apply_mode)
+            job = self._shard_job(lo, hi)
             out.append(Reply(ask.to, "welcome", {"rank": rank, "job": job.to_dict(),
                                                  "epoch": reshard.epoch + 1, "handoff": True}))
             out.append(ToServers("reshard", fields, (ask.link,)))
@@ -900,7 +922,7 @@ class CoordinatorState:
                 out.append(Reply(waiter.to, "error", {
                     "msg": f"all {self.job.workers} worker ranks of this job are taken",
                     "code": "refused"}))
-        if self.replicas.backups:
+        if self.replicas.watching:
             for rank in self.replicas.check(now, members, self.schedule, out):
                 self._metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
         if self.reshard.enabled:

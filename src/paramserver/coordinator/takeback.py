@@ -4,7 +4,9 @@ A coordinator restarted at the address of the one that died knows the job and th
 on disk, but not where the job is now: the servers hold the parameters and their versions, the
 workers know the release they hold and whether their clock of it is unanswered. They re-register
 with that identity (a `rejoin` record: rank, step, clocked, samples; a server its rank, range
-and version) when the new coordinator answers one of their messages with `unknown`. The live
+and version, with replicas the backup it forwards to; a backup the rank it mirrors and its
+attach epoch: paired again in replicas.py) when the new coordinator answers one of their
+messages with `unknown`. The live
 state wins over the checkpoint: the counters are re-derived from what comes back, the
 checkpoint gives only what no live process holds (the policy's own saved state, the samples of
 ranks that are gone).
@@ -39,16 +41,64 @@ class WorkerBack:
 
 
 @dataclass(frozen=True)
+class ForwardsTo:
+    """A replicated shard's primary back to a restarted coordinator: the backup it still
+    forwards to (its address and attach epoch), whether that backup acknowledged the state
+    sync (`synced`), and whether the primary reported it lost (`lost`: it waits for the
+    coordinator's `backup_dropped`)."""
+
+    addr: str
+    epoch: int
+    synced: bool
+    lost: bool = False
+
+    @classmethod
+    def of(cls, record: dict) -> "ForwardsTo | None":
+        """From a primary's rejoin record (flat: backup_addr, backup_epoch, backup_synced,
+        backup_lost); None without backup_addr."""
+        addr = record.get("backup_addr")
+        if addr is None:
+            return None
+        if not isinstance(addr, str) or not addr:
+            raise ValueError(f"rejoin field 'backup_addr' must be an address, got {addr!r}")
+        return cls(addr, _int(record, "backup_epoch", 1),
+                   bool(record.get("backup_synced", False)),
+                   bool(record.get("backup_lost", False)))
+
+
+@dataclass(frozen=True)
 class ServerBack:
+    """A primary back: its rank, range and version; with replicas, the backup it forwards to
+    (None: none) and the shard map's epoch it was promoted at (0: never promoted)."""
+
     rank: int
     lo: int
     hi: int
     version: int
+    backup: ForwardsTo | None = None
+    map_epoch: int = 0
 
     @classmethod
     def of(cls, record: dict) -> "ServerBack":
         return cls(_nonneg(record, "rank"), _nonneg(record, "lo"), _nonneg(record, "hi"),
-                   _nonneg(record, "version", 0))
+                   _nonneg(record, "version", 0), ForwardsTo.of(record),
+                   _nonneg(record, "map_epoch", 0))
+
+
+@dataclass(frozen=True)
+class BackupBack:
+    """A backup back to a restarted coordinator: the shard rank it mirrors, the attach epoch of
+    the state sync it took (0: none yet), whether it took one, and its version."""
+
+    rank: int
+    epoch: int
+    synced: bool
+    version: int
+
+    @classmethod
+    def of(cls, record: dict) -> "BackupBack":
+        return cls(_nonneg(record, "rank"), _nonneg(record, "epoch", 0),
+                   bool(record.get("synced", False)), _nonneg(record, "version", 0))
 
 
 def _int(record: dict, name: str, low: int, default: int | None = None) -> int:

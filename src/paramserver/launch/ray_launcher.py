@@ -4,6 +4,11 @@ Ray places the processes (resource requests per role) and restarts dead workers 
 = the job's restart budget); the data path stays ZeroMQ with CURVE keys made for the job. An
 actor starts its role as a child process on its node (`RoleProcess`); when a restartable child
 fails, the actor exits with it, Ray starts a new actor, and that starts the role again.
+With replicas (`--replicas 2`) each shard gets a backup actor (`server --backup`) beside its
+primary, and every server actor is restartable: when its process dies (a primary or a backup),
+Ray restarts the actor and it comes back as a new backup (`restart_args`), which the shard's
+survivor rebuilds, as the local launcher's `_rebuild_backup` does (at most
+`BACKUP_REBUILDS` times per server actor).
 Needs the optional extra `paramserver[ray]`.
 """
 
@@ -25,6 +30,9 @@ from paramserver.launch.local import LaunchError, _die_with_parent
 from paramserver.launch.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
 from paramserver.transport import security
+
+# With replicas: how many times Ray restarts one server actor as a new backup.
+BACKUP_REBUILDS = 4
 
 
 def import_ray():
@@ -54,10 +62,15 @@ class RoleProcess:
     def __init__(self, role: str, args: list[str], files: dict[str, str],
                  keys: dict[str, str], restartable: bool = False,
                  command: list[str] | None = None, env: dict[str, str] | None = None,
-                 cwd: str | None = None):
+                 cwd: str | None = None, restart_args: list[str] | None = None):
         """`command` (a user's script, `launch --launcher ray`) runs instead of `paramserver
-        ROLE args`, with `env` added, in `cwd` where this node has that folder."""
+        ROLE args`, with `env` added, in `cwd` where this node has that folder. When Ray
+        restarts the actor, `restart_args` (if given) replace `args`: a replicated shard's
+        dead server comes back as a new backup."""
         import ray
+        if restart_args is not None and \
+                ray.get_runtime_context().was_current_actor_reconstructed:
+            args = restart_args
         self.dir = Path(tempfile.mkdtemp(prefix=f"paramserver-{role}-"))  # 0700
         for name, text in files.items():
             (self.dir / name).write_text(text)
@@ -147,7 +160,7 @@ def _spec(job: JobSpec | dict) -> JobSpec:
 def demand(job: JobSpec | dict, r: Resources) -> tuple[float, float]:
     """(CPUs, GPUs) the job's processes ask Ray for."""
     spec = _spec(job)
-    return (spec.workers * r.worker_cpus + spec.servers * r.server_cpus,
+    return (spec.workers * r.worker_cpus + spec.servers * spec.replicas * r.server_cpus,
             spec.workers * r.worker_gpus)
 
 
@@ -227,12 +240,13 @@ class RayCluster:
 
     def _spawn(self, ray, name: str, role: str, args: list[str], keys: dict, *,
                cpus: float = 0.0, gpus: float = 0.0, restarts: int = 0, files=None,
-               command=None, env=None):
+               command=None, env=None, restart_args=None):
         actor_cls = ray.remote(RoleProcess).options(
             num_cpus=cpus, num_gpus=gpus, max_restarts=restarts, name=None)
         key_role = "observer" if role == "evaluator" else role
         actor = actor_cls.remote(role, args, files or {}, keys[key_role], restarts > 0,
-                                 command, env, os.getcwd() if command else None)
+                                 command, env, os.getcwd() if command else None,
+                                 restart_args)
         self.actors.append((name, role, actor))
         return actor
 
@@ -250,9 +264,18 @@ class RayCluster:
                                 timeout=self.startup_timeout + 30)
         except Exception as exc:  # ray wraps the actor's error; the message carries the log
             raise LaunchError(f"coordinator did not start under Ray: {exc}") from None
+        server_args = ["--join", self.join, "--bind", bind]
+        # Replicas: a backup actor per shard; a server actor whose process dies (primary or
+        # backup) is restarted by Ray as a new backup, rebuilt by its shard's survivor.
+        replicated = spec.replicas > 1
+        rebuild = dict(restarts=BACKUP_REBUILDS, restart_args=[*server_args, "--backup"]) \
+            if replicated else {}
         for s in range(spec.servers):
-            self._spawn(ray, f"server {s}", "server", ["--join", self.join, "--bind", bind], keys,
-                        cpus=r.server_cpus)
+            self._spawn(ray, f"server {s}", "server", server_args, keys, cpus=r.server_cpus,
+                        **rebuild)
+        for s in range(spec.servers if replicated else 0):
+            self._spawn(ray, f"backup {s}", "server", [*server_args, "--backup"], keys,
+                        cpus=r.server_cpus, **rebuild)
         for w in range(spec.min_workers or spec.workers):  # an elastic job: its MIN
             env = None if not self.worker_cmd else {
                 "PARAMSERVER_JOIN": self.join, "RANK": str(w), "WORLD_SIZE": str(spec.workers),
@@ -281,7 +304,10 @@ class RayCluster:
         while (code := self._poll(ray, coord)) is None:
             barrier_open = self._barrier_open(ray, coord)
             for name, role, actor in self.actors[1:]:
-                if role == "server" and self._poll(ray, actor) not in (None, 0):
+                # (A replicated job's dead server is Ray's to restart as a new backup, and the
+                # coordinator's to judge: whether its shard still has a copy.)
+                if role == "server" and self.spec.replicas < 2 and \
+                        self._poll(ray, actor) not in (None, 0):
                     raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
                 if role == "worker" and not barrier_open:
                     exited = self._poll(ray, actor)  # None too while Ray restarts it

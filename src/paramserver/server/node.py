@@ -21,6 +21,7 @@ from paramserver.runlog.checkpoint import CheckpointError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
 from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
+from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
@@ -219,6 +220,7 @@ class ServerNode:
         self.drain_asked = False
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
         self._rejoin_at = -1e9
+        self.map_epoch = 0  # the shard map's epoch this server was promoted at (replicas)
         self.dropped = 0  # messages to the coordinator dropped on its full queue
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
@@ -488,7 +490,7 @@ class ServerNode:
         elif msg.op in FROM_COORDINATOR:
             name = replica.from_coordinator(msg)
             if name is not None:
-                self.src = name
+                self.src, self.map_epoch = name, msg["epoch"]
             return
         elif msg.op == "stall_probe":
             self._to_coordinator(Message("stall_answer", probe_answer(
@@ -529,8 +531,10 @@ class ServerNode:
 
     def _from_coordinator(self, msg: Message) -> None:
         """A restarted coordinator does not know this server (`unknown`): register again with
-        the shard's rank, range and version, and go on serving meanwhile. A refusal of that
-        ends the server: the job it serves is not the coordinator's."""
+        the shard's rank, range and version (with replicas: a primary the backup it forwards
+        to, a backup the attach it mirrors), and go on serving meanwhile. A refusal of that
+        ends the server: the job it serves is not the coordinator's (or, for a backup, it is
+        not taken back; the launcher starts a new one)."""
         if msg.op == "welcome":
             if msg["rank"] != self.settings.rank:
                 raise SystemExit(f"server {self.src}: the restarted coordinator gave rank "
@@ -543,23 +547,26 @@ class ServerNode:
         if msg.get("code") != "unknown":
             log.warning("coordinator reported: %s", msg["msg"])
             return
-        if self.replica is not None and self.replica.backup:
-            # A restarted coordinator takes back primaries only (coordinator/replicas.py): a
-            # backup registering again would claim its primary's rank.
-            raise SystemExit(f"server {self.src}: the restarted coordinator at {self.join} "
-                             f"does not take back backups; exiting (the shard runs "
-                             f"unreplicated)")
         now = time.monotonic()
         if now - self._rejoin_at < self.settings.heartbeat_interval:
             return  # one re-registration in flight per beat
         self._rejoin_at, self._rejoin_rid = now, self._rejoin_rid + 1
         st = self.core.store
-        self._to_coordinator(Message("register", {"role": "server", "addr": self.addr,
-                                                  "rejoin": {"rank": self.settings.rank,
-                                                             "lo": st.range.lo,
-                                                             "hi": st.range.hi,
-                                                             "version": st.version}},
-                                     rid=self._rejoin_rid, src=self.src))
+        fields = {"role": "server", "addr": self.addr}
+        rejoin = fields["rejoin"] = {"rank": self.settings.rank, "lo": st.range.lo,
+                                     "hi": st.range.hi, "version": st.version}
+        replica = self.replica
+        if replica.backup:  # the attach it took the sync of (coordinator/replicas.py)
+            fields["backup"] = True
+            rejoin.update(epoch=replica.epoch, synced=replica.primary is not None)
+        else:
+            fw = replica.forwarder
+            if fw.active:  # the backup it forwards to: taken back only if that one agrees
+                rejoin.update(backup_addr=fw.addr, backup_epoch=fw.epoch,
+                              backup_synced=fw.state == LIVE, backup_lost=fw.state == LOST)
+            if self.map_epoch:
+                rejoin["map_epoch"] = self.map_epoch
+        self._to_coordinator(Message("register", fields, rid=self._rejoin_rid, src=self.src))
 
     # ---- instructions ---------------------------------------------------------------------------
     def _execute(self, instructions) -> None:
