@@ -4,14 +4,21 @@ default, with and without a backup, runs interleaved in fresh processes.
 Three sides, each `pushpull.py`'s stack loop (push, the server applies SGD and acks; pull):
   plain      one copy, shared memory on (the default on one host)
   plain tcp  one copy, shared memory off: every byte through TCP
-  replicas   primary + backup: the primary forwards each push to its backup (TCP) before it
+  replicas   primary + backup: the primary forwards each push to its backup before it
              applies it and acks once the backup has; workers of a replicated job use TCP
-             (an arena offered to one server would not follow its shard to the backup)
-Each round runs the three in a rotating order, so a slow spell of this shared machine weighs
+             (an arena offered to one server would not follow its shard to the backup); the
+             forward's arrays go through the primary's shared arena (the backup is on this
+             host), shared memory being on for the servers as by default
+Each round runs the sides in a rotating order, so a slow spell of this shared machine weighs
 on all; the figures to quote are the medians of the per-round ratios replicas / plain and
 replicas / plain tcp. The replicated runs start timing only once every backup is synced.
+`--tcp-forward` adds the replicated job with shared memory off (every forward through TCP);
+`--a TREE` adds the replicated job of another source tree (its own benchmarks/ and src/,
+e.g. main), for an interleaved A/B: the per-round ratio replicas / replicas A; `--a TREE=NAME`
+names the side `replicas NAME` (repeat --a for more trees).
 
   python benchmarks/replicas_overhead.py --rounds 7
+  python benchmarks/replicas_overhead.py --rounds 7 --a /work/main --tcp-forward
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 RUN = ("import sys; sys.path.insert(0, {bench!r}); import replicas_overhead as r; "
        "print(r.bench({nbytes}, {repeats}, {replicas}, {shared}, {limits!r}))")
 # side -> (replicas, shared memory, job limits)
-SIDES = {"plain": (1, True, {}), "plain tcp": (1, False, {}), "replicas": (2, False, {})}
+SIDES = {"plain": (1, True, {}), "plain tcp": (1, False, {}), "replicas": (2, True, {})}
+TREES: dict[str, Path] = {}  # side -> the source tree it runs (this one when not named)
 
 
 def bench(nbytes: int, repeats: int, replicas: int, shared: bool,
@@ -76,9 +84,10 @@ def bench(nbytes: int, repeats: int, replicas: int, shared: bool,
 
 def one_run(side: str, nbytes: int, repeats: int, timeout: float) -> float:
     replicas, shared, limits = SIDES[side]
-    code = RUN.format(bench=str(HERE), nbytes=nbytes, repeats=repeats, replicas=replicas,
-                      shared=shared, limits=limits)
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
+    tree = TREES.get(side, HERE.parent)
+    code = RUN.format(bench=str(tree / "benchmarks"), nbytes=nbytes, repeats=repeats,
+                      replicas=replicas, shared=shared, limits=limits)
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=timeout, check=False)
     if out.returncode != 0:
@@ -95,7 +104,23 @@ def main() -> int:
     parser.add_argument("--chunks", metavar="MB[:N]", help="add a side `replicas chunked`: "
                         "the replicated job's pushes in chunks of MB (N in flight), so the "
                         "primary forwards one chunk while the next arrives")
+    parser.add_argument("--tcp-forward", action="store_true", help="add a side `replicas "
+                        "tcp`: the replicated job with shared memory off, forwards over TCP")
+    parser.add_argument("--a", action="append", default=[], metavar="TREE[=NAME]",
+                        help="add a side `replicas NAME` (A): the replicated job of source "
+                        "tree TREE as it measures it")
     args = parser.parse_args()
+    if args.tcp_forward:
+        SIDES["replicas tcp"] = (2, False, {})
+    others = []
+    for spec in args.a:
+        tree, _, name = spec.partition("=")
+        side = f"replicas {name or 'A'}"
+        # The other tree's own replicated side (before shared forwards it turned shared
+        # memory off, which changed nothing for its forwards).
+        SIDES[side] = (2, False, {})
+        TREES[side] = Path(tree).resolve()
+        others.append(side)
     if args.chunks:
         size, _, window = args.chunks.partition(":")
         nbytes = int(float(size) * (1 << 20))
@@ -119,6 +144,14 @@ def main() -> int:
     print(f"replicas / plain: median {statistics.median(over):.3f} "
           f"(range {min(over):.2f}-{max(over):.2f}); replicas / plain tcp: median "
           f"{statistics.median(over_tcp):.3f} (range {min(over_tcp):.2f}-{max(over_tcp):.2f})")
+    for extra in [*(("replicas tcp",) if args.tcp_forward else ()), *others]:
+        r = [x / p for x, p in zip(times[extra], times["plain tcp"])]
+        print(f"{extra} / plain tcp: median {statistics.median(r):.3f} "
+              f"(range {min(r):.2f}-{max(r):.2f})")
+    for side in others:
+        ab = [b / a for b, a in zip(rep, times[side])]
+        print(f"A/B: replicas (this tree) / {side}: median {statistics.median(ab):.3f} "
+              f"(range {min(ab):.2f}-{max(ab):.2f})")
     if "replicas chunked" in times:
         ch = [r / p for r, p in zip(times["replicas chunked"], times["plain tcp"])]
         print(f"replicas chunked ({args.chunks} MB) / plain tcp: median "

@@ -13,7 +13,7 @@ from paramserver.coordinator.membership import Membership
 from paramserver.coordinator.replicas import Replicas
 from paramserver.server.core import ShardCore
 from paramserver.server.events import ApplyRound, Init, Push, ShardSettings, Then
-from paramserver.server.replication import Forwarder, load_sync, sync_payload
+from paramserver.server.replication import ForwardRing, Forwarder, load_sync, sync_payload
 from ps_helpers import known_gradient
 
 KEYS = 12
@@ -57,6 +57,24 @@ def test_a_refusing_backup_is_reported_and_a_new_one_starts_with_the_sync():
     fw.dropped()
     assert fw.attach("tcp://c", 2, 1.0) == 1 and fw.epoch == 2
 
+
+
+def test_the_forward_ring_reuses_a_region_only_after_its_forward_is_acknowledged():
+    ring = ForwardRing(1024)
+    assert ring.take(1, 400) == 0 and ring.take(2, 400) == 448  # 64-byte aligned
+    assert ring.take(3, 400) is None  # 176 bytes left at the end, and the start is in use
+    ring.release(1)  # the backup acknowledged forward 1: its region is free again
+    assert ring.take(3, 400) == 0  # wraps to the start
+    assert ring.take(4, 64) is None  # between 3's end (448) and 2's start (448): nothing
+    ring.release(2)
+    assert ring.take(4, 500) == 448 and ring.used == 2
+    assert ring.take(5, 2048) is None  # larger than the ring: it goes over the socket
+    ring.release(4)
+    assert ring.used == 0 and ring.take(6, 1024) == 0  # an empty ring starts over
+    ring.reset()
+    assert ring.used == 0 and ring.take(7, 10) == 0
+    with pytest.raises(ValueError):
+        ForwardRing(10)
 
 # ---- primary and backup cores --------------------------------------------------------------------
 def _core(mode="arrival", optimizer="sgd"):

@@ -19,6 +19,9 @@ from ps_helpers import (known_gradient, make_job, running_job, run_events, serve
 pytestmark = pytest.mark.slow
 
 KEYS = 1000  # two shards
+# Two shards of 80 KB (float64): each forward's array goes through the primary's shared arena
+# (above transport.shm.MIN_BYTES); KEYS' go over the socket.
+SHARED_KEYS = 20_000
 WORKERS = 4
 
 
@@ -30,7 +33,7 @@ def _pusher(kv: KVWorker, stop: threading.Event, acked: list, errors: list):
     try:
         step = 0
         while not stop.is_set():
-            grad = known_gradient(kv.rank, step, KEYS, kv.dtype)
+            grad = known_gradient(kv.rank, step, kv.num_keys, kv.dtype)
             kv.push(grad, step=step, batch=1)
             acked.append(grad)  # acknowledged: the shards (both copies) hold it
             step += 1
@@ -38,14 +41,15 @@ def _pusher(kv: KVWorker, stop: threading.Event, acked: list, errors: list):
         errors.append(exc)
 
 
-def test_killed_primary_is_replaced_by_its_backup_with_no_update_lost_or_doubled(tmp_path):
-    job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
+@pytest.mark.parametrize("keys", [KEYS, SHARED_KEYS], ids=["socket", "shared-memory"])
+def test_killed_primary_is_replaced_by_its_backup_with_no_update_lost_or_doubled(tmp_path, keys):
+    job = make_job(keys, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
                    heartbeat_timeout=1.5)
     with running_job(tmp_path, job) as cluster:
         supervisor = threading.Thread(target=cluster.wait, daemon=True)
         supervisor.start()
         kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
-        init = np.arange(KEYS, dtype=np.float64)
+        init = np.arange(keys, dtype=np.float64)
         acked = [[] for _ in kvs]
         errors: list = []
         stop = threading.Event()

@@ -372,3 +372,14 @@ def test_a_join_asked_once_the_budget_is_spent_is_refused_at_once():
     refused = [i for i in kinds(out, Reply) if i.to == "reg-new"]
     assert refused and refused[0].op == "error" and "ending" in refused[0].fields["msg"]
     assert not state.reshard.holding
+
+
+def test_a_moving_shard_takes_frames_as_large_as_the_whole_key_space():
+    state = CoordinatorState(job_of(num_keys=4_000_000))
+    out = state.handle(Registered("s0", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    limit = kinds(out, Reply)[0].fields["job"]["max_message_bytes"]
+    assert limit == state.job.message_limit(None) > state.job.message_limit(2_000_000)
+    fixed = CoordinatorState(job_of(num_keys=4_000_000, max_servers=0))
+    out = fixed.handle(Registered("s0", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    assert kinds(out, Reply)[0].fields["job"]["max_message_bytes"] == \
+        fixed.job.message_limit(2_000_000)

@@ -229,7 +229,7 @@ class KVWorker:
         self.requests = ShardRequests(
             self.shards, self.src, self.core, timeout, settings.retry_interval,
             limits.max_unacked_pushes,
-            [self.spec.job.message_limit(s.range.size) for s in self.shards],
+            [self._frame_limit(s.range.size) for s in self.shards],
             check_peers=self.session.check_alive)
         if self._replicated:  # every wait's look at the shards follows a moved one first
             self.links.follow = self._follow_moves
@@ -249,6 +249,12 @@ class KVWorker:
         if role == "worker" and self.spec.job.preflight:
             # Here, not in start(): the step loops time start() as step 0's wait.
             self._preflight()
+
+    def _frame_limit(self, keys: int) -> int:
+        """The largest frame a shard of `keys` keys takes (the server's bound, the same rule):
+        in a job whose keys move between servers, the whole key space's."""
+        job = self.spec.job
+        return job.message_limit(None if getattr(job, "max_servers", 0) else keys)
 
     def _follow_moves(self) -> None:
         """A shard whose backup took over (the coordinator's heartbeat answers say where):
@@ -334,7 +340,7 @@ class KVWorker:
         self.shards[:] = shards  # in place: the requests and links hold this list
         self.links.reshard(old)
         self.requests.reshard([s.sock for s in old],
-                              [self.spec.job.message_limit(s.range.size) for s in shards])
+                              [self._frame_limit(s.range.size) for s in shards])
         for gone in by_addr.values():
             gone.sock.close(0)
         self.core.reshard(layout.ranges)

@@ -11,7 +11,7 @@ barrier, budget, end of job); the node's loop turns are `TimePassed` events.
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
@@ -294,10 +294,17 @@ class CoordinatorState:
 
     def _server_job(self, rank: int) -> ServerJob:
         shard = self.members.ranges[rank]
-        job = ServerJob.of(self.job, shard.lo, shard.hi, self.host.apply_mode)
+        job = self._shard_job(shard.lo, shard.hi)
         if self.schedule.keeps_initial:
             job = job.with_initial_checkpoint(str(self.schedule.root))
         return job
+
+    def _shard_job(self, lo: int, hi: int) -> ServerJob:
+        job = self.job
+        if job.max_servers and job.num_keys != self.members.num_keys:
+            # (the key space learned from the first worker bounds a moving shard's frames)
+            job = replace(job, num_keys=self.members.num_keys)
+        return ServerJob.of(job, lo, hi, self.host.apply_mode)
 
     def _register_server(self, e: Registered, now: float, out: list) -> None:
         if e.addr is None:
@@ -478,7 +485,7 @@ class CoordinatorState:
             elif member.last_release is not None:
                 # The same release, all of it: its samples (the ledger counts them seen at
                 # this worker's next clock) and a shard map it carried.
-                out.append(dataclasses.replace(member.last_release, to=e.to))
+                out.append(replace(member.last_release, to=e.to))
             return
         member.last_seen, member.waiting, member.steps = now, e.to, e.step + 1
         if e.leave is not None:
@@ -849,7 +856,7 @@ class CoordinatorState:
         ask = run.ask
         if ask.kind == "join":
             rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
-            job = ServerJob.of(self.job, lo, hi, self.host.apply_mode)
+            job = self._shard_job(lo, hi)
             out.append(Reply(ask.to, "welcome", {"rank": rank, "job": job.to_dict(),
                                                  "epoch": reshard.epoch + 1, "handoff": True}))
             out.append(ToServers("reshard", fields, (ask.link,)))

@@ -469,7 +469,7 @@ class ServerNode:
         if from_worker:
             if msg.op in ("fwd", "sync"):  # from this backup's primary
                 security.check_role(ident, "server", self.secured)
-                replica.take(self.router, ident, msg, EVENTS)
+                replica.take(self.router, ident, msg, EVENTS, frames)
                 return
             if msg.op == "handoff":  # keys of a reshard, from their old server
                 security.check_role(ident, "server", self.secured)

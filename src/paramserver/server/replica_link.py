@@ -9,6 +9,16 @@ codec's checks and its core applies it exactly as the primary's did (its dedup t
 the same). The backup answers `fwd_ack` after each one; a refusal there means the copies
 differ, and the primary reports the backup lost.
 
+A backup on the same host (loopback addresses, shared memory not turned off) maps the primary's
+forward arena (transport.shm): the primary copies each forward's large arrays into it (one
+memcpy, a fraction of a second TCP transfer's CPU on loopback) and only a descriptor crosses
+the socket. The backup copies them out into its own memory before it acknowledges, so an
+acknowledged update never lives only in the primary's memory; the primary writes a region
+again only after the ack of the forward that used it (replication.ForwardRing). The backup
+also posts each ack in its own arena (transport.shm.publish: attach epoch and seq in one word),
+where the primary reads it as soon as it has applied its own copy: on two busy cores the ack
+message waits for both processes' I/O threads, often longer than the backup took to copy.
+
 A backup watches its primary: the sync names the primary's address, and the backup keeps an
 idle DEALER connected to it with a ZeroMQ socket monitor (as client/links.py watches a
 worker's shards; not on its own ROUTER, whose one monitor the CURVE guard owns). A dropped
@@ -28,8 +38,8 @@ from zmq.utils import monitor
 
 from paramserver.net import rpc
 from paramserver.server.events import Reply
-from paramserver.server.replication import Forwarder, load_sync, sync_payload
-from paramserver.transport import connect_dealer
+from paramserver.server.replication import ForwardRing, Forwarder, load_sync, sync_payload
+from paramserver.transport import connect_dealer, shm
 from paramserver.wire import Message, WireError
 from paramserver.wire.codec import decode, encode
 from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
@@ -49,6 +59,11 @@ _WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_C
 # Forwards in flight per backup; below the DEALER's high-water mark (64), so a send never
 # waits: a full window stops the primary reading workers' requests instead.
 WINDOW = 32
+# The forward arena: room for a few forwards of the whole shard in flight, within bounds (a
+# chunked push's forwards are chunks: 64 MB holds four of the default 16 MB).
+RING_MIN, RING_MAX, RING_SHARDS = 4 << 20, 64 << 20, 4
+# Where a backup posts its acks in its arena's header, as epoch << ACK_BITS | seq.
+ACK_SLOT, ACK_BITS = 0, 40
 
 
 class ReplicaLink:
@@ -73,6 +88,12 @@ class ReplicaLink:
         self.watching: str | None = None  # the address the watcher connects to
         self.up = False  # the watcher's connection is up
         self.told = False  # primary_down said (or muted) since it was last up
+        # A primary's arena for forwards to a backup on this host (made at its first attach),
+        # the ring of regions in it, and the bytes it lets the backup read instead of receive.
+        self.arena: shm.Arena | None = None
+        self.ring: ForwardRing | None = None
+        self._ring_bytes: np.ndarray | None = None
+        self.shared_bytes = 0
 
     # ---- the primary ----------------------------------------------------------------------------
     @property
@@ -90,12 +111,48 @@ class ReplicaLink:
         if header is None:
             header = encode(Message(msg.op, msg.fields, rid=msg.rid, src=msg.src))[0]
         head = np.frombuffer(getattr(header, "buffer", header), dtype=np.uint8)
+        arrays = msg.arrays
+        if self.ring is not None and arrays and shm.shared_with(self.sock):
+            arrays = self._in_arena(seq, arrays)
         try:
             rpc.send(self.sock, Message("fwd", {"seq": seq, "epoch": fw.epoch},
-                                        [head, *msg.arrays], rid=msg.rid, src=msg.src))
+                                        [head, *arrays], rid=msg.rid, src=msg.src))
         except zmq.Again:  # (the window keeps below the high-water mark: not expected)
             self._report(fw.refused(seq, "its queue is full"))
         return seq
+
+    def _in_arena(self, seq: int, arrays: list) -> list:
+        """`arrays` with the large ones copied into the forward arena (sent by reference); one
+        that does not fit in the ring now goes over the socket as it is."""
+        out = []
+        for a in arrays:
+            if a.nbytes >= shm.MIN_BYTES:
+                off = self.ring.take(seq, a.nbytes)
+                if off is not None:
+                    dst = self._ring_bytes[off:off + a.nbytes].view(a.dtype)
+                    np.copyto(dst, a.reshape(-1), casting="no")
+                    self.shared_bytes += a.nbytes
+                    a = dst
+            out.append(a)
+        return out
+
+    def _share(self, addr: str) -> None:
+        """Offer the forward arena to a backup on this host (made at the first attach, kept
+        for the next backups); the backup maps it, or declines and forwards go as bytes."""
+        if not (shm.enabled() and shm.local_address(addr)):
+            return
+        if self.arena is None:
+            values = self.core.store.values
+            size = min(max(RING_SHARDS * values.numel() * values.element_size(), RING_MIN),
+                       RING_MAX)
+            try:
+                self.arena = shm.Arena(size)
+            except OSError:  # (no memfd here): forwards go as bytes
+                return
+            self._ring_bytes = self.arena.alloc(size, np.uint8)
+            self.ring = ForwardRing(size)
+        self.ring.reset()
+        shm.offer_shared(self.sock, self.arena, 0)
 
     @staticmethod
     def hold_out(token, instructions) -> tuple[list, list]:
@@ -106,7 +163,18 @@ class ReplicaLink:
         return held, rest
 
     def hold(self, seq: int, replies: list) -> list:
-        return self.forwarder.hold(seq, replies)
+        out = self.forwarder.hold(seq, replies)
+        self.shared_ack()  # the backup may hold it already (it copies while we apply)
+        return out
+
+    def shared_ack(self) -> None:
+        """Take the ack the backup posted in its arena, if it is on this host: the same as its
+        fwd_ack message, which may still be on its way (and then changes nothing)."""
+        if self.sock is None:
+            return
+        posted = shm.peer_counter(self.sock, ACK_SLOT)
+        if posted:
+            self._acked(posted >> ACK_BITS, posted & ((1 << ACK_BITS) - 1))
 
     def from_backup(self) -> None:
         """Drain the backup's acknowledgements: the replies they release go out."""
@@ -121,15 +189,22 @@ class ReplicaLink:
             if msg.get("refused"):
                 self._report(fw.refused(msg["seq"], msg["refused"]))
                 continue
-            released, synced = fw.acked(msg["epoch"], msg["seq"])
-            if released:
-                self.execute(released)
-            if synced:
-                log.info("shard %d: backup at %s synced", self.rank, fw.addr)
-                self.to_coordinator("backup_synced", {"rank": self.rank, "epoch": fw.epoch,
-                                                      "version": self.core.store.version})
+            self._acked(msg["epoch"], msg["seq"])
+
+    def _acked(self, epoch: int, seq: int) -> None:
+        fw = self.forwarder
+        released, synced = fw.acked(epoch, seq)
+        if self.ring is not None:
+            self.ring.release(fw.acked_seq)
+        if released:
+            self.execute(released)
+        if synced:
+            log.info("shard %d: backup at %s synced", self.rank, fw.addr)
+            self.to_coordinator("backup_synced", {"rank": self.rank, "epoch": fw.epoch,
+                                                  "version": self.core.store.version})
 
     def tick(self, now: float) -> None:
+        self.shared_ack()
         self._report(self.forwarder.expired(now))
 
     def next_deadline(self) -> float:
@@ -164,6 +239,7 @@ class ReplicaLink:
             fw = self.forwarder
             self.sock = connect_dealer(self.ctx, msg["addr"], keys=self.keys, send_timeout=0,
                                        max_message=CONTROL_MESSAGE_BYTES, peer="server")
+            self._share(msg["addr"])
             seq = fw.attach(msg["addr"], msg["epoch"], time.monotonic())
             fields, arrays = sync_payload(self.core)
             fields.update(seq=seq, epoch=fw.epoch)
@@ -180,16 +256,21 @@ class ReplicaLink:
         released = self.forwarder.dropped()
         if released:
             self.execute(released)
+        if self.ring is not None:
+            self.ring.reset()
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
 
     # ---- the backup -----------------------------------------------------------------------------
-    def take(self, router: zmq.Socket, ident: bytes, msg: Message, events: dict) -> None:
+    def take(self, router: zmq.Socket, ident: bytes, msg: Message, events: dict,
+             frames=()) -> None:
         """A `sync` or `fwd` from the primary: acknowledged once it is here and parses (the
         backup holds it; it is applied next, before anything else is read), then applied. A
         forward is acknowledged before it is applied so that its apply overlaps the primary's
-        ack to the worker instead of delaying it."""
+        ack to the worker instead of delaying it. `frames`: as received; arrays read from the
+        primary's arena are copied out first (the primary reuses that memory after the ack,
+        and this copy must not depend on the primary's process)."""
         seq, epoch = msg["seq"], msg["epoch"]
         refused, inner = None, None
         if not self.backup:
@@ -207,9 +288,13 @@ class ReplicaLink:
             refused = "forward from a primary this backup was not synced with"
         else:
             refused, inner = self._parse(msg)
+            if inner is not None and any(type(f) is shm.SharedFrame for f in frames):
+                inner.arrays = [np.array(a) for a in inner.arrays]
         fields = {"seq": seq, "epoch": epoch}
         if refused:
             fields["refused"] = refused[:200]
+        elif seq < 1 << ACK_BITS:
+            shm.publish(router, ACK_SLOT, epoch << ACK_BITS | seq)  # for a primary on this host
         rpc.send_or_drop(router, Message("fwd_ack", fields, src=f"b{self.rank}"), ident)
         if inner is not None:
             self._apply(inner, seq, events)
@@ -300,6 +385,9 @@ class ReplicaLink:
             self.up = self.told = False
 
     def close(self) -> None:
+        if self.forwarder.forwards:
+            log.info("shard %d: %d forwards to backups, %.1f MB of them through shared memory",
+                     self.rank, self.forwarder.forwards, self.shared_bytes / 1e6)
         self._unwatch()
         if self.sock is not None:
             self.sock.close(0)

@@ -197,3 +197,56 @@ def load_sync(core, arrays: list) -> None:
     d = core.dedup
     core.dedup = DedupTable.load(blob["applied"], d.window, d.senders, d.depth)
     core.initial_saved = bool(blob["initial_saved"])
+
+
+# ---- the forwards' bytes in shared memory (a backup on this host) ------------------------------
+class ForwardRing:
+    """Where in a primary's shared arena each forward's arrays go, when its backup runs on the
+    same host and maps that arena: a ring of `size` bytes used in forward order and freed in
+    ack order (acks come in order), so a region is written again only once the backup has
+    acknowledged the forward that used it; the backup copies a forward out of the arena before
+    it acknowledges it. Offsets only: the node owns the memory. A forward that does not fit
+    (the ring holds unacknowledged ones, or it is larger than the ring) goes over the socket."""
+
+    ALIGN = 64
+
+    def __init__(self, size: int):
+        if size < self.ALIGN:
+            raise ValueError(f"a forward ring of {size} bytes is too small")
+        self.size = size
+        self._spans: deque[tuple[int, int, int]] = deque()  # (seq, start, end), oldest first
+        self._head = 0  # where the next span starts, unless it must wrap
+
+    def take(self, seq: int, nbytes: int) -> int | None:
+        """The offset of `nbytes` for forward `seq`, or None when they do not fit now."""
+        n = -(-max(nbytes, 1) // self.ALIGN) * self.ALIGN
+        if n > self.size:
+            return None
+        if not self._spans:
+            start = 0
+        else:
+            tail, head = self._spans[0][1], self._head
+            if head > tail:
+                # used: [tail, head); free: [head, size) then [0, tail)
+                start = head if head + n <= self.size else 0 if n <= tail else None
+            else:  # wrapped, used: [tail, size) and [0, head); free: [head, tail)
+                start = head if head + n <= tail else None
+        if start is None:
+            return None
+        self._spans.append((seq, start, start + n))
+        self._head = start + n
+        return start
+
+    def release(self, seq: int) -> None:
+        """The backup acknowledged every forward up to `seq`: their bytes may be written."""
+        while self._spans and self._spans[0][0] <= seq:
+            self._spans.popleft()
+
+    def reset(self) -> None:
+        """A new backup (or none): nothing is in flight."""
+        self._spans.clear()
+        self._head = 0
+
+    @property
+    def used(self) -> int:
+        return len(self._spans)

@@ -147,7 +147,10 @@ class ServerJob:
         limits = job.limits
         return cls((lo, hi), job.dtype, apply_mode, job.optimizer, limits.heartbeat_interval,
                    limits.coordinator_timeout, job.server_threads, restore, job.tables,
-                   job.servers, max_message_bytes=job.message_limit(hi - lo),
+                   job.servers,
+                   # Keys move in a job of --servers MIN:MAX: any shard may come to hold any
+                   # number of them, so its frames are bounded by the whole key space's.
+                   max_message_bytes=job.message_limit(None if job.max_servers else hi - lo),
                    max_pending_pulls=limits.max_pending_pulls,
                    max_unacked_pushes=limits.max_unacked_pushes,
                    max_servers=job.max_servers, chunk_bytes=limits.chunk_bytes)

@@ -20,6 +20,11 @@ Lifetimes, the two directions differ:
   first page, which the ROUTER reads; the send's loan (`done`) tells the ROUTER when it may
   write the buffer again (ShardStore copies on write until then).
 
+Counters beside the frames: a ROUTER's own arena header holds no releases (those live in its
+DEALERs' arenas), so a ROUTER may post counters there (publish) that a DEALER which mapped its
+arena reads without a message (peer_counter): a replicated shard's backup posts the forwards it
+holds, which its primary reads the moment it has applied its own copy.
+
 Disabled with PARAMSERVER_SHM=0 in the environment.
 """
 
@@ -41,7 +46,8 @@ from paramserver.transport.shm_frames import (
 
 __all__ = ["HEADER_BYTES", "HELLO", "MIN_BYTES", "REFS", "SLOTS", "Arena", "Loan", "PeerArena",
            "SharedFrame", "ShmFrameError", "by_reference", "enabled", "intercept",
-           "local_address", "offer_shared", "release_frames", "serve_shared", "shared_with"]
+           "local_address", "offer_shared", "peer_counter", "publish", "release_frames",
+           "serve_shared", "shared_with"]
 
 HELLO = b"\x00psm-hello"  # a msgpack header never starts with a zero byte
 REFS = b"\x00psm-refs"
@@ -86,6 +92,26 @@ def shared_with(sock: zmq.Socket) -> bool:
     state = _STATES.get(sock)
     link = state.links.get(None) if state is not None else None
     return bool(link and link.reads_ours)
+
+
+def publish(router: zmq.Socket, slot: int, value: int) -> bool:
+    """Post `value` in counter `slot` of a ROUTER's own arena, for the DEALERs that mapped it;
+    False when the ROUTER serves no arena."""
+    state = _STATES.get(router)
+    if state is None or state.arena is None or not state.routed:
+        return False
+    state.arena.counters[slot] = value
+    return True
+
+
+def peer_counter(dealer: zmq.Socket, slot: int) -> int | None:
+    """Counter `slot` of the arena of a DEALER's ROUTER (publish), or None when that arena is
+    not mapped here."""
+    state = _STATES.get(dealer)
+    link = state.links.get(None) if state is not None else None
+    if link is None or link.peer is None or link.peer.closed:
+        return None
+    return int(link.peer.counters[slot])
 
 
 # ---- send ---------------------------------------------------------------------------------------
