@@ -20,7 +20,8 @@ Usage:
   python benchmarks/chaos.py --intervals 5,10,20,40 --policies bsp,asp --seeds 0,1,2
   python benchmarks/chaos.py --replicas 2 --policies bsp,asp   # replicated shards: the killed
       server's backup takes over (or, a backup killed, is rebuilt); lost updates must be 0.
-      Implies --no-coordinator (a restarted coordinator does not take back backups yet).
+      The coordinator is killed too unless --no-coordinator: its successor takes the backups
+      back with the primaries.
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ def chaos_run(sync: str, out: Path, seed: int = 0, worker_kills: int = 1,
               "lost_updates": summary["lost_updates"], "server_kill": chaos.server_kill,
               "replicas": replicas, "promotions": summary["replica_promotions"],
               "membership": [e["event"] for e in _events(out) if e["event"] in (
-                  "replica_promoted", "backup_lost", "backup_rebuilt")],
+                  "replica_promoted", "backup_lost", "backup_rebuilt", "backup_taken_back")],
               "restored": [r["checkpoint"] for r in restarts],
               "order": chaos.order, "coordinator_restarts": cluster.coordinator_restarts}
     kill = chaos.coordinator_kill
@@ -266,8 +267,7 @@ def _sweep(args) -> list[dict]:
                     r = chaos_run(sync, Path(tmp), seed=seed, checkpoint_every=every,
                                   worker_kills=0 if args.intervals else args.worker_kills,
                                   epochs=args.epochs, replicas=args.replicas,
-                                  kill_coordinator=not (args.intervals or args.no_coordinator
-                                                        or args.replicas > 1))
+                                  kill_coordinator=not (args.intervals or args.no_coordinator))
                 print(json.dumps(r), file=sys.stderr, flush=True)
                 results.append(r)
     return results
