@@ -227,3 +227,27 @@ def test_a_rank_that_raises_leaves_at_once_and_the_others_finish(loader_and_cras
     left = {r["worker"]: r["reason"] for r in read_records(out / "metrics.jsonl")
             if r["kind"] == "left"}
     assert left == {0: "done", 1: "rank 1 failed: RuntimeError: bad batch on purpose"}
+
+
+class ElasticReleases:
+    """An elastic optimizer as BatchSampler reads it: each release names its samples."""
+
+    elastic, data_len, rank, size, should_stop = True, 30, 0, 2, False
+
+    def __init__(self):
+        self.kv = type("KV", (), {"drawn": [[0, 0, 4]]})()
+
+    def step(self):  # the next release: a new list of samples
+        lo = self.kv.drawn[-1][2]
+        self.kv.drawn = [[0, lo, lo + 4]]
+
+
+def test_an_elastic_batch_sampler_refuses_to_be_read_ahead_of_its_release():
+    opt = ElasticReleases()
+    sampler = paramserver.BatchSampler(30, opt, shuffle=False)
+    it = iter(sampler)
+    assert next(it) == [0, 1, 2, 3]
+    opt.step()
+    assert next(it) == [4, 5, 6, 7]  # one batch per release: as num_workers=0 reads it
+    with pytest.raises(RuntimeError, match="num_workers"):
+        next(it)  # a look ahead, before step(): what a prefetching DataLoader does

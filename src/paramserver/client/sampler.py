@@ -14,7 +14,9 @@ iterator ends when the job does (`opt.should_stop`), so it has no len(): the job
 In an elastic job (`launch --workers MIN:MAX`, the optimizer made with `data_len`) ranks come
 and go, so no rank owns a shard: each batch is the samples the optimizer's current release
 names (positions of the epoch's permutation of the whole set, dealt by the coordinator's
-ledger), so every epoch is seen exactly once whoever is there.
+ledger), so every epoch is seen exactly once whoever is there. Such a batch exists only once
+its release has come, so a DataLoader that prefetches (num_workers > 0) is refused with a clear
+error at its first look ahead.
 """
 
 from __future__ import annotations
@@ -84,8 +86,21 @@ class BatchSampler:
         return batch
 
     def __iter__(self):
+        last = None  # the release the last batch came from
         while not self.opt.should_stop:
             # (a release naming no samples: a coordinator restarted without a checkpoint of
             # its ledger; the rank's own stream then, not exactly-once)
             named = self.elastic and self.opt.kv.drawn is not None
-            yield self.drawn() if named else self.take(self.opt.batch_size)
+            if not named:
+                yield self.take(self.opt.batch_size)
+                continue
+            if self.opt.kv.drawn is last:
+                # Asked again before step() brought the next release: a DataLoader that
+                # prefetches (num_workers > 0) would train the same samples twice.
+                raise RuntimeError(
+                    "paramserver.BatchSampler: the next batch was asked for before step() "
+                    "brought the release naming it (a DataLoader with num_workers > 0 "
+                    "prefetches); an elastic job deals each batch when it is released: use "
+                    "num_workers=0, or load faster in the dataset itself")
+            last = self.opt.kv.drawn
+            yield self.drawn()
