@@ -19,7 +19,8 @@ import zmq
 from paramserver.client.core import Handle, WorkerCore
 from paramserver.client.kv import KVWorker
 from paramserver.client.links import ShardLinks
-from paramserver.client.reshard import LayoutFollower, ShardLayout
+from paramserver.client.reshard import LayoutFollower
+from paramserver.spec.welcome import ShardLayout
 from paramserver.compression import make_codec, payload
 from paramserver.core.keyspace import KeyRange
 from paramserver.net import rpc
@@ -46,10 +47,10 @@ def test_a_newer_map_wins_and_an_older_or_repeated_one_is_ignored():
 
 
 @pytest.mark.parametrize("layout, says", [
-    ([[1, "tcp://a:1", 0, 10]], "ranks must be"),
+    ([[1, "tcp://a:1", 0, 10]], "ranks go 0..0"),
     ([[0, "tcp://a:1", 0, 4], [1, "tcp://b:1", 5, 10]], "contiguous"),
     ([[0, "tcp://a:1", 0, 4], [1, "tcp://b:1", 4, 9]], "the job has 10 keys"),
-    ([[0, "tcp://a:1", 0, 4], [1, "tcp://a:1", 4, 10]], "two shards"),
+    ([[0, "tcp://a:1", 0, 4], [1, "tcp://a:1", 4, 10]], "named twice"),
     ([[0, "tcp://a:1", 0]], "[rank, addr, lo, hi]"),
     ([], "non-empty"),
 ])

@@ -12,62 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from paramserver.core.keyspace import KeyRange
-from paramserver.spec.job import JobSpecError
-from paramserver.spec.welcome import ShardAddress
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """Shard map `epoch`: shard rank r holds the r-th contiguous key range, its server at
-    `shards[r].addr`; together they cover [0, num_keys)."""
-
-    epoch: int
-    shards: tuple[ShardAddress, ...]
-
-    @property
-    def ranges(self) -> list[KeyRange]:
-        return [KeyRange(s.lo, s.hi) for s in self.shards]
-
-    @property
-    def addrs(self) -> list[str]:
-        return [s.addr for s in self.shards]
-
-    @classmethod
-    def parse(cls, epoch: Any, layout: Any, num_keys: int) -> "ShardLayout":
-        """`layout` as the wire says it, [[rank, addr, lo, hi], ...]; checked (ValueError
-        naming what is wrong): ranks 0..S-1 in order, ranges contiguous from 0 to num_keys,
-        each address once."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"a shard map's epoch is a non-negative int, got {epoch!r}")
-        if not isinstance(layout, (list, tuple)) or not layout:
-            raise ValueError(f"shard map {epoch}: a layout is a non-empty list of "
-                             f"[rank, addr, lo, hi], got {layout!r}")
-        shards = []
-        for item in layout:
-            if not isinstance(item, (list, tuple)) or len(item) != 4:
-                raise ValueError(f"shard map {epoch}: each shard is [rank, addr, lo, hi], "
-                                 f"got {item!r}")
-            try:
-                shards.append(ShardAddress(*item))
-            except JobSpecError as exc:
-                raise ValueError(f"shard map {epoch}: {exc}") from None
-        edge = 0
-        for r, s in enumerate(shards):
-            if s.rank != r:
-                raise ValueError(f"shard map {epoch}: ranks must be 0..{len(shards) - 1} in "
-                                 f"order, found rank {s.rank} at position {r}")
-            if s.lo != edge:
-                raise ValueError(f"shard map {epoch}: shard {r} starts at key {s.lo}, the "
-                                 f"previous one ends at {edge} (ranges must be contiguous)")
-            edge = s.hi
-        if edge != num_keys:
-            raise ValueError(f"shard map {epoch}: the ranges end at key {edge}, the job has "
-                             f"{num_keys} keys")
-        if len({s.addr for s in shards}) != len(shards):
-            raise ValueError(f"shard map {epoch}: an address holds two shards: "
-                             f"{[s.addr for s in shards]}")
-        return cls(epoch, tuple(shards))
+from paramserver.spec.welcome import ShardLayout
 
 
 class LayoutFollower:

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from paramserver.server.store import ShardStore, StoreError, merge_runs
-from paramserver.spec.job import JobSpecError
-from paramserver.spec.welcome import ShardAddress
+from paramserver.spec.welcome import ShardAddress, ShardLayout
 
 
 class HandoffError(ValueError):
@@ -32,28 +31,13 @@ class HandoffError(ValueError):
 
 
 # ---- layouts ------------------------------------------------------------------------------------
-def parse_layout(raw) -> tuple[ShardAddress, ...]:
-    """A wire layout as ShardAddresses, checked: ranks 0..n-1 in order, ranges contiguous
-    from key 0 in rank order, one entry per address."""
-    if not isinstance(raw, (list, tuple)) or not raw:
-        raise HandoffError(f"a layout is a non-empty list of [rank, addr, lo, hi], got {raw!r}")
-    out = []
-    for i, entry in enumerate(raw):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 4:
-            raise HandoffError(f"layout entry {i} is not [rank, addr, lo, hi]: {entry!r}")
-        try:
-            shard = ShardAddress(*entry)
-        except JobSpecError as exc:
-            raise HandoffError(f"layout entry {i}: {exc}") from None
-        if shard.rank != i:
-            raise HandoffError(f"layout entry {i} has rank {shard.rank}: ranks go 0..n-1")
-        if shard.lo != (out[-1].hi if out else 0):
-            raise HandoffError(f"layout entry {i} starts at key {shard.lo}, not where the "
-                               f"previous one ends")
-        out.append(shard)
-    if len({s.addr for s in out}) != len(out):
-        raise HandoffError("a layout names an address twice")
-    return tuple(out)
+def parse_layout(raw, epoch: int = 0) -> tuple[ShardAddress, ...]:
+    """A wire layout as ShardAddresses, checked (spec/welcome.py ShardLayout, as clients read
+    it): ranks 0..n-1 in order, ranges contiguous from key 0, one entry per address."""
+    try:
+        return ShardLayout.parse(epoch, raw).shards
+    except ValueError as exc:
+        raise HandoffError(str(exc)) from None
 
 
 def layout_list(layout: tuple[ShardAddress, ...]) -> list:
@@ -88,7 +72,7 @@ class Move:
 
 def plan(epoch: int, old_raw, new_raw, addr: str) -> Move:
     """What server `addr` does in reshard `epoch` from layout `old_raw` to `new_raw`."""
-    old, new = parse_layout(old_raw), parse_layout(new_raw)
+    old, new = parse_layout(old_raw, max(epoch - 1, 0)), parse_layout(new_raw, epoch)
     if old[-1].hi != new[-1].hi:
         raise HandoffError(f"the new layout covers {new[-1].hi} keys, the old {old[-1].hi}")
     mine_old, mine_new = _entry(old, addr), _entry(new, addr)

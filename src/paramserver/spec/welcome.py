@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
+from paramserver.core.keyspace import KeyRange
 from paramserver.spec.job import (
     DTYPES, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TableSpec, _fail,
     _int, _name, _num, _part, _plain, _tables,
@@ -213,6 +214,63 @@ class ShardAddress:
 
     def to_list(self) -> list:
         return [self.rank, self.addr, self.lo, self.hi]
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Shard map `epoch` (live resharding): shard rank r holds the r-th contiguous key range,
+    its server at `shards[r].addr`; together they cover [0, num_keys). Servers and clients
+    read a map off the wire only through `parse`."""
+
+    epoch: int
+    shards: tuple[ShardAddress, ...]
+
+    @property
+    def ranges(self) -> list[KeyRange]:
+        return [KeyRange(s.lo, s.hi) for s in self.shards]
+
+    @property
+    def addrs(self) -> list[str]:
+        return [s.addr for s in self.shards]
+
+    def to_list(self) -> list:
+        return [s.to_list() for s in self.shards]
+
+    @classmethod
+    def parse(cls, epoch, layout, num_keys: int | None = None) -> "ShardLayout":
+        """`layout` as the wire says it, [[rank, addr, lo, hi], ...]; checked (ValueError
+        naming what is wrong): ranks 0..S-1 in order, ranges contiguous from key 0 (to
+        `num_keys`, when given), each address once."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"a shard map's epoch is a non-negative int, got {epoch!r}")
+        if not isinstance(layout, (list, tuple)) or not layout:
+            raise ValueError(f"shard map {epoch}: a layout is a non-empty list of "
+                             f"[rank, addr, lo, hi], got {layout!r}")
+        shards = []
+        for item in layout:
+            if not isinstance(item, (list, tuple)) or len(item) != 4:
+                raise ValueError(f"shard map {epoch}: each shard is [rank, addr, lo, hi], "
+                                 f"got {item!r}")
+            try:
+                shards.append(ShardAddress(*item))
+            except JobSpecError as exc:
+                raise ValueError(f"shard map {epoch}: {exc}") from None
+        edge = 0
+        for r, s in enumerate(shards):
+            if s.rank != r:
+                raise ValueError(f"shard map {epoch}: ranks go 0..{len(shards) - 1} in order, "
+                                 f"found rank {s.rank} at position {r}")
+            if s.lo != edge:
+                raise ValueError(f"shard map {epoch}: shard {r} starts at key {s.lo}, the "
+                                 f"previous one ends at {edge} (ranges must be contiguous)")
+            edge = s.hi
+        if num_keys is not None and edge != num_keys:
+            raise ValueError(f"shard map {epoch}: the ranges end at key {edge}, the job has "
+                             f"{num_keys} keys")
+        if len({s.addr for s in shards}) != len(shards):
+            raise ValueError(f"shard map {epoch}: an address is named twice: "
+                             f"{[s.addr for s in shards]}")
+        return cls(epoch, tuple(shards))
 
 
 @dataclass(frozen=True)
