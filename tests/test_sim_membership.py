@@ -92,9 +92,9 @@ def test_bsp_rounds_take_joiners_from_the_next_round_and_drop_a_leaver_after_its
     for r in sink.steps:
         rounds.setdefault(r["step"], set()).add(r["worker"])
     applied = {d["step"]: set(d["contributors"]) for _, d in sink.kinds("apply_round")}
-    # The round the leaver pushed last is applied with its push (a server sums what came), but
-    # BSP's Left takes it off that round's contributor list, as live (policies/bsp.py on_left).
-    assert applied == {**rounds, 10: {0, 2, 3}}
+    # The round the leaver pushed last is applied with its push (a server sums what came), and
+    # names it among the round's contributors.
+    assert applied == rounds
     for k, who in rounds.items():
         expected = {0, 1} if k < 6 else {0, 1, 2, 3} if k <= 10 else {0, 2, 3}
         assert who == expected, k

@@ -20,6 +20,7 @@ class BSP(SyncPolicy):
         # Late joiners (an elastic job's): active, released only when the round in progress,
         # sized without them, closes; the round never waits for them.
         self.joining: set[int] = set()
+        self.gone_pushed: set[int] = set()  # pushed this round, then left
 
     def batch_for(self, worker: int) -> int:
         """Batch size of `worker` in the next round; LB-BSP overrides this. (Under an elastic
@@ -37,7 +38,11 @@ class BSP(SyncPolicy):
         return [Release(event.worker, self.round, self.batch_for(event.worker))]
 
     def on_left(self, event: Left) -> list[Decision]:
-        self.done.discard(event.worker)
+        if event.worker in self.done:
+            # Its push is in the servers' sum: the round's contributors still name it (its
+            # rank may come back this round as a new worker, so it leaves `done`).
+            self.done.discard(event.worker)
+            self.gone_pushed.add(event.worker)
         self.joining.discard(event.worker)
         if self.joining and self.active == self.joining:
             # Nobody is left in the round in progress: the late joiners start it.
@@ -67,9 +72,10 @@ class BSP(SyncPolicy):
         if not self.done or not (self.active <= self.done if not joining
                                  else self.active - joining <= self.done):
             return []
-        decisions: list[Decision] = [ApplyRound(self.round, tuple(sorted(self.done)))]
+        decisions: list[Decision] = [ApplyRound(self.round,
+                                                tuple(sorted(self.done | self.gone_pushed)))]
         self.round += 1
-        self.done = set()
+        self.done, self.gone_pushed = set(), set()
         self.joining = set()
         self.before_release()
         decisions += [Release(w, self.round, self.batch_for(w)) for w in sorted(self.active)]
