@@ -383,3 +383,40 @@ def test_a_moving_shard_takes_frames_as_large_as_the_whole_key_space():
     out = fixed.handle(Registered("s0", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
     assert kinds(out, Reply)[0].fields["job"]["max_message_bytes"] == \
         fixed.job.message_limit(2_000_000)
+
+
+def test_a_resumed_shard_is_cut_from_a_checkpoint_taken_on_another_layout(tmp_path):
+    import numpy as np
+
+    from paramserver.coordinator.checkpoint_keeper import save_coordinator_state
+    from paramserver.optim import make_rule
+    from paramserver.server.checkpoint import read_shard, write_shard
+    from paramserver.server.store import ShardStore
+
+    values = np.arange(30, dtype=np.float64)
+    momentum = -np.arange(30, dtype=np.float64)
+    cuts = [(0, 7), (7, 19), (19, 30)]  # three servers at the checkpoint
+    for rank, (lo, hi) in enumerate(cuts):
+        write_shard(str(tmp_path), "000000009", rank,
+                    {"values": values[lo:hi].copy(), "state.momentum": momentum[lo:hi].copy()},
+                    {"version": 9 - rank, "range": [lo, hi], "dtype": "float64",
+                     "updates_applied": 9, "rule": "momentum"})
+    save_coordinator_state(tmp_path, "000000009", {
+        "rounds_applied": 9, "samples_done": 0, "steps_done": 0, "num_keys": 30,
+        "worker_samples": {}, "elapsed_s": 0.0, "servers": 3})
+    # The resumed job starts two servers: shard 0 holds [0, 15), shard 1 [15, 30).
+    for rank, (lo, hi, version) in enumerate([(0, 15, 9), (15, 30, 8)]):
+        store = ShardStore(KeyRange(lo, hi), "float64", make_rule("momentum", 0.1), "arrival")
+        arrays, meta = read_shard(str(tmp_path), "000000009", rank, store)
+        np.testing.assert_array_equal(arrays["values"], values[lo:hi])
+        np.testing.assert_array_equal(arrays["state.momentum"], momentum[lo:hi])
+        # (the newest version of the parts it was cut from)
+        assert meta["range"] == [lo, hi] and meta["version"] == version
+        assert meta["applied"] == []
+        store.restore(arrays, meta)
+        np.testing.assert_array_equal(store.values.numpy(), values[lo:hi])
+    # A part that lost a file is refused, not silently filled with zeros.
+    (tmp_path / "ckpt-000000009" / "server-1" / "values.npy").unlink()
+    store = ShardStore(KeyRange(0, 15), "float64", make_rule("momentum", 0.1), "arrival")
+    with pytest.raises(Exception, match="values"):
+        read_shard(str(tmp_path), "000000009", 0, store)

@@ -175,3 +175,46 @@ def test_training_keeps_its_accuracy_across_a_join_and_a_drain(tmp_path):
     assert summary["final_test_accuracy"] >= 0.9, summary
     assert [e["servers"] for e in _reshards(run, "server_joined")] == [3]
     assert [e["servers"] for e in _reshards(run, "server_drained")] == [2]
+
+
+def test_a_job_resumes_on_fewer_servers_than_its_checkpoint_was_taken_on(tmp_path):
+    """A --servers 2:3 job whose last checkpoint holds three parts (a server joined) resumes
+    on two: each shard is cut anew from the parts holding its keys, and training goes on from
+    where the checkpoint left it."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
+           "--servers", "2:3", "--epochs", "200", "--max-seconds", "25", "--batch-size", "32",
+           "--lr", "0.1", "--eval-interval", "1", "--checkpoint-every", "20", "--out", str(run),
+           "--timeout", "300"]
+    train = subprocess.Popen(cmd, stdout=(tmp_path / "train.log").open("w"),
+                             stderr=subprocess.STDOUT)
+    joiner = None
+    try:
+        wait_for(lambda: any(e["event"] == "barrier_open" for e in run_events(run)),
+                 "training to start", timeout=120)
+        address = (run / "coordinator.addr").read_text().strip()
+        joiner = subprocess.Popen(
+            [sys.executable, "-m", "paramserver", "server", "--join", address],
+            stdout=(tmp_path / "joiner.log").open("w"), stderr=subprocess.STDOUT,
+            env=dict(os.environ, PARAMSERVER_KEYS=str(run / "keys")))
+        wait_for(lambda: _reshards(run, "server_joined"), "the join", timeout=120)
+        assert train.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
+        first = json.loads((run / "summary.json").read_text())
+        latest = (run / "checkpoints" / "LATEST").read_text().strip()
+        parts = sorted(p.name for p in (run / "checkpoints" / f"ckpt-{latest}").glob("server-*"))
+        assert parts == ["server-0", "server-1", "server-2"]  # taken on three servers
+        resumed = subprocess.run(
+            [sys.executable, "-m", "paramserver", "train", "--resume", str(run),
+             "--max-seconds", "35", "--timeout", "300"],
+            capture_output=True, text=True, timeout=400)
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    finally:
+        for p in (train, joiner):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(30)
+    after = json.loads((run / "summary.json").read_text())
+    assert first["final_test_accuracy"] >= 0.85
+    # Restored, not restarted: the resumed run goes on from the checkpoint's samples.
+    assert after["samples"] > first["samples"] and after["final_test_accuracy"] >= 0.85
+    assert any(e["event"] == "checkpoint" for e in run_events(run))

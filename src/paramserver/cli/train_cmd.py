@@ -408,13 +408,6 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     if tag is None:
         raise ValueError(f"cannot resume {run_dir}: no kept checkpoint in "
                          f"{cfg.checkpoint_dir} is usable")
-    from paramserver.coordinator.checkpoint_keeper import load_coordinator_state
-    had = load_coordinator_state(cfg.checkpoint_dir, tag).get("servers")
-    starts = int(job.get("servers", cfg.servers))
-    if isinstance(had, int) and had != starts:
-        raise ValueError(f"cannot resume {run_dir}: checkpoint {tag} was taken with {had} "
-                         f"servers (servers joined or left), the job starts with {starts}; "
-                         f"resuming on a changed server count is not supported yet")
     return cfg, run_dir, {"dir": cfg.checkpoint_dir, "tag": tag}
 
 

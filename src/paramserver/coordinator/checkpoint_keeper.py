@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from paramserver.runlog.checkpoint import (
-    CheckpointError, ShardMeta, commit, newest_usable, part_folder, read_part, verify_part,
-    write_part,
+    COORDINATOR_PART, CheckpointError, ShardMeta, commit, newest_usable, part_folder, read_part,
+    verify_part, write_part,
 )
 
-COORDINATOR_PART = "coordinator"
 # The fields of the coordinator's saved state a resume reads (CoordinatorState, PolicyHost).
 _COUNTS = ("rounds_applied", "samples_done", "steps_done", "num_keys")
 

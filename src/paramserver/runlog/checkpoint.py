@@ -183,6 +183,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# The coordinator's part of a checkpoint (its counters and policy state), beside server-<rank>.
+COORDINATOR_PART = "coordinator"
+
+
 def part_folder(root: Path, tag: str, part: str) -> Path:
     return Path(root) / f"ckpt-{tag}" / part
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from paramserver.runlog.checkpoint import (
-    CheckpointError, Manifest, ShardMeta, load_part, newest_usable, part_folder, read_manifest,
-    write_part,
+    COORDINATOR_PART, CheckpointError, Manifest, ShardMeta, load_part, newest_usable,
+    part_folder, read_manifest, write_part,
 )
 from paramserver.server.store import ShardStore, StoreError
 from paramserver.server.tables import PREFIX, ShardTables
@@ -67,13 +67,66 @@ def check_manifest(manifest: Manifest, where: str, store: ShardStore) -> ShardMe
     return meta
 
 
+def recut(root: Path, tag: str, store: ShardStore) -> tuple[dict, dict]:
+    """`store`'s range assembled from checkpoint `tag` taken on another layout (servers
+    joined or left: --servers MIN:MAX): every part holding some of its keys is read (checked
+    and hashed) and sliced; per-key state arrays are cut alike, any other state array is the
+    shard's scalar state, taken from the part holding most of the range. The dedup table
+    starts empty: a resumed job's workers are new processes."""
+    r, folder = store.range, Path(root) / f"ckpt-{tag}"
+    names = sorted((p.name for p in folder.glob("server-*") if p.name[7:].isdigit()),
+                   key=lambda n: int(n[7:]))
+    values = np.zeros(r.size, dtype=store.dtype)
+    keyed: dict[str, np.ndarray] = {}
+    scalars: dict[str, np.ndarray] = {}
+    most, version, updates, covered = -1, 0, 0, 0
+    for name in names:
+        where = str(part_folder(Path(root), tag, name))
+        meta = ShardMeta.from_dict(read_manifest(Path(root), tag, name).meta, where)
+        lo, hi = max(meta.lo, r.lo), min(meta.hi, r.hi)
+        if lo >= hi:
+            continue
+        if meta.dtype != store.dtype:
+            raise CheckpointError(f"{where} holds {meta.dtype} values, this shard {store.dtype}")
+        arrays, _ = load_part(Path(root), tag, name)
+        theirs, mine = slice(lo - meta.lo, hi - meta.lo), slice(lo - r.lo, hi - r.lo)
+        values[mine] = arrays["values"][theirs]
+        for key, array in arrays.items():
+            if not key.startswith("state."):
+                continue
+            if array.shape == (meta.hi - meta.lo,):
+                keyed.setdefault(key, np.zeros(r.size, dtype=array.dtype))[mine] = array[theirs]
+            elif hi - lo > most:
+                scalars[key] = array
+        most = max(most, hi - lo)
+        version, updates = max(version, meta.version), max(updates, meta.updates_applied)
+        covered += hi - lo
+    if covered != r.size:
+        raise CheckpointError(f"checkpoint {tag} in {root}: its parts hold {covered} of this "
+                              f"shard's keys [{r.lo}, {r.hi})")
+    arrays = {"values": values, **keyed, **scalars}
+    for name, (dtype, shape) in _expected(store).items():
+        got = arrays.get(name)
+        if got is None or got.dtype != dtype or tuple(got.shape) != shape:
+            raise CheckpointError(f"checkpoint {tag} in {root}: {name!r} cut for keys "
+                                  f"[{r.lo}, {r.hi}) is not the {dtype} {list(shape)} this "
+                                  f"shard needs")
+    return arrays, {"version": version, "range": [r.lo, r.hi], "dtype": str(store.dtype),
+                    "updates_applied": updates, "applied": []}
+
+
 def read_shard(root: str, tag: str, rank: int, store: ShardStore,
                tables: ShardTables | None = None, servers: int = 1) -> tuple[dict, dict]:
     """The snapshot saved under `tag`, refused (CheckpointError naming the file and what is
     wrong) unless it fits `store` and `tables`: a shard must not start from another shard's
-    values, nor from a file of another shape."""
+    values, nor from a file of another shape. A checkpoint whose coordinator part says it was
+    taken on another number of servers (keys moved: `servers` in its state) is cut anew for
+    this shard's range (`recut`)."""
     root_path = Path(root)
     where = str(part_folder(root_path, tag, part_name(rank)))
+    if not tables and _taken_on_another_layout(root_path, tag,
+                                                                          store, rank):
+        return recut(root_path, tag, store)
     manifest = read_manifest(root_path, tag, part_name(rank))
     check_manifest(manifest, where, store)  # before any file is read
     arrays, manifest = load_part(root_path, tag, part_name(rank))
@@ -83,6 +136,22 @@ def read_shard(root: str, tag: str, rank: int, store: ShardStore,
         except StoreError as exc:
             raise CheckpointError(f"{where}: {exc}") from None
     return arrays, dict(manifest.meta)
+
+
+def _taken_on_another_layout(root: Path, tag: str, store: ShardStore, rank: int) -> bool:
+    """True when checkpoint `tag` records a server count (a job whose servers came and went)
+    and this rank's part does not hold exactly this shard's keys."""
+    try:
+        state = read_manifest(root, tag, COORDINATOR_PART).meta
+    except CheckpointError:
+        return False  # (no coordinator part: the usual checks say what is wrong)
+    if not isinstance(state.get("servers"), int):
+        return False
+    try:
+        meta = read_manifest(root, tag, part_name(rank)).meta
+    except CheckpointError:
+        return True  # fewer parts than this job's servers
+    return meta.get("range") != [store.range.lo, store.range.hi]
 
 
 @dataclass(frozen=True)
