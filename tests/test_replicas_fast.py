@@ -170,11 +170,15 @@ def test_a_backup_says_once_that_its_primarys_connection_dropped():
 
 
 def test_a_primary_gone_before_the_watch_came_up_is_told_too():
+    import socket
+
     import zmq
     ctx = zmq.Context()
-    probe = ctx.socket(zmq.ROUTER)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(0)  # nothing listens there any more
+    # A port bound but never listened on: every connect is refused, and no other process of
+    # a busy suite can take the port meanwhile (a closed one could be, and answer).
+    hold = socket.socket()
+    hold.bind(("127.0.0.1", 0))
+    port = hold.getsockname()[1]
     link, told = _watching_backup(ctx, f"tcp://127.0.0.1:{port}")
     try:
         assert _pump(link, lambda: told), "no primary_down"
@@ -183,3 +187,4 @@ def test_a_primary_gone_before_the_watch_came_up_is_told_too():
     finally:
         link.close()
         ctx.term()
+        hold.close()
