@@ -51,17 +51,6 @@ def _wait(cond, what: str, limit: float = 60.0, every: float = 0.005):
     raise TimeoutError(f"no {what} within {limit:.0f} s")
 
 
-def _listening(cluster, addr: str):
-    import psutil
-    port = int(addr.rsplit(":", 1)[1])
-    for c in cluster.children:
-        if c.role == "server" and c.proc.poll() is None and any(
-                conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
-                for conn in psutil.Process(c.proc.pid).net_connections("tcp")):
-            return c
-    raise LookupError(f"no live server listens at {addr}")
-
-
 def one_job(kills: int, heartbeat_timeout: float) -> list[dict]:
     """One replicated job; a record per kill of shard 1's primary."""
     import numpy as np
@@ -111,7 +100,7 @@ def one_job(kills: int, heartbeat_timeout: float) -> list[dict]:
                            if e["event"] in ("server_joined", "replica_promoted")
                            and e["rank"] == 1][-1]
                 promoted = sum(e["event"] == "replica_promoted" for e in events)
-                victim = _listening(cluster, primary)
+                victim = cluster.server_listening_at(primary)
                 os.kill(victim.proc.pid, signal.SIGKILL)
                 killed = time.monotonic()
                 event = _wait(lambda: ([e for e in _events(run_dir)

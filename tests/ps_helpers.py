@@ -7,11 +7,11 @@ import json
 import multiprocessing as mp
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from paramserver.launch.local import LocalCluster
 from paramserver.client.kv import KVWorker
@@ -175,13 +175,20 @@ def run_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def start_together(kvs, timeout: float = 60.0) -> None:
+    """Every client's start() at once (the start barrier waits for all of them), each bounded
+    by `timeout`."""
+    starts = [threading.Thread(target=kv.start) for kv in kvs]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join(timeout)
+
+
 def server_listening_at(cluster, addr: str):
-    """The live server process of `cluster` listening at `addr` (a promoted backup or a
-    restarted server has a new process: its pid is found by the port, not remembered)."""
-    port = int(addr.rsplit(":", 1)[1])
-    for c in cluster.children:
-        if c.role == "server" and c.proc.poll() is None and any(
-                conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
-                for conn in psutil.Process(c.proc.pid).net_connections("tcp")):
-            return c
-    raise AssertionError(f"no live server listens at {addr}")
+    """The live server process of `cluster` listening at `addr` (LocalCluster's lookup, as
+    a test failure when there is none)."""
+    try:
+        return cluster.server_listening_at(addr)
+    except LookupError as exc:
+        raise AssertionError(str(exc)) from None

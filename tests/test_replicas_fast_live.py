@@ -15,7 +15,7 @@ import pytest
 
 from paramserver.client.kv import KVWorker
 from paramserver.launch.local import LocalCluster
-from ps_helpers import make_job, run_events, server_listening_at, wait_for
+from ps_helpers import make_job, run_events, server_listening_at, start_together, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +57,7 @@ def test_a_killed_primary_is_promoted_away_on_its_backups_word(tmp_path, curve):
         threads = []
         try:
             kvs[0].init(np.zeros(KEYS))
-            starts = [threading.Thread(target=kv.start) for kv in kvs]
-            for t in starts:
-                t.start()
-            for t in starts:
-                t.join(60)
+            start_together(kvs)
             threads = [threading.Thread(target=push, args=(i, kv)) for i, kv in enumerate(kvs)]
             for t in threads:
                 t.start()

@@ -14,7 +14,7 @@ import pytest
 from paramserver.client.kv import KVWorker
 from paramserver.runlog.metrics import read_records, summarize
 from ps_helpers import (known_gradient, make_job, running_job, run_events, server_listening_at,
-                        wait_for)
+                        start_together, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +55,7 @@ def test_killed_primary_is_replaced_by_its_backup_with_no_update_lost_or_doubled
         stop = threading.Event()
         try:
             kvs[0].init(init)
-            starts = [threading.Thread(target=kv.start) for kv in kvs]
-            for t in starts:
-                t.start()
-            for t in starts:
-                t.join(60)
+            start_together(kvs)
             assert {e["rank"] for e in run_events(cluster.run_dir)
                     if e["event"] == "backup_synced"} == {0, 1}
             threads = [threading.Thread(target=_pusher, args=(kv, stop, a, errors))
@@ -149,11 +145,7 @@ def test_a_restarted_coordinator_keeps_the_backups_and_a_later_primary_kill_lose
         acked = [[] for _ in kvs]
         errors: list = []
         kvs[0].init(init)
-        starts = [threading.Thread(target=kv.start) for kv in kvs]
-        for t in starts:
-            t.start()
-        for t in starts:
-            t.join(60)
+        start_together(kvs)
         wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
                           if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
         servers = {c.proc.pid for c in cluster.children if c.role == "server"}

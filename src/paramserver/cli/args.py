@@ -136,6 +136,17 @@ SERVERS_RANGE_HELP = ("or MIN:MAX: start MIN, let servers join (`paramserver ser
                       "server) back to MIN while the job runs")
 
 
+def add_shard_args(p) -> None:
+    """--servers and --replicas as launch and serve take them (train has its own defaults)."""
+    p.add_argument("--servers", type=server_count, default=1,
+                   help=f"shards, {SERVERS_RANGE_HELP} (default 1)")
+    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                   help="copies of each shard: 2 runs a backup beside each shard server, which "
+                        "every update reaches before it is acknowledged and which takes over, "
+                        "with no update lost, when the primary dies (a new backup is then "
+                        "rebuilt from the survivor); twice the server processes (default 1)")
+
+
 def _workers(text: str):
     from paramserver.spec.job import WorkerCount
     return WorkerCount.parse(text)

@@ -252,13 +252,7 @@ def register(sub) -> None:
                         "data_len=len(dataset)) and draws through paramserver.BatchSampler")
     p.add_argument("--batch-rule", type=flag.batch_rule, default="fixed",
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default fixed)")
-    p.add_argument("--servers", type=flag.server_count, default=1,
-                   help=f"shards, {flag.SERVERS_RANGE_HELP} (default 1)")
-    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
-                   help="copies of each shard: 2 runs a backup beside each shard server, which "
-                        "every update reaches before it is acknowledged and which takes over, "
-                        "with no update lost, when the primary dies (a new backup is then "
-                        "rebuilt from the survivor); twice the server processes (default 1)")
+    flag.add_shard_args(p)
     add_policy_args(p)
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
     p.add_argument("--max-seconds", type=flag.positive_seconds,

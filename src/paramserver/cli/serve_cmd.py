@@ -84,13 +84,7 @@ def register(sub) -> None:
                     "logs whom it waits for meanwhile. Plaintext on loopback only.")
     p.add_argument("--num-keys", type=int, required=True, metavar="N",
                    help="the length of the job's flat parameter vector")
-    p.add_argument("--servers", type=flag.server_count, default=1,
-                   help=f"shards, {flag.SERVERS_RANGE_HELP} (default 1)")
-    p.add_argument("--replicas", type=int, choices=(1, 2), default=1,
-                   help="copies of each shard: 2 runs a backup beside each shard server, which "
-                        "every update reaches before it is acknowledged and which takes over, "
-                        "with no update lost, when the primary dies (a new backup is then "
-                        "rebuilt from the survivor); twice the server processes (default 1)")
+    flag.add_shard_args(p)
     p.add_argument("--workers", type=int, default=1,
                    help="workers the start barrier waits for (default 1)")
     add_policy_args(p)

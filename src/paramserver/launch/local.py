@@ -293,6 +293,19 @@ class LocalCluster:
         return self._spawn("worker", index, ["--join", self.address,
                                              "--result-dir", str(self.run_dir / "results")])
 
+    def server_listening_at(self, addr: str) -> Child:
+        """The live server process listening at `addr`: a promoted backup or a restarted
+        server is a new process, so it is found by its port, not remembered. LookupError
+        when none is."""
+        import psutil
+        port = int(addr.rsplit(":", 1)[1])
+        for c in self.children:
+            if c.role == "server" and c.proc.poll() is None and any(
+                    conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
+                    for conn in psutil.Process(c.proc.pid).net_connections("tcp")):
+                return c
+        raise LookupError(f"no live server listens at {addr}")
+
     def _vital_failure(self) -> Child | None:
         """A dead coordinator ends the job, and so does a dead server unless it is restarted
         (see restart_servers); a worker's exit: see verdict.ends_job_before_start."""
