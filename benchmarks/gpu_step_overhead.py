@@ -90,7 +90,12 @@ def _ResNet18():
 
 # --- one worker process --------------------------------------------------------------------------
 def worker(args) -> None:
+    import faulthandler
+
     import torch
+    # A worker stuck past the benchmark's timeout prints every thread's stack and exits, so a
+    # hang on a device shows where it is instead of only that it happened.
+    faulthandler.dump_traceback_later(0.9 * args.timeout, exit=True)
     from torch import nn
     torch.set_num_threads(1)  # the workers share the cores
     torch.manual_seed(int(os.environ.get("RANK", args.rank)))
@@ -126,9 +131,21 @@ def worker(args) -> None:
     else:
         import paramserver
         with paramserver.DistributedOptimizer(model) as opt:
+            profile = None
+            if args.profile and opt.rank == 0:
+                import cProfile
+                profile = cProfile.Profile()
+                profile.enable()
             while not opt.should_stop:
                 one_step(opt)
             rank = opt.rank
+            if profile is not None:
+                import io
+                import pstats
+                profile.disable()
+                text = io.StringIO()
+                pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+                (Path(args.times) / "profile-ps-0.txt").write_text(text.getvalue())
     out = Path(args.times) / f"{args.role}-{rank}.json"
     out.write_text(json.dumps({"times": times[args.warmup:], "model": source,
                                "device": str(device)}))
@@ -138,7 +155,8 @@ def worker(args) -> None:
 def worker_args(args, role: str, folder: Path) -> list[str]:
     return [sys.executable, __file__, "--role", role, "--device", args.device,
             "--batch", str(args.batch), "--image", str(args.image), "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--times", str(folder)]
+            "--warmup", str(args.warmup), "--times", str(folder), "--timeout", str(args.timeout),
+            *(["--profile"] if args.profile else [])]
 
 
 def run_local(args, folder: Path) -> None:
@@ -161,7 +179,12 @@ def run_ps(args, folder: Path) -> None:
            "--steps", str(args.steps + args.warmup), "--heartbeat-timeout", "60",
            "--timeout", str(args.timeout), "--quiet", "--out", str(folder / "run"), "--",
            *worker_args(args, "ps", folder)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout + 60)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=args.timeout + 60)
+    if proc.returncode != 0:
+        for log in sorted((folder / "run" / "logs").glob("*.log")):
+            print(f"--- {log.name} (last lines)\n" + "\n".join(
+                log.read_text(errors="replace").splitlines()[-25:]), file=sys.stderr)
+        raise SystemExit(f"the ps arm failed (launch exit {proc.returncode}); logs above")
 
 
 def read_times(folder: Path, role: str) -> tuple[list[float], str]:
@@ -191,7 +214,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="local/ps pairs, interleaved")
     p.add_argument("--arms", default="local,ps",
                    help="which arms to run (default local,ps; `ps` alone for an A/B of trees)")
-    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--profile", action="store_true",
+                   help="profile the ps arm's rank 0 (cProfile, by own time) and print it")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds an arm may take; a worker past it prints its stacks and exits")
     args = p.parse_args()
     if args.role != "driver":
         worker(args)
@@ -216,11 +242,18 @@ def main() -> None:
             for role in arms if i % 2 == 0 else arms[::-1]:
                 folder = Path(tmp) / f"{role}-{i}"
                 folder.mkdir()
+                t0 = time.perf_counter()
                 (run_local if role == "local" else run_ps)(args, folder)
+                print(f"  {role} arm, repeat {i + 1}: {time.perf_counter() - t0:.1f} s",
+                      flush=True)
                 times, source = read_times(folder, role)
                 (local if role == "local" else ps).extend(times)
                 if role == "ps":
                     records.extend(ps_records(folder, args.warmup))
+                    prof = folder / "profile-ps-0.txt"
+                    if prof.exists():
+                        print(f"--- cProfile of ps rank 0, repeat {i + 1} (by own time)\n"
+                              + "\n".join(prof.read_text().splitlines()[:45]))
     print(f"model: ResNet-18, {RESNET18_PARAMS:,} parameters, {source}")
     med = {arm: statistics.median(times) for arm, times in (("local", local), ("ps", ps))
            if times}

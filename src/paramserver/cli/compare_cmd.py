@@ -81,6 +81,7 @@ SCRIPT_REFUSED = {
     "push_range": ("--push-range", "not wired for scripts"),
     "schedule": ("--schedule", "not wired for scripts"),
     "device": ("--device", "the script puts its model on its device (model.cuda())"),
+    "amp": ("--amp", "the script runs its forward under torch.autocast itself"),
     "link": ("--link", "not wired for scripts"),
     "restart_workers": ("--restart-workers", "not wired for scripts"),
     "restart_servers": ("--restart-servers", "not wired for scripts"),

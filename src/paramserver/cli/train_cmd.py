@@ -18,7 +18,7 @@ from paramserver.emulation.links import HELP as LINK_HELP
 from paramserver.emulation.stragglers import STRAGGLER_HELP
 from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.config import TrainConfig
-from paramserver.spec.job import JobSpec, ResumeSpec
+from paramserver.spec.job import AMP_MODES, JobSpec, ResumeSpec
 
 # Only what --help needs is imported above; torch, the launchers and the registries load when
 # a command runs (see tests/test_cli_help.py).
@@ -111,6 +111,11 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="where each worker's model computes: cpu, cuda (its flat buffers on "
                         "the GPU, pinned host copies for the wire; an error without CUDA) or "
                         f"auto (cuda if available, else cpu) (default {d.device})")
+    p.add_argument("--amp", default=d.amp, choices=AMP_MODES,
+                   help="mixed precision: forward and loss under torch.autocast in bf16 or "
+                        "fp16 (fp16 scales the loss with torch.amp.GradScaler; a step whose "
+                        "gradient overflowed pushes zeros); the parameters and what the servers "
+                        f"hold stay float32 (default {d.amp})")
     p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]", type=flag.link,
                    help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
                         "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
@@ -209,6 +214,7 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         restart_workers=args.restart_workers, restart_servers=args.restart_servers,
         restart_coordinator=args.restart_coordinator, replicas=args.replicas,
         links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
+        amp=getattr(args, "amp", TrainConfig.amp),
         device=getattr(args, "device", TrainConfig.device),
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
         metrics_port=getattr(args, "metrics_port", None),
@@ -250,10 +256,6 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
         chosen = chosen[1:]  # compressed pushes and pulls go together
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
-    unstaged = [o for o in chosen if o in ("--compress", "--push-range")]
-    if cfg.device.startswith("cuda") and (tables or unstaged):
-        what = f"--model {cfg.model} (rows in a sparse table)" if tables else unstaged[0]
-        raise ValueError(f"--device cuda cannot be combined with {what} yet: use --device cpu")
     if tables and chosen:
         raise ValueError(f"--model {cfg.model} (rows in a sparse table) cannot be combined with "
                          f"{chosen[0]} yet")

@@ -92,6 +92,7 @@ class DistributedOptimizer:
     # `paramserver launch` names it as failed (launch/verdict.py).
     _steps = 0
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
+    staging: DeviceStaging | None = None
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
                  timeout: float = 120.0, data_len: int | None = None):
@@ -106,17 +107,17 @@ class DistributedOptimizer:
                                f"`paramserver launch` (which sets {JOIN_ENV})")
         dtype = next(self.model.parameters()).dtype
         self.keys = ModelKeys(self.model, dtype=dtype)
+        self._groups = [{"params": list(self.model.parameters())}]
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
                            layout=_layout(self.model, dtype))
         try:
             self._check_model(dtype)
             # Device handling: the flat buffers live on the model's device (cpu: the host
-            # buffers the wire reads; cuda: staged through pinned host mirrors).
-            # On cpu the gradients live where a server on this host reads pushes in place
-            # (shared memory), as the built-in worker's do.
-            on_host = model_device(self.model).type == "cpu"
-            self.staging = DeviceStaging(self.model, self.keys, host_grads=torch.from_numpy(
-                self.kv.shared_buffer()) if on_host else None)
+            # buffers the wire reads; cuda: staged through pinned host mirrors). The
+            # gradients' host buffer is where a server on this host reads pushes in place
+            # (shared memory), as the built-in worker's is; on cuda it is page-locked there.
+            self.staging = DeviceStaging(self.model, self.keys,
+                                         host_grads=torch.from_numpy(self.kv.shared_buffer()))
             self.params, self.grads = self.staging.params, self.staging.grads
             bind_to_flat(self.model, self.keys, self.params, self.grads)
             self.staging.watch(self.model)
@@ -156,6 +157,17 @@ class DistributedOptimizer:
     def size(self) -> int:
         """The job's worker count."""
         return self.kv.spec.job.workers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The model's parameters as one group, for what works on an optimizer's groups
+        (torch.amp.GradScaler: `scaler.step(opt)` unscales them, then calls step() unless
+        they overflowed). Read between backward and step(), it says the gradient may change
+        in place where torch's version counter does not see it (GradScaler's unscale): on a
+        device step() then copies the whole gradient to the host again."""
+        if self.staging is not None:
+            self.staging.grads_replaced()
+        return self._groups
 
     @property
     def batch_size(self) -> int:
@@ -258,6 +270,8 @@ class DistributedOptimizer:
     def _leave(self, reason: str) -> None:
         if self._notice is not None:
             self._notice.restore()
+        if self.staging is not None:
+            self.staging.close()  # its page-locked memory is the KV's, which closes now
         if self.kv.left is not None:  # gone already (preempted)
             self.kv.close()
             return

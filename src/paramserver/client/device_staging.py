@@ -6,7 +6,10 @@ pass-through there: `params`/`grads` *are* the host buffers and every method ret
 
 A model on an accelerator (`cuda`) computes in flat buffers on its device; this class owns
 their host mirrors (pinned when CUDA is available, so copies are asynchronous DMA) and the
-copies between them, on side streams with events:
+copies between them, on side streams with events. The gradients' mirror, when the caller
+gives one, is the worker's shared-memory buffer (KVWorker.shared_buffer) page-locked in place
+(cudaHostRegister): the device's copy lands where a server on this host reads the push, with
+no copy through a socket.
 
 - device -> host, overlapping backward: a hook on every parameter
   (`register_post_accumulate_grad_hook`) counts each layer's gradients; when a layer has all
@@ -15,6 +18,10 @@ copies between them, on side streams with events:
   per-layer requests, client/layer_sched.py) hears of a layer once its copy is done and
   pushes that range. `grads_to_host()` copies what the hooks did not (a layer without a
   gradient, a layer accumulated twice) and waits for every copy: the whole push starts then.
+  Gradients changed in place after backward by torch ops (`clip_grad_norm_`, `mul_`) are
+  seen by the buffer's version counter and copied again, so the push sends them as changed;
+  a GradScaler's unscale (which leaves the counter alone) is announced by the caller
+  (`grads_replaced()`).
 - host -> device, overlapping the next forward: `params_from_host()` queues the copy of the
   pulled parameters on the other side stream and makes the compute stream wait for it on the
   device, not on the host. The host goes straight on to the next step (data loading, the
@@ -25,11 +32,16 @@ copies between them, on side streams with events:
   the copy), and forward's first kernel waits for the whole model's copy.
 
 `stage=True` stages a model on `cpu` too (plain synchronous copies, no streams): the tests
-check the staging logic on any machine with it.
+check the staging logic on any machine with it. `host_grads=False`: the gradients stay on the
+device (a push encoded there, compression/codec.py): no mirror, no hooks.
+
+Memory on the device: the two flat buffers, `device_bytes()` (2 x parameters x dtype size),
+made once; every step reuses them.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -39,6 +51,13 @@ from torch import nn
 from paramserver.models import ModelKeys
 
 DEVICES = ("cpu", "cuda", "auto")
+# PARAMSERVER_STAGE=1 stages a model on the cpu through separate buffers, as on cuda: the
+# device paths (copies, encoding where the gradient is) run, and are checked, on any machine.
+STAGE_ENV = "PARAMSERVER_STAGE"
+
+
+def staging_forced() -> bool:
+    return os.environ.get(STAGE_ENV, "") == "1"
 
 
 def resolve_device(name: str, rank: int | None = None) -> torch.device:
@@ -60,6 +79,20 @@ def resolve_device(name: str, rank: int | None = None) -> torch.device:
             return torch.device("cuda", rank % torch.cuda.device_count())
         return torch.device(name)
     raise ValueError(f"device {name!r}: expected one of {', '.join(DEVICES)}")
+
+
+def page_lock(t: torch.Tensor) -> bool:
+    """Page-lock host memory that torch did not allocate (cudaHostRegister), so device copies
+    to and from it are DMA; False where that cannot be (no CUDA, or the driver refused)."""
+    if not torch.cuda.is_available() or t.numel() == 0:
+        return False
+    rt = torch.cuda.cudart()
+    rc = rt.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    return int(rc) == 0
+
+
+def page_unlock(t: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -117,27 +150,40 @@ class DeviceStaging:
     `host_params`/`host_grads` (numpy views: `host_params_np`, `host_grads_np`).
 
     On cpu (unless `stage`) the mirrors are the buffers themselves. `host_params`/`host_grads`,
-    if given, are the host buffers to use (the train task's gradients live in shared memory).
+    if given, are the host buffers to use (the gradients live in shared memory, page-locked
+    in place on cuda); `host_grads=False` keeps the gradients on the device only (staged).
     """
 
     def __init__(self, model: nn.Module, keys: ModelKeys,
                  host_params: torch.Tensor | None = None,
-                 host_grads: torch.Tensor | None = None, stage: bool | None = None):
+                 host_grads: torch.Tensor | None | bool = None, stage: bool | None = None):
         self.device = model_device(model)
-        self.staged = self.device.type != "cpu" if stage is None else bool(stage)
+        if stage is None:
+            stage = self.device.type != "cpu" or staging_forced()
+        self.staged = bool(stage)
         self.keys = keys
         n, dtype = keys.num_keys, keys.dtype
         # Pinned host memory needs a CUDA driver; on a machine without one plain memory does.
         pin = self.staged and torch.cuda.is_available()
+        self.locked: list[torch.Tensor] = []  # host memory page-locked here, unlocked at close
         if host_params is None:
             # Left empty (not zeroed): binding copies each tensor in, and on cpu a zeroed
             # buffer would hold the model twice for a moment.
             host_params = torch.empty(n, dtype=dtype, pin_memory=pin)
-        if host_grads is None:
+        self.grads_on_host = host_grads is not False or not self.staged
+        if host_grads is False:
+            host_grads = None if self.staged else torch.zeros(n, dtype=dtype)
+        elif host_grads is None:
             host_grads = torch.zeros(n, dtype=dtype, pin_memory=pin)
+        elif pin and not host_grads.is_pinned():
+            if page_lock(host_grads):
+                self.locked.append(host_grads)
+            else:  # (a driver that refuses: a pinned mirror of its own, copied on push)
+                host_grads = torch.zeros(n, dtype=dtype, pin_memory=True)
         self.host_params, self.host_grads = host_params, host_grads
         self.host_params_np: np.ndarray = host_params.numpy()
-        self.host_grads_np: np.ndarray = host_grads.numpy()
+        self.host_grads_np: np.ndarray | None = (None if host_grads is None
+                                                 else host_grads.numpy())
         if not self.staged:
             self.params, self.grads = host_params, host_grads
             return
@@ -152,12 +198,28 @@ class DeviceStaging:
         self.copied: list[int] = []  # layers copied to the host this step, in order
         self.uploading: object = None  # the last host -> device copy's done event
         self.on_landed: Callable[[int], None] | None = None
+        # The gradients' version when the hooks last saw them: a later in-place change
+        # (clipping, unscaling) is what grads_to_host must copy again.
+        self.seen_version = self.grads._version
+
+    def device_bytes(self) -> int:
+        """Bytes this staging holds on the model's device: the flat parameters and gradients
+        (0 on cpu, where they are the host buffers)."""
+        if not self.staged:
+            return 0
+        return self.params.nbytes + self.grads.nbytes
+
+    def close(self) -> None:
+        """Unlock the host memory page-locked here (before its owner unmaps it)."""
+        for t in self.locked:
+            page_unlock(t)
+        self.locked = []
 
     # --- device -> host ------------------------------------------------------------------------
     def watch(self, model: nn.Module) -> None:
         """Hook every parameter of `model` (bound to `grads`) so each layer's gradient goes to
         the host as soon as backward has it. Nothing to do on cpu."""
-        if not self.staged:
+        if not self.staged or not self.grads_on_host:
             return
         owner = {name: i for i, layer in enumerate(self.keys.layers) for name in layer.params}
         for p, slot in zip(model.parameters(), self.keys.params):
@@ -168,6 +230,7 @@ class DeviceStaging:
             self.seen[i] += 1
             if self.seen[i] == self.size[i]:
                 self._copy_layer(i)
+            self.seen_version = self.grads._version
             self._poll()
         return hook
 
@@ -205,6 +268,8 @@ class DeviceStaging:
         cannot be taken back: `--schedule` steps run one backward each."""
         if not self.staged:
             return
+        if self.grads._version != self.seen_version:  # changed in place since the hooks
+            self.seen = [-1] * len(self.ranges)
         for i, count in enumerate(self.seen):
             if count != self.size[i]:
                 self._copy_layer(i)
@@ -213,6 +278,7 @@ class DeviceStaging:
                 done.synchronize()
             self._land(i)
         self.in_flight = []
+        self.seen_version = self.grads._version
 
     def grads_replaced(self) -> None:
         """The gradients were written into `grads` other than by the hooks (flatten_grads):
@@ -222,6 +288,9 @@ class DeviceStaging:
 
     def grads_to_host(self) -> np.ndarray:
         """This step's gradient on the host, for a push of the whole vector."""
+        if not self.grads_on_host:
+            raise RuntimeError("this staging keeps the gradients on the device "
+                               "(host_grads=False): push them from there")
         if self.staged:
             self.finish_backward()
         return self.host_grads_np
@@ -232,6 +301,7 @@ class DeviceStaging:
             self.seen = [0] * len(self.ranges)
             self.landed = [False] * len(self.ranges)
             self.copied = []
+            self.seen_version = self.grads._version
 
     # --- host -> device ------------------------------------------------------------------------
     def params_to_host(self) -> np.ndarray:

@@ -107,12 +107,26 @@ def _as_array(values, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
-def _check_codec(codec: Codec | None, values: np.ndarray) -> Codec | None:
+def _push_values(values, dtype: np.dtype, codec: Codec | None):
+    """A dense push's values: numpy, or with a codec a torch tensor kept where it is (a
+    device's gradient is encoded there, and only the payload crosses to the host)."""
+    if codec is not None and hasattr(values, "detach"):
+        v = values.detach()
+        if v.dim() != 1 or str(v.dtype) != "torch.float32":
+            raise ValueError(f"values must be a 1-D float32 tensor with a codec; got "
+                             f"{v.dim()}-D {v.dtype}")
+        if dtype != np.float32:
+            raise ValueError(f"values have dtype float32; this job's parameters are {dtype}")
+        return v.contiguous()
+    return _as_array(values, dtype)
+
+
+def _check_codec(codec: Codec | None, values) -> Codec | None:
     if codec is None:
         return None
     if not isinstance(codec, Codec):
         raise ValueError(f"codec must be a Codec (make_codec(name)); got {codec!r}")
-    if values.dtype != np.float32:
+    if np.dtype(str(values.dtype).removeprefix("torch.")) != np.float32:
         raise ValueError(f"codec {codec.name!r} takes float32 values; this job's are "
                          f"{values.dtype}")
     return codec
@@ -131,9 +145,10 @@ def _values_message(handle: Handle, fields: dict, values: np.ndarray,
     if codec is None:
         handle.nbytes += values.nbytes
         return Message("push", fields, [values])
-    enc = codec.encode(values)
-    if sent is not None:
-        sent[:] = codec.decode(enc, values.size)
+    if sent is None:
+        enc = codec.encode(values)
+    else:
+        enc, sent[:] = codec.encode_decoded(values)
     enc_fields, frames = payload.as_fields(codec, enc)
     fields.update(enc_fields)
     handle.nbytes += payload.frame_bytes(frames)
@@ -502,16 +517,20 @@ class KVWorker:
         each message's values go encoded and the shard adds what they decode to; the caller
         keeps any error feedback: `sent` (as many float32 as `values`), if given, receives
         what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
-        what went on the wire). Like `values`, `sent` is written until the handle is waited."""
+        what went on the wire). Like `values`, `sent` is written until the handle is waited.
+        With a codec, `values` (and `sent`) may be a torch tensor on a device: each message is
+        encoded there and only its payload is copied to the host."""
         self._before_request()
         core = self.core
         r = core.key_range(keys)
-        arr = _as_array(values, self.dtype)
-        if arr.size != r.size:
-            raise ValueError(f"{arr.size} values for {r.size} keys")
-        if sent is not None and (codec is None or sent.shape != (arr.size,)
-                                 or sent.dtype != np.float32):
-            raise ValueError(f"sent must be {arr.size} float32 values, given with a codec")
+        arr = _push_values(values, self.dtype, codec)
+        if len(arr) != r.size:
+            raise ValueError(f"{len(arr)} values for {r.size} keys")
+        if sent is not None and (codec is None or tuple(sent.shape) != (len(arr),)
+                                 or isinstance(sent, np.ndarray) != isinstance(arr, np.ndarray)
+                                 or str(sent.dtype) not in ("float32", "torch.float32")):
+            raise ValueError(f"sent must be {len(arr)} float32 values held as the values "
+                             f"are (numpy, or a tensor on their device), given with a codec")
         pieces = core.pieces(r)
         return self._send_dense(Handle("push"), arr, pieces, core.stream(r, pieces),
                                 self._push_fields(step, batch, scale, round_size),

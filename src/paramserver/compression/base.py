@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar, NamedTuple
 
+import numpy as np
 import torch
 
 from paramserver.compression.codec import Codec
@@ -60,6 +61,12 @@ class Selection(NamedTuple):
     keys: torch.Tensor        # sorted int64 positions
     threshold: float          # the magnitude cut that produced them
     restarted: bool = False   # dynamic: the carried threshold kept too few
+
+
+def host_values(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as numpy: shared on the cpu, copied off a device (what the push
+    sends then crosses: the selected entries, not the whole gradient)."""
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
 
 
 def as_flat(grad) -> torch.Tensor:
@@ -118,20 +125,22 @@ class Compressor(Configurable):
         else:
             values, encoded = self._encode_values(sel.keys, values)
         self._record(g.numel(), sel.keys.numel(), sel.threshold, sel.restarted)
-        return Sparse(sel.keys.numpy(), values.numpy(), g.numel(), encoded)
+        return Sparse(host_values(sel.keys), host_values(values), g.numel(), encoded)
 
     def kept(self, keys, extra) -> None:
         """What the wire delivered short of the values compress() returned (`extra` = those
         values - what the shards add, at `keys`; a block codec re-encoded per shard's slice
         rounds again) goes back into the residual, so sent + residual still sums every
         gradient. No-op without error feedback."""
-        self.feedback.kept(torch.as_tensor(keys), torch.as_tensor(extra))
+        r = self.feedback.residual
+        device = None if r is None else r.device
+        self.feedback.kept(torch.as_tensor(keys, device=device),
+                           torch.as_tensor(extra, device=device))
 
     def _encode_values(self, keys: torch.Tensor, values: torch.Tensor):
         """(decoded values, payload); what decoding lost goes back to the residual. A codec
         that refuses the values (NaN, inf) leaves them in the residual: reset() clears it."""
-        encoded = self.codec.encode(values)
-        sent = torch.from_numpy(self.codec.decode(encoded, values.numel()))
+        encoded, sent = self.codec.encode_decoded(values)  # on values' device
         self.feedback.sent(keys, values.sub_(sent))
         return sent, encoded
 

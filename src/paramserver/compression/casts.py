@@ -22,8 +22,8 @@ import math
 import numpy as np
 import torch
 
-from paramserver.compression.codec import (Codec, Encoded, as_tensor, check_finite, min_max,
-                                           unscale)
+from paramserver.compression.codec import (FLOAT32_MAX, Codec, Encoded, as_tensor, check_finite,
+                                           min_max, unscale)
 
 FP16_MAX = 65504.0
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
@@ -42,14 +42,18 @@ class Fp32(Codec):
     """Identity: float32 as it is (4 bytes a value); the reference the others are held to."""
 
     name = "fp32"
+    device_native = True
 
     def layout(self, size, meta):
         return [("float32", size)]
 
-    def _encode(self, v):
+    def _tensors(self, v):
         lo, hi = min_max(v)
         check_finite(self.name, lo, hi)
-        return self._payload(v.numel(), (), v.numpy().copy())  # a snapshot, like the rest
+        return (), [v.clone()]  # a snapshot, like the rest
+
+    def _decoded(self, meta, frames, size):
+        return frames[0]
 
     def _decode(self, enc):
         return enc.frames[0].astype(np.float32, copy=True)
@@ -59,14 +63,18 @@ class Fp16(Codec):
     """IEEE half precision, saturating at +-65504 (2 bytes a value)."""
 
     name = "fp16"
+    device_native = True
 
     def layout(self, size, meta):
         return [("float16", size)]
 
-    def _encode(self, v):
+    def _tensors(self, v):
         lo, hi = min_max(v)
         check_finite(self.name, lo, hi)
-        return self._payload(v.numel(), (), _saturated(v, lo, hi, FP16_MAX).half().numpy())
+        return (), [_saturated(v, lo, hi, FP16_MAX).half()]
+
+    def _decoded(self, meta, frames, size):
+        return frames[0].float()
 
     def _decode(self, enc):
         # torch's half -> float beat numpy's 3-6x here (1M values, one core).
@@ -77,6 +85,7 @@ class ScaledFp16(Codec):
     """fp16 of x * 2^e, e per vector from max |x| (2 bytes a value + one int of header)."""
 
     name = "fp16-scaled"
+    device_native = True
 
     def reset(self) -> None:
         self._work = torch.empty(0)
@@ -94,17 +103,24 @@ class ScaledFp16(Codec):
             return 0
         return max(-MAX_EXP, min(MAX_EXP, SCALED_TOP - math.frexp(amax)[1] + 1))
 
-    def _encode(self, v):
+    def _tensors(self, v):
         lo, hi = min_max(v)
         check_finite(self.name, lo, hi)
         e = self.exponent(max(-lo, hi))
         # The product is exact (a power of two); the cast is the only rounding.
         if e:
-            if self._work.numel() != v.numel():  # kept: fresh pages cost about a pass
-                self._work = torch.empty_like(v)
-            v = torch.mul(v, 2.0 ** e, out=self._work)
-        half = v.half()
-        return self._payload(v.numel(), (e,), half.numpy())
+            w = self._work
+            if w.numel() != v.numel() or w.device != v.device:  # fresh pages cost a pass
+                self._work = w = torch.empty_like(v)
+            v = torch.mul(v, 2.0 ** e, out=w)
+        return (e,), [v.half()]
+
+    def _decoded(self, meta, frames, size):
+        (e,) = meta
+        out = frames[0].float()
+        if e > -100:  # as unscale(): no product reaches float32's top
+            return out.mul_(2.0 ** -e) if e else out
+        return (out.double() * 2.0 ** -e).clamp_(-FLOAT32_MAX, FLOAT32_MAX).float()
 
     def _decode(self, enc):
         return unscale(as_tensor(enc.frames[0]).float().numpy(), enc.meta[0])
@@ -114,15 +130,18 @@ class Bf16(Codec):
     """bfloat16: float32's exponent, 8 significant bits (2 bytes a value, as uint16 bits)."""
 
     name = "bf16"
+    device_native = True
 
     def layout(self, size, meta):
         return [("uint16", size)]
 
-    def _encode(self, v):
+    def _tensors(self, v):
         lo, hi = min_max(v)
         check_finite(self.name, lo, hi)
-        b = _saturated(v, lo, hi, BF16_MAX).to(torch.bfloat16)
-        return self._payload(v.numel(), (), b.view(torch.int16).numpy().view(np.uint16))
+        return (), [_saturated(v, lo, hi, BF16_MAX).to(torch.bfloat16)]  # sent as uint16 bits
+
+    def _decoded(self, meta, frames, size):
+        return frames[0].float()
 
     def _decode(self, enc):
         # bf16 is float32's upper half: shift the bits back into place.

@@ -9,6 +9,12 @@ start, random-k's step counter) hold their state in the object, and reset() forg
 Non-finite input (NaN, +-inf) is refused with a ValueError by every codec: a NaN pushed to a
 server would spread through its float32 master values silently.
 
+Values on a device (a cuda model's gradient) are encoded there: `encode_decoded(x)` gives the
+payload, its frames copied to the host (the copy is as small as the payload), and what it
+decodes to on x's own device, for error feedback. Codecs whose arithmetic is all torch ops
+(`device_native`: the casts and uniform8) run it on the device; the others copy the vector to
+the host first and encode it there, and send what it decodes to back: right, not faster.
+
 On the wire an `Encoded` is small header fields plus raw little-endian frames (`to_wire`):
     {"codec": name, "size": n, "meta": [ints/floats], "frames": [[dtype, count], ...]}
 followed by one frame per array, msgpack for the header, no pickle. `nbytes` counts the frames.
@@ -94,6 +100,15 @@ def as_f32(x) -> torch.Tensor:
     return v.contiguous()
 
 
+def host(t: torch.Tensor) -> np.ndarray:
+    """A frame's values on the host: the tensor's own memory on the cpu, else a copy of it
+    (the device-to-host copy of a payload, as many bytes as the frame). bfloat16 travels as
+    its uint16 bits."""
+    if t.dtype == torch.bfloat16:
+        return host(t.view(torch.int16)).view(np.uint16)
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
+
+
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A frame as a tensor: shared when writable, else copied (torch takes no read-only
     memory, and frames off a socket are read-only)."""
@@ -121,7 +136,7 @@ def blocks(v: torch.Tensor, block: int) -> torch.Tensor:
     rows = -(-n // block)
     if rows * block == n:
         return v.view(rows, block)
-    out = torch.zeros(rows * block, dtype=v.dtype)
+    out = torch.zeros(rows * block, dtype=v.dtype, device=v.device)
     out[:n] = v
     return out.view(rows, block)
 
@@ -162,6 +177,8 @@ class Codec(Configurable):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type | None] = None
+    # True where _encode_decoded is torch ops on any device (frames leave through host()).
+    device_native: ClassVar[bool] = False
 
     def __init__(self, **options):
         known = describe(self.Options)
@@ -184,7 +201,24 @@ class Codec(Configurable):
         return self
 
     def encode(self, x) -> Encoded:
-        return self._encode(as_f32(x))
+        v = as_f32(x)
+        if not self.device_native and v.device.type != "cpu":
+            v = v.cpu()  # encoded on the host: the whole vector crosses first
+        return self._encode(v)
+
+    def encode_decoded(self, x):
+        """(payload, what it decodes to): the decoded values as `x` is held, numpy for numpy
+        and a tensor on x's device for a tensor, so error feedback stays where x is."""
+        v = as_f32(x)
+        if self.device_native and isinstance(x, torch.Tensor):
+            meta, frames = self._tensors(v)
+            return (self._payload(v.numel(), meta, *map(host, frames)),
+                    self._decoded(meta, frames, v.numel()))
+        enc = self.encode(v)
+        dec = self.decode(enc, v.numel())
+        if isinstance(x, torch.Tensor):
+            dec = torch.from_numpy(dec).to(x.device)
+        return enc, dec
 
     def decode(self, enc: Encoded, size: int) -> np.ndarray:
         """The float32 vector `enc` stands for; a payload that does not fit: ValueError."""
@@ -207,9 +241,21 @@ class Codec(Configurable):
         raise NotImplementedError
 
     def _encode(self, v: torch.Tensor) -> Encoded:
-        raise NotImplementedError
+        """The payload of `v` (device-native codecs: their tensors' frames, on the host)."""
+        if not self.device_native:
+            raise NotImplementedError
+        meta, frames = self._tensors(v)
+        return self._payload(v.numel(), meta, *map(host, frames))
 
     def _decode(self, enc: Encoded) -> np.ndarray:
+        raise NotImplementedError
+
+    # Device-native codecs: the encoding as tensors on v's device, and its decoding there,
+    # equal bit for bit to what decode() gives on the host from the same frames.
+    def _tensors(self, v: torch.Tensor) -> tuple[tuple, list[torch.Tensor]]:
+        raise NotImplementedError
+
+    def _decoded(self, meta: tuple, frames: list[torch.Tensor], size: int) -> torch.Tensor:
         raise NotImplementedError
 
     def _payload(self, n: int, meta: tuple, *frames: np.ndarray) -> Encoded:

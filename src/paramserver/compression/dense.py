@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paramserver.compression.base import Compressor, Selection, as_flat
+from paramserver.compression.base import Compressor, Selection, as_flat, host_values
 from paramserver.compression.sparse import Sparse
 
 
@@ -35,7 +35,7 @@ class Dense(Compressor):
             self._keys = np.arange(n, dtype=np.int64)
             self._keys.flags.writeable = False
         self._record(n, n, 0.0)
-        return Sparse(self._keys, g.numpy(), n)
+        return Sparse(self._keys, host_values(g), n)
 
     def _check_size(self, g: torch.Tensor) -> torch.Tensor:
         if self._size is not None and (g.numel(), g.dtype) != (self._size, self._dtype):
@@ -45,6 +45,6 @@ class Dense(Compressor):
         return g
 
     def _select(self, cand: torch.Tensor, mag: torch.Tensor) -> Selection:
-        if self._all.numel() != cand.numel():
-            self._all = torch.arange(cand.numel())
+        if self._all.numel() != cand.numel() or self._all.device != cand.device:
+            self._all = torch.arange(cand.numel(), device=cand.device)
         return Selection(self._all, 0.0)

@@ -52,25 +52,27 @@ class Uniform8(Codec):
 
     name = "uniform8"
     Options = BlockOptions
+    device_native = True
 
     def reset(self) -> None:
         self._work = torch.empty(0)
 
-    def _scratch(self, size: int) -> torch.Tensor:
+    def _scratch(self, size: int, device: torch.device) -> torch.Tensor:
         """A float32 buffer kept across calls: fresh pages cost about a pass each time."""
-        if self._work.numel() != size:
-            self._work = torch.empty(size)
+        if self._work.numel() != size or self._work.device != device:
+            self._work = torch.empty(size, device=device)
         return self._work
 
     def layout(self, size, meta):
         return [("int8", size), ("float32", -(-size // self.opts.block))]
 
-    def _encode(self, v):
+    def _tensors(self, v):
         n = v.numel()
         if n == 0:
-            return self._payload(0, (), np.empty(0, np.int8), np.empty(0, np.float32))
+            return (), [torch.empty(0, dtype=torch.int8, device=v.device),
+                        torch.empty(0, dtype=torch.float32, device=v.device)]
         xb = blocks(v, self.opts.block)
-        work = self._scratch(xb.numel()).view_as(xb)
+        work = self._scratch(xb.numel(), v.device).view_as(xb)
         amax = torch.abs(xb, out=work).amax(dim=1)  # 3-5x faster than aminmax(dim=1)
         top = amax.max().item()  # NaN in any block reaches here
         check_finite(self.name, -top, top)
@@ -81,7 +83,13 @@ class Uniform8(Codec):
         safe = torch.where(scale > 0, scale, 1.0)
         # Division, not a reciprocal: 127 / max|x| overflows for subnormal blocks.
         q = torch.div(xb, safe[:, None], out=work).round_().clamp_(-127, 127).to(torch.int8)
-        return self._payload(n, (), q.view(-1)[:n].numpy(), scale.numpy())
+        return (), [q.view(-1)[:n], scale]
+
+    def _decoded(self, meta, frames, size):
+        q, scale = frames
+        if size == 0:
+            return q.float()
+        return blocks(q.float(), self.opts.block).mul_(scale[:, None]).view(-1)[:size]
 
     def _decode(self, enc):
         q, scale = enc.frames

@@ -44,7 +44,7 @@ class TopK(Compressor):
         n, method = mag.numel(), self.opts.method
         k = self.count(n)
         if k == 0:
-            return Selection(torch.empty(0, dtype=torch.int64), 0.0)
+            return Selection(torch.empty(0, dtype=torch.int64, device=mag.device), 0.0)
         if method == "sampled" or (method == "auto" and n > SAMPLED_ABOVE):
             keys, t = top_k_sampled(mag, k, self._gen)
         else:

@@ -91,7 +91,9 @@ class DLRM(nn.Module):
         self.fields, self.dim, self.table = int(fields), int(table.dim), table
         self.bottom = _mlp(int(dense_features), bottom, self.dim)
         vectors = self.fields + 1
-        self.pairs = torch.triu_indices(vectors, vectors, offset=1)
+        # A buffer (not saved): it moves with the model to its device.
+        self.register_buffer("pairs", torch.triu_indices(vectors, vectors, offset=1),
+                             persistent=False)
         self.top = _mlp(self.dim + self.pairs.shape[1], top, int(num_classes))
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
@@ -116,7 +118,8 @@ class DLRM(nn.Module):
         """The (N, fields, dim) rows of a batch from the rows of its unique keys and the
         batch's positions into them (np.unique's inverse, shaped (N, fields)). Indexing a leaf
         `rows` routes each sample's gradient back to its key's row, summed over repeats."""
-        return rows[torch.from_numpy(np.ascontiguousarray(inverse, dtype=np.int64))]
+        index = torch.from_numpy(np.ascontiguousarray(inverse, dtype=np.int64))
+        return rows[index.to(rows.device)]
 
 
 def dlrm(input_shape: tuple[int, ...], num_classes: int, sparse_fields: int = 0, dim: int = 16,

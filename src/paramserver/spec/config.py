@@ -55,6 +55,7 @@ class TrainConfig:
     push_range: str = TaskSpec.push_range  # keys pushed/pulled per step (compression/ranges.py)
     schedule: str = TaskSpec.schedule  # per-layer requests: off, fifo, lifo, stalest
     device: str = TaskSpec.device  # where workers compute: cpu, cuda, auto (--device)
+    amp: str = TaskSpec.amp  # mixed precision: off, bf16, fp16 (--amp)
     links: LinkTable = field(default_factory=LinkTable)  # or --link texts
     restart_workers: int = 0  # dead workers the launcher replaces over the job's life
     restart_servers: int = JobSpec.restart_servers  # dead servers restarted from a checkpoint

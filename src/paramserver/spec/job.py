@@ -22,6 +22,7 @@ JOB_VERSION = 1
 DTYPES = ("float32", "float64")
 SCHEDULES = ("off", "fifo", "lifo", "stalest")
 DEVICES = ("cpu", "cuda", "auto")  # and cuda:N; auto: cuda where the worker sees one
+AMP_MODES = ("off", "bf16", "fp16")  # fp16 scales the loss (torch.amp.GradScaler)
 TABLE_OPTIMIZERS = ("adagrad", "sgd")
 TABLE_EVICTIONS = ("lru", "lfu")
 MAX_TABLE_DIM = 4096
@@ -133,6 +134,7 @@ class TaskSpec:
     borrow: bool = True
     options: Mapping = field(default_factory=dict)  # a task of its own's (the demo's steps)
     device: str = "cpu"  # where the worker's model computes (`train --device`)
+    amp: str = "off"  # mixed precision: forward under torch.autocast in bf16 or fp16 (`--amp`)
 
     def __post_init__(self):
         for key in ("name", "model", "dataset", "straggler", "device_time", "compress",
@@ -149,6 +151,8 @@ class TaskSpec:
         if not isinstance(device, str) or not (
                 device in DEVICES or (device.startswith("cuda:") and device[5:].isdigit())):
             _fail("task.device", device, f"one of {', '.join(DEVICES)} or cuda:N")
+        if self.amp not in AMP_MODES:
+            _fail("task.amp", self.amp, f"one of {', '.join(AMP_MODES)}")
         for key in ("pull_ahead", "borrow"):
             if not isinstance(getattr(self, key), bool):
                 _fail(f"task.{key}", getattr(self, key), "true or false")
@@ -552,7 +556,7 @@ class JobSpec:
                           threads=c.threads, compress=c.compress,
                           compress_options=c.compress_options, push_range=c.push_range,
                           pull_compress=c.pull_compress, pull_refresh=c.pull_refresh,
-                          schedule=c.schedule, device=c.device),
+                          schedule=c.schedule, device=c.device, amp=c.amp),
             limits=Limits(heartbeat_timeout=c.heartbeat_timeout,
                           coordinator_timeout=coordinator_timeout_for(c.restart_coordinator),
                           start_timeout=start_timeout_for(num_keys, c.dtype),
@@ -595,7 +599,7 @@ class JobSpec:
         # Fields added since version 1 are left out at their defaults, so the job files of
         # jobs that do not use them read as before (an older coordinator or tool takes them).
         for key, default in (("device", "cpu"), ("pull_compress", "none"),
-                             ("pull_refresh", TaskSpec.pull_refresh)):
+                             ("pull_refresh", TaskSpec.pull_refresh), ("amp", "off")):
             if out["task"][key] == default:
                 del out["task"][key]
         if self.limits.stall_timeout is None:  # (derived: left out, as the task's above)

@@ -66,8 +66,12 @@ class SparseRows:
     the dense pull does; a release that asks for another version or batch size is met by asking
     again for the same drawn samples: none is skipped or repeated."""
 
-    def __init__(self, model: torch.nn.Module, sampler: BatchSampler, source: RowSource):
+    def __init__(self, model: torch.nn.Module, sampler: BatchSampler, source: RowSource,
+                 device: torch.device | str = "cpu"):
+        """`device`: the model's; the rows and the batch go there, the rows' gradients come
+        back to the host for the push."""
         self.model, self.sampler, self.source = model, sampler, source
+        self.device = torch.device(device)
         self.table: str = model.sparse_table
         self.held: list[_Batch] = []  # drawn samples not trained yet, oldest first
         self.pending: _Pending | None = None
@@ -119,7 +123,7 @@ class SparseRows:
             raise RuntimeError("receive before request: no batch drawn")
         values = np.asarray(self.source.wait(p.request))
         self.unique = p.unique
-        self.rows = torch.from_numpy(values).requires_grad_()
+        self.rows = torch.from_numpy(values).to(self.device).requires_grad_()
         self.ready = p.batch.X, p.batch.y, p.inverse
         return p.unique.nbytes + values.nbytes
 
@@ -133,14 +137,16 @@ class SparseRows:
         if self.ready is None:
             raise RuntimeError("forward before receive: no rows")
         (X, y, inverse), self.ready = self.ready, None
-        return self.model(X.to(dtype), self.model.gather(self.rows, inverse)), y
+        X, y = X.to(self.device, dtype), y.to(self.device)
+        return self.model(X, self.model.gather(self.rows, inverse)), y
 
     def grads(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{table: (unique keys, their rows' gradients)} of the last batch, for push_step."""
         grad = self.rows.grad
         if grad is None:  # the loss did not reach the rows (never expected)
             grad = torch.zeros_like(self.rows)
-        return {self.table: (self.unique, np.ascontiguousarray(grad.numpy(), dtype=np.float32))}
+        return {self.table: (self.unique,
+                             np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32))}
 
     def nbytes(self) -> int:
         """Bytes the last batch's rows push: keys plus gradients."""

@@ -15,9 +15,10 @@ from paramserver.compression.wire import WireSpec
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.emulation.links import link_for
 from paramserver.models import ModelKeys
-from paramserver.client.device_staging import DeviceStaging, resolve_device
+from paramserver.client.device_staging import DeviceStaging, resolve_device, staging_forced
 from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
+from paramserver.training.amp import MixedPrecision
 from paramserver.training.pacing import Pacer
 from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
@@ -59,18 +60,34 @@ class StepLoop:
         torch.set_num_threads(task.threads)
         self.ds, self.model, self.keys = build(task, job.dtype)
         self.device = resolve_device(task.device, rank=kv.rank)
-        staged = self.device.type != "cpu"
+        staged = self.device.type != "cpu" or staging_forced()
         if staged:
             self.model.to(self.device)
+        # `--compress auto` is chosen here, once: by this worker's emulated link (or its share
+        # of the shards' links) and the sizes of the model's tensors (compression/auto.py).
+        def rate(link):
+            return None if link is None else link.rate
+        self.wire = WireSpec.parse(task.compress, task.compress_options, task.pull_compress,
+                                   task.pull_refresh).resolve(
+            link_rate(rate(link_for(job.links, "w", kv.rank)),
+                      [rate(link_for(job.links, "s", i)) for i in range(job.servers)],
+                      job.workers),
+            [p.keys.size for p in self.keys.params])
+        self.compressor = self.wire.compressor()  # None: the dense buffer as it is
+        # On a device a codec or a pruner works on the gradient where backward left it: only
+        # the payload (or the chosen entries) crosses to the host, never the whole gradient.
+        self.from_device = staged and (self.compressor is not None
+                                       or self.wire.push_codec() is not None)
         # On cpu, gradients live where a server on this host reads pushes in place (shared
         # memory), and the parameters' buffer is left untouched (empty) until bind_to_flat
         # copies each tensor in and frees it: the worker's peak is the parameters plus one
         # tensor, where a zeroed buffer would hold two copies of the model at once. On cuda
-        # the buffers are on the device, staged through pinned host copies.
+        # the buffers are on the device, staged through pinned host copies (the gradients'
+        # the same shared memory, page-locked), or none for pushes encoded on the device.
         self.staging = DeviceStaging(
             self.model, self.keys,
             host_params=None if staged else torch.empty(self.keys.num_keys, dtype=self.keys.dtype),
-            host_grads=None if staged else torch.from_numpy(kv.shared_buffer()))
+            host_grads=False if self.from_device else torch.from_numpy(kv.shared_buffer()))
         self.params, self.grads = self.staging.params, self.staging.grads
         bind_to_flat(self.model, self.keys, self.params, self.grads)
         self.staging.watch(self.model)
@@ -89,31 +106,18 @@ class StepLoop:
         # their gradients with the dense gradient, in one push_step.
         table = getattr(self.model, "sparse_table", None)
         self.rows = None if table is None else SparseRows(
-            self.model, self.sampler, TableRows(kv, table))
+            self.model, self.sampler, TableRows(kv, table), self.device)
         self.pacer = Pacer(kv.rank, task.straggler, task.device_time)
         self.loss_fn = nn.CrossEntropyLoss()
-        # `--compress auto` is chosen here, once: by this worker's emulated link (or its share
-        # of the shards' links) and the sizes of the model's tensors (compression/auto.py).
-        def rate(link):
-            return None if link is None else link.rate
-        self.wire = WireSpec.parse(task.compress, task.compress_options, task.pull_compress,
-                                   task.pull_refresh).resolve(
-            link_rate(rate(link_for(job.links, "w", kv.rank)),
-                      [rate(link_for(job.links, "s", i)) for i in range(job.servers)],
-                      job.workers),
-            [p.keys.size for p in self.keys.params])
-        self.compressor = self.wire.compressor()  # None: the dense buffer as it is
-        self.codec = WireValues(self.wire, self.keys.num_keys)
+        self.amp = MixedPrecision(task.amp, self.device, self.model.parameters())
+        self.overflowed = False  # fp16: this step's gradient overflowed; zeros were pushed
+        self.codec = WireValues(self.wire, self.keys.num_keys,
+                                self.device if self.from_device else None)
         self.plan = make_plan(task.push_range, self.keys.num_keys,
                               [layer.keys for layer in self.keys.layers])
         self.held = None if self.plan is None else RangeAccumulator(
             self.keys.num_keys, self.grads_np.dtype)
         self.grads_bound = GradsBoundCheck(self.model, self.grads)
-        packed = self.wire.label() != "none" or self.wire.pull_codec is not None
-        if staged and (self.rows is not None or packed or self.plan is not None):
-            raise ValueError(f"device {self.device}: sparse tables, --compress, --pull-compress "
-                             f"and --push-range are not staged through a device yet; use "
-                             f"--device cpu")
         schedule = task.schedule
         self.layered = None if schedule == "off" else LayerRequests(
             kv, self.model, self.keys, self.params_np, self.grads_np, schedule, self.staging)
@@ -135,6 +139,7 @@ class StepLoop:
         self.host_load = HostLoad()
         self.grads_zeroed = False
         self.data_s = 0.0  # the latest step's time drawing its batch (part of its compute)
+        self.sent_entries = 0  # a pruner's last push: bytes of its keys and values
 
     def _skip(self, samples: int) -> None:
         """A resumed worker draws the batches it drew before, so its data order goes on alike."""
@@ -154,22 +159,29 @@ class StepLoop:
             self.grads.zero_()
             self.staging.grads_zeroed()
         self.grads_zeroed = False
-        if self.rows is None:
-            if self.staging.staged:
-                xb, yb = xb.to(self.device), yb.to(self.device)
-            out = self.model(xb.to(self.params.dtype))
-        else:
-            out, yb = self.rows.forward(self.params.dtype)
-        loss = self.loss_fn(out, yb)
-        loss.backward()
+        with self.amp.autocast():
+            if self.rows is None:
+                if self.staging.staged:
+                    xb, yb = xb.to(self.device), yb.to(self.device)
+                out = self.model(xb.to(self.params.dtype))
+            else:
+                out, yb = self.rows.forward(self.params.dtype)
+            loss = self.loss_fn(out, yb)
+        self.amp.backward(loss)
+        if self.amp.scaler is not None:
+            self.overflowed = not self.amp.finish()  # unscaled in place, or overflowed
+            if self.overflowed:
+                self.grads.zero_()  # nothing to push: zeros
+            # (torch's unscale leaves the version counter alone: the hooks' copies are stale)
+            self.staging.grads_replaced()
         if not self.grads_bound():  # never expected; keeps pushes right
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()
             bind_to_flat(self.model, self.keys, self.params, self.grads)
             self.own_params = True
-        if self.layered is None:
+        if self.layered is None and not self.from_device:
             self.staging.grads_to_host()  # cuda: the last layers' copies (and the device) done
-        return float(loss.detach())
+        return float(loss.detach())  # (on a device: waits for backward)
 
     def prepare_next(self) -> None:
         """Zero the gradient buffer for the next step while the worker waits for its release
@@ -214,7 +226,8 @@ class StepLoop:
                   "data_s": round(self.data_s, 6),
                   "pull_bytes": pull_bytes, "push_bytes": push_bytes,
                   "staleness": int(staleness), "factor": round(factor, 4),
-                  "epoch": round(self.sampler.epoch, 4), **self.codec.fields}
+                  "epoch": round(self.sampler.epoch, 4), **self.codec.fields,
+                  **self.device_fields(push_bytes)}
         if self.codec.saved:  # what the push and pull formats saved against float32
             record["push_saved_bytes"] = self.nbytes - push_bytes
             record["pull_saved_bytes"] = self.nbytes - pull_bytes
@@ -239,9 +252,34 @@ class StepLoop:
                   "suspend_s": round(self.layered.suspend, 6), "data_s": round(self.data_s, 6),
                   "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
                   "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
-                  "epoch": round(self.sampler.epoch, 4)}
+                  "epoch": round(self.sampler.epoch, 4), **self.device_fields(self.nbytes)}
         record.update({f"staleness_layer_{i}": s for i, s in sorted(stale.items())})
         return record, compute
+
+    def device_fields(self, push_bytes: int) -> dict:
+        """The step record's device figures (staged models only): the bytes this step's push
+        copied off the device (`d2h_bytes`: the payload where it was encoded there), the
+        buffers held there for the wire (`device_buffer_bytes`, fixed for the job), and on
+        cuda the device memory torch holds after the step (`device_mem_bytes`); fp16's loss
+        scale and whether this step overflowed."""
+        out = self.amp.fields()
+        if self.amp.scaler is not None:
+            out["amp_overflow"] = int(self.overflowed)
+        if not self.staging.staged:
+            return out
+        out["d2h_bytes"] = int(self.d2h_bytes(push_bytes))
+        out["device_buffer_bytes"] = self.staging.device_bytes() + self.codec.device_bytes()
+        if self.device.type == "cuda":
+            out["device_mem_bytes"] = int(torch.cuda.memory_allocated(self.device))
+        return out
+
+    def d2h_bytes(self, push_bytes: int) -> int:
+        """Bytes this step's gradient copied from the device to the host."""
+        if not self.from_device:
+            return self.nbytes + (0 if self.rows is None else self.rows.nbytes())
+        if self.codec.push is not None:  # a host codec copies the whole vector first
+            return push_bytes if self.codec.push.device_native else self.nbytes
+        return self.sent_entries  # a pruner's chosen keys and values
 
     def pull(self, release) -> int:
         """Fresh parameters (only the step's window under --push-range); returns bytes."""
@@ -266,7 +304,9 @@ class StepLoop:
             self.staging.params_from_host()
             return self._pulled(handle)
         w = self.plan.at(release.step)
+        self.staging.before_host_write()
         self.kv.pull(w, out=self.params_np[w.lo:w.hi], min_version=release.min_version)
+        self.staging.params_from_host(w.lo, w.hi)
         return w.size * self.params_np.itemsize
 
     def _pull_async(self, min_version: int):
@@ -300,16 +340,18 @@ class StepLoop:
             staleness = self.kv.push_step(dense=self.grads_np, rows=self.rows.grads(), **tags)
             return staleness, self.nbytes + self.rows.nbytes()
         if self.codec.push is not None:  # dense, every value through the codec
-            values, sent = self.codec.before_push(self.grads_np)
+            values, sent = self.codec.before_push(
+                self.grads if self.from_device else self.grads_np)
             handle = self.kv.push_async(values, **tags, codec=self.codec.push, sent=sent)
             staleness = self.kv.wait(handle)
             self.codec.after_push()
             return staleness, handle.nbytes
         if self.compressor is None:
             return self.kv.push(self.grads_np, **tags), self.nbytes
-        sparse = self.compressor.compress(self.grads)
+        sparse = self.compressor.compress(self.grads)  # where the gradient is; entries to host
+        self.sent_entries = sparse.keys.nbytes + sparse.values.nbytes
         if sparse.is_dense and sparse.encoded is None:
-            return self.kv.push(self.grads_np, **tags), self.nbytes
+            return self.kv.push(sparse.values, **tags), self.nbytes
         codec = self.compressor.codec
         sent = None if codec is None else np.empty_like(sparse.values)
         handle = self.kv.push_sparse_async(sparse.keys, sparse.values, **tags, codec=codec,
@@ -322,31 +364,48 @@ class StepLoop:
 class WireValues:
     """A worker's codecs (compression/wire.py): the dense push codec with its residual (what
     the codec lost, sent with the next step's gradient), and the pull codec with its count of
-    delta pulls since the last dense one."""
+    delta pulls since the last dense one. With a `device`, the residual lives there and the
+    pushes are encoded there (the gradient never crosses whole); else numpy on the host."""
 
-    def __init__(self, wire: WireSpec, size: int):
+    def __init__(self, wire: WireSpec, size: int, device: torch.device | None = None):
         self.push = wire.push_codec()
         self.pull = wire.pull_codec_object()
         self.refresh = wire.pull_refresh
-        self.residual = (np.zeros(size, np.float32)
-                         if self.push is not None and wire.error_feedback else None)
-        self._values = np.empty(size, np.float32) if self.push is not None else None
-        self._sent = np.empty(size, np.float32) if self.residual is not None else None
+        feedback = self.push is not None and wire.error_feedback
+
+        def buffer():
+            if not feedback:
+                return None
+            if device is None:
+                return np.zeros(size, np.float32)
+            return torch.zeros(size, dtype=torch.float32, device=device)
+        self.residual, self._values, self._sent = buffer(), buffer(), buffer()
         self._since_dense = None  # delta pulls since the last dense one (None: none yet)
         # Constant per job: every step record says which formats its bytes are in.
         self.fields = {"push_codec": wire.label(), "pull_codec": wire.pull_codec or "none"}
         # step records say the bytes saved where a push or pull format is not float32
         self.saved = self.fields != {"push_codec": "none", "pull_codec": "none"}
 
-    def before_push(self, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def device_bytes(self) -> int:
+        """Bytes of the error-feedback buffers held on a device (0 on the host)."""
+        bufs = [b for b in (self.residual, self._values, self._sent)
+                if isinstance(b, torch.Tensor)]
+        return sum(b.nbytes for b in bufs)
+
+    def before_push(self, grads):
         """(values to push, the buffer each chunk's decoded values land in, or None)."""
         if self.residual is None:
             return grads, None
-        np.add(grads, self.residual, out=self._values)
+        if isinstance(self.residual, torch.Tensor):
+            torch.add(grads, self.residual, out=self._values)
+        else:
+            np.add(grads, self.residual, out=self._values)
         return self._values, self._sent
 
     def after_push(self) -> None:
-        if self.residual is not None:
+        if isinstance(self.residual, torch.Tensor):
+            torch.sub(self._values, self._sent, out=self.residual)
+        elif self.residual is not None:
             np.subtract(self._values, self._sent, out=self.residual)
 
     def next_pull(self):
