@@ -256,6 +256,10 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
         chosen = chosen[1:]  # compressed pushes and pulls go together
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
+    if cfg.amp == "fp16" and cfg.schedule != "off":
+        raise ValueError("--amp fp16 cannot be combined with --schedule: fp16 gradients are "
+                         "unscaled after backward, when the per-layer pushes have gone; use "
+                         "--amp bf16 (no loss scaling) or --schedule off")
     if tables and chosen:
         raise ValueError(f"--model {cfg.model} (rows in a sparse table) cannot be combined with "
                          f"{chosen[0]} yet")

@@ -425,6 +425,13 @@ class WireValues:
 def run(kv: KVWorker, task: TaskSpec) -> dict:
     """Train until the coordinator's release says stop; returns this worker's totals."""
     loop = StepLoop(kv, task)
+    try:
+        return _train(kv, loop)
+    finally:
+        loop.staging.close()  # page-locked host memory back before the KV unmaps it
+
+
+def _train(kv: KVWorker, loop: StepLoop) -> dict:
     if kv.rank == 0:  # (a rank 0 joining a running elastic job offers too: the first won)
         kv.init(loop.staging.params_to_host())
     notice = Preemption() if loop.elastic else None
