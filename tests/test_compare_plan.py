@@ -7,7 +7,7 @@ from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, parse_scenarios, plan_runs, single_reference,
 )
 from paramserver.cli.compare_cmd import (
-    PAIRED_OPTIMIZERS, parse_variants, policy_sync_options, rule_pairing,
+    paired_optimizers, parse_variants, policy_sync_options, rule_pairing,
 )
 
 
@@ -74,12 +74,12 @@ def test_bad_compress_variants_are_refused(bad):
 
 
 def test_bounded_staleness_policies_get_their_paired_rule_unless_one_is_given(tmp_path):
-    assert PAIRED_OPTIMIZERS == {"ssp": "dynsgd", "dssp": "dynsgd"}
-    assert rule_pairing(None) == ("sgd", PAIRED_OPTIMIZERS)
+    assert paired_optimizers() == {"ssp": "dynsgd", "dssp": "dynsgd"}
+    assert rule_pairing(None) == ("sgd", paired_optimizers())
     assert rule_pairing("momentum") == ("momentum", {})  # a rule given is every run's
     base = TrainConfig(workers=4, optimizer="sgd", optimizer_options={"x": 1})
     runs = plan_runs(base, ["bsp", "ssp", "dssp"], parse_scenarios(["one-slow"]), 1, tmp_path,
-                     policy_optimizers=PAIRED_OPTIMIZERS)
+                     policy_optimizers=paired_optimizers())
     rules = {r.policy: (r.config.optimizer, r.config.optimizer_options) for r in runs}
     assert rules == {"bsp": ("sgd", {"x": 1}), "ssp": ("dynsgd", {}), "dssp": ("dynsgd", {}),
                      SINGLE: ("sgd", {"x": 1})}
@@ -87,7 +87,7 @@ def test_bounded_staleness_policies_get_their_paired_rule_unless_one_is_given(tm
     assert next(r for r in runs if r.policy == "ssp").config.as_dict()["optimizer"] == "dynsgd"
     variants = parse_variants(["dense=none"])
     runs = plan_runs(base, ["ssp"], parse_scenarios(["one-slow"]), 1, tmp_path,
-                     variants=variants, policy_optimizers=PAIRED_OPTIMIZERS)
+                     variants=variants, policy_optimizers=paired_optimizers())
     assert {r.policy: r.config.optimizer for r in runs} == {"ssp+dense": "dynsgd", SINGLE: "sgd"}
 
 

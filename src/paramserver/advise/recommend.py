@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from paramserver.advise.convergence import Band, ConvergenceModel
+from paramserver.policies import SYNC_POLICIES
 
 ADVICE_VERSION = 1
 
@@ -46,12 +47,10 @@ class Candidate:
 
 
 def default_candidates(policies: list[str] | None = None) -> list[Candidate]:
-    """Every policy at its defaults, plus the bounded-staleness policies at a few bounds."""
-    grid = [Candidate("bsp"), Candidate("asp"),
-            Candidate("ssp", (("staleness", 1),)), Candidate("ssp", (("staleness", 3),)),
-            Candidate("ssp", (("staleness", 8),)),
-            Candidate("dssp", (("staleness", 1),)), Candidate("dssp", (("staleness", 3),)),
-            Candidate("ebsp"), Candidate("r2sp"), Candidate("lbbsp")]
+    """Every registered policy at each of its `advise_options` (its defaults; the bounded-
+    staleness policies at a few bounds), in the registry's order."""
+    grid = [Candidate(name, options) for name in SYNC_POLICIES.names()
+            for options in SYNC_POLICIES.get(name).advise_options]
     if policies is None:
         return grid
     return [c for c in grid if c.policy in policies] + [

@@ -22,14 +22,15 @@ from paramserver.spec.config import TrainConfig
 # The default comparison: short on this machine, yet the straggler and the policies' answers
 # to it dominate the timing (emulated device time), see the notes written into compare.json.
 DEFAULTS = TrainConfig(epochs=12.0, device_time="0.5ms", lr=0.3, eval_interval=0.5)
-# Update rules paired with a policy when --optimizer is not given (every other policy takes
-# DEFAULTS.optimizer, sgd). Under a persistent straggler SSP's bound releases the waiting workers
-# together; they compute from one server version and arrival mode applies each gradient at the
-# full lr, with the straggler's a round stale: N full steps per round where BSP takes one
-# averaged step, which diverged or fell to chance in most seeds at lr 0.3 (see NOTES). dynsgd
-# applies the k-th push of such a round at lr / (k + 1) (its staleness is k); a fresh push is
-# plain sgd.
-PAIRED_OPTIMIZERS = {"ssp": "dynsgd", "dssp": "dynsgd"}
+
+
+def paired_optimizers() -> dict[str, str]:
+    """policy -> the update rule it runs with when --optimizer is not given (the policy's own
+    `paired_rule`, e.g. SSP's dynsgd, policies/ssp.py says why); every other policy takes
+    DEFAULTS.optimizer, sgd."""
+    from paramserver.policies import SYNC_POLICIES
+    return {name: SYNC_POLICIES.get(name).paired_rule for name in SYNC_POLICIES.names()
+            if SYNC_POLICIES.get(name).paired_rule}
 NOTES = [
     "Timing uses emulated device time: a step lasts batch x cost-per-sample x straggler factor "
     "(a sleep topping up the real compute), as on a cluster where each worker has its own "
@@ -138,14 +139,14 @@ def script_command(args) -> list[str]:
 
 def rule_pairing(given: str | None) -> tuple[str, dict[str, str]]:
     """(the base update rule, policy -> its own rule): an --optimizer given names the rule of
-    every run; without one, DEFAULTS' rule with PAIRED_OPTIMIZERS."""
-    return (given, {}) if given else (DEFAULTS.optimizer, dict(PAIRED_OPTIMIZERS))
+    every run; without one, DEFAULTS' rule with the policies' paired rules."""
+    return (given, {}) if given else (DEFAULTS.optimizer, paired_optimizers())
 
 
 def paired_text(pairs: dict[str, str] | None = None) -> str:
     """'dynsgd for ssp and dssp': the pairing in words."""
     rules: dict[str, list[str]] = {}
-    for policy, rule in (PAIRED_OPTIMIZERS if pairs is None else pairs).items():
+    for policy, rule in (paired_optimizers() if pairs is None else pairs).items():
         rules.setdefault(rule, []).append(policy)
     return "; ".join(f"{r} for {' and '.join(ps)}" for r, ps in rules.items())
 

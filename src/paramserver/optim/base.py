@@ -26,6 +26,9 @@ class UpdateRule(ABC):
     # Whether apply(params, i, c * grad, scale=s) == apply(params, i, grad, scale=c * s) for
     # any c > 0: a round's average then costs no pass of its own (the division rides in scale).
     linear_in_grad: ClassVar[bool] = False
+    # True for a rule that shrinks a stale push's step (DynSGD, ConSGD, staleness-aware): the
+    # report's diagnosis of an unstable asynchronous run asks it.
+    staleness_aware: ClassVar[bool] = False
 
     def __init__(self, lr: float):
         if not lr > 0:

@@ -20,6 +20,7 @@ class ConSGD(UpdateRule, Configurable):
     """params -= lambda * lr * scale * grad: one constant global rate on every local update."""
 
     name = "consgd"
+    staleness_aware = True
     linear_in_grad = True
     Options = ConSGDOptions
 
@@ -38,6 +39,7 @@ class DynSGD(UpdateRule, Configurable):
     """params -= lr * scale * grad / (staleness + 1): the staler, the smaller the step."""
 
     name = "dynsgd"
+    staleness_aware = True
     linear_in_grad = True
 
     def apply(self, params, index, grad, state, staleness, scale=1.0, worker=""):
@@ -48,6 +50,7 @@ class StalenessAware(UpdateRule, Configurable):
     """Staleness-aware ASGD: lr = lr0 / max(staleness, 1), so fresh and 1-stale get lr0."""
 
     name = "staleness-aware"
+    staleness_aware = True
     linear_in_grad = True
 
     def apply(self, params, index, grad, state, staleness, scale=1.0, worker=""):

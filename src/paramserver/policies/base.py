@@ -144,6 +144,15 @@ class SyncPolicy(ABC):
     # True for a policy that sizes each worker's batch itself (LB-BSP): under an elastic
     # job's batch rule it splits `global_batch`, and the host leaves its batches as they are.
     own_batches: ClassVar[bool] = False
+    # What the tools ask of a policy (the registry is their one list of policies):
+    # True where a worker may run a bounded number of steps ahead of the slowest (SSP, DSSP):
+    # under a persistent straggler the bound binds every step.
+    bounded: ClassVar[bool] = False
+    # The update rule `compare` pairs the policy with when --optimizer is not given (None:
+    # the comparison's own default).
+    paired_rule: ClassVar[str | None] = None
+    # The option sets `advise` tries by default (each a tuple of (option, value) pairs).
+    advise_options: ClassVar[tuple[tuple[tuple[str, object], ...], ...]] = ((),)
 
     def __init__(self, batch_size: int):
         if batch_size < 1:

@@ -35,6 +35,7 @@ class DSSP(SSP):
 
     name = "dssp"
     Options = DSSPOptions
+    advise_options = ((("staleness", 1),), (("staleness", 3),))  # (paired with dynsgd, as SSP)
 
     def __init__(self, batch_size: int, *, staleness: int = 3, r_max: int = 4):
         options = DSSPOptions(staleness, r_max)

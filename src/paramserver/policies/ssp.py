@@ -60,6 +60,14 @@ class SSP(SyncPolicy, Configurable):
     name = "ssp"
     apply_mode = "arrival"
     Options = SSPOptions
+    bounded = True
+    # Under a persistent straggler SSP's bound releases the waiting workers together; they
+    # compute from one server version and arrival mode applies each gradient at the full lr,
+    # the straggler's a round stale: N full steps per round where BSP takes one averaged step,
+    # which diverged or fell to chance in most seeds at lr 0.3 (compare's notes). dynsgd
+    # applies the k-th push of such a round at lr / (k + 1); a fresh push is plain sgd.
+    paired_rule = "dynsgd"
+    advise_options = ((("staleness", 1),), (("staleness", 3),), (("staleness", 8),))
 
     def __init__(self, batch_size: int, *, staleness: int = 3):
         super().__init__(batch_size)

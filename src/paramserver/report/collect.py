@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from paramserver.policies import SYNC_POLICIES
 from paramserver.report.timeline import membership_timeline
 from paramserver.runlog.metrics import (
     evaluations, read_records, summarize, time_to_accuracy, time_to_auc,
@@ -27,7 +28,7 @@ def fmt_target(score: str, target: float) -> str:
 SINGLE = "single"  # the folder name of the one-worker reference runs in a compare folder
 _REP = re.compile(r"rep-(\d+)$")
 # Without a plan, policies appear in this order: the BSP baseline first, as in compare's default.
-KNOWN_ORDER = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp")
+KNOWN_ORDER = tuple(SYNC_POLICIES.names())  # the registry's order: bsp first, as --sync lists
 
 
 class ReportError(Exception):

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from paramserver.optim import UPDATE_RULES
+from paramserver.policies import SYNC_POLICIES
+
 # An accuracy within this many points of chance (1 / classes) counts as chance: a model that
 # predicts one class everywhere scores exactly chance on a balanced test split, give or take
 # the split's rounding.
@@ -22,11 +25,21 @@ COLLAPSE_DROP = 0.1
 KINDS = ("diverged", "chance", "collapsed", "plateaued")
 LABELS = {"diverged": "diverged", "chance": "fell to chance",
           "collapsed": "accuracy collapsed", "plateaued": "plateaued below the target"}
-# Bounded-staleness policies: under a persistent straggler their bound binds every step.
-BOUNDED = ("ssp", "dssp")
-# Policies that apply single workers' pushes on arrival, at the full learning rate each.
-ARRIVAL = ("asp", "ssp", "dssp", "r2sp", "ebsp")
-STALENESS_AWARE = ("dynsgd", "staleness-aware", "consgd")
+
+
+def _bounded(policy: str) -> bool:
+    """A bounded-staleness policy: under a persistent straggler its bound binds every step."""
+    return policy in SYNC_POLICIES and SYNC_POLICIES.get(policy).bounded
+
+
+def _arrival(policy: str) -> bool:
+    """A policy whose servers apply single workers' pushes on arrival, at the full lr each."""
+    return policy in SYNC_POLICIES and SYNC_POLICIES.get(policy).apply_mode == "arrival"
+
+
+def _aware(rule: str | None) -> bool:
+    """An update rule that shrinks a stale push's step."""
+    return rule in UPDATE_RULES and UPDATE_RULES.get(rule).staleness_aware
 
 
 @dataclass(frozen=True)
@@ -102,18 +115,18 @@ def _unstable(s: Setting) -> tuple[str, str]:
     """(cause, fix) of a run whose updates blew up: policy by policy."""
     lr = "its lr" if s.lr is None else f"lr {s.lr:g}"
     n = s.workers or 4
-    aware = s.optimizer in STALENESS_AWARE
-    if s.policy in BOUNDED and _persistent(s.straggler) and not aware:
+    aware = _aware(s.optimizer)
+    if _bounded(s.policy) and _persistent(s.straggler) and not aware:
         return (f"{s.policy.upper()} at {lr} sums same-version gradients under a persistent "
                 f"straggler: each push of the straggler releases the {n - 1} waiting workers "
                 f"together, and arrival mode applies each of their gradients at the full lr, a "
                 f"step up to {n}x BSP's average",
                 f"use --optimizer dynsgd or {_lr(s.lr, 1 / n)}")
-    if s.policy in ARRIVAL and not aware:
+    if _arrival(s.policy) and not aware:
         return (f"{s.policy.upper()} applies every push at the full {lr} with mean staleness "
                 f"{s.staleness:.1f}: stale gradients overshoot",
                 f"use --optimizer dynsgd or {_lr(s.lr, 1 / 3)}")
-    if s.policy in ARRIVAL:
+    if _arrival(s.policy):
         return (f"{s.policy.upper()} is unstable at {lr} even with {s.optimizer}",
                 f"use {_lr(s.lr, 1 / 2)}")
     return (f"{lr} is too large for {s.policy.upper()}'s averaged step", f"use {_lr(s.lr, 1 / 2)}")
@@ -122,11 +135,11 @@ def _unstable(s: Setting) -> tuple[str, str]:
 def _plateau(s: Setting, best: float | None, score: str) -> tuple[str, str]:
     shown = "unknown" if best is None else (
         f"{100 * best:.1f}%" if score == "accuracy" else f"{best:.4f}")
-    if s.policy in ARRIVAL and s.staleness >= 1 and s.optimizer in STALENESS_AWARE:
+    if _arrival(s.policy) and s.staleness >= 1 and _aware(s.optimizer):
         return (f"the sample budget ran out first (best {shown}); {s.optimizer} shrinks the "
                 f"steps of stale pushes (mean staleness {s.staleness:.1f})",
                 "use more --epochs, or a larger --lr")
-    if s.policy in ARRIVAL and s.staleness >= 1:
+    if _arrival(s.policy) and s.staleness >= 1:
         return (f"the sample budget ran out first (best {shown}); stale pushes (mean staleness "
                 f"{s.staleness:.1f}) learn less per sample", "use more --epochs")
     return (f"the sample budget ran out first (best {shown})",

@@ -7,18 +7,24 @@ from statistics import median
 
 import numpy as np
 
+from paramserver.policies import SYNC_POLICIES
 from paramserver.report.collect import SINGLE, Collection, Run
 from paramserver.report.table import Row
 
-# Fixed colours, so a policy looks the same in every figure and every report.
-_COLORS = {"bsp": "#1f77b4", "asp": "#d62728", "ssp": "#2ca02c", "ebsp": "#9467bd",
-           "r2sp": "#ff7f0e", "lbbsp": "#17becf", SINGLE: "#555555"}
-_SPARE = ["#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78"]
+# Fixed colours, so a policy looks the same in every figure and every report: the registered
+# policies take the palette in the registry's order (a new policy takes the next colour).
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
+            "#e377c2", "#bcbd22", "#7f7f7f"]
+_SPARE = ["#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2"]
+_SINGLE_COLOR = "#555555"
 
 
 def policy_color(policy: str) -> str:
-    if policy in _COLORS:
-        return _COLORS[policy]
+    if policy == SINGLE:
+        return _SINGLE_COLOR
+    names = SYNC_POLICIES.names()
+    if policy in names and names.index(policy) < len(_PALETTE):
+        return _PALETTE[names.index(policy)]
     return _SPARE[sum(map(ord, policy)) % len(_SPARE)]  # stable across runs, unlike hash()
 
 
