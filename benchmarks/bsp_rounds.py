@@ -52,8 +52,8 @@ from torch import nn
 
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import read_records, summarize
-from paramserver.client.flat_binding import bind_to_flat
-from paramserver.training.workload import build
+from paramserver.models.flat_binding import bind_to_flat
+from paramserver.models.workload import build
 
 TASK = {"name": "train", "model": "mlp", "dataset": "digits", "seed": 0}
 BATCH, LR = 32, 0.1
@@ -74,7 +74,7 @@ def _model():
 # ---- paramserver --------------------------------------------------------------------------------
 def paramserver_job(workers: int, rounds: int) -> dict:
     """The BSP job every paramserver row runs (also benchmarks/bsp_cpu.py)."""
-    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.launch.jobs import prepare_job
     cfg = TrainConfig(sync="bsp", workers=workers, servers=1, batch_size=BATCH, lr=LR,
                       steps=rounds, threads=1, seed=0)
     job = prepare_job(cfg)

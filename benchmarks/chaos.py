@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from paramserver.cli.train_cmd import prepare_job
+from paramserver.launch.jobs import prepare_job
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import read_records, summarize
 from paramserver.policies import SYNC_POLICIES

@@ -64,7 +64,7 @@ def push_pull(nbytes: int, steps: int, keys, shared: bool) -> float:
 
 
 def bsp_rounds(rounds: int, keys) -> float:
-    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.launch.jobs import prepare_job
     cfg = TrainConfig(sync="bsp", workers=2, servers=1, batch_size=32, lr=0.1, steps=rounds,
                       threads=1, seed=0)
     job = prepare_job(cfg)

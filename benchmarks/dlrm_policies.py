@@ -61,7 +61,7 @@ def main() -> int:
     p.add_argument("--eval-interval", type=float, default=0.5)
     p.add_argument("--out", help="keep the run folders here (default: a temporary folder)")
     args = p.parse_args()
-    from paramserver.cli.train_cmd import run_training
+    from paramserver.launch.jobs import run_training
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     print(f"DLRM on clicks ({args.train} train / {args.test} test), {args.workers} workers x "

@@ -41,7 +41,7 @@ CASES = [
 
 
 def _job(folder: Path, workers: int, beat: float, timeout: float) -> Path:
-    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.launch.jobs import prepare_job
     from paramserver.spec.config import TrainConfig
     job = prepare_job(TrainConfig(workers=workers, servers=1, sync="asp", eval_interval=0,
                                   max_seconds=600.0, batch_size=8))

@@ -185,7 +185,7 @@ def initial_parameters(row: Row, script: Path) -> dict:
         finally:
             sys.path.pop(0)
     from paramserver.spec.job import TaskSpec
-    from paramserver.training.workload import build
+    from paramserver.models.workload import build
     flags = dict(zip(row.args[::2], row.args[1::2]))
     task = TaskSpec(model=flags.get("--model", "mlp"), dataset=flags.get("--dataset", "digits"),
                     seed=0)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paramserver.cli.train_cmd import prepare_job
+from paramserver.launch.jobs import prepare_job
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import summarize
 from paramserver.launch.netlab import NetLab, netns_unavailable, remove_stale

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from paramserver.cli.train_cmd import prepare_job
+from paramserver.launch.jobs import prepare_job
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import read_records, summarize
 from paramserver.launch.local import LocalCluster

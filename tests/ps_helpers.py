@@ -51,7 +51,7 @@ def running_job(tmp_path: Path, job: dict):
 def step_loop(tmp_path: Path, **options):
     """(KVWorker, StepLoop) of the train task for one worker on 2 real shards: ASP, SGD lr 0.5,
     float64, batch 8, no evaluator; `options` override TrainConfig fields."""
-    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.launch.jobs import prepare_job
     from paramserver.spec.config import TrainConfig
     from paramserver.training.train_task import StepLoop
     settings = dict(workers=1, servers=2, sync="asp", lr=0.5, dtype="float64", eval_interval=0,

@@ -67,7 +67,7 @@ def test_a_writer_killed_at_a_random_moment_leaves_a_readable_latest(tmp_path):
 
 
 def test_a_checkpoint_a_dead_server_never_confirms_is_abandoned(tmp_path):
-    from paramserver.coordinator.checkpoint_keeper import save_coordinator_state
+    from paramserver.runlog.checkpoint_set import save_coordinator_state
     from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
     keeper = CheckpointSchedule(str(tmp_path), every=10)
     keeper.begin("000000010", [0, 1], 10, now=1.0)
@@ -202,7 +202,7 @@ def test_a_manifest_field_missing_or_of_the_wrong_kind_is_named(tmp_path, where,
 
 
 def test_a_coordinator_state_missing_a_field_is_refused_naming_it(tmp_path):
-    from paramserver.coordinator.checkpoint_keeper import (
+    from paramserver.runlog.checkpoint_set import (
         load_coordinator_state, save_coordinator_state,
     )
     save_coordinator_state(tmp_path, "3", {"rounds_applied": 3, "steps_done": 3,
@@ -274,7 +274,7 @@ def test_an_unusable_checkpoint_falls_back_to_the_previous_kept_one_naming_both(
 
 
 def test_a_resume_takes_the_newest_checkpoint_whose_every_part_is_usable(tmp_path):
-    from paramserver.coordinator.checkpoint_keeper import (
+    from paramserver.runlog.checkpoint_set import (
         save_coordinator_state, usable_checkpoint,
     )
     shards = [_core(rank=r, lo=5 * r, hi=5 * r + 5) for r in range(2)]

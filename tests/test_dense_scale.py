@@ -303,7 +303,7 @@ def test_shard_cuts_move_to_layer_edges_only_when_the_bytes_stay_balanced():
 
 
 def test_a_job_carries_its_layer_edges_to_the_coordinator(tmp_path):
-    from paramserver.cli.train_cmd import prepare_spec
+    from paramserver.launch.jobs import prepare_spec
     from paramserver.spec.config import TrainConfig
     from paramserver.spec.job import JobSpec
     spec = prepare_spec(TrainConfig(model="wide", model_size=10**6, servers=4, workers=1,

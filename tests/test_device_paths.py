@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from paramserver.client.device_staging import DeviceStaging
-from paramserver.client.flat_binding import bind_to_flat
+from paramserver.models.flat_binding import bind_to_flat
 from paramserver.compression import CODECS, make_codec, make_compressor
 from paramserver.models import ModelKeys
 from paramserver.training.amp import MixedPrecision

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from paramserver.client.device_staging import DeviceStaging, model_device, resolve_device
-from paramserver.client.flat_binding import bind_to_flat
+from paramserver.models.flat_binding import bind_to_flat
 from paramserver.models import ModelKeys
 from paramserver.optim import make_rule
 from paramserver.spec.job import JobSpec, JobSpecError, TaskSpec

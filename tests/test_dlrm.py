@@ -14,9 +14,9 @@ from paramserver.data.clicks import ID_SPACE, mix64, power_law_ranks
 from paramserver.models import ModelKeys, build_model
 from paramserver.models.dlrm import embedding_keys
 from paramserver.runlog.metrics import summarize
-from paramserver.training.auc import roc_auc
+from paramserver.models.auc import roc_auc
 from paramserver.training.sparse_step import SparseRows
-from paramserver.training.workload import evaluate_sparse
+from paramserver.models.workload import evaluate_sparse
 
 
 # --- AUC --------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def dlrm_config(**options):
 
 
 def test_the_job_carries_the_table_and_its_model_options():
-    from paramserver.cli.train_cmd import prepare_spec
+    from paramserver.launch.jobs import prepare_spec
     from paramserver.spec.job import JobSpec, TableSpec
     spec = prepare_spec(dlrm_config(model_options={"dim": 8, "row_budget": 5000,
                                                    "admit_after": 2, "table_lr": 0.1}))
@@ -325,7 +325,7 @@ def test_the_job_carries_the_table_and_its_model_options():
 # through two shards, runs by default under BSP; tests/test_sparse_ps.py runs ASP rows.
 @pytest.mark.parametrize("sync", ["bsp", pytest.param("asp", marks=pytest.mark.slow)])
 def test_dlrm_trains_through_two_servers_to_an_auc_well_above_chance(tmp_path, sync):
-    from paramserver.cli.train_cmd import run_training
+    from paramserver.launch.jobs import run_training
     from paramserver.runlog.metrics import read_records
     summary = run_training(dlrm_config(sync=sync), tmp_path / "run", quiet=True, timeout=240)
     assert summary["final_test_auc"] > 0.66, summary  # chance is 0.5; one epoch gives ~0.71

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from paramserver.coordinator.events import (
     AppendEvent, Bye, Clocked, Registered, Reply, SendRelease, Started, TimePassed, Warn,
 )
-from paramserver.coordinator.ledger import Piece, SampleLedger
+from paramserver.coordinator.ledger import SampleLedger
+from paramserver.core.pieces import Piece
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.policies import (
     ApplyRound, Joined, Left, Note, PolicyHost, Pushed, Release, make_policy,

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.coordinator.checkpoint_keeper import save_coordinator_state
+from paramserver.runlog.checkpoint_set import save_coordinator_state
 from paramserver.runlog.model_file import ExportError, export, read_model
 from paramserver.server.checkpoint import write_shard
-from paramserver.training.workload import build
+from paramserver.models.workload import build
 
 JOB = {"task": {"model": "mlp", "dataset": "digits", "seed": 3}, "dtype": "float32",
        "servers": 2}

@@ -32,7 +32,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         # The simulator's core.
         "sim/engine.py", "sim/comm.py", "sim/compute.py", "sim/membership.py",
         # Scoring beside the evaluator.
-        "training/auc.py",
+        "models/auc.py",
         # advise: the convergence model and its fit (engineer B's part).
         "advise/convergence.py", "advise/fit_convergence.py", "advise/validate.py",
         "advise/calibration_io.py",

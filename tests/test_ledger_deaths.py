@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from paramserver.coordinator.events import (
     Bye, Clocked, Heartbeat, Registered, Reply, SendRelease, Started, TimePassed,
 )
-from paramserver.coordinator.ledger import Piece, SampleLedger
+from paramserver.coordinator.ledger import SampleLedger
+from paramserver.core.pieces import Piece
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.spec.job import JobSpec, Limits, SyncSpec
 

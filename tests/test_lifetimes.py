@@ -67,7 +67,7 @@ def procs(tmp_path):
 
 def _job(tmp_path: Path, workers: int = 1, **limits) -> Path:
     """A job file of the train task (digits, mlp), ASP, long enough never to end by itself."""
-    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.launch.jobs import prepare_job
     from paramserver.spec.config import TrainConfig
     job = prepare_job(TrainConfig(workers=workers, servers=1, sync="asp", eval_interval=0,
                                   max_seconds=600.0, batch_size=8))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.cli.train_cmd import prepare_job
+from paramserver.launch.jobs import prepare_job
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import summarize
 from paramserver.launch.netlab import (

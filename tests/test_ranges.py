@@ -87,7 +87,7 @@ def test_the_worker_loop_pushes_and_pulls_exactly_its_windows(tmp_path):
                                      {"push_range": "layers", "schedule": "lifo"},
                                      {"schedule": "newest"}, {"push_range": "window:2"}])
 def test_conflicting_or_bad_options_fail_before_any_process_starts(options):
-    from paramserver.cli.train_cmd import prepare_job
+    from paramserver.launch.jobs import prepare_job
     from paramserver.spec.config import TrainConfig
     with pytest.raises(ValueError):
         prepare_job(TrainConfig(**options))

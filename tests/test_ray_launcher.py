@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is the optional extra paramserver[ray]; "
                                         "pip install 'paramserver[ray]' to run these tests")
 
-from paramserver.cli.train_cmd import prepare_job, run_training  # noqa: E402
+from paramserver.launch.jobs import prepare_job, run_training  # noqa: E402
 from paramserver.spec.config import TrainConfig  # noqa: E402
 from paramserver.runlog.metrics import read_records  # noqa: E402
 from paramserver.launch.local import LaunchError  # noqa: E402

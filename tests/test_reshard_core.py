@@ -316,7 +316,7 @@ def test_a_worker_hears_the_map_in_heartbeat_answers_once_keys_moved():
 def test_a_checkpoint_is_read_back_with_the_server_count_it_was_taken_with(tmp_path):
     import numpy as np
 
-    from paramserver.coordinator.checkpoint_keeper import (
+    from paramserver.runlog.checkpoint_set import (
         CheckpointError, check_checkpoint, save_coordinator_state)
     from paramserver.runlog.model_file import checkpoint_flat
     from paramserver.server.checkpoint import write_shard
@@ -388,7 +388,7 @@ def test_a_moving_shard_takes_frames_as_large_as_the_whole_key_space():
 def test_a_resumed_shard_is_cut_from_a_checkpoint_taken_on_another_layout(tmp_path):
     import numpy as np
 
-    from paramserver.coordinator.checkpoint_keeper import save_coordinator_state
+    from paramserver.runlog.checkpoint_set import save_coordinator_state
     from paramserver.optim import make_rule
     from paramserver.server.checkpoint import read_shard, write_shard
     from paramserver.server.store import ShardStore

@@ -8,7 +8,7 @@ from torch import nn
 
 from paramserver.cli.main import main
 from paramserver.runlog.metrics import read_records
-from paramserver.training.workload import build
+from paramserver.models.workload import build
 from paramserver.sim import SimConfig, Simulation
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from paramserver.cli.train_cmd import prepare_job
+from paramserver.launch.jobs import prepare_job
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.spec.config import TrainConfig
 from ps_helpers import wait_for

@@ -112,7 +112,7 @@ def test_the_final_model_file_scores_the_evaluators_last_accuracy(bsp_run):
     """model.pt holds the parameters of the evaluator's last evaluation: a fresh model of the
     job's kind loaded from it scores the accuracy the metrics log ends with."""
     import torch
-    from paramserver.training.workload import build, evaluate
+    from paramserver.models.workload import build, evaluate
     out, _ = bsp_run
     job = json.loads((out / "config.json").read_text())["job"]
     ds, model, keys = build({**job["task"], "seed": job["task"].get("seed", 0) + 1},

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from paramserver.cli.train_cmd import prepare_job
+from paramserver.launch.jobs import prepare_job
 from paramserver.spec.config import TrainConfig
 from paramserver.runlog.metrics import read_records
 from paramserver.launch.local import LocalCluster

@@ -49,10 +49,11 @@ def model_key(policy: str, rule: str | None) -> str:
     for the rule compare pairs it with (the candidates advise ranks: SSP and DSSP with
     dynsgd, the others with sgd), POLICY+RULE otherwise, so runs of one policy under two
     update rules (SSP with sgd never reaches 95%, with dynsgd it does) never pool."""
-    from paramserver.cli.compare_cmd import rule_pairing
-    base, pairs = rule_pairing(None)
-    return policy if rule is None or rule == pairs.get(policy, base) else \
-        f"{policy}{RULE_SEP}{rule}"
+    from paramserver.policies import SYNC_POLICIES
+    from paramserver.spec.job import OptimizerSpec
+    paired = (SYNC_POLICIES.get(policy).paired_rule if policy in SYNC_POLICIES else None) \
+        or OptimizerSpec.name
+    return policy if rule is None or rule == paired else f"{policy}{RULE_SEP}{rule}"
 
 
 def base_policy(key: str) -> str:

@@ -228,7 +228,7 @@ def profile_live(spec: LiveProfileSpec, quiet: bool = True) -> Profile:
     if spec.command:
         _launch_script(spec)
     else:
-        from paramserver.cli.train_cmd import run_training
+        from paramserver.launch.jobs import run_training
         from paramserver.spec.config import TrainConfig
         cfg = TrainConfig(sync=spec.sync, workers=spec.workers, servers=spec.servers,
                           model=spec.model, dataset=spec.dataset, batch_size=spec.batch_size,

@@ -10,6 +10,7 @@ import json
 from typing import Callable
 
 from paramserver.core import units
+from paramserver.core.keyspace import AUTO_SERVERS
 from paramserver.emulation.device_time import DeviceTime, parse_device_time
 from paramserver.emulation.links import LinkTable
 from paramserver.emulation.stragglers import ParsedStraggler
@@ -105,7 +106,7 @@ duration = _typed(lambda t: units.parse_duration(t, "duration"), "duration")
 size = _typed(lambda t: units.parse_size(t, "size"), "size")
 bandwidth = _typed(lambda t: units.parse_bandwidth(t, "bandwidth"), "bandwidth")
 model_size = _typed(lambda t: units.parse_count(t, "model size"), "count")
-AUTO = "auto"
+AUTO = AUTO_SERVERS
 
 
 def _servers(text: str):

@@ -68,7 +68,7 @@ def plan_grid(args, out: Path) -> list:
 def run_grid(args, out: Path, console) -> list[str]:
     """The live grid into out/grid/LINK/runs/SCENARIO/POLICY/rep-K; returns failures."""
     from paramserver.cli.compare_cmd import _policies
-    from paramserver.cli.train_cmd import run_training
+    from paramserver.launch.jobs import run_training
     from paramserver.launch.local import LaunchError
     policies = _policies(args.sync)
     scenarios = args.scenario or DEFAULT_SCENARIOS

@@ -12,7 +12,8 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
-from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args, resolve_servers
+from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args
+from paramserver.launch.jobs import resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, THIRD, JoinAt, parse_scenarios, plan_runs, variant_settings,
@@ -262,7 +263,7 @@ def _write_plan(out: Path, args, base, scenarios, policies, done: list[dict]) ->
 
 def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
     from paramserver.cli.launch_cmd import run_script
-    from paramserver.cli.train_cmd import run_training
+    from paramserver.launch.jobs import run_training
     from paramserver.launch.local import LaunchError
     command = getattr(args, "worker_command", None)
 

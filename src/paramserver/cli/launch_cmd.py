@@ -88,7 +88,7 @@ def script_settings(cfg) -> dict:
 def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
                timeout: float | None = None, watch=None) -> dict:
     """One local job of `command` as the workers under `cfg` (see script_job), as
-    train_cmd.run_training runs the built-in task: writes config.json (with the command),
+    launch/jobs.run_training runs the built-in task: writes config.json (with the command),
     metrics.jsonl and summary.json into run_dir and returns the summary. A worker that exits
     with an error fails the run (LaunchError), as a dead built-in worker would.
     `watch(cluster)`, if given, is called at every poll while the job runs (as run_training's)."""

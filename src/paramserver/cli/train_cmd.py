@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -18,7 +17,7 @@ from paramserver.emulation.links import HELP as LINK_HELP
 from paramserver.emulation.stragglers import STRAGGLER_HELP
 from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.config import TrainConfig
-from paramserver.spec.job import AMP_MODES, JobSpec, ResumeSpec
+from paramserver.spec.job import AMP_MODES
 
 # Only what --help needs is imported above; torch, the launchers and the registries load when
 # a command runs (see tests/test_cli_help.py).
@@ -222,130 +221,6 @@ def config_from_args(args, sync: str, sync_options: dict | None = None) -> Train
         preflight=getattr(args, "preflight", TrainConfig.preflight))
 
 
-def prepare_spec(cfg: TrainConfig) -> JobSpec:
-    """Check every name and option here, before any process starts; returns the job."""
-    from paramserver.compression.ranges import make_plan
-    from paramserver.compression.wire import WireSpec
-    from paramserver.compression.schedule import check_order
-    from paramserver.models import sparse_tables
-    from paramserver.optim import make_rule
-    from paramserver.policies import make_policy
-    from paramserver.training.workload import build
-    if cfg.servers == flag.AUTO:
-        cfg = resolve_servers(cfg)
-    cfg.validate()
-    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
-    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
-    wire = WireSpec.parse(cfg.compress, cfg.compress_options, cfg.pull_compress,
-                          cfg.pull_refresh)
-    if (wire.codec is not None or wire.pull_codec is not None or wire.auto is not None) \
-            and cfg.dtype != "float32":
-        raise ValueError("codecs (--compress NAME or auto, codec=, --pull-compress) take "
-                         "float32 values: use --dtype float32")
-    cfg.straggler.model.check_workers(cfg.workers)
-    # Only the key space is needed here: a model of 10^9 parameters is not built for it.
-    ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)
-    tables = sparse_tables(model)  # DLRM's embedding rows live in a table on the servers
-    ranged = make_plan(cfg.push_range, keys.num_keys, [layer.keys for layer in keys.layers])
-    if cfg.schedule != "off":
-        check_order(cfg.schedule)
-    chosen = [o for o, on in (("--compress", cfg.compress != "none"), ("--push-range", ranged),
-                              ("--schedule", cfg.schedule != "off"),
-                              ("--pull-compress", wire.pull_codec is not None)) if on]
-    if chosen and chosen[0] == "--compress" and chosen[-1] == "--pull-compress":
-        chosen = chosen[1:]  # compressed pushes and pulls go together
-    if len(chosen) > 1:
-        raise ValueError(f"{' and '.join(chosen)} cannot be combined yet: choose one")
-    if cfg.amp == "fp16" and cfg.schedule != "off":
-        raise ValueError("--amp fp16 cannot be combined with --schedule: fp16 gradients are "
-                         "unscaled after backward, when the per-layer pushes have gone; use "
-                         "--amp bf16 (no loss scaling) or --schedule off")
-    if tables and chosen:
-        raise ValueError(f"--model {cfg.model} (rows in a sparse table) cannot be combined with "
-                         f"{chosen[0]} yet")
-    edges = tuple(layer.keys.lo for layer in keys.layers[1:])
-    return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
-
-
-def resolve_servers(cfg: TrainConfig) -> TrainConfig:
-    """`cfg` with `--servers auto` replaced by the count for its model on this machine."""
-    import os
-
-    import psutil
-    import torch
-
-    from paramserver.core.keyspace import auto_servers
-    from paramserver.training.workload import build
-    probe = dataclasses.replace(cfg, servers=1)
-    _, _, keys = build(probe.job(0, 0).task, cfg.dtype, shape_only=True)
-    param_bytes = keys.num_keys * torch.tensor([], dtype=getattr(torch, cfg.dtype)).element_size()
-    count = auto_servers(param_bytes, cfg.workers, os.cpu_count() or 1,
-                         psutil.virtual_memory().available)
-    return dataclasses.replace(cfg, servers=count)
-
-
-def resolve_local_device(cfg: TrainConfig) -> TrainConfig:
-    """`cfg` with --device auto made cpu or cuda for workers on this machine; --device cuda
-    without CUDA here fails now (ValueError), before any process starts. (Under Ray each
-    worker resolves auto on its own host.)"""
-    if cfg.device == "cpu":
-        return cfg
-    from paramserver.client.device_staging import resolve_device
-    device = resolve_device(cfg.device)
-    return dataclasses.replace(cfg, device=device.type if cfg.device == "auto" else cfg.device)
-
-
-def prepare_job(cfg: TrainConfig) -> dict:
-    """prepare_spec as the job dict the roles read (the job file's form)."""
-    return prepare_spec(cfg).to_dict()
-
-
-def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: float | None,
-                 launcher: dict | None):
-    """LocalCluster, or with launcher {"name": "ray", "address": ..., resources} a RayCluster."""
-    if not launcher or launcher.get("name", "local") == "local":
-        from paramserver.launch.local import LocalCluster
-        return LocalCluster(job, run_dir, job_timeout=timeout,
-                            restart_workers=cfg.restart_workers,
-                            restart_servers=cfg.restart_servers,
-                            restart_coordinator=cfg.restart_coordinator)
-    from paramserver.launch.ray_launcher import RayCluster, Resources
-    return RayCluster(job, run_dir, address=launcher.get("address"),
-                      resources=Resources(**launcher.get("resources", {})), job_timeout=timeout,
-                      restart_workers=cfg.restart_workers)
-
-
-def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
-                 timeout: float | None = None, resume: dict | None = None,
-                 launcher: dict | None = None, watch=None) -> dict:
-    """Run one job to its end; writes config.json, metrics.jsonl and summary.json in run_dir.
-
-    `resume` ({"dir": checkpoint dir, "tag": tag}) continues from a checkpoint; `launcher`
-    picks where the processes run (make_cluster); `watch(cluster)`, if given, is called at
-    every poll while the job runs (compare's scheduled joins).
-    """
-    from paramserver.policies import SYNC_POLICIES
-    from paramserver.runlog.metrics import read_records, summarize
-    from paramserver.runlog.progress import JobProgress
-    if cfg.servers == flag.AUTO:  # config.json keeps the count: a resume gets the same shards
-        cfg = resolve_servers(cfg)
-    if not launcher or launcher.get("name", "local") == "local":
-        cfg = resolve_local_device(cfg)
-    spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
-    job = spec.to_dict()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
-                                                    indent=2))
-    cluster = make_cluster(spec, run_dir, cfg, timeout, launcher)
-    label = f"{cfg.sync} x{cfg.workers}"
-    with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, label, quiet) as bar:
-        cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
-    summary = summarize(read_records(run_dir / "metrics.jsonl"),
-                        {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
-
-
 def print_summary(s: dict, run_dir: Path) -> None:
     acc = s["final_test_accuracy"]
     tta = ", ".join(f"{k}: {'-' if v is None else f'{v:.1f}s'}"
@@ -401,7 +276,7 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
         if getattr(args, name) != parser_defaults.get(name):
             saved[name] = getattr(args, name)
     cfg = TrainConfig(**saved)
-    from paramserver.coordinator.checkpoint_keeper import usable_checkpoint
+    from paramserver.runlog.checkpoint_set import usable_checkpoint
     from paramserver.runlog.checkpoint import latest
     if not cfg.checkpoint_dir or latest(Path(cfg.checkpoint_dir)) is None:
         raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
@@ -418,6 +293,7 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
 
 
 def _run(args) -> int:
+    from paramserver.launch.jobs import run_training
     from paramserver.launch.local import LaunchError
     if flag.check_observe_args(args, "train"):
         return 2

@@ -35,14 +35,14 @@ import torch
 from torch import nn
 
 from paramserver.core.layout import ModelLayout
-from paramserver.launch.verdict import NO_STEP_REASON
+from paramserver.core.leaving import NO_STEP_REASON
 from paramserver.models.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
-from paramserver.client.flat_binding import bind_to_flat, grads_are_bound
+from paramserver.models.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.policies.base import Release
-from paramserver.training.pacing import Pacer
+from paramserver.client.pacing import Pacer
 
 JOIN_ENV = "PARAMSERVER_JOIN"
 

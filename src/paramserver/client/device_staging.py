@@ -1,7 +1,7 @@
 """A model's flat buffers on its own device, and the host buffers the servers read and write.
 
 The wire moves host memory: a push sends a host vector, a pull writes one. A model on `cpu`
-computes in those host vectors directly (client/flat_binding.py), so `DeviceStaging` is a
+computes in those host vectors directly (models/flat_binding.py), so `DeviceStaging` is a
 pass-through there: `params`/`grads` *are* the host buffers and every method returns at once.
 
 A model on an accelerator (`cuda`) computes in flat buffers on its device; this class owns

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from paramserver.coordinator.checkpoint_keeper import (
+from paramserver.runlog.checkpoint_set import (
     load_coordinator_state, save_coordinator_state, usable_checkpoint,
 )
 from paramserver.coordinator.events import (
@@ -29,7 +29,7 @@ from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder
-from paramserver.observe.probe import StallDoctor
+from paramserver.coordinator.stall_doctor import StallDoctor
 from paramserver.observe.stall import StallSettings
 from paramserver.runlog.checkpoint import CheckpointError, latest
 from paramserver.spec.job import JobSpec

@@ -82,6 +82,7 @@ def split_by_bytes(num_keys: int, num_shards: int, edges=(), slack: float = SNAP
 SHARD_BYTES = 256 << 20
 SHARD_OVERHEAD_BYTES = 200 << 20  # an idle shard process: interpreter, torch, sockets
 MAX_AUTO_SERVERS = 64
+AUTO_SERVERS = "auto"  # `--servers auto`: resolved once the model's size is known
 AUTO_SERVERS_HELP = ("auto: one shard per 256 MB of parameters, at most one per core the "
                      "workers leave free (at least 1, at most 64), fewer if the machine's "
                      "free memory cannot hold each shard's process beside the model")

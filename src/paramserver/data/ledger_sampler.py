@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paramserver.coordinator.ledger import Piece
+from paramserver.core.pieces import Piece
 from paramserver.data.sampler import BatchSampler, take_rows, take_sparse_rows
 
 # Permutations kept: the newest epoch's and the one before (a leaver's pieces given back).

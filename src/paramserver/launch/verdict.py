@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The reason DistributedOptimizer.close() gives when its rank never stepped (client/api.py).
-NO_STEP_REASON = "closed without calling step()"
+from paramserver.core.leaving import NO_STEP_REASON
 
 
 def ends_job_before_start(code: int | None, barrier_open: bool, restartable: bool) -> bool:

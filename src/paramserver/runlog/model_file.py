@@ -136,7 +136,7 @@ def model_keys(job: dict, folder: Path | None = None):
     if task.get("name", "train") != "train":
         raise ExportError(f"the job runs task {task.get('name')!r}, which records no model "
                           f"parameter names to write the values under")
-    from paramserver.training.workload import build
+    from paramserver.models.workload import build
     return build(task, job.get("dtype", "float32"), shape_only=True)[2]
 
 
@@ -147,7 +147,7 @@ def _named(keys, flat: torch.Tensor) -> dict[str, torch.Tensor]:
 def checkpoint_flat(root: Path, tag: str, servers: int, dtype: str) -> np.ndarray:
     """The flat parameter vector of checkpoint `tag`: every shard's values, checked and
     placed at its key range."""
-    from paramserver.coordinator.checkpoint_keeper import check_checkpoint
+    from paramserver.runlog.checkpoint_set import check_checkpoint
     from paramserver.runlog.checkpoint import ShardMeta, part_folder
     servers = check_checkpoint(root, tag, servers, dtype)
     parts = []
@@ -191,7 +191,7 @@ def locate(source: str | Path) -> tuple[dict, Path, str | None]:
 def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
     """Write the trained parameters of `source` (see locate) to `out`; returns (path, what
     was read: the final model or checkpoint TAG)."""
-    from paramserver.coordinator.checkpoint_keeper import usable_checkpoint
+    from paramserver.runlog.checkpoint_set import usable_checkpoint
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     doc, root, tag = locate(source)

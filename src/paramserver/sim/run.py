@@ -119,7 +119,7 @@ class SimConfig:
 
 def _build_task(cfg: SimConfig):
     """Dataset, model and key space, as every process of a live job builds them."""
-    from paramserver.training.workload import build  # torch and sklearn: only when needed
+    from paramserver.models.workload import build  # torch and sklearn: only when needed
     return build(cfg.task(), cfg.dtype)
 
 

@@ -31,7 +31,7 @@ class Trainer:
         from torch import nn
 
         from paramserver.optim import make_rule
-        from paramserver.client.flat_binding import bind_to_flat
+        from paramserver.models.flat_binding import bind_to_flat
         from paramserver.server.store import ShardStore
 
         self.ds, self.model, self.keys, self.workers, self.seed = ds, model, keys, workers, seed
@@ -122,7 +122,7 @@ class Trainer:
         v = self.store.version
         if self.last_eval is None or self.last_eval[0] != v:
             self.work.copy_(self.store.values)
-            from paramserver.training.workload import evaluate  # torch: loaded already
+            from paramserver.models.workload import evaluate  # torch: loaded already
 
             self.last_eval = (v, *evaluate(self.model, self.X, self.y))
         _, acc, loss = self.last_eval

@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from paramserver.client.flat_binding import point_params_at
-from paramserver.training.workload import build, evaluate, evaluate_sparse
+from paramserver.models.flat_binding import point_params_at
+from paramserver.models.workload import build, evaluate, evaluate_sparse
 from paramserver.client.kv import KVWorker
 
 log = logging.getLogger(__name__)

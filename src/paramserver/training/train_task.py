@@ -16,16 +16,16 @@ from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.emulation.links import link_for
 from paramserver.models import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, resolve_device, staging_forced
-from paramserver.client.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
+from paramserver.models.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
 from paramserver.training.amp import MixedPrecision
-from paramserver.training.pacing import Pacer
+from paramserver.client.pacing import Pacer
 from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.data.ledger_sampler import LedgerSampler
 from paramserver.spec.job import TaskSpec
-from paramserver.training.workload import build
+from paramserver.models.workload import build
 
 # Borrowed pull replies are read-only buffers; the model only reads its parameters.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

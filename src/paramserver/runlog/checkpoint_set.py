@@ -1,4 +1,5 @@
-"""The coordinator's part of a checkpoint on disk: the node writes it, and reads it to resume.
+"""A checkpoint as a whole: the coordinator's part on disk (its node writes it, and reads it
+to resume), and the checks every part of a kept checkpoint must pass.
 
 `usable_checkpoint` is what a resume (or a restarted coordinator) starts from: the newest kept
 checkpoint whose every part passes the checks (the coordinator's state typed, each shard's
