@@ -81,7 +81,7 @@ def test_thresholds_are_options_with_units():
 
 
 @pytest.mark.parametrize("opts, words", [
-    ({"nope": 1}, "unknown option.*nope.*known: dense_below"),
+    ({"nope": 1}, "no option.*nope.*its options: dense_below"),
     ({"dense_below": -1}, "dense_below"),
     ({"dense_below": 1.5}, "dense_below must be an integer"),
     ({"bf16_at": "fast"}, "bf16_at|link rate|rate"),

@@ -210,12 +210,21 @@ def test_link_and_simulate_bandwidth_read_rates_alike(text, bits):
         parse_bandwidth(sim.bandwidth) * 8)
 
 
-@pytest.mark.parametrize("text", ["fast", "100mbps", "0mbit", "-1gbit", "10 apples/s"])
+@pytest.mark.parametrize("text", ["fast", "100mbpz", "0mbit", "-1gbit", "10 apples/s"])
 def test_link_and_simulate_bandwidth_refuse_alike(text):
     with pytest.raises(UnitError):
         parse_bandwidth(text)
     with pytest.raises(ValueError):
         parse_link(text)
+
+
+def test_the_ps_shorthand_takes_any_case_but_the_bit_or_byte_letter():
+    """10gbps and 10Gbps are ten gigabits (what a newcomer types); only b/B tells bits from
+    bytes: 10GBps is ten gigabytes a second."""
+    assert parse_bitrate("10gbps") == parse_bitrate("10Gbps") == parse_bitrate("10gbPS") == 1e10
+    assert parse_bitrate("100mbps") == parse_bitrate("100Mbps") == 1e8
+    assert parse_bitrate("10GBps") == parse_bitrate("10gBps") == 8e10
+    assert parse_link("10gbps").rate == 1e10
 
 
 def test_unlimited_reads_alike():

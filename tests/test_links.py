@@ -27,7 +27,7 @@ def test_link_grammar_reads_rates_latencies_and_targets():
     assert link_for({}, "w", 0) is None and parse_links([]) == {}
 
 
-@pytest.mark.parametrize("bad", ["fast", "100mbps", "10mbit,5ms,1ms", "w2=", "x1=10mbit",
+@pytest.mark.parametrize("bad", ["fast", "100mbpz", "10mbit,5ms,1ms", "w2=", "x1=10mbit",
                                  "w=10mbit,20mbit", "0mbit", "-5ms", "w2=10mbit;s=huge"])
 def test_bad_links_fail_with_a_clear_error(bad):
     with pytest.raises(ValueError) as err:

@@ -50,7 +50,7 @@ def test_options_dtype_and_errors():
     assert [p.shape[0] for p in small.parameters()] == [8, 8, 3, 3]
     assert build_model("logreg", (4,), 3, dtype=torch.float64)(
         torch.randn(2, 4, dtype=torch.float64)).dtype == torch.float64
-    with pytest.raises(ValueError, match="accepted: hidden, layers"):
+    with pytest.raises(ValueError, match="no option.*width.*its options: hidden, layers"):
         build_model("mlp", (4,), 3, width=3)
     with pytest.raises(UnknownNameError, match="mlp, cnn, logreg"):
         build_model("resnet", (4,), 3)

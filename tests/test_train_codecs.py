@@ -30,7 +30,7 @@ def test_compress_takes_pruners_and_codecs():
 @pytest.mark.parametrize("args, words", [
     (("zip9",), "pruners: none, topk.*codecs: fp32"),
     (("topk", {"codec": "zip"}), "unknown codec 'zip'.*codecs"),
-    (("bf16", {"nope": 1}), "unknown option"),
+    (("bf16", {"nope": 1}), "no option"),
     (("topk", {"codec.block": 4}), "need --compress-opt codec"),
     (("none", {}, "nope"), "unknown --pull-compress"),
     (("none", {}, "bf16", 0), "pull-refresh"),

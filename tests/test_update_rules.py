@@ -177,7 +177,8 @@ def test_registry_lists_the_rules_and_their_options():
     assert rule_options("dynsgd") == {}
     with pytest.raises(ValueError, match="granularity"):
         make_rule("adagrad-global", lr=0.1, granularity="row")
-    with pytest.raises(ValueError, match="bad options"):
+    with pytest.raises(ValueError,
+                       match=r"optimizer 'dynsgd' has no option 'momentum'; its options: \(none\)"):
         make_rule("dynsgd", lr=0.1, momentum=0.9)
 
 

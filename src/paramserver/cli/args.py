@@ -86,6 +86,30 @@ def _count(lo: int):
     return parse
 
 
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+class Given(argparse.Action):
+    """Stores the flag's value and notes in `namespace.given` that it was given, so a command
+    can tell a value typed from its default (flags that conflict are refused)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = set(getattr(namespace, "given", ())) | {self.dest}
+
+
+def given(args, name: str) -> bool:
+    """Whether flag `name` (its dest) was on the command line, for flags stored with Given."""
+    return name in getattr(args, "given", ())
+
+
 def options(pairs) -> dict:
     """The (key, value) pairs of a repeated KEY=VALUE flag as a dict (the last one wins)."""
     return dict(pairs or [])
@@ -93,6 +117,7 @@ def options(pairs) -> dict:
 
 link = _typed(LinkTable.parse, "link")
 positive_int = _typed(_count(1), "int")
+positive_number = _typed(_positive_number, "number")
 count = _typed(_count(0), "int")
 straggler: Callable[[str], ParsedStraggler] = _typed(
     lambda text: ParsedStraggler(text, read_trace=read_trace), "straggler")

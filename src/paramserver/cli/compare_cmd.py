@@ -135,7 +135,8 @@ def script_command(args) -> list[str]:
     if args.servers == flag.AUTO:
         raise ValueError("--servers auto needs the built-in model's size; give a count for a "
                          "script run")
-    return command
+    from paramserver.cli.launch_cmd import worker_command
+    return worker_command(command)
 
 
 def rule_pairing(given: str | None) -> tuple[str, dict[str, str]]:

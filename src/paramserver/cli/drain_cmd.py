@@ -26,7 +26,7 @@ def coordinator_address(target: str) -> tuple[str, str | None]:
     try:
         address = (run / "coordinator.addr").read_text().strip()
     except OSError as exc:
-        raise DrainError(f"{target} is neither an address (tcp://HOST:PORT) nor a run folder "
+        raise ValueError(f"{target} is neither an address (tcp://HOST:PORT) nor a run folder "
                          f"with a coordinator.addr ({exc.strerror})") from None
     keys = run / "keys"
     return address, str(keys) if keys.is_dir() else None
@@ -103,6 +103,9 @@ def drain(target: str, rank: int, keys_dir: str | None = None, timeout: float = 
 def _run(args) -> int:
     try:
         drain(args.target, args.server, args.keys, args.timeout, args.wait)
+    except ValueError as exc:  # what was given names no job
+        print(f"paramserver drain: {exc}", file=sys.stderr)
+        return 2
     except (DrainError, OSError) as exc:
         print(f"paramserver drain: {exc}", file=sys.stderr)
         return 1

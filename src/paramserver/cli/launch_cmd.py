@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -85,6 +87,37 @@ def script_settings(cfg) -> dict:
     return {k: v for k, v in cfg.as_dict().items() if k not in SCRIPT_UNUSED_CONFIG}
 
 
+# A bare interpreter name runs as the one running paramserver, as torchrun does: the workers see
+# the packages this command sees (an activated venv or not).
+PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
+
+
+def worker_command(command: list[str], local: bool = True) -> list[str]:
+    """The worker command as it will run: `python` made this interpreter; on this machine
+    (`local`), a program that cannot run refused now (ValueError with the fix), before any
+    process starts or any run folder is made."""
+    if not command:
+        raise ValueError("give the worker command after --, e.g. paramserver launch -- "
+                         "python train.py")
+    prog, rest = command[0], list(command[1:])
+    if prog in PYTHON_NAMES:
+        return [sys.executable, *rest]
+    if not local:
+        return [prog, *rest]  # resolved on the host each worker lands on
+    if os.sep in prog or (os.altsep and os.altsep in prog):
+        path = Path(prog)
+        if not path.is_file():
+            raise ValueError(f"no such file {prog!r} (the worker command after --)")
+        if not os.access(path, os.X_OK):
+            raise ValueError(f"{prog!r} is not executable: run it through its interpreter, "
+                             f"e.g. -- python {prog}")
+    elif shutil.which(prog) is None:
+        hint = (f"; a script runs through python: -- python {prog}"
+                if prog.endswith(".py") else "")
+        raise ValueError(f"no program {prog!r} on PATH (the worker command after --){hint}")
+    return [prog, *rest]
+
+
 def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
                timeout: float | None = None, watch=None) -> dict:
     """One local job of `command` as the workers under `cfg` (see script_job), as
@@ -146,9 +179,10 @@ def _run(args) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if not command:
-        print("paramserver launch: give the worker command after --, e.g. "
-              "paramserver launch -- python train.py", file=sys.stderr)
+    try:
+        command = worker_command(command, local=args.launcher != "ray")
+    except ValueError as exc:
+        print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
     if flag.check_observe_args(args, "launch"):
         return 2

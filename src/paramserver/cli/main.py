@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from paramserver.cli.parser import CommandParser
+
 # Each module here exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`.
 COMMAND_MODULES = (
     "paramserver.cli.advise_cmd",
@@ -41,7 +43,7 @@ LIGHT_COMMANDS = COMMANDS  # the name older callers knew
 
 
 def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="paramserver",
         description="A parameter server for data-parallel deep learning on heterogeneous clusters.",
     )
@@ -70,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     module = COMMANDS.get(argv[0]) if argv else None
     parser = build_parser((module,)) if module else build_overview()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # refused by the command's own parser, which knows its flags' names
+        commands = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
+        target = commands.get(getattr(args, "command", None), parser)
+        (target if isinstance(target, CommandParser) else parser).unrecognized(extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

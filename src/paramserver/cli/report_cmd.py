@@ -28,12 +28,12 @@ def run(args) -> int:
     # Imported here so `paramserver --help` does not pay for matplotlib.
     from paramserver.report import ReportError, build_report
     if args.target is not None and not 0 < args.target <= 1:
-        print(f"error: --target must be in (0, 1], got {args.target}", file=sys.stderr)
+        print(f"paramserver report: --target must be in (0, 1], got {args.target}", file=sys.stderr)
         return 2
     try:
         page = build_report(args.dir, target=args.target)
     except ReportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"paramserver report: {exc}", file=sys.stderr)
         return 2
     print(page)
     return 0

@@ -176,7 +176,7 @@ def _join_args(p, example: str) -> None:
 def _bind_args(p, whom: str) -> None:
     p.add_argument("--bind", default="127.0.0.1",
                    help="interface to bind (default 127.0.0.1; 0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    p.add_argument("--port", type=flag.port, default=0, help="TCP port (default: a free one)")
     p.add_argument("--advertise", metavar="HOST",
                    help=f"the address other hosts dial to reach this {whom} when --bind is "
                         f"0.0.0.0 (default: this host's address on the route to {_ROUTE[whom]})")

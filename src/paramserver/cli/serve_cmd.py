@@ -43,6 +43,10 @@ def _run(args) -> int:
     except ValueError as exc:
         print(f"paramserver serve: {exc}", file=sys.stderr)
         return 2
+    from paramserver.transport.addresses import PortInUse, port_taken
+    if args.port and port_taken("127.0.0.1", args.port):
+        print(f"paramserver serve: {PortInUse('127.0.0.1', args.port)}", file=sys.stderr)
+        return 2
     from paramserver.launch.local import LaunchError, LocalCluster
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
     # Loopback and plaintext: a client needs the address only (for other hosts, start the
@@ -95,7 +99,7 @@ def register(sub) -> None:
                    help="stop after this much training time")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="float32 (default) or float64")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    p.add_argument("--port", type=flag.port, default=DEFAULT_PORT,
                    help=f"the coordinator's port (default {DEFAULT_PORT}; 0: any free port)")
     p.add_argument("--start-timeout", type=flag.positive_seconds, default=600.0,
                    help="seconds the start barrier waits for all workers; with none by then "

@@ -49,7 +49,7 @@ def run(args) -> int:
     from paramserver.observe.stats import JobStats, SlowSettings
 
     if args.refresh <= 0:
-        print("error: --refresh must be > 0", file=sys.stderr)
+        print("paramserver top: --refresh must be > 0", file=sys.stderr)
         return 2
     try:
         window = args.window
@@ -60,7 +60,7 @@ def run(args) -> int:
                                 clear_after=max(1, min(6, window // 2)))
         source = open_source(args.target, args.replay, args.speed, _keys(args))
     except (SourceError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"paramserver top: {exc}", file=sys.stderr)
         return 2
     try:
         stats = JobStats(source.round_mode, settings)
@@ -68,7 +68,7 @@ def run(args) -> int:
             return _once(source, stats, args)
         return _live(source, stats, args)
     except SourceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"paramserver top: {exc}", file=sys.stderr)
         return 1
     finally:
         close = getattr(source, "close", None)

@@ -68,7 +68,7 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
     p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="dataset option, e.g. samples=20000 for synthetic (repeatable)")
-    p.add_argument("--epochs", type=float, default=d.epochs,
+    p.add_argument("--epochs", type=flag.positive_number, default=d.epochs, action=flag.Given,
                    help=f"passes over the training set, all workers together (default {d.epochs:g})")
     p.add_argument("--steps", type=flag.positive_int, help="steps per worker instead of --epochs")
     p.add_argument("--max-seconds", type=flag.positive_seconds,
@@ -187,6 +187,9 @@ def _min_workers(workers) -> int:
 
 def config_from_args(args, sync: str, sync_options: dict | None = None) -> TrainConfig:
     """The flags, already parsed by their `type=`, as a TrainConfig."""
+    if flag.given(args, "epochs") and args.steps is not None:
+        raise ValueError(f"--epochs {args.epochs:g} and --steps {args.steps} both set the sample "
+                         f"budget: give one of them")
     if sync_options is None:
         sync_options = flag.options(getattr(args, "sync_opt", None))
     return TrainConfig(

@@ -31,6 +31,7 @@ PEER_CHECK = 0.25
 # A first registration unanswered this long is sent again: a coordinator that died with it
 # never answers, and its replacement knows nothing of it (a repeat is answered as the first).
 REGISTER_AGAIN = 2.0
+SAY_WAITING = 3.0  # seconds without an answer to a join before it says so
 # While start() waits for the start barrier, how often it asks the coordinator whom for (and
 # says so): a job that never starts tells its user which peers it misses.
 STATUS_EVERY = 5.0
@@ -217,6 +218,7 @@ class CoordinatorSession:
         since = sent = time.monotonic()
         deadline = since + timeout
         asked, status_rid = since, None  # a start's questions: whom does the barrier wait for
+        said = msg.op != "register"  # a join with no answer says so once, early
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -229,6 +231,12 @@ class CoordinatorSession:
                 rpc.send_or_drop(self.sock, Message("status", rid=status_rid, src=self.src))
             if not self.sock.poll(min(left, PEER_CHECK) * 1000):
                 if msg.op == "register":
+                    if not said and time.monotonic() - since >= SAY_WAITING:
+                        said = True
+                        log.warning("no answer yet from a coordinator at %s (%.0f s): is a job "
+                                    "running there? (paramserver serve or launch starts one); "
+                                    "giving up after %.0f s", self.join,
+                                    time.monotonic() - since, timeout)
                     if time.monotonic() - sent > REGISTER_AGAIN:
                         sent = self._send_again(msg)
                     continue

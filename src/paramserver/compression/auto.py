@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
-from paramserver.core.options import check_choice, check_int, check_range, opt
+from paramserver.core.options import check_choice, check_int, check_known, check_range, opt
 from paramserver.core.units import UnitError, parse_bitrate
 
 SLOW = ("uniform8", "topk")
@@ -78,11 +78,7 @@ class AutoOptions:
     @classmethod
     def parse(cls, options: Mapping) -> "AutoOptions":
         """`--compress-opt` values; an unknown name lists the known ones (ValueError)."""
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)} for --compress auto; "
-                             f"known: {', '.join(known)}")
+        check_known("--compress auto", options, [f.name for f in fields(cls)])
         return cls(**options)
 
 

@@ -11,7 +11,7 @@ import torch
 from paramserver.compression.codec import Codec
 from paramserver.compression.feedback import make_feedback
 from paramserver.compression.sparse import Sparse
-from paramserver.core.options import Configurable, check_range, describe, opt
+from paramserver.core.options import Configurable, check_known, check_range, describe, opt
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 
@@ -93,11 +93,7 @@ class Compressor(Configurable):
         if codec is not None and not isinstance(codec, Codec):
             raise ValueError(f"codec must be a Codec (make_codec(name)); got {codec!r}")
         self.codec = codec
-        known = describe(self.Options)
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)} for compressor "
-                             f"{self.name!r}; known: {', '.join(known)}")
+        check_known(f"compressor {self.name!r}", options, describe(self.Options))
         self.opts = self.Options(**options)
         self.feedback = make_feedback(self.opts.error_feedback, self.opts.momentum)
         self.reset()

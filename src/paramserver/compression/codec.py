@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from paramserver.core.options import Configurable, describe
+from paramserver.core.options import Configurable, check_known, describe
 
 # The frame dtypes a payload may carry (bf16 travels as its raw uint16 bits: numpy has none).
 FRAME_DTYPES = ("float32", "float16", "uint16", "int8", "uint8")
@@ -181,11 +181,7 @@ class Codec(Configurable):
     device_native: ClassVar[bool] = False
 
     def __init__(self, **options):
-        known = describe(self.Options)
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)} for codec {self.name!r}; "
-                             f"known: {', '.join(known) or '(none)'}")
+        check_known(f"codec {self.name!r}", options, describe(self.Options))
         self.opts = self.Options(**options) if self.Options else None
         self.reset()
 

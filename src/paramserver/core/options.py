@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar
 
+from paramserver.core.words import did_you_mean
+
 
 def opt(default: Any, help: str) -> Any:
     """A dataclass field with a default and a one-line help text."""
@@ -20,6 +22,15 @@ def describe(options_cls: type | None) -> dict[str, tuple[Any, str]]:
         default = None if f.default is MISSING else f.default
         out[f.name] = (default, f.metadata.get("help", ""))
     return out
+
+
+def check_known(what: str, given, known) -> None:
+    """Refuse option names `what` does not take: ValueError naming them, the ones it takes and,
+    for a misspelt one, the nearest."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"{what} has no option(s) {', '.join(unknown)}; its options: "
+                         f"{', '.join(known) or '(none)'}{did_you_mean(unknown[0], known)}")
 
 
 def check_choice(name: str, value: Any, choices) -> None:

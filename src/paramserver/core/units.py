@@ -9,8 +9,9 @@ Every flag that takes a quantity parses it here, so `--link 10Gbit/s`, `simulate
     RATE      NUMBER{bit,kbit,mbit,gbit,tbit} (bits) or NUMBER{b,kb,mb,gb,...} (bytes), then an
               optional /s; or the network-gear shorthand NUMBER{bps,kbps,Mbps,Gbps,Tbps} (bits)
               and NUMBER{Bps,kBps,MBps,GBps,TBps} (bytes); inf, infinite, unlimited, none: no limit
-Units are case-insensitive (10MB is ten megabytes, 10Mbit ten megabits) except in the `ps`
-shorthand, where only b/B tells bits from bytes: there case matters, and 100mbps is refused.
+Units are case-insensitive (10MB is ten megabytes, 10Mbit ten megabits, 10gbps ten gigabits)
+except for the one letter that tells bits from bytes in the `ps` shorthand: b is bits, B
+bytes (10Gbps, 10gbps: gigabits; 10GBps: gigabytes).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _DURATION = re.compile(rf"^{_NUMBER}\s*(s|ms|us|µs|ns)$")
 _SIZE = re.compile(rf"^{_NUMBER}\s*([a-zA-Z]*)$")
 _RATE = re.compile(rf"^{_NUMBER}\s*([a-zA-Z]*)\s*(?:/\s*s)?$")
-_PS = re.compile(rf"^{_NUMBER}\s*([kMGT]?)(b|B)ps$")
-_PS_PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_PS = re.compile(rf"^{_NUMBER}\s*([kKmMgGtT]?)(b|B)(?:ps|PS|Ps)$")
+_PS_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 UNLIMITED = ("inf", "infinite", "unlimited", "none")
 
 DURATION_EXAMPLES = "e.g. 2ms, 250us, 0.1s"
@@ -102,7 +103,7 @@ def parse_bitrate(text: str, what: str = "rate") -> float:
     unit = (m[2] or "b") if m else ""
     value = math.nan
     if ps:
-        value = float(ps[1]) * _PS_PREFIX[ps[2]] * (1.0 if ps[3] == "b" else 8.0)
+        value = float(ps[1]) * _PS_PREFIX[ps[2].lower()] * (1.0 if ps[3] == "b" else 8.0)
     elif m and unit in _BITS:
         value = float(m[1]) * _BITS[unit]
     elif m and unit in _BYTES:

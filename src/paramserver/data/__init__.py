@@ -12,6 +12,7 @@ from paramserver.data.idx import IdxFormatError, read_idx, write_idx
 from paramserver.data.mnist import load_mnist
 from paramserver.data.sampler import BatchSampler
 from paramserver.data.synthetic import load_synthetic
+from paramserver.core.options import check_known
 from paramserver.core.registry import Registry
 
 DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
@@ -31,10 +32,7 @@ def dataset_options(name: str) -> list[str]:
 def load_dataset(name: str = DEFAULT_DATASET, data_dir=None, seed: int = 0, **options) -> Dataset:
     """Load the dataset registered as `name`; an unknown option fails listing the accepted ones."""
     loader = DATASETS.get(name)
-    unknown = sorted(set(options) - set(dataset_options(name)))
-    if unknown:
-        raise ValueError(f"dataset {name!r} has no option(s) {', '.join(unknown)}; "
-                         f"accepted: {', '.join(dataset_options(name)) or '(none)'}")
+    check_known(f"dataset {name!r}", options, dataset_options(name))
     return loader(data_dir=data_dir, seed=seed, **options)
 
 

@@ -151,9 +151,13 @@ class LocalCluster:
         streamed = command is not None and self.stream is not None
         command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE if streamed else log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent, env=env)
+            try:
+                proc = subprocess.Popen(command, stdout=subprocess.PIPE if streamed else log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_parent, env=env)
+            except OSError as exc:  # not found, not executable, not a program at all
+                raise LaunchError(f"cannot start {command[0]!r} as {role} {index}: "
+                                  f"{exc.strerror or exc}") from None
         child = Child(role, index, proc, log_path)
         if streamed:
             child.pump = threading.Thread(target=self._pump, args=(child,), daemon=True)

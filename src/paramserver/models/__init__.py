@@ -11,6 +11,7 @@ from torch import nn
 from paramserver.models.dlrm import dlrm
 from paramserver.models.keyspace import Layer, ModelKeys
 from paramserver.models.nets import cnn, logreg, mlp, wide
+from paramserver.core.options import check_known
 from paramserver.core.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
@@ -51,10 +52,7 @@ def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
     the launcher sizes a job of 10^9 parameters without holding them).
     """
     factory = MODELS.get(name)
-    unknown = sorted(set(options) - set(model_options(name)))
-    if unknown:
-        raise ValueError(f"model {name!r} has no option(s) {', '.join(unknown)}; "
-                         f"accepted: {', '.join(model_options(name)) or '(none)'}")
+    check_known(f"model {name!r}", options, model_options(name))
     if int(num_classes) < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
     if takes_sparse_fields(name):

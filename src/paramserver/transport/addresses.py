@@ -12,6 +12,28 @@ class AddressError(ValueError):
     """No address for peers to dial could be worked out: the user must give one."""
 
 
+class PortInUse(AddressError):
+    """A fixed port another process holds."""
+
+    def __init__(self, host: str, port: int):
+        super().__init__(f"port {port} on {host} is in use: give another --port (0: a free "
+                         f"one)")
+        self.host, self.port = host, port
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether another process holds TCP `port` on `host` now (a command checks a fixed port
+    before it starts anything, so the refusal comes first)."""
+    import socket
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def is_wildcard(host: str) -> bool:
     return host in WILDCARDS
 

@@ -13,7 +13,7 @@ from typing import Sequence
 import zmq
 
 from paramserver.transport import security, shaping, shm
-from paramserver.transport.addresses import is_wildcard
+from paramserver.transport.addresses import PortInUse, is_wildcard
 
 # Bounded queues give back-pressure: a peer that sends faster than we read blocks on send
 # instead of growing our memory without limit.
@@ -134,7 +134,12 @@ def bind_router(ctx: zmq.Context, host: str = "127.0.0.1", port: int = 0,
             port = hold.port
             hold.release()
         if port:
-            sock.bind(f"tcp://{host}:{port}")
+            try:
+                sock.bind(f"tcp://{host}:{port}")
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EADDRINUSE:
+                    raise PortInUse(host, port) from None
+                raise
         else:
             port = sock.bind_to_random_port(f"tcp://{host}")
         return sock, router_address(host, port, scheme, advertise)
