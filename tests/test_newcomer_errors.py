@@ -104,3 +104,46 @@ def test_a_bare_python_runs_as_this_interpreter():
     assert worker_command(["python3", "-u", "x.py"]) == [sys.executable, "-u", "x.py"]
     assert worker_command(["no_such_program_here", "x"], local=False) == [
         "no_such_program_here", "x"]  # under Ray: resolved on the worker's host
+
+
+def test_ctrl_c_keeps_what_was_trained(tmp_path):
+    """A Ctrl-C in the middle of `train`: the run folder keeps model.pt (the servers'
+    parameters at that moment, under the model's names) and summary.json of the steps done,
+    marked interrupted; exit 130; every process of the job is gone."""
+    import json
+    import signal
+    import time
+
+    import psutil
+    import torch
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paramserver", "train", "--epochs", "500", "--quiet",
+         "--eval-interval", "0", "--out", str(run)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            metrics = run / "metrics.jsonl"
+            if metrics.exists() and metrics.read_text().count('"kind": "step"') >= 20:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and f"{run} keeps the steps done" in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["steps"] >= 20
+    state = torch.load(run / "model.pt", weights_only=True)
+    assert "1.weight" in state and torch.isfinite(state["1.weight"]).all()
+    gone = psutil.wait_procs(children, timeout=10)[1]
+    assert not gone, f"left running: {gone}"

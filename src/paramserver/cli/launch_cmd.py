@@ -217,10 +217,19 @@ def _run(args) -> int:
                                                     cluster.console)
     cluster.progress = progress
     try:
-        cluster.run(on_tick=None if progress is None else progress.tick)
+        if isinstance(cluster, LocalCluster):  # a Ctrl-C keeps what was trained
+            from paramserver.launch.jobs import save_interrupted
+            cluster.run(on_tick=None if progress is None else progress.tick,
+                        on_interrupt=lambda: save_interrupted(cluster, job, run_dir))
+        else:
+            cluster.run(on_tick=None if progress is None else progress.tick)
     except LaunchError as exc:
         print(f"paramserver launch: the job failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"paramserver launch: interrupted; {run_dir} keeps its logs, metrics and "
+              f"model.pt when the servers answered", file=sys.stderr)
+        return 130
     finally:
         if progress is not None:
             progress.close()

@@ -317,6 +317,10 @@ def _run(args) -> int:
     except LaunchError as exc:
         print(f"paramserver train: the job failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"paramserver train: interrupted; {run_dir} keeps the steps done (summary.json, "
+              f"and model.pt when the servers answered)", file=sys.stderr)
+        return 130
     print_summary(summary, run_dir)
     return 0
 

@@ -130,9 +130,57 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
                                                     indent=2))
     cluster = make_cluster(spec, run_dir, cfg, timeout, launcher)
     label = f"{cfg.sync} x{cfg.workers}"
-    with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, label, quiet) as bar:
-        cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
-    summary = summarize(read_records(run_dir / "metrics.jsonl"),
-                        {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+
+    def summary_json(**extra) -> dict:
+        summary = summarize(read_records(run_dir / "metrics.jsonl"),
+                            {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
+        summary.update(extra)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+    from paramserver.launch.local import LocalCluster
+    try:
+        with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, label, quiet) as bar:
+            tick = bar.tick if watch is None else lambda: (bar.tick(), watch(cluster))
+            if isinstance(cluster, LocalCluster):  # a Ctrl-C keeps what was trained
+                cluster.run(on_tick=tick,
+                            on_interrupt=lambda: save_interrupted(cluster, job, run_dir))
+            else:
+                cluster.run(on_tick=tick)
+    except KeyboardInterrupt:
+        summary_json(interrupted=True)
+        raise
+    return summary_json()
+
+
+def save_interrupted(cluster, job: dict, run_dir: Path, timeout: float = 10.0) -> None:
+    """On a Ctrl-C, while the job's processes are still up: the servers' parameters now, as
+    RUN/model.pt under the model's names (the built-in model's, or a launched script's layout;
+    a model whose rows live in a sparse table has none, as at its end). Bounded by `timeout`;
+    a job too far gone to answer keeps no model.pt, and says so."""
+    import sys
+
+    import torch
+
+    from paramserver.client.kv import KVWorker
+    from paramserver.runlog.model_file import FINAL_MODEL, ExportError, model_keys, named
+    from paramserver.runlog.model_file import write_model
+    if job.get("tables"):
+        return
+    print("interrupted: saving the parameters trained so far...", file=sys.stderr, flush=True)
+    try:
+        keys = model_keys(job, run_dir)
+        kv = KVWorker(cluster.address, role="observer", keys=cluster.client_keys("observer"),
+                      timeout=timeout, heartbeat=False)
+    except (OSError, TimeoutError, RuntimeError, ExportError) as exc:
+        print(f"interrupted: no model.pt ({exc})", file=sys.stderr)
+        return
+    try:
+        kv.start()
+        flat = torch.from_numpy(kv.pull().copy())
+        path = write_model(run_dir / FINAL_MODEL, named(keys, flat), "pt")
+        print(f"interrupted: the parameters of version {kv.version} are in {path}",
+              file=sys.stderr)
+    except (OSError, TimeoutError, RuntimeError) as exc:
+        print(f"interrupted: no model.pt ({exc})", file=sys.stderr)
+    finally:
+        kv.close()

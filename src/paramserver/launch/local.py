@@ -23,9 +23,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel kills it if the launcher dies (no orphans)."""
+    """Runs in the child before exec: the kernel kills it if the launcher dies (no orphans),
+    and it leaves the terminal's process group, so a Ctrl-C reaches the launcher alone, which
+    saves what was trained before it stops the job."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        os.setpgid(0, 0)
     except OSError:
         pass
 
@@ -418,11 +424,18 @@ class LocalCluster:
                 pass
         self.stop(grace=2.0)
 
-    def run(self, on_tick=None) -> None:
+    def run(self, on_tick=None, on_interrupt=None) -> None:
+        """Start the job, wait for its end, reap every process. `on_interrupt()`, if given,
+        runs on a Ctrl-C while the job's processes are still up (then the job stops and the
+        KeyboardInterrupt goes on)."""
         try:
             self.start()
             self.wait(on_tick=on_tick)
             self.finish()
+        except KeyboardInterrupt:
+            if on_interrupt is not None:
+                on_interrupt()
+            raise
         finally:
             self.stop()
 

@@ -140,6 +140,11 @@ def model_keys(job: dict, folder: Path | None = None):
     return build(task, job.get("dtype", "float32"), shape_only=True)[2]
 
 
+def named(keys, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{name: tensor} of `flat` by a job's keys (model_keys: ModelKeys or a launch's layout)."""
+    return _named(keys, flat)
+
+
 def _named(keys, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     return keys.named(flat) if isinstance(keys, LayoutKeys) else named_tensors(keys, flat)
 
