@@ -436,12 +436,12 @@ def register(sub) -> None:
                         "its join address, as `paramserver worker --join` by hand): after "
                         "SECONDS of training (e.g. 20s) or at N%% of the sample budget (the same "
                         "work under every policy; default 33%%, a third of the way)")
-    add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
-                      f"{paired_text()}; a rule given applies to every policy")
-    p.add_argument("--out", help="output folder (default runs/<time>-compare)")
-    p.add_argument("--quiet", action="store_true", help="no per-run progress bar")
-    p.add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,
-                   help="give up on one run after this many seconds (default 900)")
+    g = add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
+                          f"{paired_text()}; a rule given applies to every policy")
+    g["run"].add_argument("--out", help="output folder (default runs/<time>-compare)")
+    g["run"].add_argument("--quiet", action="store_true", help="no per-run progress bar")
+    g["run"].add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,
+                          help="give up on one run after this many seconds (default 900)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="your training script, run as the workers of every run (see above)")
     p.set_defaults(func=_run, parser_defaults={d: p.get_default(d) for d in SCRIPT_REFUSED})

@@ -35,53 +35,68 @@ Durations (--heartbeat-timeout, --max-seconds, --eval-interval, --checkpoint-sec
 --timeout) are seconds, or a number with a unit: 90s, 1500ms."""
 
 
-def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | None = None
-                      ) -> None:
-    """The options shared by `train` and `compare`; `d` holds the defaults shown and used.
+GROUPS = (("job", "the job: workers, shards, budget"),
+          ("policy", "sync policy and update rule"),
+          ("model", "model, data and device"),
+          ("network", "network and compression"),
+          ("faults", "stragglers, faults and checkpoints"),
+          ("observe", "observability"),
+          ("cluster", "cluster: where the processes run"),
+          ("run", "this run"))
+
+
+def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | None = None,
+                      policy_flags=None) -> dict:
+    """The options shared by `train` and `compare`, in help groups by topic; `d` holds the
+    defaults shown and used. Returns the groups {name: argparse group} for the caller's own
+    flags; `policy_flags(group)`, if given, adds the caller's policy flags first in theirs.
 
     optimizer_default, if given, is what --optimizer's help says its default is, and the flag
     then defaults to None (the caller picks the rule per policy)."""
     d = d or TrainConfig()
-    p.add_argument("--workers", type=flag.workers, default=d.workers, metavar="N|MIN:MAX",
+    g = {name: p.add_argument_group(title) for name, title in GROUPS}
+    if policy_flags is not None:
+        policy_flags(g["policy"])
+    g["job"].add_argument("--workers", type=flag.workers, default=d.workers, metavar="N|MIN:MAX",
                    help=f"workers; MIN:MAX makes the job elastic: it starts with MIN, a worker "
                         f"started by hand (PARAMSERVER_KEYS=RUN/keys paramserver worker --join "
                         f"$(cat RUN/coordinator.addr)) joins at any time up to MAX (more are "
                         f"refused), training waits while fewer than MIN are left, a worker "
                         f"sent SIGTERM finishes its step and leaves (default {d.workers})")
-    p.add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
+    g["job"].add_argument("--batch-rule", type=flag.batch_rule, default=d.batch_rule,
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default {d.batch_rule})")
-    p.add_argument("--servers", type=flag.servers, default=d.servers,
+    g["job"].add_argument("--servers", type=flag.servers, default=d.servers,
                    help=f"shards, or {AUTO_SERVERS_HELP}, or MIN:MAX: start MIN, let servers "
                         f"join (`paramserver server --join`) up to MAX and be drained "
                         f"(`paramserver drain`) back to MIN while training runs; key ranges "
                         f"move to balance bytes and load (default {d.servers})")
-    p.add_argument("--model", default=d.model,
+    g["model"].add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
-    p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+    g["model"].add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="model option, e.g. hidden=256 for mlp; dim=16, row_budget=100000, "
                         "admit_after=2, table_lr=0.05 for dlrm (repeatable)")
-    p.add_argument("--model-size", type=flag.model_size, metavar="COUNT",
+    g["model"].add_argument("--model-size", type=flag.model_size, metavar="COUNT",
                    help="parameters of a model sized by count (wide: the hidden width is "
                         "picked to match), e.g. 1e8, 500M, 1G")
-    p.add_argument("--dataset", default=d.dataset,
+    g["model"].add_argument("--dataset", default=d.dataset,
                    help=f"{catalog.listed(catalog.DATASETS)} (default {d.dataset})")
-    p.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
-    p.add_argument("--dataset-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+    g["model"].add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
+    g["model"].add_argument("--dataset-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="dataset option, e.g. samples=20000 for synthetic (repeatable)")
-    p.add_argument("--epochs", type=flag.positive_number, default=d.epochs, action=flag.Given,
+    g["job"].add_argument("--epochs", type=flag.positive_number, default=d.epochs, action=flag.Given,
                    help=f"passes over the training set, all workers together (default {d.epochs:g})")
-    p.add_argument("--steps", type=flag.positive_int, help="steps per worker instead of --epochs")
-    p.add_argument("--max-seconds", type=flag.positive_seconds,
+    g["job"].add_argument("--steps", type=flag.positive_int, help="steps per worker instead of --epochs")
+    g["job"].add_argument("--max-seconds", type=flag.positive_seconds,
                    help="stop after this much training time")
-    p.add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
+    g["job"].add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
-    p.add_argument("--optimizer", default=d.optimizer if optimizer_default is None else None,
+    g["policy"].add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    g["policy"].add_argument("--optimizer", default=d.optimizer if optimizer_default is None else None,
                    help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
                         f"(default {optimizer_default or d.optimizer})")
-    p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+    g["policy"].add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9 (repeatable)")
-    p.add_argument("--compress", default=d.compress,
+    g["network"].add_argument("--compress", default=d.compress,
                    help=f"gradient pruning: {catalog.listed(catalog.COMPRESSORS)}, or a value "
                         f"codec for dense pushes: {catalog.listed(catalog.CODECS)}, "
                         f"or auto: each worker by its --link rate, or its share of the "
@@ -90,90 +105,91 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                         f"(codec mixed: inner=CODEC, dense_below=N); dense without a tensor of "
                         f"4096 values or more; options dense_below, dense_at, bf16_at, "
                         f"slow=uniform8|topk, fraction) (default {d.compress})")
-    p.add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
+    g["network"].add_argument("--compress-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="pruning or codec option, e.g. fraction=0.01, k=2, "
                         "error_feedback=false, block=64; a pruner's values through a codec: "
                         "codec=bf16 (its options: codec.KEY=VALUE) (repeatable)")
-    p.add_argument("--pull-compress", default=d.pull_compress, metavar="CODEC",
+    g["network"].add_argument("--pull-compress", default=d.pull_compress, metavar="CODEC",
                    help=f"pull the change since the last pull, encoded by a codec: "
                         f"{catalog.listed(catalog.CODECS)}; none pulls dense "
                         f"(default {d.pull_compress}; float32 jobs)")
-    p.add_argument("--pull-refresh", type=flag.positive_int, default=d.pull_refresh,
+    g["network"].add_argument("--pull-refresh", type=flag.positive_int, default=d.pull_refresh,
                    metavar="N", help=f"with --pull-compress, every Nth pull is dense, which "
                                      f"ends the drift (default {d.pull_refresh})")
-    p.add_argument("--push-range", default=d.push_range, help=catalog.PUSH_RANGE_HELP)
-    p.add_argument("--schedule", default=d.schedule,
+    g["network"].add_argument("--push-range", default=d.push_range, help=catalog.PUSH_RANGE_HELP)
+    g["network"].add_argument("--schedule", default=d.schedule,
                    help="per-layer requests: push each layer's gradient as backward produces "
                         "it and pull layers in the order fifo, lifo or stalest (stalest layer "
                         f"first); off pushes and pulls the whole model (default {d.schedule})")
-    p.add_argument("--device", default=d.device, choices=("cpu", "cuda", "auto"),
+    g["model"].add_argument("--device", default=d.device, choices=("cpu", "cuda", "auto"),
                    help="where each worker's model computes: cpu, cuda (its flat buffers on "
                         "the GPU, pinned host copies for the wire; an error without CUDA) or "
                         f"auto (cuda if available, else cpu) (default {d.device})")
-    p.add_argument("--amp", default=d.amp, choices=AMP_MODES,
+    g["model"].add_argument("--amp", default=d.amp, choices=AMP_MODES,
                    help="mixed precision: forward and loss under torch.autocast in bf16 or "
                         "fp16 (fp16 scales the loss with torch.amp.GradScaler; a step whose "
                         "gradient overflowed pushes zeros); the parameters and what the servers "
                         f"hold stay float32 (default {d.amp})")
-    p.add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]", type=flag.link,
+    g["network"].add_argument("--link", action="append", metavar="[TARGET=]RATE[,LATENCY]", type=flag.link,
                    help="emulated network link (repeatable; grammar below), e.g. 100mbit for "
                         "every worker, w2=10mbit,5ms for worker 2, s0=1gbit for server 0")
-    p.add_argument("--straggler", default=d.straggler, type=flag.straggler,
+    g["faults"].add_argument("--straggler", default=d.straggler, type=flag.straggler,
                    help=f"slowness injected per worker, e.g. 1:3 (default {d.straggler}; "
                         f"grammar below)")
-    p.add_argument("--device-time", default=d.device_time, type=flag.device_time,
+    g["faults"].add_argument("--device-time", default=d.device_time, type=flag.device_time,
                    help=f"emulated compute time per sample, e.g. 2ms "
                         f"(default {d.device_time.text()}; "
                         f"see below)")
-    p.add_argument("--seed", type=flag.count, default=d.seed,
+    g["job"].add_argument("--seed", type=flag.count, default=d.seed,
                    help=f"random seed (default {d.seed})")
-    p.add_argument("--threads", type=flag.positive_int, default=d.threads,
+    g["model"].add_argument("--threads", type=flag.positive_int, default=d.threads,
                    help=f"torch threads per worker (default {d.threads}: workers share the cores)")
-    p.add_argument("--eval-interval", type=flag.seconds, default=d.eval_interval,
+    g["observe"].add_argument("--eval-interval", type=flag.seconds, default=d.eval_interval,
                    help=f"seconds between test evaluations; 0 runs no evaluator "
                         f"(default {d.eval_interval:g})")
-    p.add_argument("--dtype", default=d.dtype, choices=("float32", "float64"),
+    g["model"].add_argument("--dtype", default=d.dtype, choices=("float32", "float64"),
                    help="float32 or float64 parameters")
-    p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
+    g["faults"].add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=d.heartbeat_timeout,
                    help=f"seconds of silence before a worker is declared dead "
                         f"(default {d.heartbeat_timeout:g})")
-    p.add_argument("--stall-timeout", type=flag.positive_seconds, default=d.stall_timeout,
+    g["observe"].add_argument("--stall-timeout", type=flag.positive_seconds, default=d.stall_timeout,
                    help="seconds without a completed step after which the coordinator writes "
                         "RUN/stall-N.txt (who is missing, what each member waits for, every "
                         "member's stack; `paramserver doctor RUN` prints it) (default: 10 x "
                         "the median step time, at least 3 s or half the heartbeat timeout, "
                         "whichever is less)")
-    p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
+    g["network"].add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB; a larger one "
                         "disconnects its sender before it is read (default: the job's largest "
                         "legitimate frame plus headroom, from the model size)")
-    p.add_argument("--restart-workers", type=flag.count, default=d.restart_workers,
+    g["faults"].add_argument("--restart-workers", type=flag.count, default=d.restart_workers,
                    help="replace up to N workers that die; a replacement takes the dead one's "
                         f"rank and data shard and rejoins (default {d.restart_workers})")
-    p.add_argument("--restart-servers", type=flag.count, default=d.restart_servers,
+    g["faults"].add_argument("--restart-servers", type=flag.count, default=d.restart_servers,
                    help="restart up to N servers that die, from the latest usable checkpoint "
                         "at the same address (the initial parameters before the first one; "
                         "needs --checkpoint-every or --checkpoint-seconds; the updates lost "
                         "since are counted in summary.json). With 0, a server's "
                         f"death stops the job (default {d.restart_servers})")
-    p.add_argument("--replicas", type=int, choices=(1, 2), default=d.replicas,
+    g["faults"].add_argument("--replicas", type=int, choices=(1, 2), default=d.replicas,
                    help="copies of each shard: 2 runs a backup beside each shard server, which "
                         "every update reaches before it is acknowledged and which takes over, "
                         "with no update lost, when the primary dies (a new backup is then "
                         "rebuilt from the survivor); twice the server processes; exclusive "
                         f"with --restart-servers (default {d.replicas})")
-    p.add_argument("--restart-coordinator", type=flag.count, default=d.restart_coordinator,
+    g["faults"].add_argument("--restart-coordinator", type=flag.count, default=d.restart_coordinator,
                    help="restart a coordinator that dies, up to N times, at the same address: "
                         "it takes back the live servers and workers without restarting them "
                         "(with checkpoints, it also reads the latest one); members then wait "
                         "up to 30 s for it, not 1.5 heartbeat timeouts. With 0, the "
                         f"coordinator's death stops the job (default {d.restart_coordinator})")
-    p.add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
-    p.add_argument("--checkpoint-every", type=flag.positive_int,
+    g["faults"].add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
+    g["faults"].add_argument("--checkpoint-every", type=flag.positive_int,
                    help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
-    p.add_argument("--checkpoint-seconds", type=flag.positive_seconds,
+    g["faults"].add_argument("--checkpoint-seconds", type=flag.positive_seconds,
                    help="checkpoint every N seconds")
-    flag.add_observe_args(p)
+    flag.add_observe_args(g["observe"])
+    return g
 
 
 def _max_workers(workers) -> int:
@@ -364,19 +380,22 @@ def register(sub) -> None:
                                    "Writes config.json, metrics.jsonl, events.jsonl and "
                                    "summary.json into the run folder.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sync", default=TrainConfig.sync,
-                   help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} "
-                        f"(default {TrainConfig.sync})")
-    p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
-                   help="sync-policy option, e.g. staleness=3 (repeatable)")
-    add_training_args(p)
-    p.add_argument("--out", help="run folder (default runs/<time>-<sync>)")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest usable checkpoint (an "
-                        "unusable one is named and the previous kept one used; its saved "
-                        "settings; --epochs/--steps/--max-seconds given here extend the budget)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
-                   help="give up if the job has not finished after this many seconds")
-    add_launcher_args(p)
+    def policy_flags(group) -> None:
+        group.add_argument("--sync", default=TrainConfig.sync,
+                           help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} "
+                                f"(default {TrainConfig.sync})")
+        group.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
+                           type=flag.option, help="sync-policy option, e.g. staleness=3 "
+                                                  "(repeatable)")
+    g = add_training_args(p, policy_flags=policy_flags)
+    g["run"].add_argument("--out", help="run folder (default runs/<time>-<sync>)")
+    g["run"].add_argument("--resume", metavar="RUN_DIR",
+                          help="continue the run in RUN_DIR from its newest usable checkpoint "
+                               "(an unusable one is named and the previous kept one used; its "
+                               "saved settings; --epochs/--steps/--max-seconds given here "
+                               "extend the budget)")
+    g["run"].add_argument("--quiet", action="store_true", help="no progress bar")
+    g["run"].add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
+                          help="give up if the job has not finished after this many seconds")
+    add_launcher_args(g["cluster"])
     p.set_defaults(func=_run, parser_defaults={n: p.get_default(n) for n in BUDGET_OPTIONS})
