@@ -67,7 +67,7 @@ def test_grid_runs_every_policy_with_compares_update_rule_pairing(tmp_path):
     # advise recommends among every policy, so the default grid runs them all; SSP and DSSP
     # with their own rule, as compare runs them
     assert {p for p, _ in rules} == {"bsp", "asp", "ssp", "dssp", "ebsp", "r2sp", "lbbsp"}
-    assert rules == {("bsp", "sgd"), ("asp", "sgd"), ("ebsp", "sgd"), ("r2sp", "sgd"),
+    assert rules == {("bsp", "sgd"), ("asp", "sgd"), ("ebsp", "dynsgd"), ("r2sp", "sgd"),
                      ("lbbsp", "sgd"), ("ssp", "dynsgd"), ("dssp", "dynsgd")}
     assert len(runs) == 7 * 2 * 2  # x one-slow, homogeneous x 2 repeats
     # an --optimizer given names every run's rule

@@ -74,7 +74,7 @@ def test_bad_compress_variants_are_refused(bad):
 
 
 def test_bounded_staleness_policies_get_their_paired_rule_unless_one_is_given(tmp_path):
-    assert paired_optimizers() == {"ssp": "dynsgd", "dssp": "dynsgd"}
+    assert paired_optimizers() == {"ssp": "dynsgd", "ebsp": "dynsgd", "dssp": "dynsgd"}
     assert rule_pairing(None) == ("sgd", paired_optimizers())
     assert rule_pairing("momentum") == ("momentum", {})  # a rule given is every run's
     base = TrainConfig(workers=4, optimizer="sgd", optimizer_options={"x": 1})

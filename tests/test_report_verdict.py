@@ -18,7 +18,7 @@ def row(policy, tta, repeats=3, reached=None, lo=None, hi=None, final=0.95, best
 def test_names_the_fastest_with_ratio_seconds_cost_and_spread():
     v = scenario_verdict("one-slow", [row("bsp", 3.0, final=0.95),
                                       row("asp", 1.5, lo=1.0, hi=2.0, final=0.93),
-                                      row("ebsp", 2.0), row("single", 0.5, repeats=1)], TARGET)
+                                      row("ebsp", 2.5), row("single", 0.5, repeats=1)], TARGET)
     assert v.fastest == ("asp",)  # the one-worker reference is faster but not a policy
     assert "asp is the soonest to reach 90% test accuracy: 1.50 s" in v.text
     assert "median of 3 repeats, 3 reached the target, spread 1.00–2.00 s" in v.text
@@ -116,3 +116,27 @@ def test_a_policy_that_ended_below_the_target_is_named_but_not_the_answer():
     v = scenario_verdict("one-slow", [row("bsp", 4.7, final=0.94), row("asp", 2.7, final=0.9)],
                          0.95)
     assert v.fastest == ("asp",) and "ended below" not in v.text
+
+
+def test_overlapping_repeats_are_a_tie_and_say_why():
+    """LB-BSP at 2.14 s and ASP at 2.16 s, their repeats overlapping: no winner is named."""
+    v = scenario_verdict("s", [row("bsp", 3.0), row("lbbsp", 2.14, lo=1.9, hi=2.6),
+                               row("asp", 2.16, lo=2.0, hi=2.3), row("ssp", 2.8, lo=2.7,
+                                                                     hi=2.9)], TARGET)
+    assert v.fastest == ("lbbsp", "asp")
+    assert "lbbsp and asp tie as the soonest" in v.text
+    assert "overlap (lbbsp 1.90–2.60 s, asp 2.00–2.30 s)" in v.text
+    apart = scenario_verdict("s", [row("bsp", 3.0), row("lbbsp", 2.14, lo=1.9, hi=2.0),
+                                   row("asp", 2.5, lo=2.4, hi=2.6)], TARGET)
+    assert apart.fastest == ("lbbsp",) and "tie" not in apart.text
+
+
+def test_single_runs_within_five_percent_are_a_tie():
+    close = scenario_verdict("s", [row("bsp", 3.0, repeats=1), row("lbbsp", 2.14, repeats=1),
+                                   row("asp", 2.16, repeats=1)], TARGET)
+    assert close.fastest == ("lbbsp", "asp")
+    assert "Single runs within 5% of each other (lbbsp 2.14 s, asp 2.16 s)" in close.text
+    assert "--repeats 3" in close.text
+    far = scenario_verdict("s", [row("bsp", 3.0, repeats=1), row("asp", 2.0, repeats=1)],
+                           TARGET)
+    assert far.fastest == ("asp",)

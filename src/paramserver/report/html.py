@@ -292,6 +292,12 @@ def diagnoses(c: Collection, rows: list[Row]) -> dict[tuple[str, str], Diagnosis
     return out
 
 
+# Where a user goes from here: this comparison's cluster is emulated on one machine.
+ADVISE_LINE = ("For your own cluster: `paramserver advise --profile RUN_DIR` fits a model of "
+               "it from one of your runs (or a short live run) and ranks the policies at its "
+               "scale.")
+
+
 def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile],
                     why: dict[tuple[str, str], Diagnosis] | None = None) -> str:
     """The answer first: a verdict paragraph per scenario, then its time-to-target figure."""
@@ -299,6 +305,7 @@ def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile],
     for v in verdicts(rows, c.target, c.score, diverged_times(c), why):
         out.append(f"<p class='verdict'>{_e(v.text)}</p>")
         out += [_figure(f) for f in figures if f.scenario == v.scenario and f.kind == TOP_FIGURE]
+    out.append(f"<p class='advise'>{_e(ADVISE_LINE)}</p>")
     return "\n".join(out)
 
 

@@ -7,7 +7,6 @@ wording can be tested on hand-built rows.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from paramserver.report.collect import fmt_target
@@ -17,6 +16,19 @@ from paramserver.report.table import BASELINE, Row
 # Medians this close count as a tie: repeats are timed to the millisecond at best, so a
 # difference below that says nothing about the policies.
 TIE_S = 1e-3
+# Single runs (no spread to go by) this close count as a tie: a run's time to target on this
+# machine swings by about 15% from run to run (benchmarks/README.md), so 5% is no verdict.
+TIE_SINGLE = 0.05
+
+
+def tied(a: Row, b: Row) -> bool:
+    """Whether a and b reach the target too close together to name one: with repeats, their
+    times overlap (each one's [min, max]); single runs, within TIE_SINGLE of each other."""
+    if a.repeats > 1 and b.repeats > 1 and None not in (a.tta_min, a.tta_max, b.tta_min,
+                                                          b.tta_max):
+        return a.tta_min <= b.tta_max + TIE_S and b.tta_min <= a.tta_max + TIE_S
+    return abs(a.tta_median - b.tta_median) <= max(
+        TIE_S, TIE_SINGLE * min(a.tta_median, b.tta_median))
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,16 @@ def _against_bsp(best: Row, base: Row | None, score: str) -> str:
     ratio = base.tta_median / best.tta_median
     return (f"×{ratio:.2f} sooner than BSP ({saved:.2f} s saved on BSP's "
             f"{base.tta_median:.2f} s); " + _cost(best, base, score))
+
+
+def _tie_reason(ties: list[Row]) -> str:
+    """Why the tied policies are not told apart."""
+    if all(r.repeats > 1 for r in ties):
+        spans = ", ".join(f"{r.policy} {r.tta_min:.2f}–{r.tta_max:.2f} s" for r in ties)
+        return f"Their repeats' times overlap ({spans}): the difference is inside the spread."
+    times = ", ".join(f"{r.policy} {r.tta_median:.2f} s" for r in ties)
+    return (f"Single runs within {100 * TIE_SINGLE:.0f}% of each other ({times}) are inside a "
+            f"run's noise here; --repeats 3 tells them apart, if anything does.")
 
 
 def _failure(row: Row, score: str, diverged: list[float]) -> str:
@@ -130,17 +152,19 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     dropped = [r for r in reached if r not in held]
     pool = held or reached
     best = pool[0]
-    tied = [r for r in pool if math.isclose(r.tta_median, best.tta_median, abs_tol=TIE_S)]
+    ties = [r for r in pool if tied(r, best)]
     # Among tied policies, BSP is named first: it needs no staleness, so it is the safe pick.
-    tied.sort(key=lambda r: r.policy != BASELINE)
-    best = tied[0]
+    ties.sort(key=lambda r: r.policy != BASELINE)
+    best = ties[0]
     # A policy that ran with its own update rule (compare's pairing) is named with it.
     names = " and ".join(f"{r.policy} (with {r.optimizer})" if r.own_rule else r.policy
-                         for r in tied)
+                         for r in ties)
     base = next((r for r in rows if r.policy == BASELINE), None)
-    lead = (f"On {scenario}, {names} {'tie as' if len(tied) > 1 else 'is'} the soonest to "
+    lead = (f"On {scenario}, {names} {'tie as' if len(ties) > 1 else 'is'} the soonest to "
             f"reach {goal}: {best.tta_median:.2f} s ({_confidence(best)}); "
             + _against_bsp(best, base, score) + ".")
+    if len(ties) > 1:
+        lead += " " + _tie_reason(ties)
     sooner = [r for r in dropped if held and r.tta_median < best.tta_median - TIE_S]
     if sooner:
         lead += (" Sooner, but ended below the target: " + "; ".join(
@@ -156,7 +180,7 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     lost = [why(r) for r in reached if r.reached == r.repeats and r.policy in diagnoses]
     if lost:
         lead += " Reached, then lost: " + "; ".join(lost) + "."
-    return Verdict(scenario, tuple(r.policy for r in tied), lead)
+    return Verdict(scenario, tuple(r.policy for r in ties), lead)
 
 
 def verdicts(rows: list[Row], target: float, score: str = "accuracy",
