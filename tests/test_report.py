@@ -348,7 +348,8 @@ addEventListener('load', () => {
   const box = sel => { const r = document.querySelector(sel).getBoundingClientRect();
                        return {top: r.top, bottom: r.bottom, height: r.height}; };
   const out = {h1: box('h1'), verdict: box('p.verdict'), figure: box('figure'),
-               table: box('table.tta'), screen: innerHeight,
+               table: box('table.tta'), screen: innerHeight, width: innerWidth,
+               page_width: document.documentElement.scrollWidth,
                order: [...document.body.children].slice(0, 5).map(
                  e => e.tagName.toLowerCase() + (e.className ? '.' + e.className : ''))};
   const pre = document.createElement('pre'); pre.id = 'layout';
@@ -381,6 +382,13 @@ def test_report_renders_in_headless_chromium_with_the_verdict_first(built, tmp_p
     # ...on the first screen: all of the verdict, and the top of its figure
     assert v["height"] > 0 and v["bottom"] <= layout["screen"]
     assert f["top"] < layout["screen"] and f["height"] > 200
+    # Nothing wider than the window: a wide table scrolls in its own box, the page does not.
+    assert layout["page_width"] <= layout["width"], layout
+    narrow = subprocess.run([*CHROMIUM[:-1], "--window-size=640,800", profile, "--dump-dom",
+                             probe.as_uri()], capture_output=True, text=True, timeout=120,
+                            check=False).stdout
+    small = json.loads(html.unescape(re.search(r'<pre id="layout">(.*?)</pre>', narrow).group(1)))
+    assert small["page_width"] <= small["width"], small
 
 
 def test_codec_runs_show_their_bytes_and_formats_in_table_and_csv(tmp_path):

@@ -192,8 +192,8 @@ def attribution_section(rows: list[Blame]) -> str:
            "late it closed each round, times the workers waiting; arrival mode: the waits a "
            "policy's bound imposed while it was furthest behind), split by its flag then: "
            "<b>chronic</b> (slow in most of its recent steps), <b>transient</b> (a burst), or "
-           "neither. Every worker of every run is a row of "
-           "<a href='attribution.csv'>attribution.csv</a>.</p>"]
+           "neither; the workers others lost most to first. Every worker of every run is a "
+           "row of <a href='attribution.csv'>attribution.csv</a>.</p>"]
     for (scenario, policy), workers in groups.items():
         total = sum(b.lost_s for bs in workers.values() for b in bs)
         ranked = sorted(workers.items(), key=lambda kv: -sum(b.lost_s for b in kv[1]))
@@ -202,7 +202,12 @@ def attribution_section(rows: list[Blame]) -> str:
         if not ranked:
             out.append("<p>Nobody waited for anybody.</p>")
             continue
-        out.append("<table><tr><th>worker</th><th>host</th><th>link</th><th>others lost s</th>"
+        # Host and link say something where workers ran on several hosts or behind emulated
+        # links; on one host without --link they would be dashes and a loopback probe.
+        hosts = {b.host for _, bs in ranked for b in bs if b.host}
+        show_link = any("--link" in b.link for _, bs in ranked for b in bs) or len(hosts) > 1
+        out.append("<table><tr><th>worker</th>" + ("<th>host</th>" if hosts else "")
+                   + ("<th>link</th>" if show_link else "") + "<th>others lost s</th>"
                    "<th>share</th><th>chronic s</th><th>transient s</th><th>neither s</th>"
                    "<th>flag at end</th><th>mean injected factor</th></tr>")
         for w, bs in ranked:
@@ -213,8 +218,9 @@ def attribution_section(rows: list[Blame]) -> str:
             host = " / ".join(sorted({b.host for b in bs if b.host})) or "-"
             link = " / ".join(sorted({b.link for b in bs if b.link})) or "-"
             out.append(
-                f"<tr><td>{w}</td><td>{e(host)}</td><td>{e(link)}"
-                f"</td><td>{lost:.1f}</td><td>{lost / total:.0%}</td>"
+                f"<tr><td>{w}</td>" + (f"<td>{e(host)}</td>" if hosts else "")
+                + (f"<td>{e(link)}</td>" if show_link else "")
+                + f"<td>{lost:.1f}</td><td>{lost / total:.0%}</td>"
                 f"<td>{sum(b.chronic_s for b in bs):.1f}</td>"
                 f"<td>{sum(b.transient_s for b in bs):.1f}</td>"
                 f"<td>{sum(b.normal_s for b in bs):.1f}</td><td>{e(states)}</td>"

@@ -50,7 +50,8 @@ _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;
 max-width:1100px;padding:0 1.5em;color:#222;line-height:1.45}
 h1{margin-bottom:.2em}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
-.sub{color:#666}table{border-collapse:collapse;margin:.8em 0;font-size:.92em}
+.sub{color:#666}table{border-collapse:collapse;margin:.8em 0;font-size:.92em;display:block;
+max-width:100%;overflow-x:auto}
 td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
 table.tta td{white-space:nowrap}
 table.tta td:not(:first-child),table.share td{text-align:right}
