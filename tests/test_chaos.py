@@ -39,6 +39,7 @@ def check(r: dict, worker_kills: int) -> None:
     assert r["members_kept"] == r["members_at_kill"], r
 
 
+@pytest.mark.slow  # fast twins: each role killed alone (runtime_faults, *_recovery)
 def test_chaos_asp_with_a_worker_a_server_and_the_coordinator_killed(tmp_path):
     r = chaos.chaos_run("asp", tmp_path, seed=3, worker_kills=1, checkpoint_every=EVERY,
                         epochs=6.0, kill_coordinator=True)

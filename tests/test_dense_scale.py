@@ -96,7 +96,7 @@ def _steps(kv: KVWorker, steps: int = 3) -> list[np.ndarray]:
     return seen
 
 
-@pytest.mark.parametrize("sync", ["asp", "bsp"])  # arrival mode, round mode
+@pytest.mark.parametrize("sync", ["asp", pytest.param("bsp", marks=pytest.mark.slow)])
 def test_chunked_pushes_and_pulls_equal_one_message_per_shard(tmp_path, sync):
     results = {}
     for chunk_bytes in (SMALL, 1 << 30):
@@ -368,7 +368,7 @@ def _tcp_steps(kv: KVWorker, steps: int = 3) -> list[np.ndarray]:
     return seen
 
 
-@pytest.mark.parametrize("sync", ["asp", "bsp"])  # arrival mode, round mode
+@pytest.mark.parametrize("sync", ["asp", pytest.param("bsp", marks=pytest.mark.slow)])
 def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync):
     """Shared memory off: pieces (1.87 MB) above chunk_bytes (1 MB) go in 0.25 MB TCP chunks
     (8 per shard, 3 in flight) and give exactly what one message per shard gives; a worker

@@ -225,6 +225,7 @@ def gpu_check(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # .ci/run runs gpu_check.py with the staging forced, after the suite
 def test_the_gpu_check_passes_with_staging_forced_on_the_cpu(tmp_path):
     """The fast twin of the full check (test_the_whole_gpu_check_passes_here): one row, the
     built-in task with bf16 encoded where the gradient lives, bit for bit against the plain

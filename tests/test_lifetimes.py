@@ -188,6 +188,7 @@ def _worker_loses_its_server(procs: Procs, tmp_path: Path, curve: bool) -> None:
     assert "unreachable" in procs.log("worker")
 
 
+@pytest.mark.slow  # fast twins: a worker gone with its coordinator; the launched roles
 def test_a_worker_started_by_hand_exits_once_its_server_is_gone(tmp_path):
     _plain_and_curve(tmp_path, _worker_loses_its_server)
 
@@ -207,6 +208,7 @@ def _server_and_evaluator_lose_their_coordinator(procs: Procs, tmp_path: Path,
     assert "has been silent" in procs.log("server")
 
 
+@pytest.mark.slow  # fast twins: a worker gone with its coordinator; the launched roles
 def test_a_server_and_an_evaluator_started_by_hand_exit_once_their_coordinator_is_gone(
         tmp_path):
     """(Both in one job: a server with no workers yet, and an observer asking the status.)"""
@@ -222,6 +224,7 @@ def _coordinator_loses_its_workers(procs: Procs, tmp_path: Path, curve: bool) ->
     _exit_within(procs, "server", 2 * HEARTBEAT_TIMEOUT + 2 * COORDINATOR_TIMEOUT, killed)
 
 
+@pytest.mark.slow  # fast twins: a worker gone with its coordinator; the launched roles
 def test_a_coordinator_exits_once_all_its_workers_are_gone(tmp_path):
     _plain_and_curve(tmp_path, _coordinator_loses_its_workers)
 

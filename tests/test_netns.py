@@ -88,6 +88,7 @@ def test_job_across_three_namespaced_hosts_reaches_the_target(lab, ebsp):
     assert fast["steps"] > 3 * slow["steps"], (fast, slow)
 
 
+@pytest.mark.slow  # fast twin: the three-host job above, behind the same shaped link
 def test_with_a_tbf_limited_link_ebsp_beats_bsp(ebsp, bsp):
     (_, e), (_, b) = ebsp, bsp
     t_e, t_b = e["time_to_accuracy"][f"{TARGET:g}"], b["time_to_accuracy"][f"{TARGET:g}"]

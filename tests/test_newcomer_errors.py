@@ -128,7 +128,7 @@ def test_ctrl_c_keeps_what_was_trained(tmp_path):
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             metrics = run / "metrics.jsonl"
-            if metrics.exists() and metrics.read_text().count('"kind": "step"') >= 20:
+            if metrics.exists() and metrics.read_text().count("\"kind\": \"step\"") >= 8:
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
@@ -142,7 +142,7 @@ def test_ctrl_c_keeps_what_was_trained(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and f"{run} keeps the steps done" in err, err
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["steps"] >= 20
+    assert summary["interrupted"] is True and summary["steps"] >= 8
     state = torch.load(run / "model.pt", weights_only=True)
     assert "1.weight" in state and torch.isfinite(state["1.weight"]).all()
     gone = psutil.wait_procs(children, timeout=10)[1]

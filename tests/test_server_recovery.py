@@ -137,6 +137,7 @@ def _recovering_job(cluster):
         cluster.stop()
 
 
+@pytest.mark.slow  # fast twin: test_resume's corrupt-checkpoint fallback, and the restart above
 def test_a_restarted_server_whose_checkpoint_is_truncated_falls_back_to_the_previous_one(
         tmp_path):
     cluster = LocalCluster(_job(tmp_path), tmp_path / "run", job_timeout=120, restart_servers=1)

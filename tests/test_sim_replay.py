@@ -207,6 +207,7 @@ def assert_timing_within(r):
         assert abs(err) <= TOL, (key, r["live"][key], r["sim"][key])
 
 
+@pytest.mark.slow  # fast twins: the live ASP replay, and replays of recorded logs above
 def test_live_bsp_replayed_makes_the_same_rounds_in_the_same_time(bsp_replay):
     r = bsp_replay
     assert r["log_check"] == {"live": [], "sim": []}  # the re-run is the coordinator's log

@@ -462,7 +462,9 @@ def test_a_resumed_job_starts_from_the_tables_checkpoint(tmp_path):
 
 
 # ---- every sync policy --------------------------------------------------------------------------
-@pytest.mark.parametrize("sync", SYNC_POLICIES.names())
+# One arrival-mode and one round-mode policy in the default suite; every policy under -m slow.
+@pytest.mark.parametrize("sync", [s if s in ("asp", "bsp") else pytest.param(
+    s, marks=pytest.mark.slow) for s in SYNC_POLICIES.names()])
 def test_every_sync_policy_runs_steps_of_rows(tmp_path, sync):
     workers, steps = 2, 3
     done = threading.Barrier(workers, timeout=60)
