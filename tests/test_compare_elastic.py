@@ -91,7 +91,7 @@ def test_an_elastic_comparison_runs_every_policy_through_the_joins(tmp_path):
     # 64 ms a step (32 x 2 ms): ~3 s an epoch alone, so the joiner, started at 15% (~2 s in),
     # has time to start (Python and torch: seconds on a loaded machine) and train.
     code = main(["compare", "--sync", "bsp,ssp", "--workers", "1:2", "--join-at", "15%",
-                 "--epochs", "4", "--device-time", "2ms", "--no-single", "--quiet",
+                 "--epochs", "4", "--device-time", "2ms", "--no-single", "--quiet", "--repeats", "1",
                  "--out", str(tmp_path), "--scenario", "homogeneous", "--eval-interval", "1"])
     assert code == 0
     plan = json.loads((tmp_path / "compare.json").read_text())

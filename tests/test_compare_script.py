@@ -39,7 +39,7 @@ def compare(tmp_path, script: Path, *flags: str, timeout: float = 120):
     out = tmp_path / "cmp"
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "compare", "--out", str(out), "--quiet",
-         "--no-single", *flags, "--", sys.executable, str(script)],
+         "--no-single", "--repeats", "1", *flags, "--", sys.executable, str(script)],
         capture_output=True, text=True, timeout=timeout)
     return proc, out
 

@@ -119,6 +119,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
     from paramserver.runlog.progress import JobProgress
+    if not launcher or launcher.get("name", "local") == "local":
+        from paramserver.launch import zygote
+        zygote.warm()  # its imports overlap the checks below
     if cfg.servers == AUTO_SERVERS:  # config.json keeps the count: a resume gets the same shards
         cfg = resolve_servers(cfg)
     if not launcher or launcher.get("name", "local") == "local":

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from paramserver.launch import zygote
 from paramserver.launch.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
 from paramserver.transport import security, shaping
@@ -50,7 +51,7 @@ class LaunchError(RuntimeError):
 class Child:
     role: str
     index: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | zygote.ForkedRole
     log_path: Path
     replaced: bool = False
     pump: threading.Thread | None = None  # copies a streamed child's output to log and console
@@ -155,6 +156,11 @@ class LocalCluster:
         if command is not None:
             env.update(self.worker_env(index))
         streamed = command is not None and self.stream is not None
+        if command is None and zygote.enabled():  # a role of ours: forked, imports done
+            child = Child(role, index, zygote.ForkedRole([role, *args], env, log_path,
+                                                         _die_with_parent), log_path)
+            self.children.append(child)
+            return child
         command = command or [sys.executable, "-m", "paramserver", role, *args]
         with open(log_path, "ab") as log:
             try:
