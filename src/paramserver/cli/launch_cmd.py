@@ -187,6 +187,9 @@ def _run(args) -> int:
     if flag.check_observe_args(args, "launch"):
         return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-launch-{args.sync}")
+    if args.launcher != "ray":
+        from paramserver.launch import zygote
+        zygote.warm()  # the coordinator's and the servers' imports, beside the checks below
     try:
         job = build_job(args, run_dir)
     except ValueError as exc:

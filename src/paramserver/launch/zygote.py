@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -70,8 +71,11 @@ def _role_main(argv: list[str], env: dict, cwd: str, log_path: str, prepare) -> 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 1
     try:
-        from paramserver.cli.main import main
-        code = main(list(argv))
+        # What `python -m paramserver ROLE ...` runs, run as that program (not imported from
+        # here: the command line sits above the launcher).
+        sys.argv = ["paramserver", *argv]
+        runpy.run_module("paramserver", run_name="__main__", alter_sys=True)
+        code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - an exception a role did not catch: its log says it
