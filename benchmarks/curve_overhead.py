@@ -32,8 +32,9 @@ from paramserver.client.kv import KVWorker
 MODES = {"plain": None, "curve": "ephemeral"}
 
 
-def push_pull(nbytes: int, steps: int, keys, shared: bool) -> float:
-    """Median seconds of one push+pull of `nbytes`."""
+def push_pull(nbytes: int, steps: int, keys, shared: bool, codec: str | None = None) -> float:
+    """Median seconds of one push+pull of `nbytes` (the push through `codec` if named: its
+    payload is what crosses; the pull stays dense)."""
     n = nbytes // 4
     job = {"num_keys": n, "dtype": "float32", "servers": 1, "workers": 1, "batch_size": 1,
            "sync": {"name": "asp"}, "optimizer": {"name": "sgd", "lr": 1e-9},
@@ -51,9 +52,13 @@ def push_pull(nbytes: int, steps: int, keys, shared: bool) -> float:
                 grad, out = kv.shared_buffer(), np.empty(n, np.float32)
                 grad[:] = 1.0
                 times = []
+                enc = None
+                if codec is not None:
+                    from paramserver.compression import make_codec
+                    enc = make_codec(codec)
                 for _ in range(steps + 3):
                     t = time.perf_counter()
-                    kv.push(grad, step=0, batch=1)
+                    kv.push(grad, step=0, batch=1, codec=enc)
                     kv.pull(out=out)
                     times.append(time.perf_counter() - t)
                 return statistics.median(times[3:])  # the first ones connect and fault pages
@@ -82,6 +87,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=("pushpull", "bsp"), help="run one half")
+    parser.add_argument("--codec", help="push+pull: the push through this codec (e.g. bf16)")
     args = parser.parse_args()
     pp = {(m, s): [] for m in MODES for s in (True, False)}
     rr = {m: [] for m in MODES}
@@ -91,13 +97,14 @@ def main() -> int:
             for shared in (True, False):
                 if args.only in (None, "pushpull"):
                     pp[(mode, shared)].append(push_pull(args.size, args.steps, MODES[mode],
-                                                        shared))
+                                                        shared, args.codec))
             if args.only in (None, "bsp"):
                 rr[mode].append(bsp_rounds(args.rounds, MODES[mode]))
     if args.only != "bsp":
         med = {k: statistics.median(v) for k, v in pp.items()}
-        print(f"push+pull of {args.size / 1e6:.2f} MB, median of {args.repeats} x {args.steps} "
-              f"steps")
+        print(f"push+pull of {args.size / 1e6:.2f} MB"
+              f"{'' if args.codec is None else f' (pushes through {args.codec})'}, median of "
+              f"{args.repeats} x {args.steps} steps")
         for shared, label in ((True, "shared memory"), (False, "tcp only")):
             plain, curve = med[("plain", shared)], med[("curve", shared)]
             print(f"  {label:14s} plain {plain * 1e3:7.2f} ms  curve {curve * 1e3:7.2f} ms  "

@@ -37,7 +37,8 @@ from paramserver.client.links import ShardLinks
 from paramserver.client.requests import Moved, ShardRequests
 from paramserver.client.reshard import LayoutFollower
 from paramserver.client.session import CoordinatorSession
-from paramserver.client.transport import offer_shared_memory, shape_link, shared_buffer, unshape
+from paramserver.client.transport import (PayloadArea, offer_shared_memory, shape_link,
+                                          shared_buffer, unshape)
 from paramserver.compression import payload
 from paramserver.compression.codec import Codec
 from paramserver.core.keyspace import KeyRange
@@ -59,6 +60,8 @@ PROBE_TIMEOUT = 15.0
 # A request refused `moved` under the shard map it already follows (a server that has not
 # switched yet) is tried again after a pause growing up to this, for at most its timeout.
 MOVED_PAUSE = 0.2
+# Beyond a dense push's float32 bytes, a codec payload's per-block scales and alignment.
+PAYLOAD_SLACK = 1 << 20
 
 # Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
@@ -139,9 +142,11 @@ def _part(codec: Codec | None, sl: slice) -> Codec | None:
 
 
 def _values_message(handle: Handle, fields: dict, values: np.ndarray,
-                    codec: Codec | None, sent: np.ndarray | None = None) -> Message:
+                    codec: Codec | None, sent: np.ndarray | None = None,
+                    place=None) -> Message:
     """A dense push of `values` (encoded by `codec` when given), counted in handle.nbytes;
-    `sent` receives what the encoded values decode to."""
+    `sent` receives what the encoded values decode to; `place(handle, frames)` puts the
+    payload's frames where they go by reference (PayloadArea)."""
     if codec is None:
         handle.nbytes += values.nbytes
         return Message("push", fields, [values])
@@ -152,7 +157,7 @@ def _values_message(handle: Handle, fields: dict, values: np.ndarray,
     enc_fields, frames = payload.as_fields(codec, enc)
     fields.update(enc_fields)
     handle.nbytes += payload.frame_bytes(frames)
-    return Message("push", fields, frames)
+    return Message("push", fields, frames if place is None else place(handle, frames))
 
 
 def _as_keys(keys) -> np.ndarray:
@@ -254,9 +259,12 @@ class KVWorker:
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         # (Replicated shards move, and so do key ranges in an elastic-servers job: an arena
         # offered to one server would not follow its keys.)
+        # Room for the gradient buffer (shared_buffer) and a push's codec payload, which is
+        # never larger than float32 values (PayloadArea); pages are backed once touched.
         self.arena = offer_shared_memory(
-            self.shards, self.num_keys * self.dtype.itemsize,
+            self.shards, self.num_keys * (self.dtype.itemsize + 4) + PAYLOAD_SLACK,
             False if self._replicated or self._elastic_servers else shared_memory)
+        self.payload_area = PayloadArea(self.arena, self.num_keys * 4 + PAYLOAD_SLACK)
         self._chunking(settings)
         if heartbeat:
             self.session.start_heartbeat(settings.heartbeat_interval,
@@ -549,6 +557,10 @@ class KVWorker:
         chunk j says the version the worker pulled plus j, so the worker's own earlier chunks
         do not count as staleness; the push's staleness is the largest any chunk saw."""
         versions = self.core.versions
+        place = None
+        if codec is not None:  # its payload into the arena, to go by reference
+            self.payload_area.claim(handle)
+            place = self.payload_area.place
         if stream is None:
             send, last = self.requests.send, pieces[-1] if pieces else None
             for piece in pieces:
@@ -560,8 +572,8 @@ class KVWorker:
                 if beside is not None:
                     f["parts"] = 1 + beside
                 handle.parts.append((i, send(i, _values_message(
-                    handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl])),
-                    sl))
+                    handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl],
+                    place)), sl))
             return handle
         arrival, extra = self._arrival, beside or 0
 
@@ -570,7 +582,7 @@ class KVWorker:
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
             return _values_message(handle, f, arr[c.out], _part(codec, c.out),
-                                   None if sent is None else sent[c.out])
+                                   None if sent is None else sent[c.out], place)
         handle.stream = stream
         return self._start(handle, message)
 
@@ -605,6 +617,8 @@ class KVWorker:
             raise ValueError(f"sent must be {v.size} float32 values, given with a codec")
         decoded = None if sent is None else (sent if order is None else np.empty_like(sent))
         handle = Handle("push")
+        if codec is not None:
+            self.payload_area.claim(handle)
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
             # shard counts the worker's batch in the round's average.
@@ -621,7 +635,8 @@ class KVWorker:
                     decoded[a:b] = codec.decode(enc, b - a)
                 enc_fields, frames = payload.as_fields(codec, enc)
                 fields.update(enc_fields)
-                msg = Message("push_sparse", fields, [k[a:b], *frames])
+                msg = Message("push_sparse", fields,
+                              [k[a:b], *self.payload_area.place(handle, frames)])
                 handle.nbytes += k[a:b].nbytes + payload.frame_bytes(frames)
             handle.parts.append((i, self.requests.send(i, msg), slice(a, b)))
         if decoded is not None and order is not None:

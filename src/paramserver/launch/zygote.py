@@ -15,12 +15,14 @@ sends it the role's argv, environment and paths); no role's traffic passes throu
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import runpy
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 ENV = "PARAMSERVER_FORK"
@@ -90,6 +92,21 @@ def _role_main(argv: list[str], env: dict, cwd: str, log_path: str, prepare) -> 
     os._exit(int(code or 0))
 
 
+@contextlib.contextmanager
+def _no_main_module():
+    """multiprocessing has each child import the parent's __main__ again (a script's top level,
+    or its module run with -m) before the target runs. A role runs `paramserver ROLE`, not the
+    launcher's script (which may be a `python -c`, stdin, or a script with no main guard), so
+    while a role starts the launcher shows it no main module."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
 class ForkedRole:
     """A role forked from the zygote, with the part of subprocess.Popen's surface the launcher
     uses (pid, poll, wait, returncode, send_signal, terminate, kill)."""
@@ -101,7 +118,8 @@ class ForkedRole:
             target=_role_main, args=(list(argv), dict(env), os.getcwd(), str(log_path),
                                      prepare),
             daemon=True, name=f"paramserver {argv[0]}")
-        self._proc.start()
+        with _no_main_module():
+            self._proc.start()
         self.pid = self._proc.pid
         self.args = argv
 
