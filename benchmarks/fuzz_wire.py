@@ -6,7 +6,9 @@ DEALER's offer, the ROUTER's answer, the confirmation, and by-reference descript
 a protocol message whose array lies in a real arena. Mutations: random bytes, valid frames
 with bytes flipped, inserted, cut or frames dropped/added, header fields retyped or removed or
 set to extremes (NaN, Infinity, 2^64-1, negative, huge strings, paths), handshake fields
-likewise, nesting past the parser's recursion limit.
+likewise, nesting past the parser's recursion limit; and any field of any op replaced by raw
+msgpack that nests lists, maps or both at every depth up to msgpack's own limit (1024) and past
+it, wide containers, declared lengths far beyond the frame, and mixed types.
 
 Part 1 feeds N frames to the parsers (`wire.decode`, `shm_frames.parse_*`): anything but a
 WireError or ShmFrameError is a crash. Part 2 sends M of them to a live shard server and
@@ -169,9 +171,66 @@ def mutate_shm(rng: random.Random, seeds: ShmSeeds) -> list[bytes]:
     return frames
 
 
+_NEST_MARK = "\x00nest\x00"
+
+
+def nesting_depth(rng: random.Random) -> int:
+    """A depth anywhere up to just past msgpack's limit, dense where parsers change behaviour
+    (Python's recursion limit near 1000, msgpack's at 1024)."""
+    roll = rng.random()
+    if roll < 0.4:
+        return rng.randrange(1, 1100)
+    if roll < 0.8:
+        return rng.randrange(900, 1030)
+    return rng.choice([2, 31, 32, 33, 64, 999, 1000, 1023, 1024])
+
+
+def hostile_value(rng: random.Random) -> bytes:
+    """Raw msgpack for one hostile value: deep lists, maps or both, wide containers, lengths
+    declared far beyond the bytes that follow, or a mix (written by hand: msgpack's packer
+    refuses to nest past its limit, and the point is values no well-behaved packer makes)."""
+    kind = rng.randrange(6)
+    if kind == 0:  # a list in a list ... around a scalar
+        return b"\x91" * nesting_depth(rng) + b"\x01"
+    if kind == 1:  # {"a": {"a": ...}}
+        return b"\x81\xa1a" * nesting_depth(rng) + b"\x01"
+    if kind == 2:  # lists and maps alternating, each holding a scalar beside the next level
+        out = bytearray()
+        for i in range(nesting_depth(rng)):
+            out += b"\x92\x00" if i % 2 else b"\x82\xa1k\x00\xa1v"
+        return bytes(out + b"\xc0")
+    if kind == 3:  # wide: thousands of items, numbers, strings and small lists
+        n = rng.randrange(1, 6000)
+        items = [rng.choice([b"\x00", b"\xa1x", b"\x92\x00\x01", b"\xcb" + b"\x7f" * 8, b"\xc0"])
+                 for _ in range(n)]
+        return b"\xdc" + n.to_bytes(2, "big") + b"".join(items)
+    if kind == 4:  # a length far past the frame: array32, map32, str32, bin32
+        head = rng.choice([b"\xdd", b"\xdf", b"\xdb", b"\xc6"])
+        return head + rng.choice([0xFFFFFFFF, 1 << 30, 70_000]).to_bytes(4, "big") + b"\x00" * 4
+    # a mixed container holding a deep value and a deep map beside scalars
+    return (b"\x94\x01\xa1s" + b"\x91" * nesting_depth(rng) + b"\xc0"
+            + b"\x81\xa1d" * rng.randrange(1, 40) + b"\xc3")
+
+
+def mutate_nesting(rng: random.Random) -> list[bytes]:
+    """A valid message of any op with one field (its own, or v/op/rid/src/arrays) replaced
+    by a hostile value."""
+    msg = rng.choice(SEEDS)
+    frames = [bytes(f) for f in encode(msg)]
+    head = msgpack.unpackb(frames[0])
+    head[rng.choice(list(head) + ["zzz"])] = _NEST_MARK
+    packed = msgpack.packb(head)
+    mark = msgpack.packb(_NEST_MARK)
+    frames[0] = packed.replace(mark, hostile_value(rng), 1)
+    return frames
+
+
 def mutate_protocol(rng: random.Random) -> list[bytes]:
-    """One hostile protocol message: random bytes, a corrupted valid one, or a retyped field."""
-    kind = rng.randrange(5)
+    """One hostile protocol message: random bytes, a corrupted valid one, a retyped field, or
+    a field holding a hostile value."""
+    kind = rng.randrange(7)
+    if kind >= 5:
+        return mutate_nesting(rng)
     if kind == 0:
         return [rng.randbytes(rng.randrange(0, 64)) for _ in range(rng.randrange(0, 4))]
     frames = [bytes(f) for f in encode(rng.choice(SEEDS))]

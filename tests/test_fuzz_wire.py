@@ -35,3 +35,17 @@ def test_hostile_messages_to_live_sockets_leave_both_serving():
     live = fuzz.fuzz_live(1500, random.Random(2))
     assert live["alive"] and live["correct_after"]
     assert live["replies"] > 2000  # most hostile messages got an answer
+
+
+def test_the_fuzzer_nests_every_field_up_to_and_past_msgpacks_limit():
+    """The generators that found the RecursionError class: depths across Python's recursion
+    limit and msgpack's, in fields of every op; none of them gets past the decoder."""
+    rng = random.Random(3)
+    depths = {fuzz.nesting_depth(rng) for _ in range(3000)}
+    assert min(depths) == 1 and max(depths) >= 1024
+    assert set(range(990, 1024)) <= depths
+    for _ in range(3000):
+        try:
+            fuzz.parse(fuzz.mutate_nesting(rng))
+        except (fuzz.WireError, fuzz.ShmFrameError):
+            pass

@@ -108,3 +108,43 @@ def test_mutated_valid_frames_only_ever_raise_wire_error(data):
         decode([bytes(head), good[1]])
     except WireError:
         pass
+
+
+def _nested(depth: int, leaf=1):
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def _raw_push_with(field: str, raw_value: bytes) -> bytes:
+    """A push header whose `field` is `raw_value`, msgpack written by hand (its packer refuses
+    to nest as deep as its unpacker accepts)."""
+    head = {"v": PROTOCOL_VERSION, "op": "push", "rid": 1, "src": "w", "range": [0, 8],
+            "step": 0, "version": 0, "batch": 1, field: "\0mark\0"}
+    return msgpack.packb(head).replace(msgpack.packb("\0mark\0"), raw_value, 1)
+
+
+@pytest.mark.parametrize("depth", [2, 33, 900, 999, 1000, 1010, 1023, 1024, 5000])
+@pytest.mark.parametrize("field", ["range", "enc", "arrays", "rid", "zzz"])
+def test_a_field_nested_at_any_depth_is_refused_with_a_short_line(field, depth):
+    """Nesting msgpack accepts (up to 1023) but Python would recurse on when formatting the
+    refusal used to raise RecursionError and end the role; every depth is a WireError whose
+    text stays one short line."""
+    with pytest.raises(WireError) as refused:
+        decode([_raw_push_with(field, b"\x91" * depth + b"\x01")])
+    assert len(str(refused.value)) < 200
+
+
+def test_container_fields_nest_up_to_the_limit_and_no_deeper():
+    from paramserver.wire.protocol import MAX_NESTING
+    ok = Message("reshard", {"epoch": 1, "layout": _nested(MAX_NESTING - 1, []), "old": []})
+    assert decode(encode(ok)).fields["layout"] == _nested(MAX_NESTING - 1, [])
+    deep = {"a": 1}
+    for _ in range(MAX_NESTING):
+        deep = {"a": deep}
+    for fields in ({"epoch": 1, "layout": _nested(MAX_NESTING, []), "old": []},
+                   {"epoch": 1, "layout": [], "old": [0, {"x": _nested(MAX_NESTING)}]}):
+        with pytest.raises(WireError, match="nests deeper than"):
+            decode(encode(Message("reshard", fields)))
+    with pytest.raises(WireError, match="nests deeper than"):
+        decode(encode(Message("state", {"state": deep})))

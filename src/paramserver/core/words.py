@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 
 
 def nearest(word: str, known, cutoff: float = 0.6) -> str | None:
@@ -15,3 +16,17 @@ def did_you_mean(word: str, known) -> str:
     """' (did you mean X?)' for the nearest known word, else ''."""
     near = nearest(word, known)
     return f" (did you mean {near}?)" if near else ""
+
+
+# Values from peers and files are formatted into refusals: the repr is cut by depth and length
+# as it is built, so a container nested a thousand deep (under msgpack's and json's own
+# limits) cannot raise RecursionError, nor a huge one cost its full text.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 3, 6, 6, 6
+_SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxother = 60, 40, 60
+
+
+def shown(value, width: int = 80) -> str:
+    """`value`'s repr for an error line: bounded in depth and at most `width` characters."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."

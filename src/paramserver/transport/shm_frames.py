@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from paramserver.core.words import shown
+
 HEADER_BYTES = 4096  # an arena's first page: release counters, one uint64 per slot
 SLOTS = HEADER_BYTES // 8
 MAX_BODY_BYTES = 4096  # a hello or descriptor is a few hundred bytes
@@ -105,8 +107,7 @@ def _bool(info: dict, name: str, what: str) -> bool:
 
 
 def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shown(value, 40)
 
 
 def _map(value, what: str) -> dict:

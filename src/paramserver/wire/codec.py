@@ -8,8 +8,9 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
+from paramserver.core.words import shown
 from paramserver.wire.protocol import (
-    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_RECORD_FIELDS, NONNEG, OPS, PROTOCOL_VERSION, RANGE,
+    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, NONNEG, OPS, PROTOCOL_VERSION, RANGE,
     RECORD, SCHEMAS, STR,
 )
 
@@ -94,11 +95,11 @@ def _unpack_header(raw: memoryview) -> dict:
         raise WireError("header is not a map")
     version = header.get("v")
     if version != PROTOCOL_VERSION:
-        raise WireError(f"protocol version {version!r} not supported; this peer speaks "
+        raise WireError(f"protocol version {shown(version)} not supported; this peer speaks "
                         f"version {PROTOCOL_VERSION}")
     op = header.get("op")
     if not isinstance(op, str) or op not in OPS:
-        raise WireError(f"unknown op {op!r}")
+        raise WireError(f"unknown op {shown(op)}")
     if not _is_int(header.get("rid")) or header["rid"] < 0:
         raise WireError("rid must be a non-negative integer")
     if not isinstance(header.get("src"), str) or len(header["src"]) > 128:
@@ -115,7 +116,8 @@ def _check_value(name: str, kind, value) -> None:
         ok = (isinstance(value, (list, tuple)) and len(value) == 2
               and _is_int(value[0]) and _is_int(value[1]) and 0 <= value[0] <= value[1] < 1 << 62)
         if not ok:
-            raise WireError(f"field {name!r} must be [lo, hi] with 0 <= lo <= hi, got {value!r}")
+            raise WireError(f"field {name!r} must be [lo, hi] with 0 <= lo <= hi, "
+                            f"got {shown(value)}")
         return
     if kind == RECORD:
         ok = (isinstance(value, dict) and len(value) <= MAX_RECORD_FIELDS
@@ -128,18 +130,33 @@ def _check_value(name: str, kind, value) -> None:
         return
     if kind == NONNEG:
         if not _is_int(value) or not 0 <= value < _INT_END:
-            raise WireError(f"field {name!r} must be an integer in [0, 2^62), got {value!r}")
+            raise WireError(f"field {name!r} must be an integer in [0, 2^62), got {shown(value)}")
         return
+    if isinstance(value, (list, tuple, dict)) and _nests_past(value, MAX_NESTING):
+        raise WireError(f"field {name!r} nests deeper than {MAX_NESTING} levels")
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
         raise WireError(f"field {name!r} has type bool")
     if not isinstance(value, kinds):
         raise WireError(f"field {name!r} has type {type(value).__name__}")
     if isinstance(value, float) and not -_INF < value < _INF:
-        shown = "NaN" if value != value else value
-        raise WireError(f"field {name!r} must be a finite number, got {shown}")
+        raise WireError(f"field {name!r} must be a finite number, got "
+                        f"{'NaN' if value != value else value}")
     if _is_int(value) and not -_INT_END < value < _INT_END:
-        raise WireError(f"field {name!r} is {value!r}: integers must lie within +-2^62")
+        raise WireError(f"field {name!r} is {shown(value)}: integers must lie within +-2^62")
+
+
+def _nests_past(value, limit: int) -> bool:
+    """Whether containers in `value` nest more than `limit` deep; walked with a stack of its
+    own, since recursion is what a deep value would break."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        inner = item.values() if isinstance(item, dict) else item
+        stack.extend((v, depth + 1) for v in inner if isinstance(v, (list, tuple, dict)))
+    return False
 
 
 _MISSING = object()
@@ -182,7 +199,7 @@ def _check_fields(op: str, fields: dict) -> None:
             _check_value(name, kind, value)
     if known != len(fields):
         unknown = set(fields) - set(schema)
-        raise WireError(f"op {op!r} has unknown fields {sorted(unknown)}")
+        raise WireError(f"op {op!r} has unknown fields {shown(sorted(unknown))}")
 
 
 def _decode_arrays(specs, frames: Sequence) -> list[np.ndarray]:
@@ -193,7 +210,7 @@ def _decode_arrays(specs, frames: Sequence) -> list[np.ndarray]:
     for i, (spec, frame) in enumerate(zip(specs, frames)):
         if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES
                 or not _is_int(spec[1]) or not 0 <= spec[1] <= MAX_ELEMENTS):
-            raise WireError(f"array {i}: bad spec {spec!r} (want [dtype in {DTYPES}, count])")
+            raise WireError(f"array {i}: bad spec {shown(spec)} (want [dtype in {DTYPES}, count])")
         dtype = _DTYPE[spec[0]]
         buf = _buffer(frame)
         if buf.nbytes != spec[1] * dtype.itemsize:

@@ -20,6 +20,10 @@ RANGE = "range"  # [lo, hi) of non-negative ints
 NONNEG = "nonneg"  # non-negative int
 RECORD = "record"  # flat map of str -> number/str/bool/None, for metrics lines
 MAX_RECORD_FIELDS = 64
+# How deep a list or map field may nest. The deepest real one (a job inside `welcome`) is about
+# 5; msgpack itself stops at 1024, which leaves room for values that Python code formatting or
+# walking them would hit its recursion limit on.
+MAX_NESTING = 32
 
 
 def _f(kind, required=True):
