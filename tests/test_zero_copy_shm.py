@@ -217,3 +217,44 @@ def test_shared_memory_off_in_the_environment_keeps_bytes(tmp_path, monkeypatch)
             assert (first == 7.0).all()
         finally:
             kv.close()
+
+
+def test_hellos_that_cannot_be_mapped_leave_no_link_and_a_second_hello_unmaps_the_first():
+    """A flood of offers from another host (a foreign token) used to grow the ROUTER's link
+    table by one entry each, for good; only a mapped peer is kept, and a peer that offers
+    again has its first mapping let go."""
+    import json
+    from paramserver.transport.shm_arena import _STATES
+    ctx = zmq.Context()
+    router, addr = bind_router(ctx)
+    ours, theirs = shm.Arena(1 << 16), shm.Arena(1 << 16)
+    shm.serve_shared(router, ours)
+    dealers = []
+    try:
+        for i in range(300):
+            d = connect_dealer(ctx, addr)
+            dealers.append(d)
+            d.send_multipart([shm.HELLO, json.dumps(
+                {"arena": {**theirs.describe(), "host": f"elsewhere-{i}"}, "slot": 0}).encode()])
+        for _ in range(300):
+            assert router.poll(5000)
+            assert recv_message(router, True)[1] is None
+        for d in dealers:  # each was answered: not mapped, frames go as bytes
+            assert d.poll(5000)
+            assert json.loads(d.recv_multipart()[1]) == {"attached": False}
+        assert len(_STATES[router].links) == 0
+        mapped, peers = dealers[0], []
+        for slot in (1, 2):
+            mapped.send_multipart([shm.HELLO, json.dumps(
+                {"arena": theirs.describe(), "slot": slot}).encode()])
+            assert router.poll(5000)
+            recv_message(router, True)
+            (link,) = _STATES[router].links.values()
+            peers.append(link.peer)
+        assert link.slot == 2 and not peers[1].closed
+        assert peers[0].closed  # the first mapping let go, not left behind
+    finally:
+        for d in dealers:
+            d.close(0)
+        router.close(0)
+        ctx.term()

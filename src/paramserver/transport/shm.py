@@ -39,6 +39,7 @@ import zmq
 # _STATES is the one registry both modules (and zmq_sockets) read.
 from paramserver.transport.shm_arena import (
     HEADER_BYTES, SLOTS, _STATES, Arena, Loan, PeerArena, SharedFrame, _Link, _SocketState,
+    forget,
 )
 from paramserver.transport.shm_frames import (
     Confirm, ShmFrameError, parse_to_dealer, parse_to_router, parse_refs,
@@ -189,10 +190,14 @@ def _on_hello(sock: zmq.Socket, identity: bytes | None, body: bytes) -> None:
     # A ROUTER hears a DEALER's offer: map its arena, answer with ours.
     if state is None:
         state = _STATES[sock] = _SocketState(None, routed=True)
+    forget(state, identity)  # a second hello replaces the first link
     link = _Link()
     link.slot = hello.slot
     link.peer = None if hello.arena is None else PeerArena.attach(hello.arena)
-    state.links[identity] = link
+    if link.peer is not None:
+        # Only a mapped peer has anything to track; keeping the others would let a flood of
+        # unmappable hellos (another host's token) grow this table for good.
+        state.links[identity] = link
     answer = {"attached": link.peer is not None}
     if state.arena is not None and link.peer is not None:
         answer["arena"] = state.arena.describe()  # by reference once the DEALER confirms

@@ -213,7 +213,12 @@ def drop_departed(sock: zmq.Socket) -> int:
     gone = [ident for ident, link in state.links.items()
             if link.peer is not None and not link.peer.held()]
     for ident in gone:
-        peer = state.links.pop(ident).peer
-        if not peer.close():
-            _unmapping.append(peer)
+        forget(state, ident)
     return len(gone)
+
+
+def forget(state: _SocketState, identity: bytes | None) -> None:
+    """Drop the link to one peer, unmapping its arena (later, if frames of it are held)."""
+    link = state.links.pop(identity, None)
+    if link is not None and link.peer is not None and not link.peer.close():
+        _unmapping.append(link.peer)
