@@ -311,9 +311,10 @@ def test_status_tells_the_shards_counters():
 def test_checkpoint_then_restore_keeps_values_version_and_the_dedup_table():
     c = core()
     run(c, push("p", "w0", 1.0, rid=11))
-    save, saved = run(c, Checkpoint("coord", "t1", "/ckpt"))
-    assert save == SaveShard("t1", "/ckpt", save.arrays, save.meta)
-    assert saved == Reply("coord", "saved", {"tag": "t1", "version": 1})
+    (save,) = run(c, Checkpoint("coord", "t1", "/ckpt"))
+    # The answer goes once the part is on disk (the node writes it, then sends `done`).
+    assert save == SaveShard("t1", "/ckpt", save.arrays, save.meta, save.done)
+    assert save.done == Reply("coord", "saved", {"tag": "t1", "version": 1})
     assert save.meta["version"] == 1 and save.meta["applied"] == [["w0", [[11, {
         "version": 1, "staleness": 0}]]]]
     arrays = {k: v.copy() for k, v in save.arrays.items()}  # as read back from the files

@@ -283,6 +283,19 @@ def unbalanced_line(s: dict) -> str | None:
 BUDGET_OPTIONS = ("epochs", "steps", "max_seconds")
 
 
+def checkpoints_of(cfg: TrainConfig, run_dir: Path) -> Path | None:
+    """The checkpoint folder of a run, wherever the resume is started from: the one its
+    config names (absolute since runs record it so; an older run's relative path is tried
+    from here), else the run folder's own checkpoints/ (the default place, which moves with
+    the folder); None when neither holds a committed checkpoint."""
+    from paramserver.runlog.checkpoint import latest
+    for root in ([Path(cfg.checkpoint_dir)] if cfg.checkpoint_dir else []) + \
+            [run_dir / "checkpoints"]:
+        if latest(root) is not None:
+            return root.resolve()
+    return None
+
+
 def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     """The saved configuration of run folder `args.resume`, its budget extended from the CLI."""
     run_dir = Path(args.resume)
@@ -296,13 +309,15 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
             saved[name] = getattr(args, name)
     cfg = TrainConfig(**saved)
     from paramserver.runlog.checkpoint_set import usable_checkpoint
-    from paramserver.runlog.checkpoint import latest
-    if not cfg.checkpoint_dir or latest(Path(cfg.checkpoint_dir)) is None:
+    root = checkpoints_of(cfg, run_dir)
+    if root is None:
         raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
                          f"(was it run with --checkpoint-dir?)")
+    cfg.checkpoint_dir = str(root)
     job = doc.get("job") or {}  # the job it ran: its server count resolved
     tag, warnings = usable_checkpoint(cfg.checkpoint_dir, int(job.get("servers", cfg.servers)),
-                                      job.get("dtype", cfg.dtype))
+                                      job.get("dtype", cfg.dtype),
+                                      num_keys=job.get("num_keys") or None)
     for warning in warnings:
         print(f"paramserver train: {warning}", file=sys.stderr)
     if tag is None:

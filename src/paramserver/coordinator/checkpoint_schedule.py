@@ -25,6 +25,7 @@ class CheckpointSchedule:
         self.pending_tag: str | None = None
         self.waiting: set[int] = set()
         self.latest = latest  # the newest committed tag: a restarted server restores it
+        self._before = latest  # the one before `latest`, should `latest` fail to commit
 
     @property
     def enabled(self) -> bool:
@@ -57,5 +58,17 @@ class CheckpointSchedule:
         """The pending tag, now complete: the caller writes the coordinator's part and commits
         it (save_coordinator_state)."""
         tag, self.pending_tag = self.pending_tag, None
-        self.latest = tag
+        self._before, self.latest = self.latest, tag
         return tag
+
+    def give_up(self, tag: str) -> bool:
+        """Checkpoint `tag` could not be written (a shard's part or the coordinator's): not
+        pending any more, and not the latest if it had been completed. False when `tag` is
+        neither (a second shard's failure of the same one)."""
+        if tag == self.pending_tag:
+            self.abort()
+            return True
+        if tag == self.latest:
+            self.latest = self._before
+            return True
+        return False

@@ -151,13 +151,23 @@ class StatusAsked:
 
 @dataclass(slots=True)
 class ShardSaved:
-    """A server saved its shard for checkpoint `tag`."""
+    """A server saved its shard for checkpoint `tag` (or could not: `failed` says why)."""
 
     op: ClassVar[str] = "saved"
     src: str
     tag: str
     now: float
     to: Any = None
+    failed: str | None = None
+
+
+@dataclass(slots=True)
+class CheckpointUnwritten:
+    """The coordinator's own part of checkpoint `tag` could not be written or committed."""
+
+    tag: str
+    reason: str
+    now: float
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.events import ReplicaReport
+from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
 from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
@@ -31,7 +31,7 @@ from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder
 from paramserver.coordinator.stall_doctor import StallDoctor
 from paramserver.observe.stall import StallSettings
-from paramserver.runlog.checkpoint import CheckpointError, latest
+from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, latest
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security, terminate
 from paramserver.wire import Message, WireError
@@ -73,7 +73,8 @@ EVENTS = {
     "report": lambda msg, now, to, link: Report(msg.src, msg["record"], now, to),
     "status": lambda msg, now, to, link: StatusAsked(msg.src, now, to),
     "observe": lambda msg, now, to, link: ObserveAsked(msg.src, msg["since"], now, to),
-    "saved": lambda msg, now, to, link: ShardSaved(msg.src, msg["tag"], now, to),
+    "saved": lambda msg, now, to, link: ShardSaved(msg.src, msg["tag"], now, to,
+                                                   msg.get("failed")),
     "restored": lambda msg, now, to, link: ShardRestored(
         msg.src, msg["tag"], msg["lost_updates"], msg["version"], now, to),
     "ok": lambda msg, now, to, link: Answered(msg.src, now, to),
@@ -116,7 +117,8 @@ class CoordinatorNode:
         last = latest(Path(root)) if root is not None else None
         if take_back:
             if root is not None:  # the newest that passes its checks (a torn one is skipped)
-                last, warnings = usable_checkpoint(root, job.servers, job.dtype)
+                last, warnings = usable_checkpoint(root, job.servers, job.dtype,
+                                                   num_keys=job.num_keys or None)
                 for warning in warnings:
                     log.warning("%s", warning)
             saved = _saved_state(root, last)
@@ -340,7 +342,10 @@ class CoordinatorNode:
             self.exporter.on_metric(i.record)
 
     def _save(self, i: SaveCoordinatorState) -> None:
-        save_coordinator_state(self.state.schedule.root, i.tag, i.state)
+        try:
+            save_coordinator_state(self.state.schedule.root, i.tag, i.state)
+        except CheckpointWriteError as exc:
+            self.execute(self.state.handle(CheckpointUnwritten(i.tag, str(exc), self.now())))
 
     def _warn(self, i: Warn) -> None:
         if i.source is not None:  # a refused request: a flood of them costs a few lines

@@ -21,7 +21,7 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.events import ReplicaReport
+from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
 from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.reshard import Resharder
 from paramserver.core.keyspace import KeyRange
@@ -119,6 +119,7 @@ class CoordinatorState:
             Registered: self._on_registered, Started: self._on_started, Bye: self._on_bye,
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
+            CheckpointUnwritten: self._on_unwritten,
             ReplicaReport: self._on_replica_report,
             ObserveAsked: self._on_observe,
         }
@@ -758,6 +759,9 @@ class CoordinatorState:
     def _on_saved(self, e: ShardSaved, out: list) -> None:
         self.members.touch(e.src, e.now)
         member = self.members.roster.servers.get(e.src)
+        if member is not None and e.failed is not None:
+            self._on_unwritten(CheckpointUnwritten(e.tag, f"{e.src}: {e.failed}", e.now), out)
+            return
         if member is None or not self.schedule.saved(member.rank, e.tag):
             return
         state = self._checkpoint_state
@@ -765,6 +769,15 @@ class CoordinatorState:
         out.append(SaveCoordinatorState(tag, state))
         out.append(AppendEvent(e.now, "checkpoint", {"tag": tag,
                                                      "samples": state["samples_done"]}))
+
+    def _on_unwritten(self, e: CheckpointUnwritten, out: list) -> None:
+        """A part of checkpoint `tag` the disk refused: training goes on, that checkpoint is
+        given up (the next is tried on schedule) and the last committed one stays the one a
+        restart or resume uses."""
+        if self.schedule.give_up(e.tag):
+            out.append(Warn(f"checkpoint {e.tag} given up, training goes on: {e.reason}"))
+            out.append(AppendEvent(e.now, "checkpoint_failed", {"tag": e.tag,
+                                                                "reason": e.reason[:500]}))
 
     def _on_restored(self, e: ShardRestored, out: list) -> None:
         self.members.touch(e.src, e.now)

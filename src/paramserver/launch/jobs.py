@@ -126,6 +126,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
         cfg = resolve_servers(cfg)
     if not launcher or launcher.get("name", "local") == "local":
         cfg = resolve_local_device(cfg)
+    if cfg.checkpoint_dir:  # config.json must name it from any folder a resume starts in
+        cfg = dataclasses.replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()))
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete or corrupt."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A part that could not be written (a full disk, a folder without write permission);
+    nothing of it is left behind, and the committed checkpoints are untouched."""
+
+
 # ---- the manifest, typed --------------------------------------------------------------------
 @dataclass(frozen=True)
 class ArrayEntry:
@@ -193,9 +198,31 @@ def part_folder(root: Path, tag: str, part: str) -> Path:
 
 def write_part(root: Path, tag: str, part: str, arrays: dict[str, np.ndarray],
                meta: dict) -> Path:
-    """Write one part of checkpoint `tag` atomically; returns its folder."""
+    """Write one part of checkpoint `tag` atomically; returns its folder. CheckpointWriteError
+    (naming the path, the space it needs and the space there is) when the disk refuses it."""
     final = part_folder(root, tag, part)
     tmp = final.parent / f".{part}.tmp-{os.getpid()}"
+    try:
+        return _write_part(final, tmp, tag, part, arrays, meta)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written part would only take space
+        need = sum(np.asarray(a).nbytes for a in arrays.values()) + 4096
+        raise CheckpointWriteError(unwritable(Path(root), tag, exc, need)) from None
+
+
+def unwritable(root: Path, tag: str, exc: OSError, need: int) -> str:
+    """One line for a checkpoint the disk refused: where, why, the space needed and free."""
+    try:
+        free = f"{shutil.disk_usage(root).free / 2 ** 20:.1f} MB free there"
+    except OSError:
+        free = "the folder cannot be read"
+    return (f"checkpoint {tag} not written to {exc.filename or root}: "
+            f"{exc.strerror or exc} (it needs {need / 2 ** 20:.1f} MB, {free}); "
+            f"the last committed checkpoint stays as it was")
+
+
+def _write_part(final: Path, tmp: Path, tag: str, part: str, arrays: dict[str, np.ndarray],
+                meta: dict) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     entries = []

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from paramserver.runlog.checkpoint import (
-    COORDINATOR_PART, CheckpointError, ShardMeta, commit, newest_usable, part_folder, read_part,
-    verify_part, write_part,
+    COORDINATOR_PART, CheckpointError, CheckpointWriteError, ShardMeta, commit, newest_usable,
+    part_folder, read_part, unwritable, verify_part, write_part,
 )
 
 # The fields of the coordinator's saved state a resume reads (CoordinatorState, PolicyHost).
@@ -24,7 +24,10 @@ _COUNTS = ("rounds_applied", "samples_done", "steps_done", "num_keys")
 def save_coordinator_state(root: str | Path, tag: str, state: dict) -> None:
     """Write the coordinator's part of checkpoint `tag` and commit the tag."""
     write_part(Path(root), tag, COORDINATOR_PART, {}, state)
-    commit(Path(root), tag)
+    try:
+        commit(Path(root), tag)
+    except OSError as exc:
+        raise CheckpointWriteError(unwritable(Path(root), tag, exc, 4096)) from None
 
 
 def check_coordinator_state(state: Mapping[str, Any], where: str) -> dict:
@@ -60,14 +63,20 @@ def load_coordinator_state(root: str | Path, tag: str) -> dict:
     return check_coordinator_state(meta, str(part_folder(Path(root), tag, COORDINATOR_PART)))
 
 
-def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> int:
+def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str,
+                     num_keys: int | None = None) -> int:
     """CheckpointError unless checkpoint `tag` is whole and fits a job of `servers` shards
-    holding `dtype` values: the coordinator's state, and each shard's part with its files
-    (sizes, headers, checksums), the shards' ranges tiling [0, num_keys) in rank order.
+    holding `num_keys` (when given) `dtype` values: the coordinator's state, and each shard's
+    part with its files (sizes, headers, checksums), its values one per key of its range, the
+    shards' ranges tiling [0, num_keys) in rank order. These are the checks the shards make
+    on restore, so that one picked here is not refused there (a resume falls back past it).
     Returns the number of shard parts: a job whose servers joined or left (--servers
     MIN:MAX) records how many it had at the checkpoint, which wins over `servers`."""
     root = Path(root)
     state = load_coordinator_state(root, tag)
+    if num_keys is not None and state["num_keys"] != num_keys:
+        raise CheckpointError(f"checkpoint {tag} in {root} holds {state['num_keys']} "
+                              f"parameters, the job {num_keys}: another model's")
     recorded = state.get("servers")
     if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
         servers = recorded
@@ -79,6 +88,11 @@ def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> in
         if str(meta.dtype) != dtype:
             raise CheckpointError(f"{part_folder(root, tag, part)} holds {meta.dtype} values, "
                                   f"the job {dtype}")
+        values = manifest.array("values")
+        if values is None or tuple(values.shape) != (meta.hi - meta.lo,):
+            shape = "none" if values is None else list(values.shape)
+            raise CheckpointError(f"{part_folder(root, tag, part)} holds values of shape "
+                                  f"{shape} for keys [{meta.lo}, {meta.hi})")
         if meta.lo != lo:
             raise CheckpointError(f"{part_folder(root, tag, part)} holds keys [{meta.lo}, "
                                   f"{meta.hi}), shard {rank} of {servers} starts at {lo}")
@@ -90,9 +104,10 @@ def check_checkpoint(root: str | Path, tag: str, servers: int, dtype: str) -> in
 
 
 def usable_checkpoint(root: str | Path, servers: int, dtype: str,
-                      newest: str | None = None) -> tuple[str | None, list[str]]:
+                      newest: str | None = None,
+                      num_keys: int | None = None) -> tuple[str | None, list[str]]:
     """(tag, warnings): the newest kept checkpoint in `root` (from `newest`, LATEST when None)
     that passes check_checkpoint, and a warning for each newer one that did not, naming it
     and the one used instead; (None, the reasons) when none passes."""
-    return newest_usable(Path(root), lambda tag: check_checkpoint(root, tag, servers, dtype),
-                         newest)
+    return newest_usable(
+        Path(root), lambda tag: check_checkpoint(root, tag, servers, dtype, num_keys), newest)

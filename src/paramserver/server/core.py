@@ -359,13 +359,13 @@ class ShardCore:
         saved = Reply(ev.to, "saved", {"tag": ev.tag, "version": self.store.version})
         if ev.tag == INITIAL_TAG and self.initial_saved:
             return [saved]  # it holds the initial values; pushes since must not overwrite them
-        return [self._save(ev.tag, ev.dir), saved]
+        return [self._save(ev.tag, ev.dir, saved)]
 
-    def _save(self, tag: str, directory: str) -> SaveShard:
+    def _save(self, tag: str, directory: str, done: Reply | None = None) -> SaveShard:
         arrays, meta = self.store.snapshot()
         arrays.update(self.tables.snapshot())  # only the rows that exist
         meta["applied"] = self.dedup.dump()  # the retries of saved pushes stay answered
-        return SaveShard(tag, directory, arrays, meta)
+        return SaveShard(tag, directory, arrays, meta, done)
 
     def _restore(self, ev: Restore) -> list:
         self.initial_saved = self.initial_saved or ev.tag == INITIAL_TAG

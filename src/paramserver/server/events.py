@@ -216,11 +216,14 @@ class Then:
 
 @dataclass(slots=True)
 class SaveShard:
-    """Write `arrays` and `meta` as this shard's part of checkpoint `tag` under `dir`."""
+    """Write `arrays` and `meta` as this shard's part of checkpoint `tag` under `dir`, then
+    send `done` (the coordinator's `saved`); when the write fails, `done` goes with the reason
+    in its `failed` field instead, and the shard trains on."""
     tag: str
     dir: str
     arrays: dict
     meta: dict
+    done: Any = None
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder, probe_answer
 from paramserver.observe.preflight import served_bytes
-from paramserver.runlog.checkpoint import CheckpointError, part_folder
+from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
 from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
@@ -596,13 +596,25 @@ class ServerNode:
                     fields["shard"] = shard
                 self._to_coordinator(Message("heartbeat", fields, src=self.src))
             elif kind is SaveShard:
-                write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)
+                self._save(ins)
             elif kind is ToCoordinator:
                 self._to_coordinator(Message(ins.op, ins.fields, src=self.src))
             elif kind is Stop:
                 self.running = False
             else:
                 raise TypeError(f"no way to carry out {ins!r}")
+
+    def _save(self, ins: SaveShard) -> None:
+        done = ins.done
+        try:
+            write_shard(ins.dir, ins.tag, self.settings.rank, ins.arrays, ins.meta)
+        except CheckpointWriteError as exc:
+            log.error("%s; training goes on", exc)
+            if done is None:
+                return
+            done = Reply(done.to, done.op, {**done.fields, "failed": str(exc)[:1000]})
+        if done is not None:
+            self._execute([done])
 
     def _notify(self, op: str, fields: dict) -> None:
         self._to_coordinator(Message(op, fields, src=self.src))

@@ -98,7 +98,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
     # server -> coordinator
-    "saved": {"tag": _f(STR), "version": _f(NONNEG, False)},
+    # failed: the shard could not write its part (a full disk): the checkpoint is given up
+    "saved": {"tag": _f(STR), "version": _f(NONNEG, False), "failed": _f(STR, False)},
     "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
     "state": {"state": _f(DICT)},
     # replicated shards (--replicas 2, server/replication.py, coordinator/replicas.py):
