@@ -158,3 +158,40 @@ def test_the_primary_takes_the_ack_the_backup_posted_in_its_arena_before_the_mes
     assert pair.primary.sock.poll(5000)
     pair.primary.from_backup()  # the fwd_ack message
     assert released == ["ack to w0"]  # the message came after: nothing twice
+
+
+def test_values_are_held_until_the_backup_has_every_write_in_them(pair):
+    """A pull answered while a forward is unacknowledged would show a write only the primary
+    holds: a primary deposed meanwhile (stopped past its backup's promotion, then continued)
+    served such a write, which no surviving copy ever held. The reply waits for the ack, as a
+    copy taken when it was made; without an ack it never goes."""
+    from paramserver.server.events import Pull, Reply
+    sent = []
+    pair.primary.execute = lambda ins: (sent.extend(i for i in ins if type(i) is Reply),
+                                        pair._run_p(ins))
+    _attach(pair)
+
+    def pull(rid):
+        (reply,) = pair.primary_core.handle(Pull(("w1", rid), 0.0, 0, 0, KEYS))
+        return reply
+    assert not pair.primary.hold_read(pull(10))  # nothing pending: it goes at once
+    msg, frames = _request("push", 11, np.ones(KEYS, np.float32))
+    seq = pair.primary.forward(msg, frames[0])
+    _run(pair.primary_core, pair.primary_core.handle(EVENTS["push"](msg, ("w0", 11))))
+    reply = pull(12)
+    assert reply.arrays[0][0] == -1.0  # the primary's values already hold the write ...
+    assert pair.primary.hold_read(reply)  # ... so they wait
+    pair.primary_core.store.values[:] = 7.0  # later writes do not show through the held copy
+    assert sent == []
+    pair.pump(lambda: pair.primary.forwarder.acked_seq >= seq, f"ack of forward {seq}")
+    (released,) = [r for r in sent if r.to == ("w1", 12)]
+    assert released.committed and not released.lend
+    np.testing.assert_array_equal(released.arrays[0], -np.ones(KEYS, np.float32))
+    np.testing.assert_array_equal(pair.backup_core.store.values.numpy(), released.arrays[0])
+    # A forward the backup never acknowledges (it was promoted): the values never go.
+    msg, frames = _request("push", 13, np.ones(KEYS, np.float32))
+    pair.primary.forward(msg, frames[0])
+    assert pair.primary.hold_read(pull(14))
+    time.sleep(0.3)
+    pair.primary.shared_ack()
+    assert not [r for r in sent if r.to == ("w1", 14)]

@@ -204,6 +204,7 @@ class Reply:
     fields: dict
     arrays: tuple | list = ()
     lend: bool = False
+    committed: bool = False  # (node) values held until the backup had every write in them
 
 
 @dataclass(slots=True)

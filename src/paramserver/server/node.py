@@ -50,6 +50,8 @@ WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pul
               "push_rows")
 # Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
 WRITE_OPS = ("init", "push", "push_sparse", "push_rows")
+# Replies that carry the shard's values: on a replicated primary, held until committed.
+READ_REPLIES = frozenset(("values", "rows"))
 # What a request that parsed may still raise in its handling: refused with an error reply, the
 # server goes on. (OverflowError, IndexError: numbers that fit the wire but not an array.)
 REFUSED = (StoreError, ValueError, KeyError, TypeError, IndexError, ArithmeticError)
@@ -573,9 +575,12 @@ class ServerNode:
 
     # ---- instructions ---------------------------------------------------------------------------
     def _execute(self, instructions) -> None:
+        replica = self.replica
         for ins in instructions:
             kind = type(ins)
             if kind is Reply:  # (inline: one per push and pull)
+                if ins.op in READ_REPLIES and not ins.committed and replica.hold_read(ins):
+                    continue
                 ident, rid = ins.to
                 self.flight.record("send", op=ins.op, rid=rid)
                 msg = Message(ins.op, ins.fields, ins.arrays, rid=rid, src=self.src)

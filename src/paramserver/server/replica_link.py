@@ -154,6 +154,21 @@ class ReplicaLink:
         self.ring.reset()
         shm.offer_shared(self.sock, self.arena, 0)
 
+    def hold_read(self, reply: Reply) -> bool:
+        """Hold a reply carrying values while forwards are unacknowledged, until the newest
+        is: the values may hold writes the backup has not, which must not be seen unless
+        both copies keep them (a primary deposed meanwhile never sends them). Held as a copy,
+        so later writes do not show through; False when nothing is pending (sent at once)."""
+        fw = self.forwarder
+        if not fw.active or fw.seq <= fw.acked_seq:
+            return False
+        self.shared_ack()
+        if fw.seq <= fw.acked_seq:
+            return False
+        copy = Reply(reply.to, reply.op, reply.fields,
+                     [np.array(a, copy=True) for a in reply.arrays], committed=True)
+        return not fw.hold(fw.seq, [copy])
+
     @staticmethod
     def hold_out(token, instructions) -> tuple[list, list]:
         """(the replies to request `token`, the other instructions)."""
