@@ -603,3 +603,36 @@ def test_welcomes_parse_as_the_typed_slices_of_the_job(make):
     assert worker.job.resume == state.job.resume
     # The key space learned is the core's: the job it was given still says 0.
     assert state.job.num_keys == 0 and state.members.num_keys == 12
+
+
+def test_a_flood_of_registrations_before_the_servers_are_up_is_bounded(make):
+    """Workers registering before every shard is up wait for it; a flood of them from ever
+    new names is refused past MAX_WAITING, and one sender waits once however often it asks."""
+    from paramserver.coordinator.membership import MAX_WAITING
+    state = make(servers=2)
+    for i in range(MAX_WAITING + 50):
+        out = state.handle(Registered(f"w{i % (MAX_WAITING + 50)}", "worker", 0.1, to=f"r{i}"))
+        assert bool(only(out, Reply)) == (i >= MAX_WAITING)
+    assert len(state.members.pending_workers) == MAX_WAITING
+    assert match(out[-1], Reply, op="error", code="refused")
+    state.handle(Registered("w0", "worker", 0.2, to="again"))  # asked again: its newest asks
+    assert len(state.members.pending_workers) == MAX_WAITING
+    assert [e.to for e in state.members.pending_workers if e.src == "w0"] == ["again"]
+
+
+def test_a_shard_that_cannot_write_its_part_gives_the_checkpoint_up_and_training_goes_on(make):
+    state = make(checkpoint_dir="/ckpt", checkpoint_every=1, latest="000000000")
+    start_round(state)
+    clock_round(state)
+    pending = state.schedule.pending_tag
+    assert pending is not None
+    out = state.handle(ShardSaved("s0", pending, 1.5, to="x",
+                                  failed="No space left on device"))
+    assert not only(out, SaveCoordinatorState)
+    (warn,) = only(out, Warn)
+    assert f"checkpoint {pending} given up" in warn.message and "No space" in warn.message
+    assert any(match(i, AppendEvent, kind="checkpoint_failed") for i in out)
+    assert state.schedule.pending_tag is None and state.schedule.latest == "000000000"
+    first, second = clock_round(state, step=1, t=2.0)
+    assert only(second, SendRelease)  # the job goes on; the next checkpoint is asked for
+    assert state.schedule.pending_tag not in (None, pending)

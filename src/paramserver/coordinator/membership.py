@@ -55,6 +55,26 @@ class Roster:
     gone: dict[str, str] = field(default_factory=dict)  # src -> why
 
 
+# Registrations that wait (for the key space, the servers, a take-back) are answered later: at
+# most this many per queue, one per sender, so a flood of registrations before the start
+# cannot grow the coordinator without bound.
+MAX_WAITING = 1024
+
+
+def queue_waiting(queue: list, event) -> str | None:
+    """Put a registration in a waiting queue, replacing an earlier one of the same sender;
+    the reason it is refused when the queue is full, else None."""
+    for i, queued in enumerate(queue):
+        if queued.src == event.src:
+            queue[i] = event
+            return None
+    if len(queue) >= MAX_WAITING:
+        return (f"{len(queue)} registrations already wait for the job to start; "
+                f"register again later")
+    queue.append(event)
+    return None
+
+
 class Membership:
     """The roster plus what registration and liveness need around it: the key space (given,
     or learned from the first worker), registrations waiting for it or for the servers, workers

@@ -27,7 +27,9 @@ from paramserver.coordinator.reshard import Resharder
 from paramserver.core.keyspace import KeyRange
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
-from paramserver.coordinator.membership import Member, Membership, UnknownMember
+from paramserver.coordinator.membership import (
+    Member, Membership, UnknownMember, queue_waiting,
+)
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
 from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.replicas import Replicas
@@ -267,7 +269,7 @@ class CoordinatorState:
                 self._admit(self._register_server, server, e.now, out)
         if role == "server":
             if members.ranges is None:
-                members.pending_servers.append(e)
+                self._wait(members.pending_servers, e, out)
             else:
                 self._register_server(e, e.now, out)
         elif role in ("worker", "observer"):
@@ -276,13 +278,20 @@ class CoordinatorState:
             elif self._registered_again(e, out):
                 pass
             elif self.takeback is not None:
-                self.takeback.fresh.append(e)  # a replacement: once the job is taken back
+                self._wait(self.takeback.fresh, e, out)  # a replacement: once taken back
             elif not members.servers_complete:
-                members.pending_workers.append(e)
+                self._wait(members.pending_workers, e, out)
             else:
                 self._register_worker(e, e.now, out)
         else:
             raise ValueError(f"unknown role {role!r}; known: server, worker, observer")
+
+    @staticmethod
+    def _wait(queue: list, e: Registered, out: list) -> None:
+        refused = queue_waiting(queue, e)
+        if refused is not None:
+            out.append(Warn(f"refused register from {e.src}: {refused}", e.src))
+            out.append(Reply(e.to, "error", {"msg": refused, "code": "refused"}))
 
     def _admit(self, register, e: Registered, now: float, out: list) -> None:
         """A registration that waited (for the key space, the servers, a free rank): refused
@@ -324,7 +333,7 @@ class CoordinatorState:
             self._rejoin_server(e, now, out)
             return
         if self.takeback is not None:
-            self.takeback.fresh_servers.append(e)
+            self._wait(self.takeback.fresh_servers, e, out)
             return
         back = members.server_at(e.addr)
         if back is not None:  # only one process can listen there: the old one is dead
