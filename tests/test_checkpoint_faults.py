@@ -126,3 +126,21 @@ def test_a_newest_checkpoint_of_another_model_is_passed_over_for_the_good_one(tm
         assert "000000004" in warnings[0] and fault in warnings[0]
         assert usable_checkpoint(root, 1, "float64")[0] == (
             "000000004" if name == "model" else "000000002")  # (size unknown: not checked)
+
+
+@pytest.mark.parametrize("depth", [65, 900, 990, 5000, 100_000])
+def test_files_nested_past_the_bound_read_as_malformed_json_not_a_recursion_error(
+        tmp_path, depth):
+    """A manifest (or job file, run config, sync blob) nested deeper than anything written
+    here is refused as malformed where it is read, as a truncated one is."""
+    from paramserver.core.bounded import MAX_JSON_NESTING, json_value
+    from paramserver.runlog.checkpoint import CheckpointError, read_manifest
+    deep = "[" * depth + "]" * depth
+    with pytest.raises(json.JSONDecodeError, match="nested deeper"):
+        json_value(deep)
+    assert json_value("[" * MAX_JSON_NESTING + "]" * MAX_JSON_NESTING) is not None
+    folder = tmp_path / "ckpt-000000002" / "server-0"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text('{"format": ' + deep + "}")
+    with pytest.raises(CheckpointError, match="manifest.json is unreadable"):
+        read_manifest(tmp_path, "000000002", "server-0")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
+from paramserver.core.bounded import json_value
 
 SUMMARY = {"advise": "recommend a sync policy for a cluster from a short profile, by simulation"}
 
@@ -162,7 +163,7 @@ def _convergence(args):
         model = ConvergenceModel.default()
     else:
         try:
-            doc = json.loads(Path(args.calibration).read_text())
+            doc = json_value(Path(args.calibration).read_text())
         except OSError as exc:
             raise ValueError(f"cannot read --calibration {args.calibration}: "
                              f"{exc.strerror or exc}") from None

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from paramserver.cli import args as flag
+from paramserver.core.bounded import json_value
 
 # The transport (zmq) loads when a role starts, not for --help.
 
@@ -107,7 +108,7 @@ def _run_coordinator(args) -> int:
     from paramserver.spec.job import JobSpec, JobSpecError
     try:
         with open(args.job) as f:
-            job = JobSpec.from_dict(json.load(f))  # a file without a version is version 1
+            job = JobSpec.from_dict(json_value(f.read()))  # without a version: version 1
     except (OSError, json.JSONDecodeError, JobSpecError) as exc:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return 2

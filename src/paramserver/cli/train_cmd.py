@@ -18,6 +18,7 @@ from paramserver.emulation.stragglers import STRAGGLER_HELP
 from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.config import TrainConfig
 from paramserver.spec.job import AMP_MODES
+from paramserver.core.bounded import json_value
 
 # Only what --help needs is imported above; torch, the launchers and the registries load when
 # a command runs (see tests/test_cli_help.py).
@@ -300,7 +301,7 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
     """The saved configuration of run folder `args.resume`, its budget extended from the CLI."""
     run_dir = Path(args.resume)
     try:
-        doc = json.loads((run_dir / "config.json").read_text())
+        doc = json_value((run_dir / "config.json").read_text())
         saved = doc["config"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot resume {run_dir}: no readable config.json ({exc})") from None

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from paramserver.spec.job import DTYPES as _DTYPES
+from paramserver.core.bounded import json_value
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -253,7 +254,7 @@ def read_manifest(root: Path, tag: str, part: str) -> Manifest:
     folder = part_folder(root, tag, part)
     path = folder / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        data = json_value(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {tag} has no part {part!r} ({path} is missing)") \
             from None

@@ -13,13 +13,13 @@ its dependencies to numpy, torch, pyzmq, msgpack and psutil, and `.pt` needs not
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from paramserver.runlog.checkpoint import CheckpointError, latest, load_part
+from paramserver.core.bounded import json_value
 
 FORMATS = ("safetensors", "pt")
 FINAL_MODEL = "model.pt"  # what `train` and `launch` write into the run folder at the end
@@ -73,7 +73,7 @@ def _job_of(folder: Path) -> dict:
     config = folder / "config.json"
     if not config.exists() and (folder / "job.json").exists():
         try:
-            job = json.loads((folder / "job.json").read_text())
+            job = json_value((folder / "job.json").read_text())
         except (OSError, ValueError) as exc:
             raise ExportError(f"{folder / 'job.json'} is unreadable ({exc})") from None
         if not isinstance(job, dict):
@@ -82,7 +82,7 @@ def _job_of(folder: Path) -> dict:
         return {"config": {"checkpoint_dir": ckpt} if ckpt else {}, "job": job,
                 "folder": str(folder)}
     try:
-        doc = json.loads(config.read_text())
+        doc = json_value(config.read_text())
     except FileNotFoundError:
         raise ExportError(f"{folder} is no run folder (no config.json or job.json)") from None
     except (OSError, ValueError) as exc:
@@ -113,7 +113,7 @@ def _layout_keys(folder: Path) -> LayoutKeys:
     from paramserver.core.layout import LayoutError, ModelLayout
     path = folder / LAYOUT_FILE
     try:
-        layout = ModelLayout.from_wire(json.loads(path.read_text()))
+        layout = ModelLayout.from_wire(json_value(path.read_text()))
     except FileNotFoundError:
         raise ExportError(f"{path} is missing: the job's coordinator writes it when the first "
                           f"worker joins (a launch job run by an older paramserver has none)"

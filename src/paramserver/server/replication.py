@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from paramserver.server.dedup import DedupTable
+from paramserver.core.bounded import json_value
 
 NONE, SYNCING, LIVE, LOST = "none", "syncing", "live", "lost"
 
@@ -176,7 +177,7 @@ def load_sync(core, arrays: list) -> None:
     """Make `core` (a fresh backup's) the state `sync_payload` described."""
     if not arrays:
         raise ValueError("a state sync needs its description frame")
-    blob = json.loads(bytes(arrays[0]).decode())
+    blob = json_value(bytes(arrays[0]))
     names = blob["arrays"]
     if len(names) != len(arrays) - 1:
         raise ValueError(f"state sync names {len(names)} arrays but {len(arrays) - 1} came")

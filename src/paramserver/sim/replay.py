@@ -23,7 +23,6 @@ same trigger, batch size and scale, and the same notes (plans) come out.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from paramserver.policies import (
 )
 from paramserver.sim.run import SimConfig, simulate
 from paramserver.zipline.plan import SyncPlan
+from paramserver.core.bounded import json_value
 
 
 @dataclass
@@ -56,8 +56,8 @@ class RunFolder:
 
 def load_run(folder: str | Path) -> RunFolder:
     folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    job = cfg.get("job") or json.loads((folder / "job.json").read_text())
+    cfg = json_value((folder / "config.json").read_text())
+    job = cfg.get("job") or json_value((folder / "job.json").read_text())
     events = read_records(folder / "events.jsonl") if (folder / "events.jsonl").exists() else []
     return RunFolder(folder, job, cfg.get("config", {}), read_records(folder / "metrics.jsonl"),
                      events)

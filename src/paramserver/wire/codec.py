@@ -8,10 +8,11 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
+from paramserver.core.bounded import nests_past
 from paramserver.core.words import shown
 from paramserver.wire.protocol import (
-    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, NONNEG, OPS, PROTOCOL_VERSION, RANGE,
-    RECORD, SCHEMAS, STR,
+    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, NONNEG, OPS,
+    PROTOCOL_VERSION, RANGE, RECORD, SCHEMAS, STR,
 )
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -132,7 +133,7 @@ def _check_value(name: str, kind, value) -> None:
         if not _is_int(value) or not 0 <= value < _INT_END:
             raise WireError(f"field {name!r} must be an integer in [0, 2^62), got {shown(value)}")
         return
-    if isinstance(value, (list, tuple, dict)) and _nests_past(value, MAX_NESTING):
+    if isinstance(value, (list, tuple, dict)) and nests_past(value, MAX_NESTING):
         raise WireError(f"field {name!r} nests deeper than {MAX_NESTING} levels")
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
@@ -144,19 +145,6 @@ def _check_value(name: str, kind, value) -> None:
                         f"{'NaN' if value != value else value}")
     if _is_int(value) and not -_INT_END < value < _INT_END:
         raise WireError(f"field {name!r} is {shown(value)}: integers must lie within +-2^62")
-
-
-def _nests_past(value, limit: int) -> bool:
-    """Whether containers in `value` nest more than `limit` deep; walked with a stack of its
-    own, since recursion is what a deep value would break."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        inner = item.values() if isinstance(item, dict) else item
-        stack.extend((v, depth + 1) for v in inner if isinstance(v, (list, tuple, dict)))
-    return False
 
 
 _MISSING = object()
