@@ -24,7 +24,7 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
 from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.reshard import Resharder
-from paramserver.core.keyspace import KeyRange
+from paramserver.coordinator.resharding import Outcome, Resharding, Situation
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.membership import (
@@ -43,6 +43,14 @@ from paramserver.spec.job import JobSpec
 from paramserver.spec.welcome import ServerJob, ShardRestore, WorkerJob
 
 _OK: dict = {}  # the empty fields of an "ok" reply; never changed
+
+
+def _wait(queue: list, e: Registered, out: list) -> None:
+    """A registration that waits for the start: queued, or refused when too many do."""
+    refused = queue_waiting(queue, e)
+    if refused is not None:
+        out.append(Warn(f"refused register from {e.src}: {refused}", e.src))
+        out.append(Reply(e.to, "error", {"msg": refused, "code": "refused"}))
 
 
 class CoordinatorState:
@@ -85,10 +93,10 @@ class CoordinatorState:
         self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout,
                                  fast=2 * limits.heartbeat_interval)
         # Live resharding (--servers MIN:MAX): servers join and leave (reshard.py).
-        self.reshard = Resharder(job.servers, job.max_servers, limits.server_timeout,
-                                 limits.server_timeout)
-        self.shard_busy: dict[int, float] = {}  # rank -> apply seconds since the last reshard
-        self.draining: list = []  # (link, when it is told to shut down) of drained servers
+        self.resharding = Resharding(
+            Resharder(job.servers, job.max_servers, limits.server_timeout,
+                      limits.server_timeout), grace=2 * limits.heartbeat_interval)
+        self.reshard = self.resharding.plan  # (read here: its epoch, whether it holds)
         self.takeback: TakeBack | None = None
         if take_back is not None:
             self.takeback = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
@@ -214,7 +222,7 @@ class CoordinatorState:
             if due is None or t < due:
                 due = t
         if self.reshard.enabled:
-            t = self._reshard_deadline()
+            t = self.resharding.next_deadline()
             if t is not None and (due is None or t < due):
                 due = t
         return due
@@ -269,7 +277,7 @@ class CoordinatorState:
                 self._admit(self._register_server, server, e.now, out)
         if role == "server":
             if members.ranges is None:
-                self._wait(members.pending_servers, e, out)
+                _wait(members.pending_servers, e, out)
             else:
                 self._register_server(e, e.now, out)
         elif role in ("worker", "observer"):
@@ -278,20 +286,13 @@ class CoordinatorState:
             elif self._registered_again(e, out):
                 pass
             elif self.takeback is not None:
-                self._wait(self.takeback.fresh, e, out)  # a replacement: once taken back
+                _wait(self.takeback.fresh, e, out)  # a replacement: once taken back
             elif not members.servers_complete:
-                self._wait(members.pending_workers, e, out)
+                _wait(members.pending_workers, e, out)
             else:
                 self._register_worker(e, e.now, out)
         else:
             raise ValueError(f"unknown role {role!r}; known: server, worker, observer")
-
-    @staticmethod
-    def _wait(queue: list, e: Registered, out: list) -> None:
-        refused = queue_waiting(queue, e)
-        if refused is not None:
-            out.append(Warn(f"refused register from {e.src}: {refused}", e.src))
-            out.append(Reply(e.to, "error", {"msg": refused, "code": "refused"}))
 
     def _admit(self, register, e: Registered, now: float, out: list) -> None:
         """A registration that waited (for the key space, the servers, a free rank): refused
@@ -333,7 +334,7 @@ class CoordinatorState:
             self._rejoin_server(e, now, out)
             return
         if self.takeback is not None:
-            self._wait(self.takeback.fresh_servers, e, out)
+            _wait(self.takeback.fresh_servers, e, out)
             return
         back = members.server_at(e.addr)
         if back is not None:  # only one process can listen there: the old one is dead
@@ -344,11 +345,7 @@ class CoordinatorState:
                 self._fail(failure, now, out)
             return
         if self.reshard.enabled and members.servers_complete:
-            # A server beyond the ranks taken: it joins the running job at the next reshard,
-            # welcomed then with the range it gets.
-            self.reshard.ask_join(e.addr, len(members.roster.servers), now, e.to, e.link,
-                                  e.src)
-            out.append(AppendEvent(now, "server_join_asked", {"addr": e.addr}))
+            self.resharding.join(e, members, now, out)
             return
         member = members.add_server(e)
         job = self._server_job(member.rank)
@@ -651,8 +648,7 @@ class CoordinatorState:
                     self._metric(e.now, {"kind": "shard", "server": member.rank, **e.shard}, out)
                     apply_s = e.shard.get("apply_s")
                     if isinstance(apply_s, (int, float)):
-                        self.shard_busy[member.rank] = self.shard_busy.get(member.rank, 0.0) \
-                            + float(apply_s)
+                        self.resharding.busy(member.rank, float(apply_s))
         elif self.reshard.epoch:
             # Keys moved: observers and bare clients learn the map here (workers in releases).
             out.append(Reply(e.to, "ok", {"epoch": self.reshard.epoch,
@@ -800,138 +796,32 @@ class CoordinatorState:
     def _on_replica_report(self, e: ReplicaReport, out: list) -> None:
         self.replicas.report(e, self.members, out)
 
-    # ---- live resharding (reshard.py) ----------------------------------------------------------
+    # ---- live resharding (resharding.py) -------------------------------------------------------
     def _on_drain(self, e: DrainAsked, out: list) -> None:
-        member = self.members.roster.servers.get(f"s{e.rank}")
-        if member is None:
-            raise ValueError(f"no server of rank {e.rank}: ranks are 0.."
-                             f"{len(self.members.roster.servers) - 1}")
-        self.reshard.ask_drain(member.addr, len(self.members.roster.servers), e.now, e.src)
-        out.append(Reply(e.to, "ok", _OK))
-        out.append(AppendEvent(e.now, "server_drain_asked", {"rank": e.rank, "addr": member.addr,
-                                                             "by": e.src}))
+        self.resharding.drain(e.rank, e.src, e.now, e.to, self.members, out)
 
     def _on_resharded(self, e: Resharded, out: list) -> None:
-        reshard, run = self.reshard, self.reshard.running
-        if run is None or run.moving_since is None or e.epoch != reshard.epoch + 1:
-            return  # a report of a reshard given up, or a stale one
-        addr = next((m.addr for m in self.members.roster.servers.values() if m.link == e.link),
-                    run.ask.addr if run.ask.kind == "join" and run.ask.link == e.link else None)
-        if addr is None:
-            raise ValueError(f"resharded from {e.src!r}, which is no server of this reshard")
-        if reshard.reported(addr, e.version):
-            self._commit_reshard(e.now, out)
-
-    def _fenced(self) -> bool:
-        """Every started worker waits for a release: none has a request in flight."""
-        return all(m.waiting is not None for m in self.members.roster.workers.values()
-                   if m.started)
+        self._carry_out(self.resharding.resharded(e, self.members, out), e.now, out)
 
     def _check_reshard(self, now: float, out: list) -> None:
-        reshard, members = self.reshard, self.members
-        for link, due in list(self.draining):
-            if now >= due:
-                self.draining.remove((link, due))
-                out.append(ToServers("shutdown", {"reason": "drained"}, (link,)))
-        over = reshard.overdue(now)
-        if over == "fence":
-            ask, held = reshard.cancel()
-            why = (f"no quiet point came within {reshard.fence_timeout:.0f} s (a worker that "
-                   f"never clocks holds the fence)")
-            self._refuse_ask(ask, why, now, out)
-            for d in held:
-                self._deliver(d, out)
-        elif over == "move":
-            run = reshard.running
-            self._fail(f"resharding did not finish within {reshard.move_timeout:.0f} s: no "
-                       f"'resharded' from {sorted(run.waiting)}", now, out)
+        part, host = self.resharding, self.host
+        if self._carry_out(part.overdue(now, host.stopping, out), now, out):
             return
-        if reshard.running is None and reshard.asks and self.host.stopping:
-            # The budget is spent: no step will come to fence at; a joiner hears it now
-            # rather than waiting out its registration.
-            while reshard.asks:
-                self._refuse_ask(reshard.asks.popleft(), "the job is ending (its budget is "
-                                 "spent)", now, out)
-        if (reshard.running is None and reshard.asks and self.barrier.open
-                and self.schedule.pending_tag is None and not self.host.stopping):
-            run = reshard.begin(members.shard_map(), now)
-            out.append(AppendEvent(now, "reshard_fence", {"kind": run.ask.kind,
-                                                          "addr": run.ask.addr}))
-        run = reshard.running
-        if run is not None and run.moving_since is None and self._fenced():
-            self._start_moving(now, out)
+        part.advance(now, self.members, Situation(
+            stopping=host.stopping,
+            may_begin=self.barrier.open and self.schedule.pending_tag is None,
+            version=host.version if self.round_mode else 0, shard_job=self._shard_job), out)
 
-    def _refuse_ask(self, ask, why: str, now: float, out: list) -> None:
-        out.append(Warn(f"server {ask.kind} of {ask.addr} given up: {why}"))
-        out.append(AppendEvent(now, "reshard_refused", {"kind": ask.kind, "addr": ask.addr,
-                                                        "reason": why}))
-        if ask.to is not None:
-            out.append(Reply(ask.to, "error", {"msg": why, "code": "refused"}))
-
-    def _start_moving(self, now: float, out: list) -> None:
-        reshard, members = self.reshard, self.members
-        busy = [self.shard_busy.get(r, 0.0) for r in range(len(members.roster.servers))]
-        run = reshard.move(busy, members.layer_edges, now)
-        fields = {"epoch": reshard.epoch + 1, "layout": run.new, "old": run.old,
-                  "version": self.host.version if self.round_mode else 0}
-        out.append(ToServers("reshard", fields, members.server_links))
-        ask = run.ask
-        if ask.kind == "join":
-            rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
-            job = self._shard_job(lo, hi)
-            out.append(Reply(ask.to, "welcome", {"rank": rank, "job": job.to_dict(),
-                                                 "epoch": reshard.epoch + 1, "handoff": True}))
-            out.append(ToServers("reshard", fields, (ask.link,)))
-        out.append(AppendEvent(now, "reshard_moving", {
-            "kind": ask.kind, "addr": ask.addr, "epoch": reshard.epoch + 1, "old": run.old,
-            "layout": run.new, "moved_keys": run.plan.moved_keys,
-            "fence_s": round(now - run.started, 6)}))
-
-    def _commit_reshard(self, now: float, out: list) -> None:
-        members, reshard = self.members, self.reshard
-        run, held = reshard.commit()
-        roster = members.roster
-        by_addr = {m.addr: m for m in roster.servers.values()}
-        kept = {addr for _, addr, _, _ in run.new}
-        servers = {}
-        for rank, addr, lo, hi in run.new:
-            m = by_addr.get(addr)
-            if m is None:  # the joiner
-                m = Member(rank, addr, now, link=run.ask.link)
-            m.rank, m.last_seen = rank, now
-            servers[f"s{rank}"] = m
-        roster.servers = servers
-        members.ranges = [KeyRange(lo, hi) for _, _, lo, hi in run.new]
-        members.servers_expected = len(run.new)
-        members.relinked()
-        self.shard_busy = {}
-        grace = 2 * self.job.limits.heartbeat_interval
-        for addr, m in by_addr.items():
-            if addr not in kept:
-                self.draining.append((m.link, now + grace))
-        ask = run.ask
-        change = "server_joined" if ask.kind == "join" else "server_left"
-        rank = next((x[0] for x in run.new if x[1] == ask.addr), None)
-        info = {"addr": ask.addr, "epoch": reshard.epoch, "servers": len(run.new),
-                "moved_keys": run.plan.moved_keys, "pause_s": round(now - run.started, 6),
-                "move_s": round(now - run.moving_since, 6), "layout": run.new}
-        if rank is not None:
-            info["rank"] = rank
-        out.append(AppendEvent(now, "server_joined" if ask.kind == "join" else "server_drained",
-                               info))
-        self._metric(now, {"kind": "membership", "change": change, "servers": len(run.new),
-                           "epoch": reshard.epoch, "moved_keys": run.plan.moved_keys,
-                           "pause_s": info["pause_s"]}, out)
-        for d in held:
+    def _carry_out(self, done: Outcome, now: float, out: list) -> bool:
+        """What the resharding part left to the coordinator; True when the job failed."""
+        for record in done.metrics:
+            self._metric(now, record, out)
+        if done.failure is not None:
+            self._fail(done.failure, now, out)
+            return True
+        for d in done.held:
             self._deliver(d, out)
-
-    def _reshard_deadline(self) -> float | None:
-        t = self.reshard.next_deadline()
-        for _, due in self.draining:
-            t = due if t is None or due < t else t
-        if self.reshard.asks and self.reshard.running is None:
-            return None  # begins at the next look (the node looks after every event)
-        return t
+        return False
 
     # ---- time -----------------------------------------------------------------------------------
     def _on_time(self, e: TimePassed, out: list) -> None:
