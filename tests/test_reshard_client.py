@@ -391,7 +391,7 @@ def test_a_server_the_pending_map_drops_is_not_judged_gone_and_kept_monitors_car
     dead.close(0)  # its port refuses: the DEALER's reconnects are retried, and say so
     shards = [SimpleNamespace(rank=r, addr=a, sock=connect_dealer(ctx, a, peer="server"))
               for r, a in enumerate([live_addr, dead_addr])]
-    links = ShardLinks(shards, limit=0.05)
+    links, first = ShardLinks(shards, limit=0.05), list(shards)
     try:
         deadline = time.monotonic() + 10
         while links.down_since[1] is None and time.monotonic() < deadline:
@@ -404,12 +404,12 @@ def test_a_server_the_pending_map_drops_is_not_judged_gone_and_kept_monitors_car
         links.check()  # excused: the map that drops it is pending
         kept = links.monitors[0]
         old = list(shards)
-        shards[:] = [SimpleNamespace(rank=0, addr=live_addr, sock=old[0].sock)]
-        links.reshard(old)
+        shards = [SimpleNamespace(rank=0, addr=live_addr, sock=old[0].sock)]
+        links.reshard(shards, old)
         old[1].sock.close(0)
         assert links.monitors == [kept] and links.leaving == frozenset()
         links.check()
     finally:
         links.close()
         live.close(0)
-        terminate(ctx, [s.sock for s in shards])
+        terminate(ctx, [s.sock for s in first])

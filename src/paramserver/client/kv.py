@@ -30,12 +30,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import zmq
 
 from paramserver.client.core import Chunk, Handle, Stream, WorkerCore
 from paramserver.client.links import ShardLinks
 from paramserver.client.requests import Moved, ShardRequests
-from paramserver.client.reshard import LayoutFollower
+from paramserver.client.shard_map import Shard, ShardMap
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import (PayloadArea, offer_shared_memory, shape_link,
                                           shared_buffer, unshape)
@@ -57,22 +56,11 @@ from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
 log = logging.getLogger(__name__)
 # The longest one preflight probe may wait for its shard (a dead one must not hold the start).
 PROBE_TIMEOUT = 15.0
-# A request refused `moved` under the shard map it already follows (a server that has not
-# switched yet) is tried again after a pause growing up to this, for at most its timeout.
-MOVED_PAUSE = 0.2
 # Beyond a dense push's float32 bytes, a codec payload's per-block scales and alignment.
 PAYLOAD_SLACK = 1 << 20
 
 # Handle is the core's and Release the policies' (one type): callers import them here too.
 __all__ = ["Handle", "KVWorker", "Release"]
-
-
-@dataclass
-class Shard:
-    rank: int
-    addr: str
-    range: KeyRange
-    sock: zmq.Socket
 
 
 @dataclass(frozen=True)
@@ -219,11 +207,11 @@ class KVWorker:
         settings = WorkerSettings.of(self.spec)
         self.num_keys, self.dtype = settings.num_keys, settings.dtype
         self._shaped = role == "worker" and shape_link(settings.links, self.rank)
-        self.shards = [Shard(r, a, KeyRange(lo, hi),
-                             connect_dealer(self.ctx, a, send_timeout=timeout,
-                                            keys=self.keys, peer="server"))
-                       for r, a, lo, hi in settings.shards]
-        self.core.welcome(self.rank, [s.range for s in self.shards], self.num_keys)
+        shards = [Shard(r, a, KeyRange(lo, hi),
+                        connect_dealer(self.ctx, a, send_timeout=timeout, keys=self.keys,
+                                       peer="server"))
+                  for r, a, lo, hi in settings.shards]
+        self.core.welcome(self.rank, [s.range for s in shards], self.num_keys)
         self._arrival = self.spec.apply_mode == "arrival"
         self._streams: list[Handle] = []  # chunked requests with chunks unanswered
         # Waits on shards end once the coordinator or a shard is judged gone: a server counts
@@ -233,28 +221,30 @@ class KVWorker:
         # With replicas, a dead primary's backup takes over once the coordinator has found it
         # silent for a heartbeat timeout, and this worker hears of it with its next beat.
         self._replicated = self.spec.job.replicas > 1
-        self._shard_epoch = 0  # the shard map's epoch this worker follows (see _follow_moves)
         # Live resharding (an elastic-servers job): the shard map followed and the newest one
         # heard of, switched to at a quiet point (see adopt).
         self._elastic_servers = getattr(self.spec.job, "max_servers", 0) > 0
-        self._layouts = LayoutFollower(welcome.get("epoch", 0), self.num_keys)
-        self._settings = settings
-        self._dense_next = False  # the first compressed pull after a switch goes dense
-        self.links = ShardLinks(self.shards, limits.heartbeat_timeout
+        self.map = ShardMap(self.ctx, self.keys, shards, welcome.get("epoch", 0),
+                            self.num_keys, self.session, self.core,
+                            streams=lambda: self._streams, frame_limit=self._frame_limit,
+                            rechunk=lambda: self._chunking(settings),
+                            timeout=lambda: self.timeout)
+        self.links = ShardLinks(list(shards), limits.heartbeat_timeout
                                 if not self.spec.job.restart_servers else
                                 max(limits.heartbeat_timeout, limits.restart_timeout))
         if self._replicated:
             self.links.limit = 3 * limits.heartbeat_timeout
         self.session.servers = self.links
         self.requests = ShardRequests(
-            self.shards, self.src, self.core, timeout, settings.retry_interval,
+            list(shards), self.src, self.core, timeout, settings.retry_interval,
             limits.max_unacked_pushes,
-            [self._frame_limit(s.range.size) for s in self.shards],
+            [self._frame_limit(s.range.size) for s in shards],
             check_peers=self.session.check_alive)
+        self.map.bind(self.requests, self.links)
         if self._replicated:  # every wait's look at the shards follows a moved one first
-            self.links.follow = self._follow_moves
+            self.links.follow = self.map.follow_moves
         else:  # a wait's look at the shards switches to a newer shard map, when quiet
-            self.links.follow = self._follow_layout
+            self.links.follow = self.map.follow_layout
         self.requests.flight = self.session.flight  # one recorder for the whole client
         self.tables: dict[str, TableSpec] = {t.name: t for t in self.spec.job.tables}
         # (Replicated shards move, and so do key ranges in an elastic-servers job: an arena
@@ -279,145 +269,22 @@ class KVWorker:
         job = self.spec.job
         return job.message_limit(None if getattr(job, "max_servers", 0) else keys)
 
-    def _follow_moves(self) -> None:
-        """A shard whose backup took over (the coordinator's heartbeat answers say where):
-        connect to its new primary and send it every request still unanswered, same ids (its
-        dedup table answers a push the dead primary had applied, never applying it twice)."""
-        moved = self.session.moved
-        if moved is None or moved[0] == self._shard_epoch:
-            return
-        self._shard_epoch, where = moved
-        for i, s in enumerate(self.shards):
-            addr = where.get(s.rank)
-            if addr is None or addr == s.addr:
-                continue
-            sock = connect_dealer(self.ctx, addr, send_timeout=self.timeout, keys=self.keys,
-                                  peer="server")
-            old, s.sock, s.addr = s.sock, sock, addr
-            self.requests.swap(old, sock)
-            self.links.swap(i, sock)
-            old.close(0)
-            self.requests.resend(i)
-
-    # ---- live resharding -------------------------------------------------------------------------
+    # ---- live resharding (the map itself: shard_map.py) ---------------------------------------
     def adopt(self, epoch: int, layout) -> bool:
         """Follow shard map `epoch`, `layout` [[rank, addr, lo, hi], ...] (rank order is key
         order), if it is newer than the one followed: at once when no request is in flight,
         else before the first request sent once none is. True if it is newer."""
-        newer = self._heard(epoch, layout, "adopt()")
-        if self._layouts.behind and self._quiet():
-            self._switch()
-        return newer
+        return self.map.adopt(epoch, layout)
 
     @property
     def shard_epoch(self) -> int:
         """The epoch of the shard map this client follows (live resharding)."""
-        return self._layouts.epoch
+        return self.map.epoch
 
-    def _heard(self, epoch, layout, source: str) -> bool:
-        try:
-            return self._layouts.offer(epoch, layout)
-        except ValueError as exc:
-            raise RemoteError(f"{source} named a shard map this client cannot follow: "
-                              f"{exc}") from None
-
-    def _quiet(self) -> bool:
-        """No request in flight: every one sent is answered (its reply maybe not taken)."""
-        core = self.core
-        return not self._streams and all(rid in core.inbox for rid in core.sent)
-
-    def _before_request(self) -> None:
-        """Before a request is sent: switch to a newer shard map heard of, if quiet (else the
-        request goes under the map followed; a server that moved its keys refuses it, and
-        the refusal is followed)."""
-        heard = self.session.layout
-        if heard is None and self._layouts.pending is None:
-            return  # (the common case: one look)
-        if heard is not None and heard[0] > self._layouts.epoch:
-            self._heard(heard[0], heard[1], "a heartbeat answer")
-        if self._layouts.behind and self._quiet():
-            self._switch()
-
-    def _follow_layout(self) -> None:
-        """Each wait's look at the shards (ShardLinks.check): a newer shard map heard of is
-        switched to when quiet; until then a server it no longer names (drained: it shuts
-        down soon) is not judged gone."""
-        self._before_request()
-        pending = self._layouts.pending
-        if pending is not None:
-            self.links.leaving = frozenset(s.addr for s in self.shards) - set(pending.addrs)
-
-    def _switch(self) -> None:
-        """Switch to the pending shard map (no request in flight): one DEALER per address,
-        the one already open kept, new ones connected, the others closed; the core's ranges,
-        versions and chunking, the requests' polling and limits, the links' monitors follow."""
-        layout = self._layouts.take()
-        old = list(self.shards)
-        by_addr = {s.addr: s for s in old}
-        shards = []
-        for place in layout.shards:
-            kept = by_addr.pop(place.addr, None)
-            sock = kept.sock if kept is not None else connect_dealer(
-                self.ctx, place.addr, send_timeout=self.timeout, keys=self.keys, peer="server")
-            shards.append(Shard(place.rank, place.addr, KeyRange(place.lo, place.hi), sock))
-        self.shards[:] = shards  # in place: the requests and links hold this list
-        self.links.reshard(old)
-        self.requests.reshard([s.sock for s in old],
-                              [self._frame_limit(s.range.size) for s in shards])
-        for gone in by_addr.values():
-            gone.sock.close(0)
-        self.core.reshard(layout.ranges)
-        self._chunking(self._settings)
-        self._dense_next = True
-        self.session.flight.record("reshard", epoch=layout.epoch, shards=len(shards))
-        log.info("%s %s follows shard map %d: %s", self.session.me.role, self.rank,
-                 layout.epoch, ", ".join(f"s{s.rank} [{s.range.lo}, {s.range.hi}) at {s.addr}"
-                                         for s in shards))
-
-    def _follow_moved(self, handle: Handle, moved: Moved, since: float) -> None:
-        """`handle` met a `moved` refusal (its replies all taken): switch to the map it names
-        once no other request is in flight, then send it again under that map, a pull whole
-        (dense), a one-message push or init its refused parts only, as new requests."""
-        resend = handle.again is None
-        if resend and handle.kind not in ("push", "init"):
-            raise RemoteError(f"{moved}; a {handle.kind} is not sent again under a new shard "
-                              f"map") from None
-        # A chunk's or round's part refused cannot be told from the rest (a round counts its
-        # messages): only one-message parts of arrival-mode pushes (and inits) go again.
-        if resend and (handle.stream is not None or (handle.kind == "push"
-                                                     and not self._arrival)):
-            what = "chunked" if handle.stream is not None else "round-mode"
-            raise RemoteError(f"a {what} {handle.kind} met a moved shard: {moved}; only one-"
-                              f"message pushes in arrival mode are sent again under a new "
-                              f"shard map (a policy worker is fenced and never meets this)"
-                              ) from None
-        newer = self._heard(moved.epoch, moved.layout, f"server {moved.shard}'s refusal")
-        others = [h for h in self._streams if h is not handle]
-        if others:
-            raise RemoteError(f"{moved}; {len(others)} chunked request(s) still in flight: "
-                              f"wait for them before following a new shard map") from None
-        self.requests.drain(f"requests in flight before shard map {moved.epoch}")
-        if self._layouts.behind:
-            self._switch()
-        elif not newer and not self.core.stale.issuperset(moved.refused):
-            # Refused under the map we follow: its server has not switched yet; a pause.
-            waited = time.monotonic() - since
-            if waited > self.timeout:
-                raise RemoteError(f"{moved}; still refused under shard map "
-                                  f"{self._layouts.epoch} after {waited:.0f} s") from None
-            time.sleep(min(MOVED_PAUSE, 0.005 + waited / 4))
-        if not resend:
-            self._become(handle, handle.again())
-            return
-        answered = [m.get("staleness", 0) for m in moved.replies.values()]
-        if handle.carried is not None:
-            answered.append(handle.carried)
-        if answered:
-            handle.carried = max(answered) if handle.kind == "push" else min(answered)
-        handle.parts = []
-        for request in moved.refused.values():
-            for i, msg in self._split_again(request, handle):
-                handle.parts.append((i, self.requests.send(i, msg), slice(0, 0)))
+    @property
+    def shards(self) -> list[Shard]:
+        """The shards this client talks to now (rank order is key order)."""
+        return self.map.shards
 
     def _become(self, handle: Handle, new: Handle) -> None:
         """`handle` (the caller's) takes over `new`, the same request sent again."""
@@ -427,45 +294,6 @@ class KVWorker:
         for k, h in enumerate(self._streams):
             if h is new:
                 self._streams[k] = handle
-
-    def _split_again(self, request: Message, handle: Handle) -> list[tuple[int, Message]]:
-        """A refused push or init's keys as messages under the map now followed (shard,
-        message); encoded values go decoded: the shards add exactly what they stood for."""
-        if request is None or request.op not in ("push", "init", "push_sparse"):
-            op = None if request is None else request.op
-            raise RemoteError(f"a refused {op!r} is not sent again under a new shard map")
-        fields = {k: v for k, v in request.fields.items() if k != "wm"}
-        versions = self.core.versions
-        out = []
-        if request.op == "push_sparse":
-            keys = request.arrays[0]
-            values = self._plain(fields, request.arrays[1:], keys.size)
-            for i, (a, b) in enumerate(self.core.sparse_cuts(keys)):
-                if a < b:
-                    handle.nbytes += keys[a:b].nbytes + values[a:b].nbytes
-                    out.append((i, Message("push_sparse", {**fields, "version": versions[i]},
-                                           [keys[a:b], values[a:b]])))
-            return out
-        lo, hi = fields["range"]
-        values = self._plain(fields, request.arrays, hi - lo)
-        for i, p, sl in self.core.pieces(KeyRange(lo, hi)):
-            f = {**fields, "range": [p.lo, p.hi]}
-            if request.op == "push":
-                f["version"] = versions[i]
-                handle.nbytes += values[sl].nbytes
-            out.append((i, Message(request.op, f, [values[sl]])))
-        return out
-
-    @staticmethod
-    def _plain(fields: dict, frames: list, size: int) -> np.ndarray:
-        """A request's values as plain numbers (decoded when they came encoded; `fields`
-        then lose their codec header)."""
-        if "enc" not in fields:
-            return frames[0]
-        values = payload.unpack(fields, frames, size)
-        fields.pop("enc")
-        fields.pop("enc_opts", None)
-        return values
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
@@ -502,7 +330,7 @@ class KVWorker:
     # ---- the KV API -----------------------------------------------------------------------------
     def init(self, values, keys: KeyRange | tuple[int, int] | None = None) -> bool:
         """Offer initial values; the first offer per shard wins. True if ours was taken."""
-        self._before_request()
+        self.map.before_request()
         r = self.core.key_range(keys)
         arr = _as_array(values, self.dtype)
         pieces = self.core.pieces(r)
@@ -528,7 +356,7 @@ class KVWorker:
         what went on the wire). Like `values`, `sent` is written until the handle is waited.
         With a codec, `values` (and `sent`) may be a torch tensor on a device: each message is
         encoded there and only its payload is copied to the host."""
-        self._before_request()
+        self.map.before_request()
         core = self.core
         r = core.key_range(keys)
         arr = _push_values(values, self.dtype, codec)
@@ -601,7 +429,7 @@ class KVWorker:
         re-encode to themselves under an elementwise cast; a block codec may round again);
         `sent` (as many float32 as `values`), if given, receives what each value decodes to,
         i.e. what the shards add, in the caller's order."""
-        self._before_request()
+        self.map.before_request()
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = _as_array(values, self.dtype)
         if k.size != v.size:
@@ -658,7 +486,7 @@ class KVWorker:
         `delta` (a codec) a shard sends the change since, encoded, which is added into `out`
         (a shard that remembers nothing of the range answers dense). Pull with `ref` every so
         often: between, `out` differs from the shard by the last delta's coding error."""
-        self._before_request()
+        self.map.before_request()
         if delta is not None or ref:
             return self._pull_refs(keys, out, min_version, delta)
         r = self.core.key_range(keys)
@@ -688,8 +516,8 @@ class KVWorker:
             raise ValueError(f"a compressed pull adds into the worker's copy: out must hold "
                              f"{r.size} float32 values")
         _check_codec(codec, out)
-        if self._dense_next:  # a new shard map: what each shard thinks we hold starts again
-            codec, self._dense_next = None, False
+        if self.map.take_dense():  # a new map: what each shard thinks we hold starts again
+            codec = None
         fields = {"ref": True} if codec is None else {
             "delta": {"name": codec.name, "opts": codec.options()}}
         pieces = self.core.pieces(r)
@@ -735,7 +563,7 @@ class KVWorker:
                                                min_version))
 
     def _pull_keys_async(self, k: np.ndarray, out: np.ndarray, min_version: int) -> Handle:
-        self._before_request()
+        self.map.before_request()
         owner = self.core.owners(k)
         handle = Handle("pull_keys", out=out)
         for i in np.unique(owner):
@@ -766,7 +594,7 @@ class KVWorker:
 
     def pull_rows_async(self, table: str, keys, min_version: int = 0) -> Handle:
         """Ask for the rows of `keys` (int64, duplicates allowed); finish with wait()."""
-        self._before_request()
+        self.map.before_request()
         spec = self._table(table)
         k = _as_keys(keys)
         expand = None
@@ -821,7 +649,7 @@ class KVWorker:
         `round_size` (the release's): give it when these rows are all the step sends; a step
         that also pushes dense values or other tables' rows in round mode uses push_step, or
         the round may be applied before all of it is in."""
-        self._before_request()
+        self.map.before_request()
         handle = Handle("push")
         handle.parts = self._rows_messages(
             table, keys, grads, self._push_fields(step, batch, scale, round_size),
@@ -841,7 +669,7 @@ class KVWorker:
         In round mode (`round_size`) every shard hears once per table and once per dense
         message, and each message says how many that is (`parts`), so a shard applies the
         round only once every contributor's values and rows are in."""
-        self._before_request()
+        self.map.before_request()
         rows = rows or {}
         for name in rows:
             self._table(name)  # before anything is sent
@@ -889,7 +717,9 @@ class KVWorker:
                 return self._finish(handle)
             except Moved as moved:
                 since = time.monotonic() if since is None else since
-                self._follow_moved(handle, moved, since)
+                again = self.map.follow_moved(handle, moved, since, self._arrival)
+                if again is not None:
+                    self._become(handle, again)
 
     def _finish(self, handle: Handle):
         if handle.done:
@@ -1136,9 +966,7 @@ class KVWorker:
         while every worker waited for its release): switched to now, or, with a pull sent
         ahead still in flight, before the next request."""
         if "layout" in release.fields:
-            self._heard(release.get("epoch"), release["layout"], "the coordinator's release")
-            if self._quiet():
-                self._switch()
+            self.map.released(release.get("epoch"), release["layout"])
 
     def leave(self, step: int, batch: int, compute_time: float, record: dict | None = None,
               reason: str = "preempted") -> None:

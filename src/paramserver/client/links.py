@@ -73,10 +73,11 @@ class ShardLinks:
         self.monitors[i] = m
         self.down_since[i] = None
 
-    def reshard(self, old: list) -> None:
-        """A new shard map: `self.shards` holds the new shards, `old` those watched until now.
+    def reshard(self, shards: list, old: list) -> None:
+        """A new shard map: `shards`, and `old` those watched until now.
         A socket kept (its server kept) keeps its monitor and what it said; a new one gets
         its own; those of dropped sockets close."""
+        self.shards = shards
         kept = {id(s.sock): (m, d) for s, m, d in zip(old, self.monitors, self.down_since)}
         monitors, down = [], []
         for s in self.shards:

@@ -239,9 +239,10 @@ class ShardRequests:
         self.poller.unregister(old)
         self.poller.register(new, zmq.POLLIN)
 
-    def reshard(self, old: list, max_message: list[int]) -> None:
-        """The shards were replaced (a new shard map; `self.shards` holds the new list, `old`
-        the sockets polled until now): poll the new ones."""
+    def reshard(self, shards: list, old: list, max_message: list[int]) -> None:
+        """The shards were replaced by `shards` (a new shard map; `old`: the sockets polled
+        until now): poll the new ones."""
+        self.shards = shards
         for sock in old:
             self.poller.unregister(sock)
         for s in self.shards:
