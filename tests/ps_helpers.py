@@ -1,20 +1,29 @@
-"""Helpers for the runtime tests: a real job (coordinator + shards) and worker processes."""
+"""The tests' one helpers module: real jobs (coordinator + shards) and worker processes, waits,
+the coordinator core's job builders, and the fixtures of text several test files share. A test
+module imports from here, never from another test module."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import multiprocessing as mp
+import re
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from paramserver.launch.local import LocalCluster
 from paramserver.client.kv import KVWorker
+from paramserver.coordinator.events import Clocked, Registered, SendRelease, Started
+from paramserver.spec.job import CheckpointSpec, JobSpec, Limits, ResumeSpec, SyncSpec
 
 # Worker processes fork from a fork server that has numpy, pyzmq, torch and the client
 # imported already: each is a fresh process with its own sockets, started in a fraction of the
@@ -192,3 +201,166 @@ def server_listening_at(cluster, addr: str):
         return cluster.server_listening_at(addr)
     except LookupError as exc:
         raise AssertionError(str(exc)) from None
+
+
+def bsp_run(steps: int, slow: dict, workers: int = 4, base: float = 0.5, jitter: float = 0.05,
+            seed: int = 0) -> list[dict]:
+    """Step records of a BSP job: worker w's compute at step k is base x slow(w, k) (with a
+    little noise); the round ends when the slowest ends, the others wait for it."""
+    rng = np.random.default_rng(seed)
+    out, t = [], 0.0
+    for k in range(steps):
+        compute = {w: base * slow.get(w, lambda k: 1.0)(k) * (1 + jitter * rng.random())
+                   for w in range(workers)}
+        end = max(compute.values())
+        for w in sorted(compute, key=compute.get):
+            out.append({"t": round(t + compute[w] + 0.004, 6), "kind": "step", "worker": w,
+                        "step": k, "batch": 32, "compute_s": compute[w], "data_s": 0.001,
+                        "push_s": 0.002, "pull_s": 0.002, "staleness": 0,
+                        "wait_s": round(end - compute[w], 6)})
+        t += end + 0.01
+    return out
+
+
+# ---- the coordinator's core, driven by events ---------------------------------------------------
+HB = 5.0  # heartbeat timeout of these jobs
+ADDR = "tcp://h:1"
+
+
+def match(instr, instr_type, /, **fields) -> bool:
+    """`instr` is an `instr_type` whose named fields are as given; a name that is no attribute is
+    looked up in the instruction's payload (a reply's fields, an event's data, a record)."""
+    if type(instr) is not instr_type:
+        return False
+    payload = getattr(instr, "fields", None) or getattr(instr, "data", None) or getattr(
+        instr, "record", None) or {}
+    for name, want in fields.items():
+        have = getattr(instr, name) if hasattr(instr, name) else payload.get(name, KeyError)
+        if have != want:
+            return False
+    return True
+
+
+def only(out, kind):
+    return [i for i in out if type(i) is kind]
+
+
+def job_of(sync="bsp", evaluator=False, checkpoint_dir=None, checkpoint_every=None,
+           resume=None, restart_servers=False, heartbeat_timeout=HB, start_timeout=120.0,
+           start_grace=30.0, server_timeout=None, **fields) -> JobSpec:
+    """The JobSpec of a test's job: two workers, one server, 10 keys, BSP, no evaluator."""
+    fields = dict(dict(workers=2, servers=1, batch_size=32, num_keys=10), **fields)
+    job = JobSpec(
+        sync=SyncSpec(sync), eval_interval=1.0 if evaluator else 0.0,
+        checkpoint=CheckpointSpec(checkpoint_dir, checkpoint_every) if checkpoint_dir else None,
+        resume=ResumeSpec(**resume) if resume else None,
+        restart_servers=int(restart_servers) if checkpoint_dir else 0,
+        limits=Limits(heartbeat_timeout=heartbeat_timeout, start_timeout=start_timeout,
+                      start_grace=start_grace, server_timeout=server_timeout), **fields)
+    if restart_servers and not checkpoint_dir:
+        # A job the spec refuses (nothing to restart from): the core's own guard is tested.
+        object.__setattr__(job, "restart_servers", 1)
+    return job
+
+
+def register_all(state, servers=1, workers=2):
+    for r in range(servers):
+        state.handle(Registered(f"srv{r}", "server", 0.0, to=f"reg-srv{r}", link=f"L{r}",
+                                addr=f"tcp://h:{r + 1}"))
+    for w in range(workers):
+        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
+
+
+def start_round(state):
+    """Both workers registered and started: returns the instructions of the last start."""
+    register_all(state)
+    assert not only(state.handle(Started("w0", 0.5, to="s0")), SendRelease)
+    return state.handle(Started("w1", 0.6, to="s1"))
+
+
+def clock_round(state, step=0, t=1.0, record=None):
+    first = state.handle(Clocked("w0", step, 32, 0.1, t, to=f"c0-{step}", record=record))
+    return first, state.handle(Clocked("w1", step, 32, 0.1, t + 0.2, to=f"c1-{step}"))
+
+
+LAUNCH_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import paramserver
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PARAMSERVER_JOIN")
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in names}), flush=True)
+    model = torch.nn.Linear(3, 1)
+    opt = paramserver.DistributedOptimizer(model)
+    print(f"JOB RANK {opt.rank}", flush=True)
+    while not opt.should_stop:
+        opt.zero_grad()
+        model(torch.ones(opt.batch_size, 3)).sum().backward()
+        opt.step(loss=1.0)
+    opt.kv.report({"test_accuracy": 0.875})  # a test metric the progress line shows
+    print("done", flush=True)
+    opt.close()
+""")
+
+
+class Reply(SimpleNamespace):
+    """Stands in for a wire Message: fields by name, arrays beside them."""
+
+    def __init__(self, arrays=(), **fields):
+        super().__init__(fields=fields, arrays=list(arrays))
+
+    def __getitem__(self, name):
+        return self.fields[name]
+
+    def get(self, name, default=None):
+        return self.fields.get(name, default)
+
+
+# The live runtime's packages: nothing pure may reach into them.
+RUNTIME = ("paramserver.coordinator", "paramserver.server", "paramserver.client",
+           "paramserver.launch", "paramserver.net", "paramserver.training")
+
+
+def shard_process(cluster, rank: int):
+    """The live server process holding shard `rank`: the one listening at its address."""
+    events = (cluster.run_dir / "events.jsonl").read_text().splitlines()
+    addr = next(e["addr"] for e in map(json.loads, events)
+                if e["event"] == "server_joined" and e["rank"] == rank)
+    return server_listening_at(cluster, addr)
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+README_ADDRESS = "tcp://127.0.0.1:5555"
+
+
+def kv_snippet() -> str:
+    text = README.read_text()
+    section = text[text.index("## The KV API"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_bare_job(tmp_path, *extra):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paramserver", "serve", "--num-keys", "1000", "--port", str(port),
+         "--out", str(tmp_path / "run"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # printed once the coordinator listens
+    return proc, port, first
+
+
+def reap(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

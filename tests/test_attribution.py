@@ -13,7 +13,7 @@ from paramserver.report import build_report, collect
 from paramserver.report.attribution import (
     COLUMNS, attribution_csv, attribution_section, blames, run_blames,
 )
-from test_observe_stats import bsp_run
+from ps_helpers import bsp_run
 
 
 def write_run(run: Path, records: list[dict], policy: str, workers: int = 4,

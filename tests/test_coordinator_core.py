@@ -14,29 +14,10 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.membership import MAX_OBSERVERS
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.policies import SYNC_POLICIES
-from paramserver.spec.job import CheckpointSpec, JobSpec, Limits, ResumeSpec, SyncSpec
 from paramserver.spec.welcome import ServerJob, WorkerJob
-
-HB = 5.0  # heartbeat timeout of these jobs
-ADDR = "tcp://h:1"
-
-
-def match(instr, instr_type, /, **fields) -> bool:
-    """`instr` is an `instr_type` whose named fields are as given; a name that is no attribute is
-    looked up in the instruction's payload (a reply's fields, an event's data, a record)."""
-    if type(instr) is not instr_type:
-        return False
-    payload = getattr(instr, "fields", None) or getattr(instr, "data", None) or getattr(
-        instr, "record", None) or {}
-    for name, want in fields.items():
-        have = getattr(instr, name) if hasattr(instr, name) else payload.get(name, KeyError)
-        if have != want:
-            return False
-    return True
-
-
-def only(out, kind):
-    return [i for i in out if type(i) is kind]
+from ps_helpers import (
+    ADDR, HB, clock_round, job_of, match, only, register_all, start_round,
+)
 
 
 @pytest.fixture
@@ -52,44 +33,6 @@ def make():
     yield build
     for state in made:
         state.check_invariants()
-
-
-def job_of(sync="bsp", evaluator=False, checkpoint_dir=None, checkpoint_every=None,
-           resume=None, restart_servers=False, heartbeat_timeout=HB, start_timeout=120.0,
-           start_grace=30.0, server_timeout=None, **fields) -> JobSpec:
-    """The JobSpec of a test's job: two workers, one server, 10 keys, BSP, no evaluator."""
-    fields = dict(dict(workers=2, servers=1, batch_size=32, num_keys=10), **fields)
-    job = JobSpec(
-        sync=SyncSpec(sync), eval_interval=1.0 if evaluator else 0.0,
-        checkpoint=CheckpointSpec(checkpoint_dir, checkpoint_every) if checkpoint_dir else None,
-        resume=ResumeSpec(**resume) if resume else None,
-        restart_servers=int(restart_servers) if checkpoint_dir else 0,
-        limits=Limits(heartbeat_timeout=heartbeat_timeout, start_timeout=start_timeout,
-                      start_grace=start_grace, server_timeout=server_timeout), **fields)
-    if restart_servers and not checkpoint_dir:
-        # A job the spec refuses (nothing to restart from): the core's own guard is tested.
-        object.__setattr__(job, "restart_servers", 1)
-    return job
-
-
-def register_all(state, servers=1, workers=2):
-    for r in range(servers):
-        state.handle(Registered(f"srv{r}", "server", 0.0, to=f"reg-srv{r}", link=f"L{r}",
-                                addr=f"tcp://h:{r + 1}"))
-    for w in range(workers):
-        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
-
-
-def start_round(state):
-    """Both workers registered and started: returns the instructions of the last start."""
-    register_all(state)
-    assert not only(state.handle(Started("w0", 0.5, to="s0")), SendRelease)
-    return state.handle(Started("w1", 0.6, to="s1"))
-
-
-def clock_round(state, step=0, t=1.0, record=None):
-    first = state.handle(Clocked("w0", step, 32, 0.1, t, to=f"c0-{step}", record=record))
-    return first, state.handle(Clocked("w1", step, 32, 0.1, t + 0.2, to=f"c1-{step}"))
 
 
 # ---- one BSP round ------------------------------------------------------------------------------

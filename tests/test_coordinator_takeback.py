@@ -10,7 +10,7 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers,
 )
 from paramserver.coordinator.state import CoordinatorState
-from test_coordinator_core import HB, job_of, match, only, start_round
+from ps_helpers import HB, job_of, match, only, start_round
 
 # The coordinator's part of a checkpoint taken at round 2 (64 samples a round, 2 workers).
 SAVED = {"rounds_applied": 2, "samples_done": 128, "steps_done": 4, "policy": {"round": 2},

@@ -97,3 +97,16 @@ def test_the_arrows_the_docs_state():
     assert not offences, "\n".join(offences)
     # The simulator borrows one module of a role: the shard's store, which is pure.
     assert {f.split(":")[0] for f in edges["sim"].get("server", [])} <= {"sim/train.py"}
+
+
+def test_no_test_module_imports_another():
+    """Shared builders, waits and texts live in tests/ps_helpers.py: a test module that
+    imports another runs that module's tests' imports (and fixtures) by accident."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not offenders, offenders

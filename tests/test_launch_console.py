@@ -5,35 +5,17 @@ import io
 import json
 import subprocess
 import sys
-import textwrap
 import threading
 
 import pytest
 
 from paramserver.launch.console import ProgressLine, summarize
-
-SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    import torch
-    import paramserver
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PARAMSERVER_JOIN")
-    print("ENV " + json.dumps({k: os.environ.get(k) for k in names}), flush=True)
-    model = torch.nn.Linear(3, 1)
-    opt = paramserver.DistributedOptimizer(model)
-    print(f"JOB RANK {opt.rank}", flush=True)
-    while not opt.should_stop:
-        opt.zero_grad()
-        model(torch.ones(opt.batch_size, 3)).sum().backward()
-        opt.step(loss=1.0)
-    opt.kv.report({"test_accuracy": 0.875})  # a test metric the progress line shows
-    print("done", flush=True)
-    opt.close()
-""")
+from ps_helpers import LAUNCH_SCRIPT
 
 
 def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
+    script.write_text(LAUNCH_SCRIPT)
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--workers", "3", "--steps", "5",
@@ -68,7 +50,7 @@ def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
 @pytest.mark.slow  # 5 s of a live job for one flag
 def test_quiet_launch_has_no_progress_line(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
+    script.write_text(LAUNCH_SCRIPT)
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--workers", "1", "--steps", "3",
          "--quiet", "--out", str(tmp_path / "run"), "--", sys.executable, str(script)],

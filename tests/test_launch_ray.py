@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is the optional extra paramserver[ray]; "
                                   "pip install 'paramserver[ray]' to run this test")
 
-from test_launch_console import SCRIPT  # noqa: E402
+from ps_helpers import LAUNCH_SCRIPT# noqa: E402
 
 from paramserver.runlog.model_file import read_model  # noqa: E402
 
@@ -20,7 +20,7 @@ from paramserver.runlog.model_file import read_model  # noqa: E402
 @pytest.mark.slow  # ~30 s on 2 shared cores, most of it Ray starting
 def test_launch_places_a_user_script_through_ray(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
+    script.write_text(LAUNCH_SCRIPT)
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--launcher", "ray", "--workers", "2",
@@ -55,7 +55,7 @@ def test_through_ray_a_rank_that_exits_before_joining_ends_the_launch_naming_it(
     script = tmp_path / "job.py"
     script.write_text("import os, sys\n"
                       "if os.environ['RANK'] == '1':\n"
-                      "    sys.exit(0)  # never builds the optimizer\n" + SCRIPT)
+                      "    sys.exit(0)  # never builds the optimizer\n" + LAUNCH_SCRIPT)
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--launcher", "ray", "--workers", "2",
          "--ray-worker-cpus", "0.5", "--ray-server-cpus", "0.5", "--steps", "5", "--quiet",

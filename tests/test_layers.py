@@ -9,6 +9,7 @@ that do not take an injected generator.
 
 import ast
 from pathlib import Path
+from ps_helpers import RUNTIME
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paramserver"
 PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emulation", "spec",
@@ -57,9 +58,6 @@ FORBIDDEN_METHODS = {"read_text", "write_text", "read_bytes", "write_bytes", "mk
 NUMPY_RANDOM_OK = {"default_rng", "Generator", "SeedSequence", "PCG64", "Philox"}
 TORCH_DRAWS = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial",
                "rand_like", "randn_like", "randint_like", "manual_seed", "seed"}
-# The live runtime's packages: nothing pure may reach into them.
-RUNTIME = ("paramserver.coordinator", "paramserver.server", "paramserver.client",
-           "paramserver.launch", "paramserver.net", "paramserver.training")
 FORBIDDEN_INTERNAL = RUNTIME + ("paramserver.transport", "paramserver.cli", "paramserver.wire",
                                 "paramserver.sim")
 

@@ -3,7 +3,6 @@ ring of recent records and its `observe` op, driven on the core: no sockets, no 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from paramserver.coordinator.events import (
@@ -16,25 +15,7 @@ from paramserver.observe.stats import (
     round_mode_of,
 )
 from paramserver.spec.job import JobSpec, SyncSpec
-
-
-def bsp_run(steps: int, slow: dict, workers: int = 4, base: float = 0.5, jitter: float = 0.05,
-            seed: int = 0) -> list[dict]:
-    """Step records of a BSP job: worker w's compute at step k is base x slow(w, k) (with a
-    little noise); the round ends when the slowest ends, the others wait for it."""
-    rng = np.random.default_rng(seed)
-    out, t = [], 0.0
-    for k in range(steps):
-        compute = {w: base * slow.get(w, lambda k: 1.0)(k) * (1 + jitter * rng.random())
-                   for w in range(workers)}
-        end = max(compute.values())
-        for w in sorted(compute, key=compute.get):
-            out.append({"t": round(t + compute[w] + 0.004, 6), "kind": "step", "worker": w,
-                        "step": k, "batch": 32, "compute_s": compute[w], "data_s": 0.001,
-                        "push_s": 0.002, "pull_s": 0.002, "staleness": 0,
-                        "wait_s": round(end - compute[w], 6)})
-        t += end + 0.01
-    return out
+from ps_helpers import bsp_run
 
 
 def feed(stats: JobStats, records: list[dict]) -> JobStats:

@@ -30,7 +30,7 @@ from paramserver.spec.welcome import WorkerJob
 from paramserver.transport import bind_router, connect_dealer, new_context, terminate
 from paramserver.wire import Message
 from ps_helpers import make_job
-from test_worker_core import Reply
+from ps_helpers import Reply
 
 # ---- which map is followed (pure) ---------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 or, with recovery off, the job stops naming it instead of hanging."""
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -14,7 +13,7 @@ from paramserver.runlog.metrics import read_records, summarize
 from paramserver.runlog.checkpoint import latest
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.client.kv import KVWorker
-from ps_helpers import known_gradient, make_job, server_listening_at, wait_for
+from ps_helpers import known_gradient, make_job, shard_process, wait_for
 
 KEYS = 10  # two shards: [0, 5) and [5, 10)
 
@@ -22,14 +21,6 @@ KEYS = 10  # two shards: [0, 5) and [5, 10)
 def _job(tmp_path, **extra):
     return make_job(KEYS, 2, 1, sync="bsp", lr=1.0, retry_interval=0.3,
                     checkpoint={"dir": str(tmp_path / "ckpt"), "every": 2}, **extra)
-
-
-def _server(cluster, rank: int):
-    """The live server process holding shard `rank`: the one listening at its address."""
-    events = (cluster.run_dir / "events.jsonl").read_text().splitlines()
-    addr = next(e["addr"] for e in map(json.loads, events)
-                if e["event"] == "server_joined" and e["rank"] == rank)
-    return server_listening_at(cluster, addr)
 
 
 def _steps(kv, release, steps):
@@ -54,7 +45,7 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
             kv.init(np.zeros(KEYS))
             release = _steps(kv, kv.start(), 5)  # rounds 0..4 applied; checkpoints at 2 and 4
             wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30.0)
-            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)  # round 4 is lost on shard 1
+            os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)  # round 4 lost on shard 1
             release = _steps(kv, release, 5)  # retried until the restarted server answers
             final = kv.pull(min_version=release.min_version)
             assert kv.requests.retries >= 1
@@ -87,7 +78,7 @@ def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):
         try:
             kv.init(np.zeros(KEYS))
             release = _steps(kv, kv.start(), 2)
-            victim = _server(cluster, 1)
+            victim = shard_process(cluster, 1)
             os.kill(victim.proc.pid, signal.SIGKILL)
             kv.timeout = 2.0  # the worker gives up on the dead server, naming it
             with pytest.raises(TimeoutError, match=r"server 1 at tcp://[\d.:]+ did not answer"):
@@ -147,7 +138,7 @@ def test_a_restarted_server_whose_checkpoint_is_truncated_falls_back_to_the_prev
         wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30.0)
         path = tmp_path / "ckpt" / f"ckpt-{4:09d}" / "server-1" / "values.npy"
         path.write_bytes(path.read_bytes()[:-8])
-        victim = _server(cluster, 1)
+        victim = shard_process(cluster, 1)
         os.kill(victim.proc.pid, signal.SIGKILL)
         release = _steps(kv, release, 5)
         final = kv.pull(min_version=release.min_version)
@@ -183,11 +174,11 @@ def test_a_server_killed_before_the_first_checkpoint_comes_back_from_its_initial
         init = np.arange(KEYS, dtype=np.float64) * 10
         kv.init(init)
         if when == "before the start":
-            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)
             release = kv.start()
         else:
             release = kv.start()
-            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)
         release = _steps(kv, release, 4)
         final = kv.pull(min_version=release.min_version)
         kv.bye()
@@ -218,7 +209,7 @@ def test_a_restarted_server_with_no_usable_checkpoint_ends_the_job_at_once_namin
             for tag in (2, 4):
                 path = tmp_path / "ckpt" / f"ckpt-{tag:09d}" / "server-1" / "values.npy"
                 path.write_bytes(path.read_bytes()[:-8])
-            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)
             supervisor.join(60)  # well within the coordinator's restart_timeout
             assert not supervisor.is_alive()
         finally:

@@ -21,7 +21,7 @@ from paramserver.sim.summary import summarize_run
 from paramserver.sim.trace import load_trace
 from paramserver.core.units import UnitError, parse_bandwidth, parse_duration, parse_size
 from paramserver.emulation.stragglers import parse_straggler
-from test_layers import RUNTIME
+from ps_helpers import RUNTIME
 
 POLICIES = SYNC_POLICIES.names()
 

@@ -24,7 +24,7 @@ from paramserver.runlog.metrics import read_records
 from paramserver.sparse.init import initial_rows
 from paramserver.wire import Message
 from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
-from ps_helpers import known_gradient, make_job, running_job
+from ps_helpers import known_gradient, make_job, running_job, wait_for
 
 DIM, SCALE, LR = 4, 0.1, 0.5
 TABLE = {"name": "emb", "dim": DIM, "optimizer": "sgd", "lr": LR, "init_scale": SCALE}
@@ -84,13 +84,6 @@ def run_threads(target, n: int, timeout: float = 120.0) -> list:
         t.join(max(0.1, deadline - time.monotonic()))
     assert not any(t.is_alive() for t in threads), "worker threads still running"
     return errors
-
-
-def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def table_rows_in_metrics(run_dir) -> bool:
@@ -412,7 +405,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_with_the_same_rows(tmp_path
     SIGKILLed server is restarted from it; keys created after the restart start from their
     initial rows as anywhere else."""
     from paramserver.launch.local import LocalCluster
-    from test_server_recovery import _server  # the live process holding a shard
+    from ps_helpers import shard_process# the live process holding a shard
     job = _job(2, 1, "bsp", checkpoint={"dir": str(tmp_path / "ckpt"), "every": 2})
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
                            restart_servers=1)
@@ -426,7 +419,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_with_the_same_rows(tmp_path
             release = _bsp_steps(kv, kv.start(), 4)  # rounds 0..3; checkpoints at 2 and 4
             wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
             before = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
-            os.kill(_server(cluster, 1).proc.pid, signal.SIGKILL)
+            os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)
             after = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
             np.testing.assert_array_equal(after, before)
             fresh = np.array([777, -778], dtype=np.int64)

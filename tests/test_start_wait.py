@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from test_serve import README_ADDRESS, _reap, _serve, kv_snippet
+from ps_helpers import README_ADDRESS, reap, serve_bare_job, kv_snippet
 
 STALL = """
 import time
@@ -34,7 +34,7 @@ def _line_with(pipe, text: str, within: float) -> str:
 
 
 def test_a_worker_and_the_coordinator_say_whom_the_start_barrier_waits_for(tmp_path):
-    proc, port, first = _serve(tmp_path, "--workers", "2", "--steps", "3")
+    proc, port, first = serve_bare_job(tmp_path, "--workers", "2", "--steps", "3")
     users = []
     try:
         address = f"tcp://127.0.0.1:{port}"
@@ -56,7 +56,7 @@ def test_a_worker_and_the_coordinator_say_whom_the_start_barrier_waits_for(tmp_p
             if user.poll() is None:
                 user.kill()
                 user.wait(10)
-        _reap(proc)
+        reap(proc)
     log = (tmp_path / "run" / "logs" / "coordinator-0.log").read_text()
     assert "start barrier: waiting, 1 of 2 workers started (ranks 0); not registered: 1" in log
 
@@ -64,7 +64,7 @@ def test_a_worker_and_the_coordinator_say_whom_the_start_barrier_waits_for(tmp_p
 @pytest.mark.slow  # 12 s of start timeout; tests/test_coordinator_core.py's
 # test_no_worker_started_in_time_fails_the_job checks the same failure and text without sockets
 def test_a_job_whose_workers_never_start_fails_naming_them(tmp_path):
-    proc, port, _ = _serve(tmp_path, "--start-timeout", "9")
+    proc, port, _ = serve_bare_job(tmp_path, "--start-timeout", "9")
     stall = subprocess.Popen([sys.executable, "-c",
                               STALL.format(address=f"tcp://127.0.0.1:{port}")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -76,7 +76,7 @@ def test_a_job_whose_workers_never_start_fails_naming_them(tmp_path):
     finally:
         stall.kill()
         stall.wait(10)
-        _reap(proc)
+        reap(proc)
 
 
 GIVE_UP = """
@@ -94,7 +94,7 @@ kv.close()
 
 @pytest.mark.slow  # 12 s: the release timeout runs out; the default suite is near its budget
 def test_a_worker_whose_start_is_never_released_gives_up_naming_the_missing_peers(tmp_path):
-    proc, port, _ = _serve(tmp_path, "--workers", "2", "--start-timeout", "60")
+    proc, port, _ = serve_bare_job(tmp_path, "--workers", "2", "--start-timeout", "60")
     try:
         address = f"tcp://127.0.0.1:{port}"
         user = subprocess.run([sys.executable, "-c", GIVE_UP.format(address=address)],
@@ -105,4 +105,4 @@ def test_a_worker_whose_start_is_never_released_gives_up_naming_the_missing_peer
                 "workers started (ranks 0); not registered: 1; servers: 1/1 registered"
                 ) in user.stdout
     finally:
-        _reap(proc)
+        reap(proc)

@@ -15,7 +15,7 @@ from paramserver.observe.source import (
     FolderSource, LineTail, ObserverSource, ReplaySource, SourceError, open_source,
     read_preflight,
 )
-from test_observe_stats import bsp_run
+from ps_helpers import bsp_run
 
 
 def write_run(run: Path, records: list[dict], finished: bool = True, policy: str = "bsp",

@@ -1,6 +1,5 @@
 """The worker client's bookkeeping (client/core.py), driven without sockets or sleeps."""
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,19 +7,7 @@ import pytest
 from paramserver.client.core import Handle, WorkerCore
 from paramserver.core.keyspace import KeyRange
 from paramserver.policies.base import Release
-
-
-class Reply(SimpleNamespace):
-    """Stands in for a wire Message: fields by name, arrays beside them."""
-
-    def __init__(self, arrays=(), **fields):
-        super().__init__(fields=fields, arrays=list(arrays))
-
-    def __getitem__(self, name):
-        return self.fields[name]
-
-    def get(self, name, default=None):
-        return self.fields.get(name, default)
+from ps_helpers import Reply
 
 
 def three_shards() -> WorkerCore:
