@@ -85,10 +85,9 @@ def _predict_outcomes(cell: Cell, profiles: list[RunFolder], clusters: dict) -> 
             clusters[pf.folder] = fit_cluster(load_profile(pf.folder))
         job = pf.job
         policy = base_policy(cell.policy)
-        options = dict(job["sync"].get("options") or {}) if job["sync"]["name"] == policy \
-            else {}
-        out.append(simulate_policy(clusters[pf.folder].at(job["workers"]), policy,
-                                   options, samples=job["max_samples"],
+        options = dict(job.sync_options) if job.sync == policy else {}
+        out.append(simulate_policy(clusters[pf.folder].at(job.workers), policy,
+                                   options, samples=job.max_samples,
                                    seed=pf.config.get("seed", 0)))
     return out
 

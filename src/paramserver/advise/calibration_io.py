@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from paramserver.spec.run_job import RunJob
+
 DEFAULT_NAME = "default_calibration.json"
 
 
@@ -46,7 +48,7 @@ class RunFolder:
     policy: str
     repeat: int
     config: dict  # config.json's "config"
-    job: dict  # config.json's "job"
+    job: RunJob  # config.json's "job"
     summary: dict
     evals: list  # (seconds, samples, accuracy), in time order
 
@@ -67,7 +69,8 @@ def read_run(folder: Path) -> RunFolder:
                    if r.get("kind") == "eval" and r.get("accuracy") is not None)
     rep = folder.name.removeprefix("rep-")
     return RunFolder(folder, folder.parent.parent.name, folder.parent.name,
-                     int(rep) if rep.isdigit() else 0, cfg["config"], cfg["job"], summary, evals)
+                     int(rep) if rep.isdigit() else 0, cfg["config"], RunJob.of(cfg.get("job")),
+                     summary, evals)
 
 
 def find_runs(root: Path) -> list[RunFolder]:

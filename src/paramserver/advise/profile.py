@@ -12,6 +12,7 @@ from pathlib import Path
 
 from paramserver.advise.cluster import ClusterFitError, Profile, StepSample
 from paramserver.emulation.links import LinkTable
+from paramserver.spec.run_job import RunJob
 
 TRACE_COLUMNS = "worker,step,compute_s[,batch][,pull_s,push_s,bytes][,wait_s]"
 
@@ -72,7 +73,7 @@ def load_run_folder(folder: Path) -> Profile:
         doc = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ProfileError(f"{folder}: no readable config.json ({exc})") from None
-    job, config = doc.get("job") or {}, doc.get("config") or {}
+    job, config = RunJob.of(doc.get("job")), doc.get("config") or {}
     steps, busy = [], {}
     with open(metrics) as f:
         for n, line in enumerate(f, 1):
@@ -104,22 +105,20 @@ def load_run_folder(folder: Path) -> Profile:
     steps = _derive_compute(steps)
     if not steps:
         raise ProfileError(f"{folder}: metrics.jsonl has no step records with compute_s or t")
-    rate, latency = _worker_link(job.get("links") or config.get("links"))
+    rate, latency = _worker_link(job.links or config.get("links"))
     summary = None
     if (folder / "summary.json").exists():
         try:
             summary = json.loads((folder / "summary.json").read_text())
         except json.JSONDecodeError:
             summary = None
-    itemsize = 8 if job.get("dtype") == "float64" else 4
     return Profile(
         steps=tuple(steps), source=str(folder),
-        workers=int(job.get("workers") or len({s.worker for s in steps})),
-        servers=int(job.get("servers") or 1), batch_size=job.get("batch_size"),
+        workers=int(job.workers or len({s.worker for s in steps})),
+        servers=int(job.servers or 1), batch_size=job.batch_size,
         link_rate=rate, link_latency=latency,
         server_busy_s=sum(busy.values()) if busy else None,
-        model_bytes=job["num_keys"] * itemsize if job.get("num_keys") else None,
-        sync=(job.get("sync") or {}).get("name"), round_trip_s=_round_trip(folder, job),
+        model_bytes=job.model_bytes, sync=job.sync, round_trip_s=_round_trip(folder, job),
         summary=summary, device_s_per_sample=_device_time(config.get("device_time")))
 
 
@@ -133,10 +132,10 @@ def _device_time(text) -> float | None:
         return None
 
 
-def _round_trip(folder: Path, job: dict) -> float | None:
+def _round_trip(folder: Path, job: RunJob) -> float | None:
     """The coordinator's round trip of the releases the policy gave at once, as sim.replay
     finds them (the policy re-run over the run's clocks); None when that cannot be done."""
-    if not job.get("sync") or not job.get("batch_size"):
+    if not job.sync or not job.batch_size:
         return None
     from paramserver.sim.replay import calibrate, load_run
     try:

@@ -19,6 +19,7 @@ from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.config import TrainConfig
 from paramserver.spec.job import AMP_MODES
 from paramserver.core.bounded import json_value
+from paramserver.spec.run_job import RunJob
 
 # Only what --help needs is imported above; torch, the launchers and the registries load when
 # a command runs (see tests/test_cli_help.py).
@@ -315,10 +316,10 @@ def resume_plan(args, parser_defaults: dict) -> tuple[TrainConfig, Path, dict]:
         raise ValueError(f"cannot resume {run_dir}: it has no committed checkpoint "
                          f"(was it run with --checkpoint-dir?)")
     cfg.checkpoint_dir = str(root)
-    job = doc.get("job") or {}  # the job it ran: its server count resolved
-    tag, warnings = usable_checkpoint(cfg.checkpoint_dir, int(job.get("servers", cfg.servers)),
-                                      job.get("dtype", cfg.dtype),
-                                      num_keys=job.get("num_keys") or None)
+    job = RunJob.of(doc.get("job"))  # the job it ran: its server count resolved
+    tag, warnings = usable_checkpoint(cfg.checkpoint_dir, job.servers or cfg.servers,
+                                      job.dtype if doc.get("job") else cfg.dtype,
+                                      num_keys=job.num_keys or None)
     for warning in warnings:
         print(f"paramserver train: {warning}", file=sys.stderr)
     if tag is None:

@@ -22,6 +22,7 @@ from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.observe.flight import FlightRecorder, probe_answer
 from paramserver.transport import connect_dealer, security
+from paramserver.spec.welcome import WorkerJob
 from paramserver.wire import Message, WireError
 
 log = logging.getLogger(__name__)
@@ -287,9 +288,9 @@ class CoordinatorSession:
         if layout is not None and role == "worker":
             fields["layout"] = layout
         welcome = self.call(Message("register", fields), self.timeout)
-        job = welcome["job"]
-        self.me = Identity(role, welcome["rank"], num_keys or job.get("num_keys"),
-                           samples=int(job.get("resume_samples", 0)))
+        job = WorkerJob.from_dict(welcome["job"])
+        self.me = Identity(role, welcome["rank"], num_keys or job.job.num_keys or None,
+                           samples=job.resume_samples)
         return welcome
 
     def start(self, data_len: int | None = None) -> Message:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from paramserver.core.keyspace import AUTO_SERVERS
 from paramserver.spec.config import TrainConfig
+from paramserver.spec.run_job import RunJob
 from paramserver.spec.job import JobSpec, ResumeSpec
 
 
@@ -169,7 +170,7 @@ def save_interrupted(cluster, job: dict, run_dir: Path, timeout: float = 10.0) -
     from paramserver.client.kv import KVWorker
     from paramserver.runlog.model_file import FINAL_MODEL, ExportError, model_keys, named
     from paramserver.runlog.model_file import write_model
-    if job.get("tables"):
+    if RunJob.of(job).has_tables:  # rows live only on the servers: no model file
         return
     print("interrupted: saving the parameters trained so far...", file=sys.stderr, flush=True)
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from paramserver.observe.stats import CHRONIC, OK, TRANSIENT, JobStats, round_mode_of
 from paramserver.report.collect import Collection, Run
+from paramserver.spec.run_job import RunJob
 
 COLUMNS = ("scenario", "policy", "repeat", "worker", "host", "link", "lost_s", "chronic_s",
            "transient_s", "normal_s", "share", "state", "chronic_steps", "mean_factor",
@@ -69,8 +70,8 @@ def _links(run: Run) -> dict[int, str]:
     """Worker rank -> what is known of its link: the job's --link and the preflight probes."""
     out: dict[int, list[str]] = {}
     try:
-        job = json.loads((run.path / "job.json").read_text())
-        table = (job.get("links") or {}).get("w") or {}
+        links = RunJob.of(json.loads((run.path / "job.json").read_text())).links
+        table = (links.get("w") if isinstance(links, dict) else None) or {}
     except (OSError, ValueError, AttributeError):
         table = {}
     try:

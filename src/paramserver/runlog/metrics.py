@@ -7,6 +7,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from paramserver.spec.run_job import RunJob
+
 DEFAULT_TARGETS = (0.8, 0.9, 0.95, 0.97, 0.98)
 AUC_TARGETS = (0.6, 0.65, 0.7, 0.72, 0.75)  # click models (DLRM): chance is 0.5
 # The busiest shard's busy time over the shards' mean above which a run's shards are called
@@ -100,18 +102,17 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
     steps = [r for r in records if r.get("kind") == "step"]
     evals = evaluations(records)
     workers = _per_worker(steps)
-    task = job.get("task", {})
+    run = RunJob.of(job)
     compute = sum(r.get("compute_s", 0) for r in steps)
     real = sum(r.get("real_compute_s", 0) for r in steps)
     wall = max((r["t"] for r in records), default=0.0)
-    apply_mode = job.get("apply_mode", "arrival")
+    apply_mode = run.apply_mode
     rounds = max((r["step"] for r in steps), default=-1) + 1
     return {
-        "sync": job.get("sync", {}).get("name"), "workers": job.get("workers"),
-        "servers": job.get("servers"), "model": task.get("model"), "dataset": task.get("dataset"),
-        "optimizer": job.get("optimizer", {}).get("name"), "lr": job.get("optimizer", {}).get("lr"),
-        "batch_size": job.get("batch_size"), "straggler": task.get("straggler", "none"),
-        "device_time": task.get("device_time", "off"),
+        "sync": run.sync, "workers": run.workers, "servers": run.servers,
+        "model": run.task.model, "dataset": run.task.dataset, "optimizer": run.optimizer,
+        "lr": run.lr, "batch_size": run.batch_size, "straggler": run.task.straggler,
+        "device_time": run.task.device_time,
         "steps": len(steps), "samples": sum(r.get("batch", 0) for r in steps),
         "wall_time_s": round(wall, 4),
         "final_test_accuracy": evals[-1]["accuracy"] if evals else None,
@@ -138,7 +139,7 @@ def summarize(records: list[dict], job: dict, targets=DEFAULT_TARGETS) -> dict:
         "per_worker": {str(k): v for k, v in workers.items()},
         **_restarts(records),
         **_server_counters(records),
-        **shard_load(records, job.get("servers") or 0, wall),
+        **shard_load(records, run.servers or 0, wall),
     }
 
 

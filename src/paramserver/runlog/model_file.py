@@ -20,6 +20,7 @@ import torch
 
 from paramserver.runlog.checkpoint import CheckpointError, latest, load_part
 from paramserver.core.bounded import json_value
+from paramserver.spec.run_job import RunJob
 
 FORMATS = ("safetensors", "pt")
 FINAL_MODEL = "model.pt"  # what `train` and `launch` write into the run folder at the end
@@ -78,7 +79,7 @@ def _job_of(folder: Path) -> dict:
             raise ExportError(f"{folder / 'job.json'} is unreadable ({exc})") from None
         if not isinstance(job, dict):
             raise ExportError(f"{folder / 'job.json'} holds no job")
-        ckpt = (job.get("checkpoint") or {}).get("dir")
+        ckpt = RunJob.of(job).checkpoint_dir
         return {"config": {"checkpoint_dir": ckpt} if ckpt else {}, "job": job,
                 "folder": str(folder)}
     try:
@@ -130,14 +131,14 @@ def model_keys(job: dict, folder: Path | None = None):
     """The ModelKeys of a job's model (names and shapes), the model built on torch's meta
     device (no weights are made); for a `launch` job (task "external") the layout its
     coordinator wrote into `folder`. ExportError for a job that names no model."""
-    task = job.get("task") or {}
-    if task.get("name") == "external" and folder is not None:
+    run = RunJob.of(job)
+    if run.task.name == "external" and folder is not None:
         return _layout_keys(folder)
-    if task.get("name", "train") != "train":
-        raise ExportError(f"the job runs task {task.get('name')!r}, which records no model "
+    if run.task.name != "train":
+        raise ExportError(f"the job runs task {run.task.name!r}, which records no model "
                           f"parameter names to write the values under")
     from paramserver.models.workload import build
-    return build(task, job.get("dtype", "float32"), shape_only=True)[2]
+    return build(dict(run.task.fields), run.dtype, shape_only=True)[2]
 
 
 def named(keys, flat: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -206,7 +207,8 @@ def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
     if tag is None and final.exists():  # a run folder after its end: the final parameters
         tensors = read_model(final)
         return write_model(out, tensors, fmt), f"the final model {final}"
-    servers, dtype = int(job.get("servers", 1)), str(job.get("dtype", "float32"))
+    run = RunJob.of(job)
+    servers, dtype = run.servers or 1, run.dtype
     if tag is None:
         if latest(root) is None:
             raise ExportError(f"{source}: no model.pt and no committed checkpoint in {root}")

@@ -34,6 +34,7 @@ from paramserver.policies import (
 from paramserver.sim.run import SimConfig, simulate
 from paramserver.zipline.plan import SyncPlan
 from paramserver.core.bounded import json_value
+from paramserver.spec.run_job import RunJob
 
 
 @dataclass
@@ -87,9 +88,8 @@ def decision_log(run: RunFolder, workers: int | None = None,
 
     recorded_plans=False lets ElasticBSP search its plans again from the records' times.
     """
-    job = run.job
-    sync = job["sync"]
-    policy = make_policy(sync["name"], job["batch_size"], **sync.get("options", {}))
+    job = RunJob.of(run.job)
+    policy = make_policy(job.sync, job.batch_size, **job.sync_options)
     log = DecisionLog()
     if recorded_plans:
         _follow_recorded_plans(policy, run, log)
@@ -108,8 +108,8 @@ def decision_log(run: RunFolder, workers: int | None = None,
             log.notes.append((d.kind, d.data))
             log.marks.setdefault(d.kind, len(log.releases))
 
-    host = PolicyHost(policy, job.get("max_samples") or None, on_decision=watch)
-    for w in range(workers or job["workers"]):
+    host = PolicyHost(policy, job.max_samples or None, on_decision=watch)
+    for w in range(workers or job.workers):
         trigger = ("join", w)
         host.joined(w, 0.0)
     for i, r in enumerate(run.records):
@@ -190,7 +190,7 @@ def compare_decisions(live: DecisionLog, sim: DecisionLog, live_run: RunFolder,
     decisions: round composition and batch sizes (BSP, LB-BSP), who unblocked whom (ASP, SSP,
     DSSP), the rotation's order (R2SP), the barriers (ElasticBSP).
     """
-    name = live_run.job["sync"]["name"]
+    name = RunJob.of(live_run.job).sync
     common = live.releases.keys() & sim.releases.keys()
     n = max(len(live.releases), len(sim.releases))
     li, si = live.immediate(), sim.immediate()
@@ -290,17 +290,16 @@ def calibrate(run: RunFolder, log: DecisionLog | None = None) -> dict:
 # ---- the replay ---------------------------------------------------------------------------------
 def mirror_config(run: RunFolder, round_trip: float, **comm_options) -> SimConfig:
     """The SimConfig that mirrors a live run, with its recorded times."""
-    job, task = run.job, run.job.get("task", {})
-    itemsize = 4 if job.get("dtype", "float32") == "float32" else 8
-    budget = job.get("max_samples") or sum(r["batch"] for r in run.steps)
+    job = RunJob.of(run.job)
+    budget = job.max_samples or sum(r["batch"] for r in run.steps)
     return SimConfig(
-        sync=job["sync"]["name"], sync_options=dict(job["sync"].get("options", {})),
-        workers=job["workers"], steps=None, max_samples=budget, batch_size=job["batch_size"],
+        sync=job.sync, sync_options=dict(job.sync_options),
+        workers=job.workers, steps=None, max_samples=budget, batch_size=job.batch_size,
         compute=f"trace:{run.folder}", straggler="none", comm=f"trace:{run.folder}",
         comm_options=comm_options, latency=f"{round_trip / 2 * 1e6:.3f}us",
-        servers=job.get("servers", 1), model=task.get("model", "mlp"),
-        dataset=task.get("dataset", "digits"), param_bytes=str(job["num_keys"] * itemsize),
-        dtype=job.get("dtype", "float32"), seed=int(task.get("seed", 0)))
+        servers=job.servers or 1, model=job.task.model or "mlp",
+        dataset=job.task.dataset or "digits", param_bytes=str(job.model_bytes),
+        dtype=job.dtype, seed=job.task.seed)
 
 
 def _errors(live: dict, sim: dict) -> dict:

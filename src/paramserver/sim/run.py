@@ -176,22 +176,21 @@ class Simulation:
 
     def _job(self, num_keys, nbytes) -> dict:
         cfg = self.cfg
+        sim = {"steps": cfg.steps, "compute": cfg.compute, "bandwidth": cfg.bandwidth,
+               "latency": cfg.latency, "model_bytes": nbytes, "train": cfg.train,
+               "comm": cfg.comm, "comm_options": dict(cfg.comm_options)}
         job = {"num_keys": num_keys, "dtype": cfg.dtype, "servers": cfg.servers,
                "workers": cfg.ranks, "batch_size": cfg.batch_size,
                "sync": {"name": cfg.sync, "options": dict(cfg.sync_options)},
                "apply_mode": self.policy.apply_mode, "task": cfg.task(), "simulated": True,
-               "max_samples": cfg.max_samples,
-               "sim": {"steps": cfg.steps, "compute": cfg.compute, "bandwidth": cfg.bandwidth,
-                       "latency": cfg.latency, "model_bytes": nbytes, "train": cfg.train,
-                       "comm": cfg.comm, "comm_options": dict(cfg.comm_options)}}
+               "max_samples": cfg.max_samples, "sim": sim}
         if cfg.membership:  # as a live elastic job's: workers is MAX, min_workers the start
-            job["min_workers"] = cfg.workers
-            job["batch_rule"] = cfg.batch_rule
-            job["sim"]["membership"] = cfg.membership.text()
+            job.update(min_workers=cfg.workers, batch_rule=cfg.batch_rule)
+            sim["membership"] = cfg.membership.text()
         if cfg.train:
-            job["optimizer"] = {"name": cfg.optimizer, "lr": cfg.lr,
-                                "options": dict(cfg.optimizer_options)}
-            job["eval_interval"] = cfg.eval_interval
+            job.update(optimizer={"name": cfg.optimizer, "lr": cfg.lr,
+                                  "options": dict(cfg.optimizer_options)},
+                       eval_interval=cfg.eval_interval)
         return job
 
     def _trainer(self, built):

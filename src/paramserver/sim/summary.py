@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from paramserver.runlog.metrics import read_records as _read, summarize
+from paramserver.spec.run_job import RunJob
 
 # summarize() holds every record as a dict (~1.5 KB each); past this many step records the
 # log is split by worker group in one pass, each group summarized alone and the parts merged.
@@ -66,7 +67,7 @@ def merge(parts: list[dict], job: dict, wall: float) -> dict:
         mean_wait_fraction=(sum(w["wait_fraction"] for _, w in ordered) / len(ordered)
                             if ordered else 0.0),
         updates_applied=(max(p["updates_applied"] for p in parts)
-                         if job.get("apply_mode") == "round" else steps),
+                         if RunJob.of(job).apply_mode == "round" else steps),
         mean_staleness=(sum(p["mean_staleness"] * p["steps"] for p in parts) / steps
                         if steps else 0.0),
         real_compute_share=real / compute if compute else None,
