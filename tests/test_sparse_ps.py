@@ -310,7 +310,7 @@ def test_a_bsp_step_of_chunked_dense_values_and_rows_applies_each_round_once(tmp
                     kv.push_step(dense, {"emb": (keys, grads)}, step=step, batch=batch_of(i),
                                  round_size=workers)
                     messages[(i, step)] = list(sent)
-                    assert not kv.core.sent and not kv._streams  # every message answered
+                    assert not kv.core.sent and not kv.chunked.active  # every message answered
                     seen[(i, step)] = (kv.pull(min_version=step + 1),
                                        kv.pull_rows("emb", KEY_SPACE, min_version=step + 1))
 
@@ -358,7 +358,7 @@ def test_an_asp_step_of_chunked_dense_values_and_rows_is_one_handle(tmp_path):
             h = a.push_step_async(dense_a, {"emb": (keys_a, grads_a)}, step=0, batch=1)
             assert not h.done and a.core.sent
             assert a.wait(h) == 0 and h.done
-            assert not a.core.sent and not a.core.inbox and not a._streams
+            assert not a.core.sent and not a.core.inbox and not a.chunked.active
             row_shards = set(shard_of(keys_a, 2).tolist())
             assert sum(op == "push" for _, op, _ in sent) == 13
             assert sum(op == "push_rows" for _, op, _ in sent) == len(row_shards)
@@ -376,7 +376,7 @@ def test_an_asp_step_of_chunked_dense_values_and_rows_is_one_handle(tmp_path):
             dense_b = known_gradient(1, 0, CHUNKED_KEYS, np.float32)
             h = b.push_step_async(dense_b, {"emb": (keys_b, grads_b)}, step=0, batch=1)
             assert b.wait(h) == max(versions)
-            assert not b.core.sent and not b.core.inbox and not b._streams
+            assert not b.core.sent and not b.core.inbox and not b.chunked.active
             dense = a.pull(min_version=0)
             rows = a.pull_rows("emb", KEY_SPACE)
         finally:

@@ -35,6 +35,7 @@ from paramserver.client.core import Chunk, Handle, Stream, WorkerCore
 from paramserver.client.links import ShardLinks
 from paramserver.client.requests import Moved, ShardRequests
 from paramserver.client.shard_map import Shard, ShardMap
+from paramserver.client.streams import ChunkedRequests, take_values
 from paramserver.client.session import CoordinatorSession
 from paramserver.client.transport import (PayloadArea, offer_shared_memory, shape_link,
                                           shared_buffer, unshape)
@@ -213,7 +214,6 @@ class KVWorker:
                   for r, a, lo, hi in settings.shards]
         self.core.welcome(self.rank, [s.range for s in shards], self.num_keys)
         self._arrival = self.spec.apply_mode == "arrival"
-        self._streams: list[Handle] = []  # chunked requests with chunks unanswered
         # Waits on shards end once the coordinator or a shard is judged gone: a server counts
         # as gone when unreachable for a heartbeat timeout, or while dead servers may be
         # restarted at the same address, for as long as the coordinator waits for that.
@@ -226,7 +226,7 @@ class KVWorker:
         self._elastic_servers = getattr(self.spec.job, "max_servers", 0) > 0
         self.map = ShardMap(self.ctx, self.keys, shards, welcome.get("epoch", 0),
                             self.num_keys, self.session, self.core,
-                            streams=lambda: self._streams, frame_limit=self._frame_limit,
+                            streams=lambda: self.chunked.active, frame_limit=self._frame_limit,
                             rechunk=lambda: self._chunking(settings),
                             timeout=lambda: self.timeout)
         self.links = ShardLinks(list(shards), limits.heartbeat_timeout
@@ -241,6 +241,7 @@ class KVWorker:
             [self._frame_limit(s.range.size) for s in shards],
             check_peers=self.session.check_alive)
         self.map.bind(self.requests, self.links)
+        self.chunked = ChunkedRequests(self.core, self.requests)
         if self._replicated:  # every wait's look at the shards follows a moved one first
             self.links.follow = self.map.follow_moves
         else:  # a wait's look at the shards switches to a newer shard map, when quiet
@@ -291,9 +292,7 @@ class KVWorker:
         nbytes = handle.nbytes
         vars(handle).update(vars(new))
         handle.nbytes += nbytes
-        for k, h in enumerate(self._streams):
-            if h is new:
-                self._streams[k] = handle
+        self.chunked.replace(new, handle)
 
     def _chunking(self, settings: WorkerSettings) -> None:
         """Chunks by shard: pieces above chunk_bytes go in chunks. Over TCP those are
@@ -336,7 +335,7 @@ class KVWorker:
         pieces = self.core.pieces(r)
         stream = self.core.stream(r, pieces)
         if stream is not None:
-            handle = self._start(Handle("init", stream=stream), lambda c: Message(
+            handle = self.chunked.start(Handle("init", stream=stream), lambda c: Message(
                 "init", {"range": [c.keys.lo, c.keys.hi]}, [arr[c.out]]))
             return self.wait(handle) >= 0
         parts = [(i, self.requests.send(i, Message("init", {"range": [p.lo, p.hi]}, [arr[sl]])), sl)
@@ -412,7 +411,7 @@ class KVWorker:
             return _values_message(handle, f, arr[c.out], _part(codec, c.out),
                                    None if sent is None else sent[c.out], place)
         handle.stream = stream
-        return self._start(handle, message)
+        return self.chunked.start(handle, message)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
              round_size: int = 0, codec: Codec | None = None) -> int:
@@ -498,7 +497,7 @@ class KVWorker:
         pieces = self.core.pieces(r)
         stream = self.core.stream(r, pieces)
         if stream is not None:
-            handle = self._start(Handle("pull", out=out, stream=stream), lambda c: Message(
+            handle = self.chunked.start(Handle("pull", out=out, stream=stream), lambda c: Message(
                 "pull", {"range": [c.keys.lo, c.keys.hi], "min_version": min_version}))
         else:
             handle = Handle("pull", out=out, out_ours=ours)
@@ -523,7 +522,7 @@ class KVWorker:
         pieces = self.core.pieces(r)
         stream = self.core.stream(r, pieces)
         if stream is not None:
-            handle = self._start(Handle("pull", out=out, stream=stream, delta=True),
+            handle = self.chunked.start(Handle("pull", out=out, stream=stream, delta=True),
                                  lambda c: Message("pull", {"range": [c.keys.lo, c.keys.hi],
                                                             "min_version": min_version,
                                                             **fields}))
@@ -536,17 +535,6 @@ class KVWorker:
         # map thinks this worker holds (the replies to the rest were dropped).
         handle.again = lambda: self.pull_async(r, out, min_version, ref=True)
         return handle
-
-    def _take_values(self, handle: Handle, where, reply: Message) -> None:
-        """A compressed pull's reply into its place in the worker's copy: a delta added, dense
-        values copied (the shard's reference is now what the copy holds)."""
-        out = handle.out[where]
-        if "enc" in reply.fields:
-            out += payload.unpack(reply.fields, reply.arrays, out.size)
-            handle.nbytes += payload.frame_bytes(reply.arrays)
-        else:
-            out[:] = reply.arrays[0]
-            handle.nbytes += reply.arrays[0].nbytes
 
     def pull(self, keys=None, out: np.ndarray | None = None, min_version: int = 0, *,
              delta: Codec | None = None, ref: bool = False) -> np.ndarray:
@@ -724,10 +712,10 @@ class KVWorker:
     def _finish(self, handle: Handle):
         if handle.done:
             return handle.result
-        if handle.stream is not None or self._streams:
+        if handle.stream is not None or self.chunked.active:
             # Chunks of any request still to send go out as earlier ones are answered: a
             # pull may wait for a round that only another request's last chunk fills.
-            self._drive(handle)
+            self.chunked.drive(handle)
             if handle.done:
                 return handle.result
         replies = self.requests.collect(handle.parts, handle.kind)
@@ -744,7 +732,7 @@ class KVWorker:
             return handle.result
         if handle.delta:
             for shard, rid, where in handle.parts:
-                self._take_values(handle, where, replies[rid])
+                take_values(handle, where, replies[rid])
                 self.core.note_version(shard, rid, replies[rid]["version"])
                 self.requests.let_go(rid)
             handle.done, handle.result = True, handle.out
@@ -778,106 +766,8 @@ class KVWorker:
         of them that live in a server's arena released)."""
         self.requests.forget(rid for _, rid, _ in handle.parts)
         if handle.stream is not None:
-            self._end_stream(handle)
+            self.chunked.end(handle)
         handle.done, handle.result = True, None
-
-    # ---- chunked requests -----------------------------------------------------------------------
-    def _start(self, handle: Handle, message) -> Handle:
-        """Send the first chunks of a chunked request (`message(chunk)` makes each); the rest
-        go from wait() as replies come in."""
-        handle.message = message
-        self._streams.append(handle)
-        self._send_ready(handle)
-        return handle
-
-    def _send_ready(self, handle: Handle) -> None:
-        stream, send = handle.stream, self.requests.send
-        for pos, chunk in stream.ready():
-            stream.sent(pos, send(chunk.shard, handle.message(chunk)), chunk)
-
-    def _drive(self, target: Handle) -> None:
-        """Take replies to chunks as they come, over every chunked request, sending the next
-        chunks as room opens, until `target` is finished (a chunked one) or its chunks are
-        answered and its one-message parts' replies all in (collected by the caller) or no
-        chunk is unanswered."""
-        core, requests = self.core, self.requests
-        plain = [(shard, rid, None) for shard, rid, _ in target.parts]
-        while not target.done:
-            # Only replies still due are waited for: one already in would end every wait_any
-            # at once, and the chunks' replies would never be read.
-            plain = [p for p in plain if p[1] not in core.inbox]
-            if (target.stream is None or target.stream.done) and not plain:
-                return
-            waiting = [(h, rid, chunk) for h in self._streams
-                       for rid, (_, chunk) in h.stream.waiting.items()]
-            if not waiting:
-                return
-            try:
-                requests.wait_any([(c.shard, rid, None) for _, rid, c in waiting] + plain,
-                                  target.kind)
-            except BaseException:
-                for h in list(self._streams):
-                    self._end_stream(h)
-                    h.done = True
-                raise
-            for handle, rid, chunk in waiting:
-                if rid not in core.inbox:
-                    continue
-                try:
-                    reply = requests.collect([(chunk.shard, rid, None)], handle.kind)[rid]
-                except Moved as moved:
-                    self._end_stream(handle)  # its other chunks are dropped
-                    if handle is target:
-                        raise
-                    handle.moved = moved  # followed when it is waited on
-                    continue
-                except BaseException:
-                    self._end_stream(handle)
-                    handle.done = True
-                    raise
-                handle.stream.answered(rid)
-                self._take_chunk(handle, rid, chunk, reply)
-                self._send_ready(handle)
-                if handle.stream.done:
-                    self._finish_stream(handle)
-
-    def _take_chunk(self, handle: Handle, rid: int, chunk: Chunk, reply: Message) -> None:
-        seen = handle.stream.seen
-        if handle.kind == "pull":
-            if handle.delta:
-                self._take_values(handle, chunk.out, reply)
-            else:
-                handle.out[chunk.out] = reply.arrays[0]
-            reply.arrays = []
-            self.requests.let_go(rid)  # copied: frames lent from the server's arena go back
-            v = reply["version"]
-            seen[chunk.shard] = min(seen.get(chunk.shard, v), v)
-        else:
-            s = reply.get("staleness", 0)
-            seen[chunk.shard] = max(seen.get(chunk.shard, s), s) if handle.kind == "push" \
-                else min(seen.get(chunk.shard, s), s)  # init: -1 if any chunk was ignored
-
-    def _finish_stream(self, handle: Handle) -> None:
-        self._streams.remove(handle)
-        if handle.parts:  # one-message parts beside: wait() collects them and finishes it
-            return
-        seen = handle.stream.seen
-        if handle.kind == "pull":
-            # A shard's version is the oldest any chunk was read at (in arrival mode chunks
-            # read later may be newer): later pushes count staleness from there.
-            for shard, v in seen.items():
-                self.core.versions[shard] = v
-            handle.result = handle.out
-        elif handle.kind == "push":
-            handle.result = max(seen.values(), default=0)
-        else:
-            handle.result = min(seen.values(), default=0)
-        handle.done = True
-
-    def _end_stream(self, handle: Handle) -> None:
-        self.requests.forget(handle.stream.drop())
-        if handle in self._streams:
-            self._streams.remove(handle)
 
     @property
     def version(self) -> int:
