@@ -102,7 +102,7 @@ def test_a_retry_older_than_the_window_is_refused_and_counted_never_applied():
     def push(rid):
         return c.handle(Push("w", "a", rid, 0, n, np.ones(n), 0, 1, 0))
 
-    window = c.dedup.window
+    window = c.retries.table.window
     for rid in range(1, window + 3):  # rid 1 and 2 fall out of the window
         assert push(rid)[-1].op == "ack"
     before = c.store.values.numpy().copy()
@@ -110,7 +110,7 @@ def test_a_retry_older_than_the_window_is_refused_and_counted_never_applied():
     assert [r.op for r in out] == ["error"] and "refused rather than applied twice" in \
         out[0].fields["msg"]
     np.testing.assert_array_equal(c.store.values.numpy(), before)
-    assert push(window + 2)[-1].op == "ack" and c.duplicates == 1  # in the window: answered
+    assert push(window + 2)[-1].op == "ack" and c.retries.duplicates == 1  # in the window: answered
     np.testing.assert_array_equal(c.store.values.numpy(), before)
     state = c.handle(Status("s"))[0].fields["state"]
     assert state["refused_retries"] == 1 and state["updates_applied"] == window + 2

@@ -124,7 +124,7 @@ def test_a_backup_fed_the_same_writes_holds_the_same_shard(optimizer):
     np.testing.assert_array_equal(p.values.numpy(), b.values.numpy())
     for key in p.state:
         np.testing.assert_array_equal(p.state[key].numpy(), b.state[key].numpy())
-    assert chain.primary.dedup.dump() == chain.backup.dedup.dump()
+    assert chain.primary.retries.dump() == chain.backup.retries.dump()
 
 
 def test_after_the_takeover_an_acknowledged_push_retried_is_not_applied_twice():
@@ -141,7 +141,7 @@ def test_after_the_takeover_an_acknowledged_push_retried_is_not_applied_twice():
     retry, _ = _push(0, 5, 5, mark=5)
     new_primary = chain.backup
     assert [r.op for r in _run(new_primary, retry)] == ["ack"]
-    assert new_primary.duplicates == 1
+    assert new_primary.retries.duplicates == 1
     np.testing.assert_array_equal(new_primary.store.values.numpy(), init - sum(acked))
 
 
@@ -181,10 +181,10 @@ def test_a_backup_synced_mid_stream_is_the_primary_bit_for_bit(mode):
     for core in (primary, backup):
         assert core.store.version == (8 if mode == "arrival" else 4)
     np.testing.assert_array_equal(primary.store.values.numpy(), backup.store.values.numpy())
-    assert primary.dedup.dump() == backup.dedup.dump()
+    assert primary.retries.dump() == backup.retries.dump()
     # A retry of a push the primary acknowledged before the sync is answered, not applied.
     retry = _push(0, 1, 0, mode, round_size=2)[0]
-    assert [r.op for r in _run(backup, retry)] == ["ack"] and backup.duplicates == 1
+    assert [r.op for r in _run(backup, retry)] == ["ack"] and backup.retries.duplicates == 1
 
 
 def test_a_sync_of_an_uninitialized_shard_keeps_it_uninitialized():

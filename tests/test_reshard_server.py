@@ -200,18 +200,18 @@ def test_requests_outside_the_range_are_refused_moved_with_nothing_applied():
         assert reply.op == "error" and reply.fields["code"] == "moved", ev
         assert reply.fields["epoch"] == 1 and reply.fields["layout"] == LAYOUT
     np.testing.assert_array_equal(c.store.values.numpy(), before)
-    assert c.store.updates_applied == 1 and c.duplicates == 0
+    assert c.store.updates_applied == 1 and c.retries.duplicates == 0
     # Nothing of them is in the dedup table: the same rids in range are applied as new.
     assert c.handle(Push(("w", 2), "w", 2, 0, 10, np.ones(10, np.float32), 1, 1, 1))[-1].op \
         == "ack"
-    assert c.store.updates_applied == 2 and c.duplicates == 0
+    assert c.store.updates_applied == 2 and c.retries.duplicates == 0
     assert c.handle(Pull("p", 0.0, 0, 0, 10))[0].op == "values"
 
 
 def test_retry_of_a_push_applied_before_the_reshard_is_answered_not_moved():
     c = resharded_core()
     (ack,) = c.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))
-    assert ack.op == "ack" and c.duplicates == 1 and c.store.updates_applied == 1
+    assert ack.op == "ack" and c.retries.duplicates == 1 and c.store.updates_applied == 1
     # A drained server (an empty range) still answers it, and refuses everything else.
     d, _ = c.successor(settings(0, 10, 10, "sgd"), None, 2, [[0, "b", 0, 20]])
     assert d.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))[0].op \

@@ -80,7 +80,7 @@ def test_a_retried_push_is_answered_from_the_dedup_table_and_not_applied_twice()
     again = run(c, push("p1-retry", "w0", 1.0, rid=7))
     assert again == [Reply("p1-retry", "ack", first[0].fields)]
     np.testing.assert_array_equal(values(c), after)
-    assert c.store.version == 1 and c.duplicates == 1
+    assert c.store.version == 1 and c.retries.duplicates == 1
     # The same request id from another sender is another push.
     assert run(c, push("p2", "w1", 1.0, rid=7))[0].fields["version"] == 2
     # The next heartbeat tells the count, the one after says nothing new.
@@ -107,7 +107,7 @@ def test_a_retried_sparse_push_is_applied_once_too():
     run(c, ev)
     run(c, ev)
     np.testing.assert_allclose(values(c), [0, 1 - LR, 2, 3 - LR])
-    assert c.duplicates == 1 and c.store.version == 1
+    assert c.retries.duplicates == 1 and c.store.version == 1
 
 
 # ---- round mode ----------------------------------------------------------------------------------
@@ -329,7 +329,7 @@ def test_checkpoint_then_restore_keeps_values_version_and_the_dedup_table():
     # A retry of the push saved in the checkpoint is answered, not applied again.
     assert fresh.handle(push("p-retry", "w0", 1.0, rid=11)) == [
         Reply("p-retry", "ack", {"version": 1, "staleness": 0})]
-    assert fresh.store.version == 3 and fresh.duplicates == 1
+    assert fresh.store.version == 3 and fresh.retries.duplicates == 1
     # Without announce (a planned start from a checkpoint) the coordinator is not told.
     assert ShardCore(c.settings).handle(Restore("t1", arrays, save.meta)) == []
 

@@ -525,7 +525,7 @@ def test_a_retried_push_rows_is_answered_not_applied_twice():
     first = c.handle(_push_rows("w", 7, keys, grads))
     again = c.handle(_push_rows("w", 7, keys, grads))
     assert [r.op for r in first] == [r.op for r in again] == ["ack"]
-    assert again[0].fields == first[0].fields and c.duplicates == 1
+    assert again[0].fields == first[0].fields and c.retries.duplicates == 1
     expected = initial_rows(keys, DIM, SCALE)
     expected[:2] -= 2 * LR  # key 9 twice in the push: summed
     expected[2] -= LR

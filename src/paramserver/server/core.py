@@ -18,7 +18,7 @@ import numpy as np
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
-from paramserver.server.dedup import FORGOTTEN, DedupError, DedupTable
+from paramserver.server.retries import RetryGuard
 from paramserver.server.deltas import PullRefs
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
@@ -45,14 +45,9 @@ class ShardCore:
                                 settings.apply_mode, alloc=alloc)
         self.tables = ShardTables(settings.tables, settings.servers)
         # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
-        self.dedup = DedupTable(depth=settings.max_unacked_pushes)
+        self.retries = RetryGuard(settings.max_unacked_pushes)
         self.pulls = PendingPulls(settings.max_pending_pulls)
         self.refs = PullRefs(settings.lo, settings.hi - settings.lo)  # compressed pulls
-        self.duplicates = 0  # retried pushes answered from the dedup table
-        # Retries the dedup table cannot prove fresh (below what it let go of): refused, not
-        # applied; pushes beyond a sender's unacknowledged depth: refused too.
-        self.refused_retries = 0
-        self.refused_pushes = 0
         self.refused_pulls = 0  # pulls beyond a client's allowance of waiting ones
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
         self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
@@ -112,12 +107,12 @@ class ShardCore:
         st = self.store
         if not st.initialized:
             raise StoreError("shard not initialized: a worker must init before pushing")
-        done = self._retried(ev)
+        done = self.retries.retried(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if self._outside(ev.lo, ev.hi):  # after the dedup check, before the table hears of it
             return [self._moved(ev.to)]
-        self._admit(ev)
+        self.retries.admit(ev)
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
                             ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
@@ -128,12 +123,12 @@ class ShardCore:
             raise StoreError("shard not initialized: a worker must init before pushing")
         if ev.keys.dtype != np.int64:
             raise StoreError("sparse keys must be int64")
-        done = self._retried(ev)
+        done = self.retries.retried(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if self._outside_keys(ev.keys):
             return [self._moved(ev.to)]
-        self._admit(ev)
+        self.retries.admit(ev)
         res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
                              ev.scale, ev.round_size, ev.parts)
         return self._pushed(ev, res)
@@ -146,7 +141,7 @@ class ShardCore:
         push of no dense keys) and are applied with it, the round advancing the version."""
         st = self.store
         table, grads = self.tables.checked(ev.table, ev.keys, ev.grads)  # refused: nothing done
-        done = self._applied_before(ev)
+        done = self.retries.applied_before(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if st.apply_mode == "arrival":
@@ -160,36 +155,6 @@ class ShardCore:
         if not late:
             self.tables.add_to_round(ev.table, ev.keys, grads, ev.batch * ev.scale)
         return self._pushed(ev, res)
-
-    def _applied_before(self, ev) -> dict | None:
-        """The ack a retried push got the first time, or None for a push never applied (and
-        admitted). A retry below what the dedup table let go of may have been applied: it is
-        refused (the pusher hears why) and counted, never applied a second time; so is a push
-        beyond its sender's unacknowledged depth."""
-        done = self._retried(ev)
-        if done is None:
-            self._admit(ev)
-        return done
-
-    def _retried(self, ev) -> dict | None:
-        """The ack a retried push got the first time; None for a push never applied."""
-        done = self.dedup.lookup(ev.sender, ev.rid, ev.mark)
-        if done is FORGOTTEN:
-            self.refused_retries += 1
-            raise StoreError(f"request {ev.rid} from {ev.sender} is older than what this shard "
-                             f"remembers of it: it may have been applied already, so it is "
-                             f"refused rather than applied twice")
-        if done is not None:
-            self.duplicates += 1
-        return done
-
-    def _admit(self, ev) -> None:
-        """Refuse (and count) a fresh push beyond its sender's unacknowledged depth."""
-        try:
-            self.dedup.admit(ev.sender, ev.rid)
-        except DedupError as exc:
-            self.refused_pushes += 1
-            raise StoreError(str(exc)) from None
 
     # ---- resharding (server/handoff.py) ---------------------------------------------------------
     def _outside(self, lo: int, hi: int) -> bool:
@@ -229,8 +194,8 @@ class ShardCore:
             core.store.last_round = self.store.last_round
         core.store.updates_applied = self.store.updates_applied
         core.epoch, core.layout = epoch, layout
-        core.dedup = self.dedup
-        for name in ("duplicates", "refused_retries", "refused_pushes", "refused_pulls",
+        core.retries = self.retries
+        for name in ("refused_pulls",
                      "lost_updates", "busy_s", "initial_saved", "_beat_due", "_counters_sent"):
             setattr(core, name, getattr(self, name))
         out = []
@@ -240,7 +205,7 @@ class ShardCore:
 
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}
-        self.dedup.remember(ev.sender, ev.rid, fields, ev.mark)
+        self.retries.applied(ev, fields)
         ack = Reply(ev.to, "ack", fields)
         st = self.store
         if st.round_full:
@@ -346,8 +311,7 @@ class ShardCore:
             "rank": self.settings.rank, "range": [st.range.lo, st.range.hi],
             "version": st.version, "initialized": st.initialized,
             "updates_applied": st.updates_applied, "lost_updates": self.lost_updates,
-            "duplicates": self.duplicates, "refused_retries": self.refused_retries,
-            "refused_pushes": self.refused_pushes, "refused_pulls": self.refused_pulls,
+            **self.retries.counters(), "refused_pulls": self.refused_pulls,
             "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write,
             "pending_pulls": len(self.pulls)}
         if self.tables:
@@ -364,7 +328,7 @@ class ShardCore:
     def _save(self, tag: str, directory: str, done: Reply | None = None) -> SaveShard:
         arrays, meta = self.store.snapshot()
         arrays.update(self.tables.snapshot())  # only the rows that exist
-        meta["applied"] = self.dedup.dump()  # the retries of saved pushes stay answered
+        meta["applied"] = self.retries.dump()  # the retries of saved pushes stay answered
         return SaveShard(tag, directory, arrays, meta, done)
 
     def _restore(self, ev: Restore) -> list:
@@ -373,8 +337,7 @@ class ShardCore:
         self.refs.values_replaced()  # (the version may not move: see server/deltas.py)
         self.tables.restore(ev.arrays)
         # The pushes in the checkpoint stay applied once: their retries are answered.
-        self.dedup = DedupTable.load(ev.meta.get("applied", []), self.dedup.window,
-                                     self.dedup.senders, self.dedup.depth)
+        self.retries.load(ev.meta.get("applied", []))
         out = self._serve([])
         if ev.announce:  # back after a crash: the coordinator counts what was lost
             out.append(ToCoordinator("restored", {
@@ -407,10 +370,13 @@ class ShardCore:
         (summed over tables); once the node has measured any, its busy seconds (to the
         millisecond: a shard with nothing to do stays quiet); None when the last heartbeat
         told them already."""
-        counters = {"late_pushes": self.store.late_pushes, "duplicates": self.duplicates}
-        for name in ("refused_retries", "refused_pushes", "refused_pulls"):
-            if getattr(self, name):
-                counters[name] = getattr(self, name)
+        retries = self.retries.counters()
+        counters = {"late_pushes": self.store.late_pushes, "duplicates": retries["duplicates"]}
+        for name, n in (("refused_retries", retries["refused_retries"]),
+                        ("refused_pushes", retries["refused_pushes"]),
+                        ("refused_pulls", self.refused_pulls)):
+            if n:
+                counters[name] = n
         if self.tables:
             counters.update(self.tables.beat_counters())
         if self.busy_s:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from paramserver.server.dedup import DedupTable
 from paramserver.core.bounded import json_value
 
 NONE, SYNCING, LIVE, LOST = "none", "syncing", "live", "lost"
@@ -167,7 +166,7 @@ def sync_payload(core) -> tuple[dict, list]:
         names.append([name, str(a.dtype), list(a.shape)])
         frames.append(a.reshape(-1).view(np.uint8))
     blob = {"meta": meta, "round": round_meta, "arrays": names,
-            "applied": core.dedup.dump(), "initialized": core.store.initialized,
+            "applied": core.retries.dump(), "initialized": core.store.initialized,
             "initial_saved": core.initial_saved}
     head = np.frombuffer(json.dumps(blob).encode(), dtype=np.uint8)
     return {"arrays_n": len(names)}, [head, *frames]
@@ -195,8 +194,7 @@ def load_sync(core, arrays: list) -> None:
         st.values.copy_(torch.from_numpy(np.array(got["values"])))
     st.load_round_state(blob["round"], got)
     core.tables.restore(got)
-    d = core.dedup
-    core.dedup = DedupTable.load(blob["applied"], d.window, d.senders, d.depth)
+    core.retries.load(blob["applied"])
     core.initial_saved = bool(blob["initial_saved"])
 
 
