@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from paramserver.coordinator.events import AppendEvent, SaveCoordinatorState, Warn
+
 
 class CheckpointSchedule:
     """Every `every` rounds (round mode) or worker steps (arrival mode), or `seconds`.
@@ -24,6 +26,7 @@ class CheckpointSchedule:
         self.last_count, self.last_time = 0, now
         self.pending_tag: str | None = None
         self.waiting: set[int] = set()
+        self.state: dict = {}  # the coordinator's counters the pending checkpoint records
         self.latest = latest  # the newest committed tag: a restarted server restores it
         self._before = latest  # the one before `latest`, should `latest` fail to commit
 
@@ -38,8 +41,12 @@ class CheckpointSchedule:
         by_time = self.seconds and now - self.last_time >= self.seconds
         return bool(by_count or by_time)
 
-    def begin(self, tag: str, server_ranks: list[int], count: int, now: float) -> None:
+    def begin(self, tag: str, server_ranks: list[int], count: int, now: float,
+              state: dict | None = None) -> None:
+        """Checkpoint `tag` asked of the servers; `state`: the coordinator's counters as they
+        stood when it was asked (its part, written once every shard has saved)."""
         self.pending_tag, self.waiting = tag, set(server_ranks)
+        self.state = {} if state is None else state
         self.last_count, self.last_time = count, now
 
     def saved(self, rank: int, tag: str) -> bool:
@@ -60,6 +67,31 @@ class CheckpointSchedule:
         tag, self.pending_tag = self.pending_tag, None
         self._before, self.latest = self.latest, tag
         return tag
+
+    # ---- the checkpoint part's events (CoordinatorState routes them here) -----------------------
+    def shard_saved(self, rank: int, tag: str, failed: str | None, src: str, now: float,
+                    out: list) -> None:
+        """Shard `rank` saved its part of `tag` (or could not: `failed`). When every shard
+        has, the coordinator's part is written and the tag committed (SaveCoordinatorState)."""
+        if failed is not None:
+            self.unwritten(tag, f"{src}: {failed}", now, out)
+            return
+        if not self.saved(rank, tag):
+            return
+        state = self.state
+        tag = self.complete()
+        out.append(SaveCoordinatorState(tag, state))
+        out.append(AppendEvent(now, "checkpoint", {"tag": tag,
+                                                   "samples": state["samples_done"]}))
+
+    def unwritten(self, tag: str, reason: str, now: float, out: list) -> None:
+        """A part of checkpoint `tag` the disk refused: training goes on, that checkpoint is
+        given up (the next is tried on schedule) and the last committed one stays the one a
+        restart or resume uses."""
+        if self.give_up(tag):
+            out.append(Warn(f"checkpoint {tag} given up, training goes on: {reason}"))
+            out.append(AppendEvent(now, "checkpoint_failed", {"tag": tag,
+                                                              "reason": reason[:500]}))
 
     def give_up(self, tag: str) -> bool:
         """Checkpoint `tag` could not be written (a shard's part or the coordinator's): not

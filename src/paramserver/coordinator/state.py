@@ -18,7 +18,7 @@ from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.elastic import Elastic
 from paramserver.coordinator.events import (
     Answered, AppendEvent, AppendMetric, Bye, Clocked, Finish, Heartbeat, Registered, Reply,
-    Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
+    Report, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
@@ -86,7 +86,6 @@ class CoordinatorState:
             now, latest_checkpoint,
             keeps_initial=bool(job.restart_servers) and job.resume is None)
         self.checkpoints = self.schedule.enabled
-        self._checkpoint_state: dict = {}  # the counters the pending checkpoint records
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
                                        limits.restart_timeout)
         # Shard backups (--replicas 2): a dead primary's backup takes over (replicas.py).
@@ -129,7 +128,8 @@ class CoordinatorState:
             Registered: self._on_registered, Started: self._on_started, Bye: self._on_bye,
             Report: self._on_report, StatusAsked: self._on_status, ShardSaved: self._on_saved,
             ShardRestored: self._on_restored, Answered: self._on_answered,
-            CheckpointUnwritten: self._on_unwritten,
+            CheckpointUnwritten: lambda e, out: self.schedule.unwritten(e.tag, e.reason, e.now,
+                                                                        out),
             ReplicaReport: self._on_replica_report,
             ObserveAsked: self._on_observe,
         }
@@ -744,45 +744,29 @@ class CoordinatorState:
         if self.reshard.running is not None:  # keys on the move: the next due time saves
             return
         tag = f"{count:09d}"
-        schedule.begin(tag, [m.rank for m in self.members.roster.servers.values()], count, now)
         # The counters as they stand when the servers are asked, not when the last one has
         # saved: pushes of the next round counted meanwhile are not in the shards' values, and a
         # resume would skip their samples.
         t_start = self.barrier.t_start
-        self._checkpoint_state = dict(
+        state = dict(
             self.host.resume_state(),
             worker_samples={str(k): v for k, v in self.budget.worker_samples.items()},
             sync=self.host.name, num_keys=self.members.num_keys,
             elapsed_s=0.0 if t_start is None else now - t_start)
         if self.elastic is not None:
-            self._checkpoint_state["elastic"] = self.elastic.resume_state()
+            state["elastic"] = self.elastic.resume_state()
         if self.reshard.enabled:  # the parts to read back: servers may have come and gone
-            self._checkpoint_state["servers"] = len(self.members.roster.servers)
+            state["servers"] = len(self.members.roster.servers)
+        schedule.begin(tag, [m.rank for m in self.members.roster.servers.values()], count, now,
+                       state)
         out.append(ToServers("checkpoint", {"tag": tag, "dir": str(schedule.root)},
                              self.members.server_links))
 
     def _on_saved(self, e: ShardSaved, out: list) -> None:
         self.members.touch(e.src, e.now)
         member = self.members.roster.servers.get(e.src)
-        if member is not None and e.failed is not None:
-            self._on_unwritten(CheckpointUnwritten(e.tag, f"{e.src}: {e.failed}", e.now), out)
-            return
-        if member is None or not self.schedule.saved(member.rank, e.tag):
-            return
-        state = self._checkpoint_state
-        tag = self.schedule.complete()
-        out.append(SaveCoordinatorState(tag, state))
-        out.append(AppendEvent(e.now, "checkpoint", {"tag": tag,
-                                                     "samples": state["samples_done"]}))
-
-    def _on_unwritten(self, e: CheckpointUnwritten, out: list) -> None:
-        """A part of checkpoint `tag` the disk refused: training goes on, that checkpoint is
-        given up (the next is tried on schedule) and the last committed one stays the one a
-        restart or resume uses."""
-        if self.schedule.give_up(e.tag):
-            out.append(Warn(f"checkpoint {e.tag} given up, training goes on: {e.reason}"))
-            out.append(AppendEvent(e.now, "checkpoint_failed", {"tag": e.tag,
-                                                                "reason": e.reason[:500]}))
+        if member is not None:
+            self.schedule.shard_saved(member.rank, e.tag, e.failed, e.src, e.now, out)
 
     def _on_restored(self, e: ShardRestored, out: list) -> None:
         self.members.touch(e.src, e.now)
