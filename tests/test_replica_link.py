@@ -182,8 +182,10 @@ def test_values_are_held_until_the_backup_has_every_write_in_them(pair):
     assert reply.arrays[0][0] == -1.0  # the primary's values already hold the write ...
     assert pair.primary.hold_read(reply)  # ... so they wait
     pair.primary_core.store.values[:] = 7.0  # later writes do not show through the held copy
-    assert sent == []
+    assert sent == [] and pair.primary.held_read_bytes == KEYS * 4
+    assert not pair.primary.full
     pair.pump(lambda: pair.primary.forwarder.acked_seq >= seq, f"ack of forward {seq}")
+    assert pair.primary.held_read_bytes == 0
     (released,) = [r for r in sent if r.to == ("w1", 12)]
     assert released.committed and not released.lend
     np.testing.assert_array_equal(released.arrays[0], -np.ones(KEYS, np.float32))
@@ -195,3 +197,13 @@ def test_values_are_held_until_the_backup_has_every_write_in_them(pair):
     time.sleep(0.3)
     pair.primary.shared_ack()
     assert not [r for r in sent if r.to == ("w1", 14)]
+    # Held copies are bounded: past the cap the primary reads no more requests (a full
+    # window's back-pressure), rather than copying the shard once per pull.
+    from paramserver.server import replica_link
+    rid = 15
+    while not pair.primary.full:
+        assert pair.primary.hold_read(pull(rid))
+        rid += 1
+    cap = max(replica_link.HELD_READ_BYTES,
+              replica_link.HELD_READ_SHARDS * KEYS * 4)
+    assert cap <= pair.primary.held_read_bytes < cap + KEYS * 4

@@ -62,6 +62,10 @@ WINDOW = 32
 # The forward arena: room for a few forwards of the whole shard in flight, within bounds (a
 # chunked push's forwards are chunks: 64 MB holds four of the default 16 MB).
 RING_MIN, RING_MAX, RING_SHARDS = 4 << 20, 64 << 20, 4
+# Replies carrying values held for the backup's ack (hold_read) are copies: past this many
+# bytes held (or this many shards' worth, if more), the primary stops reading requests until
+# acks release them, as a full window does, so a stalled or lost backup costs bounded memory.
+HELD_READ_BYTES, HELD_READ_SHARDS = 64 << 20, 4
 # Where a backup posts its acks in its arena's header, as epoch << ACK_BITS | seq.
 ACK_SLOT, ACK_BITS = 0, 40
 
@@ -94,11 +98,25 @@ class ReplicaLink:
         self.ring: ForwardRing | None = None
         self._ring_bytes: np.ndarray | None = None
         self.shared_bytes = 0
+        self.held_read_bytes = 0  # copies of value replies waiting for an ack (hold_read)
 
     # ---- the primary ----------------------------------------------------------------------------
     @property
     def full(self) -> bool:
-        return self.forwarder.full
+        """Take no request from workers now: the forward window is full, or the value
+        replies held for acks reached their bound."""
+        return self.forwarder.full or self.held_read_bytes >= self._read_cap()
+
+    def _read_cap(self) -> int:
+        values = self.core.store.values
+        return max(HELD_READ_BYTES, HELD_READ_SHARDS * values.numel() * values.element_size())
+
+    def _release(self, released: list) -> None:
+        """Replies an ack (or the backup's drop) lets go: sent, and the copies among them no
+        longer counted."""
+        self.held_read_bytes -= sum(sum(a.nbytes for a in r.arrays)
+                                    for r in released if type(r) is Reply and r.committed)
+        self.execute(released)
 
     def forwards(self, op: str) -> bool:
         return self.forwarder.active and op in FORWARDED
@@ -167,7 +185,10 @@ class ReplicaLink:
             return False
         copy = Reply(reply.to, reply.op, reply.fields,
                      [np.array(a, copy=True) for a in reply.arrays], committed=True)
-        return not fw.hold(fw.seq, [copy])
+        if fw.hold(fw.seq, [copy]):
+            return False
+        self.held_read_bytes += sum(a.nbytes for a in copy.arrays)
+        return True
 
     @staticmethod
     def hold_out(token, instructions) -> tuple[list, list]:
@@ -212,7 +233,7 @@ class ReplicaLink:
         if self.ring is not None:
             self.ring.release(fw.acked_seq)
         if released:
-            self.execute(released)
+            self._release(released)
         if synced:
             log.info("shard %d: backup at %s synced", self.rank, fw.addr)
             self.to_coordinator("backup_synced", {"rank": self.rank, "epoch": fw.epoch,
@@ -270,7 +291,7 @@ class ReplicaLink:
     def _drop(self) -> None:
         released = self.forwarder.dropped()
         if released:
-            self.execute(released)
+            self._release(released)
         if self.ring is not None:
             self.ring.reset()
         if self.sock is not None:
