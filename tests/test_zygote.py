@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 
 from paramserver.launch.local import LocalCluster
+from ps_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,8 +29,12 @@ def test_a_forked_role_is_a_process_of_its_own(tmp_path, monkeypatch):
         server = next(c for c in cluster.children if c.role == "server")
         proc = psutil.Process(server.proc.pid)
         assert proc.ppid() != os.getpid()  # forked by the zygote, not by the launcher
-        assert os.getpgid(proc.pid) == proc.pid  # its own process group: Ctrl-C is ours
-        assert proc.cwd() == str(tmp_path)  # relative paths mean what the launcher meant
+        # (start() returns once the coordinator is up: the server, started beside it, may
+        # still be between its fork and its first lines)
+        wait_for(lambda: os.getpgid(proc.pid) == proc.pid,  # Ctrl-C is the launcher's alone
+                 "the forked server in a process group of its own", timeout=30.0)
+        wait_for(lambda: proc.cwd() == str(tmp_path),  # relative paths mean what they meant
+                 "the forked server in the launcher's folder", timeout=30.0)
         # (Its environment is the one given: every CURVE job's roles find their keys through
         # $PARAMSERVER_KEYS, which /proc's initial environment would not show.)
     finally:
