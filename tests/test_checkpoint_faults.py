@@ -144,3 +144,15 @@ def test_files_nested_past_the_bound_read_as_malformed_json_not_a_recursion_erro
     (folder / "manifest.json").write_text('{"format": ' + deep + "}")
     with pytest.raises(CheckpointError, match="manifest.json is unreadable"):
         read_manifest(tmp_path, "000000002", "server-0")
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_said_before_the_job_starts(tmp_path):
+    """(A file stands where the folder would go: refused by the filesystem even for root.)"""
+    (tmp_path / "taken").write_text("a file")
+    proc = _train(*QUICK, "--steps", "2", "--checkpoint-every", "1", "--checkpoint-dir",
+                  str(tmp_path / "taken" / "ckpt"), "--out", str(tmp_path / "run"), timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "checkpoint folder cannot be written" in proc.stderr
+    assert str(tmp_path / "taken") in proc.stderr and "--checkpoint-dir" in proc.stderr
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was started

@@ -211,6 +211,21 @@ def write_part(root: Path, tag: str, part: str, arrays: dict[str, np.ndarray],
         raise CheckpointWriteError(unwritable(Path(root), tag, exc, need)) from None
 
 
+def folder_problem(root: Path) -> str | None:
+    """Why checkpoints cannot be written under `root` (made if missing, and a file written and
+    removed there), or None when they can: asked before a job starts, so that a folder that
+    cannot be written is said at once, not at the first checkpoint."""
+    probe = Path(root) / f".write-test-{os.getpid()}"
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"0")
+        probe.unlink()
+    except OSError as exc:
+        return f"{exc.filename or root}: {exc.strerror or exc}"
+    return None
+
+
 def unwritable(root: Path, tag: str, exc: OSError, need: int) -> str:
     """One line for a checkpoint the disk refused: where, why, the space needed and free."""
     try:
