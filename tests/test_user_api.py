@@ -204,6 +204,21 @@ def test_batch_sampler_follows_the_size_and_deals_each_epoch_once():
         paramserver.BatchSampler(30, releases, rank=3)
 
 
+def test_a_loader_over_the_batch_sampler_has_a_length_of_one_epochs_batches():
+    """`len(train_loader)`, as PyTorch's DDP tutorial prints it: this rank's share of one
+    epoch in batches of the size in force (torch's DistributedSampler gives the same)."""
+    from torch.utils.data import BatchSampler as TorchBatchSampler
+    from torch.utils.data.distributed import DistributedSampler
+    data = TensorDataset(torch.arange(31))
+    for rank in range(3):
+        for size in (4, 5, 40):
+            ours = DataLoader(data, batch_sampler=paramserver.BatchSampler(
+                31, Releases([size]), rank=rank))
+            torch_side = TorchBatchSampler(DistributedSampler(
+                data, num_replicas=3, rank=rank, shuffle=False), size, drop_last=False)
+            assert len(ours) == len(torch_side) == -(-11 // size)  # 31 over 3: 11 each
+
+
 CRASH_SCRIPT = """
 import torch
 from torch import nn

@@ -61,6 +61,15 @@ class BatchSampler:
         """Epochs of this rank's shard walked so far (fractional)."""
         return self.epoch + self._pos / len(self._shard)
 
+    def __len__(self) -> int:
+        """The batches of a rank's share of one epoch at the batch size now in force, as
+        torch's DistributedSampler under a DataLoader reports it (`len(train_loader)`: scripts
+        print it or size their schedules by it; torch counts every rank's share as the
+        largest one). Iterating goes on until the job stops, across epochs, whatever this
+        says."""
+        share = -(-self.dataset_len // self.size)
+        return -(-share // max(1, int(self.opt.batch_size)))
+
     def take(self, n: int) -> list[int]:
         """The next `n` indices of this rank's stream (crossing into the next epoch if needed)."""
         batch: list[int] = []
