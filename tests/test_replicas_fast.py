@@ -14,6 +14,7 @@ from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.spec.job import JobSpec, Limits, SyncSpec
 from paramserver.wire import Message
+from paramserver.transport import terminate
 
 
 class Schedule:
@@ -166,7 +167,7 @@ def test_a_backup_says_once_that_its_primarys_connection_dropped():
         assert len(told) == 1
     finally:
         link.close()
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
 
 
 def test_a_primary_gone_before_the_watch_came_up_is_told_too():
@@ -186,5 +187,5 @@ def test_a_primary_gone_before_the_watch_came_up_is_told_too():
         assert told == [("primary_down", {"rank": 1, "epoch": 3})] and not link.up
     finally:
         link.close()
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
         hold.close()

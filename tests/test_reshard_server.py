@@ -12,6 +12,7 @@ from paramserver.server.handoff import (
     Assembly, HandoffError, Piece, cut, parse_layout, piece_keys, plan,
 )
 from paramserver.wire import Message, decode, encode
+from paramserver.transport import terminate
 
 N = 200
 
@@ -390,7 +391,7 @@ def live():
         for s in w.socks.values():
             s.close(0)
         coord.sock.close(0)
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
     assert not any(t.is_alive() for t in threads)
 
 
@@ -521,4 +522,4 @@ def test_sigterm_asks_to_drain_and_the_drained_server_hands_its_keys_over():
             proc.join(5)
         for s in (*w.socks.values(), peer, coord.sock):
             s.close(0)
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test

@@ -14,6 +14,7 @@ from paramserver.client.kv import KVWorker
 from paramserver.transport import connect_dealer, recv_frames
 from paramserver.wire import Message, PROTOCOL_VERSION, decode, encode
 from ps_helpers import CTX, join_all, make_job, running_job
+from paramserver.transport import terminate
 
 GARBAGE = [
     [b""],
@@ -61,7 +62,7 @@ def test_garbage_to_server_and_coordinator_is_refused_and_service_goes_on(tmp_pa
                 assert "protocol version" in texts and "unknown op" in texts
                 rogue.close(0)
         finally:
-            ctx.term()
+            terminate(ctx)  # bounded: a socket left open must not hold the test
         kv.push(np.ones(8), step=0, batch=1)
         np.testing.assert_array_equal(kv.pull(), np.arange(8) - 1.0)
         assert kv.clock(0, 1, 0.0).step == 1

@@ -23,6 +23,7 @@ from paramserver.launch.local import LocalCluster
 from paramserver.client.kv import KVWorker
 from paramserver.transport import bind_router, connect_dealer, recv_message, security
 from paramserver.wire import Message
+from paramserver.transport import terminate
 
 N = 64  # keys: small, so one push is one short burst of bytes on the wire
 REFUSED_WITHIN = 1.5  # s a refused client waits for its first answer
@@ -85,7 +86,7 @@ def test_non_loopback_bind_needs_keys_or_insecure(tmp_path, caplog):
         # (a wildcard is no address to dial: the caller says which one, see test_addresses)
         assert addr.startswith("tcp://127.0.0.1:") and "--insecure" in caplog.text
     finally:
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
 
 
 # ---- a job with keys ----------------------------------------------------------------------------
@@ -148,7 +149,7 @@ def test_only_holders_of_the_cluster_keys_get_in(secure_job, tmp_path):
         assert not rogue.poll(int(REFUSED_WITHIN * 1000))
         rogue.close(0)
     finally:
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
     np.testing.assert_array_equal(kv.pull(), before)  # nothing the strangers sent arrived
     kv.push(np.ones(N), step=0, batch=1)  # the keyed client can
     np.testing.assert_array_equal(kv.pull(), before - 1.0)
@@ -239,7 +240,7 @@ def _replay_twice(shard: str, keys) -> bool:
             return _replay(fresh, tap.sent) or _hung_up(fresh)
     finally:
         tap.close()
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
 
 
 def _duplicates(shard: str, keys) -> int:
@@ -253,7 +254,7 @@ def _duplicates(shard: str, keys) -> int:
         sock.close(0)
         return reply["state"]["duplicates"]
     finally:
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
 
 
 def test_a_captured_push_replayed_is_rejected(secure_job):
@@ -299,7 +300,7 @@ def _ask_coordinator(cluster, keys, msg: Message) -> Message:
         sock.close(0)
         return reply
     finally:
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
 
 
 def test_a_worker_key_cannot_register_or_speak_as_a_server(secure_job):
@@ -357,7 +358,7 @@ def test_a_key_is_named_by_its_file_up_to_the_first_dash(tmp_path):
         router.close(0)
         plain.close(0)
     finally:
-        ctx.term()
+        terminate(ctx)  # bounded: a socket left open must not hold the test
     assert roles == ["worker", "observer", None]
     with pytest.raises(ValueError, match="filed as worker cannot act in the server role"):
         security.check_role(SimpleNamespace(key_role="worker"), "server")
