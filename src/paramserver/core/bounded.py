@@ -31,11 +31,15 @@ def nests_past(value, limit: int) -> bool:
 def json_value(text: str | bytes, limit: int = MAX_JSON_NESTING) -> Any:
     """json.loads, refusing what nests deeper than `limit` with json.JSONDecodeError (a
     ValueError) as any other malformed JSON, never RecursionError."""
-    doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
     try:
         value = json.loads(text)
     except RecursionError:
-        raise json.JSONDecodeError("nested deeper than Python can read", doc, 0) from None
+        raise _malformed("nested deeper than Python can read", text) from None
     if isinstance(value, (list, dict)) and nests_past(value, limit):
-        raise json.JSONDecodeError(f"nested deeper than {limit} levels", doc, 0)
+        raise _malformed(f"nested deeper than {limit} levels", text)
     return value
+
+
+def _malformed(why: str, text: str | bytes) -> json.JSONDecodeError:
+    doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
+    return json.JSONDecodeError(why, doc, 0)
