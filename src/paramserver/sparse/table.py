@@ -449,7 +449,9 @@ class SparseTable:
 
     # ---- snapshot --------------------------------------------------------------------------
 
-    def _meta(self) -> tuple[np.ndarray, np.ndarray]:
+    def config_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The configuration as a snapshot keeps it (ints, floats): a snapshot restores only
+        into a table of the same."""
         c = self.config
         ints = [SNAPSHOT_VERSION, c.dim, OPTIMIZERS.index(c.optimizer), c.capacity,
                 c.admit_after, EVICTIONS.index(c.evict), c.seed, c.candidates]
@@ -462,7 +464,7 @@ class SparseTable:
         keys, slots = self._index.items()
         order = np.argsort(slots)
         keys, slots = keys[order], slots[order].astype(np.int64)
-        meta_i, meta_f = self._meta()
+        meta_i, meta_f = self.config_arrays()
         state = [self._tick, self._pool.top] + [self._count[k] for k in COUNTERS]
         out = {"meta_i": meta_i, "meta_f": meta_f, "state": np.array(state, np.int64),
                "keys": keys, "slots": slots, "rows": self._rows[slots],
@@ -557,7 +559,7 @@ class _Restored:
     """A table's state rebuilt from snapshot arrays, checked before anything is replaced."""
 
     def __init__(self, table: SparseTable, arrays: dict[str, np.ndarray]):
-        meta_i, meta_f = table._meta()
+        meta_i, meta_f = table.config_arrays()
         got_i = _array(arrays, "meta_i", np.int64, meta_i.shape)
         got_f = _array(arrays, "meta_f", np.float64, meta_f.shape)
         if not (np.array_equal(got_i, meta_i) and np.array_equal(got_f, meta_f)):
