@@ -470,6 +470,71 @@ def test_live_requests_while_moving_wait_for_the_rebuild_and_overflow_busy(live)
     assert coord.recv("resharded")[1]["epoch"] == 1
 
 
+def test_live_table_rows_follow_their_placement_through_a_join_and_a_drain(live):
+    """Two servers holding a sparse table's rows (adagrad, admission after 2 pushes): a third
+    joins, then is drained. Each time every row, its accumulator and its admission count
+    are on the shard the new server count places it on, read exactly as one table that never
+    moved reads them; the old owner answers `moved`; training goes on alike."""
+    from paramserver.spec.job import TableSpec
+    from paramserver.sparse.placement import shard_of
+    from paramserver.sparse.table import SparseTable
+    coord, w, start = live
+    spec = TableSpec("emb", 4, row_budget=4000, admit_after=2)
+    a, b = start(2)
+    old = [[0, a, 0, 3000], [1, b, 3000, KEYS]]
+    for rank, (_, addr, lo, hi) in enumerate(old):
+        coord.welcome(addr, rank, server_job(lo, hi, tables=(spec,), servers=2))
+        w.put(addr, "init", lo, hi, np.zeros(KEYS, np.float32))
+    reference = SparseTable.of(spec, 4000)
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(-10**12, 10**12, 700)).astype(np.int64)
+
+    def push(layout, batch):
+        """One push of `batch`'s rows to their shards and to the reference."""
+        grads = rng.standard_normal((len(batch), 4)).astype(np.float32)
+        reference.push(batch, grads)
+        owner = shard_of(batch, len(layout))
+        for rank, addr, *_ in layout:
+            mine = owner == rank
+            reply = w.ask(addr, "push_rows", {"table": "emb", "step": 0, "version": 0,
+                                              "batch": 1}, [batch[mine], grads[mine].ravel()])
+            assert reply.op == "ack", reply.fields
+
+    def check(layout):
+        owner = shard_of(keys, len(layout))
+        for rank, addr, *_ in layout:
+            got = w.ask(addr, "pull_rows", {"table": "emb"}, [keys[owner == rank]])
+            assert got.op == "rows", got.fields
+            np.testing.assert_array_equal(got.arrays[0].reshape(-1, 4),
+                                          reference.pull(keys[owner == rank]))
+
+    for batch in (keys, keys[:500], keys[::3]):  # keys[500:] seen once: candidates, no rows
+        push(old, batch)
+    check(old)
+    (c,) = start(1)
+    joined = [[0, a, 0, 2000], [1, c, 2000, 4000], [2, b, 4000, KEYS]]
+    coord.welcome(c, 1, server_job(2000, 4000, tables=(spec,), servers=2), epoch=1,
+                  handoff=True)
+    coord.reshard(1, old, joined)
+    assert sorted(coord.recv("resharded")[1]["rank"] for _ in range(3)) == [0, 1, 2]
+    check(joined)
+    stale = keys[shard_of(keys, 2) != shard_of(keys, 3)][:5]
+    owner2 = shard_of(stale, 2)
+    moved = w.ask(old[int(owner2[0])][1], "pull_rows", {"table": "emb"},
+                  [stale[owner2 == owner2[0]]])
+    assert moved.op == "error" and moved.fields["code"] == "moved", moved.fields
+    push(joined, keys[450:])  # candidates that moved are admitted on their second push
+    check(joined)
+    coord.reshard(2, joined, old)
+    reports = [coord.recv("resharded")[1] for _ in range(3)]
+    assert [r.get("drained", False) for r in reports].count(True) == 1
+    check(old)
+    push(old, keys)
+    check(old)
+    gone = w.ask(c, "pull_rows", {"table": "emb"}, [keys[:3]])
+    assert gone.op == "error" and gone.fields["code"] == "moved"
+
+
 def _serve(join):
     from paramserver.server.node import ServerNode
     raise SystemExit(ServerNode(join, shared_memory=False, register_timeout=10).run())

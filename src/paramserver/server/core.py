@@ -26,7 +26,7 @@ from paramserver.server.events import (
 )
 from paramserver.server.pulls import PendingPulls, TooManyPulls
 from paramserver.server.store import PushResult, ShardStore, StoreError
-from paramserver.server.tables import ShardTables
+from paramserver.server.tables import ShardTables, placed_elsewhere
 from paramserver.spec.welcome import INITIAL_TAG
 
 _NOTHING = ()
@@ -144,6 +144,8 @@ class ShardCore:
         done = self.retries.applied_before(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
+        if self._rows_elsewhere(ev.keys):
+            return [self._moved(ev.to)]
         if st.apply_mode == "arrival":
             self.tables.apply(table, ev.keys, grads, ev.scale)
             return self._pushed(ev, PushResult(st.version, max(st.version - ev.version, 0)))
@@ -168,6 +170,15 @@ class ShardCore:
         return (self.layout is not None and keys.size > 0
                 and (int(keys.min()) < r.lo or int(keys.max()) >= r.hi))
 
+    def _rows_elsewhere(self, keys: np.ndarray) -> bool:
+        """Under a known layout: this server is not in it (drained), or some of `keys` are
+        placed on another shard by its server count."""
+        if self.layout is None:
+            return False
+        rank, r = self.settings.rank, self.store.range
+        listed = rank < len(self.layout) and list(self.layout[rank][2:4]) == [r.lo, r.hi]
+        return not listed or placed_elsewhere(keys, rank, len(self.layout))
+
     def _moved(self, to) -> Reply:
         """The refusal of a request for keys another shard holds now: nothing of it applied,
         the layout to find them in."""
@@ -189,6 +200,8 @@ class ShardCore:
         floor = max(version_floor, self.store.version)
         if assembly is not None:
             assembly.install(core.store, floor)
+            if assembly.rows is not None:
+                core.tables.gather(assembly.rows.bundles, self.tables.counters())
         else:
             core.store.version, core.store.initialized = floor, True
             core.store.last_round = self.store.last_round
@@ -260,6 +273,8 @@ class ShardCore:
         before it trains)."""
         st = self.store
         self.tables.checked(ev.table, ev.keys)  # refused now, not when finally served
+        if self._rows_elsewhere(ev.keys):
+            return [self._moved(ev.to)]
         if st.version >= ev.min_version:
             return [self._rows(ev)]
         self._wait(ev)

@@ -13,6 +13,12 @@ a per-worker norm, a push counter) describes the whole old shard and cannot be s
 the new shard takes that of the contributor of most keys (its kept part if it keeps any).
 A state array counts as per-key when it has the values' shape and dtype; in a shard of one or
 two keys a scalar state array of that shape would be taken for a per-key one.
+
+Sparse tables' rows are placed by a hash modulo the server count, not by range, so every
+server of the old layout sends every other server of the new one the rows it now owns
+(`rows_pieces`, sparse/moves.py), at least one piece, its last one saying how many it sent;
+a new share is whole once its dense keys are and every old server's pieces are in
+(`RowsAssembly`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import numpy as np
 import torch
 
 from paramserver.server.store import ShardStore, StoreError, merge_runs
+from paramserver.sparse.moves import RowBundle
+from paramserver.sparse.table import TableError
 from paramserver.spec.welcome import ShardAddress, ShardLayout
 
 
@@ -209,6 +217,7 @@ class Assembly:
         self._scalars: tuple = ()
         self._scalar_keys = -1  # keys of the contributor the scalar state came from
         self._kept_scalars = False
+        self.rows: RowsAssembly | None = None  # a job with sparse tables: their rows
 
     def keep(self, store: ShardStore, lo: int, hi: int) -> None:
         """The keys [lo, hi) this server's old `store` keeps (its scalar state wins)."""
@@ -252,13 +261,14 @@ class Assembly:
 
     @property
     def whole(self) -> bool:
-        return not self.missing()
+        return not self.missing() and (self.rows is None or self.rows.whole)
 
     def install(self, store: ShardStore, version_floor: int = 0) -> None:
         """Make `store` (a fresh one of this range, the rule's state as it starts) hold the
         assembled state at version max(pieces', floor)."""
         if not self.whole:
-            raise HandoffError(f"keys {self.missing()} of [{self.lo}, {self.hi}) are missing")
+            raise HandoffError(f"keys {self.missing()} of [{self.lo}, {self.hi}) or rows from "
+                               f"servers {self.rows and self.rows.waiting()} are missing")
         if (store.range.lo, store.range.hi) != (self.lo, self.hi):
             raise StoreError(f"a store of [{store.range.lo}, {store.range.hi}) cannot take "
                              f"[{self.lo}, {self.hi})")
@@ -273,3 +283,69 @@ class Assembly:
         for name, array in self._scalars:
             store.state[name] = torch.from_numpy(np.array(array))
         store.last_round = self.last_round
+
+
+# ---- sparse tables' rows ------------------------------------------------------------------------
+def rows_pieces(bundles: dict[str, RowBundle], max_items: int) -> list[tuple[str, RowBundle]]:
+    """(table, piece) of every table's bundle for one receiver, at least one piece in all."""
+    out = [(name, piece) for name in sorted(bundles)
+           for piece in bundles[name].pieces(max_items) if piece.items]
+    if not out and bundles:
+        name = min(bundles)
+        out = [(name, bundles[name].take(slice(0, 0), slice(0, 0)))]
+    return out
+
+
+class RowsAssembly:
+    """The rows of a new share of the sparse tables: the shard's own (`keep`) and the pieces
+    of every other server of the old layout (`add`), each sender's last piece saying how many
+    it sent. Senders are known from the old layout (`expect`; a joining server learns it after
+    its welcome, pieces may come first)."""
+
+    def __init__(self, dims: dict[str, int], adagrad: dict[str, bool]):
+        self.dims, self.adagrad = dims, adagrad
+        self.bundles: dict[str, list[RowBundle]] = {name: [] for name in dims}
+        self.senders: frozenset[int] | None = None  # old ranks to hear from
+        self._got: dict[int, int] = {}
+        self._said: dict[int, int] = {}
+
+    def expect(self, senders) -> None:
+        senders = frozenset(int(s) for s in senders)
+        strays = set(self._got) - senders
+        if strays:
+            raise HandoffError(f"rows came from servers {sorted(strays)}, not of the old layout")
+        self.senders = senders
+
+    def keep(self, bundles: dict[str, RowBundle]) -> None:
+        for name, bundle in bundles.items():
+            self.bundles[name].append(bundle)
+
+    def add(self, sender: int, table: str, tick: int, frames: list, total: int | None) -> None:
+        """A piece from old rank `sender`; `total`: its count of pieces, on its last one."""
+        if table not in self.dims:
+            raise HandoffError(f"rows of table {table!r}, which this job does not have")
+        if self.senders is not None and sender not in self.senders:
+            raise HandoffError(f"rows from server {sender}, which sends none in this reshard")
+        if sender in self._said:
+            raise HandoffError(f"rows from server {sender} after its last piece")
+        try:
+            bundle = RowBundle.from_frames(tick, frames, self.dims[table], self.adagrad[table])
+        except TableError as exc:
+            raise HandoffError(f"rows of table {table!r} from server {sender}: {exc}") from None
+        self._got[sender] = self._got.get(sender, 0) + 1
+        if total is not None:
+            if total != self._got[sender]:
+                raise HandoffError(f"server {sender} said {total} piece(s) of rows, "
+                                   f"{self._got[sender]} came")
+            self._said[sender] = total
+        self.bundles[table].append(bundle)
+
+    def waiting(self) -> list[int] | None:
+        """Old ranks whose pieces are not all in (None: the old layout not known yet)."""
+        if self.senders is None:
+            return None
+        return sorted(s for s in self.senders if s not in self._said)
+
+    @property
+    def whole(self) -> bool:
+        return self.senders is not None and not self.waiting()

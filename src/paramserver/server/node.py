@@ -473,7 +473,7 @@ class ServerNode:
                 security.check_role(ident, "server", self.secured)
                 replica.take(self.router, ident, msg, EVENTS, frames)
                 return
-            if msg.op == "handoff":  # keys of a reshard, from their old server
+            if msg.op in ("handoff", "handoff_rows"):  # keys or rows of a reshard
                 security.check_role(ident, "server", self.secured)
                 self.resharding.piece(msg)
                 return

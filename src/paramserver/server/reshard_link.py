@@ -23,7 +23,7 @@ import zmq
 
 from paramserver.net import rpc
 from paramserver.server.handoff import (
-    Assembly, HandoffError, Piece, cut, keyed_state, piece_keys, plan,
+    Assembly, HandoffError, Piece, cut, keyed_state, piece_keys, plan, rows_pieces,
 )
 from paramserver.spec.welcome import ShardAddress
 from paramserver.transport import connect_dealer
@@ -70,6 +70,7 @@ class ReshardLink:
         s = self.node.settings
         self.epoch, self.new = epoch, ShardAddress(s.rank, self.node.addr, s.lo, s.hi)
         self.assembly, self.floor = Assembly(s.lo, s.hi, s.dtype), 0
+        self.assembly.rows = self.node.core.tables.assembly()  # senders: from its reshard
         log.info("server %s joins at epoch %d: waiting for keys [%d, %d)", self.node.src,
                  epoch, s.lo, s.hi)
         self._take_early()
@@ -81,6 +82,8 @@ class ReshardLink:
         if self.moving and epoch == self.epoch:  # a joiner's reshard, after its welcome
             self.layout = list(msg["layout"])
             self.floor = max(self.floor, msg.get("version", 0))
+            if self.assembly.rows is not None:
+                self.assembly.rows.expect(rank for rank, *_ in msg["old"])
             self._finish_if_whole()
             return
         if epoch <= core.epoch or self.moving:
@@ -97,7 +100,8 @@ class ReshardLink:
             raise HandoffError(f"server {node.addr} is not in the old layout of reshard "
                                f"{epoch} and was not welcomed as a joiner")
         self._close()
-        sent = self._send(epoch, move.sends)
+        rows = core.tables.split(len(msg["layout"])) if core.tables else None
+        sent = self._send(epoch, move, msg["layout"], rows)
         self.epoch, self.layout = epoch, list(msg["layout"])
         if move.drained:
             self._drain(move, sent)
@@ -106,32 +110,58 @@ class ReshardLink:
         self.assembly = Assembly(move.new.lo, move.new.hi, node.settings.dtype)
         if move.kept is not None:
             self.assembly.keep(core.store, *move.kept)
+        if rows is not None:
+            self.assembly.rows = core.tables.assembly()
+            self.assembly.rows.expect(rank for rank, *_ in msg["old"] if rank != move.old.rank)
+            self.assembly.rows.keep(rows[move.new.rank])
         log.info("server %s: reshard %d, sent %d key(s) in %d piece(s); keys [%d, %d) as "
                  "rank %d", node.src, epoch, sum(hi - lo for _, lo, hi in move.sends), sent,
                  move.new.lo, move.new.hi, move.new.rank)
         self._take_early()
         self._finish_if_whole()
 
-    def _send(self, epoch: int, sends) -> int:
-        """Every piece for every receiver, on a DEALER each; how many pieces went."""
+    def _send(self, epoch: int, move, layout: list, rows: list | None) -> int:
+        """Every piece for every receiver, on a DEALER each: the dense keys it owns now and,
+        with sparse tables, the rows it owns now (every other server of the new layout gets
+        some, the last saying how many). How many pieces went."""
         node = self.node
         store = node.core.store
         per_piece = piece_keys(store.dtype.itemsize, node.settings.max_message_bytes,
                                node.settings.chunk_bytes, 1 + len(keyed_state(store)[0]))
-        count = 0
-        for addr, lo, hi in sends:
-            pieces = cut(store, lo, hi, per_piece)
+        out: dict[str, list[Message]] = {}
+        for addr, lo, hi in move.sends:
+            for piece in cut(store, lo, hi, per_piece):
+                fields, arrays = piece.message(epoch)
+                out.setdefault(addr, []).append(Message("handoff", fields, arrays, src=node.src))
+        if rows is not None:
+            for rank, addr, *_ in layout:
+                if addr != node.addr:
+                    out.setdefault(addr, []).extend(self._rows_messages(epoch, move.old.rank,
+                                                                        rows[rank]))
+        for addr, messages in out.items():
             # The queue holds every piece (a receiver still binding takes them late): a send
             # never waits.
-            sock = connect_dealer(self.ctx, addr, hwm=max(DEFAULT_HWM, len(pieces) + 1),
+            sock = connect_dealer(self.ctx, addr, hwm=max(DEFAULT_HWM, len(messages) + 1),
                                   send_timeout=0, keys=self.keys, peer="server",
                                   max_message=CONTROL_MESSAGE_BYTES)
             self.socks.append(sock)
-            for piece in pieces:
-                fields, arrays = piece.message(epoch)
-                rpc.send(sock, Message("handoff", fields, arrays, src=node.src))
-            count += len(pieces)
-        return count
+            for message in messages:
+                rpc.send(sock, message)
+        return sum(map(len, out.values()))
+
+    def _rows_messages(self, epoch: int, sender: int, bundles: dict) -> list[Message]:
+        """One receiver's `handoff_rows`: pieces under the job's chunk size and half the frame
+        limit, the last carrying the count."""
+        s, dims = self.node.settings, self.node.core.tables.dims
+        row_bytes = max(8 * (dims[name] + 3) for name in bundles)  # rows, accum, key, age, freq
+        per_piece = piece_keys(row_bytes, s.max_message_bytes, s.chunk_bytes)
+        pieces = rows_pieces(bundles, per_piece)
+        return [Message("handoff_rows", {"epoch": epoch, "from": sender, "table": name,
+                                         "tick": piece.tick,
+                                         **({"pieces": len(pieces)} if i == len(pieces) - 1
+                                            else {})},
+                        piece.frames(), src=self.node.src)
+                for i, (name, piece) in enumerate(pieces)]
 
     def _drain(self, move, sent: int) -> None:
         """Drained: the core keeps no keys (every request is `moved`, a retry of a push
@@ -156,10 +186,18 @@ class ReshardLink:
                 raise HandoffError(f"{MAX_EARLY} handoffs wait for a reshard not heard of")
             self.early.append(msg)
         else:
-            log.warning("server %s: handoff of keys [%d, %d) for epoch %d dropped (at %d)",
-                        self.node.src, msg["lo"], msg["hi"], epoch, self.epoch)
+            what = (f"rows of table {msg['table']!r}" if msg.op == "handoff_rows"
+                    else f"keys [{msg['lo']}, {msg['hi']})")
+            log.warning("server %s: handoff of %s for epoch %d dropped (at %d)",
+                        self.node.src, what, epoch, self.epoch)
 
     def _add(self, msg: Message) -> None:
+        if msg.op == "handoff_rows":
+            if self.assembly.rows is None:
+                raise HandoffError("rows of a sparse table came to a server of a job without")
+            self.assembly.rows.add(msg["from"], msg["table"], msg["tick"], msg.arrays,
+                                   msg.get("pieces"))
+            return
         self.assembly.add(Piece.parse(msg.fields, msg.arrays, self.node.settings.dtype))
 
     def _take_early(self) -> None:
@@ -173,7 +211,8 @@ class ReshardLink:
         if asm is None or not asm.whole:
             return
         node, new = self.node, self.new
-        settings = replace(node.settings, rank=new.rank, lo=new.lo, hi=new.hi)
+        settings = replace(node.settings, rank=new.rank, lo=new.lo, hi=new.hi,
+                           servers=len(self.layout) if self.layout else node.settings.servers)
         core, out = node.core.successor(settings, asm, self.epoch, self.layout, self.floor)
         self.assembly = None
         node.swap_core(core, out)
@@ -189,10 +228,15 @@ class ReshardLink:
         """What a moving server waits for, for a stall probe; None when not moving."""
         if not self.moving:
             return None
-        missing = self.assembly.missing()
+        missing, rows = self.assembly.missing(), self.assembly.rows
+        keys = (f"{len(missing)} run(s) of keys still to come (first {list(missing[0])})"
+                if missing else "every key in")
+        if rows is not None:
+            due = rows.waiting()
+            keys += (", the old layout not heard yet" if due is None else
+                     f", rows due from server(s) {due}" if due else ", every row in")
         return {"op": "handoff", "peer": "servers",
-                "note": f"reshard {self.epoch}: {len(missing)} run(s) of keys still to come "
-                        f"(first {list(missing[0])}), {len(self.queued)} request(s) held"}
+                "note": f"reshard {self.epoch}: {keys}, {len(self.queued)} request(s) held"}
 
     # ---- workers' requests while moving ---------------------------------------------------------
     def hold(self, ident, msg: Message, frames) -> bool:

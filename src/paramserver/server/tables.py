@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from paramserver.server.handoff import RowsAssembly
 from paramserver.server.store import StoreError
 # (the wire's limit, wire.protocol.MAX_KEYS_PER_REQUEST, is the same number: a test checks)
+from paramserver.sparse import moves
+from paramserver.sparse.moves import RowBundle
 from paramserver.sparse.placement import shard_of
 from paramserver.sparse.table import MAX_KEYS_PER_REQUEST, SparseTable, TableError
 
@@ -26,6 +29,11 @@ PREFIX = "table."
 BEAT_COUNTERS = ("rows", "created", "admitted", "not_admitted", "dropped", "evicted")
 
 
+def placed_elsewhere(keys: np.ndarray, rank: int, servers: int) -> bool:
+    """Some of `keys` belong to another shard than `rank` of `servers`."""
+    return bool(keys.size) and bool((shard_of(keys, servers) != rank).any())
+
+
 class ShardTables:
     """The sparse tables of one shard and the round's rows not yet applied."""
 
@@ -33,6 +41,7 @@ class ShardTables:
         """`specs`: the job's TableSpecs; each table keeps ceil(row_budget / servers) rows."""
         self.tables = {s.name: SparseTable.of(s, s.capacity(servers), seed=seed) for s in specs}
         self.dims = {s.name: s.dim for s in specs}
+        self._specs, self._seed = {s.name: s for s in specs}, seed
         # Round mode: (keys, batch-weighted grads) pushed this round, by table.
         self._round: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self.round_rows = 0  # rows held for the open round
@@ -143,6 +152,59 @@ class ShardTables:
                     raise StoreError(f"table {name!r}: {int(elsewhere.sum())} of its "
                                      f"{kind.replace('_', ' ')} belong to other shards than "
                                      f"{rank} of {servers} (e.g. key {keys[elsewhere][0]})")
+
+    # ---- rows changing shards (sparse/moves.py) -------------------------------------------------
+    def split(self, servers: int) -> list[dict[str, RowBundle]]:
+        """Every table's rows and candidates by their shard under `servers` servers: for each
+        new rank {table: bundle}, every table named (nothing changes here)."""
+        out = [{name: RowBundle.empty(t.dim, t.config.optimizer == "adagrad")
+                for name, t in self.tables.items()} for _ in range(servers)]
+        for name, table in self.tables.items():
+            for rank, bundle in moves.split(table, lambda k: shard_of(k, servers)).items():
+                out[rank][name] = bundle
+        return out
+
+    def assembly(self):
+        """An empty handoff.RowsAssembly for these tables (None without tables)."""
+        if not self.tables:
+            return None
+        return RowsAssembly(dict(self.dims), {n: t.config.optimizer == "adagrad"
+                                              for n, t in self.tables.items()})
+
+    def gather(self, bundles: dict[str, list[RowBundle]], counters: dict[str, dict]) -> int:
+        """Every table made of the bundles it got (this shard's own rows among them), within
+        its capacity; `counters`: the tables' own before the move. Returns the rows evicted."""
+        return sum(moves.gather(table, bundles.get(name, []), counters.get(name))
+                   for name, table in self.tables.items())
+
+    def recut(self, parts: list[dict], rank: int, servers: int) -> dict[str, np.ndarray]:
+        """Snapshot arrays of this shard's tables (`rank` of `servers`) gathered from the
+        arrays of every part of a checkpoint taken on another server count: each part's tables
+        checked as a table of its own capacity, then split by the new placement. The counters
+        start again; nothing here changes. StoreError naming the table when a part is bad."""
+        out = {}
+        for name, table in self.tables.items():
+            bundles = []
+            for arrays in parts:
+                saved = self._split(arrays).get(name)
+                if not saved:
+                    continue
+                try:
+                    capacity = int(np.asarray(saved["meta_i"]).reshape(-1)[3])
+                    source = SparseTable.of(self._specs[name], capacity, seed=self._seed)
+                    source.restore(saved)
+                except (TableError, KeyError, IndexError, TypeError, ValueError) as exc:
+                    raise StoreError(f"table {name!r} of a checkpoint part: {exc}") from None
+                bundle = moves.split(source, lambda k: shard_of(k, servers)).get(rank)
+                if bundle is not None:
+                    bundles.append(bundle)
+            fresh = SparseTable.of(self._specs[name], table.config.capacity, seed=self._seed)
+            try:
+                moves.gather(fresh, bundles, None)
+            except TableError as exc:
+                raise StoreError(f"table {name!r}: {exc}") from None
+            out.update({f"{PREFIX}{name}.{k}": v for k, v in fresh.snapshot().items()})
+        return out
 
     def restore(self, arrays: dict) -> None:
         """The tables of a checkpoint's arrays (a table the checkpoint lacks stays empty)."""

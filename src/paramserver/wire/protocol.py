@@ -127,6 +127,11 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # server -> server: keys [lo, hi) (values, then the optimizer state arrays meta names)
     "handoff": {"epoch": _f(NONNEG), "lo": _f(NONNEG), "hi": _f(NONNEG),
                 "version": _f(NONNEG), "meta": _f(DICT, False)},
+    # server -> server: sparse tables' rows the receiver owns now (sparse/moves.py RowBundle's
+    # arrays), from old rank `from`, whose clock read `tick`; its last piece to this receiver
+    # says how many it sent (`pieces`)
+    "handoff_rows": {"epoch": _f(NONNEG), "from": _f(NONNEG), "table": _f(STR),
+                     "tick": _f(NONNEG), "pieces": _f(NONNEG, False)},
     # server -> coordinator: its new range is whole (drained: all it held is sent)
     "resharded": {"epoch": _f(NONNEG), "rank": _f(NONNEG), "version": _f(NONNEG, False),
                   "drained": _f(BOOL, False)},
