@@ -26,6 +26,7 @@ from paramserver.core.keyspace import KeyRange
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
 from paramserver.spec.job import JobSpec
+from paramserver.sparse.placement import shard_of
 from paramserver.spec.welcome import WorkerJob
 from paramserver.transport import bind_router, connect_dealer, new_context, terminate
 from paramserver.wire import Message
@@ -122,6 +123,7 @@ class FakeJob:
         self.applied: list[tuple] = []  # (address, op, keys applied)
         self.refused: list[tuple] = []  # (address, op)
         self.pulls: list[tuple] = []  # (address, fields) of pulls served
+        self.rows: dict = {}  # sparse key -> the sum of its pushed rows
         self.seen: set = set()  # (src, rid) of pushes applied: a retry is answered, not applied
         self.heartbeat_layout = None  # what heartbeat answers say, (epoch, layout)
         self.release_layout = None  # what the start's release says, (epoch, layout)
@@ -170,6 +172,8 @@ class FakeJob:
         return Message("ok")
 
     def _shard(self, addr: str, msg: Message) -> Message:
+        if msg.op == "push_rows":
+            return self._push_rows(addr, msg)
         lo, hi = self.held.get(addr, (0, 0))
         keys = (np.arange(*msg["range"]) if "range" in msg.fields else msg.arrays[0])
         if keys.size and (keys.min() < lo or keys.max() >= hi):
@@ -194,6 +198,23 @@ class FakeJob:
                 np.add.at(self.values, keys, vals)
                 self.version += 1
             self.applied.append((addr, msg.op, tuple(int(k) for k in keys)))
+        return Message("ack", {"version": self.version, "staleness": 0})
+
+    def _push_rows(self, addr: str, msg: Message) -> Message:
+        """Rows are placed by the map's server count (sparse/placement.py): refused `moved`
+        at a server the map leaves out or when any key is placed on another."""
+        keys = msg.arrays[0]
+        ranks = [a for _, a, *_ in self.layout]
+        if addr not in ranks or (shard_of(keys, len(ranks)) != ranks.index(addr)).any():
+            self.refused.append((addr, msg.op))
+            return Message("error", {"msg": "rows placed elsewhere", "code": "moved",
+                                     "epoch": self.epoch, "layout": self.layout})
+        if (msg.src, msg.rid) not in self.seen:
+            self.seen.add((msg.src, msg.rid))
+            grads = msg.arrays[1].reshape(keys.size, -1)
+            for k, g in zip(keys.tolist(), grads):
+                self.rows[k] = self.rows.get(k, 0) + g
+            self.applied.append((addr, msg.op, tuple(keys.tolist())))
         return Message("ack", {"version": self.version, "staleness": 0})
 
     def close(self) -> None:
@@ -268,6 +289,28 @@ def test_a_pushs_refused_parts_are_sent_again_once_each_under_the_new_map(fake):
         assert by_server(fake.applied) == {5: [b, b], 25: [c], 65: [c], 95: [c]}
         assert {k: owner(third, k) for k in (5, 25, 65, 95)} == {5: b, 25: c, 65: c, 95: c}
         np.testing.assert_array_equal(fake.values[keys], grad[keys] + [2, 1, 1, 1, 2])
+
+
+def test_an_arrival_push_of_rows_refused_moved_goes_again_placed_by_the_new_count():
+    job = FakeJob(3, tables=[{"name": "emb", "dim": 2}])
+    try:
+        a, b, c = job.addrs
+        with KVWorker(job.coord_addr, heartbeat=False, keys=None) as kv:
+            kv.adopt(1, [[0, a, 0, 30], [1, b, 30, 70], [2, c, 70, 100]])
+            job.moved_to(2, new := [[0, b, 0, 60], [1, c, 60, 100]])  # a drained
+            keys = np.arange(-40, 40, 3, dtype=np.int64)
+            grads = np.arange(2 * keys.size, dtype=np.float32).reshape(-1, 2)
+            kv.push_rows("emb", np.concatenate([keys, keys[:4]]),
+                         np.concatenate([grads, grads[:4]]), step=0, batch=1)
+            owner = shard_of(keys, 2)
+            where = by_server([x for x in job.applied if x[1] == "push_rows"])
+            assert where == {int(k): [new[int(o)][1]] * (2 if i < 4 else 1)
+                             for i, (k, o) in enumerate(zip(keys, owner))}
+            for i, k in enumerate(keys.tolist()):
+                np.testing.assert_array_equal(job.rows[k], grads[i] * (2 if i < 4 else 1))
+            assert kv.shard_epoch == 2 and job.refused
+    finally:
+        job.close()
 
 
 def test_an_encoded_push_refused_moved_goes_again_as_the_values_it_stood_for(fake):

@@ -15,7 +15,7 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.keyspace import KeyRange
 from paramserver.core.reshard_plan import ReshardPlan, plan_drain, plan_join, weighted_cuts
-from paramserver.spec.job import JobSpec, JobSpecError, Limits, ServerCount, SyncSpec
+from paramserver.spec.job import JobSpec, JobSpecError, Limits, ServerCount, SyncSpec, TableSpec
 
 
 def ranges_of(bounds):
@@ -148,6 +148,9 @@ def test_servers_min_max_in_the_job():
         JobSpec(servers=2, max_servers=2)
     with pytest.raises(JobSpecError, match="replicas"):
         JobSpec(servers=2, max_servers=3, replicas=2)
+    # Sparse tables move with the keys (their rows placed anew by the server count).
+    with_table = JobSpec(servers=2, max_servers=3, tables=(TableSpec("emb", 4),))
+    assert JobSpec.from_dict(with_table.to_dict()) == with_table
 
 
 # ---- the coordinator --------------------------------------------------------------------------

@@ -146,6 +146,96 @@ def test_a_server_joins_and_one_drains_with_every_update_kept_exactly(tmp_path, 
     assert not [e for e in events if e["event"] in ("reshard_refused", "job_failed")]
 
 
+ROW_KEYS = np.unique(np.random.default_rng(5).integers(-2**62, 2**62, 600)).astype(np.int64)
+
+
+def _row_worker(kv: KVWorker, stop: threading.Event, acked: list, errors: list) -> None:
+    """ASP steps pushing integer rows of a sparse table (SGD lr 1, rows starting at 0):
+    a row's final value is minus the sum of every acknowledged push of it, exactly."""
+    try:
+        release = kv.start()
+        rng = np.random.default_rng(kv.rank)
+        while not stop.is_set() and not release.stop:
+            keys = rng.choice(ROW_KEYS, 40)  # duplicates too: the shard sums them
+            grads = rng.integers(-5, 6, (40, 2)).astype(np.float32)
+            kv.pull_rows("emb", keys)
+            kv.push_rows("emb", keys, grads, step=release.step, batch=1)
+            acked.append((keys, grads))
+            release = kv.clock(release.step, batch=1, compute_time=0.0)
+        kv.bye()
+    except Exception as exc:  # noqa: BLE001 (reported by the test)
+        errors.append(exc)
+
+
+def test_sparse_rows_move_with_a_join_and_a_drain_and_every_push_is_kept_exactly(tmp_path):
+    """A --servers 2:3 job with a sparse table: workers push integer rows while a server
+    joins and one drains; every row ends as exactly the sum of its acknowledged pushes, read
+    by an observer that kept pulling rows across both moves (it meets `moved` and follows)."""
+    table = {"name": "emb", "dim": 2, "optimizer": "sgd", "lr": 1.0, "init_scale": 0.0,
+             "row_budget": 100_000}
+    job = make_job(KEYS, 2, WORKERS, sync="asp", max_servers=3, retry_interval=0.5,
+                   tables=[table])
+    joiner = None
+    with running_job(tmp_path, job) as cluster:
+        supervisor = threading.Thread(target=cluster.wait, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
+        watcher = KVWorker(cluster.address, role="observer")
+        acked = [[] for _ in kvs]
+        reads: list = []
+        errors: list = []
+        stop = threading.Event()
+
+        def observe():
+            try:
+                while not stop.is_set():
+                    reads.append(watcher.pull_rows("emb", ROW_KEYS[:50]))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=_row_worker, args=(kv, stop, a, errors))
+                   for kv, a in zip(kvs, acked)] + [threading.Thread(target=observe)]
+        try:
+            kvs[0].init(np.zeros(KEYS))
+            for t in threads:
+                t.start()
+            wait_for(lambda: sum(map(len, acked)) >= 30, "30 acknowledged pushes")
+            joiner = _server_process(cluster.address, tmp_path / "joiner.log")
+            wait_for(lambda: _reshards(cluster.run_dir, "server_joined"), "the join")
+            before = sum(map(len, acked))
+            wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes on three servers")
+            drain(cluster.address, 0, wait=60, out=open(os.devnull, "w"))
+            assert _reshards(cluster.run_dir, "server_drained")[0]["servers"] == 2
+            before = sum(map(len, acked))
+            wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes after the drain")
+            stop.set()
+            for t in threads:
+                t.join(60)
+            assert not errors, errors
+            expected = np.zeros((len(ROW_KEYS), 2), np.float64)
+            where = {int(k): i for i, k in enumerate(ROW_KEYS)}
+            for keys, grads in (x for a in acked for x in a):
+                np.add.at(expected, [where[int(k)] for k in keys], -grads)
+            np.testing.assert_array_equal(watcher.pull_rows("emb", ROW_KEYS), expected)
+            assert len(reads) > 10
+            watcher.bye()
+        finally:
+            stop.set()
+            for kv in [*kvs, watcher]:
+                kv.close()
+            if joiner is not None and joiner.poll() is None:
+                joiner.send_signal(signal.SIGTERM)
+            if joiner is not None:
+                try:
+                    joiner.wait(30)
+                except subprocess.TimeoutExpired:
+                    joiner.kill()
+                    joiner.wait(10)
+        supervisor.join(60)
+    events = run_events(cluster.run_dir)
+    assert not [e for e in events if e["event"] in ("reshard_refused", "job_failed")]
+
+
 def test_training_keeps_its_accuracy_across_a_join_and_a_drain(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",

@@ -597,6 +597,8 @@ class KVWorker:
                 msg = Message("pull_rows", {"table": table, "min_version": min_version},
                               [k[idx]])
                 handle.parts.append((i, self.requests.send(i, msg), idx))
+        # Refused `moved` (servers joined or left): asked again, placed by the new count.
+        handle.again = lambda: self.pull_rows_async(table, keys, min_version)
         if not handle.parts:
             handle.done, handle.result = True, handle.out  # no keys
         return handle

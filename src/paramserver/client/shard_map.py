@@ -27,6 +27,7 @@ from paramserver.client.session import CoordinatorSession
 from paramserver.compression import payload
 from paramserver.core.keyspace import KeyRange
 from paramserver.net.rpc import RemoteError
+from paramserver.sparse.placement import shard_of
 from paramserver.transport import connect_dealer
 from paramserver.wire import Message
 
@@ -228,12 +229,21 @@ class ShardMap:
     def _split_again(self, request: Message, handle: Handle) -> list[tuple[int, Message]]:
         """A refused push or init's keys as messages under the map now followed (shard,
         message); encoded values go decoded: the shards add exactly what they stood for."""
-        if request is None or request.op not in ("push", "init", "push_sparse"):
+        if request is None or request.op not in ("push", "init", "push_sparse", "push_rows"):
             op = None if request is None else request.op
             raise RemoteError(f"a refused {op!r} is not sent again under a new shard map")
         fields = {k: v for k, v in request.fields.items() if k != "wm"}
         versions = self.core.versions
         out = []
+        if request.op == "push_rows":  # rows placed by the new server count
+            keys, grads = request.arrays[0], request.arrays[1].reshape(request.arrays[0].size, -1)
+            owner = shard_of(keys, len(self.shards))
+            for i in np.unique(owner).tolist():
+                mine = owner == i
+                handle.nbytes += keys[mine].nbytes + grads[mine].nbytes
+                out.append((i, Message("push_rows", {**fields, "version": versions[i]},
+                                       [keys[mine], grads[mine].reshape(-1)])))
+            return out
         if request.op == "push_sparse":
             keys = request.arrays[0]
             values = _plain(fields, request.arrays[1:], keys.size)

@@ -133,7 +133,8 @@ def dlrm(input_shape: tuple[int, ...], num_classes: int, sparse_fields: int = 0,
     starting uniform in +-`init_scale`, at most `row_budget` rows over all shards (evicting by
     `evict`, lru or lfu), a key getting its row once pushed in `admit_after` steps."""
     if len(input_shape) != 1:
-        raise ValueError(f"dlrm needs dense feature vectors, got samples shaped {input_shape}")
+        raise ValueError(f"dlrm needs dense feature vectors and categorical ids, got samples "
+                         f"shaped {input_shape}: train it on --dataset clicks")
     if int(sparse_fields) < 1:
         raise ValueError("dlrm needs a data set with categorical fields (--dataset clicks)")
     table = TableOptions(dim=int(dim), optimizer=str(table_optimizer), lr=float(table_lr),

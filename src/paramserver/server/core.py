@@ -145,7 +145,7 @@ class ShardCore:
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if self._rows_elsewhere(ev.keys):
-            return [self._moved(ev.to)]
+            return [self._moved(ev.to, rows=True)]
         if st.apply_mode == "arrival":
             self.tables.apply(table, ev.keys, grads, ev.scale)
             return self._pushed(ev, PushResult(st.version, max(st.version - ev.version, 0)))
@@ -179,14 +179,15 @@ class ShardCore:
         listed = rank < len(self.layout) and list(self.layout[rank][2:4]) == [r.lo, r.hi]
         return not listed or placed_elsewhere(keys, rank, len(self.layout))
 
-    def _moved(self, to) -> Reply:
+    def _moved(self, to, rows: bool = False) -> Reply:
         """The refusal of a request for keys another shard holds now: nothing of it applied,
         the layout to find them in."""
         r = self.store.range
+        held = (f"the rows that {len(self.layout or ())} servers place on rank "
+                f"{self.settings.rank}" if rows else f"keys [{r.lo}, {r.hi})")
         return Reply(to, "error", {
-            "msg": f"server {self.name} holds keys [{r.lo}, {r.hi}) under epoch {self.epoch}: "
-                   f"the request's keys moved", "code": "moved",
-            "epoch": self.epoch, "layout": self.layout})
+            "msg": f"server {self.name} holds {held} under epoch {self.epoch}: the request's "
+                   f"keys moved", "code": "moved", "epoch": self.epoch, "layout": self.layout})
 
     def successor(self, settings: ShardSettings, assembly, epoch: int, layout: list,
                   version_floor: int = 0, alloc=None) -> tuple["ShardCore", list]:
@@ -274,7 +275,7 @@ class ShardCore:
         st = self.store
         self.tables.checked(ev.table, ev.keys)  # refused now, not when finally served
         if self._rows_elsewhere(ev.keys):
-            return [self._moved(ev.to)]
+            return [self._moved(ev.to, rows=True)]
         if st.version >= ev.min_version:
             return [self._rows(ev)]
         self._wait(ev)

@@ -521,11 +521,10 @@ class JobSpec:
             if self.max_servers <= self.servers:
                 _fail("max_servers", self.max_servers,
                       f"above servers ({self.servers}), or 0 for a fixed count")
-            # A shard that moves its keys cannot take its replica, its checkpoint-restore
-            # rank or its sparse rows along yet.
+            # A shard that moves its keys cannot take its replica or its checkpoint-restore
+            # rank along yet.
             for key, used in (("replicas", self.replicas > 1),
-                              ("restart_servers", bool(self.restart_servers)),
-                              ("tables", bool(self.tables))):
+                              ("restart_servers", bool(self.restart_servers))):
                 if used:
                     raise JobSpecError(f"job fields 'max_servers' (--servers MIN:MAX) and "
                                        f"{key!r} are exclusive: live resharding does not "
