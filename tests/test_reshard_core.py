@@ -423,3 +423,75 @@ def test_a_resumed_shard_is_cut_from_a_checkpoint_taken_on_another_layout(tmp_pa
     store = ShardStore(KeyRange(0, 15), "float64", make_rule("momentum", 0.1), "arrival")
     with pytest.raises(Exception, match="values"):
         read_shard(str(tmp_path), "000000009", 0, store)
+
+
+def test_a_resumed_shards_tables_are_gathered_from_a_checkpoint_taken_on_another_count(
+        tmp_path):
+    """Tables saved by three servers, resumed on two: each shard's rows are those the two
+    place on it, from whichever part held them, exact; a part of another table configuration
+    is refused naming the table."""
+    import numpy as np
+
+    from paramserver.optim import make_rule
+    from paramserver.runlog.checkpoint_set import save_coordinator_state
+    from paramserver.server.checkpoint import read_shard, write_shard
+    from paramserver.server.store import ShardStore
+    from paramserver.server.tables import ShardTables
+    from paramserver.sparse.placement import shard_of
+    from paramserver.sparse.table import SparseTable
+
+    spec = TableSpec("emb", 3, row_budget=900, admit_after=2)
+    keys = np.arange(-200, 200, 7, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    reference = SparseTable.of(spec, 900)
+    three = [ShardTables((spec,), 3) for _ in range(3)]  # the shards the checkpoint saw
+    for batch in (keys, keys[:40], keys[::2]):  # the odd keys past 40: pushed once
+        grads = rng.standard_normal((len(batch), 3)).astype(np.float32)
+        reference.push(batch, grads)
+        owner = shard_of(batch, 3)
+        for r, shard in enumerate(three):
+            shard.tables["emb"].push(batch[owner == r], grads[owner == r])
+    values = np.arange(30, dtype=np.float64)
+    for rank, (lo, hi) in enumerate([(0, 7), (7, 19), (19, 30)]):
+        write_shard(str(tmp_path), "000000009", rank,
+                    {"values": values[lo:hi].copy(), **three[rank].snapshot()},
+                    {"version": 9, "range": [lo, hi], "dtype": "float64",
+                     "updates_applied": 9, "rule": "sgd"})
+    save_coordinator_state(tmp_path, "000000009", {
+        "rounds_applied": 9, "samples_done": 0, "steps_done": 0, "num_keys": 30,
+        "worker_samples": {}, "elapsed_s": 0.0, "servers": 3})
+    owner = shard_of(keys, 2)
+    for rank, (lo, hi) in enumerate([(0, 15), (15, 30)]):
+        store = ShardStore(KeyRange(lo, hi), "float64", make_rule("sgd", 0.1), "arrival")
+        tables = ShardTables((spec,), 2)
+        arrays, meta = read_shard(str(tmp_path), "000000009", rank, store, tables, 2)
+        tables.restore(arrays)
+        np.testing.assert_array_equal(arrays["values"], values[lo:hi])
+        mine = keys[owner == rank]
+        np.testing.assert_array_equal(tables.pull("emb", mine), reference.pull(mine))
+        assert tables.tables["emb"].config.capacity == 450
+        # The counts of keys seen once went along: a second push admits them on each shard.
+        once = np.setdiff1d(keys[1::2], keys[:40])
+        batch = once[shard_of(once, 2) == rank]
+        grads = np.ones((len(batch), 3), np.float32)
+        tables.tables["emb"].push(batch, grads)
+        reference.push(batch, grads)
+        np.testing.assert_array_equal(tables.pull("emb", batch), reference.pull(batch))
+        assert len(tables.tables["emb"]) == len(np.unique(keys[owner == rank]))
+    # Another table configuration in a part (admission after 3) is refused, naming the table.
+    other = ShardTables((TableSpec("emb", 3, row_budget=900, admit_after=3),), 3)
+    write_shard(str(tmp_path), "000000010", 0, {"values": values[0:7].copy(),
+                                                **other.snapshot()},
+                {"version": 9, "range": [0, 7], "dtype": "float64", "updates_applied": 9,
+                 "rule": "sgd"})
+    for rank, (lo, hi) in enumerate([(7, 19), (19, 30)], start=1):
+        write_shard(str(tmp_path), "000000010", rank,
+                    {"values": values[lo:hi].copy(), **three[rank].snapshot()},
+                    {"version": 9, "range": [lo, hi], "dtype": "float64",
+                     "updates_applied": 9, "rule": "sgd"})
+    save_coordinator_state(tmp_path, "000000010", {
+        "rounds_applied": 9, "samples_done": 0, "steps_done": 0, "num_keys": 30,
+        "worker_samples": {}, "elapsed_s": 0.0, "servers": 3})
+    store = ShardStore(KeyRange(0, 15), "float64", make_rule("sgd", 0.1), "arrival")
+    with pytest.raises(Exception, match="emb"):
+        read_shard(str(tmp_path), "000000010", 0, store, ShardTables((spec,), 2), 2)

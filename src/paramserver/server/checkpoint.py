@@ -67,12 +67,15 @@ def check_manifest(manifest: Manifest, where: str, store: ShardStore) -> ShardMe
     return meta
 
 
-def recut(root: Path, tag: str, store: ShardStore) -> tuple[dict, dict]:
+def recut(root: Path, tag: str, store: ShardStore, tables: ShardTables | None = None,
+          rank: int = 0, servers: int = 1) -> tuple[dict, dict]:
     """`store`'s range assembled from checkpoint `tag` taken on another layout (servers
     joined or left: --servers MIN:MAX): every part holding some of its keys is read (checked
     and hashed) and sliced; per-key state arrays are cut alike, any other state array is the
-    shard's scalar state, taken from the part holding most of the range. The dedup table
-    starts empty: a resumed job's workers are new processes."""
+    shard's scalar state, taken from the part holding most of the range. With sparse `tables`
+    every part is read and the rows that `servers` place on `rank` gathered
+    (ShardTables.recut). The dedup table starts empty: a resumed job's workers are new
+    processes."""
     r, folder = store.range, Path(root) / f"ckpt-{tag}"
     names = sorted((p.name for p in folder.glob("server-*") if p.name[7:].isdigit()),
                    key=lambda n: int(n[7:]))
@@ -80,15 +83,20 @@ def recut(root: Path, tag: str, store: ShardStore) -> tuple[dict, dict]:
     keyed: dict[str, np.ndarray] = {}
     scalars: dict[str, np.ndarray] = {}
     most, version, updates, covered = -1, 0, 0, 0
+    rows: list[dict] = []  # every part's arrays, for the tables
     for name in names:
         where = str(part_folder(Path(root), tag, name))
         meta = ShardMeta.from_dict(read_manifest(Path(root), tag, name).meta, where)
         lo, hi = max(meta.lo, r.lo), min(meta.hi, r.hi)
-        if lo >= hi:
+        if lo >= hi and not tables:
             continue
         if meta.dtype != store.dtype:
             raise CheckpointError(f"{where} holds {meta.dtype} values, this shard {store.dtype}")
         arrays, _ = load_part(Path(root), tag, name)
+        if tables:
+            rows.append(arrays)
+        if lo >= hi:
+            continue
         theirs, mine = slice(lo - meta.lo, hi - meta.lo), slice(lo - r.lo, hi - r.lo)
         values[mine] = arrays["values"][theirs]
         for key, array in arrays.items():
@@ -105,6 +113,11 @@ def recut(root: Path, tag: str, store: ShardStore) -> tuple[dict, dict]:
         raise CheckpointError(f"checkpoint {tag} in {root}: its parts hold {covered} of this "
                               f"shard's keys [{r.lo}, {r.hi})")
     arrays = {"values": values, **keyed, **scalars}
+    if tables:
+        try:
+            arrays.update(tables.recut(rows, rank, servers))
+        except StoreError as exc:
+            raise CheckpointError(f"checkpoint {tag} in {root}: {exc}") from None
     for name, (dtype, shape) in _expected(store).items():
         got = arrays.get(name)
         if got is None or got.dtype != dtype or tuple(got.shape) != shape:
@@ -124,9 +137,8 @@ def read_shard(root: str, tag: str, rank: int, store: ShardStore,
     this shard's range (`recut`)."""
     root_path = Path(root)
     where = str(part_folder(root_path, tag, part_name(rank)))
-    if not tables and _taken_on_another_layout(root_path, tag,
-                                                                          store, rank):
-        return recut(root_path, tag, store)
+    if _taken_on_another_layout(root_path, tag, store, rank, servers if tables else None):
+        return recut(root_path, tag, store, tables, rank, servers)
     manifest = read_manifest(root_path, tag, part_name(rank))
     check_manifest(manifest, where, store)  # before any file is read
     arrays, manifest = load_part(root_path, tag, part_name(rank))
@@ -138,15 +150,19 @@ def read_shard(root: str, tag: str, rank: int, store: ShardStore,
     return arrays, dict(manifest.meta)
 
 
-def _taken_on_another_layout(root: Path, tag: str, store: ShardStore, rank: int) -> bool:
+def _taken_on_another_layout(root: Path, tag: str, store: ShardStore, rank: int,
+                             servers: int | None = None) -> bool:
     """True when checkpoint `tag` records a server count (a job whose servers came and went)
-    and this rank's part does not hold exactly this shard's keys."""
+    and this rank's part does not hold exactly this shard's keys, or (`servers` given: a job
+    with sparse tables, placed by the count) was taken on another count."""
     try:
         state = read_manifest(root, tag, COORDINATOR_PART).meta
     except CheckpointError:
         return False  # (no coordinator part: the usual checks say what is wrong)
     if not isinstance(state.get("servers"), int):
         return False
+    if servers is not None and state["servers"] != servers:
+        return True
     try:
         meta = read_manifest(root, tag, part_name(rank)).meta
     except CheckpointError:
