@@ -160,6 +160,41 @@ def test_plan_join_drain_and_bad_layouts():
     assert piece_keys(4, 100 << 20, 16 << 20, arrays=2) == 2 << 20  # values + momentum
 
 
+def test_rows_assembly_is_whole_once_every_old_server_said_its_count():
+    from paramserver.server.handoff import RowsAssembly, rows_pieces
+    from paramserver.sparse.moves import RowBundle, split
+    from paramserver.sparse.table import SparseTable
+    table = SparseTable(2, capacity=100)
+    table.push(np.arange(10, dtype=np.int64), np.ones((10, 2), np.float32))
+    (bundle,) = split(table, lambda k: np.zeros(len(k), np.int64)).values()
+    pieces = rows_pieces({"emb": bundle}, 4)
+    assert [len(p) for _, p in pieces] == [4, 4, 2]
+    assert len(rows_pieces({"emb": RowBundle.empty(2, True)}, 4)) == 1  # one, empty: a count
+    asm = RowsAssembly({"emb": 2}, {"emb": True})
+    frames = [p.frames() for _, p in pieces]
+    asm.add(2, "emb", bundle.tick, frames[0], None)  # before the old layout is known
+    assert not asm.whole and asm.waiting() is None
+    asm.expect([0, 2])
+    assert asm.waiting() == [0, 2]
+    with pytest.raises(HandoffError, match="sends none"):
+        asm.add(1, "emb", 0, frames[1], None)
+    with pytest.raises(HandoffError, match="said 3 piece"):
+        asm.add(2, "emb", bundle.tick, frames[1], 3)  # the count of three on the second
+    asm.add(2, "emb", bundle.tick, frames[1], None)  # (the refusal changed nothing)
+    asm.add(2, "emb", bundle.tick, frames[2], 3)
+    with pytest.raises(HandoffError, match="after its last piece"):
+        asm.add(2, "emb", bundle.tick, frames[2], None)
+    with pytest.raises(HandoffError, match="table 'other'"):
+        asm.add(0, "other", 0, frames[0], 1)
+    assert asm.waiting() == [0]
+    asm.add(0, "emb", 0, RowBundle.empty(2, True).frames(), 1)
+    assert asm.whole and sum(len(b) for b in asm.bundles["emb"]) == 10
+    early = RowsAssembly({"emb": 2}, {"emb": True})
+    early.add(7, "emb", 0, frames[0], None)  # from a server the old layout turns out not to hold
+    with pytest.raises(HandoffError, match="not of the old layout"):
+        early.expect([0])
+
+
 def test_piece_that_does_not_match_its_header_is_refused():
     fields, arrays = Piece(0, 4, 1, np.ones(4, np.float32),
                            (("momentum", np.ones(4, np.float32)),)).message(0)

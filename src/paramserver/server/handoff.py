@@ -332,11 +332,11 @@ class RowsAssembly:
             bundle = RowBundle.from_frames(tick, frames, self.dims[table], self.adagrad[table])
         except TableError as exc:
             raise HandoffError(f"rows of table {table!r} from server {sender}: {exc}") from None
-        self._got[sender] = self._got.get(sender, 0) + 1
+        got = self._got.get(sender, 0) + 1
+        if total is not None and total != got:
+            raise HandoffError(f"server {sender} said {total} piece(s) of rows, {got} came")
+        self._got[sender] = got
         if total is not None:
-            if total != self._got[sender]:
-                raise HandoffError(f"server {sender} said {total} piece(s) of rows, "
-                                   f"{self._got[sender]} came")
             self._said[sender] = total
         self.bundles[table].append(bundle)
 
