@@ -548,6 +548,9 @@ def test_live_table_rows_follow_their_placement_through_a_join_and_a_drain(live)
     check(old)
     (c,) = start(1)
     joined = [[0, a, 0, 2000], [1, c, 2000, 4000], [2, b, 4000, KEYS]]
+    # A malformed piece for the coming reshard, before it: refused alone when it begins.
+    w.send(b, "handoff_rows", {"epoch": 1, "from": 0, "table": "emb", "tick": 0},
+           [np.zeros(3, np.int64)])
     coord.welcome(c, 1, server_job(2000, 4000, tables=(spec,), servers=2), epoch=1,
                   handoff=True)
     coord.reshard(1, old, joined)

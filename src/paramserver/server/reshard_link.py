@@ -204,7 +204,13 @@ class ReshardLink:
         now, self.early = [m for m in self.early if m["epoch"] == self.epoch], \
             [m for m in self.early if m["epoch"] > self.epoch]
         for msg in now:
-            self._add(msg)
+            # A bad early piece is refused alone: raising here would leave the reshard that
+            # is being set up half done.
+            try:
+                self._add(msg)
+            except HandoffError as exc:
+                log.warning("server %s: an early handoff from %s refused: %s", self.node.src,
+                            msg.src, exc)
 
     def _finish_if_whole(self) -> None:
         asm = self.assembly
