@@ -187,6 +187,42 @@ def test_a_backup_synced_mid_stream_is_the_primary_bit_for_bit(mode):
     assert [r.op for r in _run(backup, retry)] == ["ack"] and backup.retries.duplicates == 1
 
 
+def test_a_backup_synced_mid_round_has_the_rounds_sparse_rows_too():
+    """Round mode with a sparse table: two of a round's three pushers sent rows, then a new
+    backup is synced; the third push completes the round on both alike (the rows of the open
+    round went with the sync, so the backup applies the whole round, not a third of it)."""
+    from paramserver.server.events import PushRows
+    from paramserver.spec.job import TableSpec
+    spec = TableSpec("emb", 2, lr=1.0, optimizer="sgd", init_scale=0.0)
+
+    def core():
+        return ShardCore(ShardSettings(rank=0, lo=0, hi=KEYS, dtype="float64",
+                                       apply_mode="round", optimizer="sgd", lr=1.0,
+                                       tables=(spec,)))
+
+    def rows(rank, rid):
+        keys = np.array([3, 7, 3, 11], np.int64) + rank
+        grads = np.full(8, float(rank + 1), np.float32)
+        return PushRows(("w", rank), f"w{rank}", rid, "emb", keys, grads, step=0, batch=1,
+                        version=0, round_size=3, parts=1)
+
+    primary = core()
+    _run(primary, Init(None, 0, KEYS, np.zeros(KEYS)))
+    for rank in range(2):
+        _run(primary, rows(rank, 1))
+    assert primary.tables.round_rows == 8
+    backup = core()
+    load_sync(backup, [np.array(a) for a in sync_payload(primary)[1]])
+    assert backup.tables.round_rows == 8
+    for c in (primary, backup):
+        _run(c, rows(2, 1))
+        assert c.store.version == 1
+    keys = np.arange(3, 14, dtype=np.int64)
+    np.testing.assert_array_equal(backup.tables.pull("emb", keys),
+                                  primary.tables.pull("emb", keys))
+    assert primary.tables.pull("emb", np.array([3], np.int64))[0, 0] == -2 / 3  # 2 x 1 / 3
+
+
 def test_a_sync_of_an_uninitialized_shard_keeps_it_uninitialized():
     primary, backup = _core(), _core()
     load_sync(backup, sync_payload(primary)[1])

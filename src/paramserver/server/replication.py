@@ -155,9 +155,10 @@ class Forwarder:
 def sync_payload(core) -> tuple[dict, list]:
     """The shard's whole state as (fields, arrays) for a new backup: every array as raw bytes
     (uint8) and one JSON frame naming them, with the store's scalars and round, the dedup table
-    and the tables' rows. JSON and raw frames: nothing here unpickles on the other side."""
+    and the tables' rows, those of the open round too. JSON and raw frames: nothing here unpickles on the other side."""
     arrays, meta = core.store.snapshot()
     arrays.update(core.tables.snapshot())
+    arrays.update(core.tables.round_arrays())
     round_meta, round_arrays = core.store.round_state()
     arrays.update(round_arrays)
     names, frames = [], []
@@ -194,6 +195,7 @@ def load_sync(core, arrays: list) -> None:
         st.values.copy_(torch.from_numpy(np.array(got["values"])))
     st.load_round_state(blob["round"], got)
     core.tables.restore(got)
+    core.tables.load_round(got)
     core.retries.load(blob["applied"])
     core.initial_saved = bool(blob["initial_saved"])
 

@@ -24,6 +24,8 @@ from paramserver.sparse.table import MAX_KEYS_PER_REQUEST, SparseTable, TableErr
 
 # The arrays of table `name` in a shard's checkpoint are named PREFIX + name + "." + array.
 PREFIX = "table."
+# The open round's rows in a backup's state sync: ROUND_PREFIX + table + ".keys" / ".grads".
+ROUND_PREFIX = "round_rows."
 # Counters summed over tables for the heartbeat (a metrics record holds at most 64 fields; the
 # status reply has every table's own).
 BEAT_COUNTERS = ("rows", "created", "admitted", "not_admitted", "dropped", "evicted")
@@ -102,6 +104,31 @@ class ShardTables:
 
     def drop_round(self) -> None:
         self._round, self.round_rows = {}, 0
+
+    def round_arrays(self) -> dict[str, np.ndarray]:
+        """The open round's rows, already weighted, one keys and one grads array per table
+        (for a backup's state sync: applied with the round there as here)."""
+        out = {}
+        for name, parts in self._round.items():
+            out[f"{ROUND_PREFIX}{name}.keys"] = np.concatenate([k for k, _ in parts])
+            out[f"{ROUND_PREFIX}{name}.grads"] = np.concatenate([g for _, g in parts])
+        return out
+
+    def load_round(self, arrays: dict) -> None:
+        """The open round's rows of `round_arrays` (any round held before is dropped);
+        StoreError, nothing kept, when they do not fit the tables."""
+        found = []
+        for key, keys in arrays.items():
+            if key.startswith(ROUND_PREFIX) and key.endswith(".keys"):
+                name = key[len(ROUND_PREFIX):-len(".keys")]
+                grads = arrays.get(f"{ROUND_PREFIX}{name}.grads")
+                if grads is None:
+                    raise StoreError(f"the open round's rows of table {name!r} came without "
+                                     f"their gradients")
+                found.append((name, keys, self.checked(name, keys, grads.reshape(-1))[1]))
+        self.drop_round()
+        for name, keys, grads in found:
+            self.add_to_round(name, keys, grads, 1.0)
 
     # ---- counters and checkpoints ---------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, int]]:
