@@ -201,3 +201,73 @@ def test_a_restarted_coordinator_keeps_the_backups_and_a_later_primary_kill_lose
     assert [e["rank"] for e in events if e["event"] == "replica_promoted"] == [1]
     summary = summarize(read_records(cluster.run_dir / "metrics.jsonl"), cluster.job)
     assert (summary["lost_updates"], summary["replica_promotions"]) == (0, 1)
+
+
+def test_a_primary_killed_with_the_coordinator_is_replaced_by_its_backup_losing_nothing(
+        tmp_path):
+    """--replicas 2 with --restart-coordinator: the coordinator and one primary are SIGKILLed
+    together. The restarted coordinator reads in the dead one's events.jsonl that the
+    primary's backup was synced and never dropped, so it promotes that backup when the primary
+    does not come back; the workers follow and the final values are exactly the initial ones
+    less every acknowledged push."""
+    from paramserver.launch.local import LaunchError, LocalCluster
+
+    job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
+                   heartbeat_timeout=3.0, coordinator_timeout=30.0, stall_timeout=120.0)
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
+                           restart_coordinator=1)
+    failures: list = []
+
+    def supervise():
+        try:
+            cluster.wait()
+        except LaunchError as exc:
+            failures.append(exc)
+
+    kvs: list = []
+    stop = threading.Event()
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor = threading.Thread(target=supervise, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
+        init = np.arange(KEYS, dtype=np.float64)
+        acked = [[] for _ in kvs]
+        errors: list = []
+        kvs[0].init(init)
+        start_together(kvs)
+        wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
+                          if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
+        threads = [threading.Thread(target=_pusher, args=(kv, stop, a, errors))
+                   for kv, a in zip(kvs, acked)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
+        primary = next(e["addr"] for e in run_events(cluster.run_dir)
+                       if e["event"] == "server_joined" and e.get("rank") == 1)
+        os.kill(server_listening_at(cluster, primary).proc.pid, signal.SIGKILL)
+        os.kill(cluster.coordinator.proc.pid, signal.SIGKILL)
+        promoted = wait_for(lambda: [e for e in run_events(cluster.run_dir)
+                                     if e["event"] == "replica_promoted"],
+                            "the backup promoted by the restarted coordinator", timeout=90)
+        assert promoted[0]["rank"] == 1 and "restarted coordinator" in promoted[0]["after"]
+        before = sum(map(len, acked))
+        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover",
+                 timeout=90)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        final = kvs[0].pull()
+        np.testing.assert_array_equal(final, init - sum(g for a in acked for g in a))
+        for kv in kvs:
+            kv.bye()
+        supervisor.join(60)
+        assert not supervisor.is_alive() and not failures, failures
+    finally:
+        stop.set()
+        for kv in kvs:
+            kv.close()
+        cluster.stop()
+    kinds = [e["event"] for e in run_events(cluster.run_dir)]
+    assert "taken_back" in kinds and "job_failed" not in kinds

@@ -277,3 +277,99 @@ def test_a_restarted_coordinator_takes_back_the_backup_and_does_not_wait_for_a_l
     assert out[0].op == "error" and "after the take-back window" in out[0].fields["msg"]
     assert set(state.shutdown("x").links) == {"LP0", "LP1", "LB0"}
     state.check_invariants()
+
+
+# ---- a primary lost together with the coordinator ------------------------------------------------
+def _history(*records):
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    return ReplicaHistory.of([{"t": i, **r} if isinstance(r, dict) else r
+                              for i, r in enumerate(records)])
+
+
+def test_the_log_trusts_the_last_synced_backup_of_a_shard_that_nothing_undid():
+    synced = {"event": "backup_synced", "rank": 0, "addr": "B0", "epoch": 3}
+    h = _history(synced, {"event": "backup_synced", "rank": 1, "addr": "B1", "epoch": 4})
+    assert h.trusts(0, "B0", 3, True) is None and h.attaches == 4
+    assert "took no state sync" in h.trusts(0, "B0", 3, False)
+    assert "not B0 (attach 2)" in h.trusts(0, "B0", 2, True)  # an older attach of it
+    assert "not B9" in h.trusts(0, "B9", 3, True)
+    # Dropped (the primary acknowledged alone after that), promoted, or of an earlier job:
+    for undo in ({"event": "backup_lost", "rank": 0, "addr": "B0", "epoch": 3},
+                 {"event": "replica_promoted", "rank": 0, "addr": "B0", "epoch": 5},
+                 {"event": "start"}):
+        assert "names no synced backup" in _history(synced, undo).trusts(0, "B0", 3, True)
+    assert _history(synced, {"event": "replica_promoted", "rank": 0, "epoch": 5}).map_epoch == 5
+    # A rebuild after a promotion, and a take-back that kept it, are trusted again.
+    h = _history(synced, {"event": "replica_promoted", "rank": 0, "addr": "B0", "epoch": 1},
+                 {"event": "backup_rebuilt", "rank": 0, "addr": "B7", "epoch": 6},
+                 {"event": "restart"},
+                 {"event": "backup_taken_back", "rank": 0, "addr": "B7", "epoch": 6,
+                  "synced": True})
+    assert h.trusts(0, "B7", 6, True) is None
+    assert "names no synced backup" in _history(
+        {"event": "backup_taken_back", "rank": 0, "addr": "B0", "epoch": 3, "synced": False}
+    ).trusts(0, "B0", 3, True)
+    # Lines of an older version (no attach epoch) and junk are never trusted, never fatal.
+    assert _history({"event": "backup_synced", "rank": 0, "addr": "B0"}, "junk",
+                    {"event": "backup_synced", "rank": "0", "addr": "B0", "epoch": 1}
+                    ).trusts(0, "B0", 1, True) is not None
+
+
+def test_a_backup_the_log_trusts_takes_over_a_primary_lost_with_the_coordinator():
+    from paramserver.coordinator.state import CoordinatorState
+    from paramserver.spec.job import JobSpec, Limits, SyncSpec
+
+    job = JobSpec(num_keys=10, servers=2, workers=1, sync=SyncSpec("asp"), eval_interval=0.0,
+                  replicas=2, limits=Limits(heartbeat_timeout=1.0, start_timeout=60.0,
+                                            server_timeout=30.0))
+    log = _history(*({"event": "backup_synced", "rank": r, "addr": f"B{r}", "epoch": r + 1}
+                     for r in (0, 1)), {"event": "replica_promoted", "rank": 0, "epoch": 4})
+    state = CoordinatorState(job, take_back={"num_keys": 10, "samples_done": 64}, now=0.0,
+                             replica_history=log)
+    ranges = state.members.ranges
+    # Shard 0's primary and backup come back; shard 1's primary died with the coordinator.
+    state.handle(Registered("s0", "server", 0.1, to="rp0", link="LP0", addr="P0", rejoin={
+        "rank": 0, "lo": ranges[0].lo, "hi": ranges[0].hi, "version": 9, "map_epoch": 4,
+        "backup_addr": "B0", "backup_epoch": 1, "backup_synced": True}))
+    state.handle(Registered("b0", "server", 0.2, to="rb0", link="LB0", addr="B0", backup=True,
+                            rejoin={"rank": 0, "epoch": 1, "synced": True, "version": 9}))
+    out = state.handle(Registered("b1", "server", 0.2, to="rb1", link="LB1", addr="B1",
+                                  backup=True, rejoin={"rank": 1, "epoch": 2, "synced": True,
+                                                       "version": 8}))
+    assert not [i for i in out if type(i) is Reply]  # waits for its primary's word
+    state.handle(Registered("w0", "worker", 0.3, to="rw0", num_keys=10,
+                            rejoin={"rank": 0, "step": 4, "clocked": False, "samples": 64}))
+    assert state.takeback is not None  # shard 1 is not back
+    out = state.handle(TimePassed(WINDOW + 0.01))  # the window closes: B1 takes over
+    welcome = next(i for i in out if type(i) is Reply and i.to == "rb1")
+    assert welcome.op == "welcome" and welcome.fields["rank"] == 1
+    promote = next(i for i in out if type(i) is ToServers and i.op == "promote")
+    assert promote.links == ("LB1",) and promote.fields == {"rank": 1, "epoch": 5}
+    assert "replica_promoted" in _kinds(out)
+    assert state.members.roster.servers["s1"].addr == "B1"
+    out += state.handle(TimePassed(WINDOW + 0.02))
+    assert state.takeback is None and "taken_back" in _kinds(out) and state.barrier.open
+    assert state.replicas.worker_fields() == {"epoch": 5, "shards": [[0, "P0"], [1, "B1"]]}
+    assert not any(k == "job_failed" for k in _kinds(out))
+    state.check_invariants()
+
+
+def test_without_the_logs_word_a_backup_of_a_lost_primary_is_refused_and_the_job_fails():
+    from paramserver.coordinator.state import CoordinatorState
+    from paramserver.spec.job import JobSpec, Limits, SyncSpec
+
+    job = JobSpec(num_keys=10, servers=1, workers=1, sync=SyncSpec("asp"), eval_interval=0.0,
+                  replicas=2, limits=Limits(heartbeat_timeout=1.0, start_timeout=60.0,
+                                            server_timeout=5.0))
+    # The log's last word on shard 0's backup: dropped (its primary went on alone).
+    log = _history({"event": "backup_synced", "rank": 0, "addr": "B0", "epoch": 1},
+                   {"event": "backup_lost", "rank": 0, "addr": "B0", "epoch": 1})
+    state = CoordinatorState(job, take_back={"num_keys": 10}, now=0.0, replica_history=log)
+    state.handle(Registered("b0", "server", 0.2, to="rb0", link="LB0", addr="B0", backup=True,
+                            rejoin={"rank": 0, "epoch": 1, "synced": True, "version": 8}))
+    out = state.handle(TimePassed(WINDOW + 0.01))
+    refusal = next(i for i in out if type(i) is Reply and i.to == "rb0")
+    assert refusal.op == "error" and "names no synced backup" in refusal.fields["msg"]
+    assert not [i for i in out if type(i) is ToServers and i.op == "promote"]
+    out = state.handle(TimePassed(5.01))
+    assert "job_failed" in _kinds(out)

@@ -24,7 +24,9 @@ from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
 from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.events import ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
+from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.state import CoordinatorState
+from paramserver.core.bounded import json_value
 from paramserver.core.layout import ModelLayout
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
@@ -125,7 +127,8 @@ class CoordinatorNode:
             elapsed = _elapsed_so_far(metrics_path, saved)
             log.info("taking back the job from checkpoint %s, %.1f s into training", last,
                      elapsed)
-            self.state = CoordinatorState(job, None, last, take_back=saved, elapsed=elapsed)
+            self.state = CoordinatorState(job, None, last, take_back=saved, elapsed=elapsed,
+                                          replica_history=_replica_history(events_path))
         else:
             resume = None
             if job.resume is not None:
@@ -358,6 +361,28 @@ class CoordinatorNode:
             log.error("%s", i.failure)
             self.failure = i.failure
         self.finished = True
+
+
+def _replica_history(events_path: str | None) -> ReplicaHistory | None:
+    """What the dead coordinator wrote of its backups in events.jsonl (None: no log to read;
+    a line that does not parse is skipped)."""
+    if not events_path:
+        return None
+
+    def records(lines):
+        for line in lines:
+            if '"event": "backup_' in line or '"replica_promoted"' in line or \
+                    '"event": "start"' in line:
+                try:
+                    yield json_value(line)
+                except ValueError:
+                    continue
+    try:
+        with open(events_path, encoding="utf-8", errors="replace") as f:
+            return ReplicaHistory.of(records(f))
+    except OSError as exc:
+        log.warning("could not read %s for the backups' history: %s", events_path, exc)
+        return None
 
 
 def _saved_state(root: str | None, tag: str | None) -> dict:

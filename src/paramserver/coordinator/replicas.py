@@ -40,6 +40,7 @@ from paramserver.coordinator.events import (
     AppendEvent, Registered, ReplicaReport, Reply, ToServers,
 )
 from paramserver.coordinator.membership import Member, Membership, UnknownMember
+from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.takeback import BackupBack, ForwardsTo, ServerBack
 
 
@@ -89,6 +90,8 @@ class Replicas:
         self.claims: dict[int, ForwardsTo | None] = {}  # rank -> its primary's word, once back
         self.returning: dict[int, Returning] = {}  # rank -> its backup, back before the word
         self.dropped_links: set = set()  # backups dropped or refused: their beats unanswered
+        self.history: ReplicaHistory | None = None  # the dead coordinator's word (take_back)
+        self.took_over: list[ServerBack] = []  # shards a backup took over at the take-back
         self.settled: set[tuple[int, int]] = set()  # (rank, attach epoch) of claims decided
 
     @staticmethod
@@ -157,13 +160,18 @@ class Replicas:
             self.register(e, members, welcome, out)
 
     # ---- coordinator recovery -------------------------------------------------------------------
-    def take_back(self, until: float) -> None:
+    def take_back(self, until: float, history: ReplicaHistory | None = None) -> None:
         """This coordinator replaces one that died: the live backups come back until `until`
         (their beats are answered `unknown` until then, and after it too: a late one is
-        refused)."""
+        refused). `history`, the dead coordinator's word on its backups, lets a backup the
+        log trusts take over a primary that does not come back."""
         if self.enabled:
             self.restarted = True
             self.returning_until = until
+            self.history = history
+            if history is not None:  # attach and map epochs number on from the log's
+                self.attaches = max(self.attaches, history.attaches)
+                self.epoch = max(self.epoch, history.map_epoch)
 
     def primary_back(self, member: Member, back: ServerBack, now: float, members: Membership,
                      out: list) -> None:
@@ -185,8 +193,8 @@ class Replicas:
         if claim is not None and claim.lost:  # reported to the old coordinator: drop it
             self.settled.add((rank, claim.epoch))
             out.append(AppendEvent(now, "backup_lost", {
-                "rank": rank, "addr": claim.addr, "reason": "reported lost before the "
-                                                            "coordinator restart"}))
+                "rank": rank, "addr": claim.addr, "epoch": claim.epoch,
+                "reason": "reported lost before the coordinator restart"}))
             out.append(ToServers("backup_dropped", {"rank": rank, "epoch": claim.epoch},
                                  (member.link,)))
             self.lost += 1
@@ -276,6 +284,7 @@ class Replicas:
         self.settled.add((rank, claim.epoch))
         self.lost += 1
         out.append(AppendEvent(now, "backup_lost", {"rank": rank, "addr": claim.addr,
+                                                    "epoch": claim.epoch,
                                                     "reason": f"not taken back: {why}"}))
         if primary is not None:
             out.append(ToServers("backup_dropped", {"rank": rank, "epoch": claim.epoch},
@@ -291,14 +300,40 @@ class Replicas:
                 self._unclaimed(rank, claim, members.roster.servers.get(f"s{rank}"),
                                 "it did not come back within the take-back window", now, out)
         for ret in self.returning.values():
-            self._refuse(ret, f"shard {ret.back.rank}'s primary did not come back within the "
-                              f"take-back window", now, out)
+            why = f"shard {ret.back.rank}'s primary did not come back within the take-back window"
+            doubt = ("its primary is back" if f"s{ret.back.rank}" in members.roster.servers
+                     else None)
+            if doubt is None:
+                doubt = ("the dead coordinator's log was not read" if self.history is None
+                         else self.history.trusts(ret.back.rank, ret.e.addr, ret.back.epoch,
+                                                  ret.back.synced))
+            if doubt is None and members.ranges is not None:
+                self._take_over(ret, members, now, out)
+            else:
+                self._refuse(ret, f"{why} and {doubt}", now, out)
         self.claims.clear()
         self.returning.clear()
         for _ in range(self.servers):
             if not self.waiting_backups or len(self.backups) >= self.servers:
                 break
             self._next_waiting(members, now, out)
+
+    def _take_over(self, ret: Returning, members: Membership, now: float, out: list) -> None:
+        """A backup the log trusts, whose primary did not come back: promoted in its place
+        (welcomed as the backup it is, then told `promote`), its shard back to the take-back
+        (`took_over`)."""
+        rank, shard = ret.back.rank, members.ranges[ret.back.rank]
+        members.rejoin_server(ret.e, rank, shard.lo, shard.hi)
+        self.epoch += 1
+        self.promotions += 1
+        self.moved[rank] = ret.e.addr
+        self.took_over.append(ServerBack(rank, shard.lo, shard.hi, ret.back.version))
+        out.append(ret.welcome(rank))
+        out.append(ToServers("promote", {"rank": rank, "epoch": self.epoch}, (ret.e.link,)))
+        out.append(AppendEvent(now, "replica_promoted", {
+            "rank": rank, "addr": ret.e.addr, "old_addr": None, "epoch": self.epoch,
+            "silent_s": None, "after": "its primary did not come back to the restarted "
+                                       "coordinator"}))
 
     def primary_up(self, member: Member, now: float, out: list) -> None:
         """Shard `member.rank`'s primary registered: attach its waiting backup."""
@@ -370,6 +405,7 @@ class Replicas:
             kind = "backup_rebuilt" if rank in self.synced_ranks else "backup_synced"
             self.synced_ranks.add(rank)
             out.append(AppendEvent(e.now, kind, {"rank": rank, "addr": b.addr,
+                                                 "epoch": b.epoch,
                                                  "version": e.fields.get("version")}))
         elif e.op == "backup_lost":
             self._drop(b, primary, str(e.fields.get("reason", "")), e.now, out, members)
@@ -411,7 +447,7 @@ class Replicas:
         self.dropped_links.add(b.link)
         self.lost += 1
         out.append(AppendEvent(now, "backup_lost", {"rank": b.rank, "addr": b.addr,
-                                                    "reason": why}))
+                                                    "epoch": b.epoch, "reason": why}))
         out.append(ToServers("shutdown", {"reason": f"dropped as shard {b.rank}'s backup: "
                                                     f"{why}"}, (b.link,)))
         if primary is not None:

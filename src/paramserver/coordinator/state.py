@@ -34,6 +34,7 @@ from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, wai
 from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.server_recovery import ServerRecovery
+from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.takeback import BackupBack, ServerBack, TakeBack, WorkerBack
 from paramserver.observe.preflight import PreflightBook, parse_links
 from paramserver.policies import (
@@ -62,11 +63,14 @@ class CoordinatorState:
 
     `take_back`: this coordinator replaces one that died; the dict is the coordinator's part of
     the job's latest checkpoint ({} without one) and `elapsed` the job's seconds of training
-    so far. It takes back the live servers and workers (see takeback.py)."""
+    so far. It takes back the live servers and workers (see takeback.py);
+    `replica_history`, what the dead coordinator's log says of the backups, lets a backup
+    take over a primary lost with it (replica_history.py)."""
 
     def __init__(self, job: JobSpec, resume: dict | None = None,
                  latest_checkpoint: str | None = None, now: float = 0.0,
-                 take_back: dict | None = None, elapsed: float = 0.0):
+                 take_back: dict | None = None, elapsed: float = 0.0,
+                 replica_history: ReplicaHistory | None = None):
         self.job = job
         limits, ckpt = job.limits, job.checkpoint
         policy = make_policy(job.sync.name, job.batch_size, **job.sync.options)
@@ -102,7 +106,8 @@ class CoordinatorState:
                                      take_back, job.batch_size)
             # Servers hold the parameters: without all of them back there is no job.
             self.takeback_fails_at = now + limits.server_timeout
-            self.replicas.take_back(now + limits.heartbeat_timeout)  # and their backups
+            self.replicas.take_back(now + limits.heartbeat_timeout,  # and their backups
+                                    replica_history)
             if self.members.ranges is None and take_back.get("num_keys"):
                 self.members.learn_key_space(int(take_back["num_keys"]))
             if self.elastic is not None:  # the ledger as of the latest checkpoint, if any
@@ -822,6 +827,12 @@ class CoordinatorState:
         if self.replicas.watching:
             for rank in self.replicas.check(now, members, self.schedule, out):
                 self._metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
+            took_over, self.replicas.took_over = self.replicas.took_over, []
+            for back in took_over:  # a backup in place of a primary lost with the coordinator
+                self._metric(now, {"kind": "promotion", "role": "server", "server": back.rank},
+                             out)
+                if self.takeback is not None:
+                    self.takeback.server_back(back)
         if self.reshard.enabled:
             self._check_reshard(now, out)
         failure = self.recovery.check(now, members.roster.servers, out)

@@ -1,0 +1,87 @@
+"""What a coordinator that died said of its shards' backups, read back by the one restarted in
+its place: which backup of each shard held every acknowledged update when it died. Pure: the
+node reads events.jsonl and hands the records over.
+
+A primary acknowledges an update only once the backup it forwards to holds it, and stops
+waiting for that backup only when the coordinator says `backup_dropped`, which the
+coordinator writes down (`backup_lost`) before it sends it (events.jsonl is line-buffered:
+a written line survives the process). So a backup whose attach is the last one written synced
+for its shard, with no loss or promotion of that shard after it, holds every update its
+primary acknowledged. Such a backup may take over a primary that did not come back to the
+restarted coordinator; any other is refused as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The events that say where a shard's trusted copy is; the rest of the log is skipped.
+KINDS = frozenset({"start", "backup_synced", "backup_rebuilt", "backup_taken_back",
+                   "backup_lost", "replica_promoted"})
+
+
+@dataclass(frozen=True)
+class Link:
+    addr: str
+    epoch: int
+
+
+class ReplicaHistory:
+    """Per shard rank, the synced backup link no later event undid; the highest attach and
+    shard-map epochs written (a restarted coordinator numbers on from them)."""
+
+    def __init__(self):
+        self.trusted: dict[int, Link] = {}
+        self.attaches = 0
+        self.map_epoch = 0
+
+    @classmethod
+    def of(cls, records) -> "ReplicaHistory":
+        """From the records of events.jsonl, in order (dicts; others are skipped)."""
+        h = cls()
+        for r in records:
+            if isinstance(r, dict) and r.get("event") in KINDS:
+                h._take(r)
+        return h
+
+    def _take(self, r: dict) -> None:
+        kind, rank = r["event"], r.get("rank")
+        if kind == "start":  # a new job in this run folder (a resume): its links start over
+            self.trusted.clear()
+            return
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            return
+        addr, epoch = r.get("addr"), r.get("epoch")
+        if kind == "replica_promoted":  # the backup became the primary: no backup now
+            self.trusted.pop(rank, None)
+            if _count(epoch):
+                self.map_epoch = max(self.map_epoch, epoch)
+            return
+        if kind == "backup_lost":
+            if self.trusted.get(rank) is not None and self.trusted[rank].addr == addr:
+                del self.trusted[rank]
+            return
+        if not isinstance(addr, str) or not _count(epoch):
+            return  # (an event of an older version, without the attach: never trusted)
+        self.attaches = max(self.attaches, epoch)
+        if kind == "backup_taken_back" and not r.get("synced"):
+            self.trusted.pop(rank, None)
+        else:
+            self.trusted[rank] = Link(addr, epoch)
+
+    def trusts(self, rank: int, addr: str, epoch: int, synced: bool) -> str | None:
+        """None when the backup of shard `rank` at `addr`, attach `epoch`, holds every update
+        its primary acknowledged; else why it cannot be said."""
+        if not synced:
+            return "it took no state sync"
+        link = self.trusted.get(rank)
+        if link is None:
+            return f"the log names no synced backup of shard {rank} that was not lost since"
+        if link != Link(addr, epoch):
+            return (f"the log's synced backup of shard {rank} is {link.addr} (attach "
+                    f"{link.epoch}), not {addr} (attach {epoch})")
+        return None
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
