@@ -20,7 +20,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py", "coordinator/replicas.py", "server/replication.py",
         "coordinator/reshard.py", "coordinator/resharding.py",
-        "coordinator/takeback.py",
+        "coordinator/replica_history.py",
         # Elastic workers: the wait below MIN and the per-epoch sample ledger.
         "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
         "coordinator/recent.py",
