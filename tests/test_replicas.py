@@ -375,3 +375,80 @@ def test_the_coordinator_waits_for_synced_backups_then_promotes_and_tells_the_wo
 
 def shutdown_links(state):
     return state.shutdown("done").links
+
+
+def _renumber(members, layout, now):
+    """What the resharding part's commit does to the roster: ranks in key order."""
+    from paramserver.coordinator.membership import Member
+    by_addr = {m.addr: m for m in members.roster.servers.values()}
+    servers = {}
+    for rank, addr, _, _ in layout:
+        m = by_addr.get(addr) or Member(rank, addr, now, link=f"link-{addr}")
+        m.rank = rank
+        servers[f"s{rank}"] = m
+    members.roster.servers = servers
+
+
+def test_backups_follow_their_primaries_through_a_reshard_and_a_drained_ones_takes_the_joiner():
+    members, reps = _setup()
+    old = [[0, "P0", 0, 50], [1, "P1", 50, 100]]
+    joined = [[0, "P0", 0, 30], [1, "PJ", 30, 60], [2, "P1", 60, 100]]
+    _renumber(members, joined, 1.0)
+    out = []
+    reps.resharded(old, joined, members, 1.0, out)
+    # P1's backup follows it to rank 2; the joiner (rank 1) has none: unreplicated for now.
+    assert {r: b.addr for r, b in reps.backups.items()} == {0: "B0", 2: "B1"}
+    assert not reps.complete and reps.servers == 3
+    attaches = [(i.op, i.fields["rank"], i.fields["addr"], i.links) for i in out
+                if type(i) is ToServers]
+    assert attaches == [("attach_backup", 0, "B0", ("link-P0",)),
+                        ("attach_backup", 2, "B1", ("link-P1",))]
+    assert all(i.fields["epoch"] > 2 for i in out if type(i) is ToServers)  # new attaches
+    moved = [i.data for i in out if type(i) is AppendEvent and i.kind == "backup_moved"]
+    assert moved == [{"rank": 0, "addr": "B0", "old_rank": 0},
+                     {"rank": 2, "addr": "B1", "old_rank": 1}]
+    # A beat under its old name (b1) before its new sync renames it counts for it.
+    assert reps.heartbeat("b1", "link-B1", 1.5, members) is True
+    assert reps.backups[2].last_seen == 1.5
+    # P0 is drained: its backup takes the rank without one (the joiner's, rank 0 now).
+    drained = [[0, "PJ", 0, 60], [1, "P1", 60, 100]]
+    _renumber(members, drained, 2.0)
+    out = []
+    reps.resharded(joined, drained, members, 2.0, out)
+    assert {r: b.addr for r, b in reps.backups.items()} == {0: "B0", 1: "B1"}
+    assert [(i.fields["rank"], i.links) for i in out if type(i) is ToServers] == [
+        (0, ("link-PJ",)), (1, ("link-P1",))]
+    # Once both are synced again every shard is covered.
+    for rank, b in reps.backups.items():
+        primary = members.roster.servers[f"s{rank}"]
+        reps.report(ReplicaReport("backup_synced", f"s{rank}", 2.1, link=primary.link,
+                                  fields={"rank": rank, "epoch": b.epoch, "version": 5}),
+                    members, out)
+    assert reps.complete
+    # Drained to one server with both backups: the spare one is shut down.
+    out = []
+    _renumber(members, [[0, "P1", 0, 100]], 3.0)
+    reps.resharded(drained, [[0, "P1", 0, 100]], members, 3.0, out)
+    assert {r: b.addr for r, b in reps.backups.items()} == {0: "B1"}
+    assert [(i.op, i.links) for i in out if type(i) is ToServers] == [
+        ("shutdown", ("link-B0",)), ("attach_backup", ("link-P1",))]
+
+
+def test_a_backup_resynced_for_another_shard_rebuilds_its_core_before_loading():
+    from paramserver.server.replication import synced_shard
+    primary = ShardCore(ShardSettings(rank=2, lo=60, hi=100, dtype="float64",
+                                      apply_mode="arrival", optimizer="sgd", lr=1.0,
+                                      servers=3))
+    primary.handle(Init(None, 60, 100, np.arange(40, dtype=np.float64)))
+    primary.epoch, primary.layout = 4, [[0, "a", 0, 30], [1, "b", 30, 60], [2, "c", 60, 100]]
+    arrays = [np.array(a) for a in sync_payload(primary)[1]]
+    shard = synced_shard(arrays)
+    backup = _core()  # a backup of shard 0, keys [0, KEYS)
+    assert shard.differs(backup.settings) and (shard.rank, shard.lo, shard.hi) == (2, 60, 100)
+    with pytest.raises(Exception):
+        load_sync(backup, arrays)  # the old core cannot hold another shard's values
+    rebuilt = ShardCore(ShardSettings(rank=2, lo=60, hi=100, dtype="float64",
+                                      apply_mode="arrival", optimizer="sgd", lr=1.0, servers=3))
+    load_sync(rebuilt, arrays)
+    np.testing.assert_array_equal(rebuilt.store.values.numpy(), np.arange(40))
+    assert (rebuilt.epoch, rebuilt.layout) == (4, primary.layout)

@@ -15,7 +15,9 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.keyspace import KeyRange
 from paramserver.core.reshard_plan import ReshardPlan, plan_drain, plan_join, weighted_cuts
-from paramserver.spec.job import JobSpec, JobSpecError, Limits, ServerCount, SyncSpec, TableSpec
+from paramserver.spec.job import (
+    CheckpointSpec, JobSpec, JobSpecError, Limits, ServerCount, SyncSpec, TableSpec,
+)
 
 
 def ranges_of(bounds):
@@ -146,8 +148,10 @@ def test_servers_min_max_in_the_job():
     assert "max_servers" not in JobSpec().to_dict()
     with pytest.raises(JobSpecError, match="max_servers"):
         JobSpec(servers=2, max_servers=2)
-    with pytest.raises(JobSpecError, match="replicas"):
-        JobSpec(servers=2, max_servers=3, replicas=2)
+    with pytest.raises(JobSpecError, match="restart_servers"):
+        JobSpec(servers=2, max_servers=3, restart_servers=2,
+                checkpoint=CheckpointSpec(dir="c", every=10))
+    assert JobSpec(servers=2, max_servers=3, replicas=2).replicas == 2  # backups follow
     # Sparse tables move with the keys (their rows placed anew by the server count).
     with_table = JobSpec(servers=2, max_servers=3, tables=(TableSpec("emb", 4),))
     assert JobSpec.from_dict(with_table.to_dict()) == with_table

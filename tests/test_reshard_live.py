@@ -20,7 +20,9 @@ import pytest
 
 from paramserver.cli.drain_cmd import drain
 from paramserver.client.kv import KVWorker
-from ps_helpers import known_gradient, make_job, run_events, running_job, wait_for
+from ps_helpers import (
+    known_gradient, make_job, run_events, running_job, server_listening_at, wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -308,3 +310,103 @@ def test_a_job_resumes_on_fewer_servers_than_its_checkpoint_was_taken_on(tmp_pat
     # Restored, not restarted: the resumed run goes on from the checkpoint's samples.
     assert after["samples"] > first["samples"] and after["final_test_accuracy"] >= 0.85
     assert any(e["event"] == "checkpoint" for e in run_events(run))
+
+
+def _row_and_dense_worker(kv: KVWorker, stop: threading.Event, acked: list,
+                          errors: list) -> None:
+    """ASP steps pushing integer dense values and integer rows (SGD lr 1)."""
+    try:
+        release = kv.start()
+        rng = np.random.default_rng(kv.rank + 10)
+        while not stop.is_set() and not release.stop:
+            grad = known_gradient(kv.rank, release.step, KEYS, kv.dtype)
+            keys = rng.choice(ROW_KEYS, 30)
+            rows = rng.integers(-5, 6, (30, 2)).astype(np.float32)
+            kv.push(grad, step=release.step, batch=1)
+            kv.push_rows("emb", keys, rows, step=release.step, batch=1)
+            acked.append((grad, keys, rows))
+            release = kv.clock(release.step, batch=1, compute_time=0.0)
+        kv.bye()
+    except Exception as exc:  # noqa: BLE001 (reported by the test)
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["drain", "drain-killed-primary"])
+def test_replicated_shards_follow_a_join_and_a_drain_and_survive_a_killed_primary(
+        tmp_path, kill):
+    """--servers 2:3 --replicas 2 with a sparse table: a server joins (it takes the drained
+    server's backup later), one primary is drained; with `kill`, the primary of the shard to
+    be drained is SIGKILLed as the drain is asked, so its backup takes over and is drained in
+    its place. Every acknowledged dense and row push is in the final values, exactly."""
+    table = {"name": "emb", "dim": 2, "optimizer": "sgd", "lr": 1.0, "init_scale": 0.0,
+             "row_budget": 100_000}
+    job = make_job(KEYS, 2, WORKERS, sync="asp", max_servers=3, replicas=2,
+                   retry_interval=0.5, heartbeat_timeout=3.0, tables=[table])
+    joiner = None
+    with running_job(tmp_path, job) as cluster:
+        supervisor = threading.Thread(target=cluster.wait, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
+        watcher = KVWorker(cluster.address, role="observer")
+        acked = [[] for _ in kvs]
+        errors: list = []
+        stop = threading.Event()
+        threads = []
+        try:
+            init = np.arange(KEYS, dtype=np.float64)
+            kvs[0].init(init)
+            threads = [threading.Thread(target=_row_and_dense_worker, args=(kv, stop, a, errors))
+                       for kv, a in zip(kvs, acked)]
+            for t in threads:
+                t.start()
+            wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
+                              if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
+            wait_for(lambda: sum(map(len, acked)) >= 30, "30 acknowledged pushes")
+            joiner = _server_process(cluster.address, tmp_path / "joiner.log")
+            wait_for(lambda: _reshards(cluster.run_dir, "server_joined"), "the join")
+            before = sum(map(len, acked))
+            wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes on three servers")
+            wait_for(lambda: len([e for e in run_events(cluster.run_dir)
+                                  if e["event"] in ("backup_synced", "backup_rebuilt")]) >= 4,
+                     "the backups synced again after the join")
+            if kill:
+                layout = _reshards(cluster.run_dir, "server_joined")[-1]["layout"]
+                os.kill(server_listening_at(cluster, layout[0][1]).proc.pid, signal.SIGKILL)
+            drain(cluster.address, 0, wait=90, out=open(os.devnull, "w"))
+            # (a drain of a shard whose primary died ends once its backup is drained)
+            drained = wait_for(lambda: _reshards(cluster.run_dir, "server_drained"),
+                               "the drain", timeout=90)
+            assert drained[0]["servers"] == 2
+            before = sum(map(len, acked))
+            wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes after the drain")
+            stop.set()
+            for t in threads:
+                t.join(60)
+            assert not errors, errors
+            dense = init - sum(g for a in acked for g, _, _ in a)
+            np.testing.assert_array_equal(watcher.pull(), dense)
+            expected = np.zeros((len(ROW_KEYS), 2), np.float64)
+            where = {int(k): i for i, k in enumerate(ROW_KEYS)}
+            for _, keys, rows in (x for a in acked for x in a):
+                np.add.at(expected, [where[int(k)] for k in keys], -rows)
+            np.testing.assert_array_equal(watcher.pull_rows("emb", ROW_KEYS), expected)
+            watcher.bye()
+        finally:
+            stop.set()
+            for kv in [*kvs, watcher]:
+                kv.close()
+            if joiner is not None and joiner.poll() is None:
+                joiner.send_signal(signal.SIGTERM)
+            if joiner is not None:
+                try:
+                    joiner.wait(30)
+                except subprocess.TimeoutExpired:
+                    joiner.kill()
+                    joiner.wait(10)
+        supervisor.join(60)
+    events = run_events(cluster.run_dir)
+    kinds = [e["event"] for e in events]
+    assert "job_failed" not in kinds and "reshard_refused" not in kinds
+    if kill:
+        assert "replica_promoted" in kinds
+

@@ -347,6 +347,43 @@ class Replicas:
         out.append(ToServers("attach_backup", {"rank": b.rank, "addr": b.addr,
                                                "epoch": b.epoch}, (primary.link,)))
 
+    # ---- live resharding -----------------------------------------------------------------------
+    def resharded(self, old: list, new: list, members: Membership, now: float,
+                  out: list) -> None:
+        """Keys moved between primaries (layouts [[rank, addr, lo, hi], ...]): each backup
+        follows its primary to the primary's new rank and is attached anew (its next sync is
+        of the new shard); a drained primary's backup goes to a shard without one (a joiner),
+        or is shut down. Until each is synced again its shard runs unreplicated."""
+        if not self.enabled:
+            return
+        addr_of = {rank: addr for rank, addr, _, _ in old}
+        new_rank = {addr: rank for rank, addr, _, _ in new}
+        kept, spare = {}, []
+        for rank, b in sorted(self.backups.items()):
+            r = new_rank.get(addr_of.get(rank))
+            (spare.append(b) if r is None else kept.__setitem__(r, b))
+        self.servers = len(new)
+        self.backups, self.suspected = {}, {}
+        self.moved.clear()  # (the layout the workers get names every primary's address)
+        free = [r for r in range(len(new)) if r not in kept]
+        for b in spare:
+            if free:
+                kept[free.pop(0)] = b
+                continue
+            why = "its primary was drained and every shard has a backup"
+            self.dropped_links.add(b.link)
+            out.append(AppendEvent(now, "backup_lost", {"rank": b.rank, "addr": b.addr,
+                                                        "epoch": b.epoch, "reason": why}))
+            out.append(ToServers("shutdown", {"reason": f"dropped: {why}"}, (b.link,)))
+        for rank, b in sorted(kept.items()):
+            out.append(AppendEvent(now, "backup_moved", {"rank": rank, "addr": b.addr,
+                                                         "old_rank": b.rank}))
+            b.rank, b.synced, b.epoch, b.last_seen = rank, False, 0, now
+            self.backups[rank] = b
+            primary = members.roster.servers.get(f"s{rank}")
+            if primary is not None:
+                self._attach(b, primary, now, out)
+
     # ---- what members say -----------------------------------------------------------------------
     def heartbeat(self, src: str, link, now: float, members: Membership) -> bool | None:
         """A backup's heartbeat: True to answer it; None when `src` is no backup's name. A
@@ -356,8 +393,10 @@ class Replicas:
         rank = self.rank_of(src)
         if rank is None:
             return None
-        b = self.backups.get(rank)
-        if b is not None and b.link == link:
+        # By its connection: after a reshard a backup beats under its old name until its
+        # primary's new sync renames it.
+        b = next((b for b in self.backups.values() if b.link == link), None)
+        if b is not None:
             b.last_seen = now
             return True
         primary = members.roster.servers.get(f"s{rank}")

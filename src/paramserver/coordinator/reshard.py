@@ -162,6 +162,14 @@ class Resharder:
         run.version = max(run.version, version)
         return not run.waiting
 
+    def follow(self, epoch: int) -> None:
+        """The shard map changed outside a reshard (a backup took over, under map `epoch`):
+        the layout's epoch goes up to it, so readers fetch the map anew. Not while keys move:
+        the servers report the move under the epoch they were told."""
+        if self.enabled and epoch > self.epoch and (self.running is None
+                                                    or self.running.moving_since is None):
+            self.epoch = epoch
+
     def commit(self) -> tuple[Running, list]:
         """The reshard is done: the new epoch; returns it and the releases to deliver."""
         run, self.running = self.running, None

@@ -12,7 +12,7 @@ do itself (the releases held at the fence, a failure, metrics lines) it returns 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from paramserver.coordinator.events import AppendEvent, Reply, ToServers, Warn
@@ -41,6 +41,9 @@ class Outcome:
     held: list = field(default_factory=list)
     failure: str | None = None
     metrics: list = field(default_factory=list)
+    # A reshard committed: its layouts, [[rank, addr, lo, hi], ...] (replicas follow them).
+    old: list | None = None
+    new: list | None = None
 
 
 class Resharding:
@@ -143,6 +146,7 @@ class Resharding:
     def _start_moving(self, now: float, members: Membership, at: Situation,
                       out: list) -> None:
         plan = self.plan
+        self._follow_promotions(members)
         busy = [self.shard_busy.get(r, 0.0) for r in range(len(members.roster.servers))]
         run = plan.move(busy, members.layer_edges, now)
         fields = {"epoch": plan.epoch + 1, "layout": run.new, "old": run.old,
@@ -159,6 +163,18 @@ class Resharding:
             "kind": ask.kind, "addr": ask.addr, "epoch": plan.epoch + 1, "old": run.old,
             "layout": run.new, "moved_keys": run.plan.moved_keys,
             "fence_s": round(now - run.started, 6)}))
+
+    def _follow_promotions(self, members: Membership) -> None:
+        """A backup promoted during the fence serves its shard at its own address: the old
+        layout and a drain of that shard name it (ranges do not change outside a reshard)."""
+        run = self.plan.running
+        now_at = {rank: addr for rank, addr, _, _ in members.shard_map()}
+        for entry in run.old:
+            addr = now_at.get(entry[0], entry[1])
+            if addr != entry[1]:
+                if run.ask.addr == entry[1]:
+                    run.ask = replace(run.ask, addr=addr)
+                entry[1] = addr
 
     def _commit(self, now: float, members: Membership, out: list) -> Outcome:
         plan = self.plan
@@ -194,7 +210,7 @@ class Resharding:
         return Outcome(held=held, metrics=[{
             "kind": "membership", "change": change, "servers": len(run.new),
             "epoch": plan.epoch, "moved_keys": run.plan.moved_keys,
-            "pause_s": info["pause_s"]}])
+            "pause_s": info["pause_s"]}], old=run.old, new=run.new)
 
 
 def _fenced(members: Membership) -> bool:

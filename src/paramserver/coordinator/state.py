@@ -655,9 +655,14 @@ class CoordinatorState:
                     if isinstance(apply_s, (int, float)):
                         self.resharding.busy(member.rank, float(apply_s))
         elif self.reshard.epoch:
-            # Keys moved: observers and bare clients learn the map here (workers in releases).
-            out.append(Reply(e.to, "ok", {"epoch": self.reshard.epoch,
-                                          "layout": self.members.shard_map()}))
+            # Keys moved: observers and bare clients learn the map here (workers in releases),
+            # and every client which shards' backups took over since (a request in flight to
+            # a dead primary goes again to its backup: the layout waits for a quiet point).
+            fields = {"epoch": self.reshard.epoch, "layout": self.members.shard_map()}
+            promoted = self.replicas.worker_fields()
+            if promoted is not None:
+                fields["shards"] = promoted["shards"]
+            out.append(Reply(e.to, "ok", fields))
         else:
             # Once a shard's backup took over, workers learn its address here.
             out.append(Reply(e.to, "ok", self.replicas.worker_fields() or _OK))
@@ -808,6 +813,8 @@ class CoordinatorState:
         if done.failure is not None:
             self._fail(done.failure, now, out)
             return True
+        if done.new is not None:  # keys moved: each backup follows its primary
+            self.replicas.resharded(done.old, done.new, self.members, now, out)
         for d in done.held:
             self._deliver(d, out)
         return False
@@ -825,8 +832,11 @@ class CoordinatorState:
                     "msg": f"all {self.job.workers} worker ranks of this job are taken",
                     "code": "refused"}))
         if self.replicas.watching:
+            # One shard-map epoch for promotions and reshards: clients follow either by it.
+            self.replicas.epoch = max(self.replicas.epoch, self.reshard.epoch)
             for rank in self.replicas.check(now, members, self.schedule, out):
                 self._metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
+            self.reshard.follow(self.replicas.epoch)
             took_over, self.replicas.took_over = self.replicas.took_over, []
             for back in took_over:  # a backup in place of a primary lost with the coordinator
                 self._metric(now, {"kind": "promotion", "role": "server", "server": back.rank},

@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -264,7 +265,7 @@ class ServerNode:
         # the coordinator attaches a backup to it.
         self.replica = ReplicaLink(ctx, self.keys, s.rank, backup, 2 * s.heartbeat_interval
                                    + s.coordinator_timeout, self.core, self._execute,
-                                   self._notify, self.addr)
+                                   self._notify, self.addr, rebuild=self._mirror)
         self.resharding = ReshardLink(ctx, self.keys, self)
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
@@ -625,6 +626,16 @@ class ServerNode:
         self._to_coordinator(Message(op, fields, src=self.src))
 
     notify = _notify
+
+    def _mirror(self, shard) -> ShardCore:
+        """A backup re-attached after live resharding: a fresh core for the shard its new
+        sync is of (replication.SyncedShard), filled by that sync, under its backup name."""
+        settings = replace(self.settings, rank=shard.rank, lo=shard.lo, hi=shard.hi,
+                           servers=shard.servers)
+        self.core, self.settings = ShardCore(settings), settings
+        self.src = f"b{shard.rank}"
+        log.info("backup now mirrors shard %d, keys [%d, %d)", shard.rank, shard.lo, shard.hi)
+        return self.core
 
     def swap_core(self, core: ShardCore, instructions) -> None:
         """A reshard's rebuilt core (ShardCore.successor) in place of the old one, under its

@@ -38,7 +38,9 @@ from zmq.utils import monitor
 
 from paramserver.net import rpc
 from paramserver.server.events import Reply
-from paramserver.server.replication import ForwardRing, Forwarder, load_sync, sync_payload
+from paramserver.server.replication import (
+    ForwardRing, Forwarder, load_sync, sync_payload, synced_shard,
+)
 from paramserver.transport import connect_dealer, shm
 from paramserver.wire import Message, WireError
 from paramserver.wire.codec import decode, encode
@@ -75,8 +77,11 @@ class ReplicaLink:
     core instructions, `to_coordinator(op, fields)` tells the coordinator."""
 
     def __init__(self, ctx: zmq.Context, keys, rank: int, backup: bool, timeout: float,
-                 core, execute, to_coordinator, addr: str = ""):
+                 core, execute, to_coordinator, addr: str = "", rebuild=None):
         self.ctx, self.keys, self.rank = ctx, keys, rank
+        # A backup re-attached after live resharding mirrors another shard:
+        # rebuild(SyncedShard) -> the node's new core for it.
+        self.rebuild = rebuild
         self.addr = addr  # this server's: a primary names it in the sync (its backup watches)
         self.backup = backup  # a backup until promoted
         self.core, self.execute, self.to_coordinator = core, execute, to_coordinator
@@ -315,6 +320,12 @@ class ReplicaLink:
             if epoch < self.epoch:
                 refused = f"sync of attach {epoch}, this backup is on attach {self.epoch}"
             else:
+                shard = synced_shard(msg.arrays)
+                if shard is not None and shard.differs(self.core.settings):
+                    if self.rebuild is None:
+                        raise ValueError(f"a sync of shard {shard.rank} [{shard.lo}, "
+                                         f"{shard.hi}) to the backup of shard {self.rank}")
+                    self.core, self.rank = self.rebuild(shard), shard.rank
                 load_sync(self.core, msg.arrays)
                 self.primary, self.epoch = ident, epoch
                 self.watch_primary(msg.get("addr"))

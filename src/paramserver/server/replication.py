@@ -166,15 +166,55 @@ def sync_payload(core) -> tuple[dict, list]:
         a = np.ascontiguousarray(a)
         names.append([name, str(a.dtype), list(a.shape)])
         frames.append(a.reshape(-1).view(np.uint8))
+    st = core.settings
     blob = {"meta": meta, "round": round_meta, "arrays": names,
             "applied": core.retries.dump(), "initialized": core.store.initialized,
-            "initial_saved": core.initial_saved}
+            "initial_saved": core.initial_saved,
+            # which shard this is: a backup re-attached after a reshard takes its new one
+            "shard": {"rank": st.rank, "lo": st.lo, "hi": st.hi, "servers": st.servers,
+                      "epoch": core.epoch, "layout": core.layout}}
     head = np.frombuffer(json.dumps(blob).encode(), dtype=np.uint8)
     return {"arrays_n": len(names)}, [head, *frames]
 
 
+@dataclass(frozen=True)
+class SyncedShard:
+    """The shard a state sync is of: its rank, keys [lo, hi), the servers sharing its
+    tables, and (live resharding) the shard map's epoch and layout."""
+
+    rank: int
+    lo: int
+    hi: int
+    servers: int
+    epoch: int = 0
+    layout: list | None = None
+
+    def differs(self, settings) -> bool:
+        return (self.rank, self.lo, self.hi, self.servers) != (
+            settings.rank, settings.lo, settings.hi, settings.servers)
+
+
+def synced_shard(arrays: list) -> SyncedShard | None:
+    """The shard a `sync` describes (None: a sync of an older version, without it)."""
+    if not arrays:
+        raise ValueError("a state sync needs its description frame")
+    shard = json_value(bytes(arrays[0])).get("shard")
+    if shard is None:
+        return None
+    try:
+        out = SyncedShard(int(shard["rank"]), int(shard["lo"]), int(shard["hi"]),
+                          int(shard["servers"]), int(shard.get("epoch") or 0),
+                          shard.get("layout"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"state sync's shard {shard!r}: {exc}") from None
+    if not (0 <= out.lo <= out.hi and out.rank >= 0 and out.servers >= 1):
+        raise ValueError(f"state sync's shard {shard!r} does not hold together")
+    return out
+
+
 def load_sync(core, arrays: list) -> None:
-    """Make `core` (a fresh backup's) the state `sync_payload` described."""
+    """Make `core` (a fresh backup's, of the shard the sync describes) the state
+    `sync_payload` described."""
     if not arrays:
         raise ValueError("a state sync needs its description frame")
     blob = json_value(bytes(arrays[0]))
@@ -198,6 +238,9 @@ def load_sync(core, arrays: list) -> None:
     core.tables.load_round(got)
     core.retries.load(blob["applied"])
     core.initial_saved = bool(blob["initial_saved"])
+    shard = blob.get("shard") or {}
+    if shard.get("layout") is not None:  # (a resharded job's: its `moved` refusals name it)
+        core.epoch, core.layout = int(shard.get("epoch") or 0), list(shard["layout"])
 
 
 # ---- the forwards' bytes in shared memory (a backup on this host) ------------------------------

@@ -521,14 +521,11 @@ class JobSpec:
             if self.max_servers <= self.servers:
                 _fail("max_servers", self.max_servers,
                       f"above servers ({self.servers}), or 0 for a fixed count")
-            # A shard that moves its keys cannot take its replica or its checkpoint-restore
-            # rank along yet.
-            for key, used in (("replicas", self.replicas > 1),
-                              ("restart_servers", bool(self.restart_servers))):
-                if used:
-                    raise JobSpecError(f"job fields 'max_servers' (--servers MIN:MAX) and "
-                                       f"{key!r} are exclusive: live resharding does not "
-                                       f"move them yet")
+            # A shard that moves its keys cannot take its checkpoint-restore rank along yet.
+            if self.restart_servers:
+                raise JobSpecError("job fields 'max_servers' (--servers MIN:MAX) and "
+                                   "'restart_servers' are exclusive: live resharding does "
+                                   "not move a restart's rank yet")
 
     @classmethod
     def from_config(cls, config, num_keys: int, train_size: int,
