@@ -499,3 +499,65 @@ def test_a_resumed_shards_tables_are_gathered_from_a_checkpoint_taken_on_another
     store = ShardStore(KeyRange(0, 15), "float64", make_rule("sgd", 0.1), "arrival")
     with pytest.raises(Exception, match="emb"):
         read_shard(str(tmp_path), "000000010", 0, store, ShardTables((spec,), 2), 2)
+
+
+def test_a_backup_promoted_during_a_drains_fence_is_drained_in_its_primarys_place():
+    """--servers 2:3 --replicas 2: a third server joins (the backups follow their primaries'
+    ranks), then shard 0's primary dies while a drain of it waits for the fence. Its backup
+    is promoted under a new shard-map epoch (heartbeat answers carry the layout and the
+    promoted shard, so a push in flight goes to it), the move names the backup in the old
+    layout and drains it, and the others' backups follow their primaries' new ranks."""
+    from paramserver.coordinator.events import ReplicaReport
+    state = CoordinatorState(job_of("asp", replicas=2))
+
+    def synced(now):
+        for r, b in state.replicas.backups.items():
+            primary = state.members.roster.servers[f"s{r}"]
+            state.handle(ReplicaReport("backup_synced", f"s{r}", now, link=primary.link,
+                                       fields={"rank": r, "epoch": b.epoch, "version": 0}))
+
+    for r in range(2):
+        state.handle(Registered(f"s{r}", "server", 0.0, to=f"reg-s{r}", link=f"L{r}",
+                                addr=f"tcp://h:{r + 1}"))
+        state.handle(Registered("server", "server", 0.0, to=f"reg-b{r}", link=f"LB{r}",
+                                addr=f"tcp://b:{r + 1}", backup=True))
+    synced(0.05)
+    for w in range(2):
+        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
+    state.handle(Started("w0", 0.5, to="st0"))
+    state.handle(Started("w1", 0.6, to="st1"))
+    join(state)  # tcp://h:9 takes the middle range
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    for link in ("L0", "L1", "LN"):
+        out = state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    assert {r: b.addr for r, b in state.replicas.backups.items()} == {0: "tcp://b:1",
+                                                                     2: "tcp://b:2"}
+    synced(1.45)
+    state.handle(DrainAsked("ops", 1.5, 0, to="d"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 1.6, to="c1"))  # w0's push hangs at the dead s0
+    for t in (2.0, 3.5, 5.0, 6.0):  # everyone but s0 beats
+        for src, link in (("s1", "LN"), ("s2", "L1"), ("b0", "LB0"), ("b2", "LB1")):
+            state.handle(Heartbeat(src, t, to="hb", link=link))
+        state.handle(Heartbeat("w0", t, to="hb"))
+        state.handle(Heartbeat("w1", t, to="hb"))
+    out = state.handle(TimePassed(1.4 + HB + 0.1))  # s0 silent past the heartbeat timeout
+    promote = next(i for i in kinds(out, ToServers) if i.op == "promote")
+    assert promote.links == ("LB0",) and state.reshard.epoch == promote.fields["epoch"] == 2
+    beat = next(r for r in kinds(state.handle(Heartbeat("w0", 6.6, to="hb")), Reply))
+    assert beat.fields["epoch"] == 2 and beat.fields["shards"] == [[0, "tcp://b:1"]]
+    assert [x[1] for x in beat.fields["layout"]] == ["tcp://b:1", "tcp://h:9", "tcp://h:2"]
+    out = state.handle(Clocked("w0", 1, 32, 0.1, 6.7, to="c0"))  # resent to b0: acked
+    out += state.handle(TimePassed(6.8))
+    fields = next(i for i in kinds(out, ToServers) if i.op == "reshard").fields
+    assert fields["epoch"] == 3
+    assert [x[1] for x in fields["old"]] == ["tcp://b:1", "tcp://h:9", "tcp://h:2"]
+    assert [x[1] for x in fields["layout"]] == ["tcp://h:9", "tcp://h:2"]  # b0 drained
+    for link in ("LB0", "LN", "L1"):
+        out = state.handle(Resharded("x", 6.9, 3, 2, link=link))
+    assert any(i.kind == "server_drained" for i in kinds(out, AppendEvent))
+    attaches = sorted((i.fields["rank"], i.fields["addr"], i.links)
+                      for i in kinds(out, ToServers) if i.op == "attach_backup")
+    assert attaches == [(1, "tcp://b:2", ("L1",))]  # the joiner (rank 0 now) has none
+    state.check_invariants()

@@ -12,7 +12,7 @@ do itself (the releases held at the fence, a failure, metrics lines) it returns 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from paramserver.coordinator.events import AppendEvent, Reply, ToServers, Warn
@@ -146,7 +146,6 @@ class Resharding:
     def _start_moving(self, now: float, members: Membership, at: Situation,
                       out: list) -> None:
         plan = self.plan
-        self._follow_promotions(members)
         busy = [self.shard_busy.get(r, 0.0) for r in range(len(members.roster.servers))]
         run = plan.move(busy, members.layer_edges, now)
         fields = {"epoch": plan.epoch + 1, "layout": run.new, "old": run.old,
@@ -164,17 +163,18 @@ class Resharding:
             "layout": run.new, "moved_keys": run.plan.moved_keys,
             "fence_s": round(now - run.started, 6)}))
 
-    def _follow_promotions(self, members: Membership) -> None:
-        """A backup promoted during the fence serves its shard at its own address: the old
-        layout and a drain of that shard name it (ranges do not change outside a reshard)."""
-        run = self.plan.running
-        now_at = {rank: addr for rank, addr, _, _ in members.shard_map()}
-        for entry in run.old:
-            addr = now_at.get(entry[0], entry[1])
-            if addr != entry[1]:
-                if run.ask.addr == entry[1]:
-                    run.ask = replace(run.ask, addr=addr)
-                entry[1] = addr
+    def promoted(self, old: str, new: str) -> None:
+        """Shard server `old` was replaced by its backup at `new` (ranks and ranges do not
+        change outside a reshard): asks and the reshard in progress name the backup now."""
+        plan = self.plan
+        run = plan.running
+        for ask in [*plan.asks, *([run.ask] if run is not None else [])]:
+            if ask.addr == old:
+                ask.addr = new
+        if run is not None:
+            for entry in run.old:
+                if entry[1] == old:
+                    entry[1] = new
 
     def _commit(self, now: float, members: Membership, out: list) -> Outcome:
         plan = self.plan
