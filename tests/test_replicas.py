@@ -289,7 +289,8 @@ def test_a_silent_primary_is_replaced_by_its_synced_backup_and_workers_learn_whe
     ops = [(i.op, i.links) for i in out if type(i) is ToServers]
     assert ops == [("promote", ("link-B1",))]
     assert [e.kind for e in out if type(e) is AppendEvent] == ["replica_promoted"]
-    assert reps.worker_fields() == {"epoch": 1, "shards": [[1, "B1"]]}
+    assert reps.worker_fields() == {"epoch": 1, "shards": [[1, "B1"]],
+                                    "replaced": [["P1", "B1"]]}  # by address: across reshards
     # A beat the backup sent before it took its primary's name counts for the primary; a
     # beat under a backup name from another connection is not answered.
     assert reps.heartbeat("b1", "link-B1", 3.3, members) is True
@@ -369,7 +370,7 @@ def test_the_coordinator_waits_for_synced_backups_then_promotes_and_tells_the_wo
     assert "replica_promoted" in [i.kind for i in out if type(i) is AppendEvent]
     assert shutdown_links(state) == ("LB",)
     out = state.handle(Heartbeat("w0", 1.4, to="hw"))
-    assert out[0].fields == {"epoch": 1, "shards": [[0, "B"]]}
+    assert out[0].fields == {"epoch": 1, "shards": [[0, "B"]], "replaced": [["P", "B"]]}
     state.check_invariants()
 
 
@@ -452,3 +453,21 @@ def test_a_backup_resynced_for_another_shard_rebuilds_its_core_before_loading():
     load_sync(rebuilt, arrays)
     np.testing.assert_array_equal(rebuilt.store.values.numpy(), np.arange(40))
     assert (rebuilt.epoch, rebuilt.layout) == (4, primary.layout)
+
+
+def test_a_primarys_report_from_before_a_renumbering_is_ignored_not_stopped():
+    """A report naming the rank a reshard took from its sender (sent before the commit) is
+    stale, not a deposed primary's: the server is a primary under its new rank."""
+    members, reps = _setup()
+    old = [[0, "P0", 0, 50], [1, "P1", 50, 100]]
+    joined = [[0, "P0", 0, 30], [1, "PJ", 30, 60], [2, "P1", 60, 100]]
+    _renumber(members, joined, 1.0)
+    reps.resharded(old, joined, members, 1.0, [])
+    out = []
+    reps.report(ReplicaReport("backup_synced", "s1", 1.1, link="link-P1",
+                              fields={"rank": 1, "epoch": 2, "version": 5}), members, out)
+    assert out == []  # no shutdown of P1 (rank 2 now), no event
+    reps.report(ReplicaReport("backup_synced", "s1", 1.1, link="link-gone",
+                              fields={"rank": 1, "epoch": 2, "version": 5}), members, out)
+    assert [(i.op, i.links) for i in out if type(i) is ToServers] == [
+        ("shutdown", ("link-gone",))]  # a server no shard has: stopped as before

@@ -231,11 +231,12 @@ def test_the_shard_maps_epoch_goes_on_from_a_promoted_primarys_rejoin():
     _backup_back(members, reps, 0, 0.2, "B0", 3, out=out)
     _backup_back(members, reps, 1, 0.2, "B1", 1, out=out)
     # A worker that missed the move before the restart learns it; one that had it ignores it.
-    assert reps.worker_fields() == {"epoch": 2, "shards": [[0, "P0"]]}
+    assert reps.worker_fields() == {"epoch": 2, "shards": [[0, "P0"]], "replaced": []}
     reps.backups[0].last_seen = reps.backups[1].last_seen = 2.0
     members.roster.servers["s0"].last_seen = 2.0
     assert reps.check(2.0, members, Schedule(), []) == [1]
-    assert reps.worker_fields() == {"epoch": 3, "shards": [[0, "P0"], [1, "B1"]]}
+    assert reps.worker_fields() == {"epoch": 3, "shards": [[0, "P0"], [1, "B1"]],
+                                    "replaced": [["P1", "B1"]]}
 
 
 # ---- the whole coordinator core ------------------------------------------------------------------
@@ -349,7 +350,8 @@ def test_a_backup_the_log_trusts_takes_over_a_primary_lost_with_the_coordinator(
     assert state.members.roster.servers["s1"].addr == "B1"
     out += state.handle(TimePassed(WINDOW + 0.02))
     assert state.takeback is None and "taken_back" in _kinds(out) and state.barrier.open
-    assert state.replicas.worker_fields() == {"epoch": 5, "shards": [[0, "P0"], [1, "B1"]]}
+    assert state.replicas.worker_fields() == {"epoch": 5, "shards": [[0, "P0"], [1, "B1"]],
+                                              "replaced": []}
     assert not any(k == "job_failed" for k in _kinds(out))
     state.check_invariants()
 

@@ -561,3 +561,68 @@ def test_a_backup_promoted_during_a_drains_fence_is_drained_in_its_primarys_plac
                       for i in kinds(out, ToServers) if i.op == "attach_backup")
     assert attaches == [(1, "tcp://b:2", ("L1",))]  # the joiner (rank 0 now) has none
     state.check_invariants()
+
+
+def test_a_move_that_loses_a_primary_to_its_backup_starts_again_under_the_next_epoch():
+    """As above, but shard 2's primary dies after the move began: when its backup is
+    promoted the same move goes again under the next epoch, naming the backup; reports of
+    the given-up move are ignored; the commit tells every server to serve its new range."""
+    from paramserver.coordinator.events import ReplicaReport
+    state = CoordinatorState(job_of("asp", replicas=2))
+
+    def synced(now):
+        for r, b in state.replicas.backups.items():
+            primary = state.members.roster.servers[f"s{r}"]
+            state.handle(ReplicaReport("backup_synced", f"s{r}", now, link=primary.link,
+                                       fields={"rank": r, "epoch": b.epoch, "version": 0}))
+
+    for r in range(2):
+        state.handle(Registered(f"s{r}", "server", 0.0, to=f"reg-s{r}", link=f"L{r}",
+                                addr=f"tcp://h:{r + 1}"))
+        state.handle(Registered("server", "server", 0.0, to=f"reg-b{r}", link=f"LB{r}",
+                                addr=f"tcp://b:{r + 1}", backup=True))
+    synced(0.05)
+    for w in range(2):
+        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
+    state.handle(Started("w0", 0.5, to="st0"))
+    state.handle(Started("w1", 0.6, to="st1"))
+    join(state)  # tcp://h:9 takes the middle range
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    for link in ("L0", "L1", "LN"):
+        out = state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    assert {r: b.addr for r, b in state.replicas.backups.items()} == {0: "tcp://b:1",
+                                                                     2: "tcp://b:2"}
+    synced(1.45)
+    state.handle(DrainAsked("ops", 1.5, 0, to="d"))
+    state.handle(Clocked("w0", 1, 32, 0.1, 1.6, to="c0"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 1.6, to="c1"))
+    first = next(i for i in kinds(state.handle(TimePassed(1.7)), ToServers)
+                 if i.op == "reshard").fields
+    assert first["epoch"] == 2 and [x[1] for x in first["old"]][2] == "tcp://h:2"
+    state.handle(Resharded("x", 1.8, 2, 2, link="L0"))  # s0 and the joiner report; s2 dies
+    state.handle(Resharded("x", 1.8, 2, 2, link="LN"))
+    for t in (2.0, 3.5, 5.0, 6.0):
+        for src, link in (("s0", "L0"), ("s1", "LN"), ("b0", "LB0"), ("b2", "LB1")):
+            state.handle(Heartbeat(src, t, to="hb", link=link))
+        state.handle(Heartbeat("w0", t, to="hb"))
+        state.handle(Heartbeat("w1", t, to="hb"))
+    out = state.handle(TimePassed(1.4 + HB + 0.1))  # s2 silent: b2 promoted, the move again
+    assert next(i for i in kinds(out, ToServers) if i.op == "promote").links == ("LB1",)
+    again = [i for i in kinds(out, ToServers) if i.op == "reshard"]
+    assert again and again[0].fields["epoch"] == 3
+    assert [x[1] for x in again[0].fields["old"]] == ["tcp://h:1", "tcp://h:9", "tcp://b:2"]
+    assert [x[1] for x in again[0].fields["layout"]] == ["tcp://h:9", "tcp://b:2"]
+    assert "LB1" in again[0].links and "L1" not in again[0].links
+    assert any(i.kind == "reshard_moving" and i.data.get("again") for i in kinds(out,
+                                                                                 AppendEvent))
+    assert not kinds(state.handle(Resharded("x", 6.7, 2, 2, link="L0")), AppendEvent)  # stale
+    for link in ("L0", "LN", "LB1"):
+        out = state.handle(Resharded("x", 6.8, 3, 2, link=link))
+    commit = next(i for i in kinds(out, ToServers) if i.op == "reshard_commit")
+    assert commit.fields == {"epoch": 3} and set(commit.links) == {"L0", "LN", "LB1"}
+    assert any(i.kind == "server_drained" for i in kinds(out, AppendEvent))
+    assert [m.addr for m in sorted(state.members.roster.servers.values(),
+                                   key=lambda m: m.rank)] == ["tcp://h:9", "tcp://b:2"]
+    state.check_invariants()

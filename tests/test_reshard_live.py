@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -410,3 +411,84 @@ def test_replicated_shards_follow_a_join_and_a_drain_and_survive_a_killed_primar
     if kill:
         assert "replica_promoted" in kinds
 
+
+
+def test_a_primary_killed_while_keys_move_is_replaced_and_the_move_goes_again(tmp_path):
+    """--servers 2:3 --replicas 2 on a key space large enough for the move to take a while:
+    a primary is SIGKILLed as soon as the join's move begins. Every server kept its old
+    core until the commit, so once the backup is promoted the same move starts again under
+    the next epoch from the old cores, and every acknowledged push is in the final values."""
+    keys = 2_000_000
+    job = make_job(keys, 2, 2, sync="asp", max_servers=3, replicas=2, retry_interval=0.5,
+                   heartbeat_timeout=3.0)
+    joiner = None
+    with running_job(tmp_path, job) as cluster:
+        supervisor = threading.Thread(target=cluster.wait, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(2)]
+        watcher = KVWorker(cluster.address, role="observer")
+        acked = [[] for _ in kvs]
+        errors: list = []
+        stop = threading.Event()
+        threads = []
+        events = cluster.run_dir / "events.jsonl"
+
+        def worker(kv, out):
+            try:
+                release = kv.start()
+                while not stop.is_set() and not release.stop:
+                    grad = known_gradient(kv.rank, release.step, keys, kv.dtype)
+                    kv.push(grad, step=release.step, batch=1)
+                    out.append(grad)
+                    release = kv.clock(release.step, batch=1, compute_time=0.0)
+                kv.bye()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        try:
+            init = np.zeros(keys)
+            kvs[0].init(init)
+            threads = [threading.Thread(target=worker, args=(kv, a)) for kv, a in zip(kvs, acked)]
+            for t in threads:
+                t.start()
+            wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
+                              if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
+            wait_for(lambda: sum(map(len, acked)) >= 6, "6 acknowledged pushes")
+            victim = server_listening_at(cluster, next(
+                e["addr"] for e in run_events(cluster.run_dir)
+                if e["event"] == "server_joined" and e.get("rank") == 1)).proc.pid
+            joiner = _server_process(cluster.address, tmp_path / "joiner.log")
+            deadline = time.monotonic() + 120
+            while b'"reshard_moving"' not in events.read_bytes():  # bounded below
+                assert time.monotonic() < deadline, "the move never began"
+                time.sleep(0.001)
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda: _reshards(cluster.run_dir, "server_joined"), "the join",
+                     timeout=120)
+            before = sum(map(len, acked))
+            wait_for(lambda: sum(map(len, acked)) >= before + 6, "pushes after the join",
+                     timeout=120)
+            stop.set()
+            for t in threads:
+                t.join(120)
+            assert not errors, errors
+            np.testing.assert_array_equal(watcher.pull(), init - sum(g for a in acked for g in a))
+            watcher.bye()
+        finally:
+            stop.set()
+            for kv in [*kvs, watcher]:
+                kv.close()
+            if joiner is not None and joiner.poll() is None:
+                joiner.send_signal(signal.SIGTERM)
+            if joiner is not None:
+                try:
+                    joiner.wait(30)
+                except subprocess.TimeoutExpired:
+                    joiner.kill()
+                    joiner.wait(10)
+        supervisor.join(60)
+    moving = [e for e in run_events(cluster.run_dir) if e["event"] == "reshard_moving"]
+    kinds = [e["event"] for e in run_events(cluster.run_dir)]
+    assert "replica_promoted" in kinds and "job_failed" not in kinds
+    # (the kill came before the commit: the move went again under the next epoch)
+    assert [e.get("again", False) for e in moving] == [False, True], moving

@@ -355,6 +355,14 @@ class FakeCoordinator:
             self.send(addr, "reshard", {"epoch": epoch, "layout": new, "old": old,
                                         "version": 0})
 
+    def reports(self, n, epoch, old, new):
+        """The `resharded` of n servers, then the commit every server of both layouts gets
+        (as coordinator/resharding.py sends it once all have reported)."""
+        got = [self.recv("resharded")[1] for _ in range(n)]
+        for addr in {e[1] for e in old + new}:
+            self.send(addr, "reshard_commit", {"epoch": epoch})
+        return got
+
 
 class Worker:
     """A DEALER per server address."""
@@ -454,7 +462,7 @@ def test_live_servers_move_keys_join_and_drain_on_reshard(live):
     old = [[0, a, 0, 3000], [1, b, 3000, KEYS]]
     new = [[0, a, 0, 1000], [1, b, 1000, KEYS]]
     coord.reshard(1, old, new)
-    assert {coord.recv("resharded")[1]["rank"] for _ in range(2)} == {0, 1}
+    assert {m["rank"] for m in coord.reports(2, 1, old, new)} == {0, 1}
     np.testing.assert_array_equal(w.pull(b, 1000, KEYS), x1[1000:])
     moved = w.pull(a, 1000, 1010)
     assert moved.fields["code"] == "moved" and moved.fields["epoch"] == 1
@@ -466,13 +474,13 @@ def test_live_servers_move_keys_join_and_drain_on_reshard(live):
     joined = [[0, a, 0, 1000], [1, c, 1000, 3500], [2, b, 3500, KEYS]]
     coord.welcome(c, 1, server_job(1000, 3500), epoch=2, handoff=True)
     coord.reshard(2, new, joined)
-    reports = {m["rank"]: m for m in (coord.recv("resharded")[1] for _ in range(3))}
+    reports = {m["rank"]: m for m in coord.reports(3, 2, new, joined)}
     assert sorted(reports) == [0, 1, 2] and reports[1]["epoch"] == 2
     np.testing.assert_array_equal(w.pull(c, 1000, 3500), x2[1000:3500])
     assert w.pull(b, 1000, 1001).fields["code"] == "moved"
     # ... and is drained again: its keys go back to b.
     coord.reshard(3, joined, new)
-    reports = [coord.recv("resharded")[1] for _ in range(3)]
+    reports = coord.reports(3, 3, joined, new)
     assert [r.get("drained", False) for r in reports].count(True) == 1
     np.testing.assert_array_equal(w.pull(b, 1000, KEYS), x2[1000:])
     gone = w.pull(c, 1000, 1001)
@@ -481,8 +489,8 @@ def test_live_servers_move_keys_join_and_drain_on_reshard(live):
 
 def test_live_requests_while_moving_wait_for_the_rebuild_and_overflow_busy(live):
     """b has heard its reshard, a not yet: b waits for a's keys, holding workers' requests
-    (one over the bound is refused "busy"); once a sends, the held ones are answered under the new
-    layout, in order."""
+    (one over the bound is refused "busy"); once a sends and the coordinator commits, the held
+    ones are answered under the new layout, in order."""
     from paramserver.server.reshard_link import MAX_QUEUED
     coord, w, start = live
     a, b, x1, _ = two_servers(coord, w, start)
@@ -498,11 +506,12 @@ def test_live_requests_while_moving_wait_for_the_rebuild_and_overflow_busy(live)
     busy = w.answer(b)
     assert busy.op == "error" and busy.fields["code"] == "busy"
     coord.reshard(1, old, new, to=[a])
+    # Whole, b holds them still: its old core serves nothing new until the commit.
+    assert {m["epoch"] for m in coord.reports(2, 1, old, new)} == {1}
     for _ in range(MAX_QUEUED):
         reply = w.answer(b)
         assert reply.op == "values", reply.fields
     np.testing.assert_array_equal(reply.arrays[0], x1[1000:1010])
-    assert coord.recv("resharded")[1]["epoch"] == 1
 
 
 def test_live_table_rows_follow_their_placement_through_a_join_and_a_drain(live):
@@ -554,7 +563,7 @@ def test_live_table_rows_follow_their_placement_through_a_join_and_a_drain(live)
     coord.welcome(c, 1, server_job(2000, 4000, tables=(spec,), servers=2), epoch=1,
                   handoff=True)
     coord.reshard(1, old, joined)
-    assert sorted(coord.recv("resharded")[1]["rank"] for _ in range(3)) == [0, 1, 2]
+    assert sorted(m["rank"] for m in coord.reports(3, 1, old, joined)) == [0, 1, 2]
     check(joined)
     stale = keys[shard_of(keys, 2) != shard_of(keys, 3)][:5]
     owner2 = shard_of(stale, 2)
@@ -564,7 +573,7 @@ def test_live_table_rows_follow_their_placement_through_a_join_and_a_drain(live)
     push(joined, keys[450:])  # candidates that moved are admitted on their second push
     check(joined)
     coord.reshard(2, joined, old)
-    reports = [coord.recv("resharded")[1] for _ in range(3)]
+    reports = coord.reports(3, 2, joined, old)
     assert [r.get("drained", False) for r in reports].count(True) == 1
     check(old)
     push(old, keys)
@@ -615,6 +624,7 @@ def test_sigterm_asks_to_drain_and_the_drained_server_hands_its_keys_over():
         np.testing.assert_array_equal(got, x)
         report = coord.recv("resharded")[1]
         assert report.fields == {"epoch": 1, "rank": 0, "version": 0, "drained": True}
+        coord.send(a, "reshard_commit", {"epoch": 1})
         assert w.pull(a, 0, 10).fields["code"] == "moved"
         coord.send(a, "shutdown", {})
         proc.join(10)

@@ -83,6 +83,9 @@ class CoordinatorSession:
         # Replicated shards: (epoch, {rank: address}) of the shards whose backup took over, as
         # the latest heartbeat answer said (one assignment: read by the requests' thread).
         self.moved: tuple[int, dict] | None = None
+        # ... and by address: a dead primary's -> its successor's (one assignment of a new
+        # dict); it holds across reshards that renumber the shards.
+        self.replaced: dict[str, str] = {}
         # Live resharding: (epoch, layout as the wire says it) of the newest shard map a
         # heartbeat answer named (one assignment, read by the requests' thread, which checks
         # it: client/reshard.py).
@@ -123,6 +126,12 @@ class CoordinatorSession:
 
     def _moved(self, reply: Message) -> None:
         epoch = reply["epoch"]
+        try:
+            replaced = {str(o): str(n) for o, n in reply.get("replaced", [])}
+        except (TypeError, ValueError):
+            replaced = {}  # malformed: the next beat's answer says it again
+        if replaced and any(self.replaced.get(o) != n for o, n in replaced.items()):
+            self.replaced = {**self.replaced, **replaced}
         layout = reply.get("layout")
         if layout is not None and (self.layout is None or epoch > self.layout[0]):
             self.layout = (epoch, layout)

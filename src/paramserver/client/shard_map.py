@@ -60,6 +60,7 @@ class ShardMap:
         self.shards = shards
         self.layouts = LayoutFollower(epoch, num_keys)
         self.moved_epoch = 0  # the epoch of the replicas' moves followed (follow_moves)
+        self.replaced_seen: dict | None = None  # the session's dead-primary map followed
         self.dense_next = False  # the first compressed pull after a switch goes dense
         self.streams, self.frame_limit = streams, frame_limit
         self.rechunk, self.timeout = rechunk, timeout
@@ -78,21 +79,39 @@ class ShardMap:
     def follow_moves(self) -> None:
         """A shard whose backup took over (the coordinator's heartbeat answers say where):
         connect to its new primary and send it every request still unanswered, same ids (its
-        dedup table answers a push the dead primary had applied, never applying it twice)."""
+        dedup table answers a push the dead primary had applied, never applying it twice).
+        By address first (a dead primary's successor, whatever reshards renumbered since),
+        then by rank under the map the answer was of."""
+        replaced = self.session.replaced
+        if replaced is not self.replaced_seen:
+            self.replaced_seen = replaced
+            for i, s in enumerate(self.shards):
+                addr, hops = s.addr, 0
+                while addr in replaced and hops < len(replaced):
+                    addr, hops = replaced[addr], hops + 1
+                if addr != s.addr:
+                    self._repoint(i, s, addr)
         moved = self.session.moved
         if moved is None or moved[0] == self.moved_epoch:
             return
         self.moved_epoch, where = moved
+        if self.moved_epoch < self.layouts.epoch:
+            # Said of a shard map older than the one followed (a reshard renumbered the
+            # shards since): its ranks are not this map's, and the layout names every
+            # primary as it is.
+            return
         for i, s in enumerate(self.shards):
             addr = where.get(s.rank)
-            if addr is None or addr == s.addr:
-                continue
-            sock = self._connect(addr)
-            old, s.sock, s.addr = s.sock, sock, addr
-            self.requests.swap(old, sock)
-            self.links.swap(i, sock)
-            old.close(0)
-            self.requests.resend(i)
+            if addr is not None and addr != s.addr:
+                self._repoint(i, s, addr)
+
+    def _repoint(self, i: int, s, addr: str) -> None:
+        sock = self._connect(addr)
+        old, s.sock, s.addr = s.sock, sock, addr
+        self.requests.swap(old, sock)
+        self.links.swap(i, sock)
+        old.close(0)
+        self.requests.resend(i)
 
     # ---- live resharding ---------------------------------------------------------------------
     @property

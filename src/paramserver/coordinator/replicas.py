@@ -44,6 +44,11 @@ from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.takeback import BackupBack, ForwardsTo, ServerBack
 
 
+# Dead primaries' successors kept for clients' heartbeat answers (a client needs only those
+# of the shards it sent to since its last beat).
+MAX_REPLACED = 64
+
+
 @dataclass
 class Backup:
     rank: int
@@ -92,6 +97,7 @@ class Replicas:
         self.dropped_links: set = set()  # backups dropped or refused: their beats unanswered
         self.history: ReplicaHistory | None = None  # the dead coordinator's word (take_back)
         self.took_over: list[ServerBack] = []  # shards a backup took over at the take-back
+        self.replaced: dict[str, str] = {}  # a dead primary's address -> its successor's
         self.settled: set[tuple[int, int]] = set()  # (rank, attach epoch) of claims decided
 
     @staticmethod
@@ -421,6 +427,8 @@ class Replicas:
         if primary is None and self.restarted and 0 <= rank < self.servers:
             raise UnknownMember(f"unknown primary {e.src!r}")  # not back yet: it registers
         if primary is None or primary.link != e.link:
+            if any(m.link == e.link for m in members.roster.servers.values()):
+                return False  # a primary's word from before a reshard renumbered it: stale
             out.append(ToServers("shutdown", {
                 "reason": f"this server is no longer shard {rank}'s primary"}, (e.link,)))
             out.append(AppendEvent(e.now, "stale_primary_stopped", {"rank": rank}))
@@ -525,6 +533,7 @@ class Replicas:
         self.epoch += 1
         self.promotions += 1
         self.moved[rank] = b.addr
+        self._replaced(old.addr, b.addr)
         out.append(ToServers("promote", {"rank": rank, "epoch": self.epoch}, (b.link,)))
         out.append(AppendEvent(now, "replica_promoted", {
             "rank": rank, "addr": b.addr, "old_addr": old.addr, "epoch": self.epoch,
@@ -547,9 +556,18 @@ class Replicas:
                 due = t
         return None if due is None else due + 1e-6
 
+    def _replaced(self, old: str, new: str) -> None:
+        """Primary `old` is gone for good, `new` serves its shard: said to clients by
+        address, which holds across reshards that renumber the ranks (the newest few)."""
+        self.replaced[old] = new
+        while len(self.replaced) > MAX_REPLACED:
+            del self.replaced[next(iter(self.replaced))]
+
     def worker_fields(self) -> dict | None:
-        """What a worker's heartbeat answer carries once a shard moved: the map's epoch and
-        the moved shards' addresses, [[rank, addr], ...]; None before any promotion."""
-        if not self.moved:
+        """What a worker's heartbeat answer carries once a shard moved: the map's epoch, the
+        moved shards' addresses, [[rank, addr], ...], and the dead primaries' successors by
+        address, [[old, new], ...]; None before any promotion."""
+        if not self.moved and not self.replaced:
             return None
-        return {"epoch": self.epoch, "shards": [[r, a] for r, a in sorted(self.moved.items())]}
+        return {"epoch": self.epoch, "shards": [[r, a] for r, a in sorted(self.moved.items())],
+                "replaced": [[o, n] for o, n in self.replaced.items()]}

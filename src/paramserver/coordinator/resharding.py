@@ -52,6 +52,7 @@ class Resharding:
         self.grace = grace  # how long a drained server may still answer before its shutdown
         self.shard_busy: dict[int, float] = {}  # rank -> apply seconds since the last reshard
         self.draining: list = []  # (link, when it is told to shut down) of drained servers
+        self.restart = False  # the move under way lost a server to its backup: move again
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +127,26 @@ class Resharding:
         run = plan.running
         if run is not None and run.moving_since is None and _fenced(members):
             self._start_moving(now, members, at, out)
+        elif run is not None and self.restart:
+            self._move_again(now, members, at, out)
+
+    def _move_again(self, now: float, members: Membership, at: Situation, out: list) -> None:
+        """The same move (layouts naming the promoted backup) under the next epoch: servers
+        drop the one under way and start from their old cores."""
+        plan, run = self.plan, self.plan.running
+        self.restart = False
+        plan.epoch += 1  # (the given-up move's: its late pieces and reports are stale)
+        run.moving_since, run.version = now, 0
+        run.waiting = {a for _, a, _, _ in run.old} | {a for _, a, _, _ in run.new}
+        fields = {"epoch": plan.epoch + 1, "layout": run.new, "old": run.old,
+                  "version": at.version}
+        out.append(ToServers("reshard", fields, members.server_links))
+        if run.ask.kind == "join":
+            out.append(ToServers("reshard", fields, (run.ask.link,)))
+        out.append(AppendEvent(now, "reshard_moving", {
+            "kind": run.ask.kind, "addr": run.ask.addr, "epoch": plan.epoch + 1,
+            "old": run.old, "layout": run.new, "moved_keys": run.plan.moved_keys,
+            "fence_s": round(now - run.started, 6), "again": True}))
 
     def next_deadline(self) -> float | None:
         t = self.plan.next_deadline()
@@ -165,22 +186,33 @@ class Resharding:
 
     def promoted(self, old: str, new: str) -> None:
         """Shard server `old` was replaced by its backup at `new` (ranks and ranges do not
-        change outside a reshard): asks and the reshard in progress name the backup now."""
+        change outside a reshard): asks and the reshard in progress name the backup now. A
+        move under way starts again (`advance`): the backup holds the old shard, the pieces
+        the dead server had or would have sent are lost, and every server kept its old core
+        until the commit."""
         plan = self.plan
         run = plan.running
         for ask in [*plan.asks, *([run.ask] if run is not None else [])]:
             if ask.addr == old:
                 ask.addr = new
-        if run is not None:
-            for entry in run.old:
-                if entry[1] == old:
-                    entry[1] = new
+        if run is None:
+            return
+        for entry in (*run.old, *run.new):
+            if entry[1] == old:
+                entry[1] = new
+                self.restart = self.restart or run.moving_since is not None
 
     def _commit(self, now: float, members: Membership, out: list) -> Outcome:
         plan = self.plan
         run, held = plan.commit()
         roster = members.roster
         by_addr = {m.addr: m for m in roster.servers.values()}
+        # Every server of both layouts serves its new range (or none) from this word on;
+        # until it, each kept its old core, so a move given up could start again.
+        links = tuple(m.link for m in by_addr.values())
+        if run.ask.kind == "join":
+            links += (run.ask.link,)
+        out.append(ToServers("reshard_commit", {"epoch": plan.epoch}, links))
         kept = {addr for _, addr, _, _ in run.new}
         servers = {}
         for rank, addr, lo, hi in run.new:

@@ -661,7 +661,7 @@ class CoordinatorState:
             fields = {"epoch": self.reshard.epoch, "layout": self.members.shard_map()}
             promoted = self.replicas.worker_fields()
             if promoted is not None:
-                fields["shards"] = promoted["shards"]
+                fields["shards"], fields["replaced"] = promoted["shards"], promoted["replaced"]
             out.append(Reply(e.to, "ok", fields))
         else:
             # Once a shard's backup took over, workers learn its address here.

@@ -400,8 +400,10 @@ class ServerNode:
                     replica.from_backup()
                 elif sock is replica.monitor:
                     replica.from_monitor()
-                else:
+                elif sock is self.coord or sock is self.router:
                     self._drain(sock)
+                # (else a backup's DEALER or monitor that a message handled before it in
+                # this batch replaced and closed: an attach, a drop)
                 busy += clock() - began
             self._check_coordinator()
             self.refusals.flush()
@@ -492,6 +494,9 @@ class ServerNode:
             return
         elif msg.op == "reshard":
             self.resharding.reshard(msg)
+            return
+        elif msg.op == "reshard_commit":
+            self.resharding.commit(msg)
             return
         elif msg.op in FROM_COORDINATOR:
             name = replica.from_coordinator(msg)

@@ -59,10 +59,14 @@ class ReshardLink:
         self.drained = False
         self.socks: list[zmq.Socket] = []  # handoff DEALERs of the last reshard
         self.busy = 0  # requests refused "busy" while moving
+        self.leaving: ShardAddress | None = None  # drained: its old entry, until the commit
+        self.reported = False  # `resharded` said for the move under way
 
     @property
     def moving(self) -> bool:
-        return self.assembly is not None
+        """From `reshard` until the coordinator's `reshard_commit`: the old core serves
+        nothing new (requests wait), and is kept so that a move given up starts again."""
+        return self.assembly is not None or self.leaving is not None
 
     # ---- the joining server ---------------------------------------------------------------------
     def join(self, epoch: int) -> None:
@@ -79,6 +83,16 @@ class ReshardLink:
     # ---- the coordinator's `reshard` ------------------------------------------------------------
     def reshard(self, msg: Message) -> None:
         epoch, core = msg["epoch"], self.node.core
+        if self.moving and epoch > self.epoch:
+            # The move under way was given up (a server of it died and its backup took its
+            # place): start this one from the old core, which nothing changed.
+            log.warning("server %s: reshard %d given up for reshard %d", self.node.src,
+                        self.epoch, epoch)
+            joiner = self.new is not None and self.leaving is None and not any(
+                addr == self.node.addr for _, addr, *_ in msg["old"])
+            self._abandon()
+            if joiner:
+                self.join(epoch)
         if self.moving and epoch == self.epoch:  # a joiner's reshard, after its welcome
             self.layout = list(msg["layout"])
             self.floor = max(self.floor, msg.get("version", 0))
@@ -164,16 +178,48 @@ class ReshardLink:
                 for i, (name, piece) in enumerate(pieces)]
 
     def _drain(self, move, sent: int) -> None:
-        """Drained: the core keeps no keys (every request is `moved`, a retry of a push
-        applied here still answered) until the coordinator's shutdown."""
+        """Drained: every piece is out; at the commit the core keeps no keys (every request
+        is `moved`, a retry of a push applied here still answered) until the coordinator's
+        shutdown."""
         node = self.node
-        old = move.old
-        settings = replace(node.settings, lo=old.hi, hi=old.hi)
-        node.swap_core(*node.core.successor(settings, None, self.epoch, self.layout))
-        self.drained = True
-        node.notify("resharded", {"epoch": self.epoch, "rank": old.rank,
+        self.leaving, self.reported = move.old, True
+        node.notify("resharded", {"epoch": self.epoch, "rank": move.old.rank,
                                   "version": node.core.store.version, "drained": True})
         log.info("server %s drained at epoch %d: %d piece(s) sent", node.src, self.epoch, sent)
+
+    # ---- the coordinator's word on the move -----------------------------------------------------
+    def commit(self, msg: Message) -> None:
+        """`reshard_commit`: every server has its new range: serve it (or, drained, none)."""
+        node, epoch = self.node, msg["epoch"]
+        if not self.moving or epoch != self.epoch or not self.reported:
+            log.warning("server %s: commit of reshard %d ignored (at %d%s)", node.src, epoch,
+                        self.epoch, "" if self.moving else ", not moving")
+            return
+        if self.leaving is not None:
+            old, self.leaving = self.leaving, None
+            settings = replace(node.settings, lo=old.hi, hi=old.hi)
+            node.swap_core(*node.core.successor(settings, None, self.epoch, self.layout))
+            self.drained = True
+        else:
+            asm, new = self.assembly, self.new
+            settings = replace(node.settings, rank=new.rank, lo=new.lo, hi=new.hi,
+                               servers=len(self.layout) if self.layout
+                               else node.settings.servers)
+            core, out = node.core.successor(settings, asm, self.epoch, self.layout,
+                                            self.floor)
+            self.assembly = None
+            node.swap_core(core, out)
+            log.info("server %s serves keys [%d, %d) at epoch %d, version %d", node.src,
+                     new.lo, new.hi, self.epoch, core.store.version)
+        self.reported = False
+        queued, self.queued = self.queued, deque()
+        for ident, queued_msg, frames in queued:
+            node.handle_worker(ident, queued_msg, frames)
+
+    def _abandon(self) -> None:
+        """Forget the move under way; the old core is untouched, the held requests wait on."""
+        self.assembly, self.leaving, self.new, self.reported = None, None, None, False
+        self._close()
 
     # ---- handoffs from other servers ------------------------------------------------------------
     def piece(self, msg: Message) -> None:
@@ -213,27 +259,25 @@ class ReshardLink:
                             msg.src, exc)
 
     def _finish_if_whole(self) -> None:
+        """The new range is whole: say so once; the old core serves on the commit's word."""
         asm = self.assembly
-        if asm is None or not asm.whole:
+        if asm is None or self.reported or not asm.whole:
             return
         node, new = self.node, self.new
-        settings = replace(node.settings, rank=new.rank, lo=new.lo, hi=new.hi,
-                           servers=len(self.layout) if self.layout else node.settings.servers)
-        core, out = node.core.successor(settings, asm, self.epoch, self.layout, self.floor)
-        self.assembly = None
-        node.swap_core(core, out)
-        node.notify("resharded", {"epoch": self.epoch, "rank": new.rank,
-                                  "version": core.store.version})
-        log.info("server %s serves keys [%d, %d) at epoch %d, version %d", node.src, new.lo,
-                 new.hi, self.epoch, core.store.version)
-        queued, self.queued = self.queued, deque()
-        for ident, msg, frames in queued:
-            node.handle_worker(ident, msg, frames)
+        self.reported = True
+        version = max(asm.version, self.floor, node.core.store.version)
+        node.notify("resharded", {"epoch": self.epoch, "rank": new.rank, "version": version})
+        log.info("server %s holds keys [%d, %d) of reshard %d: waiting for its commit",
+                 node.src, new.lo, new.hi, self.epoch)
 
     def waiting(self) -> dict | None:
         """What a moving server waits for, for a stall probe; None when not moving."""
         if not self.moving:
             return None
+        if self.reported:
+            return {"op": "reshard_commit", "peer": "coordinator",
+                    "note": f"reshard {self.epoch}: every key in, waiting for its commit, "
+                            f"{len(self.queued)} request(s) held"}
         missing, rows = self.assembly.missing(), self.assembly.rows
         keys = (f"{len(missing)} run(s) of keys still to come (first {list(missing[0])})"
                 if missing else "every key in")

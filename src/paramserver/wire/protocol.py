@@ -132,6 +132,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # says how many it sent (`pieces`)
     "handoff_rows": {"epoch": _f(NONNEG), "from": _f(NONNEG), "table": _f(STR),
                      "tick": _f(NONNEG), "pieces": _f(NONNEG, False)},
+    # coordinator -> server: every server of reshard `epoch` reported: serve the new range
+    "reshard_commit": {"epoch": _f(NONNEG)},
     # server -> coordinator: its new range is whole (drained: all it held is sent)
     "resharded": {"epoch": _f(NONNEG), "rank": _f(NONNEG), "version": _f(NONNEG, False),
                   "drained": _f(BOOL, False)},
@@ -153,6 +155,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # either direction
     "ok": {"epoch": _f(NONNEG, False),  # a worker's heartbeat answered after a takeover:
            "shards": _f(LIST, False),  # the moved shards, [[rank, addr], ...]
+           "replaced": _f(LIST, False),  # dead primaries' successors, [[old, new], ...]
            "layout": _f(LIST, False)},  # live resharding: the whole map of `epoch`
     "error": {"msg": _f(STR), "code": _f(STR, False),
               # code "moved": the map the refused request should follow
