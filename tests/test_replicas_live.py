@@ -112,86 +112,104 @@ def test_chaos_with_replicas_a_primary_killed_mid_training_loses_nothing(tmp_pat
     assert r["best_accuracy_after_restart"] >= 0.88 and r["final_accuracy"] >= 0.7, r
 
 
+class RestartablePushers:
+    """A --replicas 2 --restart-coordinator job of real processes with WORKERS KV clients
+    pushing known integer gradients (ASP, SGD lr 1) from the moment both backups are synced;
+    `finish()` stops them and checks the final values are the initial ones less every
+    acknowledged push. Everything is stopped and reaped on exit (bounded)."""
+
+    def __init__(self, tmp_path):
+        from paramserver.launch.local import LocalCluster
+        # (A wide heartbeat timeout: the clients share this busy process through a restart,
+        # and the stall doctor, which the restarted coordinator would point at clients that
+        # never clock, is kept quiet.)
+        job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
+                       heartbeat_timeout=3.0, coordinator_timeout=30.0, stall_timeout=120.0)
+        self.cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
+                                    restart_coordinator=1)
+        self.failures: list = []
+        self.errors: list = []
+        self.kvs: list = []
+        self.stop = threading.Event()
+        self.acked: list = [[] for _ in range(WORKERS)]
+        self.init = np.arange(KEYS, dtype=np.float64)
+
+    def _supervise(self):
+        from paramserver.launch.local import LaunchError
+        try:
+            self.cluster.wait()
+        except LaunchError as exc:
+            self.failures.append(exc)
+
+    def __enter__(self) -> "RestartablePushers":
+        cluster = self.cluster
+        cluster.start(spawn_workers=False)
+        self.supervisor = threading.Thread(target=self._supervise, daemon=True)
+        self.supervisor.start()
+        self.kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
+        self.kvs[0].init(self.init)
+        start_together(self.kvs)
+        wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
+                          if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
+        self.servers = {c.proc.pid for c in cluster.children if c.role == "server"}
+        self.threads = [threading.Thread(target=_pusher, args=(kv, self.stop, a, self.errors))
+                        for kv, a in zip(self.kvs, self.acked)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def more(self, n: int, what: str, timeout: float = 60.0) -> None:
+        before = sum(map(len, self.acked))
+        wait_for(lambda: sum(map(len, self.acked)) >= before + n, what, timeout=timeout)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+        assert not self.errors, self.errors
+        final = self.kvs[0].pull()
+        np.testing.assert_array_equal(final, self.init - sum(g for a in self.acked for g in a))
+        for kv in self.kvs:
+            kv.bye()
+        self.supervisor.join(60)
+        assert not self.supervisor.is_alive() and not self.failures, self.failures
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for kv in self.kvs:
+            kv.close()
+        self.cluster.stop()
+
+
 def test_a_restarted_coordinator_keeps_the_backups_and_a_later_primary_kill_loses_nothing(
         tmp_path):
     """--replicas 2 with --restart-coordinator: the coordinator is SIGKILLed mid-stream and
     restarted (--take-back); both backups are taken back as their primaries' (same processes,
     events say so), then a primary is SIGKILLed: its backup takes over with nothing lost."""
-    from paramserver.launch.local import LaunchError, LocalCluster
-
-    # (A wider heartbeat timeout than above: the 4 clients share this busy process through a
-    # restart, and the stall doctor, which the restarted coordinator would point at clients
-    # that never clock, is kept quiet.)
-    job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
-                   heartbeat_timeout=3.0, coordinator_timeout=30.0, stall_timeout=120.0)
-    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
-                           restart_coordinator=1)
-    failures: list = []
-
-    def supervise():
-        try:
-            cluster.wait()
-        except LaunchError as exc:
-            failures.append(exc)
-
-    kvs: list = []
-    stop = threading.Event()
-    try:
-        cluster.start(spawn_workers=False)
-        supervisor = threading.Thread(target=supervise, daemon=True)
-        supervisor.start()
-        kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
-        init = np.arange(KEYS, dtype=np.float64)
-        acked = [[] for _ in kvs]
-        errors: list = []
-        kvs[0].init(init)
-        start_together(kvs)
-        wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
-                          if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
-        servers = {c.proc.pid for c in cluster.children if c.role == "server"}
-        threads = [threading.Thread(target=_pusher, args=(kv, stop, a, errors))
-                   for kv, a in zip(kvs, acked)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
+    with RestartablePushers(tmp_path) as job:
+        cluster = job.cluster
+        job.more(80, "80 acknowledged pushes")
         first = cluster.coordinator
         os.kill(first.proc.pid, signal.SIGKILL)
         wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
                           if e["event"] == "backup_taken_back"} == {0, 1},
                  "both backups taken back by the restarted coordinator")
         assert first.proc.returncode == -signal.SIGKILL and cluster.coordinator is not first
-        before = sum(map(len, acked))
-        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the take-back")
+        job.more(80, "pushes after the take-back")
         # Every server process of the start serves on: no backup exited or was rebuilt.
         assert {c.proc.pid for c in cluster.children
-                if c.role == "server" and c.proc.poll() is None} == servers
+                if c.role == "server" and c.proc.poll() is None} == job.servers
         primary = next(e["addr"] for e in run_events(cluster.run_dir)
                        if e["event"] == "server_taken_back" and e["rank"] == 1)
         os.kill(server_listening_at(cluster, primary).proc.pid, signal.SIGKILL)
-        before = sum(map(len, acked))
         wait_for(lambda: _happened(cluster, "replica_promoted"), "the backup's promotion")
-        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover")
+        job.more(80, "pushes after the takeover")
         # The new backup is attached after every epoch the old coordinator gave out.
         rebuilt = wait_for(lambda: [e for e in run_events(cluster.run_dir)
                                     if e["event"] == "backup_rebuilt"], "a rebuilt backup")
         assert rebuilt[0]["rank"] == 1
-        before = sum(map(len, acked))
-        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the rebuild")
-        stop.set()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
-        final = kvs[0].pull()
-        np.testing.assert_array_equal(final, init - sum(g for a in acked for g in a))
-        for kv in kvs:
-            kv.bye()
-        supervisor.join(60)
-        assert not supervisor.is_alive() and not failures, failures
-    finally:
-        stop.set()
-        for kv in kvs:
-            kv.close()
-        cluster.stop()
+        job.more(80, "pushes after the rebuild")
+        job.finish()
     events = run_events(cluster.run_dir)
     kinds = [e["event"] for e in events]
     assert "backup_not_taken_back" not in kinds, events
@@ -210,39 +228,9 @@ def test_a_primary_killed_with_the_coordinator_is_replaced_by_its_backup_losing_
     primary's backup was synced and never dropped, so it promotes that backup when the primary
     does not come back; the workers follow and the final values are exactly the initial ones
     less every acknowledged push."""
-    from paramserver.launch.local import LaunchError, LocalCluster
-
-    job = make_job(KEYS, 2, WORKERS, sync="asp", replicas=2, retry_interval=0.5,
-                   heartbeat_timeout=3.0, coordinator_timeout=30.0, stall_timeout=120.0)
-    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
-                           restart_coordinator=1)
-    failures: list = []
-
-    def supervise():
-        try:
-            cluster.wait()
-        except LaunchError as exc:
-            failures.append(exc)
-
-    kvs: list = []
-    stop = threading.Event()
-    try:
-        cluster.start(spawn_workers=False)
-        supervisor = threading.Thread(target=supervise, daemon=True)
-        supervisor.start()
-        kvs = [KVWorker(cluster.address) for _ in range(WORKERS)]
-        init = np.arange(KEYS, dtype=np.float64)
-        acked = [[] for _ in kvs]
-        errors: list = []
-        kvs[0].init(init)
-        start_together(kvs)
-        wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
-                          if e["event"] == "backup_synced"} == {0, 1}, "synced backups")
-        threads = [threading.Thread(target=_pusher, args=(kv, stop, a, errors))
-                   for kv, a in zip(kvs, acked)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: sum(map(len, acked)) >= 80, "80 acknowledged pushes")
+    with RestartablePushers(tmp_path) as job:
+        cluster = job.cluster
+        job.more(80, "80 acknowledged pushes")
         primary = next(e["addr"] for e in run_events(cluster.run_dir)
                        if e["event"] == "server_joined" and e.get("rank") == 1)
         os.kill(server_listening_at(cluster, primary).proc.pid, signal.SIGKILL)
@@ -251,23 +239,7 @@ def test_a_primary_killed_with_the_coordinator_is_replaced_by_its_backup_losing_
                                      if e["event"] == "replica_promoted"],
                             "the backup promoted by the restarted coordinator", timeout=90)
         assert promoted[0]["rank"] == 1 and "restarted coordinator" in promoted[0]["after"]
-        before = sum(map(len, acked))
-        wait_for(lambda: sum(map(len, acked)) >= before + 80, "pushes after the takeover",
-                 timeout=90)
-        stop.set()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
-        final = kvs[0].pull()
-        np.testing.assert_array_equal(final, init - sum(g for a in acked for g in a))
-        for kv in kvs:
-            kv.bye()
-        supervisor.join(60)
-        assert not supervisor.is_alive() and not failures, failures
-    finally:
-        stop.set()
-        for kv in kvs:
-            kv.close()
-        cluster.stop()
+        job.more(80, "pushes after the takeover", timeout=90)
+        job.finish()
     kinds = [e["event"] for e in run_events(cluster.run_dir)]
     assert "taken_back" in kinds and "job_failed" not in kinds

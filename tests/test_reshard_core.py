@@ -501,12 +501,10 @@ def test_a_resumed_shards_tables_are_gathered_from_a_checkpoint_taken_on_another
         read_shard(str(tmp_path), "000000010", 0, store, ShardTables((spec,), 2), 2)
 
 
-def test_a_backup_promoted_during_a_drains_fence_is_drained_in_its_primarys_place():
-    """--servers 2:3 --replicas 2: a third server joins (the backups follow their primaries'
-    ranks), then shard 0's primary dies while a drain of it waits for the fence. Its backup
-    is promoted under a new shard-map epoch (heartbeat answers carry the layout and the
-    promoted shard, so a push in flight goes to it), the move names the backup in the old
-    layout and drains it, and the others' backups follow their primaries' new ranks."""
+def replicated_after_a_join():
+    """A --servers 2:3 --replicas 2 job whose two primaries (tcp://h:1, tcp://h:2; backups
+    tcp://b:1, tcp://b:2) took a third server (tcp://h:9, the middle range) at epoch 1; the
+    backups synced again under their primaries' new ranks 0 and 2."""
     from paramserver.coordinator.events import ReplicaReport
     state = CoordinatorState(job_of("asp", replicas=2))
 
@@ -531,10 +529,20 @@ def test_a_backup_promoted_during_a_drains_fence_is_drained_in_its_primarys_plac
     state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
     state.handle(TimePassed(1.3))
     for link in ("L0", "L1", "LN"):
-        out = state.handle(Resharded("x", 1.4, 1, 1, link=link))
+        state.handle(Resharded("x", 1.4, 1, 1, link=link))
     assert {r: b.addr for r, b in state.replicas.backups.items()} == {0: "tcp://b:1",
                                                                      2: "tcp://b:2"}
     synced(1.45)
+    return state
+
+
+def test_a_backup_promoted_during_a_drains_fence_is_drained_in_its_primarys_place():
+    """--servers 2:3 --replicas 2: a third server joins (the backups follow their primaries'
+    ranks), then shard 0's primary dies while a drain of it waits for the fence. Its backup
+    is promoted under a new shard-map epoch (heartbeat answers carry the layout and the
+    promoted shard, so a push in flight goes to it), the move names the backup in the old
+    layout and drains it, and the others' backups follow their primaries' new ranks."""
+    state = replicated_after_a_join()
     state.handle(DrainAsked("ops", 1.5, 0, to="d"))
     state.handle(Clocked("w1", 1, 32, 0.1, 1.6, to="c1"))  # w0's push hangs at the dead s0
     for t in (2.0, 3.5, 5.0, 6.0):  # everyone but s0 beats
@@ -567,34 +575,7 @@ def test_a_move_that_loses_a_primary_to_its_backup_starts_again_under_the_next_e
     """As above, but shard 2's primary dies after the move began: when its backup is
     promoted the same move goes again under the next epoch, naming the backup; reports of
     the given-up move are ignored; the commit tells every server to serve its new range."""
-    from paramserver.coordinator.events import ReplicaReport
-    state = CoordinatorState(job_of("asp", replicas=2))
-
-    def synced(now):
-        for r, b in state.replicas.backups.items():
-            primary = state.members.roster.servers[f"s{r}"]
-            state.handle(ReplicaReport("backup_synced", f"s{r}", now, link=primary.link,
-                                       fields={"rank": r, "epoch": b.epoch, "version": 0}))
-
-    for r in range(2):
-        state.handle(Registered(f"s{r}", "server", 0.0, to=f"reg-s{r}", link=f"L{r}",
-                                addr=f"tcp://h:{r + 1}"))
-        state.handle(Registered("server", "server", 0.0, to=f"reg-b{r}", link=f"LB{r}",
-                                addr=f"tcp://b:{r + 1}", backup=True))
-    synced(0.05)
-    for w in range(2):
-        state.handle(Registered(f"w{w}", "worker", 0.1, to=f"reg-w{w}"))
-    state.handle(Started("w0", 0.5, to="st0"))
-    state.handle(Started("w1", 0.6, to="st1"))
-    join(state)  # tcp://h:9 takes the middle range
-    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
-    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
-    state.handle(TimePassed(1.3))
-    for link in ("L0", "L1", "LN"):
-        out = state.handle(Resharded("x", 1.4, 1, 1, link=link))
-    assert {r: b.addr for r, b in state.replicas.backups.items()} == {0: "tcp://b:1",
-                                                                     2: "tcp://b:2"}
-    synced(1.45)
+    state = replicated_after_a_join()
     state.handle(DrainAsked("ops", 1.5, 0, to="d"))
     state.handle(Clocked("w0", 1, 32, 0.1, 1.6, to="c0"))
     state.handle(Clocked("w1", 1, 32, 0.1, 1.6, to="c1"))

@@ -77,6 +77,23 @@ def _server_process(address: str, log: Path) -> subprocess.Popen:
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=dict(os.environ))
 
 
+def _end(stop: threading.Event, clients: list, joiner) -> None:
+    """A live test's end, whatever happened: the client threads told to stop, the clients
+    closed, the joined server process asked to leave and reaped (bounded)."""
+    stop.set()
+    for kv in clients:
+        kv.close()
+    if joiner is None:
+        return
+    if joiner.poll() is None:
+        joiner.send_signal(signal.SIGTERM)
+    try:
+        joiner.wait(30)
+    except subprocess.TimeoutExpired:
+        joiner.kill()
+        joiner.wait(10)
+
+
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_a_server_joins_and_one_drains_with_every_update_kept_exactly(tmp_path, sync):
     job = make_job(KEYS, 2, WORKERS, sync=sync, max_servers=3, retry_interval=0.5)
@@ -125,17 +142,7 @@ def test_a_server_joins_and_one_drains_with_every_update_kept_exactly(tmp_path, 
             assert len(pulls) > 10  # the observer kept reading across both moves
             watcher.bye()
         finally:
-            stop.set()
-            for kv in [*kvs, watcher]:
-                kv.close()
-            if joiner is not None and joiner.poll() is None:
-                joiner.send_signal(signal.SIGTERM)
-            if joiner is not None:
-                try:
-                    joiner.wait(30)
-                except subprocess.TimeoutExpired:
-                    joiner.kill()
-                    joiner.wait(10)
+            _end(stop, [*kvs, watcher], joiner)
         supervisor.join(60)
     events = run_events(cluster.run_dir)
     moving = [e for e in events if e["event"] == "reshard_moving"]
@@ -223,17 +230,7 @@ def test_sparse_rows_move_with_a_join_and_a_drain_and_every_push_is_kept_exactly
             assert len(reads) > 10
             watcher.bye()
         finally:
-            stop.set()
-            for kv in [*kvs, watcher]:
-                kv.close()
-            if joiner is not None and joiner.poll() is None:
-                joiner.send_signal(signal.SIGTERM)
-            if joiner is not None:
-                try:
-                    joiner.wait(30)
-                except subprocess.TimeoutExpired:
-                    joiner.kill()
-                    joiner.wait(10)
+            _end(stop, [*kvs, watcher], joiner)
         supervisor.join(60)
     events = run_events(cluster.run_dir)
     assert not [e for e in events if e["event"] in ("reshard_refused", "job_failed")]
@@ -393,17 +390,7 @@ def test_replicated_shards_follow_a_join_and_a_drain_and_survive_a_killed_primar
             np.testing.assert_array_equal(watcher.pull_rows("emb", ROW_KEYS), expected)
             watcher.bye()
         finally:
-            stop.set()
-            for kv in [*kvs, watcher]:
-                kv.close()
-            if joiner is not None and joiner.poll() is None:
-                joiner.send_signal(signal.SIGTERM)
-            if joiner is not None:
-                try:
-                    joiner.wait(30)
-                except subprocess.TimeoutExpired:
-                    joiner.kill()
-                    joiner.wait(10)
+            _end(stop, [*kvs, watcher], joiner)
         supervisor.join(60)
     events = run_events(cluster.run_dir)
     kinds = [e["event"] for e in events]
@@ -475,17 +462,7 @@ def test_a_primary_killed_while_keys_move_is_replaced_and_the_move_goes_again(tm
             np.testing.assert_array_equal(watcher.pull(), init - sum(g for a in acked for g in a))
             watcher.bye()
         finally:
-            stop.set()
-            for kv in [*kvs, watcher]:
-                kv.close()
-            if joiner is not None and joiner.poll() is None:
-                joiner.send_signal(signal.SIGTERM)
-            if joiner is not None:
-                try:
-                    joiner.wait(30)
-                except subprocess.TimeoutExpired:
-                    joiner.kill()
-                    joiner.wait(10)
+            _end(stop, [*kvs, watcher], joiner)
         supervisor.join(60)
     moving = [e for e in run_events(cluster.run_dir) if e["event"] == "reshard_moving"]
     kinds = [e["event"] for e in run_events(cluster.run_dir)]
