@@ -607,3 +607,45 @@ def test_a_move_that_loses_a_primary_to_its_backup_starts_again_under_the_next_e
     assert [m.addr for m in sorted(state.members.roster.servers.values(),
                                    key=lambda m: m.rank)] == ["tcp://h:9", "tcp://b:2"]
     state.check_invariants()
+
+
+def test_a_move_that_never_finishes_is_given_up_and_every_server_keeps_its_old_range():
+    """The joiner dies while keys move (it never says `resharded`): past the move's limit the
+    coordinator gives the move up instead of the job. The old servers are told
+    `reshard_abort` (they kept their old cores until a commit), the joiner `shutdown`, the
+    held releases go, and the next join moves under a later epoch."""
+    state = started_job()
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    moved = next(i for i in kinds(state.handle(TimePassed(1.3)), ToServers)
+                 if i.op == "reshard").fields
+    assert moved["epoch"] == 1
+    for src, link in (("s0", "L0"), ("s1", "L1")):  # the old servers report; the joiner not
+        state.handle(Resharded(src, 1.4, 1, 1, link=link))
+    limit = state.job.limits.server_timeout
+    for t in (1.5 + k * HB / 2 for k in range(int(2 * limit / HB) + 1)):
+        for src, link in (("s0", "L0"), ("s1", "L1")):
+            state.handle(Heartbeat(src, t, to="hb", link=link))
+        for w in ("w0", "w1"):
+            state.handle(Heartbeat(w, t, to="hb"))
+    out = state.handle(TimePassed(1.3 + limit + 0.1))
+    sends = {i.op: i for i in kinds(out, ToServers)}
+    assert sends["reshard_abort"].fields == {"epoch": 1}
+    assert set(sends["reshard_abort"].links) == {"L0", "L1"}
+    assert sends["shutdown"].links == ("LN",)
+    assert sorted(r.to for r in kinds(out, SendRelease)) == ["c0", "c1"]
+    for r in kinds(out, SendRelease):  # the map is the old one (under the spent epoch)
+        assert r.layout is None or [x[1] for x in r.layout] == ["tcp://h:1", "tcp://h:2"]
+    assert any(i.kind == "reshard_refused" for i in kinds(out, AppendEvent))
+    assert not any(i.kind == "job_failed" for i in kinds(out, AppendEvent))
+    assert len(state.members.roster.servers) == 2 and state.reshard.running is None
+    # The given-up move's late report changes nothing; the next join moves under epoch 2.
+    assert not kinds(state.handle(Resharded("s2", 40.0, 1, 1, link="LN")), ToServers)
+    state.handle(Registered("new2", "server", 40.1, to="reg-2", link="L9", addr="tcp://h:10"))
+    state.handle(Clocked("w0", 1, 32, 0.1, 40.2, to="c0b"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 40.3, to="c1b"))
+    again = next(i for i in kinds(state.handle(TimePassed(40.4)), ToServers)
+                 if i.op == "reshard").fields
+    assert again["epoch"] == 2
+    state.check_invariants()

@@ -514,6 +514,32 @@ def test_live_requests_while_moving_wait_for_the_rebuild_and_overflow_busy(live)
     np.testing.assert_array_equal(reply.arrays[0], x1[1000:1010])
 
 
+def test_live_servers_keep_their_old_range_until_the_commit_and_after_an_abort(live):
+    """Both servers have their new ranges and said so, but the coordinator gives the move up:
+    each serves its old range again (nothing of the move applied), and answers the requests
+    it held; a pull of a key that was to move was held, not refused, and reads the old value."""
+    coord, w, start = live
+    a, b, x1, _ = two_servers(coord, w, start)
+    old = [[0, a, 0, 3000], [1, b, 3000, KEYS]]
+    new = [[0, a, 0, 1000], [1, b, 1000, KEYS]]
+    coord.reshard(1, old, new)
+    assert {coord.recv("resharded")[1]["rank"] for _ in range(2)} == {0, 1}
+    w.send(a, "pull", {"range": [1000, 1010]})  # held: a is moving until the word
+    assert not w.sock(a).poll(300)
+    for addr in (a, b):
+        coord.send(addr, "reshard_abort", {"epoch": 1})
+    held = w.answer(a)
+    assert held.op == "values", held.fields
+    np.testing.assert_array_equal(held.arrays[0], x1[1000:1010])
+    np.testing.assert_array_equal(w.pull(a, 0, 3000), x1[:3000])
+    np.testing.assert_array_equal(w.pull(b, 3000, KEYS), x1[3000:])
+    assert w.pull(b, 1000, 1010).op == "error"  # b never took [1000, 3000)
+    # The same move again, under the next epoch, goes through.
+    coord.reshard(2, old, new)
+    coord.reports(2, 2, old, new)
+    np.testing.assert_array_equal(w.pull(b, 1000, KEYS), x1[1000:])
+
+
 def test_live_table_rows_follow_their_placement_through_a_join_and_a_drain(live):
     """Two servers holding a sparse table's rows (adagrad, admission after 2 pushes): a third
     joins, then is drained. Each time every row, its accumulator and its admission count

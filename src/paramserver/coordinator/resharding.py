@@ -12,7 +12,7 @@ do itself (the releases held at the fence, a failure, metrics lines) it returns 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from paramserver.coordinator.events import AppendEvent, Reply, ToServers, Warn
@@ -91,7 +91,7 @@ class Resharding:
             return Outcome()
         return self._commit(e.now, members, out)
 
-    def overdue(self, now: float, stopping: bool, out: list) -> Outcome:
+    def overdue(self, now: float, stopping: bool, members: Membership, out: list) -> Outcome:
         """Deadlines: drained servers past their grace, a fence or a move that took too
         long; with the budget spent, the asks still queued are refused."""
         plan = self.plan
@@ -106,9 +106,20 @@ class Resharding:
             self._refuse(ask, f"no quiet point came within {plan.fence_timeout:.0f} s (a worker "
                               f"that never clocks holds the fence)", now, out)
         elif over == "move":
-            done.failure = (f"resharding did not finish within {plan.move_timeout:.0f} s: no "
-                            f"'resharded' from {sorted(plan.running.waiting)}")
-            return done
+            # Every server kept its old core until the commit: give the move up and they
+            # serve their old ranges again. (A server that died with keys nobody else has
+            # ends the job by its own silence, as always.)
+            waiting = sorted(plan.running.waiting)
+            epoch = plan.epoch + 1
+            ask, done.held = plan.cancel()
+            plan.epoch = epoch  # (the given-up move's: its late pieces and reports are stale)
+            out.append(ToServers("reshard_abort", {"epoch": epoch}, members.server_links))
+            if ask.kind == "join":  # welcomed at the move's start: told to go
+                out.append(ToServers("shutdown", {"reason": "its join was given up"},
+                                     (ask.link,)))
+            self._refuse(replace(ask, to=None), f"the move did not finish within "
+                         f"{plan.move_timeout:.0f} s (no 'resharded' from {waiting}): given "
+                         f"up, every server serves its old range", now, out)
         if plan.running is None and plan.asks and stopping:
             # No step will come to fence at; a joiner hears it now rather than waiting out
             # its registration.

@@ -799,7 +799,7 @@ class CoordinatorState:
 
     def _check_reshard(self, now: float, out: list) -> None:
         part, host = self.resharding, self.host
-        if self._carry_out(part.overdue(now, host.stopping, out), now, out):
+        if self._carry_out(part.overdue(now, host.stopping, self.members, out), now, out):
             return
         part.advance(now, self.members, Situation(
             stopping=host.stopping,

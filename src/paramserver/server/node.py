@@ -498,6 +498,9 @@ class ServerNode:
         elif msg.op == "reshard_commit":
             self.resharding.commit(msg)
             return
+        elif msg.op == "reshard_abort":
+            self.resharding.abort(msg)
+            return
         elif msg.op in FROM_COORDINATOR:
             name = replica.from_coordinator(msg)
             if name is not None:

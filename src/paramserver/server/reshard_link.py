@@ -216,6 +216,22 @@ class ReshardLink:
         for ident, queued_msg, frames in queued:
             node.handle_worker(ident, queued_msg, frames)
 
+    def abort(self, msg: Message) -> None:
+        """`reshard_abort`: the move is given up; the old core, untouched, serves on and
+        answers what was held."""
+        epoch = msg["epoch"]
+        if not self.moving or epoch != self.epoch:
+            log.warning("server %s: abort of reshard %d ignored (at %d)", self.node.src, epoch,
+                        self.epoch)
+            return
+        log.warning("server %s: reshard %d given up: serving keys [%d, %d) as before",
+                    self.node.src, epoch, self.node.core.store.range.lo,
+                    self.node.core.store.range.hi)
+        self._abandon()
+        queued, self.queued = self.queued, deque()
+        for ident, queued_msg, frames in queued:
+            self.node.handle_worker(ident, queued_msg, frames)
+
     def _abandon(self) -> None:
         """Forget the move under way; the old core is untouched, the held requests wait on."""
         self.assembly, self.leaving, self.new, self.reported = None, None, None, False

@@ -134,6 +134,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                      "tick": _f(NONNEG), "pieces": _f(NONNEG, False)},
     # coordinator -> server: every server of reshard `epoch` reported: serve the new range
     "reshard_commit": {"epoch": _f(NONNEG)},
+    # coordinator -> server: reshard `epoch` is given up: serve the old range as before
+    "reshard_abort": {"epoch": _f(NONNEG)},
     # server -> coordinator: its new range is whole (drained: all it held is sent)
     "resharded": {"epoch": _f(NONNEG), "rank": _f(NONNEG), "version": _f(NONNEG, False),
                   "drained": _f(BOOL, False)},
