@@ -469,3 +469,65 @@ def test_a_primary_killed_while_keys_move_is_replaced_and_the_move_goes_again(tm
     assert "replica_promoted" in kinds and "job_failed" not in kinds
     # (the kill came before the commit: the move went again under the next epoch)
     assert [e.get("again", False) for e in moving] == [False, True], moving
+
+
+def test_a_joiner_killed_while_keys_move_is_given_up_and_the_job_goes_on(tmp_path):
+    """A joining server SIGKILLed as soon as its move begins: once the move is past its
+    limit (server_timeout) it is given up, every server serves its old range from the core
+    it kept, and the job goes on with every acknowledged push in the final values."""
+    keys = 2_000_000
+    job = make_job(keys, 2, 2, sync="asp", max_servers=3, retry_interval=0.5,
+                   server_timeout=4.0)
+    joiner = None
+    with running_job(tmp_path, job) as cluster:
+        supervisor = threading.Thread(target=cluster.wait, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(2)]
+        watcher = KVWorker(cluster.address, role="observer")
+        acked = [[] for _ in kvs]
+        errors: list = []
+        stop = threading.Event()
+        events = cluster.run_dir / "events.jsonl"
+
+        def worker(kv, out):
+            try:
+                release = kv.start()
+                while not stop.is_set() and not release.stop:
+                    grad = known_gradient(kv.rank, release.step, keys, kv.dtype)
+                    kv.push(grad, step=release.step, batch=1)
+                    out.append(grad)
+                    release = kv.clock(release.step, batch=1, compute_time=0.0)
+                kv.bye()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(kv, a)) for kv, a in zip(kvs, acked)]
+        try:
+            kvs[0].init(np.zeros(keys))
+            for t in threads:
+                t.start()
+            wait_for(lambda: sum(map(len, acked)) >= 6, "6 acknowledged pushes")
+            joiner = _server_process(cluster.address, tmp_path / "joiner.log")
+            deadline = time.monotonic() + 120
+            while b'"reshard_moving"' not in events.read_bytes():  # bounded below
+                assert time.monotonic() < deadline, "the move never began"
+                time.sleep(0.001)
+            joiner.kill()
+            joiner.wait(10)
+            wait_for(lambda: [e for e in run_events(cluster.run_dir)
+                              if e["event"] == "reshard_refused"], "the move given up",
+                     timeout=60)
+            before = sum(map(len, acked))
+            wait_for(lambda: sum(map(len, acked)) >= before + 6, "pushes after the abort")
+            stop.set()
+            for t in threads:
+                t.join(120)
+            assert not errors, errors
+            np.testing.assert_array_equal(watcher.pull(), -sum(g for a in acked for g in a))
+            watcher.bye()
+        finally:
+            _end(stop, [*kvs, watcher], joiner)
+        supervisor.join(60)
+    kinds = [e["event"] for e in run_events(cluster.run_dir)]
+    assert "job_failed" not in kinds and "server_joined" not in kinds[kinds.index(
+        "reshard_moving"):]
