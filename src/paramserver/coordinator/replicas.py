@@ -44,6 +44,11 @@ from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.takeback import BackupBack, ForwardsTo, ServerBack
 
 
+def backup_rank(src: str) -> int | None:
+    """The shard rank of a backup's name (b<rank>), else None."""
+    return int(src[1:]) if len(src) > 1 and src[0] == "b" and src[1:].isdigit() else None
+
+
 # Dead primaries' successors kept for clients' heartbeat answers (a client needs only those
 # of the shards it sent to since its last beat).
 MAX_REPLACED = 64
@@ -100,17 +105,8 @@ class Replicas:
         self.replaced: dict[str, str] = {}  # a dead primary's address -> its successor's
         self.settled: set[tuple[int, int]] = set()  # (rank, attach epoch) of claims decided
 
-    @staticmethod
-    def src_of(rank: int) -> str:
-        return f"b{rank}"
-
-    @staticmethod
-    def rank_of(src: str) -> int | None:
-        """The shard rank of a backup's name (b<rank>), else None."""
-        return int(src[1:]) if len(src) > 1 and src[0] == "b" and src[1:].isdigit() else None
-
     def find(self, src: str) -> Backup | None:
-        rank = self.rank_of(src)
+        rank = backup_rank(src)
         return None if rank is None else self.backups.get(rank)
 
     @property
@@ -396,7 +392,7 @@ class Replicas:
         beat of a backup just promoted (sent before it took its primary's name) counts for
         the primary it is now; one of a dropped backup is not answered (it was told to shut
         down), never answered `unknown`, which would make it register again."""
-        rank = self.rank_of(src)
+        rank = backup_rank(src)
         if rank is None:
             return None
         # By its connection: after a reshard a backup beats under its old name until its
