@@ -71,7 +71,8 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help=f"shards, or {AUTO_SERVERS_HELP}, or MIN:MAX: start MIN, let servers "
                         f"join (`paramserver server --join`) up to MAX and be drained "
                         f"(`paramserver drain`) back to MIN while training runs; key ranges "
-                        f"move to balance bytes and load (default {d.servers})")
+                        f"move to balance bytes and load, sparse-table rows and --replicas "
+                        f"backups with them (default {d.servers})")
     g["model"].add_argument("--model", default=d.model,
                    help=f"{catalog.listed(catalog.MODELS)} (default {d.model})")
     g["model"].add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
