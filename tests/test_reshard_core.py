@@ -148,9 +148,6 @@ def test_servers_min_max_in_the_job():
     assert "max_servers" not in JobSpec().to_dict()
     with pytest.raises(JobSpecError, match="max_servers"):
         JobSpec(servers=2, max_servers=2)
-    with pytest.raises(JobSpecError, match="restart_servers"):
-        JobSpec(servers=2, max_servers=3, restart_servers=2,
-                checkpoint=CheckpointSpec(dir="c", every=10))
     assert JobSpec(servers=2, max_servers=3, replicas=2).replicas == 2  # backups follow
     # Sparse tables move with the keys (their rows placed anew by the server count).
     with_table = JobSpec(servers=2, max_servers=3, tables=(TableSpec("emb", 4),))
@@ -649,3 +646,32 @@ def test_a_move_that_never_finishes_is_given_up_and_every_server_keeps_its_old_r
                  if i.op == "reshard").fields
     assert again["epoch"] == 2
     state.check_invariants()
+
+
+def test_a_server_restarted_after_keys_moved_is_welcomed_with_the_map_and_restores(tmp_path):
+    """--servers 2:3 --restart-servers: a server that dies after a join comes back at its
+    address (the launcher restarts it there) with its current rank's range to restore from
+    the latest checkpoint (cut anew from the parts if it was taken on another layout) and
+    the shard map, so it refuses requests for other keys `moved`."""
+    state = started_job(restart_servers=1,
+                        checkpoint=CheckpointSpec(dir=str(tmp_path), every=1000))
+    from paramserver.coordinator.events import ShardSaved
+    for src in ("s0", "s1"):  # checkpoint 0, the initial values, is on disk
+        state.handle(ShardSaved(src, "000000000", 0.7, to="x"))
+    state.schedule.latest = "000000005"  # (and a later one was committed)
+    join(state)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    for link in ("L0", "L1", "LN"):
+        state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    layout = state.members.shard_map()
+    assert state.reshard.epoch == 1 and len(layout) == 3
+    out = state.handle(Registered("s-new", "server", 2.0, to="reg-again", link="L0b",
+                                  addr="tcp://h:1"))  # s0's address: the old process is gone
+    welcome = next(r for r in kinds(out, Reply) if r.to == "reg-again")
+    assert welcome.op == "welcome" and welcome.fields["rank"] == 0
+    assert welcome.fields["epoch"] == 1 and welcome.fields["layout"] == layout
+    job = welcome.fields["job"]
+    assert job["shard_range"] == layout[0][2:4] and job["restore"]["tag"] == "000000005"
+    assert any(i.kind == "server_rejoined" for i in kinds(out, AppendEvent))

@@ -531,3 +531,47 @@ def test_a_joiner_killed_while_keys_move_is_given_up_and_the_job_goes_on(tmp_pat
     kinds = [e["event"] for e in run_events(cluster.run_dir)]
     assert "job_failed" not in kinds and "server_joined" not in kinds[kinds.index(
         "reshard_moving"):]
+
+
+def test_a_server_killed_after_keys_moved_restarts_from_a_checkpoint(tmp_path):
+    """--servers 2:3 --restart-servers 1: a server joins, a checkpoint is taken on three
+    servers, then a launched server is SIGKILLed: it is restarted at its address with its
+    current range, restored from that checkpoint, and training ends with its accuracy."""
+    import psutil
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
+           "--servers", "2:3", "--restart-servers", "1", "--checkpoint-every", "20",
+           "--epochs", "200", "--max-seconds", "30", "--batch-size", "32", "--lr", "0.1",
+           "--eval-interval", "1", "--out", str(run), "--timeout", "300"]
+    train = subprocess.Popen(cmd, stdout=(tmp_path / "train.log").open("w"),
+                             stderr=subprocess.STDOUT)
+    joiner = None
+    try:
+        wait_for(lambda: any(e["event"] == "barrier_open" for e in run_events(run)),
+                 "training to start", timeout=120)
+        address = (run / "coordinator.addr").read_text().strip()
+        joiner = subprocess.Popen(
+            [sys.executable, "-m", "paramserver", "server", "--join", address],
+            stdout=(tmp_path / "joiner.log").open("w"), stderr=subprocess.STDOUT,
+            env=dict(os.environ, PARAMSERVER_KEYS=str(run / "keys")))
+        joined = wait_for(lambda: _reshards(run, "server_joined"), "the join", timeout=120)
+        at = joined[0]["t"]
+        wait_for(lambda: [e for e in run_events(run)
+                          if e["event"] == "checkpoint" and e["t"] > at], "a checkpoint of 3")
+        port = int(joined[0]["layout"][0][1].rsplit(":", 1)[1])
+        victim = next(p for p in psutil.Process(train.pid).children(recursive=True) if any(
+            c.laddr.port == port and c.status == psutil.CONN_LISTEN
+            for c in p.net_connections("tcp")))
+        victim.kill()
+        assert train.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
+    finally:
+        for p in (train, joiner):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(30)
+    events = run_events(run)
+    rejoined = [e for e in events if e["event"] == "server_rejoined"]
+    assert [e["rank"] for e in rejoined] == [0]
+    assert any(e["event"] == "server_restored" for e in events)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_test_accuracy"] >= 0.9, summary

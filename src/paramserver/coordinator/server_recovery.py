@@ -27,8 +27,11 @@ class ServerRecovery:
         self.server_restarts = 0
 
     def back(self, event: Registered, member: Member, schedule: CheckpointSchedule,
-             version_floor: int, server_job: ServerJob, out: list) -> str | None:
-        """Welcome the server back with what to restore; or a failure (nothing to restore)."""
+             version_floor: int, server_job: ServerJob, out: list,
+             layout: tuple[int, list] | None = None) -> str | None:
+        """Welcome the server back with what to restore; or a failure (nothing to restore).
+        `layout`: a resharded job's (epoch, shard map), which the new server refuses requests
+        for other keys `moved` by."""
         tag = schedule.latest if schedule.enabled else None
         initial = tag is None and schedule.keeps_initial
         if initial:  # nothing committed yet: its own part of checkpoint 0 (if it saved one)
@@ -47,8 +50,10 @@ class ServerRecovery:
         member.link, member.last_seen, member.silent_since = event.link, now, None
         restore = ShardRestore(str(schedule.root), tag, version_floor, restart=True,
                                initial=initial)
-        out.append(Reply(event.to, "welcome", {
-            "rank": member.rank, "job": server_job.with_restore(restore).to_dict()}))
+        fields = {"rank": member.rank, "job": server_job.with_restore(restore).to_dict()}
+        if layout is not None:
+            fields["epoch"], fields["layout"] = layout
+        out.append(Reply(event.to, "welcome", fields))
         self.server_restarts += 1
         out.append(AppendEvent(now, "server_rejoined",
                                {"rank": member.rank, "addr": member.addr, "checkpoint": tag}))

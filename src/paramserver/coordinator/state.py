@@ -344,7 +344,8 @@ class CoordinatorState:
         back = members.server_at(e.addr)
         if back is not None:  # only one process can listen there: the old one is dead
             failure = self.recovery.back(e, back, self.schedule, self.progress,
-                                         self._server_job(back.rank), out)
+                                         self._server_job(back.rank), out,
+                                         self._layout_now())
             members.relinked()
             if failure is not None:
                 self._fail(failure, now, out)
@@ -805,6 +806,10 @@ class CoordinatorState:
             stopping=host.stopping,
             may_begin=self.barrier.open and self.schedule.pending_tag is None,
             version=host.version if self.round_mode else 0, shard_job=self._shard_job), out)
+
+    def _layout_now(self) -> tuple[int, list] | None:
+        """(epoch, shard map) once keys have moved (a restarted server refuses by it)."""
+        return (self.reshard.epoch, self.members.shard_map()) if self.reshard.epoch else None
 
     def _carry_out(self, done: Outcome, now: float, out: list) -> bool:
         """What the resharding part left to the coordinator; True when the job failed."""

@@ -271,6 +271,8 @@ class ServerNode:
         torch.set_num_threads(s.server_threads)
         if welcome.get("handoff"):  # joining a running job: its keys come from the others
             self.resharding.join(welcome.get("epoch", 0))
+        elif welcome.get("layout") is not None:  # restarted after keys moved
+            self.core.epoch, self.core.layout = welcome.get("epoch", 0), list(welcome["layout"])
         if s.restore is not None:
             self._restore(s.restore)
 

@@ -521,11 +521,6 @@ class JobSpec:
             if self.max_servers <= self.servers:
                 _fail("max_servers", self.max_servers,
                       f"above servers ({self.servers}), or 0 for a fixed count")
-            # A shard that moves its keys cannot take its checkpoint-restore rank along yet.
-            if self.restart_servers:
-                raise JobSpecError("job fields 'max_servers' (--servers MIN:MAX) and "
-                                   "'restart_servers' are exclusive: live resharding does "
-                                   "not move a restart's rank yet")
 
     @classmethod
     def from_config(cls, config, num_keys: int, train_size: int,

@@ -85,8 +85,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "observe": {"since": _f(NONNEG)},
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False),
-                # live resharding: the shard map's epoch; a joining server takes handoffs
-                "epoch": _f(NONNEG, False), "handoff": _f(BOOL, False)},
+                # live resharding: the shard map's epoch; a joining server takes handoffs;
+                # a restarted server of a resharded job gets the map (`moved` refusals)
+                "epoch": _f(NONNEG, False), "handoff": _f(BOOL, False),
+                "layout": _f(LIST, False)},
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
                 "round_size": _f(NONNEG, False),
