@@ -400,6 +400,21 @@ def test_replicated_shards_follow_a_join_and_a_drain_and_survive_a_killed_primar
 
 
 
+def _dense_worker(kv: KVWorker, keys: int, stop: threading.Event, acked: list,
+                  errors: list) -> None:
+    """ASP steps pushing known integer gradients of `keys` values (SGD lr 1)."""
+    try:
+        release = kv.start()
+        while not stop.is_set() and not release.stop:
+            grad = known_gradient(kv.rank, release.step, keys, kv.dtype)
+            kv.push(grad, step=release.step, batch=1)
+            acked.append(grad)
+            release = kv.clock(release.step, batch=1, compute_time=0.0)
+        kv.bye()
+    except Exception as exc:  # noqa: BLE001 (reported by the test)
+        errors.append(exc)
+
+
 def test_a_primary_killed_while_keys_move_is_replaced_and_the_move_goes_again(tmp_path):
     """--servers 2:3 --replicas 2 on a key space large enough for the move to take a while:
     a primary is SIGKILLed as soon as the join's move begins. Every server kept its old
@@ -420,22 +435,11 @@ def test_a_primary_killed_while_keys_move_is_replaced_and_the_move_goes_again(tm
         threads = []
         events = cluster.run_dir / "events.jsonl"
 
-        def worker(kv, out):
-            try:
-                release = kv.start()
-                while not stop.is_set() and not release.stop:
-                    grad = known_gradient(kv.rank, release.step, keys, kv.dtype)
-                    kv.push(grad, step=release.step, batch=1)
-                    out.append(grad)
-                    release = kv.clock(release.step, batch=1, compute_time=0.0)
-                kv.bye()
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-
         try:
             init = np.zeros(keys)
             kvs[0].init(init)
-            threads = [threading.Thread(target=worker, args=(kv, a)) for kv, a in zip(kvs, acked)]
+            threads = [threading.Thread(target=_dense_worker, args=(kv, keys, stop, a, errors))
+                       for kv, a in zip(kvs, acked)]
             for t in threads:
                 t.start()
             wait_for(lambda: {e["rank"] for e in run_events(cluster.run_dir)
@@ -489,19 +493,8 @@ def test_a_joiner_killed_while_keys_move_is_given_up_and_the_job_goes_on(tmp_pat
         stop = threading.Event()
         events = cluster.run_dir / "events.jsonl"
 
-        def worker(kv, out):
-            try:
-                release = kv.start()
-                while not stop.is_set() and not release.stop:
-                    grad = known_gradient(kv.rank, release.step, keys, kv.dtype)
-                    kv.push(grad, step=release.step, batch=1)
-                    out.append(grad)
-                    release = kv.clock(release.step, batch=1, compute_time=0.0)
-                kv.bye()
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-
-        threads = [threading.Thread(target=worker, args=(kv, a)) for kv, a in zip(kvs, acked)]
+        threads = [threading.Thread(target=_dense_worker, args=(kv, keys, stop, a, errors))
+                   for kv, a in zip(kvs, acked)]
         try:
             kvs[0].init(np.zeros(keys))
             for t in threads:

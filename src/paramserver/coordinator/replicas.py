@@ -363,7 +363,10 @@ class Replicas:
         kept, spare = {}, []
         for rank, b in sorted(self.backups.items()):
             r = new_rank.get(addr_of.get(rank))
-            (spare.append(b) if r is None else kept.__setitem__(r, b))
+            if r is None:
+                spare.append(b)
+            else:
+                kept[r] = b
         self.servers = len(new)
         self.backups, self.suspected = {}, {}
         self.moved.clear()  # (the layout the workers get names every primary's address)
@@ -397,7 +400,9 @@ class Replicas:
             return None
         # By its connection: after a reshard a backup beats under its old name until its
         # primary's new sync renames it.
-        b = next((b for b in self.backups.values() if b.link == link), None)
+        b = self.backups.get(rank)
+        if b is None or b.link != link:
+            b = next((b for b in self.backups.values() if b.link == link), None)
         if b is not None:
             b.last_seen = now
             return True
@@ -558,6 +563,10 @@ class Replicas:
         self.replaced[old] = new
         while len(self.replaced) > MAX_REPLACED:
             del self.replaced[next(iter(self.replaced))]
+
+    def predecessor(self, addr: str) -> str | None:
+        """The dead primary's address that `addr` serves in place of (None: none known)."""
+        return next((old for old, new in self.replaced.items() if new == addr), None)
 
     def worker_fields(self) -> dict | None:
         """What a worker's heartbeat answer carries once a shard moved: the map's epoch, the

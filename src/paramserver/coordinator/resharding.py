@@ -149,15 +149,7 @@ class Resharding:
         plan.epoch += 1  # (the given-up move's: its late pieces and reports are stale)
         run.moving_since, run.version = now, 0
         run.waiting = {a for _, a, _, _ in run.old} | {a for _, a, _, _ in run.new}
-        fields = {"epoch": plan.epoch + 1, "layout": run.new, "old": run.old,
-                  "version": at.version}
-        out.append(ToServers("reshard", fields, members.server_links))
-        if run.ask.kind == "join":
-            out.append(ToServers("reshard", fields, (run.ask.link,)))
-        out.append(AppendEvent(now, "reshard_moving", {
-            "kind": run.ask.kind, "addr": run.ask.addr, "epoch": plan.epoch + 1,
-            "old": run.old, "layout": run.new, "moved_keys": run.plan.moved_keys,
-            "fence_s": round(now - run.started, 6), "again": True}))
+        self._tell_move(now, members, at, out, again=True)
 
     def next_deadline(self) -> float | None:
         t = self.plan.next_deadline()
@@ -177,23 +169,32 @@ class Resharding:
 
     def _start_moving(self, now: float, members: Membership, at: Situation,
                       out: list) -> None:
-        plan = self.plan
         busy = [self.shard_busy.get(r, 0.0) for r in range(len(members.roster.servers))]
-        run = plan.move(busy, members.layer_edges, now)
+        self.plan.move(busy, members.layer_edges, now)
+        self._tell_move(now, members, at, out)
+
+    def _tell_move(self, now: float, members: Membership, at: Situation, out: list,
+                   again: bool = False) -> None:
+        """`reshard` to every server of the move (a joiner welcomed first, the first time:
+        the range it fills), and the event."""
+        plan, run = self.plan, self.plan.running
+        ask = run.ask
         fields = {"epoch": plan.epoch + 1, "layout": run.new, "old": run.old,
                   "version": at.version}
         out.append(ToServers("reshard", fields, members.server_links))
-        ask = run.ask
         if ask.kind == "join":
-            rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
-            out.append(Reply(ask.to, "welcome", {"rank": rank,
-                                                 "job": at.shard_job(lo, hi).to_dict(),
-                                                 "epoch": plan.epoch + 1, "handoff": True}))
+            if not again:
+                rank, _, lo, hi = next(x for x in run.new if x[1] == ask.addr)
+                out.append(Reply(ask.to, "welcome", {
+                    "rank": rank, "job": at.shard_job(lo, hi).to_dict(),
+                    "epoch": plan.epoch + 1, "handoff": True}))
             out.append(ToServers("reshard", fields, (ask.link,)))
-        out.append(AppendEvent(now, "reshard_moving", {
-            "kind": ask.kind, "addr": ask.addr, "epoch": plan.epoch + 1, "old": run.old,
-            "layout": run.new, "moved_keys": run.plan.moved_keys,
-            "fence_s": round(now - run.started, 6)}))
+        event = {"kind": ask.kind, "addr": ask.addr, "epoch": plan.epoch + 1, "old": run.old,
+                 "layout": run.new, "moved_keys": run.plan.moved_keys,
+                 "fence_s": round(now - run.started, 6)}
+        if again:
+            event["again"] = True
+        out.append(AppendEvent(now, "reshard_moving", event))
 
     def promoted(self, old: str, new: str) -> None:
         """Shard server `old` was replaced by its backup at `new` (ranks and ranges do not

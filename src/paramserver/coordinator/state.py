@@ -839,10 +839,10 @@ class CoordinatorState:
         if self.replicas.watching:
             # One shard-map epoch for promotions and reshards: clients follow either by it.
             self.replicas.epoch = max(self.replicas.epoch, self.reshard.epoch)
-            was = {m.rank: m.addr for m in members.roster.servers.values()}
             for rank in self.replicas.check(now, members, self.schedule, out):
                 self._metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
-                self.resharding.promoted(was.get(rank), members.roster.servers[f"s{rank}"].addr)
+                new = members.roster.servers[f"s{rank}"].addr
+                self.resharding.promoted(self.replicas.predecessor(new), new)
             self.reshard.follow(self.replicas.epoch)
             took_over, self.replicas.took_over = self.replicas.took_over, []
             for back in took_over:  # a backup in place of a primary lost with the coordinator

@@ -155,7 +155,8 @@ class Forwarder:
 def sync_payload(core) -> tuple[dict, list]:
     """The shard's whole state as (fields, arrays) for a new backup: every array as raw bytes
     (uint8) and one JSON frame naming them, with the store's scalars and round, the dedup table
-    and the tables' rows, those of the open round too. JSON and raw frames: nothing here unpickles on the other side."""
+    and the tables' rows, those of the open round too. JSON and raw frames: nothing here
+    unpickles on the other side."""
     arrays, meta = core.store.snapshot()
     arrays.update(core.tables.snapshot())
     arrays.update(core.tables.round_arrays())

@@ -212,9 +212,7 @@ class ReshardLink:
             log.info("server %s serves keys [%d, %d) at epoch %d, version %d", node.src,
                      new.lo, new.hi, self.epoch, core.store.version)
         self.reported = False
-        queued, self.queued = self.queued, deque()
-        for ident, queued_msg, frames in queued:
-            node.handle_worker(ident, queued_msg, frames)
+        self._release_held()
 
     def abort(self, msg: Message) -> None:
         """`reshard_abort`: the move is given up; the old core, untouched, serves on and
@@ -228,9 +226,13 @@ class ReshardLink:
                     self.node.src, epoch, self.node.core.store.range.lo,
                     self.node.core.store.range.hi)
         self._abandon()
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """The workers' requests held while moving, handled now, in order."""
         queued, self.queued = self.queued, deque()
-        for ident, queued_msg, frames in queued:
-            self.node.handle_worker(ident, queued_msg, frames)
+        for ident, msg, frames in queued:
+            self.node.handle_worker(ident, msg, frames)
 
     def _abandon(self) -> None:
         """Forget the move under way; the old core is untouched, the held requests wait on."""

@@ -184,7 +184,7 @@ class ShardTables:
     def split(self, servers: int) -> list[dict[str, RowBundle]]:
         """Every table's rows and candidates by their shard under `servers` servers: for each
         new rank {table: bundle}, every table named (nothing changes here)."""
-        out = [{name: RowBundle.empty(t.dim, t.config.optimizer == "adagrad")
+        out = [{name: RowBundle.empty(t.dim, t.adagrad)
                 for name, t in self.tables.items()} for _ in range(servers)]
         for name, table in self.tables.items():
             for rank, bundle in moves.split(table, lambda k: shard_of(k, servers)).items():
@@ -195,8 +195,7 @@ class ShardTables:
         """An empty handoff.RowsAssembly for these tables (None without tables)."""
         if not self.tables:
             return None
-        return RowsAssembly(dict(self.dims), {n: t.config.optimizer == "adagrad"
-                                              for n, t in self.tables.items()})
+        return RowsAssembly(dict(self.dims), {n: t.adagrad for n, t in self.tables.items()})
 
     def gather(self, bundles: dict[str, list[RowBundle]], counters: dict[str, dict]) -> int:
         """Every table made of the bundles it got (this shard's own rows among them), within

@@ -17,7 +17,7 @@ keep the most recently seen. Counters other than evicted stay those of the shard
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -148,16 +148,16 @@ def _candidates(snap: dict, tick: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def concat(bundles: list[RowBundle], dim: int, adagrad: bool) -> RowBundle:
     """One bundle of all of them at the latest of their clocks (each row's age kept)."""
-    if not bundles:
-        return RowBundle.empty(dim, adagrad)
-    joined = {f.name: (max(b.tick for b in bundles) if f.name == "tick" else
-                       None if getattr(bundles[0], f.name) is None else
-                       np.concatenate([getattr(b, f.name) for b in bundles]))
-              for f in fields(RowBundle)}
-    if adagrad != (joined["accum"] is not None) or any(
-            (b.accum is None) != (joined["accum"] is None) for b in bundles):
+    if any((b.accum is not None) != adagrad for b in bundles):
         raise TableError("bundles of adagrad and sgd tables cannot be gathered together")
-    return RowBundle(**joined)
+    parts = [RowBundle.empty(dim, adagrad), *bundles]
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(b, name) for b in parts])
+
+    return RowBundle(max(b.tick for b in parts), cat("keys"), cat("rows"),
+                     cat("accum") if adagrad else None, cat("age"), cat("freq"),
+                     cat("cand_keys"), cat("cand_count"), cat("cand_age"))
 
 
 def gather(table: SparseTable, bundles: list[RowBundle], counters: dict | None = None) -> int:
@@ -166,7 +166,7 @@ def gather(table: SparseTable, bundles: list[RowBundle], counters: dict | None =
     counters `counters` (the shard's own table's; zeros if None) plus what was evicted here.
     TableError, the table unchanged, when a key comes twice. Returns the rows evicted."""
     cfg = table.config
-    both = concat(list(bundles), cfg.dim, cfg.optimizer == "adagrad")
+    both = concat(list(bundles), cfg.dim, table.adagrad)
     if len(np.unique(both.keys)) != len(both.keys):
         raise TableError("a row came from two shards: the bundles are of different reshards")
     if len(np.unique(both.cand_keys)) != len(both.cand_keys):

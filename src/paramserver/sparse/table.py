@@ -271,6 +271,11 @@ class SparseTable:
         self._tick = 0
         self._count = dict.fromkeys(COUNTERS, 0)
 
+    @property
+    def adagrad(self) -> bool:
+        """Rows keep Adagrad accumulators (else plain SGD: no per-row state)."""
+        return self._adagrad
+
     # ---- reading ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
