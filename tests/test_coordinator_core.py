@@ -425,6 +425,35 @@ def test_a_checkpoint_cycle(make):
     assert match(only(out, ToServers)[-1], ToServers, op="checkpoint", tag="000000002")
 
 
+def test_a_checkpoint_due_while_one_is_written_is_taken_when_that_one_commits(make):
+    """Rounds faster than the disk: the checkpoint due at round 2 falls while round 1's is
+    still written. It is asked as soon as round 1's commits, not at a step that may never
+    come; but never while a push of the open round is counted and not yet applied."""
+    state = make(checkpoint_dir="/ck", checkpoint_every=1)
+    start_round(state)
+    _, out = clock_round(state, 0, 1.0)
+    assert match(only(out, ToServers)[-1], ToServers, op="checkpoint", tag="000000001")
+    _, out = clock_round(state, 1, 1.5)  # round 2 applied: due, but 1 is being written
+    assert [i.op for i in only(out, ToServers)] == ["apply_round"]
+    out = state.handle(ShardSaved("s0", "000000001", 1.8, to="x"))
+    assert match(out[0], SaveCoordinatorState, tag="000000001")
+    ckpt = only(out, ToServers)
+    assert len(ckpt) == 1 and match(ckpt[0], ToServers, op="checkpoint", tag="000000002")
+
+    _, out = clock_round(state, 2, 2.0)  # round 3 applied while 2 is written
+    assert [i.op for i in only(out, ToServers)] == ["apply_round"]
+    state.handle(Clocked("w0", 3, 32, 0.1, 2.4, to="c0-3"))  # round 4 half pushed
+    out = state.handle(ShardSaved("s0", "000000002", 2.5, to="x"))
+    assert match(out[0], SaveCoordinatorState, tag="000000002")
+    assert out[0].state["samples_done"] == 128
+    assert not only(out, ToServers)  # the shards do not hold w0's push yet
+    out = state.handle(Clocked("w1", 3, 32, 0.1, 2.6, to="c1-3"))
+    assert [i.op for i in only(out, ToServers)] == ["apply_round", "checkpoint"]
+    assert only(out, ToServers)[-1].fields["tag"] == "000000004"
+    out = state.handle(ShardSaved("s0", "000000004", 2.9, to="x"))
+    assert out[0].state["samples_done"] == 256 and not only(out, ToServers)
+
+
 def test_a_resumed_job_goes_on_from_its_checkpoint(make):
     resume = {"rounds_applied": 7, "samples_done": 448, "steps_done": 14, "policy": {},
               "worker_samples": {"0": 224, "1": 224}, "elapsed_s": 3.0}

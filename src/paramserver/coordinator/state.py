@@ -127,6 +127,7 @@ class CoordinatorState:
         self.failure: str | None = None
         self.finished = False
         self._members_due: float | None = None  # as the last TimePassed found it
+        self._steps_applied = self.host.steps_done  # steps in the rounds applied (round mode)
         self._members_due_fresh = False
         self._handlers = {
             Clocked: self._on_clocked, TimePassed: self._on_time, Heartbeat: self._on_heartbeat,
@@ -536,6 +537,7 @@ class CoordinatorState:
         host = self.host
         host.samples_done += e.batch
         host.steps_done += 1
+        self._steps_applied += 1  # (of a round applied before)
         self.budget.count(member.rank, e.batch)
         ready, member.ready = member.ready, None
         self._deliver(ready, out, refill=True)
@@ -547,6 +549,7 @@ class CoordinatorState:
             if kind is Release:
                 self._deliver(d, out)
             elif kind is ApplyRound:
+                self._steps_applied = self.host.steps_done
                 contributors = list(d.contributors)
                 out.append(ToServers("apply_round", {"step": d.step, "contributors": contributors},
                                      self.members.server_links))
@@ -776,8 +779,20 @@ class CoordinatorState:
     def _on_saved(self, e: ShardSaved, out: list) -> None:
         self.members.touch(e.src, e.now)
         member = self.members.roster.servers.get(e.src)
-        if member is not None:
-            self.schedule.shard_saved(member.rank, e.tag, e.failed, e.src, e.now, out)
+        if member is None:
+            return
+        schedule = self.schedule
+        schedule.shard_saved(member.rank, e.tag, e.failed, e.src, e.now, out)
+        if schedule.pending_tag is None and self._at_rest():
+            # One that fell due while this one was written is taken now: the step that would
+            # take it may never come (workers that wait for it, the job's last round).
+            self._maybe_checkpoint(e.now, out)
+
+    def _at_rest(self) -> bool:
+        """Whether the shards' values hold every step counted so far (so a checkpoint's
+        counters match them): always in arrival mode, where a push is applied before its
+        clock; in round mode, only while no worker has clocked the round in progress."""
+        return not self.round_mode or self.host.steps_done == self._steps_applied
 
     def _on_restored(self, e: ShardRestored, out: list) -> None:
         self.members.touch(e.src, e.now)
@@ -931,6 +946,7 @@ class CoordinatorState:
             policy_state["round"] = plan.round  # the round-mode policies' (BSP's) counter
         host.resume({"rounds_applied": plan.round, "samples_done": plan.samples,
                      "steps_done": plan.steps, "policy": policy_state})
+        self._steps_applied = host.steps_done
         self.budget.worker_samples = dict(plan.worker_samples)
         self.schedule.last_count, self.schedule.last_time = self.progress, now
         roster = self.members.roster
