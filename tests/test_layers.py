@@ -20,7 +20,9 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/checkpoint_schedule.py", "coordinator/server_recovery.py",
         "coordinator/takeback.py", "coordinator/replicas.py", "server/replication.py",
         "coordinator/reshard.py", "coordinator/resharding.py",
-        "coordinator/replica_history.py",
+        "coordinator/replica_history.py", "coordinator/registration.py",
+        "coordinator/rejoins.py", "coordinator/observations.py", "coordinator/steps.py",
+        "coordinator/checkpoints.py",
         # Elastic workers: the wait below MIN and the per-epoch sample ledger.
         "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
         "coordinator/recent.py",

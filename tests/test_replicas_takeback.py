@@ -268,7 +268,7 @@ def test_a_restarted_coordinator_takes_back_the_backup_and_does_not_wait_for_a_l
     out = state.handle(Registered("w0", "worker", 0.3, to="rw0", num_keys=10,
                                   rejoin={"rank": 0, "step": 4, "clocked": False,
                                           "samples": 64}))
-    assert state.takeback is None and state.barrier.open  # shard 1's backup not waited for
+    assert state.rejoins.pending is None and state.barrier.open  # shard 1's backup not waited for
     assert state.next_wakeup() <= WINDOW + 1e-3
     out = state.handle(TimePassed(WINDOW + 0.01))
     assert ("backup_dropped", ("LP1",)) in _sends(out)
@@ -340,7 +340,7 @@ def test_a_backup_the_log_trusts_takes_over_a_primary_lost_with_the_coordinator(
     assert not [i for i in out if type(i) is Reply]  # waits for its primary's word
     state.handle(Registered("w0", "worker", 0.3, to="rw0", num_keys=10,
                             rejoin={"rank": 0, "step": 4, "clocked": False, "samples": 64}))
-    assert state.takeback is not None  # shard 1 is not back
+    assert state.rejoins.pending is not None  # shard 1 is not back
     out = state.handle(TimePassed(WINDOW + 0.01))  # the window closes: B1 takes over
     welcome = next(i for i in out if type(i) is Reply and i.to == "rb1")
     assert welcome.op == "welcome" and welcome.fields["rank"] == 1
@@ -349,7 +349,7 @@ def test_a_backup_the_log_trusts_takes_over_a_primary_lost_with_the_coordinator(
     assert "replica_promoted" in _kinds(out)
     assert state.members.roster.servers["s1"].addr == "B1"
     out += state.handle(TimePassed(WINDOW + 0.02))
-    assert state.takeback is None and "taken_back" in _kinds(out) and state.barrier.open
+    assert state.rejoins.pending is None and "taken_back" in _kinds(out) and state.barrier.open
     assert state.replicas.worker_fields() == {"epoch": 5, "shards": [[0, "P0"], [1, "B1"]],
                                               "replaced": []}
     assert not any(k == "job_failed" for k in _kinds(out))

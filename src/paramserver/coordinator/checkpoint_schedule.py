@@ -41,6 +41,11 @@ class CheckpointSchedule:
         by_time = self.seconds and now - self.last_time >= self.seconds
         return bool(by_count or by_time)
 
+    def restart_count(self, count: int, now: float) -> None:
+        """The next checkpoint is due `every` (or `seconds`) from here: a rebuilt job's
+        progress is not the one the last checkpoint was counted from."""
+        self.last_count, self.last_time = count, now
+
     def begin(self, tag: str, server_ranks: list[int], count: int, now: float,
               state: dict | None = None) -> None:
         """Checkpoint `tag` asked of the servers; `state`: the coordinator's counters as they

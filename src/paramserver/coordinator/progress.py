@@ -69,6 +69,10 @@ class StartBarrier:
         started.sort(key=lambda m: m.rank)
         return None, started, warning
 
+    def reopen(self, now: float) -> None:
+        """Open at once: a restarted coordinator took back a job that was training."""
+        self.open, self.t_start = True, now - self.elapsed_before
+
     def next_deadline(self) -> float | None:
         return None if self.open else min(self.start_timeout, self.noted_at + WAIT_NOTE_EVERY)
 

@@ -102,7 +102,7 @@ class StallDoctor:
         state = self.node.state
         roster = state.members.roster
         running = (state.barrier.open and not state.finished and not state.stopping
-                   and state.takeback is None and roster.workers)
+                   and state.rejoins.pending is None and roster.workers)
         detector = self.detector
         if not running:
             detector.released(now)  # the clock runs only while steps are due

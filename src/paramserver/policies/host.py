@@ -122,6 +122,12 @@ class PolicyHost:
             raise
         return self._interpret(decisions, event.now, out) if decisions else out
 
+    def counted_again(self, batch_size: int) -> None:
+        """A step the policy already had (a clock of a round applied before a coordinator
+        restart, re-sent): counted, not pushed to the policy again."""
+        self.samples_done += batch_size
+        self.steps_done += 1
+
     def left(self, worker: int, now: float, reason: str = "done") -> list[Out]:
         """The worker is gone; a release still held for it must not reach whoever takes its id
         next, so it is dropped."""

@@ -1,0 +1,182 @@
+"""The take-back part: a restarted coordinator takes back the live servers and workers.
+
+`TakeBack` (takeback.py) collects what the members say of themselves; this part decides what
+their re-registrations are told, holds the job's other events while it waits, and rebuilds the
+policy, the budget and the barrier from the plan once every server is back (or fails the job
+when one is not within `server_timeout`). After the rebuild it still answers members that come
+back late, and it owns the two marks the rebuild leaves on a member: `joining` (the policy's
+join release of a worker that already holds one) and `behind` (a worker whose clock of a round
+that completed before the old coordinator died is still unanswered).
+"""
+
+from __future__ import annotations
+
+from paramserver.coordinator.events import AppendEvent, Clocked, Registered, Reply, Started
+from paramserver.coordinator.membership import Member
+from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
+from paramserver.policies import Release
+
+
+class Rejoins:
+    """The take-back part of `coord` (a CoordinatorState). `saved` is the coordinator's part
+    of the job's latest checkpoint, None when this coordinator did not replace one."""
+
+    def __init__(self, coord, saved: dict | None, now: float):
+        self.coord = coord
+        job, limits = coord.job, coord.job.limits
+        # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
+        self.pending: TakeBack | None = None
+        self.fails_at = float("inf")
+        if saved is not None:
+            self.pending = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
+                                    saved, job.batch_size)
+            # Servers hold the parameters: without all of them back there is no job.
+            self.fails_at = now + limits.server_timeout
+
+    def next_deadline(self) -> float | None:
+        if self.pending is None:
+            return None
+        return min(self.pending.deadline, self.fails_at)
+
+    # ---- events held until the rebuild -----------------------------------------------------
+    def hold(self, e: Clocked | Started) -> bool:
+        """True when `e` waits for the rebuild (it is answered then)."""
+        if self.pending is None:
+            return False
+        self.pending.defer(e)
+        return True
+
+    def forget(self, src: str) -> bool:
+        """A worker that said bye before the rebuild: True if it was one (it never joined the
+        policy)."""
+        if self.pending is None:
+            return False
+        self.pending.forget(src)
+        return True
+
+    def took_over(self, back: ServerBack) -> None:
+        """A backup took the place of a primary lost with the coordinator: its shard is back."""
+        if self.pending is not None:
+            self.pending.server_back(back)
+
+    # ---- members back ----------------------------------------------------------------------
+    def server_back(self, e: Registered, now: float, out: list) -> None:
+        """A live server back to this (restarted) coordinator: its shard and version are the
+        job's; it goes on serving as it was."""
+        coord = self.coord
+        back = ServerBack.of(e.rejoin)
+        member = coord.members.rejoin_server(e, back.rank, back.lo, back.hi)
+        out.append(Reply(e.to, "welcome", {
+            "rank": member.rank, "job": coord.registration.server_job(member.rank).to_dict()}))
+        out.append(AppendEvent(now, "server_taken_back", {"rank": member.rank, "addr": e.addr,
+                                                         "version": back.version}))
+        if self.pending is not None:
+            self.pending.server_back(back)
+        if coord.replicas.enabled:  # the backup it forwards to, when that one is back too
+            coord.replicas.primary_back(member, back, now, coord.members, out)
+        coord.registration.admit_waiting_workers(now, out)
+
+    def worker_back(self, e: Registered, out: list) -> None:
+        """A live worker (or evaluator) back under its rank, with the step it is at; the job
+        it was given holds (the welcome's job is empty)."""
+        back = WorkerBack.of(e.rejoin)
+        member, again = self.coord.members.rejoin_worker(e, back.rank)
+        out.append(Reply(e.to, "welcome", {"rank": member.rank, "job": {}}))
+        if again:
+            return
+        out.append(AppendEvent(e.now, f"{e.role}_taken_back", {
+            "rank": member.rank, "src": e.src, "step": back.step, "clocked": back.clocked}))
+        if e.role == "observer":
+            member.started = True
+            return
+        member.steps = max(back.step, 0)
+        if self.pending is not None:
+            self.pending.worker_back(e.src, back)
+            member.started = back.step >= 0
+        elif back.step >= 0:  # back after the rebuild: it joins the running policy
+            self._join([member], [back], e.now, out)
+
+    def _join(self, members: list[Member], backs: list[WorkerBack], now: float,
+              out: list) -> None:
+        for m, back in zip(members, backs):
+            m.started, m.joining, m.waiting, m.ready = True, back, None, None
+        coord = self.coord
+        coord.steps.apply(coord.host.joined_all([m.rank for m in members], now), now, out)
+
+    # ---- the marks the rebuild leaves on a worker ------------------------------------------
+    def caught_up(self, member: Member, e: Clocked, out: list) -> bool:
+        """A taken-back worker's re-sent clock of a round that completed before the old
+        coordinator died: the release it holds is the answer (counted, not pushed again)."""
+        behind, member.behind = member.behind, None
+        if e.step != behind or member.ready is None:
+            return False
+        coord = self.coord
+        coord.steps.counted_again(member.rank, e.batch)
+        ready, member.ready = member.ready, None
+        coord.steps.deliver(ready, out, refill=True)
+        return True
+
+    def joined_back(self, member: Member, d: Release) -> bool:
+        """The policy's join release of a taken-back worker, which already holds a release:
+        True if it is swallowed. In round mode steps are rounds, the same in policy and
+        workers; a worker behind (its clock of a completed round unanswered, or, back after
+        the rebuild, still in a round that closed without it) keeps this release for its
+        clock of that round. In arrival mode the rebuilt policy counts steps from its join:
+        the worker's steps are the policy's plus `offset`."""
+        back, member.joining = member.joining, None
+        if not self.coord.round_mode:
+            member.offset = back.step - d.step
+            return True
+        if d.step > back.step:
+            member.ready, member.behind = d, back.step
+        return True
+
+    # ---- the rebuild -----------------------------------------------------------------------
+    def check(self, now: float, out: list) -> None:
+        """Once every server and worker is back (or the deadline passed): rebuild the policy
+        from what they said, then answer the requests that waited for it."""
+        tb, coord = self.pending, self.coord
+        if not tb.ready(now):
+            if now >= self.fails_at:
+                missing = sorted(set(range(coord.job.servers)) - set(tb.servers))
+                self.pending = None
+                coord.fail(f"server(s) {missing} did not come back to the restarted "
+                           f"coordinator within {coord.job.limits.server_timeout:.0f} s", now,
+                           out)
+            return
+        self.pending = None
+        plan = tb.plan(coord.round_mode)
+        host = coord.host
+        policy_state = dict(tb.saved.get("policy", {}))
+        if coord.round_mode:
+            policy_state["round"] = plan.round  # the round-mode policies' (BSP's) counter
+        host.resume({"rounds_applied": plan.round, "samples_done": plan.samples,
+                     "steps_done": plan.steps, "policy": policy_state})
+        coord.steps.rebuilt()
+        coord.budget.worker_samples = dict(plan.worker_samples)
+        coord.schedule.restart_count(coord.progress, now)
+        roster = coord.members.roster
+        out.append(AppendEvent(now, "taken_back", {
+            "servers": len(roster.servers), "workers": len(tb.workers), "round": plan.round,
+            "samples": plan.samples, "versions": {str(r): b.version
+                                                  for r, b in sorted(tb.servers.items())}}))
+        if plan.open_barrier:
+            coord.barrier.reopen(now)
+            back = sorted(((roster.workers[src], b) for src, b in tb.workers.items()
+                           if src in roster.workers and b.step >= 0),
+                          key=lambda mb: mb[0].rank)
+            if back:
+                self._join([m for m, _ in back], [b for _, b in back], now, out)
+            if host.stopping:
+                coord.budget.closed = True
+        for e in tb.fresh_servers:  # a restarted server: its shard from the checkpoint
+            member = coord.members.add_server(e)
+            failure = coord.recovery.back(e, member, coord.schedule, coord.progress,
+                                          coord.registration.server_job(member.rank), out)
+            if failure is not None:
+                coord.fail(failure, now, out)
+                return
+        for e in tb.deferred:
+            coord.dispatch(e, out)
+        for e in tb.fresh:
+            coord.registration.admit_worker(e, now, out)
