@@ -201,9 +201,10 @@ class CoordinatorState:
             t = self.elastic.next_deadline()
             if t is not None and (due is None or t < due):
                 due = t
-        t = self.rejoins.next_deadline()
-        if t is not None and (due is None or t < due):
-            due = t
+        if self.rejoins.pending is not None:
+            t = self.rejoins.next_deadline()
+            if due is None or t < due:
+                due = t
         if self.reshard.enabled:
             t = self.resharding.next_deadline()
             if t is not None and (due is None or t < due):

@@ -27,6 +27,10 @@ class Steps:
     def __init__(self, coord):
         self.coord = coord
         self.steps_applied = coord.host.steps_done  # steps in the rounds applied (round mode)
+        # The parts a step passes through, each made once with the router: read on every
+        # clock, so looked up once here.
+        self._members, self._host, self._budget = coord.members, coord.host, coord.budget
+        self._elastic, self._reshard, self._rejoins = coord.elastic, coord.reshard, coord.rejoins
 
     def handlers(self) -> dict:
         return {Started: self.on_started, Clocked: self.on_clocked, Bye: self.on_bye}
@@ -86,9 +90,9 @@ class Steps:
 
     def on_clocked(self, e: Clocked, out: list) -> None:
         coord = self.coord
-        member = coord.members.worker(e.src)
-        if coord.rejoins.hold(e):  # answered once the policy is rebuilt
-            return
+        member = self._members.worker(e.src)
+        if self._rejoins.pending is not None and self._rejoins.hold(e):
+            return  # answered once the policy is rebuilt
         now = e.now
         if e.step + 1 == member.steps and member.started:  # this clock again: not a new step
             member.last_seen = now
@@ -104,16 +108,16 @@ class Steps:
             # Its last step: counted as any, then it is gone; a release the policy makes for
             # it now is kept back (never sent: the answer is "ok") and dropped with it.
             member.waiting = None
-        if member.behind is not None and coord.rejoins.caught_up(member, e, out):
+        if member.behind is not None and self._rejoins.caught_up(member, e, out):
             return
-        budget = coord.budget
+        budget = self._budget
         if not budget.closed and budget.max_seconds:  # time's up: this step is the last one
             coord.check_budget(now, out)
-        decisions = coord.host.pushed(Pushed(member.rank, e.step - member.offset, now,
+        decisions = self._host.pushed(Pushed(member.rank, e.step - member.offset, now,
                                              e.batch, e.compute_time, e.cpu_load, e.free_mem))
         budget.count(member.rank, e.batch)
-        if coord.elastic is not None:
-            coord.elastic.clocked(member.rank, now, out, e.step)
+        if self._elastic is not None:
+            self._elastic.clocked(member.rank, now, out, e.step)
         self.apply(decisions, now, out)
         t_start = coord.barrier.t_start
         if e.record is not None and t_start is not None:
@@ -143,23 +147,22 @@ class Steps:
 
     # ---- the policy's decisions ---------------------------------------------------------------
     def apply(self, decisions: list, now: float, out: list) -> None:
-        coord = self.coord
         for d in decisions:
             kind = type(d)
             if kind is Release:
                 self.deliver(d, out)
             elif kind is ApplyRound:
-                self.steps_applied = coord.host.steps_done
+                self.steps_applied = self._host.steps_done
                 contributors = list(d.contributors)
                 out.append(ToServers("apply_round", {"step": d.step, "contributors": contributors},
-                                     coord.members.server_links))
+                                     self._members.server_links))
                 out.append(AppendEvent(now, "apply_round",
                                        {"step": d.step, "contributors": contributors}))
             elif kind is Note:
                 if d.kind == "budget_reached":
-                    coord.budget.closed = True
+                    self._budget.closed = True
                 out.append(AppendEvent(now, d.kind, dict(d.data)))
-        if coord.host.stopping:
+        if self._host.stopping:
             self.stop_waiting(out)
 
     def stop_waiting(self, out: list) -> None:
@@ -178,27 +181,26 @@ class Steps:
     def deliver(self, d: Release, out: list, refill: bool = False) -> None:
         """Release `d` to its worker if it waits for one; else kept until it asks, or held
         (below MIN workers, keys on the move)."""
-        coord = self.coord
-        member = coord.members.by_rank.get(d.worker)
+        member = self._members.by_rank.get(d.worker)
         if member is None:
             return  # released after it left: nothing to tell
-        if member.joining is not None and coord.rejoins.joined_back(member, d):
+        if member.joining is not None and self._rejoins.joined_back(member, d):
             return
         if member.waiting is None:
             member.ready = d  # decided before the worker asked for it
             return
-        elastic = coord.elastic
+        elastic = self._elastic
         if elastic is not None and elastic.paused and not d.stop:
             elastic.hold(d)  # fewer than MIN workers: nobody steps until enough are back
             return
-        reshard = coord.reshard
+        reshard = self._reshard
         if reshard.holding and not d.stop:
             reshard.hold(d)  # the fence: nobody steps until the keys have moved
             return
         if refill:  # it waited for its worker: what it must say is what holds now
-            host = coord.host
+            host = self._host
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
-                        host.version if coord.round_mode else 0, host.policy.round_size(),
+                        host.version if self.coord.round_mode else 0, host.policy.round_size(),
                         host.stopping)
         member.last_release = release = SendRelease(
             member.waiting, d.step + member.offset, d.batch_size, d.min_version, d.round_size,
@@ -206,7 +208,7 @@ class Steps:
         if elastic is not None and not d.stop:
             release.samples = elastic.lend(d.worker, d.batch_size, release.step)
         if member.epoch != reshard.epoch:  # the keys moved since it last heard
-            release.epoch, release.layout = reshard.epoch, coord.members.shard_map()
+            release.epoch, release.layout = reshard.epoch, self._members.shard_map()
             member.epoch = reshard.epoch
         out.append(release)
         member.waiting = None
