@@ -66,7 +66,9 @@ def wire(piece, epoch):
 
 @pytest.mark.parametrize("optimizer,options", [("momentum", {"momentum": 0.9}),
                                                ("adagrad-global", {}),
-                                               ("adagrad-global", {"granularity": "worker"})])
+                                               ("adagrad-global", {"granularity": "worker"}),
+                                               ("adam", {"weight_decay": 0.01}),
+                                               ("torch-sgd", {"momentum": 0.9})])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_pieces_assemble_shifted_ranges_exactly_as_direct_slicing(seed, optimizer, options):
     rng = np.random.default_rng(seed)

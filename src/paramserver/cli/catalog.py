@@ -11,7 +11,8 @@ COMPRESSORS = ("none", "topk", "std", "dynamic")
 CODECS = ("fp32", "fp16", "fp16-scaled", "bf16", "uniform8", "quantile8", "sign", "randomk",
           "powersgd", "mixed")
 UPDATE_RULES = ("sgd", "momentum", "consgd", "dynsgd", "staleness-aware", "adagrad-global",
-                "direction-distance")
+                "direction-distance", "adam", "adamw", "adagrad", "rmsprop", "adamax",
+                "torch-sgd")
 PREDICTORS = ("last_interval", "ema", "median")
 ZIPLINE_VARIANTS = ("zipline-vec", "zipline", "zipline-opt", "zipline-opt-bs", "heap")
 ZIPLINE_DEFAULT = "zipline-vec"

@@ -7,6 +7,7 @@ from paramserver.optim.base import Index, UpdateRule, add_at
 from paramserver.optim.direction_distance import DirectionDistance
 from paramserver.optim.sgd import SGD, MomentumSGD
 from paramserver.optim.staleness import ConSGD, DynSGD, StalenessAware
+from paramserver.optim.torch_rule import TORCH_OPTIMIZERS, TorchRule, torch_rule
 from paramserver.core.options import option_help
 from paramserver.core.registry import Registry
 
@@ -18,6 +19,8 @@ UPDATE_RULES.register("dynsgd")(DynSGD)
 UPDATE_RULES.register("staleness-aware")(StalenessAware)
 UPDATE_RULES.register("adagrad-global")(AdaGradGlobal)
 UPDATE_RULES.register("direction-distance")(DirectionDistance)
+for _name, _cls in TORCH_OPTIMIZERS.items():  # torch's own, run by each shard
+    UPDATE_RULES.register(_name)(torch_rule(_name, _cls))
 
 
 def make_rule(name: str, lr: float, **options) -> UpdateRule:
@@ -31,5 +34,5 @@ def rule_options(name: str) -> dict:
 
 
 __all__ = ["AdaGradGlobal", "ConSGD", "DirectionDistance", "DynSGD", "Index", "MomentumSGD",
-           "SGD", "StalenessAware", "UPDATE_RULES", "UpdateRule", "add_at", "make_rule",
+           "SGD", "StalenessAware", "TORCH_OPTIMIZERS", "TorchRule", "UPDATE_RULES", "UpdateRule", "add_at", "make_rule",
            "rule_options"]

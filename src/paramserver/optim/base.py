@@ -35,8 +35,17 @@ class UpdateRule(ABC):
             raise ValueError(f"learning rate must be > 0, got {lr}")
         self.lr = lr
 
+    def bind(self, lo: int, hi: int) -> None:
+        """The shard's keys [lo, hi) in the job's key space, told before init_state (for a
+        rule whose settings differ by key range); most rules do not need them."""
+
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         return {}
+
+    def keyed(self, name: str, tensor: torch.Tensor, params: torch.Tensor) -> bool:
+        """Whether state `name` holds one entry per key (cut and moved with its keys when
+        keys move); else it is the shard's as a whole (a count), copied whole."""
+        return tuple(tensor.shape) == tuple(params.shape) and tensor.dtype == params.dtype
 
     @abstractmethod
     def apply(self, params: torch.Tensor, index: Index, grad: torch.Tensor,

@@ -173,9 +173,8 @@ def keyed_state(store: ShardStore) -> tuple[list[str], list[str]]:
     """(per-key state names, scalar state names) of the store's rule, sorted."""
     keyed, scalar = [], []
     for name in sorted(store.state):
-        t = store.state[name]
-        same = tuple(t.shape) == tuple(store.values.shape) and t.dtype == store.values.dtype
-        (keyed if same else scalar).append(name)
+        (keyed if store.rule.keyed(name, store.state[name], store.values) else scalar).append(
+            name)
     return keyed, scalar
 
 

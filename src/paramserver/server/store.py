@@ -53,6 +53,7 @@ class ShardStore:
         self.values = self._new_buffer() if alloc else torch.zeros(
             key_range.size, dtype=getattr(torch, dtype))
         self.rule = rule
+        rule.bind(key_range.lo, key_range.hi)
         self.state = rule.init_state(self.values)
         self.apply_mode = apply_mode
         self.version = 0

@@ -1,0 +1,218 @@
+"""torch's own optimizers as server update rules: each shard runs the optimizer's implementation
+over its slice of each parameter group, not a copy of its math.
+
+A shard is one flat tensor; a torch optimizer wants parameters. For every apply the rule hands
+the optimizer views of the shard (one per piece of a parameter group inside the pushed range)
+with their gradients, and binds the optimizer's per-element state (Adam's `exp_avg`, SGD's
+`momentum_buffer`, ...) to views of shard-sized state tensors, so the optimizer updates values
+and state in place. Those tensors live in the store's `state` like any rule's, so checkpoints,
+replicas and resharding carry them key by key. torch keeps one step count per parameter; the
+shard keeps one per key (`state["step"]`), and pieces whose keys have stepped a different number
+of times (a range push of one layer) are stepped as separate parameters, as torch would.
+
+A piece that has never stepped is left to the optimizer's own first-step initialisation (SGD's
+momentum buffer is the first gradient, Adagrad's sum its initial value), then copied into the
+shard's state. `groups` gives each group's key ranges (global keys) and the settings that
+differ from the rule's; keys outside every group follow the rule's own settings. Staleness is
+not used: pair a torch optimizer with a sync policy, not a staleness rule. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import torch
+
+from paramserver.core.words import did_you_mean
+from paramserver.optim.base import Index, UpdateRule
+
+# Constructor arguments that are not the optimizer's math (or are this rule's to decide).
+_NOT_OPTIONS = {"self", "params", "lr", "foreach", "capturable", "differentiable", "fused"}
+
+
+def _plain(name: str, value: Any, default: Any) -> Any:
+    """A JSON list, or a flag's "0.9,0.99", as the tuple torch takes where its default is one
+    (Adam's betas, Rprop's etas)."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(default, tuple) and isinstance(value, str):
+        try:
+            return tuple(float(x) for x in value.split(","))
+        except ValueError:
+            raise ValueError(f"option {name} takes numbers separated by commas, e.g. "
+                             f"{','.join(map(str, default))}; got {value!r}") from None
+    return value
+
+
+class TorchRule(UpdateRule):
+    """An update rule running `torch_class` (a torch.optim.Optimizer) on the shard."""
+
+    torch_class: ClassVar[type[torch.optim.Optimizer]]
+    linear_in_grad = False
+
+    def __init__(self, lr: float, groups: list | None = None, **options):
+        super().__init__(lr)
+        self._check(options, f"--optimizer {self.name}")
+        self.options_given = self._plain(options)
+        self.groups: list[tuple[list[tuple[int, int]], dict]] = []
+        for i, g in enumerate(groups or []):
+            if not isinstance(g, dict) or not isinstance(g.get("ranges"), list):
+                raise ValueError(f"{self.name} group {i} must be a dict with 'ranges' "
+                                 f"[[lo, hi], ...]; got {g!r}")
+            ranges = []
+            for r in g["ranges"]:
+                if (not isinstance(r, (list, tuple)) or len(r) != 2
+                        or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                        or not 0 <= r[0] < r[1]):
+                    raise ValueError(f"{self.name} group {i}: a key range is [lo, hi) with "
+                                     f"0 <= lo < hi; got {r!r}")
+                ranges.append((r[0], r[1]))
+            settings = {k: v for k, v in g.items() if k != "ranges"}
+            self._check(settings, f"{self.name} group {i}", allow_lr=True)
+            settings = self._plain(settings)
+            self.groups.append((ranges, settings))
+        self._lo, self._hi = 0, None
+        # What each group's optimizer keeps per element, found by stepping it once on a
+        # two-element probe (the options decide: momentum 0 keeps no buffer).
+        self._keeps = [self._state_keys(self._settings(g)) for g in range(len(self.groups) + 1)]
+        self._per_element = sorted(set().union(*(k for k, _ in self._keeps)))
+
+    # ---- settings ---------------------------------------------------------------------------
+    @classmethod
+    def option_help(cls) -> dict:
+        """name -> (default, help) of the torch optimizer's own options."""
+        sig = inspect.signature(cls.torch_class.__init__)
+        return {n: (None if p.default is inspect.Parameter.empty else p.default,
+                    f"torch.optim.{cls.torch_class.__name__}'s {n}")
+                for n, p in sig.parameters.items() if n not in _NOT_OPTIONS}
+
+    def _check(self, settings: dict, what: str, allow_lr: bool = False) -> None:
+        known = list(self.option_help()) + (["lr"] if allow_lr else [])
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise ValueError(f"{what}: torch.optim.{self.torch_class.__name__} has no option "
+                             f"{unknown[0]!r}; its options: {', '.join(known)}"
+                             f"{did_you_mean(unknown[0], known)}")
+
+    def _plain(self, settings: dict) -> dict:
+        defaults = {k: d for k, (d, _) in self.option_help().items()}
+        return {k: _plain(k, v, defaults.get(k)) for k, v in settings.items()}
+
+    def _settings(self, group: int) -> dict:
+        """What group `group` sets beyond the constructor's (len(groups): the keys outside
+        every group, which take the constructor's own)."""
+        return self.groups[group][1] if group < len(self.groups) else {}
+
+    def _optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
+        # The rule's settings go to the constructor, as a user's script passes them: some
+        # are read there only (Adagrad's initial accumulator, SGD's nesterov check).
+        return self.torch_class(groups, lr=self.lr, **self.options_given)
+
+    def _state_keys(self, settings: dict) -> tuple[list[str], bool]:
+        probe = torch.zeros(2)
+        try:
+            opt = self._optimizer([{"params": [probe], **settings}])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"torch.optim.{self.torch_class.__name__}: {exc}") from None
+        probe.grad = torch.ones(2)
+        opt.step()
+        state = opt.state[probe]
+        keys = [k for k, v in state.items()
+                if isinstance(v, torch.Tensor) and v.shape == probe.shape]
+        return keys, "step" in state
+
+    def options(self) -> dict:
+        out = {"lr": self.lr, **self.options_given}
+        if self.groups:
+            out["groups"] = [{"ranges": [list(r) for r in ranges], **s}
+                             for ranges, s in self.groups]
+        return out
+
+    # ---- the shard ------------------------------------------------------------------------------
+    def bind(self, lo: int, hi: int) -> None:
+        self._lo, self._hi = lo, hi
+
+    def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = {k: torch.zeros_like(params) for k in self._per_element}
+        state["step"] = torch.zeros(len(params), dtype=torch.float32)
+        return state
+
+    def keyed(self, name: str, tensor: torch.Tensor, params: torch.Tensor) -> bool:
+        # (step counts stay float32 whatever the values' dtype: float16 counts only to 2048)
+        return name == "step" or super().keyed(name, tensor, params)
+
+    def _pieces(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(a, b, group) covering local keys [start, stop), in key order."""
+        lo = self._lo
+        marks: list[tuple[int, int, int]] = []
+        for g, (ranges, _) in enumerate(self.groups):
+            for a, b in ranges:
+                a, b = max(a - lo, start), min(b - lo, stop)
+                if a < b:
+                    marks.append((a, b, g))
+        marks.sort()
+        pieces, at, rest = [], start, len(self.groups)
+        for a, b, g in marks:
+            if a > at:
+                pieces.append((at, a, rest))
+            pieces.append((max(a, at), b, g))
+            at = max(at, b)
+        if at < stop:
+            pieces.append((at, stop, rest))
+        return [p for p in pieces if p[0] < p[1]]
+
+    def apply(self, params: torch.Tensor, index: Index, grad: torch.Tensor,
+              state: dict[str, torch.Tensor], staleness: int, scale: float = 1.0,
+              worker: str = "") -> None:
+        if not isinstance(index, slice):
+            raise ValueError(f"--optimizer {self.name} updates dense and range pushes; sparse "
+                             f"keys go to a table (its own optimizer) or to --optimizer sgd")
+        start, stop, _ = index.indices(len(params))
+        if scale != 1.0:
+            grad = grad * scale
+        steps = state["step"]
+        groups: dict[int, list] = {}
+        bound: list[tuple] = []  # (view, a, b, group, times stepped)
+        for a, b, g in self._pieces(start, stop):
+            counts, sizes = torch.unique_consecutive(steps[a:b], return_counts=True)
+            at = a
+            for n, size in zip(counts.tolist(), sizes.tolist()):
+                view = params[at:at + size]
+                view.grad = grad[at - start:at + size - start]
+                groups.setdefault(g, []).append(view)
+                bound.append((view, at, at + size, g, int(n)))
+                at += size
+        opt = self._optimizer([{"params": views, **self._settings(g)}
+                               for g, views in groups.items()])
+        for view, a, b, g, n in bound:
+            if n == 0:
+                continue  # the optimizer's own first step initialises it
+            keys, has_step = self._keeps[g]
+            st = opt.state[view]
+            for k in keys:
+                st[k] = state[k][a:b]
+            if has_step:
+                st["step"] = torch.tensor(float(n))
+        opt.step()
+        for view, a, b, g, n in bound:
+            st = opt.state[view]
+            for k in self._keeps[g][0]:
+                whole = state[k][a:b]
+                if st[k].data_ptr() != whole.data_ptr():
+                    whole.copy_(st[k])
+            steps[a:b] += 1
+            view.grad = None
+
+
+def torch_rule(name: str, cls: type[torch.optim.Optimizer]) -> type[TorchRule]:
+    """The TorchRule class of torch optimizer `cls`, registered as `name`."""
+    return type(f"Torch{cls.__name__}", (TorchRule,), {
+        "name": name, "torch_class": cls,
+        "__doc__": f"torch.optim.{cls.__name__}, run by each shard on its keys."})
+
+
+# name -> torch class: the optimizers a job may run on its servers.
+TORCH_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+                    "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop,
+                    "adamax": torch.optim.Adamax, "torch-sgd": torch.optim.SGD}

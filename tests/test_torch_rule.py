@@ -1,0 +1,150 @@
+"""torch's optimizers run by the shards: checked against torch itself stepping the same model.
+
+A "model" of three parameters is laid out flat (keys 0..3, 4..10, 11..15), in two parameter
+groups with their own settings; it is cut into shards at keys that fall inside parameters and
+groups. Every shard applies the same gradients with the registered rule, and the values must
+be what torch's own optimizer makes of the three real parameters, step by step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from paramserver.core.keyspace import KeyRange
+from paramserver.optim import TORCH_OPTIMIZERS, UPDATE_RULES, make_rule
+from paramserver.server.store import ShardStore
+
+SIZES = (4, 7, 5)
+EDGES = np.cumsum((0,) + SIZES)
+# group 0: params 0 and 2; group 1: param 1 (its own lr and, where the class has one, decay)
+GROUP_PARAMS = ([0, 2], [1])
+
+CASES = {
+    "torch-sgd": dict(momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
+    "adam": dict(betas=[0.8, 0.99], eps=1e-6, weight_decay=0.01, amsgrad=True),
+    "adamw": dict(weight_decay=0.05),
+    "adagrad": dict(lr_decay=0.01, initial_accumulator_value=0.1),
+    "rmsprop": dict(alpha=0.9, momentum=0.5, centered=True),
+    "adamax": dict(betas=[0.9, 0.95]),
+}
+GROUP_SETTINGS = {"torch-sgd": {"lr": 0.02, "weight_decay": 0.0, "nesterov": True},
+                  "adagrad": {"lr": 0.3}, "rmsprop": {"lr": 0.002, "momentum": 0.0}}
+
+
+def _reference(name: str, options: dict, initial: torch.Tensor):
+    params = [torch.nn.Parameter(initial[a:b].clone()) for a, b in zip(EDGES, EDGES[1:])]
+    opts = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    second = {"lr": 0.05, **GROUP_SETTINGS.get(name, {})}
+    groups = [{"params": [params[i] for i in GROUP_PARAMS[0]]},
+              {"params": [params[i] for i in GROUP_PARAMS[1]], **second}]
+    return params, TORCH_OPTIMIZERS[name](groups, lr=0.1, **opts)
+
+
+def _rule(name: str, options: dict):
+    second = {"lr": 0.05, **GROUP_SETTINGS.get(name, {})}
+    ranges = [[int(EDGES[i]), int(EDGES[i + 1])] for i in GROUP_PARAMS[1]]
+    return make_rule(name, 0.1, groups=[{"ranges": ranges, **second}], **options)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("cuts", [(0, 16), (0, 6, 16), (0, 2, 12, 16)])
+def test_the_shards_step_as_torch_steps_the_model(name, cuts):
+    torch.manual_seed(0)
+    initial = torch.randn(int(EDGES[-1]))
+    params, reference = _reference(name, CASES[name], initial)
+    shards = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        store = ShardStore(KeyRange(lo, hi), "float32", _rule(name, CASES[name]), "arrival")
+        store.values.copy_(initial[lo:hi])
+        shards.append(store)
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):
+        grad = torch.randn(int(EDGES[-1]), generator=g)
+        # Steps 2 and 4 push only parameter 1's range (a layer's push): torch steps only it.
+        only = step in (2, 4)
+        for i, p in enumerate(params):
+            p.grad = None if only and i != 1 else grad[EDGES[i]:EDGES[i + 1]].clone()
+        reference.step()
+        a, b = (int(EDGES[1]), int(EDGES[2])) if only else (0, int(EDGES[-1]))
+        for store in shards:
+            lo, hi = store.range.lo, store.range.hi
+            s, e = max(a, lo), min(b, hi)
+            if s < e:
+                store.push("w", slice(s - lo, e - lo), grad[s:e].clone(), step, 1, 0, 1.0)
+        got = torch.cat([s.values for s in shards])
+        want = torch.cat([p.detach() for p in params])
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7,
+                                   msg=f"{name} diverged from torch at step {step}")
+
+
+def test_state_survives_a_checkpoint_round_trip():
+    """The per-key state and step counts are the store's state: restored into a new shard, the
+    next steps are torch's as if nothing happened."""
+    torch.manual_seed(0)
+    initial = torch.randn(16)
+    params, reference = _reference("adam", CASES["adam"], initial)
+    store = ShardStore(KeyRange(0, 16), "float32", _rule("adam", CASES["adam"]), "arrival")
+    store.values.copy_(initial)
+    grads = [torch.randn(16) for _ in range(4)]
+    for step, grad in enumerate(grads):
+        for i, p in enumerate(params):
+            p.grad = grad[EDGES[i]:EDGES[i + 1]].clone()
+        reference.step()
+        if step == 1:
+            arrays, meta = store.snapshot()
+            arrays = {k: np.array(v) for k, v in arrays.items()}
+            store = ShardStore(KeyRange(0, 16), "float32", _rule("adam", CASES["adam"]),
+                               "arrival")
+            store.restore(arrays, meta)
+        store.push("w", slice(0, 16), grad.clone(), step, 1, 0, 1.0)
+    torch.testing.assert_close(store.values, torch.cat([p.detach() for p in params]))
+
+
+def test_a_round_is_averaged_before_the_optimizer_sees_it():
+    """Round mode: the optimizer gets the batch-weighted mean of the round's pushes."""
+    initial = torch.randn(16)
+    params, reference = _reference("adamw", CASES["adamw"], initial)
+    store = ShardStore(KeyRange(0, 16), "float32", _rule("adamw", CASES["adamw"]), "round")
+    store.values.copy_(initial)
+    g1, g2 = torch.randn(16), torch.randn(16)
+    store.push("a", slice(0, 16), g1.clone(), 0, 32, 0, 1.0)  # each a batch's mean
+    store.push("b", slice(0, 16), g2.clone(), 0, 96, 0, 1.0)
+    store.apply_round(0)
+    mean = (g1 * 32 + g2 * 96) / 128
+    for i, p in enumerate(params):
+        p.grad = mean[EDGES[i]:EDGES[i + 1]].clone()
+    reference.step()
+    torch.testing.assert_close(store.values, torch.cat([p.detach() for p in params]))
+
+
+def test_bad_settings_are_refused_naming_the_option():
+    with pytest.raises(ValueError, match="has no option 'betaz'.*did you mean"):
+        make_rule("adam", 0.1, betaz=[0.9, 0.9])
+    with pytest.raises(ValueError, match="torch.optim.Adam: Invalid beta"):
+        make_rule("adam", 0.1, betas=[1.5, 0.9])
+    with pytest.raises(ValueError, match="group 0: a key range"):
+        make_rule("adam", 0.1, groups=[{"ranges": [[5, 2]]}])
+    with pytest.raises(ValueError, match="sparse keys go to a table"):
+        rule = make_rule("adam", 0.1)
+        store = ShardStore(KeyRange(0, 4), "float32", rule, "arrival")
+        store.push("w", torch.tensor([1, 2]), torch.ones(2), 0, 1, 0, 1.0)
+
+
+def test_every_torch_optimizer_is_registered_with_its_options():
+    for name, cls in TORCH_OPTIMIZERS.items():
+        help_ = UPDATE_RULES.get(name).option_help()
+        assert "weight_decay" in help_ and "lr" not in help_ and "foreach" not in help_
+        assert cls.__name__ in help_["weight_decay"][1]
+
+
+def test_step_counts_move_with_their_keys_whatever_the_values_dtype():
+    """Resharding cuts per-key state with its keys; the float32 step counts of a float16
+    shard are per key too (the dtype alone would call them the shard's scalar state)."""
+    from paramserver.server.handoff import keyed_state
+    store = ShardStore(KeyRange(0, 8), "float16", make_rule("adam", 0.1), "arrival")
+    keyed, scalar = keyed_state(store)
+    assert keyed == ["exp_avg", "exp_avg_sq", "step"] and scalar == []
+    sgd = ShardStore(KeyRange(0, 8), "float16", make_rule("torch-sgd", 0.1), "arrival")
+    assert keyed_state(sgd) == (["step"], [])  # no momentum: no buffer
