@@ -397,6 +397,22 @@ def test_status(make):
 
 # ---- checkpoints and server recovery ------------------------------------------------------------
 
+def test_servers_that_wait_for_the_key_space_are_each_welcomed(make):
+    """A script job learns its key space from the first worker; its servers, which all
+    register under one name until they have a rank, wait for it, and each is welcomed (the
+    queue once kept only the last, and `launch --servers 2 -- script` hung)."""
+    state = make(num_keys=0, servers=3)
+    for r in range(3):
+        out = state.handle(Registered("server", "server", 0.0, to=f"reg{r}", link=f"L{r}",
+                                      addr=f"tcp://h:{r + 1}"))
+        assert out == []
+    state.handle(Registered("server", "server", 0.1, to="reg1-again", link="L1",
+                            addr="tcp://h:2"))  # a server's retry replaces its own wait only
+    out = state.handle(Registered("w0", "worker", 0.2, to="rw0", num_keys=30))
+    welcomed = {i.to: i.fields["rank"] for i in out if match(i, Reply, op="welcome")}
+    assert welcomed == {"reg0": 0, "reg1-again": 1, "reg2": 2, "rw0": 0}
+
+
 def test_a_checkpoint_cycle(make):
     state = make(servers=2, checkpoint_dir="/ck", checkpoint_every=1)
     register_all(state, servers=2)

@@ -63,9 +63,10 @@ MAX_WAITING = 1024
 
 def queue_waiting(queue: list, event) -> str | None:
     """Put a registration in a waiting queue, replacing an earlier one of the same sender;
-    the reason it is refused when the queue is full, else None."""
+    the reason it is refused when the queue is full, else None. Servers all register under
+    one name until they have a rank: a server is its address."""
     for i, queued in enumerate(queue):
-        if queued.src == event.src:
+        if queued.src == event.src and queued.addr == event.addr:
             queue[i] = event
             return None
     if len(queue) >= MAX_WAITING:
