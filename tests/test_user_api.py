@@ -147,12 +147,21 @@ def test_batch_sampler_over_a_dataloader_in_a_launched_job(loader_and_crash):
     assert not torch.equal(init[0]["own"], fresh.weight)  # it trained
 
 
-def test_a_local_torch_optimizer_is_refused_naming_the_server_side_flag():
+def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
+    monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     model = nn.Linear(2, 2)
-    with pytest.raises(TypeError, match="--optimizer"):
-        paramserver.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(TypeError, match="parameter groups"):
+    with pytest.raises(ValueError, match="do not run .*LBFGS.*--optimizer"):
+        paramserver.DistributedOptimizer(torch.optim.LBFGS(model.parameters()))
+    with pytest.raises(ValueError, match="lr must be a number > 0"):
+        paramserver.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.0))
+    with pytest.raises(TypeError, match="parameter groups go in a torch optimizer"):
         paramserver.DistributedOptimizer([{"params": model.parameters()}])
+    with pytest.raises(TypeError, match="named_parameters= goes with a torch optimizer"):
+        paramserver.DistributedOptimizer(model, named_parameters=model.named_parameters())
+    # a supported one passes the checks and only then needs a job
+    with pytest.raises(RuntimeError, match="no job to join"):
+        paramserver.DistributedOptimizer(torch.optim.AdamW(model.parameters()),
+                                         named_parameters=model.named_parameters())
 
 
 def test_rank_and_size_before_joining(monkeypatch):

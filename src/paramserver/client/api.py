@@ -9,8 +9,10 @@ In a script started by `paramserver launch` (which sets PARAMSERVER_JOIN for eve
             loss_fn(model(x), y).backward()
             opt.step()                                   # push, wait for the policy, pull
 
-The update rule (SGD, momentum, staleness-aware...) runs on the servers, chosen with
-`paramserver launch --optimizer`; a local torch optimizer has nothing to do and is refused.
+The update rule runs on the servers: the script's own torch optimizer, passed as Horovod's is
+(`DistributedOptimizer(torch.optim.AdamW(groups, lr=...), named_parameters=...)`: each shard
+runs that class's implementation with its settings and groups), or, given the model, the one
+`paramserver launch --optimizer` chose.
 The model's parameters are views into the buffer that pulls write, so after `step()` the model
 holds the newest parameters the policy allows. First init: rank 0's weights are the job's
 initial parameters; every other rank gets them with its first pull (its own are overwritten).
@@ -43,6 +45,7 @@ from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.policies.base import Release
 from paramserver.client.pacing import Pacer
+from paramserver.client.torch_optimizer import describe
 
 JOIN_ENV = "PARAMSERVER_JOIN"
 
@@ -53,39 +56,82 @@ def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
                           str(dtype).removeprefix("torch.")).to_wire()
 
 
-def _as_module(params) -> nn.Module:
-    """The model itself, or a holder for `model.parameters()` (names "0", "1", ...)."""
+class _Named(nn.Module):
+    """The parameters a script named (Horovod's `named_parameters=`), under those names:
+    they name the job's layout and the exported model.pt's entries."""
+
+    def __init__(self, pairs: list[tuple[str, nn.Parameter]]):
+        super().__init__()
+        self.pairs = pairs  # (a plain list: not registered, named as given instead)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True):
+        return ((prefix + n, p) for n, p in self.pairs)
+
+    def parameters(self, recurse: bool = True):
+        return (p for _, p in self.pairs)
+
+    def state_dict(self, *args, **kwargs) -> "OrderedDict[str, torch.Tensor]":
+        return OrderedDict((n, p.detach()) for n, p in self.pairs)
+
+
+def _named(pairs) -> list[tuple[str, nn.Parameter]]:
+    out, seen = [], set()
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise TypeError(f"named_parameters must be (name, parameter) pairs, as "
+                            f"model.named_parameters() gives; got {type(item).__name__}")
+        if id(item[1]) not in seen:
+            seen.add(id(item[1]))
+            out.append(item)
+    if not out:
+        raise ValueError("named_parameters is empty")
+    return out
+
+
+def _as_module(params, named_parameters=None) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    """(the model, or a holder of its parameters; the script's torch optimizer or None).
+    The holder names parameters as `named_parameters` does, else "0", "1", ...."""
     if isinstance(params, torch.optim.Optimizer):
-        raise TypeError(
-            "DistributedOptimizer takes the model or model.parameters(), not a torch optimizer: "
-            "the update rule runs on the servers; choose it with `paramserver launch "
-            "--optimizer sgd|momentum|...` and --lr (e.g. --optimizer momentum --optimizer-opt "
-            "momentum=0.9)")
+        if named_parameters is not None:
+            return _Named(_named(named_parameters)), params
+        return _as_module([p for g in params.param_groups for p in g["params"]])[0], params
+    if named_parameters is not None:
+        raise TypeError("named_parameters= goes with a torch optimizer: "
+                        "DistributedOptimizer(optimizer, named_parameters=model.named_parameters())")
     if isinstance(params, nn.Module):
-        return params
+        return params, None
     if isinstance(params, torch.Tensor):
         params = [params]
     unique, seen = [], set()
     for p in params:
         if isinstance(p, dict):
-            raise TypeError("parameter groups are not supported: the servers apply one "
-                            "update rule to all parameters; pass model.parameters()")
+            raise TypeError("parameter groups go in a torch optimizer: "
+                            "DistributedOptimizer(torch.optim.AdamW(groups), "
+                            "named_parameters=model.named_parameters())")
         if isinstance(p, tuple):  # model.named_parameters()
             p = p[1]
         if not isinstance(p, nn.Parameter):
-            raise TypeError(f"expected the model or its parameters, got {type(p).__name__}")
+            raise TypeError(f"expected the model, its parameters or a torch optimizer, got "
+                            f"{type(p).__name__}")
         if id(p) not in seen:
             seen.add(id(p))
             unique.append(p)
-    return nn.ParameterList(unique)
+    return nn.ParameterList(unique), None
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(torch.optim.Optimizer):
     """One worker's view of a job: `zero_grad()`, `step()`, `should_stop`, `close()`.
 
-    `params` is the model (its state_dict names are kept) or `model.parameters()`. Every rank
-    must pass the same model (names, shapes, dtype): the coordinator refuses one that differs
-    from the first rank's, naming the first parameter that differs.
+    `params` is the model (its state_dict names are kept), `model.parameters()`, or the
+    script's own torch optimizer (SGD, Adam, AdamW, Adagrad, RMSprop, Adamax), as Horovod's
+    `DistributedOptimizer(optimizer, named_parameters=model.named_parameters())`: the servers
+    then run that optimizer's own implementation, its settings and parameter groups, instead
+    of launch's `--optimizer`. Every rank must pass the same model (names, shapes, dtype) and
+    the same optimizer: the coordinator refuses one that differs from the first rank's.
+    It is a torch.optim.Optimizer: `param_groups` are the script's optimizer's (torch's
+    GradScaler and lr schedulers take it).
     """
 
     # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
@@ -94,23 +140,33 @@ class DistributedOptimizer:
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
     staging: DeviceStaging | None = None
 
-    def __init__(self, params: nn.Module | Iterable[nn.Parameter], join: str | None = None,
-                 timeout: float = 120.0, data_len: int | None = None):
+    def __init__(self, params: nn.Module | Iterable[nn.Parameter] | torch.optim.Optimizer,
+                 join: str | None = None, timeout: float = 120.0, data_len: int | None = None,
+                 named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None):
         """`data_len`: the training set's size, which an elastic job (`launch --workers
         MIN:MAX`) needs: its coordinator deals each epoch's samples out to whoever is there,
         and `BatchSampler(data_len, opt)` draws what each release names."""
-        self.model = _as_module(params)  # bad input fails before anything joins
+        # Bad input fails before anything joins.
+        self.model, self.optimizer = _as_module(params, named_parameters)
         model_device(self.model)  # all on one device (cpu or cuda), also before joining
+        dtype = next(self.model.parameters()).dtype
+        self.keys = ModelKeys(self.model, dtype=dtype)
+        spec = None if self.optimizer is None else describe(self.optimizer, self.model,
+                                                            self.keys)
         join = join or os.environ.get(JOIN_ENV)
         if not join:
             raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
                                f"`paramserver launch` (which sets {JOIN_ENV})")
-        dtype = next(self.model.parameters()).dtype
-        self.keys = ModelKeys(self.model, dtype=dtype)
-        self._groups = [{"params": list(self.model.parameters())}]
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
-                           layout=_layout(self.model, dtype))
+                           layout=_layout(self.model, dtype), optimizer=spec)
         try:
+            if self.optimizer is not None:  # the script's groups, the same dicts
+                torch.optim.Optimizer.__init__(self, self.optimizer.param_groups,
+                                               self.optimizer.defaults)
+            else:
+                torch.optim.Optimizer.__init__(
+                    self, [{"params": list(self.model.parameters())}],
+                    {"lr": self.kv.spec.job.optimizer.lr})
             self._check_model(dtype)
             # Device handling: the flat buffers live on the model's device (cpu: the host
             # buffers the wire reads; cuda: staged through pinned host mirrors). The
@@ -160,14 +216,19 @@ class DistributedOptimizer:
 
     @property
     def param_groups(self) -> list[dict]:
-        """The model's parameters as one group, for what works on an optimizer's groups
-        (torch.amp.GradScaler: `scaler.step(opt)` unscales them, then calls step() unless
-        they overflowed). Read between backward and step(), it says the gradient may change
-        in place where torch's version counter does not see it (GradScaler's unscale): on a
-        device step() then copies the whole gradient to the host again."""
+        """The script's optimizer's groups (or the model's parameters as one group), for
+        what works on an optimizer's groups (torch.amp.GradScaler: `scaler.step(opt)`
+        unscales them, then calls step() unless they overflowed). Read between backward and
+        step(), it says the gradient may change in place where torch's version counter does
+        not see it (GradScaler's unscale): on a device step() then copies the whole gradient
+        to the host again."""
         if self.staging is not None:
             self.staging.grads_replaced()
         return self._groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:
+        self._groups = groups  # (torch.optim.Optimizer.__init__ sets it)
 
     @property
     def batch_size(self) -> int:

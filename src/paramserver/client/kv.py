@@ -186,7 +186,7 @@ class KVWorker:
                  heartbeat: bool = True, src: str | None = None, role: str = "worker",
                  num_keys: int | None = None, shared_memory: bool | None = None,
                  keys: security.Keys | None = None, reuse_memory: bool = True,
-                 layout: dict | None = None):
+                 layout: dict | None = None, optimizer: dict | None = None):
         self.src = src or f"w-{os.getpid()}-{secrets.token_hex(3)}"
         # A user's script started by `paramserver launch` finds the job's keys in the environment.
         self.keys = keys if keys is not None else security.from_env(role)
@@ -199,8 +199,10 @@ class KVWorker:
                                           timeout, release_timeout)
         # An "observer" (an evaluator) reads parameters but is no member of the sync policy.
         # `num_keys` tells a job started without a model (`paramserver launch`) its key space.
-        # `layout` (core.layout's wire form): the coordinator refuses a model unlike the job's.
-        welcome = self.session.register(role, num_keys, want_rank=_launch_rank(), layout=layout)
+        # `layout` (core.layout's wire form): the coordinator refuses a model unlike the job's;
+        # `optimizer` (an OptimizerSpec's wire form): a script's torch optimizer, likewise.
+        welcome = self.session.register(role, num_keys, want_rank=_launch_rank(), layout=layout,
+                                        optimizer=optimizer)
         self.rank: int = welcome["rank"]
         self.left: str | None = None  # why this worker left the job (bye or leave), once it has
         self.job: dict = welcome["job"]  # the welcome's job as it came (user scripts read it)

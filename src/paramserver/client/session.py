@@ -287,15 +287,18 @@ class CoordinatorSession:
         return time.monotonic()
 
     def register(self, role: str, num_keys: int | None, want_rank: int | None = None,
-                 layout: dict | None = None) -> Message:
+                 layout: dict | None = None, optimizer: dict | None = None) -> Message:
         """Join the job as `role` (a worker: as rank `want_rank` if that is free, with its
-        model's `layout` in core.layout's wire form, which must be the job's); the welcome
+        model's `layout` in core.layout's wire form, which must be the job's, and the script's
+        torch `optimizer` as an OptimizerSpec's wire form, if it passed one); the welcome
         carries the rank and the job."""
         fields = {"role": role} if not num_keys else {"role": role, "num_keys": int(num_keys)}
         if want_rank is not None and role == "worker":
             fields["want_rank"] = int(want_rank)
         if layout is not None and role == "worker":
             fields["layout"] = layout
+        if optimizer is not None and role == "worker":
+            fields["optimizer"] = optimizer
         welcome = self.call(Message("register", fields), self.timeout)
         job = WorkerJob.from_dict(welcome["job"])
         self.me = Identity(role, welcome["rank"], num_keys or job.job.num_keys or None,

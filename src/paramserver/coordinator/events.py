@@ -31,6 +31,7 @@ class Registered:
     want_rank: int | None = None  # a worker's launch slot ($RANK): its rank when still free
     layout: Any = None  # a worker's core.layout.ModelLayout, when it sent one
     backup: bool = False  # a server that registers as a shard's backup (--replicas 2)
+    optimizer: Any = None  # a worker's script's torch optimizer (spec.job.OptimizerSpec)
 
 
 @dataclass(slots=True)

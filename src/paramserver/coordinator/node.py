@@ -28,6 +28,7 @@ from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.bounded import json_value
 from paramserver.core.layout import ModelLayout
+from paramserver.spec.job import OptimizerSpec
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder
@@ -53,10 +54,12 @@ REFUSED = (ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 def _register(msg: Message, now: float, to, link) -> Registered:
     layout = msg.get("layout")  # a malformed one raises LayoutError (a ValueError): refused
+    optimizer = msg.get("optimizer")  # likewise (JobSpecError)
     return Registered(msg.src, msg["role"], now, to, link, msg.get("addr"), msg.get("num_keys"),
                       msg.get("rejoin"), msg.get("want_rank"),
                       None if layout is None else ModelLayout.from_wire(layout),
-                      bool(msg.get("backup", False)))
+                      bool(msg.get("backup", False)),
+                      None if optimizer is None else OptimizerSpec.from_wire(optimizer))
 
 
 def _clock(msg: Message, now: float, to, link) -> Clocked:

@@ -50,6 +50,7 @@ class Registration:
         members.touch(e.src, e.now)
         role = e.role
         if role == "worker" and members.ranges is None and e.num_keys:
+            coord.script_optimizer.first(e, out)  # before the servers that wait are welcomed
             waited = members.learn_key_space(e.num_keys)
             out.append(AppendEvent(e.now, "key_space", {"num_keys": e.num_keys}))
             for server in waited:
@@ -103,11 +104,15 @@ class Registration:
         if job.max_servers and job.num_keys != coord.members.num_keys:
             # (the key space learned from the first worker bounds a moving shard's frames)
             job = replace(job, num_keys=coord.members.num_keys)
+        if coord.script_optimizer.spec is not None:  # the script's torch optimizer
+            job = replace(job, optimizer=coord.script_optimizer.spec)
         return ServerJob.of(job, lo, hi, coord.host.apply_mode)
 
     def worker(self, e: Registered, now: float, out: list) -> None:
         """A worker or evaluator given a rank (or queued for one) and welcomed."""
         members = self.coord.members
+        if e.role == "worker":
+            self.coord.script_optimizer.check(e)
         known = members.layout
         member = members.add_worker(e)
         if members.layout is not known:

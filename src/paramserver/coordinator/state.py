@@ -33,6 +33,7 @@ from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.replicas import Replicas
 from paramserver.coordinator.reshard import Resharder
 from paramserver.coordinator.resharding import Outcome, Resharding, Situation
+from paramserver.coordinator.script_optimizer import ScriptOptimizer
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.steps import Steps
 from paramserver.policies import (
@@ -90,6 +91,8 @@ class CoordinatorState:
                       limits.server_timeout), grace=2 * limits.heartbeat_interval)
         self.reshard = self.resharding.plan  # (read here: its epoch, whether it holds)
         self.registration = Registration(self)
+        # A launched script's torch optimizer, sent by its first worker (script_optimizer.py).
+        self.script_optimizer = ScriptOptimizer(job.optimizer, learns=not job.num_keys)
         self.observations = Observations(self)
         # A coordinator restarted in place of one that died takes the job back (rejoins.py).
         self.rejoins = Rejoins(self, take_back, now)

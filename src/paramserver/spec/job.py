@@ -102,6 +102,15 @@ class OptimizerSpec:
         _num("optimizer.lr", self.lr)
         _freeze(self, "optimizer", "options")
 
+    @classmethod
+    def from_wire(cls, data: Any) -> "OptimizerSpec":
+        """A script's torch optimizer as a worker's registration carries it (JobSpecError,
+        a ValueError, when malformed)."""
+        return _part(cls, "optimizer", data)
+
+    def to_wire(self) -> dict:
+        return _plain(self)
+
 
 @dataclass(frozen=True)
 class TaskSpec:

@@ -69,6 +69,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                  # a worker's model layout (core/layout.py; checked there, the header's 64 KB
                  # bound its size): every rank's must be the job's
                  "layout": _f(DICT, False),
+                 # a script's torch optimizer (spec.job.OptimizerSpec's wire form)
+                 "optimizer": _f(DICT, False),
                  "backup": _f(BOOL, False)},  # a server that comes as a shard's backup
     "clock": {"step": _f(NONNEG), "batch": _f(NONNEG), "compute_time": _f(FLOAT),
               "cpu_load": _f(FLOAT, False), "free_mem": _f(FLOAT, False),

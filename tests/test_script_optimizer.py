@@ -1,0 +1,168 @@
+"""A script's own torch optimizer on the servers: `DistributedOptimizer(optimizer,
+named_parameters=...)` as Horovod's, the class and parameter groups sent by name and value.
+
+The live test launches a script that trains with AdamW in two groups (no weight decay on
+biases) through `paramserver launch`'s machinery (real coordinator, shards and a worker
+process) and checks its final parameters against torch training the same model with the same
+batches in this process. The core tests drive the coordinator's part with events alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from paramserver.client.torch_optimizer import describe
+from paramserver.coordinator.events import AppendEvent, Registered, Reply
+from paramserver.coordinator.state import CoordinatorState
+from paramserver.models.keyspace import ModelKeys
+from paramserver.spec.job import OptimizerSpec
+from ps_helpers import job_of, match
+
+SCRIPT = textwrap.dedent("""
+    import json, sys, torch, paramserver
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    named = dict(model.named_parameters())
+    decay = [p for n, p in named.items() if n.endswith("weight")]
+    rest = [p for n, p in named.items() if not n.endswith("weight")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=0.01, betas=(0.8, 0.95))
+    opt = paramserver.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.Optimizer) and len(opt.param_groups) == 2
+    steps = 0
+    while not opt.should_stop:
+        g = torch.Generator().manual_seed(steps)
+        x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        steps += 1
+    with open(sys.argv[1], "w") as f:
+        json.dump({"steps": steps, "params": {n: p.detach().tolist()
+                                              for n, p in model.named_parameters()}}, f)
+    opt.close()
+""")
+
+
+def _local(steps: int) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    named = dict(model.named_parameters())
+    opt = torch.optim.AdamW([
+        {"params": [p for n, p in named.items() if n.endswith("weight")], "weight_decay": 0.1},
+        {"params": [p for n, p in named.items() if not n.endswith("weight")],
+         "weight_decay": 0.0}], lr=0.01, betas=(0.8, 0.95))
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_scripts_adamw_with_groups_trains_on_the_servers_as_torch_trains_it(tmp_path,
+                                                                             servers):
+    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.local import LocalCluster
+    from paramserver.spec.config import TrainConfig
+    script, out = tmp_path / "train.py", tmp_path / "final.json"
+    script.write_text(SCRIPT)
+    # (launch's own --optimizer stays sgd: the script's optimizer replaces it)
+    cfg = TrainConfig(sync="bsp", workers=1, steps=25, servers=servers)
+    cluster = LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=120,
+                           worker_cmd=[sys.executable, str(script), str(out)])
+    cluster.run()
+    got = json.loads(out.read_text())
+    assert got["steps"] == 25
+    want = _local(got["steps"])
+    for name, values in got["params"].items():
+        torch.testing.assert_close(torch.tensor(values), want[name], rtol=1e-5, atol=1e-6,
+                                   msg=f"{name} after {got['steps']} steps")
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    (adopted,) = [e for e in events if e["event"] == "script_optimizer"]
+    assert adopted["rule"] == "adamw" and adopted["groups"] == 2
+
+
+# ---- what the client sends ----------------------------------------------------------------------
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+
+
+def test_the_spec_names_the_rule_the_settings_and_each_groups_key_ranges():
+    model = _model()
+    keys = ModelKeys(model)
+    w = [model[0].weight, model[1].weight]
+    opt = torch.optim.SGD([{"params": w, "weight_decay": 1e-4},
+                           {"params": [model[0].bias], "lr": 0.5}],
+                          lr=0.1, momentum=0.9, nesterov=True)
+    spec = describe(opt, model, keys)
+    assert spec["name"] == "torch-sgd" and spec["lr"] == 0.1
+    options = spec["options"]
+    assert options["momentum"] == 0.9 and options["nesterov"] is True
+    assert "foreach" not in options and "fused" not in options
+    r = {n: keys.param_range(n) for n, _ in model.named_parameters()}
+    g0, g1, frozen = options["groups"]
+    assert g0 == {"ranges": [[r["0.weight"].lo, r["0.weight"].hi],
+                             [r["1.weight"].lo, r["1.weight"].hi]], "weight_decay": 1e-4}
+    assert g1 == {"ranges": [[r["0.bias"].lo, r["0.bias"].hi]], "lr": 0.5}
+    # 1.bias is in no group: torch never steps it, nor do the servers
+    assert frozen == {"ranges": [[r["1.bias"].lo, r["1.bias"].hi]], "lr": 0.0}
+    OptimizerSpec.from_wire(json.loads(json.dumps(spec)))  # what the wire carries parses
+
+
+def test_a_class_the_servers_do_not_run_is_refused_before_joining_with_the_list():
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters())
+    with pytest.raises(ValueError, match="do not run torch.optim.lbfgs.LBFGS.*torch.optim.Adam"):
+        describe(opt, model, ModelKeys(model))
+    stranger = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.Adam([*model.parameters(), stranger])
+    with pytest.raises(ValueError, match="not among the model's parameters"):
+        describe(opt, model, ModelKeys(model))
+
+
+# ---- the coordinator's part ---------------------------------------------------------------------
+
+ADAM = OptimizerSpec("adam", 0.01, {"betas": [0.9, 0.99]})
+
+
+def _worker(src, t, optimizer, rank=None):
+    return Registered(src, "worker", t, to=f"r-{src}", num_keys=10, want_rank=rank,
+                      optimizer=optimizer)
+
+
+def test_the_first_workers_optimizer_is_the_servers_rule_and_later_ranks_must_match():
+    state = CoordinatorState(job_of(num_keys=0))
+    out = state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    assert out == []  # the server waits for the key space
+    out = state.handle(_worker("w0", 0.1, ADAM, 0))
+    welcome = next(i for i in out if isinstance(i, Reply) and i.to == "r0")
+    assert welcome.fields["job"]["optimizer"] == {"name": "adam", "lr": 0.01,
+                                                  "options": {"betas": [0.9, 0.99]}}
+    assert any(match(i, AppendEvent, kind="script_optimizer", rule="adam") for i in out
+               if isinstance(i, AppendEvent))
+    other = OptimizerSpec("adam", 0.02, {"betas": [0.9, 0.99]})
+    out = state.handle(_worker("w1", 0.2, other, 1))
+    assert match(out[-1], Reply, to="r-w1", op="error", code="refused")
+    assert "differs from the job's" in out[-1].fields["msg"]
+    out = state.handle(_worker("w1", 0.3, None, 1))  # no optimizer, the job has one
+    assert match(out[-1], Reply, to="r-w1", op="error", code="refused")
+    out = state.handle(_worker("w1", 0.4, ADAM, 1))
+    assert match(out[0], Reply, to="r-w1", op="welcome", rank=1)
+    state.check_invariants()
+
+
+def test_a_job_whose_servers_started_with_their_rule_refuses_a_scripts_optimizer():
+    state = CoordinatorState(job_of())  # a key space given up front
+    state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    out = state.handle(_worker("w0", 0.1, ADAM, 0))
+    assert match(out[-1], Reply, to="r-w0", op="error", code="refused")
+    assert "pass the model instead" in out[-1].fields["msg"]
