@@ -2,7 +2,7 @@
 named_parameters=...)` as Horovod's, the class and parameter groups sent by name and value.
 
 The live test launches a script that trains with AdamW in two groups (no weight decay on
-biases) through `paramserver launch`'s machinery (real coordinator, shards and a worker
+biases) and torch's OneCycleLR schedule (lr and betas move every step) through `paramserver launch`'s machinery (real coordinator, shards and a worker
 process) and checks its final parameters against torch training the same model with the same
 batches in this process. The core tests drive the coordinator's part with events alone.
 """
@@ -34,6 +34,8 @@ SCRIPT = textwrap.dedent("""
                              {"params": rest, "weight_decay": 0.0}], lr=0.01, betas=(0.8, 0.95))
     opt = paramserver.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     assert isinstance(opt, torch.optim.Optimizer) and len(opt.param_groups) == 2
+    # torch's own schedule on the optimizer returned: it moves lr and betas[0] every step
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=100)
     steps = 0
     while not opt.should_stop:
         g = torch.Generator().manual_seed(steps)
@@ -41,6 +43,7 @@ SCRIPT = textwrap.dedent("""
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        sched.step()
         steps += 1
     with open(sys.argv[1], "w") as f:
         json.dump({"steps": steps, "params": {n: p.detach().tolist()
@@ -57,18 +60,20 @@ def _local(steps: int) -> dict:
         {"params": [p for n, p in named.items() if n.endswith("weight")], "weight_decay": 0.1},
         {"params": [p for n, p in named.items() if not n.endswith("weight")],
          "weight_decay": 0.0}], lr=0.01, betas=(0.8, 0.95))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=100)
     for step in range(steps):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        sched.step()
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("servers", [1, 2])
-def test_a_scripts_adamw_with_groups_trains_on_the_servers_as_torch_trains_it(tmp_path,
-                                                                             servers):
+def test_a_scripts_adamw_with_groups_and_schedule_trains_on_the_servers_as_torch_does(
+        tmp_path, servers):
     from paramserver.cli.launch_cmd import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig

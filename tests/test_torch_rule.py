@@ -148,3 +148,17 @@ def test_step_counts_move_with_their_keys_whatever_the_values_dtype():
     assert keyed == ["exp_avg", "exp_avg_sq", "step"] and scalar == []
     sgd = ShardStore(KeyRange(0, 8), "float16", make_rule("torch-sgd", 0.1), "arrival")
     assert keyed_state(sgd) == (["step"], [])  # no momentum: no buffer
+
+
+def test_a_schedule_retunes_a_group_and_a_change_of_kept_state_is_refused():
+    rule = make_rule("torch-sgd", 0.1, groups=[{"ranges": [[0, 4]]}, {"ranges": [[4, 8]]}])
+    rule.retune([[1, {"lr": 0.5, "weight_decay": 0.01}]])
+    assert rule.options()["groups"][1] == {"ranges": [[4, 8]], "lr": 0.5, "weight_decay": 0.01}
+    with pytest.raises(ValueError, match="changes what the optimizer keeps per key"):
+        rule.retune([[0, {"momentum": 0.9}]])  # a buffer the shard never allocated
+    with pytest.raises(ValueError, match="has no option 'lrr'"):
+        rule.retune([[0, {"lrr": 0.5}]])
+    with pytest.raises(ValueError, match=r"\[group 0..1"):
+        rule.retune([[2, {"lr": 0.5}]])
+    with pytest.raises(ValueError, match="takes no settings from the script"):
+        make_rule("sgd", 0.1).retune([[0, {"lr": 0.5}]])

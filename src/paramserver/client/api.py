@@ -45,7 +45,7 @@ from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.policies.base import Release
 from paramserver.client.pacing import Pacer
-from paramserver.client.torch_optimizer import describe
+from paramserver.client.torch_optimizer import describe, settings_of
 
 JOIN_ENV = "PARAMSERVER_JOIN"
 
@@ -153,6 +153,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.keys = ModelKeys(self.model, dtype=dtype)
         spec = None if self.optimizer is None else describe(self.optimizer, self.model,
                                                             self.keys)
+        # The groups' settings the servers started with: a schedule that moves them sends
+        # them with each push from then on (a restarted or new shard learns them too).
+        self._settings = None if self.optimizer is None else settings_of(self.optimizer)
         join = join or os.environ.get(JOIN_ENV)
         if not join:
             raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
@@ -270,7 +273,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                              batch, real)
         t0 = time.perf_counter()
         staleness = self.kv.push(grads, step=self.release.step, batch=batch,
-                                 scale=self.release.scale, round_size=self.release.round_size)
+                                 scale=self.release.scale, round_size=self.release.round_size,
+                                 hyper=self._hyper())
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
                   "staleness": int(staleness), "factor": round(factor, 4),
@@ -297,6 +301,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # At the stop too: the model (and state_dict(), the exported model.pt) then ends on
         # the job's final parameters, not one round short of them.
         self._pull()
+
+    def _hyper(self) -> list | None:
+        """The groups' settings, once a schedule has moved any from those the job began
+        with; None until then."""
+        if self.optimizer is None:
+            return None
+        now = settings_of(self.optimizer)
+        return None if now == self._settings else [[i, g] for i, g in enumerate(now)]
 
     def report(self, test_accuracy: float, test_loss: float | None = None, **extra: float) -> None:
         """Report the script's own test evaluation: it becomes the run's evaluation record

@@ -346,7 +346,8 @@ class KVWorker:
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
                    batch: int, scale: float = 1.0, round_size: int = 0,
-                   codec: Codec | None = None, sent: np.ndarray | None = None) -> Handle:
+                   codec: Codec | None = None, sent: np.ndarray | None = None,
+                   hyper: list | None = None) -> Handle:
         """Send a dense gradient for a key range (default: all keys); returns at once.
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
@@ -356,7 +357,9 @@ class KVWorker:
         what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
         what went on the wire). Like `values`, `sent` is written until the handle is waited.
         With a codec, `values` (and `sent`) may be a torch tensor on a device: each message is
-        encoded there and only its payload is copied to the host."""
+        encoded there and only its payload is copied to the host. `hyper`: a script's optimizer
+        settings by group ([[group, {name: value}], ...]) once its schedule changed them; every
+        shard takes them before this push."""
         self.map.before_request()
         core = self.core
         r = core.key_range(keys)
@@ -369,8 +372,10 @@ class KVWorker:
             raise ValueError(f"sent must be {len(arr)} float32 values held as the values "
                              f"are (numpy, or a tensor on their device), given with a codec")
         pieces = core.pieces(r)
-        return self._send_dense(Handle("push"), arr, pieces, core.stream(r, pieces),
-                                self._push_fields(step, batch, scale, round_size),
+        fields = self._push_fields(step, batch, scale, round_size)
+        if hyper is not None:
+            fields["hyper"] = hyper
+        return self._send_dense(Handle("push"), arr, pieces, core.stream(r, pieces), fields,
                                 codec=_check_codec(codec, arr), sent=sent)
 
     def _send_dense(self, handle: Handle, arr: np.ndarray, pieces, stream: Stream | None,
@@ -416,10 +421,10 @@ class KVWorker:
         return self.chunked.start(handle, message)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
-             round_size: int = 0, codec: Codec | None = None) -> int:
+             round_size: int = 0, codec: Codec | None = None, hyper: list | None = None) -> int:
         """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
         return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale,
-                                         round_size=round_size, codec=codec))
+                                         round_size=round_size, codec=codec, hyper=hyper))
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
                           scale: float = 1.0, round_size: int = 0,

@@ -47,6 +47,14 @@ def _runs(ranges: list[tuple[int, int]]) -> list[list[int]]:
     return out
 
 
+def settings_of(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each parameter group's settings that the servers' rule takes (what a schedule moves:
+    lr, betas, momentum, weight decay), as the wire carries them."""
+    from paramserver.optim import UPDATE_RULES
+    takes = {"lr"} | (set(UPDATE_RULES.get(RULE_OF[type(optimizer)]).option_help()) - _HOW)
+    return [{k: _number(v) for k, v in g.items() if k in takes} for g in optimizer.param_groups]
+
+
 def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys) -> dict:
     """The optimizer spec (wire form) of `optimizer` over `model`'s keys; ValueError (a class
     the servers do not run, a parameter the model does not have) or TypeError."""
@@ -80,8 +88,8 @@ def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys
         settings = {k: _number(v) for k, v in group.items()
                     if k in {"lr", *defaults}
                     and _number(v) != (lr if k == "lr" else defaults.get(k))}
-        if ranges:
-            groups.append({"ranges": _runs(ranges), **settings})
+        # (an empty group too: a schedule's settings name groups by their index)
+        groups.append({"ranges": _runs(ranges), **settings})
     frozen = [(keys.param_range(n).lo, keys.param_range(n).hi)
               for n, _ in model.named_parameters() if n not in covered]
     if frozen:  # torch never steps a parameter it was not given

@@ -42,6 +42,13 @@ class UpdateRule(ABC):
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         return {}
 
+    def retune(self, groups: list) -> None:
+        """New settings for parameter groups ([[group, {name: value}], ...]: a script's
+        learning-rate schedule); only a rule that runs a script's optimizer takes them."""
+        raise ValueError(f"the servers' update rule ({self.name}) takes no settings from the "
+                         f"script; a schedule reaches the servers when the script passes its "
+                         f"torch optimizer to DistributedOptimizer")
+
     def keyed(self, name: str, tensor: torch.Tensor, params: torch.Tensor) -> bool:
         """Whether state `name` holds one entry per key (cut and moved with its keys when
         keys move); else it is the shard's as a whole (a count), copied whole."""

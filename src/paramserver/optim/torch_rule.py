@@ -122,6 +122,40 @@ class TorchRule(UpdateRule):
                 if isinstance(v, torch.Tensor) and v.shape == probe.shape]
         return keys, "step" in state
 
+    def retune(self, groups: list) -> None:
+        """The script's groups' settings as its schedule left them: [[group, {name: value}],
+        ...]. A change of what the optimizer keeps per key (SGD's momentum from 0) is refused:
+        the shard's state has no room for it."""
+        if not isinstance(groups, list):
+            raise ValueError(f"settings for groups must be a list, got {type(groups).__name__}")
+        for item in groups:
+            if (not isinstance(item, (list, tuple)) or len(item) != 2
+                    or not isinstance(item[0], int) or isinstance(item[0], bool)
+                    or not 0 <= item[0] < len(self.groups) or not isinstance(item[1], dict)):
+                raise ValueError(f"a group's settings are [group 0..{len(self.groups) - 1}, "
+                                 f"{{name: value}}]; got {item!r}")
+            g, given = item
+            self._check(given, f"{self.name} group {g}", allow_lr=True)
+            ranges, settings = self.groups[g]
+            new = {**settings, **self._plain(given)}
+            if new == settings:
+                continue
+            # What a group keeps per key turns on settings being zero or not (momentum,
+            # amsgrad, centered): only such a flip is checked against a probe.
+            base = {**{k: d for k, (d, _) in self.option_help().items()},
+                    **self._rule_settings()}
+            before, after = {**base, **settings}, {**base, **new}
+            if any(bool(after[k]) != bool(before[k]) for k in after):
+                keeps = self._state_keys(after)
+                if keeps != self._keeps[g]:
+                    raise ValueError(f"{self.name} group {g}: {given} changes what the "
+                                     f"optimizer keeps per key ({keeps[0]} against "
+                                     f"{self._keeps[g][0]}); the servers cannot follow")
+            self.groups[g] = (ranges, new)
+
+    def _rule_settings(self) -> dict:
+        return {"lr": self.lr, **self.options_given}
+
     def options(self) -> dict:
         out = {"lr": self.lr, **self.options_given}
         if self.groups:

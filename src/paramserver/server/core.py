@@ -112,6 +112,8 @@ class ShardCore:
             return [Reply(ev.to, "ack", done)]
         if self._outside(ev.lo, ev.hi):  # after the dedup check, before the table hears of it
             return [self._moved(ev.to)]
+        if ev.hyper is not None:  # the script's schedule moved: this push's settings
+            st.retune(ev.hyper)
         self.retries.admit(ev)
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
                             ev.scale, ev.round_size, ev.parts)

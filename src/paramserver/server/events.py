@@ -86,6 +86,8 @@ class Push:
     parts: int = 0  # messages the pusher sends this shard for the step (0: not said)
     # The pusher's watermark: its pushes below this rid are all acknowledged (None: not said)
     mark: int | None = None
+    # A script's optimizer settings by group as its schedule left them (None: as they were)
+    hyper: list | None = None
 
 
 @dataclass(slots=True)

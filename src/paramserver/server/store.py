@@ -161,6 +161,10 @@ class ShardStore:
         return torch.from_numpy(arr)
 
     # ---- updates --------------------------------------------------------------------------------
+    def retune(self, groups: list) -> None:
+        """New settings for the update rule's parameter groups (a script's schedule)."""
+        self.rule.retune(groups)
+
     def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
              base_version: int, scale: float, round_size: int = 0,
              parts: int = 0) -> PushResult:

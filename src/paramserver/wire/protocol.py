@@ -44,7 +44,9 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "push": {"range": _f(RANGE), "step": _f(NONNEG), "version": _f(NONNEG),
              "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False),
              "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
-             "wm": _f(NONNEG, False), **ENCODED},
+             "wm": _f(NONNEG, False),
+             # a script's optimizer settings by group, once its schedule moved them
+             "hyper": _f(LIST, False), **ENCODED},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
                     "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
                     "parts": _f(NONNEG, False), "wm": _f(NONNEG, False), **ENCODED},
