@@ -23,6 +23,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/replica_history.py", "coordinator/registration.py",
         "coordinator/rejoins.py", "coordinator/observations.py", "coordinator/steps.py",
         "coordinator/checkpoints.py", "coordinator/script_optimizer.py",
+        "coordinator/collectives.py",
         # Elastic workers: the wait below MIN and the per-epoch sample ledger.
         "coordinator/elastic.py", "coordinator/ledger.py", "report/timeline.py",
         "coordinator/recent.py",

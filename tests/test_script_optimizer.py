@@ -23,76 +23,105 @@ from paramserver.models.keyspace import ModelKeys
 from paramserver.spec.job import OptimizerSpec
 from ps_helpers import job_of, match
 
-SCRIPT = textwrap.dedent("""
-    import json, sys, torch, paramserver
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    named = dict(model.named_parameters())
-    decay = [p for n, p in named.items() if n.endswith("weight")]
-    rest = [p for n, p in named.items() if not n.endswith("weight")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}], lr=0.01, betas=(0.8, 0.95))
+# What the script and the local reference share: the model, the optimizer and schedule, and
+# step k's global batch (rank r of W trains on rows r::W of it).
+SETUP = textwrap.dedent("""
+    import torch
+
+    def build(kind):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 2))
+        named = dict(model.named_parameters())
+        weights = [p for n, p in named.items() if n.endswith("weight")]
+        biases = [p for n, p in named.items() if not n.endswith("weight")]
+        if kind == "adamw":  # no decay on biases; OneCycle moves lr and betas every step
+            opt = torch.optim.AdamW([{"params": weights, "weight_decay": 0.1},
+                                     {"params": biases, "weight_decay": 0.0}],
+                                    lr=0.01, betas=(0.8, 0.95))
+            return model, opt, lambda o: torch.optim.lr_scheduler.OneCycleLR(
+                o, max_lr=0.05, total_steps=100)
+        opt = torch.optim.SGD([{"params": weights, "weight_decay": 1e-3},
+                               {"params": biases, "lr": 0.05}],
+                              lr=0.1, momentum=0.9, nesterov=True)
+        return model, opt, lambda o: torch.optim.lr_scheduler.StepLR(o, 5, gamma=0.5)
+
+    def batch(step, workers):
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(16 * workers, 5, generator=g), torch.randn(16 * workers, 2,
+                                                                       generator=g)
+""")
+
+SCRIPT = SETUP + textwrap.dedent("""
+    import json, os, sys
+    import paramserver
+    kind, workers = sys.argv[2], int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    model, opt, schedule = build(kind)
     opt = paramserver.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     assert isinstance(opt, torch.optim.Optimizer) and len(opt.param_groups) == 2
-    # torch's own schedule on the optimizer returned: it moves lr and betas[0] every step
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=100)
+    sched = schedule(opt)  # torch's own scheduler, on the optimizer returned
     steps = 0
     while not opt.should_stop:
-        g = torch.Generator().manual_seed(steps)
-        x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+        x, y = batch(steps, workers)
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.functional.mse_loss(model(x[rank::workers]), y[rank::workers]).backward()
         opt.step()
         sched.step()
         steps += 1
-    with open(sys.argv[1], "w") as f:
-        json.dump({"steps": steps, "params": {n: p.detach().tolist()
-                                              for n, p in model.named_parameters()}}, f)
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"steps": steps, "lr": opt.param_groups[0]["lr"],
+                       "params": {n: p.detach().tolist()
+                                  for n, p in model.named_parameters()}}, f)
     opt.close()
 """)
 
 
-def _local(steps: int) -> dict:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    named = dict(model.named_parameters())
-    opt = torch.optim.AdamW([
-        {"params": [p for n, p in named.items() if n.endswith("weight")], "weight_decay": 0.1},
-        {"params": [p for n, p in named.items() if not n.endswith("weight")],
-         "weight_decay": 0.0}], lr=0.01, betas=(0.8, 0.95))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=100)
+def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
+    """torch in this process on the global batches: what the job must end on."""
+    env: dict = {}
+    exec(SETUP, env)
+    model, opt, schedule = env["build"](kind)
+    sched = schedule(opt)
     for step in range(steps):
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+        x, y = env["batch"](step, workers)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         sched.step()
-    return {n: p.detach() for n, p in model.named_parameters()}
+    return {n: p.detach() for n, p in model.named_parameters()}, opt.param_groups[0]["lr"]
 
 
-@pytest.mark.parametrize("servers", [1, 2])
-def test_a_scripts_adamw_with_groups_and_schedule_trains_on_the_servers_as_torch_does(
-        tmp_path, servers):
+@pytest.mark.parametrize("kind,workers,servers", [
+    ("adamw", 1, 1), ("adamw", 1, 2),
+    # three ranks' mean gradient is the global batch's up to float32 summation order: the
+    # tolerance is that rounding (1e-6 relative per step) carried through 25 steps
+    ("sgd", 3, 2)])
+def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_does(
+        tmp_path, kind, workers, servers):
     from paramserver.cli.launch_cmd import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
     script, out = tmp_path / "train.py", tmp_path / "final.json"
     script.write_text(SCRIPT)
     # (launch's own --optimizer stays sgd: the script's optimizer replaces it)
-    cfg = TrainConfig(sync="bsp", workers=1, steps=25, servers=servers)
-    cluster = LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=120,
-                           worker_cmd=[sys.executable, str(script), str(out)])
+    cfg = TrainConfig(sync="bsp", workers=workers, steps=25, servers=servers)
+    cluster = LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=180,
+                           worker_cmd=[sys.executable, str(script), str(out), kind])
     cluster.run()
     got = json.loads(out.read_text())
     assert got["steps"] == 25
-    want = _local(got["steps"])
+    want, lr = _local(kind, got["steps"], workers)
+    assert got["lr"] == pytest.approx(lr)  # the script reads the lr in force
+    tol = dict(rtol=1e-5, atol=1e-6) if workers == 1 else dict(rtol=1e-4, atol=1e-5)
     for name, values in got["params"].items():
-        torch.testing.assert_close(torch.tensor(values), want[name], rtol=1e-5, atol=1e-6,
+        torch.testing.assert_close(torch.tensor(values), want[name], **tol,
                                    msg=f"{name} after {got['steps']} steps")
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
     (adopted,) = [e for e in events if e["event"] == "script_optimizer"]
-    assert adopted["rule"] == "adamw" and adopted["groups"] == 2
+    assert adopted["rule"] == ("adamw" if kind == "adamw" else "torch-sgd")
+    assert adopted["groups"] == 2
 
 
 # ---- what the client sends ----------------------------------------------------------------------

@@ -142,11 +142,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter] | torch.optim.Optimizer,
                  join: str | None = None, timeout: float = 120.0, data_len: int | None = None,
-                 named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None):
+                 named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None,
+                 compression: str | None = None):
         """`data_len`: the training set's size, which an elastic job (`launch --workers
         MIN:MAX`) needs: its coordinator deals each epoch's samples out to whoever is there,
-        and `BatchSampler(data_len, opt)` draws what each release names."""
+        and `BatchSampler(data_len, opt)` draws what each release names. `compression`: a
+        value codec for the pushed gradients ("fp16", "bf16", ...: compression/), as
+        Horovod's `Compression.fp16`."""
         # Bad input fails before anything joins.
+        self._codec = None
+        if compression not in (None, "none", "fp32"):
+            from paramserver.compression import make_codec
+            self._codec = make_codec(compression)
         self.model, self.optimizer = _as_module(params, named_parameters)
         model_device(self.model)  # all on one device (cpu or cuda), also before joining
         dtype = next(self.model.parameters()).dtype
@@ -274,7 +281,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         t0 = time.perf_counter()
         staleness = self.kv.push(grads, step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size,
-                                 hyper=self._hyper())
+                                 codec=self._codec, hyper=self._hyper())
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
                   "staleness": int(staleness), "factor": round(factor, 4),

@@ -332,6 +332,17 @@ class CoordinatorSession:
     def report(self, record: dict) -> None:
         self.call(Message("report", {"record": record}), self.timeout)
 
+    def collective(self, kind: str, name: str, values: list, root: int = 0,
+                   timeout: float = 600.0) -> tuple[list, int]:
+        """This worker's part of collective `name` among the training workers (allreduce,
+        allgather, broadcast: coordinator/collectives.py); (the result, how many took part)
+        once every one has sent its part. The coordinator answers an error past its own
+        bound (a rank that never calls it), before `timeout`."""
+        answer = self.call(Message("collective", {"kind": kind, "name": name,
+                                                  "values": values, "root": int(root)}),
+                           timeout)
+        return answer["values"], int(answer.get("count", 0))
+
     def leave(self, fields: dict, reason: str) -> None:
         """The last step done, and gone: the clock of step `fields["step"]` (counted as any)
         that also says this worker leaves (`reason`: preempted); answered "ok", no release."""

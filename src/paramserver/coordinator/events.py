@@ -131,6 +131,22 @@ class Report:
 
 
 @dataclass(slots=True)
+class CollectiveAsked:
+    """A worker's part of a small collective among the job's workers (Horovod's allreduce,
+    allgather, broadcast of metrics): `kind`, the collective's `name` (the same on every
+    rank), its `values` (a flat list of numbers), `root` (broadcast's)."""
+
+    op: ClassVar[str] = "collective"
+    src: str
+    kind: str
+    name: str
+    values: list
+    now: float
+    to: Any = None
+    root: int = 0
+
+
+@dataclass(slots=True)
 class ObserveAsked:
     """A read-only observer (`paramserver top ADDRESS`) asks for the metrics records after
     number `since`; it is no member and is not remembered."""

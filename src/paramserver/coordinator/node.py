@@ -22,7 +22,7 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
 from paramserver.coordinator.events import DrainAsked, Resharded
-from paramserver.coordinator.events import ObserveAsked
+from paramserver.coordinator.events import CollectiveAsked, ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.state import CoordinatorState
@@ -78,6 +78,8 @@ EVENTS = {
     "report": lambda msg, now, to, link: Report(msg.src, msg["record"], now, to),
     "status": lambda msg, now, to, link: StatusAsked(msg.src, now, to),
     "observe": lambda msg, now, to, link: ObserveAsked(msg.src, msg["since"], now, to),
+    "collective": lambda msg, now, to, link: CollectiveAsked(
+        msg.src, msg["kind"], msg["name"], list(msg["values"]), now, to, msg.get("root", 0)),
     "saved": lambda msg, now, to, link: ShardSaved(msg.src, msg["tag"], now, to,
                                                    msg.get("failed")),
     "restored": lambda msg, now, to, link: ShardRestored(

@@ -18,6 +18,7 @@ from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.checkpoints import Checkpoints
+from paramserver.coordinator.collectives import Collectives
 from paramserver.coordinator.elastic import Elastic
 from paramserver.coordinator.events import (
     AppendEvent, AppendMetric, DrainAsked, Finish, Heartbeat, ReplicaReport, Reply, Resharded,
@@ -120,6 +121,8 @@ class CoordinatorState:
         self._members_due: float | None = None  # as the last TimePassed found it
         self.steps = Steps(self)
         self.checkpoints = Checkpoints(self, self.schedule)
+        # Horovod's allreduce/allgather/broadcast of metrics among the workers.
+        self.collectives = Collectives(self, max(limits.start_timeout, 300.0))
         self._members_due_fresh = False
         self._handlers = {
             TimePassed: self._on_time, Heartbeat: self._on_heartbeat,
@@ -127,6 +130,7 @@ class CoordinatorState:
             DrainAsked: self._on_drain, Resharded: self._on_resharded,
             **self.steps.handlers(), **self.registration.handlers(),
             **self.checkpoints.handlers(), **self.observations.handlers(),
+            **self.collectives.handlers(),
         }
 
     # ---- the envelope ---------------------------------------------------------------------------
@@ -206,6 +210,10 @@ class CoordinatorState:
                 due = t
         if self.rejoins.pending is not None:
             t = self.rejoins.next_deadline()
+            if due is None or t < due:
+                due = t
+        if self.collectives.open:
+            t = self.collectives.next_deadline()
             if due is None or t < due:
                 due = t
         if self.reshard.enabled:
@@ -370,6 +378,8 @@ class CoordinatorState:
                 self.rejoins.took_over(back)
         if self.reshard.enabled:
             self._check_reshard(now, out)
+        if self.collectives.open:
+            self.collectives.check(now, out)
         failure = self.recovery.check(now, members.roster.servers, out)
         if failure is None and self.elastic is not None:
             failure = self.elastic.check(now, out)

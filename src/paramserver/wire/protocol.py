@@ -87,6 +87,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "report": {"record": _f(RECORD)},
     # a read-only observer (`paramserver top ADDRESS`): the metrics records after `since`
     "observe": {"since": _f(NONNEG)},
+    # a worker's part of a small collective (coordinator/collectives.py) and its answer
+    "collective": {"kind": _f(STR), "name": _f(STR), "values": _f(LIST),
+                   "root": _f(NONNEG, False)},
+    "collected": {"values": _f(LIST), "count": _f(NONNEG)},
     # coordinator -> others
     "welcome": {"rank": _f(NONNEG), "job": _f(DICT), "backup": _f(BOOL, False),
                 # live resharding: the shard map's epoch; a joining server takes handoffs;
