@@ -69,3 +69,43 @@ def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(tmp_pa
     assert "worker 1 died" in proc.stderr and "before the job started" in proc.stderr, proc.stderr
     assert "cannot build the model (on purpose)" in proc.stderr
     assert took < 120, f"the launch waited {took:.0f} s for a worker that had died"
+
+
+DDP_STYLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_style.py"
+
+
+def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(tmp_path):
+    """examples/ddp_style.py is PyTorch's multigpu_torchrun.py with its process-group and DDP
+    lines changed: its Trainer's epoch loop, len(train_data), set_epoch and the script's own
+    SGD run as written; without --steps the job ends when the scripts do."""
+    import re
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--quiet",
+         "--out", str(out), "--", sys.executable, str(DDP_STYLE), "3", "1"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    # 1,797 digits over 2 ranks (DistributedSampler pads to 899 each): 29 batches of 32
+    epochs = re.findall(r"\[RANK(\d)\] Epoch (\d) \| Batchsize: 32 \| Steps: 29", proc.stdout)
+    assert sorted(epochs) == [(r, e) for r in "01" for e in "012"]
+    accuracy = re.findall(r"\[RANK(\d)\] training accuracy ([\d.]+)", proc.stdout)
+    assert len(accuracy) == 2 and accuracy[0][1] == accuracy[1][1]  # BSP: one model
+    assert float(accuracy[0][1]) > 0.85
+    assert (tmp_path / "snapshot.pt").exists()
+
+
+def test_paramservers_distributed_sampler_is_torchs_with_the_jobs_rank_and_size(monkeypatch):
+    import torch
+    from torch.utils.data.distributed import DistributedSampler as Torch
+
+    from paramserver import DistributedSampler
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    data = list(range(31))
+    ours = DistributedSampler(data, seed=4)
+    theirs = Torch(data, num_replicas=3, rank=1, seed=4)
+    for epoch in (0, 1):
+        ours.set_epoch(epoch)
+        theirs.set_epoch(epoch)
+        assert list(ours) == list(theirs) and len(ours) == len(theirs) == 11
+    assert isinstance(ours, torch.utils.data.Sampler)

@@ -8,7 +8,7 @@ def __getattr__(name):
     if name in ("DistributedOptimizer", "init", "rank", "size"):
         from paramserver.client import api
         return getattr(api, name)
-    if name == "BatchSampler":
-        from paramserver.client.sampler import BatchSampler
-        return BatchSampler
+    if name in ("BatchSampler", "DistributedSampler"):
+        from paramserver.client import sampler
+        return getattr(sampler, name)
     raise AttributeError(f"module 'paramserver' has no attribute {name!r}")

@@ -22,6 +22,7 @@ error at its first look ahead.
 from __future__ import annotations
 
 import torch
+import torch.utils.data.distributed
 
 
 class BatchSampler:
@@ -113,3 +114,16 @@ class BatchSampler:
                     "num_workers=0, or load faster in the dataset itself")
             last = self.opt.kv.drawn
             yield self.drawn()
+
+
+class DistributedSampler(torch.utils.data.distributed.DistributedSampler):
+    """torch's DistributedSampler with the job's size and rank as defaults (torch's own asks a
+    process group, which a parameter-server job has none of): each iteration is one epoch of
+    this rank's share, `set_epoch` reshuffles, `len()` is the share's size, as in DDP."""
+
+    def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+        from paramserver.client import api
+        super().__init__(dataset, num_replicas=api.size() if num_replicas is None
+                         else num_replicas, rank=api.rank() if rank is None else rank,
+                         shuffle=shuffle, seed=seed, drop_last=drop_last)
