@@ -94,6 +94,21 @@ def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(tmp_path):
     assert (tmp_path / "snapshot.pt").exists()
 
 
+def test_a_budget_ends_the_ddp_scripts_epochs_without_an_exception_in_its_code(tmp_path):
+    """launch --steps 20 under a script with its own epoch loop: the sampler's epochs end with
+    the job, steps after the stop do nothing, the script ends normally and saves its model."""
+    import re
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--steps", "20",
+         "--quiet", "--out", str(tmp_path / "run"), "--", sys.executable, str(DDP_STYLE),
+         "3", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "40 steps" in proc.stdout  # 20 a rank, then the budget
+    assert len(re.findall(r"training accuracy", proc.stdout)) == 2
+    assert "step() does nothing from here" in proc.stdout
+
+
 def test_paramservers_distributed_sampler_is_torchs_with_the_jobs_rank_and_size(monkeypatch):
     import torch
     from torch.utils.data.distributed import DistributedSampler as Torch

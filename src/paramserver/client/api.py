@@ -28,6 +28,7 @@ buffers are made there, with pinned host copies for the wire (client/device_stag
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -48,6 +49,7 @@ from paramserver.client.pacing import Pacer
 from paramserver.client.torch_optimizer import describe, settings_of
 
 JOIN_ENV = "PARAMSERVER_JOIN"
+log = logging.getLogger("paramserver")
 
 
 def _layout(model: nn.Module, dtype: torch.dtype) -> dict:
@@ -137,6 +139,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
     # `paramserver launch` names it as failed (launch/verdict.py).
     _steps = 0
+    _stop_said = False
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
     staging: DeviceStaging | None = None
 
@@ -268,7 +271,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self not in _joined:
             raise RuntimeError(f"rank {self.rank}: step() after close()")
         if self.release.stop:
-            raise RuntimeError("the job has stopped; call close()")
+            # The budget is spent: a script that loops over its own epochs (DDP's, Horovod's)
+            # is not interrupted by an exception; its steps do nothing from here.
+            if not self._stop_said:
+                self._stop_said = True
+                log.warning("rank %d: the job has stopped (its budget is spent); step() does "
+                            "nothing from here (paramserver.DistributedSampler's epochs end "
+                            "with the job; another loop can stop on opt.should_stop)",
+                            self.rank)
+            return
         if not grads_are_bound(self.model, self.grads):
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()

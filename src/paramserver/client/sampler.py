@@ -127,3 +127,15 @@ class DistributedSampler(torch.utils.data.distributed.DistributedSampler):
         super().__init__(dataset, num_replicas=api.size() if num_replicas is None
                          else num_replicas, rank=api.rank() if rank is None else rank,
                          shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    def __iter__(self):
+        """This rank's indices of the epoch, ending early once the job has stopped (a budget
+        given to launch): the script's loop over its DataLoader ends cleanly mid-epoch. An
+        epoch that begins after the stop yields one index, not none, so a script that peeks at
+        its loader (DDP's tutorial: `len(next(iter(loader))[0])`) still runs; its step does
+        nothing."""
+        from paramserver.client import api
+        for n, index in enumerate(super().__iter__()):
+            if api._joined and api._joined[-1].should_stop and n:
+                return
+            yield index
