@@ -19,6 +19,8 @@ from paramserver.compression.quant8 import BlockOptions
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
+_LEAST = torch.tensor(np.finfo(np.float32).smallest_subnormal)
+
 
 class Sign(Codec):
     name = "sign"
@@ -39,7 +41,11 @@ class Sign(Codec):
         counts[-1] = n - (xb.shape[0] - 1) * block  # the padded zeros add nothing to |x|
         # A block's sum of |x| overflows float32 near its top; only then sum in float64.
         wide = max(-lo, hi) * block > FLOAT32_MAX
-        scale = (xb.double() if wide else xb).abs().sum(dim=1).div_(counts).float()
+        sums = (xb.double() if wide else xb).abs().sum(dim=1)
+        scale = sums.div(counts).float()
+        # A block of subnormals only can average below float32's least value: it keeps that
+        # least value, not 0 (which would lose the signs).
+        scale = torch.where((scale == 0) & (sums > 0), _LEAST, scale)
         bits = np.packbits(np.signbit(v.numpy()), bitorder="little")
         return self._payload(n, (), bits, scale.numpy())
 
