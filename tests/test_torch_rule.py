@@ -162,3 +162,34 @@ def test_a_schedule_retunes_a_group_and_a_change_of_kept_state_is_refused():
         rule.retune([[2, {"lr": 0.5}]])
     with pytest.raises(ValueError, match="takes no settings from the script"):
         make_rule("sgd", 0.1).retune([[0, {"lr": 0.5}]])
+
+
+def test_the_step_runs_kept_beside_the_counts_match_them_through_range_pushes_and_a_load():
+    """The rule keeps runs of equal step counts instead of scanning state["step"] on every
+    apply; after random range pushes, and after a restore that rewrote the counts, what it
+    keeps is what the counts say."""
+    import random
+    rng = random.Random(3)
+    store = ShardStore(KeyRange(100, 140), "float32", make_rule("adam", 0.1), "arrival")
+    rule = store.rule
+
+    def from_tensor():
+        counts, sizes = torch.unique_consecutive(store.state["step"], return_counts=True)
+        out, at = [], 0
+        for n, size in zip(counts.tolist(), sizes.tolist()):
+            out.append((at, at + size, int(n)))
+            at += size
+        return out
+
+    for i in range(60):
+        a = rng.randrange(0, 40)
+        b = rng.randrange(a + 1, 41)
+        store.push("w", slice(a, b), torch.randn(b - a), i, 1, 0, 1.0)
+        assert rule._runs == from_tensor()
+        if i == 30:  # a checkpoint of other counts loaded into it
+            arrays, meta = store.snapshot()
+            arrays = {k: np.array(v) for k, v in arrays.items()}
+            arrays["state.step"][:7] += 5
+            store.restore(arrays, meta)
+            assert rule._runs is None
+    assert len(rule._runs) > 1

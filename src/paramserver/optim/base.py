@@ -42,6 +42,10 @@ class UpdateRule(ABC):
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         return {}
 
+    def state_loaded(self) -> None:
+        """The store's state tensors were written from outside the rule (a checkpoint
+        restored, keys moved in, a backup synced): what the rule derived from them is stale."""
+
     def retune(self, groups: list) -> None:
         """New settings for parameter groups ([[group, {name: value}], ...]: a script's
         learning-rate schedule); only a rule that runs a script's optimizer takes them."""

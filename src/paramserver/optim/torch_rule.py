@@ -73,6 +73,7 @@ class TorchRule(UpdateRule):
             settings = self._plain(settings)
             self.groups.append((ranges, settings))
         self._lo, self._hi = 0, None
+        self._runs: list | None = None  # (a, b, times stepped) over the shard's keys
         # What each group's optimizer keeps per element, found by stepping it once on a
         # two-element probe (the options decide: momentum 0 keeps no buffer).
         self._keeps = [self._state_keys(self._settings(g)) for g in range(len(self.groups) + 1)]
@@ -170,7 +171,39 @@ class TorchRule(UpdateRule):
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         state = {k: torch.zeros_like(params) for k in self._per_element}
         state["step"] = torch.zeros(len(params), dtype=torch.float32)
+        self._runs = [(0, len(params), 0)]
         return state
+
+    def state_loaded(self) -> None:
+        self._runs = None  # read again from state["step"] at the next apply
+
+    def _step_runs(self, steps: torch.Tensor, start: int, stop: int) -> list:
+        """(a, b, times stepped) of the keys [start, stop), from the runs of equal step
+        counts this rule keeps beside state["step"] (one pass over it only after a load)."""
+        if self._runs is None:
+            counts, sizes = torch.unique_consecutive(steps, return_counts=True)
+            runs, at = [], 0
+            for n, size in zip(counts.tolist(), sizes.tolist()):
+                runs.append((at, at + size, int(n)))
+                at += size
+            self._runs = runs
+        return [(max(a, start), min(b, stop), n) for a, b, n in self._runs
+                if a < stop and start < b]
+
+    def _stepped(self, start: int, stop: int) -> None:
+        """Keys [start, stop) have stepped once more: the runs split and merge to match."""
+        out: list = []
+        for a, b, n in self._runs:
+            parts = [(a, b, n)] if b <= start or stop <= a else [
+                (a, start, n), (max(a, start), min(b, stop), n + 1), (stop, b, n)]
+            for p in parts:
+                if p[0] >= p[1]:
+                    continue
+                if out and out[-1][1] == p[0] and out[-1][2] == p[2]:
+                    out[-1] = (out[-1][0], p[1], p[2])
+                else:
+                    out.append(p)
+        self._runs = out
 
     def keyed(self, name: str, tensor: torch.Tensor, params: torch.Tensor) -> bool:
         # (step counts stay float32 whatever the values' dtype: float16 counts only to 2048)
@@ -209,14 +242,11 @@ class TorchRule(UpdateRule):
         groups: dict[int, list] = {}
         bound: list[tuple] = []  # (view, a, b, group, times stepped)
         for a, b, g in self._pieces(start, stop):
-            counts, sizes = torch.unique_consecutive(steps[a:b], return_counts=True)
-            at = a
-            for n, size in zip(counts.tolist(), sizes.tolist()):
-                view = params[at:at + size]
-                view.grad = grad[at - start:at + size - start]
+            for ra, rb, n in self._step_runs(steps, a, b):
+                view = params[ra:rb]
+                view.grad = grad[ra - start:rb - start]
                 groups.setdefault(g, []).append(view)
-                bound.append((view, at, at + size, g, int(n)))
-                at += size
+                bound.append((view, ra, rb, g, n))
         opt = self._optimizer([{"params": views, **self._settings(g)}
                                for g, views in groups.items()])
         for view, a, b, g, n in bound:
@@ -235,8 +265,9 @@ class TorchRule(UpdateRule):
                 whole = state[k][a:b]
                 if st[k].data_ptr() != whole.data_ptr():
                     whole.copy_(st[k])
-            steps[a:b] += 1
             view.grad = None
+        steps[start:stop] += 1
+        self._stepped(start, stop)
 
 
 def torch_rule(name: str, cls: type[torch.optim.Optimizer]) -> type[TorchRule]:

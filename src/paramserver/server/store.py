@@ -288,6 +288,7 @@ class ShardStore:
         self.values.copy_(torch.from_numpy(np.ascontiguousarray(arrays["values"])))
         for key, tensor in self.state.items():
             tensor.copy_(torch.from_numpy(np.ascontiguousarray(arrays[f"state.{key}"])))
+        self.rule.state_loaded()
         self.initialized = True
         self.updates_applied = meta["updates_applied"]
         lost = max(0, version_floor - meta["version"])
