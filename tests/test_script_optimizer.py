@@ -41,6 +41,10 @@ SETUP = textwrap.dedent("""
                                     lr=0.01, betas=(0.8, 0.95))
             return model, opt, lambda o: torch.optim.lr_scheduler.OneCycleLR(
                 o, max_lr=0.05, total_steps=100)
+        if kind == "adam":  # no schedule: a resumed job's must go on as if never stopped
+            return model, torch.optim.Adam([{"params": weights},
+                                            {"params": biases, "lr": 0.02}],
+                                           lr=0.01, betas=(0.8, 0.95)), None
         opt = torch.optim.SGD([{"params": weights, "weight_decay": 1e-3},
                                {"params": biases, "lr": 0.05}],
                               lr=0.1, momentum=0.9, nesterov=True)
@@ -57,17 +61,19 @@ SCRIPT = SETUP + textwrap.dedent("""
     import paramserver
     kind, workers = sys.argv[2], int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
+    first = int(os.environ.get("FIRST_STEP", "0"))  # a resumed job's batches go on
     model, opt, schedule = build(kind)
     opt = paramserver.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     assert isinstance(opt, torch.optim.Optimizer) and len(opt.param_groups) == 2
-    sched = schedule(opt)  # torch's own scheduler, on the optimizer returned
+    sched = schedule(opt) if schedule else None  # torch's own, on the optimizer returned
     steps = 0
     while not opt.should_stop:
-        x, y = batch(steps, workers)
+        x, y = batch(first + steps, workers)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x[rank::workers]), y[rank::workers]).backward()
         opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
         steps += 1
     if rank == 0:
         with open(sys.argv[1], "w") as f:
@@ -83,13 +89,14 @@ def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
     env: dict = {}
     exec(SETUP, env)
     model, opt, schedule = env["build"](kind)
-    sched = schedule(opt)
+    sched = schedule(opt) if schedule else None
     for step in range(steps):
         x, y = env["batch"](step, workers)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
     return {n: p.detach() for n, p in model.named_parameters()}, opt.param_groups[0]["lr"]
 
 
@@ -122,6 +129,41 @@ def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_d
     (adopted,) = [e for e in events if e["event"] == "script_optimizer"]
     assert adopted["rule"] == ("adamw" if kind == "adamw" else "torch-sgd")
     assert adopted["groups"] == 2
+
+
+def test_a_resumed_job_goes_on_with_the_optimizers_state_from_its_checkpoint(tmp_path):
+    """Adam's moments and step counts are the shards' state: a job resumed from the final
+    checkpoint of one that ran 10 steps, run 6 more, ends where torch ends after 16 steps with
+    one optimizer (with the moments lost, the resumed steps would differ)."""
+    from dataclasses import replace
+
+    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.local import LocalCluster
+    from paramserver.runlog.checkpoint import latest
+    from paramserver.spec.config import TrainConfig
+    from paramserver.spec.job import ResumeSpec
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    first = tmp_path / "a"
+    cfg = TrainConfig(sync="bsp", workers=1, steps=10, servers=2)
+    LocalCluster(script_job(cfg, first / "run"), first / "run", job_timeout=120,
+                 worker_cmd=[sys.executable, str(script), str(tmp_path / "a.json"),
+                             "adam"]).run()
+    tag = latest(first / "run" / "checkpoints")
+    assert tag is not None
+    second = tmp_path / "b"
+    job = replace(script_job(TrainConfig(sync="bsp", workers=1, steps=16, servers=2),
+                             second / "run"),
+                  resume=ResumeSpec(str(first / "run" / "checkpoints"), tag))
+    LocalCluster(job, second / "run", job_timeout=120, env={"FIRST_STEP": "10"},
+                 worker_cmd=[sys.executable, str(script), str(tmp_path / "b.json"),
+                             "adam"]).run()
+    got = json.loads((tmp_path / "b.json").read_text())
+    assert got["steps"] == 6
+    want, _ = _local("adam", 16, 1)
+    for name, values in got["params"].items():
+        torch.testing.assert_close(torch.tensor(values), want[name], rtol=1e-5, atol=1e-6,
+                                   msg=f"{name} after the resumed steps")
 
 
 # ---- what the client sends ----------------------------------------------------------------------
