@@ -132,38 +132,42 @@ def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_d
 
 
 def test_a_resumed_job_goes_on_with_the_optimizers_state_from_its_checkpoint(tmp_path):
-    """Adam's moments and step counts are the shards' state: a job resumed from the final
-    checkpoint of one that ran 10 steps, run 6 more, ends where torch ends after 16 steps with
-    one optimizer (with the moments lost, the resumed steps would differ)."""
-    from dataclasses import replace
-
-    from paramserver.cli.launch_cmd import script_job
-    from paramserver.launch.local import LocalCluster
-    from paramserver.runlog.checkpoint import latest
-    from paramserver.spec.config import TrainConfig
-    from paramserver.spec.job import ResumeSpec
+    """`launch --resume RUN`: Adam's moments and step counts are the shards' state, saved in
+    the run's final checkpoint; a job resumed from a run of 10 steps and run to 16 ends where
+    torch ends after 16 steps with one optimizer (with the moments lost it would not)."""
+    import os
+    import subprocess
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    first = tmp_path / "a"
-    cfg = TrainConfig(sync="bsp", workers=1, steps=10, servers=2)
-    LocalCluster(script_job(cfg, first / "run"), first / "run", job_timeout=120,
-                 worker_cmd=[sys.executable, str(script), str(tmp_path / "a.json"),
-                             "adam"]).run()
-    tag = latest(first / "run" / "checkpoints")
-    assert tag is not None
-    second = tmp_path / "b"
-    job = replace(script_job(TrainConfig(sync="bsp", workers=1, steps=16, servers=2),
-                             second / "run"),
-                  resume=ResumeSpec(str(first / "run" / "checkpoints"), tag))
-    LocalCluster(job, second / "run", job_timeout=120, env={"FIRST_STEP": "10"},
-                 worker_cmd=[sys.executable, str(script), str(tmp_path / "b.json"),
-                             "adam"]).run()
-    got = json.loads((tmp_path / "b.json").read_text())
-    assert got["steps"] == 6
+
+    def launch(out, steps, *extra, first=0):
+        proc = subprocess.run(
+            [sys.executable, "-m", "paramserver", "launch", "--workers", "1", "--servers", "2",
+             "--steps", str(steps), "--quiet", "--out", str(tmp_path / out), *extra, "--",
+             sys.executable, str(script), str(tmp_path / f"{out}.json"), "adam"],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, FIRST_STEP=str(first)))
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+        return json.loads((tmp_path / f"{out}.json").read_text())
+
+    assert launch("a", 10)["steps"] == 10
+    got = launch("b", 16, "--resume", str(tmp_path / "a"), first=10)
+    assert got["steps"] == 6  # the budget counts the resumed run's steps
     want, _ = _local("adam", 16, 1)
     for name, values in got["params"].items():
         torch.testing.assert_close(torch.tensor(values), want[name], rtol=1e-5, atol=1e-6,
                                    msg=f"{name} after the resumed steps")
+
+
+def test_resuming_a_run_without_a_checkpoint_says_so(tmp_path):
+    import subprocess
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--resume", str(tmp_path / "empty"),
+         "--out", str(tmp_path / "b"), "--", sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no usable checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 # ---- what the client sends ----------------------------------------------------------------------

@@ -175,6 +175,20 @@ def _final_model(run_dir: Path) -> str:
     return f"model in {path} (from {what})"
 
 
+def resume_point(run_dir: Path, job: dict) -> dict:
+    """{"dir", "tag"} of the newest usable checkpoint of launched run `run_dir` (its final
+    parameters and the servers' optimizer state); ValueError naming what is missing."""
+    from paramserver.runlog.checkpoint_set import usable_checkpoint
+    root = run_dir / "checkpoints"
+    tag, warnings = usable_checkpoint(root, job["servers"], job["dtype"])
+    for warning in warnings:
+        print(f"paramserver launch: {warning}", file=sys.stderr)
+    if tag is None:
+        raise ValueError(f"cannot resume {run_dir}: no usable checkpoint in {root} (a launched "
+                         f"run saves one when its last worker leaves)")
+    return {"dir": str(root.resolve()), "tag": tag}
+
+
 def _run(args) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -192,6 +206,8 @@ def _run(args) -> int:
         zygote.warm()  # the coordinator's and the servers' imports, beside the checks below
     try:
         job = build_job(args, run_dir)
+        if args.resume:
+            job["resume"] = resume_point(Path(args.resume), job)
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
@@ -300,7 +316,11 @@ def register(sub) -> None:
                    help=f"elastic jobs: {BATCH_RULE_HELP} (default fixed)")
     flag.add_shard_args(p)
     add_policy_args(p)
-    p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true")
+    p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true "
+                                             "(with --resume: counting the resumed run's)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="start from the newest checkpoint of launched run RUN_DIR: its "
+                        "parameters and the servers' optimizer state (moments, step counts)")
     p.add_argument("--max-seconds", type=flag.positive_seconds,
                    help="stop after this much training time")
     p.add_argument("--straggler", default="none", type=flag.straggler,
