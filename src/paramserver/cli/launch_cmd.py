@@ -13,7 +13,8 @@ from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.job import (
-    CheckpointSpec, JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec, coordinator_timeout_for,
+    CheckpointSpec, JobSpec, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TaskSpec,
+    coordinator_timeout_for,
 )
 
 
@@ -175,18 +176,18 @@ def _final_model(run_dir: Path) -> str:
     return f"model in {path} (from {what})"
 
 
-def resume_point(run_dir: Path, job: dict) -> dict:
-    """{"dir", "tag"} of the newest usable checkpoint of launched run `run_dir` (its final
-    parameters and the servers' optimizer state); ValueError naming what is missing."""
+def resume_point(run_dir: Path, job: JobSpec) -> ResumeSpec:
+    """The newest usable checkpoint of launched run `run_dir` (its final parameters and the
+    servers' optimizer state); ValueError naming what is missing."""
     from paramserver.runlog.checkpoint_set import usable_checkpoint
     root = run_dir / "checkpoints"
-    tag, warnings = usable_checkpoint(root, job["servers"], job["dtype"])
+    tag, warnings = usable_checkpoint(root, job.servers, job.dtype)
     for warning in warnings:
         print(f"paramserver launch: {warning}", file=sys.stderr)
     if tag is None:
         raise ValueError(f"cannot resume {run_dir}: no usable checkpoint in {root} (a launched "
                          f"run saves one when its last worker leaves)")
-    return {"dir": str(root.resolve()), "tag": tag}
+    return ResumeSpec(str(root.resolve()), tag)
 
 
 def _run(args) -> int:
@@ -207,7 +208,8 @@ def _run(args) -> int:
     try:
         job = build_job(args, run_dir)
         if args.resume:
-            job["resume"] = resume_point(Path(args.resume), job)
+            spec = JobSpec.from_dict(job)
+            job = spec.with_resume(resume_point(Path(args.resume), spec)).to_dict()
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
