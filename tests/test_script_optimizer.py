@@ -240,6 +240,19 @@ def test_the_first_workers_optimizer_is_the_servers_rule_and_later_ranks_must_ma
     state.check_invariants()
 
 
+def test_launchs_staleness_rule_composes_with_the_scripts_optimizer():
+    """`launch --optimizer dynsgd` (what compare pairs SSP with) and a script's Adam: the
+    servers run Adam with DynSGD's scaling; later ranks still compare their own optimizer."""
+    state = CoordinatorState(job_of(num_keys=0, optimizer=OptimizerSpec("dynsgd", 0.1)))
+    state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))
+    out = state.handle(_worker("w0", 0.1, ADAM, 0))
+    welcome = next(i for i in out if isinstance(i, Reply) and i.to == "r0")
+    assert welcome.fields["job"]["optimizer"]["options"] == {"betas": [0.9, 0.99],
+                                                             "staleness": "dynsgd"}
+    out = state.handle(_worker("w1", 0.2, ADAM, 1))
+    assert match(out[0], Reply, to="r-w1", op="welcome", rank=1)
+
+
 def test_a_job_whose_servers_started_with_their_rule_refuses_a_scripts_optimizer():
     state = CoordinatorState(job_of())  # a key space given up front
     state.handle(Registered("srv", "server", 0.0, to="r0", link="L0", addr="tcp://h:1"))

@@ -193,3 +193,33 @@ def test_the_step_runs_kept_beside_the_counts_match_them_through_range_pushes_an
             store.restore(arrays, meta)
             assert rule._runs is None
     assert len(rule._runs) > 1
+
+
+@pytest.mark.parametrize("rule,factor", [
+    ("dynsgd", lambda s: 1 / (s + 1)), ("staleness-aware", lambda s: 1 / max(s, 1)),
+    ("consgd", lambda s: 0.5)])
+def test_a_staleness_rule_scales_the_torch_optimizers_lr_per_push(rule, factor):
+    """Composed with a staleness rule, each push is Adam's step at lr times the rule's
+    factor for that push's staleness (torch stepping with that lr is the reference)."""
+    torch.manual_seed(0)
+    extra = {"global_rate": 0.5} if rule == "consgd" else {}
+    r = make_rule("adam", 0.1, staleness=rule, groups=[{"ranges": [[0, 3]], "lr": 0.2}],
+                  **extra)
+    assert r.staleness_aware
+    r.bind(0, 6)
+    values = torch.randn(6)
+    state = r.init_state(values)
+    a, b = torch.nn.Parameter(values[:3].clone()), torch.nn.Parameter(values[3:].clone())
+    ref = torch.optim.Adam([{"params": [a], "lr": 0.2}, {"params": [b]}], lr=0.1)
+    for staleness in (0, 3, 1, 5):
+        g = torch.randn(6)
+        r.apply(values, slice(0, 6), g.clone(), state, staleness)
+        ref.param_groups[0]["lr"], ref.param_groups[1]["lr"] = (0.2 * factor(staleness),
+                                                              0.1 * factor(staleness))
+        a.grad, b.grad = g[:3].clone(), g[3:].clone()
+        ref.step()
+        torch.testing.assert_close(values, torch.cat([a.detach(), b.detach()]))
+    with pytest.raises(ValueError, match="staleness must be one of"):
+        make_rule("adam", 0.1, staleness="ssp")
+    with pytest.raises(ValueError, match="global_rate is consgd's"):
+        make_rule("adam", 0.1, global_rate=0.5)

@@ -51,7 +51,7 @@ def settings_of(optimizer: torch.optim.Optimizer) -> list[dict]:
     """Each parameter group's settings that the servers' rule takes (what a schedule moves:
     lr, betas, momentum, weight decay), as the wire carries them."""
     from paramserver.optim import UPDATE_RULES
-    takes = {"lr"} | (set(UPDATE_RULES.get(RULE_OF[type(optimizer)]).option_help()) - _HOW)
+    takes = {"lr"} | (set(UPDATE_RULES.get(RULE_OF[type(optimizer)]).torch_options()) - _HOW)
     return [{k: _number(v) for k, v in g.items() if k in takes} for g in optimizer.param_groups]
 
 
@@ -67,7 +67,7 @@ def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys
                          f"with `paramserver launch --optimizer`)")
     from paramserver.optim import UPDATE_RULES, make_rule
     # What the class's constructor takes (AdamW's defaults hold a setting it fixes itself).
-    takes = set(UPDATE_RULES.get(rule).option_help()) - _HOW
+    takes = set(UPDATE_RULES.get(rule).torch_options()) - _HOW
     defaults = {k: _number(v) for k, v in optimizer.defaults.items() if k in takes}
     lr = _number(optimizer.defaults["lr"])
     if not isinstance(lr, (int, float)) or not lr > 0:

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import json
 
+from dataclasses import replace
+
 from paramserver.coordinator.events import AppendEvent, Registered
 from paramserver.spec.job import OptimizerSpec
+
+# Launch's --optimizer that composes with a script's torch optimizer: it scales every lr by
+# how stale a push is (optim/torch_rule.py); compare pairs SSP and ElasticBSP with dynsgd.
+STALENESS_RULES = ("dynsgd", "consgd", "staleness-aware")
 
 
 def _text(spec: OptimizerSpec | None) -> str:
@@ -26,7 +32,8 @@ class ScriptOptimizer:
     def __init__(self, job_optimizer: OptimizerSpec, learns: bool):
         self.job_optimizer = job_optimizer
         self.learns = learns
-        self.spec: OptimizerSpec | None = None  # the script's, once the first worker sent it
+        self.sent: OptimizerSpec | None = None  # the script's, once the first worker sent it
+        self.spec: OptimizerSpec | None = None  # what the servers run: it, composed
         self.decided = False  # the first worker has said (with an optimizer or without)
 
     def first(self, e: Registered, out: list) -> None:
@@ -35,15 +42,23 @@ class ScriptOptimizer:
         if self.decided or not self.learns:
             return
         self.decided = True
-        self.spec = e.optimizer
-        if self.spec is not None:
-            out.append(AppendEvent(e.now, "script_optimizer", {
-                "rule": self.spec.name, "lr": self.spec.lr,
-                "groups": len(self.spec.options.get("groups", ()))}))
+        self.sent = self.spec = e.optimizer
+        if self.spec is None:
+            return
+        job = self.job_optimizer
+        if job.name in STALENESS_RULES:
+            composed = {"staleness": job.name}
+            if job.name == "consgd" and "global_rate" in job.options:
+                composed["global_rate"] = job.options["global_rate"]
+            self.spec = replace(self.spec, options={**self.spec.options, **composed})
+        out.append(AppendEvent(e.now, "script_optimizer", {
+            "rule": self.spec.name, "lr": self.spec.lr,
+            "groups": len(self.spec.options.get("groups", ())),
+            "staleness": self.spec.options.get("staleness", "none")}))
 
     def check(self, e: Registered) -> None:
         """A worker's optimizer must be the job's: ValueError (its registration refused)."""
-        if e.optimizer is None and self.spec is None:
+        if e.optimizer is None and self.sent is None:
             return
         if not self.learns:
             raise ValueError(
@@ -51,8 +66,8 @@ class ScriptOptimizer:
                 f"(--optimizer {self.job_optimizer.name}); a torch optimizer in the script is "
                 f"taken only by a job that learns its model from the first worker "
                 f"(`paramserver launch -- python script.py`): pass the model instead")
-        if e.optimizer != self.spec:
+        if e.optimizer != self.sent:
             raise ValueError(
                 f"the script's optimizer differs from the job's, which the first worker sent: "
-                f"{_text(e.optimizer)} here, {_text(self.spec)} in the job; every rank must "
+                f"{_text(e.optimizer)} here, {_text(self.sent)} in the job; every rank must "
                 f"pass the same torch optimizer (class, settings and parameter groups)")

@@ -51,8 +51,18 @@ class TorchRule(UpdateRule):
     torch_class: ClassVar[type[torch.optim.Optimizer]]
     linear_in_grad = False
 
-    def __init__(self, lr: float, groups: list | None = None, **options):
+    def __init__(self, lr: float, groups: list | None = None, staleness: str = "none",
+                 global_rate: float = 1.0, **options):
         super().__init__(lr)
+        # A staleness rule composed with the optimizer: it scales every group's lr by how
+        # stale each push is (DynSGD 1/(s+1), staleness-aware 1/max(s,1), ConSGD a constant).
+        if staleness not in STALENESS_RULES:
+            raise ValueError(f"staleness must be one of {', '.join(STALENESS_RULES)}; got "
+                             f"{staleness!r}")
+        if not global_rate > 0 or (global_rate != 1.0 and staleness != "consgd"):
+            raise ValueError("global_rate is consgd's (staleness=consgd), a number > 0")
+        self.staleness, self.global_rate = staleness, float(global_rate)
+        self.staleness_aware = staleness != "none"
         self._check(options, f"--optimizer {self.name}")
         self.options_given = self._plain(options)
         self.groups: list[tuple[list[tuple[int, int]], dict]] = []
@@ -81,15 +91,23 @@ class TorchRule(UpdateRule):
 
     # ---- settings ---------------------------------------------------------------------------
     @classmethod
-    def option_help(cls) -> dict:
+    def torch_options(cls) -> dict:
         """name -> (default, help) of the torch optimizer's own options."""
         sig = inspect.signature(cls.torch_class.__init__)
         return {n: (None if p.default is inspect.Parameter.empty else p.default,
                     f"torch.optim.{cls.torch_class.__name__}'s {n}")
                 for n, p in sig.parameters.items() if n not in _NOT_OPTIONS}
 
+    @classmethod
+    def option_help(cls) -> dict:
+        """The torch optimizer's options, and the staleness rule composed with it."""
+        return {**cls.torch_options(),
+                "staleness": ("none", f"scale every lr by a staleness rule: "
+                                      f"{', '.join(STALENESS_RULES)}"),
+                "global_rate": (1.0, "consgd's constant rate (staleness=consgd)")}
+
     def _check(self, settings: dict, what: str, allow_lr: bool = False) -> None:
-        known = list(self.option_help()) + (["lr"] if allow_lr else [])
+        known = list(self.torch_options()) + (["lr"] if allow_lr else [])
         unknown = sorted(set(settings) - set(known))
         if unknown:
             raise ValueError(f"{what}: torch.optim.{self.torch_class.__name__} has no option "
@@ -97,7 +115,7 @@ class TorchRule(UpdateRule):
                              f"{did_you_mean(unknown[0], known)}")
 
     def _plain(self, settings: dict) -> dict:
-        defaults = {k: d for k, (d, _) in self.option_help().items()}
+        defaults = {k: d for k, (d, _) in self.torch_options().items()}
         return {k: _plain(k, v, defaults.get(k)) for k, v in settings.items()}
 
     def _settings(self, group: int) -> dict:
@@ -105,10 +123,25 @@ class TorchRule(UpdateRule):
         every group, which take the constructor's own)."""
         return self.groups[group][1] if group < len(self.groups) else {}
 
-    def _optimizer(self, groups: list[dict]) -> torch.optim.Optimizer:
+    def _optimizer(self, groups: list[dict], factor: float = 1.0) -> torch.optim.Optimizer:
         # The rule's settings go to the constructor, as a user's script passes them: some
         # are read there only (Adagrad's initial accumulator, SGD's nesterov check).
-        return self.torch_class(groups, lr=self.lr, **self.options_given)
+        return self.torch_class(groups, lr=self.lr * factor, **self.options_given)
+
+    def _factor(self, staleness: int) -> float:
+        """What the composed staleness rule makes of every lr for a push `staleness` old."""
+        rule = self.staleness
+        if rule == "dynsgd":
+            return 1.0 / (staleness + 1)
+        if rule == "staleness-aware":
+            return 1.0 / max(staleness, 1)
+        return self.global_rate if rule == "consgd" else 1.0
+
+    def _group(self, views: list, g: int, factor: float) -> dict:
+        settings = self._settings(g)
+        if factor != 1.0 and "lr" in settings:
+            settings = {**settings, "lr": settings["lr"] * factor}
+        return {"params": views, **settings}
 
     def _state_keys(self, settings: dict) -> tuple[list[str], bool]:
         probe = torch.zeros(2)
@@ -143,7 +176,7 @@ class TorchRule(UpdateRule):
                 continue
             # What a group keeps per key turns on settings being zero or not (momentum,
             # amsgrad, centered): only such a flip is checked against a probe.
-            base = {**{k: d for k, (d, _) in self.option_help().items()},
+            base = {**{k: d for k, (d, _) in self.torch_options().items()},
                     **self._rule_settings()}
             before, after = {**base, **settings}, {**base, **new}
             if any(bool(after[k]) != bool(before[k]) for k in after):
@@ -159,6 +192,10 @@ class TorchRule(UpdateRule):
 
     def options(self) -> dict:
         out = {"lr": self.lr, **self.options_given}
+        if self.staleness != "none":
+            out["staleness"] = self.staleness
+            if self.staleness == "consgd":
+                out["global_rate"] = self.global_rate
         if self.groups:
             out["groups"] = [{"ranges": [list(r) for r in ranges], **s}
                              for ranges, s in self.groups]
@@ -247,8 +284,9 @@ class TorchRule(UpdateRule):
                 view.grad = grad[ra - start:rb - start]
                 groups.setdefault(g, []).append(view)
                 bound.append((view, ra, rb, g, n))
-        opt = self._optimizer([{"params": views, **self._settings(g)}
-                               for g, views in groups.items()])
+        factor = self._factor(staleness)
+        opt = self._optimizer([self._group(views, g, factor) for g, views in groups.items()],
+                              factor)
         for view, a, b, g, n in bound:
             if n == 0:
                 continue  # the optimizer's own first step initialises it
@@ -276,6 +314,9 @@ def torch_rule(name: str, cls: type[torch.optim.Optimizer]) -> type[TorchRule]:
         "name": name, "torch_class": cls,
         "__doc__": f"torch.optim.{cls.__name__}, run by each shard on its keys."})
 
+
+# Staleness rules a torch optimizer composes with (optim/staleness.py's, scaling its lr).
+STALENESS_RULES = ("none", "dynsgd", "consgd", "staleness-aware")
 
 # name -> torch class: the optimizers a job may run on its servers.
 TORCH_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
