@@ -136,7 +136,7 @@ def _watching_backup(ctx, addr):
     return link, told
 
 
-def _pump(link, until, limit=5.0):
+def _pump(link, until, limit=15.0):  # (a bound: a loaded machine connects late)
     import time
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
