@@ -188,6 +188,16 @@ def join(state, t=1.0):
                                    addr="tcp://h:9"))
 
 
+def move_after_round_0(state):
+    """Round 0 clocked by both workers (the quiet point), the move asked, and every server of
+    the join (L0, L1 and the joiner LN) reporting epoch 1 moved."""
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    state.handle(TimePassed(1.3))
+    for link in ("L0", "L1", "LN"):
+        state.handle(Resharded("x", 1.4, 1, 1, link=link))
+
+
 def test_a_server_joins_at_a_quiet_point_and_workers_get_the_new_map():
     state = started_job()
     out = join(state)
@@ -306,11 +316,7 @@ def test_a_worker_hears_the_map_in_heartbeat_answers_once_keys_moved():
     out = state.handle(Heartbeat("w0", 0.9, to="hb0"))
     assert "layout" not in kinds(out, Reply)[0].fields
     join(state)
-    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
-    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
-    state.handle(TimePassed(1.3))
-    for link in ("L0", "L1", "LN"):
-        state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    move_after_round_0(state)
     out = state.handle(Heartbeat("w0", 1.5, to="hb1"))
     assert kinds(out, Reply)[0].fields == {"epoch": 1, "layout": state.members.shard_map()}
 
@@ -522,11 +528,7 @@ def replicated_after_a_join():
     state.handle(Started("w0", 0.5, to="st0"))
     state.handle(Started("w1", 0.6, to="st1"))
     join(state)  # tcp://h:9 takes the middle range
-    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
-    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
-    state.handle(TimePassed(1.3))
-    for link in ("L0", "L1", "LN"):
-        state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    move_after_round_0(state)
     assert {r: b.addr for r, b in state.replicas.backups.items()} == {0: "tcp://b:1",
                                                                      2: "tcp://b:2"}
     synced(1.45)
@@ -660,11 +662,7 @@ def test_a_server_restarted_after_keys_moved_is_welcomed_with_the_map_and_restor
         state.handle(ShardSaved(src, "000000000", 0.7, to="x"))
     state.schedule.latest = "000000005"  # (and a later one was committed)
     join(state)
-    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
-    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
-    state.handle(TimePassed(1.3))
-    for link in ("L0", "L1", "LN"):
-        state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    move_after_round_0(state)
     layout = state.members.shard_map()
     assert state.reshard.epoch == 1 and len(layout) == 3
     out = state.handle(Registered("s-new", "server", 2.0, to="reg-again", link="L0b",

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,35 @@ def _server_process(address: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "paramserver", "server", "--join", address],
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=dict(os.environ))
+
+
+@contextmanager
+def _train_and_join(tmp_path, run, *flags):
+    """`train --servers 2:3` (BSP, 2 workers, a checkpoint every 20 rounds, `flags` besides)
+    with a server joined by hand once training runs; yields (the train process, the
+    server_joined events). Both processes are reaped, bounded, whatever happened."""
+    cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
+           "--servers", "2:3", "--checkpoint-every", "20", "--epochs", "200",
+           "--batch-size", "32", "--lr", "0.1", "--eval-interval", "1", "--out", str(run),
+           "--timeout", "300", *flags]
+    train = subprocess.Popen(cmd, stdout=(tmp_path / "train.log").open("w"),
+                             stderr=subprocess.STDOUT)
+    joiner = None
+    try:
+        wait_for(lambda: any(e["event"] == "barrier_open" for e in run_events(run)),
+                 "training to start", timeout=120)
+        address = (run / "coordinator.addr").read_text().strip()
+        joiner = subprocess.Popen(
+            [sys.executable, "-m", "paramserver", "server", "--join", address],
+            stdout=(tmp_path / "joiner.log").open("w"), stderr=subprocess.STDOUT,
+            env=dict(os.environ, PARAMSERVER_KEYS=str(run / "keys")))
+        yield train, wait_for(lambda: _reshards(run, "server_joined"), "the join",
+                              timeout=120)
+    finally:
+        for p in (train, joiner):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(30)
 
 
 def _end(stop: threading.Event, clients: list, joiner) -> None:
@@ -272,22 +302,7 @@ def test_a_job_resumes_on_fewer_servers_than_its_checkpoint_was_taken_on(tmp_pat
     on two: each shard is cut anew from the parts holding its keys, and training goes on from
     where the checkpoint left it."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
-           "--servers", "2:3", "--epochs", "200", "--max-seconds", "25", "--batch-size", "32",
-           "--lr", "0.1", "--eval-interval", "1", "--checkpoint-every", "20", "--out", str(run),
-           "--timeout", "300"]
-    train = subprocess.Popen(cmd, stdout=(tmp_path / "train.log").open("w"),
-                             stderr=subprocess.STDOUT)
-    joiner = None
-    try:
-        wait_for(lambda: any(e["event"] == "barrier_open" for e in run_events(run)),
-                 "training to start", timeout=120)
-        address = (run / "coordinator.addr").read_text().strip()
-        joiner = subprocess.Popen(
-            [sys.executable, "-m", "paramserver", "server", "--join", address],
-            stdout=(tmp_path / "joiner.log").open("w"), stderr=subprocess.STDOUT,
-            env=dict(os.environ, PARAMSERVER_KEYS=str(run / "keys")))
-        wait_for(lambda: _reshards(run, "server_joined"), "the join", timeout=120)
+    with _train_and_join(tmp_path, run, "--max-seconds", "25") as (train, _):
         assert train.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
         first = json.loads((run / "summary.json").read_text())
         latest = (run / "checkpoints" / "LATEST").read_text().strip()
@@ -298,11 +313,6 @@ def test_a_job_resumes_on_fewer_servers_than_its_checkpoint_was_taken_on(tmp_pat
              "--max-seconds", "35", "--timeout", "300"],
             capture_output=True, text=True, timeout=400)
         assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    finally:
-        for p in (train, joiner):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait(30)
     after = json.loads((run / "summary.json").read_text())
     assert first["final_test_accuracy"] >= 0.85
     # Restored, not restarted: the resumed run goes on from the checkpoint's samples.
@@ -532,22 +542,8 @@ def test_a_server_killed_after_keys_moved_restarts_from_a_checkpoint(tmp_path):
     current range, restored from that checkpoint, and training ends with its accuracy."""
     import psutil
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "paramserver", "train", "--sync", "bsp", "--workers", "2",
-           "--servers", "2:3", "--restart-servers", "1", "--checkpoint-every", "20",
-           "--epochs", "200", "--max-seconds", "30", "--batch-size", "32", "--lr", "0.1",
-           "--eval-interval", "1", "--out", str(run), "--timeout", "300"]
-    train = subprocess.Popen(cmd, stdout=(tmp_path / "train.log").open("w"),
-                             stderr=subprocess.STDOUT)
-    joiner = None
-    try:
-        wait_for(lambda: any(e["event"] == "barrier_open" for e in run_events(run)),
-                 "training to start", timeout=120)
-        address = (run / "coordinator.addr").read_text().strip()
-        joiner = subprocess.Popen(
-            [sys.executable, "-m", "paramserver", "server", "--join", address],
-            stdout=(tmp_path / "joiner.log").open("w"), stderr=subprocess.STDOUT,
-            env=dict(os.environ, PARAMSERVER_KEYS=str(run / "keys")))
-        joined = wait_for(lambda: _reshards(run, "server_joined"), "the join", timeout=120)
+    with _train_and_join(tmp_path, run, "--restart-servers", "1", "--max-seconds", "30") as (
+            train, joined):
         at = joined[0]["t"]
         wait_for(lambda: [e for e in run_events(run)
                           if e["event"] == "checkpoint" and e["t"] > at], "a checkpoint of 3")
@@ -557,11 +553,6 @@ def test_a_server_killed_after_keys_moved_restarts_from_a_checkpoint(tmp_path):
             for c in p.net_connections("tcp")))
         victim.kill()
         assert train.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
-    finally:
-        for p in (train, joiner):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait(30)
     events = run_events(run)
     rejoined = [e for e in events if e["event"] == "server_rejoined"]
     assert [e["rank"] for e in rejoined] == [0]

@@ -34,7 +34,8 @@ from paramserver.client import api
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "Sum", "allgather",
     "allreduce", "allreduce_", "broadcast", "broadcast_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cuda_built",
+    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built",
     "ddl_built", "gloo_built", "gloo_enabled", "init", "is_initialized", "join", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
     "rocm_built", "shutdown", "size",
@@ -252,41 +253,14 @@ def shutdown() -> None:
         opt.close()
 
 
-def mpi_threads_supported() -> bool:
+def _not_built() -> bool:
+    """What Horovod answers for a feature it was built without: none of these exist here."""
     return False
 
 
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
+mpi_threads_supported = mpi_enabled = mpi_built = _not_built
+gloo_enabled = gloo_built = ddl_built = ccl_built = cuda_built = rocm_built = _not_built
 
 
 def nccl_built() -> int:
     return 0
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False

@@ -14,6 +14,8 @@ list; so is an option the servers' rule would refuse (the rule is built here to 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -47,11 +49,17 @@ def _runs(ranges: list[tuple[int, int]]) -> list[list[int]]:
     return out
 
 
+@functools.cache
+def _takes(cls: type) -> frozenset:
+    """The settings the rule running torch class `cls` takes (its constructor's)."""
+    from paramserver.optim import UPDATE_RULES
+    return frozenset(UPDATE_RULES.get(RULE_OF[cls]).torch_options()) - _HOW
+
+
 def settings_of(optimizer: torch.optim.Optimizer) -> list[dict]:
     """Each parameter group's settings that the servers' rule takes (what a schedule moves:
-    lr, betas, momentum, weight decay), as the wire carries them."""
-    from paramserver.optim import UPDATE_RULES
-    takes = {"lr"} | (set(UPDATE_RULES.get(RULE_OF[type(optimizer)]).torch_options()) - _HOW)
+    lr, betas, momentum, weight decay), as the wire carries them. Read at every step()."""
+    takes = _takes(type(optimizer)) | {"lr"}
     return [{k: _number(v) for k, v in g.items() if k in takes} for g in optimizer.param_groups]
 
 
@@ -65,9 +73,9 @@ def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys
         raise ValueError(f"the servers do not run {cls.__module__}.{cls.__name__}; they run "
                          f"{known} (or pass the model and choose the servers' update rule "
                          f"with `paramserver launch --optimizer`)")
-    from paramserver.optim import UPDATE_RULES, make_rule
+    from paramserver.optim import make_rule
     # What the class's constructor takes (AdamW's defaults hold a setting it fixes itself).
-    takes = set(UPDATE_RULES.get(rule).torch_options()) - _HOW
+    takes = _takes(cls)
     defaults = {k: _number(v) for k, v in optimizer.defaults.items() if k in takes}
     lr = _number(optimizer.defaults["lr"])
     if not isinstance(lr, (int, float)) or not lr > 0:

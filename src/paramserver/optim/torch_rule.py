@@ -19,6 +19,7 @@ not used: pair a torch optimizer with a sync policy, not a staleness rule. Pure:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, ClassVar
 
@@ -29,6 +30,16 @@ from paramserver.optim.base import Index, UpdateRule
 
 # Constructor arguments that are not the optimizer's math (or are this rule's to decide).
 _NOT_OPTIONS = {"self", "params", "lr", "foreach", "capturable", "differentiable", "fused"}
+
+
+@functools.cache
+def _torch_options(cls: type) -> dict:
+    # (read on every retune, i.e. every push once a schedule moved: read from the signature
+    # once per class)
+    sig = inspect.signature(cls.__init__)
+    return {n: (None if p.default is inspect.Parameter.empty else p.default,
+                f"torch.optim.{cls.__name__}'s {n}")
+            for n, p in sig.parameters.items() if n not in _NOT_OPTIONS}
 
 
 def _plain(name: str, value: Any, default: Any) -> Any:
@@ -93,10 +104,7 @@ class TorchRule(UpdateRule):
     @classmethod
     def torch_options(cls) -> dict:
         """name -> (default, help) of the torch optimizer's own options."""
-        sig = inspect.signature(cls.torch_class.__init__)
-        return {n: (None if p.default is inspect.Parameter.empty else p.default,
-                    f"torch.optim.{cls.torch_class.__name__}'s {n}")
-                for n, p in sig.parameters.items() if n not in _NOT_OPTIONS}
+        return _torch_options(cls.torch_class)
 
     @classmethod
     def option_help(cls) -> dict:
