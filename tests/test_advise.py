@@ -14,7 +14,7 @@ import pytest
 from paramserver.advise.cluster import (
     ClusterFitError, ClusterModel, Profile, StepSample, TargetLink, fit,
 )
-from paramserver.advise.convergence import Band, ConvergenceModel, Reference
+from paramserver.predict.convergence import Band, ConvergenceModel, Reference
 from paramserver.advise.outcome import simulate_policy
 from paramserver.advise.recommend import Candidate, Prediction, predict, recommend
 from paramserver.cli.main import main

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from paramserver.advise.convergence import (ConvergenceError, ConvergenceModel,
+from paramserver.advise.calibration_io import default_convergence
+from paramserver.predict.convergence import (ConvergenceError, ConvergenceModel,
                                             Reference, VERSION)
 
 
@@ -66,7 +67,7 @@ def test_json_round_trip_and_errors():
 
 
 def test_default_ships_and_predicts():
-    m = ConvergenceModel.default()
+    m = default_convergence()
     for mode, b in (("round", 128), ("arrival", 32)):
         band = m.samples_needed("bsp" if mode == "round" else "asp", apply_mode=mode,
                                 update_batch=b, staleness=1)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from paramserver.advise.calibration_io import find_runs
-from paramserver.advise.convergence import ConvergenceModel
+from paramserver.predict.convergence import ConvergenceModel
 from paramserver.advise.fit_convergence import live_run
 
 

@@ -39,7 +39,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         # Scoring beside the evaluator.
         "models/auc.py",
         # advise: the convergence model and its fit (engineer B's part).
-        "advise/convergence.py", "advise/fit_convergence.py", "advise/validate.py",
+        "advise/fit_convergence.py", "advise/validate.py",
         "advise/calibration_io.py",
         # advise: the cluster fit and the recommendation (engineer A's part).
         "advise/cluster.py", "advise/recommend.py",

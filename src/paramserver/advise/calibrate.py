@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paramserver.advise.calibration_io import RunFolder, find_runs
-from paramserver.advise.convergence import Band, ConvergenceModel
+from paramserver.predict.convergence import Band, ConvergenceModel
 from paramserver.advise.fit_convergence import LiveRun, fit, live_run
 from paramserver.advise.validate import (GOAL, Cell, CellResult, Claim, PolicyVerdict,
                                          leave_out, measure, per_policy, seed_claims)

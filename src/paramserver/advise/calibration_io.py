@@ -19,6 +19,12 @@ def read_default() -> dict:
     return json.loads(text)
 
 
+def default_convergence():
+    """The shipped fit as a ConvergenceModel: the built-in digits MLP at compare's defaults."""
+    from paramserver.predict.convergence import ConvergenceModel
+    return ConvergenceModel.from_json(read_default())
+
+
 def read_calibration(path) -> dict:
     """A calibration.json (or a bare convergence model) as the parsed JSON."""
     with open(path, encoding="utf-8") as f:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paramserver.advise.convergence import (APPLY_MODES, VERSION, ConvergenceModel,
+from paramserver.predict.convergence import (APPLY_MODES, VERSION, ConvergenceModel,
                                             Reference)
 
 PRIOR_B_CRIT = 256.0  # samples; the critical batch of small image classifiers is O(100-1000)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from paramserver.advise.convergence import Band, ConvergenceModel
+from paramserver.predict.convergence import Band, ConvergenceModel
 from paramserver.policies import SYNC_POLICIES
 
 ADVICE_VERSION = 1

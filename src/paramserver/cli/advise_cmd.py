@@ -158,9 +158,10 @@ def _profile(args):
 
 
 def _convergence(args):
-    from paramserver.advise.convergence import ConvergenceModel
+    from paramserver.advise.calibration_io import default_convergence
+    from paramserver.predict.convergence import ConvergenceModel
     if not args.calibration:
-        model = ConvergenceModel.default()
+        model = default_convergence()
     else:
         try:
             doc = json_value(Path(args.calibration).read_text())
@@ -267,7 +268,7 @@ def table(doc: dict) -> str:
 
 def _run(args) -> int:
     from paramserver.advise.cluster import ClusterFitError
-    from paramserver.advise.convergence import ConvergenceError
+    from paramserver.predict.convergence import ConvergenceError
     from paramserver.advise.profile import ProfileError
     from paramserver.launch.local import LaunchError
     try:

@@ -214,9 +214,3 @@ class ConvergenceModel:
             if isinstance(e, ConvergenceError):
                 raise
             raise ConvergenceError(f"convergence model: {e}") from None
-
-    @classmethod
-    def default(cls) -> "ConvergenceModel":
-        """The shipped fit: the built-in digits MLP at compare's defaults (package data)."""
-        from paramserver.advise.calibration_io import read_default
-        return cls.from_json(read_default())
