@@ -39,6 +39,10 @@ CONFIGS: dict[str, list[dict]] = {
     "lbbsp": [{}, {"predictor": "median", "min_batch": 4, "max_batch": 12},
               {"predictor": "last", "min_batch": 9}],
     "dssp": [{}, {"staleness": 0, "r_max": 2}, {"staleness": 1, "r_max": 0}],
+    # Decisions at every push, no hysteresis: the churn meets switches and drains all along.
+    "auto": [{}, {"interval": 1e-3, "margin": 0.0, "horizon": 1e3},
+             {"candidates": "asp,ssp,lbbsp,bsp", "interval": 1e-3, "margin": 0.0,
+              "horizon": 1e3, "window": 2}],
 }
 
 
@@ -317,7 +321,8 @@ def test_options_are_listed_with_defaults_and_bad_ones_refused(name):
     ("ssp", {"staleness": -1}), ("ebsp", {"lookahead": 0}), ("ebsp", {"predictor": "x"}),
     ("ebsp", {"variant": "x"}), ("r2sp", {"gap_ratio": -0.1}), ("r2sp", {"ema": 0}),
     ("lbbsp", {"predictor": "x"}), ("dssp", {"r_max": -1}),
-    ("lbbsp", {"max_batch": 4, "min_batch": 5}),
+    ("lbbsp", {"max_batch": 4, "min_batch": 5}), ("auto", {"candidates": "bsp,fastest"}),
+    ("auto", {"candidates": "bsp,bsp"}), ("auto", {"interval": 0}), ("auto", {"window": 0}),
 ])
 def test_bad_option_values_fail_clearly(name, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):

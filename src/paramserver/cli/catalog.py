@@ -4,7 +4,7 @@
 the truth, and tests/test_cli_help.py checks that each tuple here equals its registry.
 """
 
-SYNC_POLICIES = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp")
+SYNC_POLICIES = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp", "auto")
 MODELS = ("mlp", "cnn", "logreg", "dlrm", "wide")
 DATASETS = ("digits", "mnist", "synthetic", "clicks")
 COMPRESSORS = ("none", "topk", "std", "dynamic")

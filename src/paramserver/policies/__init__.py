@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from paramserver.core.options import option_help
 from paramserver.policies.asp import ASP
+from paramserver.policies.auto import AutoSync
 from paramserver.policies.base import (
     ApplyRound, Decision, Event, Joined, Left, Note, PolicyError, Pushed, Release, SyncPolicy, Tick,
 )
@@ -24,6 +25,7 @@ SYNC_POLICIES.register("ebsp")(ElasticBSP)
 SYNC_POLICIES.register("r2sp")(R2SP)
 SYNC_POLICIES.register("lbbsp")(LBBSP)
 SYNC_POLICIES.register("dssp")(DSSP)
+SYNC_POLICIES.register("auto")(AutoSync)
 
 
 def make_policy(name: str, batch_size: int, **options) -> SyncPolicy:
@@ -37,7 +39,7 @@ def policy_options(name: str) -> dict:
 
 
 __all__ = [
-    "ASP", "BSP", "DSSP", "LBBSP", "R2SP", "SSP", "ApplyRound", "Decision", "ElasticBSP", "Event",
+    "ASP", "AutoSync", "BSP", "DSSP", "LBBSP", "R2SP", "SSP", "ApplyRound", "Decision", "ElasticBSP", "Event",
     "Joined", "Left", "Note", "PolicyError", "PolicyHost", "Pushed", "Release", "SYNC_POLICIES",
     "SyncPolicy", "Tick", "make_policy", "policy_options",
 ]

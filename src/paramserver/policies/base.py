@@ -182,6 +182,12 @@ class SyncPolicy(ABC):
             return self.on_tick(event)
         raise PolicyError(f"unknown event {event!r}")
 
+    def handle_all(self, joins: list[Joined]) -> list[Decision]:
+        """Workers joining together (the start barrier opening): by default each in turn. A
+        policy whose releases depend on who else is in the round (auto's lockstep shares)
+        answers them at once."""
+        return [d for e in joins for d in self.handle(e)]
+
     @abstractmethod
     def on_joined(self, event: Joined) -> list[Decision]: ...
 

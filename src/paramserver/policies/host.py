@@ -96,8 +96,7 @@ class PolicyHost:
         out: list[Out] = []
         if self.batch_rule is not None:
             self._rebatch(self.policy.active | set(workers), now, out)
-        handle = self.policy.handle
-        decisions = [d for w in workers for d in handle(Joined(w, now))]
+        decisions = self.policy.handle_all([Joined(w, now) for w in workers])
         return self._interpret(decisions, now, out)
 
     def pushed(self, event: Pushed) -> list[Out]:

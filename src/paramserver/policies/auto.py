@@ -1,0 +1,245 @@
+"""auto: the policy in force follows the stragglers while the job runs.
+
+AutoSync is a SyncPolicy that hosts one candidate policy at a time (bsp, lbbsp, ssp, asp) and
+a SwitchController that forecasts them all from the workers' recent pace. When the controller
+proposes another candidate, AutoSync drains: it lets no worker start a new step until every
+step in flight has pushed, so that no push of the old policy meets the new one. Then it builds
+the new candidate, joins every active worker to it at once and goes on. Nothing is lost or
+applied twice: each push was acknowledged by every shard before the policy heard of it, and
+the workers' step numbers go on where they were (each candidate counts its own steps from 0;
+AutoSync adds each worker's offset).
+
+Every candidate runs with the servers applying pushes on arrival, so a switch never changes
+what the servers do. The lockstep candidates (bsp, lbbsp) scale each push by its share of the
+round's samples (batch / the round's total): with every worker released only once the round's
+pushes are all applied, a linear update rule (sgd) then applies exactly the batch-weighted
+average that round mode applies. (A staleness-aware rule would also discount those pushes by
+the others' pushes of the same round; auto pairs with plain sgd.)
+
+Each switch is a Note("sync_switch") with its reason, the predicted gain, the forecast of every
+candidate and how long the drain took; the event log, `top` and the report read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paramserver.core.options import Configurable, check_int, check_range, opt
+from paramserver.policies.asp import ASP
+from paramserver.policies.base import (
+    ApplyRound, Decision, Joined, Left, Note, Pushed, Release, SyncPolicy, Tick,
+)
+from paramserver.policies.bsp import BSP
+from paramserver.policies.forecast import CANDIDATES, SHIPPED, SamplesCurve
+from paramserver.policies.lbbsp import LBBSP
+from paramserver.policies.pace import PaceBook
+from paramserver.policies.ssp import SSP
+from paramserver.policies.switching import Proposal, SwitchController
+from paramserver.predict.convergence import ConvergenceModel
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    candidates: str = opt(",".join(CANDIDATES),
+                          "policies to choose among, comma-separated; the first one starts")
+    interval: float = opt(2.0, "seconds between decisions, and the least a policy holds")
+    margin: float = opt(0.15, "predicted gain a switch must beat (0.15: a forecast 1.15x as fast)")
+    horizon: float = opt(20.0, "seconds over which a switch's gain must repay its drain")
+    window: int = opt(16, "recent steps of each worker the forecast reads")
+    staleness: int = opt(3, "ssp's bound while ssp is in force")
+
+    def __post_init__(self):
+        names = self.names()
+        unknown = [n for n in names if n not in CANDIDATES]
+        if not names or unknown:
+            raise ValueError(f"candidates must name some of {', '.join(CANDIDATES)}; got "
+                             f"{self.candidates!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"candidates names a policy twice: {self.candidates!r}")
+        check_range("interval", self.interval, 0, lo_open=True)
+        check_range("margin", self.margin, 0)
+        check_range("horizon", self.horizon, 0, lo_open=True)
+        check_int("window", self.window, 1)
+        check_int("staleness", self.staleness, 0)
+
+    def names(self) -> tuple[str, ...]:
+        raw = self.candidates
+        parts = raw.split(",") if isinstance(raw, str) else list(raw)
+        return tuple(str(p).strip() for p in parts if str(p).strip())
+
+
+class AutoSync(SyncPolicy, Configurable):
+    """The candidate in force, switched at drained points when the forecast says so."""
+
+    name = "auto"
+    apply_mode = "arrival"
+    Options = AutoOptions
+    # advise ranks by samples-to-target per apply mode, and auto's changes with the candidate
+    # in force: it is not among advise's candidates yet.
+    advise_options = ()
+
+    def __init__(self, batch_size: int, *, candidates: str = AutoOptions.candidates,
+                 interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,
+                 window: int = 16, staleness: int = 3, model: ConvergenceModel | None = None):
+        """`model`: the samples-to-target model the forecasts use (default: the shipped
+        calibration's apply-mode references)."""
+        super().__init__(batch_size)
+        self.options = AutoOptions(candidates, interval, margin, horizon, window, staleness)
+        names = self.options.names()
+        self.pace = PaceBook(window)
+        self.controller = SwitchController(names, interval, margin, horizon,
+                                           SamplesCurve.of(model or SHIPPED),
+                                           least=max(1, (window + 1) // 2))
+        self.current = names[0]
+        self.inner = self._build(self.current)
+        self.own_batches = self.inner.own_batches
+        self.offset: dict[int, int] = {}  # a worker's steps = the candidate's + offset
+        self.next_step: dict[int, int] = {}  # the step each worker is at (last pushed + 1)
+        self.running: set[int] = set()  # released, its push not in yet
+        self.pending: tuple[Proposal, float] | None = None  # a switch draining, since when
+        self.switches = 0
+        self._started = False
+        self._gathered: list[Decision] | None = None  # the candidate's, inside handle_all
+
+    # ---- events ---------------------------------------------------------------------------------
+    def handle_all(self, joins: list[Joined]) -> list[Decision]:
+        """The start: the candidate hears every join before a release goes out, so a lockstep
+        round's shares count every worker."""
+        self._gathered = []
+        try:
+            out = [d for e in joins for d in self.handle(e)]
+            gathered = self._gathered
+        finally:
+            self._gathered = None
+        return out + self._out(gathered, joins[0].now) if joins else out
+
+    def on_joined(self, event: Joined) -> list[Decision]:
+        out: list[Decision] = []
+        if not self._started:
+            self._started = True
+            out.append(Note("sync_switch", {"from": None, "to": self.current,
+                                            "reason": "the first candidate starts"}))
+        if self.pending is not None:
+            return out  # it joins the next candidate with everyone when the drain ends
+        self.offset[event.worker] = 0
+        self.inner.global_batch = self.global_batch
+        if self.running and isinstance(self.inner, BSP):
+            # A lockstep round in progress gave its shares out without this worker: it starts
+            # with the next round, or that round's shares would add up to more than 1.
+            event = Joined(event.worker, event.now, late=True)
+        decisions = self.inner.handle(event)
+        if self._gathered is not None:  # inside handle_all: translated with the others'
+            self._gathered += decisions
+            return out
+        return out + self._out(decisions, event.now)
+
+    def on_left(self, event: Left) -> list[Decision]:
+        w = event.worker
+        self.pace.forget(w)
+        self.running.discard(w)
+        self.next_step.pop(w, None)
+        if self.pending is not None:
+            self.offset.pop(w, None)
+            return self._switch(event.now) if not self.running else []
+        if w not in self.inner.active:
+            return []
+        self.inner.global_batch = self.global_batch
+        out = self._out(self.inner.handle(event), event.now)
+        self.offset.pop(w, None)
+        return out
+
+    def on_pushed(self, event: Pushed) -> list[Decision]:
+        w, now = event.worker, event.now
+        self.running.discard(w)
+        self.pace.pushed(w, now, event.batch_size, event.compute_time)
+        self.next_step[w] = event.step + 1
+        out: list[Decision] = []
+        if self.pending is None and self.controller.due(now):
+            paces = {v: self.pace.pace(v, self.batch_size) for v in sorted(self.active)}
+            proposal = self.controller.decide(now, self.current, paces, self.batch_size)
+            if proposal is not None:
+                self.pending = (proposal, now)
+        if self.pending is not None:  # the drain: no step starts until the last is in
+            return self._switch(now) if not self.running else out
+        inner = Pushed(w, event.step - self.offset[w], now, event.batch_size,
+                       event.compute_time, event.cpu_load, event.free_mem)
+        return self._out(self.inner.handle(inner), now)
+
+    def on_tick(self, event: Tick) -> list[Decision]:
+        if self.pending is not None:
+            return []
+        return self._out(self.inner.handle(event), event.now)
+
+    def next_deadline(self) -> float | None:
+        return None if self.pending is not None else self.inner.next_deadline()
+
+    # ---- the switch -----------------------------------------------------------------------------
+    def _switch(self, now: float) -> list[Decision]:
+        proposal, asked = self.pending
+        self.pending = None
+        was = self.current
+        self.current = proposal.to
+        self.inner = self._build(proposal.to)
+        self.inner.global_batch = self.global_batch
+        self.own_batches = self.inner.own_batches
+        self.offset = {w: self.next_step.get(w, 0) for w in self.active}
+        self.switches += 1
+        self.controller.took_over(now, was, proposal.to)
+        note = Note("sync_switch", {
+            "from": was, "to": proposal.to, "reason": proposal.reason,
+            "gain": round(proposal.gain, 4), "asked_at": asked,
+            "drain_s": round(now - asked, 6),
+            "forecast": {c: o.to_dict() for c, o in proposal.outlooks.items()}})
+        decisions: list[Decision] = []
+        for w in sorted(self.active):
+            decisions += self.inner.handle(Joined(w, now))
+        return [note] + self._out(decisions, now)
+
+    def _build(self, name: str) -> SyncPolicy:
+        b = self.batch_size
+        return {"bsp": lambda: BSP(b), "lbbsp": lambda: LBBSP(b), "asp": lambda: ASP(b),
+                "ssp": lambda: SSP(b, staleness=self.options.staleness)}[name]()
+
+    def _out(self, decisions: list[Decision], now: float) -> list[Decision]:
+        """The candidate's decisions as the host gets them: steps in the workers' numbering,
+        lockstep pushes scaled to their share of the round; its rounds are not the servers'
+        (they apply on arrival), so an ApplyRound stays here."""
+        out: list[Decision] = []
+        share = None
+        for d in decisions:
+            kind = type(d)
+            if kind is Release:
+                w = d.worker
+                scale = d.scale
+                if isinstance(self.inner, BSP):
+                    if share is None:
+                        share = self._round_samples()
+                    scale = d.scale * d.batch_size / share
+                self.running.add(w)
+                self.pace.released(w, now if d.not_before is None else max(now, d.not_before))
+                out.append(Release(w, d.step + self.offset.get(w, 0), d.batch_size,
+                                   d.not_before, scale))
+            elif kind is not ApplyRound:
+                out.append(d)
+        return out
+
+    def _round_samples(self) -> int:
+        inner = self.inner
+        members = inner.active - inner.joining
+        return max(sum(inner.batch_for(w) for w in members), 1)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def resume_state(self) -> dict:
+        return {"current": self.current, "inner": self.inner.resume_state(),
+                "switches": self.switches}
+
+    def resume(self, state: dict) -> None:
+        current = state.get("current", self.current)
+        if current not in self.controller.candidates:
+            raise ValueError(f"the checkpoint's policy {current!r} is not among the candidates "
+                             f"{', '.join(self.controller.candidates)}")
+        self.current = current
+        self.inner = self._build(current)
+        self.own_batches = self.inner.own_batches
+        self.inner.resume(state.get("inner", {}))
+        self.switches = int(state.get("switches", 0))

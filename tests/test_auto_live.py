@@ -1,0 +1,33 @@
+"""`train --sync auto` for real (issue 39): coordinator, server and worker processes, a chronic
+straggler injected; the policy in force moves from BSP to LB-BSP while the job runs, and the
+model trains as well as under LB-BSP itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ps_helpers import run_events
+
+
+def test_train_auto_follows_a_chronic_straggler(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "train", "--sync", "auto", "--workers", "3",
+         "--straggler", "2:4", "--device-time", "1ms", "--epochs", "5", "--sync-opt",
+         "interval=1", "--quiet", "--out", str(run)], capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    moves = [e for e in run_events(run) if e.get("event") == "sync_switch"]
+    assert [m["to"] for m in moves][:2] == ["bsp", "lbbsp"], moves
+    assert "the median step" in moves[1]["reason"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_test_accuracy"] > 0.88
+    # After the switch the straggler's batches are the smaller ones.
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"kind": "step"' in line]
+    late = [s for s in steps if s.get("t", 0) > moves[1]["t"] + 1.0]
+    slow = [s["batch"] for s in late if s["worker"] == 2]
+    fast = [s["batch"] for s in late if s["worker"] == 0]
+    assert slow and fast and max(slow) < min(fast)

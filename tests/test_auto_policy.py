@@ -1,0 +1,203 @@
+"""The auto policy (issue 39): the candidate in force follows the stragglers, switched at drained
+points; the forecast behind each switch; the lockstep candidates' shares of a round.
+
+The policy runs through the deterministic driver (virtual time), which checks the protocol as
+the host sees it: every release names the step its worker is at, none goes to a worker still
+computing, nobody waits forever.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from paramserver.advise.calibration_io import default_convergence
+from paramserver.policies import AutoSync, make_policy
+from paramserver.policies.forecast import SHIPPED, SamplesCurve, outlook
+from paramserver.policies.pace import Pace, PaceBook
+from policy_driver import VirtualWorker, run
+
+BATCH = 16
+
+
+def switches(trace) -> list[tuple[float, dict]]:
+    return [(t, n.data) for t, n in trace.notes if n.kind == "sync_switch"]
+
+
+def slow_worker(worker: int, factor: float, until: float = float("inf"), steps: int = 300):
+    def cost(step, batch, now):
+        return 0.001 * batch * (factor if now < until else 1.0)
+    return VirtualWorker(worker, steps=steps, cost=cost)
+
+
+def test_shipped_references_are_the_calibration_files():
+    shipped = default_convergence()
+    assert SHIPPED.b_crit == shipped.b_crit and SHIPPED.target == shipped.target
+    assert SHIPPED.alpha == shipped.alpha
+    assert SHIPPED.modes == shipped.modes
+
+
+def test_homogeneous_workers_keep_the_first_candidate():
+    trace = run(make_policy("auto", BATCH, interval=0.05),
+                [VirtualWorker(w, steps=200, cost=0.001) for w in range(4)])
+    assert [d["to"] for _, d in switches(trace)] == ["bsp"]
+
+
+def test_a_chronic_straggler_moves_bsp_to_lbbsp_and_its_batch_shrinks():
+    policy = make_policy("auto", BATCH, interval=0.05)
+    workers = [VirtualWorker(w, steps=200, cost=0.001) for w in range(3)]
+    trace = run(policy, workers + [slow_worker(3, 4.0)])
+    moves = switches(trace)
+    assert [d["to"] for _, d in moves] == ["bsp", "lbbsp"]
+    t, why = moves[1]
+    assert why["from"] == "bsp" and why["gain"] > 0.15
+    assert why["forecast"]["lbbsp"]["samples_per_s"] > 2 * why["forecast"]["bsp"]["samples_per_s"]
+    assert "4.00x the median step" in why["reason"]
+    together = max(p.time for p in trace.pushes if p.worker == 0)  # then the fast ones leave
+    after = [r for r in trace.releases if t + 0.5 < r.decided < together]
+    slow = [r.batch_size for r in after if r.worker == 3]
+    fast = [r.batch_size for r in after if r.worker == 0]
+    assert slow and max(slow) * 3 <= min(fast)  # about a quarter of a fast worker's
+
+
+@pytest.mark.parametrize("margin,moves", [(0.05, ["bsp", "lbbsp"]), (0.5, ["bsp"])])
+def test_the_margin_holds_off_a_small_gain(margin, moves):
+    """A 1.25x straggler: LB-BSP's forecast is about 1.2x BSP's, under a 0.5 margin."""
+    workers = [VirtualWorker(w, steps=200, cost=0.001) for w in range(3)]
+    trace = run(make_policy("auto", BATCH, interval=0.05, margin=margin),
+                workers + [slow_worker(3, 1.25)])
+    assert [d["to"] for _, d in switches(trace)] == moves
+
+
+@pytest.mark.parametrize("candidates,to", [("bsp,lbbsp,ssp,asp", "asp"),
+                                           ("bsp,lbbsp,ssp", "ssp")])
+def test_transient_slowdowns_leave_lockstep(candidates, to):
+    """Each step of each worker is 5x slow one time in four, at random: a round waits for
+    its slowest step and LB-BSP cannot predict it; SSP and ASP absorb it. (With the workers
+    alike on average they forecast the same staleness, and ASP the higher throughput.)"""
+    def jitter(w):
+        def cost(step, batch, now):
+            slow = random.Random(w * 7919 + step).random() < 0.25
+            return 0.001 * batch * (5.0 if slow else 1.0)
+        return VirtualWorker(w, steps=300, cost=cost)
+    trace = run(make_policy("auto", BATCH, interval=0.1, candidates=candidates),
+                [jitter(w) for w in range(4)])
+    moves = switches(trace)
+    assert [d["to"] for _, d in moves][:2] == ["bsp", to]
+    assert moves[1][1]["forecast"]["lbbsp"]["samples_per_s"] < \
+        moves[1][1]["forecast"][to]["samples_per_s"]
+
+
+def test_no_step_starts_during_the_drain_and_steps_go_on():
+    """A switch asked while workers are mid-step: nobody is released until the last of them
+    pushed, then everyone at once, each at the step it is at (the driver checks the steps)."""
+    policy = make_policy("auto", BATCH, interval=0.05, candidates="asp,bsp,lbbsp")
+    workers = [VirtualWorker(w, steps=150, cost=0.001 * (1 + w)) for w in range(4)]
+    trace = run(policy, workers)
+    moves = switches(trace)
+    assert len(moves) >= 2 and moves[1][1]["from"] == "asp"
+    t, why = moves[1]
+    asked = why["asked_at"]
+    assert why["drain_s"] > 0  # asp had steps in flight when it was asked
+    assert not [r for r in trace.releases if asked < r.started < t]
+    together = [r for r in trace.releases if r.started == t]
+    assert sorted(r.worker for r in together) == [0, 1, 2, 3]
+    for w in range(4):
+        steps = [p.step for p in trace.pushes if p.worker == w]
+        assert steps == list(range(len(steps)))  # no step lost, none twice
+
+
+@pytest.mark.parametrize("slow", [1.0, 3.0])
+def test_lockstep_shares_make_each_round_the_batch_weighted_average(slow):
+    """Under bsp or lbbsp every push is applied on arrival scaled by batch / the round's
+    samples: a round's scales add up to 1 and follow the batches, so sgd applies the round's
+    batch-weighted average, as round mode does."""
+    policy = make_policy("auto", BATCH, interval=0.05, candidates="bsp,lbbsp")
+    workers = [VirtualWorker(w, steps=120, cost=0.001) for w in range(3)]
+    trace = run(policy, workers + [slow_worker(3, slow, steps=120)])
+    rounds: dict[float, list] = {}
+    for r in trace.releases:
+        rounds.setdefault(r.decided, []).append(r)
+    full = [rs for rs in rounds.values() if len(rs) == 4]
+    assert len(full) > 100  # (the driver joins the workers one by one: the first waits alone)
+    for rs in full:
+        assert sum(r.scale for r in rs) == pytest.approx(1.0)
+        total = sum(r.batch_size for r in rs)
+        for r in rs:
+            assert r.scale == pytest.approx(r.batch_size / total)
+    if slow > 1:
+        assert any(len({r.batch_size for r in rs}) > 1 for rs in full)
+
+
+def test_resume_goes_on_with_the_candidate_in_force():
+    policy = make_policy("auto", BATCH, interval=0.05)
+    run(policy, [VirtualWorker(w, steps=100, cost=0.001) for w in range(3)]
+        + [slow_worker(3, 4.0, steps=100)])
+    state = policy.resume_state()
+    assert state["current"] == "lbbsp" and state["switches"] == 1
+    again = make_policy("auto", BATCH)
+    again.resume(state)
+    assert again.current == "lbbsp" and again.inner.round == state["inner"]["round"]
+    with pytest.raises(ValueError, match="not among the candidates"):
+        make_policy("auto", BATCH, candidates="bsp,asp").resume(state)
+
+
+def test_a_switch_waits_for_every_worker_to_have_a_pace():
+    """A newcomer with no step on record yet: no forecast counts it at the mean of the others
+    (LB-BSP would hand it a batch on a guess); the decision waits for its first push."""
+    book = PaceBook(window=4)
+    book.released(0, 0.0)
+    book.pushed(0, 1.0, 10, 0.8)
+    assert book.pace(0, 10) == Pace(0.08, pytest.approx(0.2), (pytest.approx(1.0),))
+    assert book.pace(1, 10) is None
+    policy = AutoSync(BATCH, interval=0.01)
+    proposal = policy.controller.decide(1.0, "bsp", {0: book.pace(0, 10), 1: None}, 10)
+    assert proposal is None and policy.controller.decisions == 0
+
+
+def test_one_samples_curve_for_every_candidate():
+    """Both apply modes' references lie on the curve, and one worker needs the same samples
+    whatever the policy (they all run plain SGD then)."""
+    curve = SamplesCurve.of(SHIPPED)
+    for ref in SHIPPED.modes.values():
+        assert curve.needed(ref.update_batch, ref.staleness) == pytest.approx(ref.samples)
+    one = [Pace(0.01, 0.001, (0.2,) * 4)]
+    needed = {outlook(c, one, 16, curve).samples_needed for c in ("bsp", "lbbsp", "ssp", "asp")}
+    assert len(needed) == 1
+
+
+def test_forecast_closed_forms():
+    """Two workers, steps of 1 s and 3 s at batch 10 (no overhead, no jitter)."""
+    paces = [Pace(0.1, 0.0, (1.0,) * 4), Pace(0.3, 0.0, (3.0,) * 4)]
+    curve = SamplesCurve.of(SHIPPED)
+    look = {c: outlook(c, paces, 10, curve) for c in ("bsp", "lbbsp", "ssp", "asp")}
+    assert look["bsp"].samples_per_s == pytest.approx(20 / 3)
+    # LB-BSP: 20 samples split 15:5 finish together in 1.5 s
+    assert look["lbbsp"].samples_per_s == pytest.approx(20 / 1.5)
+    assert look["ssp"].samples_per_s == pytest.approx(20 / 3)
+    assert look["asp"].samples_per_s == pytest.approx(10 + 10 / 3)
+    assert look["asp"].staleness == 1 and look["bsp"].staleness == 0
+    assert look["asp"].samples_needed > look["ssp"].samples_needed  # staler
+    with pytest.raises(ValueError, match="candidates"):
+        outlook("ebsp", paces, 10, curve)
+
+
+def test_back_and_forth_on_noise_settles():
+    """Forecasts that flip at every look (spikes that a round waits for, then none): each
+    switch back to the policy before doubles the hold, so 200 looks make a few switches."""
+    spiky = {0: Pace(0.001, 0.0, (0.016, 0.08) * 4), 1: Pace(0.001, 0.0, (0.08, 0.016) * 4)}
+    steady = {0: Pace(0.001, 0.0, (0.016,) * 8), 1: Pace(0.001, 0.0, (0.016,) * 8)}
+    ctl = AutoSync(BATCH, candidates="bsp,asp", interval=0.1, margin=0.0,
+                   horizon=1e3).controller
+    current, made = "bsp", []
+    for look in range(200):
+        now = 0.1 * (look + 1)
+        proposal = ctl.decide(now, current, spiky if look % 2 == 0 else steady, BATCH)
+        if proposal is not None:
+            made.append(now)
+            ctl.took_over(now, current, proposal.to)
+            current = proposal.to
+    gaps = [b - a for a, b in zip(made, made[1:])]
+    assert 3 <= len(made) <= 10  # (without the doubling: 100)
+    assert gaps[:5] == sorted(gaps[:5]) and gaps[4] >= 0.1 * 8  # the hold grew
