@@ -201,3 +201,16 @@ def test_back_and_forth_on_noise_settles():
     gaps = [b - a for a, b in zip(made, made[1:])]
     assert 3 <= len(made) <= 10  # (without the doubling: 100)
     assert gaps[:5] == sorted(gaps[:5]) and gaps[4] >= 0.1 * 8  # the hold grew
+
+
+def test_the_reports_timeline_reads_each_switch():
+    from paramserver.report.timeline import membership_timeline
+    rows = membership_timeline([
+        {"t": 1.0, "event": "barrier_open"},
+        {"t": 1.0, "event": "sync_switch", "from": None, "to": "bsp"},
+        {"t": 4.0, "event": "sync_switch", "from": "bsp", "to": "lbbsp", "gain": 1.5,
+         "drain_s": 0.02, "reason": "slowest worker 4.00x the median step"}])
+    assert [(r.t, r.text) for r in rows] == [
+        (0.0, "policy bsp starts"),
+        (3.0, "policy lbbsp (was bsp), predicted 2.50x as fast to target after a drain of "
+              "0.02 s: slowest worker 4.00x the median step")]

@@ -119,6 +119,33 @@ def test_replay_paces_records_by_the_speed_factor(tmp_path):
     assert len(ReplaySource(run, speed=0).poll(0.0)) == 10
 
 
+def test_auto_shows_the_candidate_in_force(tmp_path, capsys):
+    """Under --sync auto the header names the candidate in force: now when following the
+    folder, at the replayed time in a replay (events count from the coordinator's start,
+    the records from the barrier's opening)."""
+    records = [{"t": float(t), "kind": "step", "worker": 0, "step": t, "batch": 32}
+               for t in range(10)]
+    run = write_run(tmp_path / "run", records, finished=False, policy="auto")
+    with open(run / "events.jsonl", "a") as f:
+        for e in ({"t": 0.5, "event": "barrier_open"},
+                  {"t": 0.5, "event": "sync_switch", "from": None, "to": "bsp"},
+                  {"t": 4.5, "event": "sync_switch", "from": "bsp", "to": "lbbsp"}):
+            f.write(json.dumps(e) + "\n")
+    follow = FolderSource(run)
+    follow.poll(0.0)
+    assert follow.label == "auto: lbbsp in force"
+    replay = ReplaySource(run, speed=1.0)
+    replay.poll(2.0)
+    assert replay.label == "auto: bsp in force"
+    replay.poll(6.0)
+    assert replay.label == "auto: lbbsp in force"
+    assert main(["top", str(run), "--once", "--width", "170"]) == 0
+    assert "policy auto: lbbsp in force" in capsys.readouterr().out
+    plain = FolderSource(write_run(tmp_path / "plain", records, policy="ssp"))
+    plain.poll(0.0)
+    assert plain.label == "ssp"
+
+
 def test_preflight_reader_is_tolerant(tmp_path):
     assert read_preflight(tmp_path) is None
     (tmp_path / "preflight.json").write_text("{not json")

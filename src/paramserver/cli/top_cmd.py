@@ -95,7 +95,7 @@ def _frame(source, stats, finished: bool):
     if getattr(source, "silent_since", None) is not None:
         note = (f"no answer from {source.address} yet: is the job running, and are these its "
                 f"keys (--keys DIR)?")
-    head = Header(source.describe, source.policy, finished, source.members, source.preflight(),
+    head = Header(source.describe, source.label, finished, source.members, source.preflight(),
                   note)
     return render(stats.snapshot(), head, MAX_WORKERS)
 

@@ -107,6 +107,34 @@ class LineTail:
         return out
 
 
+class PolicyInForce:
+    """Under --sync auto, the candidate in force over time: the sync_switch events of a run's
+    events.jsonl, followed as the coordinator writes them, in seconds of training."""
+
+    def __init__(self, run: Path):
+        self.tail = LineTail(run / "events.jsonl")
+        self.t_open: float | None = None
+        self.switches: list[tuple[float, str]] = []  # (event time, candidate), in order
+
+    def read(self) -> None:
+        for rec in self.tail.read():
+            t, kind = _time(rec), rec.get("event")
+            if t is None:
+                continue
+            if kind == "barrier_open" and self.t_open is None:
+                self.t_open = t
+            elif kind == "sync_switch" and isinstance(rec.get("to"), str):
+                self.switches.append((t, rec["to"]))
+
+    def label(self, policy: str | None, at: float | None = None) -> str | None:
+        """`policy`, with the candidate in force at `at` seconds of training (None: now)."""
+        if not self.switches:
+            return policy
+        base = self.t_open or 0.0
+        due = [c for t, c in self.switches if at is None or t - base <= at]
+        return f"{policy}: {(due or [self.switches[0][1]])[-1]} in force"
+
+
 class FolderSource:
     """A run folder followed as its coordinator writes it."""
 
@@ -118,6 +146,8 @@ class FolderSource:
         self.tail = LineTail(run / "metrics.jsonl")
         self.policy = run_policy(run)
         self.round_mode = round_mode_of(self.policy)
+        self.in_force = PolicyInForce(run)
+        self.label = self.policy
         self.finished = False
         self.members: dict = {}
         self.describe = f"{run} (live)"
@@ -126,6 +156,8 @@ class FolderSource:
         # summary.json is written after the last metrics line: seen before the read, the read
         # gets everything.
         done = (self.run / "summary.json").exists()
+        self.in_force.read()
+        self.label = self.in_force.label(self.policy)
         records = self.tail.read()
         self.finished = done and not self.tail.partial and len(records) == 0
         return records
@@ -155,6 +187,9 @@ class ReplaySource:
         self.next = 0
         self.policy = run_policy(run)
         self.round_mode = round_mode_of(self.policy)
+        self.in_force = PolicyInForce(run)
+        self.in_force.read()
+        self.label = self.policy
         self.members: dict = {}
         self.describe = f"{run} (replay at {speed:g}x)" if speed else f"{run} (replay)"
 
@@ -171,6 +206,8 @@ class ReplaySource:
             while due < len(self.records) and _time(self.records[due]) <= horizon:
                 due += 1
         out, self.next = self.records[self.next:due], due
+        shown = _time(self.records[due - 1]) if due else 0.0
+        self.label = self.in_force.label(self.policy, shown)
         return out
 
     def preflight(self) -> list[Link] | None:
@@ -201,6 +238,7 @@ class ObserverSource:
         self.rid = itertools.count(1)
         self.members: dict = {}
         self.policy: str | None = None
+        self.label: str | None = None
         self.round_mode = False
         self.finished = False
         self.silent_since: float | None = None
@@ -234,7 +272,7 @@ class ObserverSource:
             out.extend(records)
             self.members = reply.get("members") or {}
             if self.policy is None and self.members.get("policy"):
-                self.policy = str(self.members["policy"])
+                self.policy = self.label = str(self.members["policy"])
                 self.round_mode = round_mode_of(self.policy)
             self.finished = bool(self.members.get("finished"))
             if not reply.get("more"):

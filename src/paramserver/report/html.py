@@ -184,13 +184,14 @@ def coverage_warnings(c: Collection) -> list[str]:
 
 def timeline_section(c: Collection) -> str:
     """Each run's membership changes (workers joining, leaving, preempted; the job waiting
-    below its minimum; servers lost and restored), in training seconds; nothing when no run
-    had any."""
+    below its minimum; servers lost and restored) and, under auto, the policy in force, in
+    training seconds; nothing when no run had any."""
     runs = [r for r in c.runs if r.timeline]
     if not runs:
         return ""
-    out = ["<h2>Membership timeline</h2><p>Who joined, left or was lost, and when (seconds of "
-           "training, from <code>events.jsonl</code>).</p>"]
+    out = ["<h2>Membership timeline</h2><p>Who joined, left or was lost, which policy "
+           "<code>auto</code> put in force and why, and when (seconds of training, from "
+           "<code>events.jsonl</code>).</p>"]
     for run in runs:
         out.append(f"<h3>{_e(run.scenario)} / {_e(run.policy)} (repeat {run.repeat})</h3>")
         out.append("<table><tr><th>t (s)</th><th>change</th></tr>" + "".join(

@@ -43,6 +43,12 @@ DESCRIBE = {
     "taken_back": lambda d: (f"coordinator restarted: took back {d.get('servers')} servers and "
                              f"{d.get('workers')} workers at round {d.get('round')}"),
     "job_failed": lambda d: f"job failed: {d.get('reason')}",
+    # --sync auto: the policy in force (policies/auto.py).
+    "sync_switch": lambda d: (
+        f"policy {d.get('to')} (was {d.get('from')}), predicted "
+        f"{1 + float(d.get('gain', 0)):.2f}x as fast to target after a drain of "
+        f"{float(d.get('drain_s', 0)):.2f} s: {d.get('reason')}"
+        if d.get("from") else f"policy {d.get('to')} starts"),
     # Live resharding (the start's own server_joined events carry no epoch: not changes).
     "server_joined": lambda d: (f"server {d.get('addr')} joined as shard {d.get('rank')}: "
                                 f"{d.get('servers')} servers, {d.get('moved_keys')} keys "
