@@ -86,10 +86,10 @@ class AutoSync(SyncPolicy, Configurable):
         super().__init__(batch_size)
         self.options = AutoOptions(candidates, interval, margin, horizon, window, staleness)
         names = self.options.names()
-        self.pace = PaceBook(window)
+        least = max(1, (window + 1) // 2)  # steps each worker needs before a forecast
+        self.pace = PaceBook(window, least)
         self.controller = SwitchController(names, interval, margin, horizon,
-                                           SamplesCurve.of(model or SHIPPED),
-                                           least=max(1, (window + 1) // 2))
+                                           SamplesCurve.of(model or SHIPPED), least)
         self.current = names[0]
         self.inner = self._build(self.current)
         self.own_batches = self.inner.own_batches
@@ -154,7 +154,8 @@ class AutoSync(SyncPolicy, Configurable):
         self.pace.pushed(w, now, event.batch_size, event.compute_time)
         self.next_step[w] = event.step + 1
         out: list[Decision] = []
-        if self.pending is None and self.controller.due(now):
+        if (self.pending is None and self.controller.due(now)
+                and self.active <= self.pace.known):  # (a set test, not a pass over paces)
             paces = {v: self.pace.pace(v, self.batch_size) for v in sorted(self.active)}
             proposal = self.controller.decide(now, self.current, paces, self.batch_size)
             if proposal is not None:

@@ -29,12 +29,16 @@ class Pace:
 class PaceBook:
     """The last `window` steps of each worker. Pure: every time comes in as an argument."""
 
-    def __init__(self, window: int = 8):
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+    def __init__(self, window: int = 8, least: int = 1):
+        """`least`: steps on record that make a worker's pace known (`known`)."""
+        if not 1 <= least <= window:
+            raise ValueError(f"need 1 <= least <= window, got {least} and {window}")
         self.window = window
+        self.least = least
         self._out: dict[int, float] = {}  # when each worker's release went out
         self._steps: dict[int, deque] = {}  # (step seconds, compute seconds, batch)
+        # The workers with `least` steps on record: asked at every push, so kept, not counted.
+        self.known: set[int] = set()
 
     def released(self, worker: int, at: float) -> None:
         self._out[worker] = at
@@ -48,10 +52,13 @@ class PaceBook:
         if book is None:
             book = self._steps[worker] = deque(maxlen=self.window)
         book.append((took, max(compute, 0.0), batch))
+        if len(book) == self.least:
+            self.known.add(worker)
 
     def forget(self, worker: int) -> None:
         self._out.pop(worker, None)
         self._steps.pop(worker, None)
+        self.known.discard(worker)
 
     def steps_seen(self, worker: int) -> int:
         return len(self._steps.get(worker, ()))

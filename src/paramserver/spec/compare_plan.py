@@ -17,6 +17,8 @@ SCENARIOS = {
     "random": ("random:0.1:4", "each step, each worker is 4x slower with probability 0.1"),
     "shifting": ("schedule:1:0-10=3;2:10-20=3;3:20-=3",
                  "the 3x straggler moves from worker 1 to 2 to 3 over time"),
+    "come-and-go": ("schedule:1:0-5=4;2:5-10=4",
+                    "worker 1 is 4x slower for 5 s, then worker 2 for 5 s, then none"),
 }
 SINGLE = "single"  # the single-process reference at the same global batch
 
