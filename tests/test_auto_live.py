@@ -31,3 +31,32 @@ def test_train_auto_follows_a_chronic_straggler(tmp_path):
     slow = [s["batch"] for s in late if s["worker"] == 2]
     fast = [s["batch"] for s in late if s["worker"] == 0]
     assert slow and fast and max(slow) < min(fast)
+
+
+def test_the_simulator_switches_when_the_live_job_does(tmp_path):
+    """One schedule (worker 1 turns 4x slow at 2 s), the same controller: the simulator and
+    the live job move from BSP to LB-BSP at comparable times (the decisions fall every 2 s,
+    so within one interval)."""
+    schedule = "schedule:1:2-=4"
+    sim = subprocess.run(
+        [sys.executable, "-m", "paramserver", "simulate", "--sync", "auto", "--workers", "4",
+         "--steps", "150", "--compute", "const:1ms", "--straggler", schedule, "--bandwidth",
+         "inf", "--latency", "0", "--quiet", "--out", str(tmp_path / "sim")],
+        capture_output=True, text=True, timeout=120)
+    assert sim.returncode == 0, sim.stderr
+    live = subprocess.run(
+        [sys.executable, "-m", "paramserver", "train", "--sync", "auto", "--workers", "4",
+         "--steps", "150", "--straggler", schedule, "--device-time", "1ms", "--quiet",
+         "--out", str(tmp_path / "live")], capture_output=True, text=True, timeout=300)
+    assert live.returncode == 0, live.stderr
+
+    def first_move(run):
+        events = run_events(run)
+        start = next((e["t"] for e in events if e.get("event") == "barrier_open"), 0.0)
+        moves = [e for e in events if e.get("event") == "sync_switch" and e.get("from")]
+        assert moves and moves[0]["to"] == "lbbsp", moves
+        return moves[0]["t"] - start
+
+    t_sim, t_live = first_move(tmp_path / "sim"), first_move(tmp_path / "live")
+    assert t_sim > 2 and t_live > 2  # not before the straggler
+    assert abs(t_sim - t_live) <= 2.5, (t_sim, t_live)
