@@ -347,10 +347,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
         "Seeing a stalled job")."""
         return self.kv.paused(reason)
 
-    def state_dict(self) -> "OrderedDict[str, torch.Tensor]":
-        """A copy of the trained model's state (the model's own names; buffers included), as
-        of the last pull: loads into a fresh model with load_state_dict."""
-        return OrderedDict((k, v.detach().clone()) for k, v in self.model.state_dict().items())
+    def state_dict(self) -> dict:
+        """Wrapping a model: a copy of the trained model's state (the model's own names;
+        buffers included), as of the last pull, that loads into a fresh model with
+        load_state_dict. Wrapping the script's torch optimizer: that optimizer's state_dict
+        as the servers hold it now (its moments and step counts, torch's own format), as
+        Horovod's DistributedOptimizer gives it."""
+        if self.optimizer is None:
+            return OrderedDict((k, v.detach().clone())
+                               for k, v in self.model.state_dict().items())
+        from paramserver.client import optimizer_state
+        return optimizer_state.read(self.kv, self.model, self.keys, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load an optimizer state_dict (this one's, or a plain torch optimizer's of the same
+        class and groups) onto the servers; its groups' settings (lr, ...) go with the next
+        push. Only when wrapping the script's torch optimizer."""
+        if self.optimizer is None:
+            raise ValueError("this DistributedOptimizer wraps a model, whose update rule the "
+                             "servers choose (launch's --optimizer): load weights with "
+                             "model.load_state_dict before the first step, or resume a run "
+                             "with `paramserver launch --resume RUN`")
+        from paramserver.client import optimizer_state
+        optimizer_state.write(self.kv, self.model, self.keys, self.optimizer, state_dict)
 
     def _stopped(self) -> None:
         """This worker has left (preempted): should_stop turns True, the loop ends."""

@@ -21,7 +21,8 @@ from paramserver.optim import make_rule
 from paramserver.server.retries import RetryGuard
 from paramserver.server.deltas import PullRefs
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
+    ApplyRound, Checkpoint, Heartbeat, Init, LoadState, Pull, PullRows, PullState, Push,
+    PushRows, PushSparse, Reply,
     Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.pulls import PendingPulls, TooManyPulls
@@ -65,6 +66,7 @@ class ShardCore:
             ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
             Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
             Shutdown: self._shutdown, PullRows: self._pull_rows, PushRows: self._push_rows,
+            PullState: self._pull_state, LoadState: self._load_state,
         }
 
     def handle(self, event) -> list | tuple:
@@ -243,6 +245,24 @@ class ShardCore:
         if st.apply_round(ev.step) and self.tables:
             self.tables.apply_round(total)
         return self._serve([])
+
+    # ---- the update rule's state (a script's optimizer.state_dict / load_state_dict) ----------
+    def _pull_state(self, ev: PullState) -> list:
+        st = self.store
+        if self._outside(ev.lo, ev.hi):
+            return [self._moved(ev.to)]
+        arrays = st.state_of(ev.lo, ev.hi)
+        return [Reply(ev.to, "opt_state", {"names": st.keyed_state(), "rule": st.rule.name,
+                                       "version": st.version}, arrays)]
+
+    def _load_state(self, ev: LoadState) -> list:
+        st = self.store
+        if not st.initialized:
+            raise StoreError("shard not initialized: a worker must init before loading state")
+        if self._outside(ev.lo, ev.hi):
+            return [self._moved(ev.to)]
+        st.load_state(ev.lo, ev.hi, ev.names, ev.arrays)
+        return [Reply(ev.to, "ack", {"version": st.version})]
 
     # ---- reads ----------------------------------------------------------------------------------
     def _pull(self, ev: Pull) -> list | tuple:

@@ -71,6 +71,26 @@ class Init:
 
 
 @dataclass(slots=True)
+class PullState:
+    """Read the update rule's per-key state over keys [lo, hi) (a script's
+    optimizer.state_dict())."""
+    to: Any
+    lo: int
+    hi: int
+
+
+@dataclass(slots=True)
+class LoadState:
+    """Write the update rule's per-key state over keys [lo, hi): state `names[i]` from
+    `arrays[i]` (a script's optimizer.load_state_dict())."""
+    to: Any
+    lo: int
+    hi: int
+    names: list
+    arrays: list
+
+
+@dataclass(slots=True)
 class Push:
     to: Any
     sender: str

@@ -25,7 +25,8 @@ from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
 from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
+    ApplyRound, Checkpoint, Heartbeat, Init, LoadState, Pull, PullRows, PullState, Push,
+    PushRows, PushSparse, Reply,
     Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
     ToCoordinator,
 )
@@ -48,9 +49,9 @@ log = logging.getLogger(__name__)
 TRIM_ABOVE = 64 << 20
 
 WORKER_OPS = ("init", "push", "push_sparse", "pull", "pull_keys", "status", "pull_rows",
-              "push_rows")
+              "push_rows", "pull_state", "load_state")
 # Of those, the ones that change the shard: with keys, a worker's key only (an evaluator's reads).
-WRITE_OPS = ("init", "push", "push_sparse", "push_rows")
+WRITE_OPS = ("init", "push", "push_sparse", "push_rows", "load_state")
 # Replies that carry the shard's values: on a replicated primary, held until committed.
 READ_REPLIES = frozenset(("values", "rows"))
 # What a request that parsed may still raise in its handling: refused with an error reply, the
@@ -140,6 +141,18 @@ def _pull_rows(msg: Message, to) -> PullRows:
                     f.get("min_version", 0), client=to[0])
 
 
+def _range(msg: Message) -> tuple[int, int]:
+    lo, hi = msg.fields["range"]
+    return int(lo), int(hi)
+
+
+def _load_state(msg: Message, to) -> LoadState:
+    names = msg.fields["names"]
+    if not isinstance(names, list):
+        raise StoreError("load_state: names must be a list")
+    return LoadState(to, *_range(msg), names, _arrays(msg, len(names)))
+
+
 def _push_rows(msg: Message, to) -> PushRows:
     keys, grads = _arrays(msg, 2)
     f = msg.fields
@@ -156,6 +169,8 @@ EVENTS = {
     "init": _init, "push": _push, "push_sparse": _push_sparse, "pull": _pull,
     "pull_keys": _pull_keys, "pull_rows": _pull_rows, "push_rows": _push_rows,
     "status": lambda msg, to: Status(to),
+    "pull_state": lambda msg, to: PullState(to, *_range(msg)),
+    "load_state": _load_state,
     "apply_round": lambda msg, to: ApplyRound(to, msg["step"]),
     "checkpoint": lambda msg, to: Checkpoint(to, msg["tag"], msg["dir"]),
     "shutdown": lambda msg, to: Shutdown(to),

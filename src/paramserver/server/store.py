@@ -267,6 +267,37 @@ class ShardStore:
         self.round_got, self.round_need, self.round_complete = {}, {}, 0
         return True
 
+    # ---- the update rule's state, as a script's optimizer reads and loads it ------------------
+    def keyed_state(self) -> list[str]:
+        """The names of the rule's state kept per key, in name order."""
+        return sorted(k for k, v in self.state.items() if self.rule.keyed(k, v, self.values))
+
+    def state_of(self, lo: int, hi: int) -> list[np.ndarray]:
+        """Copies of each per-key state (keyed_state's order) over keys [lo, hi)."""
+        index = self.local(lo, hi)
+        return [self.state[k][index].numpy().copy() for k in self.keyed_state()]
+
+    def load_state(self, lo: int, hi: int, names: list, arrays: list) -> None:
+        """Per-key state `names[i]` over keys [lo, hi) from `arrays[i]`: all checked before
+        any is written, so a refused load changes nothing."""
+        index = self.local(lo, hi)
+        keyed = self.keyed_state()
+        if len(names) != len(arrays):
+            raise StoreError(f"load_state names {len(names)} states but carries "
+                             f"{len(arrays)} arrays")
+        unknown = sorted(set(map(str, names)) - set(keyed))
+        if unknown:
+            raise StoreError(f"update rule {self.rule.name} keeps no per-key state "
+                             f"{', '.join(unknown)}; it keeps {', '.join(keyed) or 'none'}")
+        for name, array in zip(names, arrays):
+            if array.size != hi - lo:
+                raise StoreError(f"state {name} for keys [{lo}, {hi}) carries {array.size} "
+                                 f"values")
+        for name, array in zip(names, arrays):
+            target = self.state[name][index]
+            target.copy_(torch.from_numpy(np.ascontiguousarray(array)).to(target.dtype))
+        self.rule.state_loaded()
+
     # ---- checkpoints (the files are server.checkpoint's) ----------------------------------------
     def snapshot(self) -> tuple[dict, dict]:
         """The arrays and metadata a checkpoint keeps: views of the live values, not copies

@@ -61,7 +61,12 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                   "batch": _f(NONNEG), "scale": _f(FLOAT, False),
                   "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
                   "wm": _f(NONNEG, False)},
+    # a script's optimizer state (client/optimizer_state.py): read, or written per state name
+    # (one array each, in `names` order)
+    "pull_state": {"range": _f(RANGE)},
+    "load_state": {"range": _f(RANGE), "names": _f(LIST)},
     # server -> worker
+    "opt_state": {"names": _f(LIST), "rule": _f(STR), "version": _f(NONNEG)},
     "ack": {"version": _f(NONNEG), "staleness": _f(INT, False)},
     "values": {"version": _f(NONNEG), "range": _f(RANGE, False), **ENCODED},
     "rows": {"version": _f(NONNEG)},  # one float32 array: len(keys) * dim, in key order
