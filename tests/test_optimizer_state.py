@@ -120,3 +120,41 @@ def test_load_state_dict_refuses_what_does_not_fit_and_changes_nothing():
     with pytest.raises(ValueError, match="do not match"):
         optimizer_state.write(kv, model, keys, opt, bad)
     assert calls == []
+
+
+FIXED_BATCH = textwrap.dedent("""
+    import sys
+    import torch
+    import paramserver
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    follow = sys.argv[1] == "follow"
+    with paramserver.DistributedOptimizer(model) as opt:
+        while not opt.should_stop:
+            n = opt.batch_size if follow else 32  # a DataLoader's fixed batch
+            opt.zero_grad()
+            model(torch.randn(n, 8)).pow(2).mean().backward()
+            opt.step()
+""")
+
+
+@pytest.mark.parametrize("mode,warned", [("fixed", True), ("follow", False)])
+def test_a_script_that_ignores_the_policys_batches_is_told_how_to_follow_them(tmp_path, mode,
+                                                                              warned):
+    """LB-BSP gives the 4x slower worker a smaller batch: a script that never reads
+    opt.batch_size is told once, in its log, how to follow it; one that reads it is not."""
+    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.local import LocalCluster
+    from paramserver.spec.config import TrainConfig
+
+    script = tmp_path / "train.py"
+    script.write_text(FIXED_BATCH)
+    cfg = TrainConfig(sync="lbbsp", workers=2, steps=30, straggler="1:4", device_time="1ms")
+    LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=180,
+                 worker_cmd=[sys.executable, str(script), mode]).run()
+    logs = "".join((tmp_path / "run" / "logs" / f"worker-{r}.log").read_text()
+                   for r in range(2))
+    assert ("never reads opt.batch_size" in logs) == warned, logs[-2000:]
+    if warned:
+        assert logs.count("never reads opt.batch_size") <= 2  # once per rank at most
+        assert "paramserver.BatchSampler" in logs and "opt.step(batch=len(x))" in logs

@@ -140,6 +140,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # `paramserver launch` names it as failed (launch/verdict.py).
     _steps = 0
     _stop_said = False
+    # Whether the script reads `batch_size` (itself or through BatchSampler): one that never
+    # does, under a policy that sizes each worker's batch, is told once how to follow it.
+    _follows_batch = False
+    _batch_said = False
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
     staging: DeviceStaging | None = None
 
@@ -246,6 +250,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def batch_size(self) -> int:
         """The batch size the sync policy wants for the next step."""
+        self._follows_batch = True
         return self.release.batch_size
 
     @property
@@ -286,6 +291,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # cuda: waits for backward's last copies, so the device's compute is counted too.
         grads = self.staging.grads_to_host()
         real = time.perf_counter() - self._ready
+        if batch is None and not self._follows_batch:
+            self._fixed_batch()
         batch = self.release.batch_size if batch is None else int(batch)
         compute, factor = self.pacer.stretch(self.release.step, time.monotonic() - self._t0,
                                              batch, real)
@@ -319,6 +326,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # At the stop too: the model (and state_dict(), the exported model.pt) then ends on
         # the job's final parameters, not one round short of them.
         self._pull()
+
+    def _fixed_batch(self) -> None:
+        """The policy sized this step's batch (LB-BSP, R2SP's heterogeneous mode, auto with
+        LB-BSP in force) but the script never read opt.batch_size: it trains on its own
+        DataLoader's batch, while the push would say the policy's and be weighted by it."""
+        asked, job = self.release.batch_size, self.kv.spec.job
+        if self._batch_said or asked == job.batch_size:
+            return
+        self._batch_said = True
+        log.warning("rank %d: the sync policy %s sizes each worker's batch (this step: %d "
+                    "samples, the job's batch %d) but this script never reads opt.batch_size: "
+                    "its pushes are weighted as if it trained on the policy's batches. Draw "
+                    "batches with paramserver.BatchSampler(len(data), opt) (DataLoader's "
+                    "batch_sampler), or pass the batch trained on: opt.step(batch=len(x)); "
+                    "a fixed batch works as is under bsp, asp, ssp, dssp and ebsp",
+                    self.rank, job.sync.name, asked, job.batch_size)
 
     def _hyper(self) -> list | None:
         """The groups' settings, once a schedule has moved any from those the job began
