@@ -1,6 +1,8 @@
 """auto: the policy in force follows the stragglers while the job runs.
 
-AutoSync is a SyncPolicy that hosts one candidate policy at a time (bsp, lbbsp, ssp, asp) and
+AutoSync is a SyncPolicy that hosts one candidate policy at a time (by default bsp, lbbsp and
+ssp; asp when asked for: with no bound on staleness it diverged in 2 of 3 live runs where a
+straggler came and went, a risk the samples-to-target curve does not price) and
 a SwitchController that forecasts them all from the workers' recent pace. When the controller
 proposes another candidate, AutoSync drains: it lets no worker start a new step until every
 step in flight has pushed, so that no push of the old policy meets the new one. Then it builds
@@ -40,8 +42,9 @@ from paramserver.predict.convergence import ConvergenceModel
 
 @dataclass(frozen=True)
 class AutoOptions:
-    candidates: str = opt(",".join(CANDIDATES),
-                          "policies to choose among, comma-separated; the first one starts")
+    candidates: str = opt("bsp,lbbsp,ssp",
+                          "policies to choose among, comma-separated, of "
+                          f"{', '.join(CANDIDATES)}; the first one starts")
     interval: float = opt(2.0, "seconds between decisions, and the least a policy holds")
     margin: float = opt(0.15, "predicted gain a switch must beat (0.15: a forecast 1.15x as fast)")
     horizon: float = opt(20.0, "seconds over which a switch's gain must repay its drain")
@@ -78,7 +81,7 @@ class AutoSync(SyncPolicy, Configurable):
     # in force: it is not among advise's candidates yet.
     advise_options = ()
 
-    def __init__(self, batch_size: int, *, candidates: str = AutoOptions.candidates,
+    def __init__(self, batch_size: int, *, candidates: str = "bsp,lbbsp,ssp",
                  interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,
                  window: int = 16, staleness: int = 3, model: ConvergenceModel | None = None):
         """`model`: the samples-to-target model the forecasts use (default: the shipped
@@ -86,10 +89,12 @@ class AutoSync(SyncPolicy, Configurable):
         super().__init__(batch_size)
         self.options = AutoOptions(candidates, interval, margin, horizon, window, staleness)
         names = self.options.names()
-        least = max(1, (window + 1) // 2)  # steps each worker needs before a forecast
+        # Steps each worker needs before a forecast: a chronic straggler shows in four, and
+        # every look before the first switch is time spent in the first candidate.
+        least = max(1, min(window, max(2, window // 4)))
         self.pace = PaceBook(window, least)
         self.controller = SwitchController(names, interval, margin, horizon,
-                                           SamplesCurve.of(model or SHIPPED), least)
+                                           SamplesCurve.of(model or SHIPPED), least, window)
         self.current = names[0]
         self.inner = self._build(self.current)
         self.own_batches = self.inner.own_batches

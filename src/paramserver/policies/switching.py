@@ -4,7 +4,8 @@ Every `interval` seconds of event time it forecasts each candidate from the work
 pace (policies/forecast.py) and proposes the one that reaches the target soonest, when
 
 - its predicted progress beats the policy in force by more than `margin` (hysteresis: two
-  candidates within the margin of each other never trade places back and forth), and
+  candidates within the margin of each other never trade places back and forth; wider while
+  the workers have fewer steps on record than a full window), and
 - the time it saves over `horizon` seconds beats what the switch costs: the drain, in which
   the workers that finish first wait for the slowest one's step in flight.
 
@@ -18,6 +19,7 @@ in with each call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import sqrt
 
 from paramserver.policies.forecast import Outlook, SamplesCurve, outlook
 from paramserver.policies.pace import Pace
@@ -35,15 +37,18 @@ class Proposal:
 
 class SwitchController:
     def __init__(self, candidates: tuple[str, ...], interval: float, margin: float,
-                 horizon: float, curve: SamplesCurve, least: int = 1):
-        """`least`: steps on record each worker needs before a forecast counts it."""
+                 horizon: float, curve: SamplesCurve, least: int = 1, full: int = 1):
+        """`least`: steps on record each worker needs before a forecast counts it; `full`:
+        the steps of a full window, at which the margin is as given (on fewer steps it is
+        wider by sqrt(full / steps): a forecast's noise falls as the root of its samples)."""
         self.candidates = candidates
         self.interval = interval
         self.margin = margin
         self.horizon = horizon
         self.curve = curve
         self.least = least
-        self.next_at = interval  # the first look, once every worker has steps on record
+        self.full = max(full, least)
+        self.next_at = 0.0  # the first look: as soon as every worker has steps on record
         self.hold = interval  # the least time a policy holds (longer after back-and-forth)
         self._before: str | None = None  # the policy in force before the one in force now
         self._since = 0.0  # when the policy in force took over
@@ -84,7 +89,8 @@ class SwitchController:
             return None
         there = looks[best]
         gain = there.progress / here.progress - 1 if here.progress > 0 else float("inf")
-        if gain <= self.margin:
+        seen = min(len(p.steps) for p in known)
+        if gain <= self.margin * sqrt(self.full / seen):
             return None
         slowest = max(sum(p.steps) / len(p.steps) for p in known)
         saved = self.horizon * (1 - here.progress / there.progress)
