@@ -66,6 +66,8 @@ ROWS = [
         script=True),
     Row("script-amp", "launched script, autocast fp16 + GradScaler, clip_grad_norm_", ["fp16"],
         script=True, low_precision=True),
+    Row("script-adamw", "launched script, its own AdamW + OneCycleLR run by the servers",
+        ["off", "adamw"], script=True),
     Row("amp-bf16", "--amp bf16", ["--amp", "bf16"], low_precision=True),
     Row("amp-fp16", "--amp fp16 (GradScaler)", ["--amp", "fp16"], low_precision=True),
     Row("bf16", "--compress bf16", ["--compress", "bf16"], low_precision=True, halves=True),
@@ -100,15 +102,22 @@ SCRIPT = textwrap.dedent('''
         return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-    def main(device: str, amp: str) -> None:
+    def main(device: str, amp: str, optimizer: str) -> None:
         device = torch.device(device)
         model = build().to(device)
+        schedule = None
+        if optimizer == "adamw":  # the script's own optimizer and schedule, on the servers
+            adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+            schedule = torch.optim.lr_scheduler.OneCycleLR(adamw, max_lr=0.01,
+                                                           total_steps=1000)
         gen = torch.Generator().manual_seed(100 + paramserver.rank())
         X = torch.randn(4096, 64, generator=gen)
         y = X[:, :10].argmax(1)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp)
         scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-        with paramserver.DistributedOptimizer(model) as opt:
+        wrapped = model if schedule is None else adamw
+        named = None if schedule is None else model.named_parameters()
+        with paramserver.DistributedOptimizer(wrapped, named_parameters=named) as opt:
             i = 0
             while not opt.should_stop:
                 xb = X[i * 32:(i + 1) * 32].to(device)
@@ -122,10 +131,12 @@ SCRIPT = textwrap.dedent('''
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
                 scaler.step(opt)
                 scaler.update()
+                if schedule is not None:
+                    schedule.step()
 
 
     if __name__ == "__main__":
-        main(sys.argv[1], sys.argv[2])
+        main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "model")
 ''')
 
 

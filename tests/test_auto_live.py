@@ -16,7 +16,8 @@ def test_train_auto_follows_a_chronic_straggler(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "train", "--sync", "auto", "--workers", "3",
          "--straggler", "2:4", "--device-time", "1ms", "--epochs", "5", "--sync-opt",
-         "interval=1", "--quiet", "--out", str(run)], capture_output=True, text=True,
+         "interval=1", "--sync-opt", "candidates=bsp,lbbsp,ssp", "--quiet", "--out", str(run)],
+        capture_output=True, text=True,
         timeout=300)
     assert proc.returncode == 0, proc.stderr
     moves = [e for e in run_events(run) if e.get("event") == "sync_switch"]
@@ -39,13 +40,15 @@ def test_the_simulator_switches_when_the_live_job_does(tmp_path):
     so within one interval)."""
     schedule = "schedule:1:2-=4"
     sim = subprocess.run(
-        [sys.executable, "-m", "paramserver", "simulate", "--sync", "auto", "--workers", "4",
+        [sys.executable, "-m", "paramserver", "simulate", "--sync", "auto", "--sync-opt",
+         "candidates=bsp,lbbsp,ssp", "--workers", "4",
          "--steps", "150", "--compute", "const:1ms", "--straggler", schedule, "--bandwidth",
          "inf", "--latency", "0", "--quiet", "--out", str(tmp_path / "sim")],
         capture_output=True, text=True, timeout=120)
     assert sim.returncode == 0, sim.stderr
     live = subprocess.run(
-        [sys.executable, "-m", "paramserver", "train", "--sync", "auto", "--workers", "4",
+        [sys.executable, "-m", "paramserver", "train", "--sync", "auto", "--sync-opt",
+         "candidates=bsp,lbbsp,ssp", "--workers", "4",
          "--steps", "150", "--straggler", schedule, "--device-time", "1ms", "--quiet",
          "--out", str(tmp_path / "live")], capture_output=True, text=True, timeout=300)
     assert live.returncode == 0, live.stderr

@@ -38,14 +38,16 @@ def test_shipped_references_are_the_calibration_files():
     assert SHIPPED.modes == shipped.modes
 
 
-def test_homogeneous_workers_keep_the_first_candidate():
-    trace = run(make_policy("auto", BATCH, interval=0.05),
+@pytest.mark.parametrize("candidates,first", [(None, "lbbsp"), ("bsp,lbbsp,ssp", "bsp")])
+def test_homogeneous_workers_keep_the_first_candidate(candidates, first):
+    options = {"candidates": candidates} if candidates else {}
+    trace = run(make_policy("auto", BATCH, interval=0.05, **options),
                 [VirtualWorker(w, steps=200, cost=0.001) for w in range(4)])
-    assert [d["to"] for _, d in switches(trace)] == ["bsp"]
+    assert [d["to"] for _, d in switches(trace)] == [first]
 
 
 def test_a_chronic_straggler_moves_bsp_to_lbbsp_and_its_batch_shrinks():
-    policy = make_policy("auto", BATCH, interval=0.05)
+    policy = make_policy("auto", BATCH, interval=0.05, candidates="bsp,lbbsp,ssp")
     workers = [VirtualWorker(w, steps=200, cost=0.001) for w in range(3)]
     trace = run(policy, workers + [slow_worker(3, 4.0)])
     moves = switches(trace)
@@ -59,14 +61,17 @@ def test_a_chronic_straggler_moves_bsp_to_lbbsp_and_its_batch_shrinks():
     slow = [r.batch_size for r in after if r.worker == 3]
     fast = [r.batch_size for r in after if r.worker == 0]
     assert slow and max(slow) * 3 <= min(fast)  # about a quarter of a fast worker's
+    # From the first LB-BSP round on: its predictors start from the speeds auto measured.
+    first = {r.worker: r.batch_size for r in trace.releases if r.decided == t}
+    assert sorted(first) == [0, 1, 2, 3] and first[3] * 3 <= first[0]
 
 
 @pytest.mark.parametrize("margin,moves", [(0.05, ["bsp", "lbbsp"]), (0.5, ["bsp"])])
 def test_the_margin_holds_off_a_small_gain(margin, moves):
     """A 1.25x straggler: LB-BSP's forecast is about 1.2x BSP's, under a 0.5 margin."""
     workers = [VirtualWorker(w, steps=200, cost=0.001) for w in range(3)]
-    trace = run(make_policy("auto", BATCH, interval=0.05, margin=margin),
-                workers + [slow_worker(3, 1.25)])
+    trace = run(make_policy("auto", BATCH, interval=0.05, margin=margin,
+                            candidates="bsp,lbbsp"), workers + [slow_worker(3, 1.25)])
     assert [d["to"] for _, d in switches(trace)] == moves
 
 
@@ -131,12 +136,12 @@ def test_lockstep_shares_make_each_round_the_batch_weighted_average(slow):
 
 
 def test_resume_goes_on_with_the_candidate_in_force():
-    policy = make_policy("auto", BATCH, interval=0.05)
+    policy = make_policy("auto", BATCH, interval=0.05, candidates="bsp,lbbsp")
     run(policy, [VirtualWorker(w, steps=100, cost=0.001) for w in range(3)]
         + [slow_worker(3, 4.0, steps=100)])
     state = policy.resume_state()
     assert state["current"] == "lbbsp" and state["switches"] == 1
-    again = make_policy("auto", BATCH)
+    again = make_policy("auto", BATCH, candidates="bsp,lbbsp")
     again.resume(state)
     assert again.current == "lbbsp" and again.inner.round == state["inner"]["round"]
     with pytest.raises(ValueError, match="not among the candidates"):

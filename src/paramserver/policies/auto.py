@@ -1,7 +1,7 @@
 """auto: the policy in force follows the stragglers while the job runs.
 
-AutoSync is a SyncPolicy that hosts one candidate policy at a time (by default bsp, lbbsp and
-ssp; asp when asked for: with no bound on staleness it diverged in 2 of 3 live runs where a
+AutoSync is a SyncPolicy that hosts one candidate policy at a time (by default lbbsp, which
+starts, bsp and ssp; asp when asked for: with no bound on staleness it diverged in 2 of 3 live runs where a
 straggler came and went, a risk the samples-to-target curve does not price) and
 a SwitchController that forecasts them all from the workers' recent pace. When the controller
 proposes another candidate, AutoSync drains: it lets no worker start a new step until every
@@ -42,7 +42,7 @@ from paramserver.predict.convergence import ConvergenceModel
 
 @dataclass(frozen=True)
 class AutoOptions:
-    candidates: str = opt("bsp,lbbsp,ssp",
+    candidates: str = opt("lbbsp,bsp,ssp",
                           "policies to choose among, comma-separated, of "
                           f"{', '.join(CANDIDATES)}; the first one starts")
     interval: float = opt(2.0, "seconds between decisions, and the least a policy holds")
@@ -81,7 +81,7 @@ class AutoSync(SyncPolicy, Configurable):
     # in force: it is not among advise's candidates yet.
     advise_options = ()
 
-    def __init__(self, batch_size: int, *, candidates: str = "bsp,lbbsp,ssp",
+    def __init__(self, batch_size: int, *, candidates: str = "lbbsp,bsp,ssp",
                  interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,
                  window: int = 16, staleness: int = 3, model: ConvergenceModel | None = None):
         """`model`: the samples-to-target model the forecasts use (default: the shipped
@@ -89,8 +89,9 @@ class AutoSync(SyncPolicy, Configurable):
         super().__init__(batch_size)
         self.options = AutoOptions(candidates, interval, margin, horizon, window, staleness)
         names = self.options.names()
-        # Steps each worker needs before a forecast: a chronic straggler shows in four, and
-        # every look before the first switch is time spent in the first candidate.
+        # Steps each worker needs before a forecast: a chronic straggler shows in four (in two,
+        # one worker's two spikes look chronic), and every look before the first switch is
+        # time spent in the first candidate; the margin is wider while the window fills.
         least = max(1, min(window, max(2, window // 4)))
         self.pace = PaceBook(window, least)
         self.controller = SwitchController(names, interval, margin, horizon,
@@ -189,6 +190,10 @@ class AutoSync(SyncPolicy, Configurable):
         self.inner.global_batch = self.global_batch
         self.own_batches = self.inner.own_batches
         self.offset = {w: self.next_step.get(w, 0) for w in self.active}
+        if isinstance(self.inner, LBBSP):  # its first round split by the speeds measured
+            paces = {w: self.pace.pace(w, self.batch_size) for w in self.active}
+            self.inner.warm({w: 1 / p.per_sample for w, p in paces.items()
+                             if p is not None and p.per_sample > 0})
         self.switches += 1
         self.controller.took_over(now, was, proposal.to)
         note = Note("sync_switch", {

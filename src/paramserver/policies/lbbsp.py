@@ -65,9 +65,29 @@ class LBBSP(BSP, Configurable):
         return max(self.options.min_batch, min(self.batch_size, self.options.max_batch
                                                or self.batch_size))
 
+    def _predictor(self, worker: int) -> SpeedPredictor:
+        if worker not in self.predictors:
+            self.predictors[worker] = make_speed_predictor(
+                self.options.predictor, **self.options.predictor_kwargs())
+        return self.predictors[worker]
+
+    def warm(self, speeds: dict[int, float]) -> None:
+        """Compute speeds (samples/s) measured before this policy took over (auto's switch,
+        before the workers join it): each worker's predictor starts from its speed, and the
+        first round is split by them instead of evenly."""
+        for w, v in speeds.items():
+            if v > 0:
+                self._predictor(w).observe(v)
+        workers = sorted(w for w, v in speeds.items() if v > 0)
+        if workers:
+            total = self.global_batch or self.batch_size * len(workers)
+            sizes = split_batch(total, [speeds[w] for w in workers], self.options.min_batch,
+                                self.options.max_batch)
+            self.sizes = dict(zip(workers, sizes))
+            self.last_speeds = {w: speeds[w] for w in workers}
+
     def on_joined(self, event: Joined) -> list[Decision]:
-        self.predictors[event.worker] = make_speed_predictor(
-            self.options.predictor, **self.options.predictor_kwargs())
+        self._predictor(event.worker)  # (a warm one is kept)
         return super().on_joined(event)
 
     def on_left(self, event: Left) -> list[Decision]:
