@@ -135,6 +135,21 @@ def test_lockstep_shares_make_each_round_the_batch_weighted_average(slow):
         assert any(len({r.batch_size for r in rs}) > 1 for rs in full)
 
 
+@pytest.mark.parametrize("candidates", ["asp", "ssp"])
+def test_free_running_pushes_are_scaled_to_one_workers_share(candidates):
+    """Under ssp and asp each push counts 1/N, so N pushes move the parameters as far as one
+    lockstep round: the learning rate means the same whichever candidate is in force."""
+    trace = run(make_policy("auto", BATCH, candidates=candidates),
+                [VirtualWorker(w, steps=20, cost=0.001 * (1 + w)) for w in range(4)])
+    first_leave = min(t for t, _, _ in trace.left)
+    scales = [r.scale for r in trace.releases if 0 < r.decided < first_leave]
+    assert len(scales) > 20 and scales == pytest.approx([0.25] * len(scales))
+    # with fewer workers a push's share grows: still one round's worth per N pushes (under
+    # asp the fast workers finish well before the slow one)
+    assert candidates == "ssp" or any(r.scale == pytest.approx(1 / 3) for r in trace.releases
+                                      if r.decided > first_leave)
+
+
 def test_resume_goes_on_with_the_candidate_in_force():
     policy = make_policy("auto", BATCH, interval=0.05, candidates="bsp,lbbsp")
     run(policy, [VirtualWorker(w, steps=100, cost=0.001) for w in range(3)]

@@ -15,8 +15,11 @@ Every candidate runs with the servers applying pushes on arrival, so a switch ne
 what the servers do. The lockstep candidates (bsp, lbbsp) scale each push by its share of the
 round's samples (batch / the round's total): with every worker released only once the round's
 pushes are all applied, a linear update rule (sgd) then applies exactly the batch-weighted
-average that round mode applies. (A staleness-aware rule would also discount those pushes by
-the others' pushes of the same round; auto pairs with plain sgd.)
+average that round mode applies. ssp and asp scale each push by batch / (N x the job's batch),
+so that N pushes move the parameters as far as a round does: the learning rate means the same
+under every candidate (fixed ssp and asp get that from DynSGD, which compare pairs them with;
+unscaled, auto's ssp diverged at compare's lr). A staleness-aware rule would discount the
+pushes again: auto pairs with plain sgd.
 
 Each switch is a Note("sync_switch") with its reason, the predicted gain, the forecast of every
 candidate and how long the drain took; the event log, `top` and the report read them.
@@ -221,11 +224,9 @@ class AutoSync(SyncPolicy, Configurable):
             kind = type(d)
             if kind is Release:
                 w = d.worker
-                scale = d.scale
-                if isinstance(self.inner, BSP):
-                    if share is None:
-                        share = self._round_samples()
-                    scale = d.scale * d.batch_size / share
+                if share is None:
+                    share = self._round_samples()
+                scale = d.scale * d.batch_size / share
                 self.running.add(w)
                 self.pace.released(w, now if d.not_before is None else max(now, d.not_before))
                 out.append(Release(w, d.step + self.offset.get(w, 0), d.batch_size,
@@ -235,9 +236,15 @@ class AutoSync(SyncPolicy, Configurable):
         return out
 
     def _round_samples(self) -> int:
+        """What a push is scaled against: a lockstep round's samples; under ssp and asp the
+        samples of one step of every worker, so that N pushes move the parameters as far as
+        one round does and no candidate runs at N times another's step size (fixed ssp and
+        asp are paired with DynSGD for that; auto's rule is the job's, plain sgd)."""
         inner = self.inner
-        members = inner.active - inner.joining
-        return max(sum(inner.batch_for(w) for w in members), 1)
+        if isinstance(inner, BSP):
+            members = inner.active - inner.joining
+            return max(sum(inner.batch_for(w) for w in members), 1)
+        return max(self.batch_size * len(self.active), 1)
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def resume_state(self) -> dict:
