@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from test_script_optimizer import SETUP
+from script_setup import SETUP
 
 SCRIPT = SETUP + textwrap.dedent("""
     import os, sys
