@@ -29,7 +29,7 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
         "coordinator/recent.py",
         "observe/stats.py",
         "server/core.py", "server/events.py", "server/store.py", "server/dedup.py",
-        "server/retries.py",
+        "server/retries.py", "server/rule_state.py",
         "server/pulls.py", "server/tables.py", "server/deltas.py", "client/core.py",
         "server/handoff.py",
         # live resharding: which shard map a client follows

@@ -19,10 +19,10 @@ import numpy as np
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
 from paramserver.server.retries import RetryGuard
+from paramserver.server.rule_state import RuleState
 from paramserver.server.deltas import PullRefs
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, LoadState, Pull, PullRows, PullState, Push,
-    PushRows, PushSparse, Reply,
+    ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
     Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.pulls import PendingPulls, TooManyPulls
@@ -66,8 +66,8 @@ class ShardCore:
             ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
             Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
             Shutdown: self._shutdown, PullRows: self._pull_rows, PushRows: self._push_rows,
-            PullState: self._pull_state, LoadState: self._load_state,
         }
+        self._handlers.update(RuleState(self).handlers())
 
     def handle(self, event) -> list | tuple:
         """The instructions `event` calls for, in order. A request the shard cannot serve is
@@ -91,8 +91,8 @@ class ShardCore:
 
     # ---- writes ---------------------------------------------------------------------------------
     def _init(self, ev: Init) -> list:
-        if self._outside(ev.lo, ev.hi):
-            return [self._moved(ev.to)]
+        if self.outside(ev.lo, ev.hi):
+            return [self.moved(ev.to)]
         was = self.store.initialized
         took = self.store.init(ev.lo, ev.hi, ev.values)
         out = self._serve([])
@@ -112,8 +112,8 @@ class ShardCore:
         done = self.retries.retried(ev)
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
-        if self._outside(ev.lo, ev.hi):  # after the dedup check, before the table hears of it
-            return [self._moved(ev.to)]
+        if self.outside(ev.lo, ev.hi):  # after the dedup check, before the table hears of it
+            return [self.moved(ev.to)]
         if ev.hyper is not None:  # the script's schedule moved: this push's settings
             st.retune(ev.hyper)
         self.retries.admit(ev)
@@ -131,7 +131,7 @@ class ShardCore:
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if self._outside_keys(ev.keys):
-            return [self._moved(ev.to)]
+            return [self.moved(ev.to)]
         self.retries.admit(ev)
         res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
                              ev.scale, ev.round_size, ev.parts)
@@ -149,7 +149,7 @@ class ShardCore:
         if done is not None:  # a retry of a push applied before: its ack again, nothing applied
             return [Reply(ev.to, "ack", done)]
         if self._rows_elsewhere(ev.keys):
-            return [self._moved(ev.to, rows=True)]
+            return [self.moved(ev.to, rows=True)]
         if st.apply_mode == "arrival":
             self.tables.apply(table, ev.keys, grads, ev.scale)
             return self._pushed(ev, PushResult(st.version, max(st.version - ev.version, 0)))
@@ -163,7 +163,7 @@ class ShardCore:
         return self._pushed(ev, res)
 
     # ---- resharding (server/handoff.py) ---------------------------------------------------------
-    def _outside(self, lo: int, hi: int) -> bool:
+    def outside(self, lo: int, hi: int) -> bool:
         """Keys [lo, hi) reach outside this shard of a known layout (a malformed range is
         left to the store to refuse)."""
         r = self.store.range
@@ -183,7 +183,7 @@ class ShardCore:
         listed = rank < len(self.layout) and list(self.layout[rank][2:4]) == [r.lo, r.hi]
         return not listed or placed_elsewhere(keys, rank, len(self.layout))
 
-    def _moved(self, to, rows: bool = False) -> Reply:
+    def moved(self, to, rows: bool = False) -> Reply:
         """The refusal of a request for keys another shard holds now: nothing of it applied,
         the layout to find them in."""
         r = self.store.range
@@ -246,31 +246,13 @@ class ShardCore:
             self.tables.apply_round(total)
         return self._serve([])
 
-    # ---- the update rule's state (a script's optimizer.state_dict / load_state_dict) ----------
-    def _pull_state(self, ev: PullState) -> list:
-        st = self.store
-        if self._outside(ev.lo, ev.hi):
-            return [self._moved(ev.to)]
-        arrays = st.state_of(ev.lo, ev.hi)
-        return [Reply(ev.to, "opt_state", {"names": st.keyed_state(), "rule": st.rule.name,
-                                       "version": st.version}, arrays)]
-
-    def _load_state(self, ev: LoadState) -> list:
-        st = self.store
-        if not st.initialized:
-            raise StoreError("shard not initialized: a worker must init before loading state")
-        if self._outside(ev.lo, ev.hi):
-            return [self._moved(ev.to)]
-        st.load_state(ev.lo, ev.hi, ev.names, ev.arrays)
-        return [Reply(ev.to, "ack", {"version": st.version})]
-
     # ---- reads ----------------------------------------------------------------------------------
     def _pull(self, ev: Pull) -> list | tuple:
         st = self.store
         if ev.keys is not None and ev.keys.dtype != np.int64:
             raise StoreError("keys must be int64")
-        if self._outside(ev.lo, ev.hi) if ev.keys is None else self._outside_keys(ev.keys):
-            return [self._moved(ev.to)]
+        if self.outside(ev.lo, ev.hi) if ev.keys is None else self._outside_keys(ev.keys):
+            return [self.moved(ev.to)]
         if st.initialized and st.version >= ev.min_version:
             return [self._values(ev)]  # (reading checks the keys)
         # Refuse bad keys now, not when the pull is finally served.
@@ -297,7 +279,7 @@ class ShardCore:
         st = self.store
         self.tables.checked(ev.table, ev.keys)  # refused now, not when finally served
         if self._rows_elsewhere(ev.keys):
-            return [self._moved(ev.to, rows=True)]
+            return [self.moved(ev.to, rows=True)]
         if st.version >= ev.min_version:
             return [self._rows(ev)]
         self._wait(ev)
