@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from ps_helpers import run_events
 
 
@@ -34,6 +36,7 @@ def test_train_auto_follows_a_chronic_straggler(tmp_path):
     assert slow and fast and max(slow) < min(fast)
 
 
+@pytest.mark.slow  # its fast twin: test_train_auto_follows_a_chronic_straggler, live alone
 def test_the_simulator_switches_when_the_live_job_does(tmp_path):
     """One schedule (worker 1 turns 4x slow at 2 s), the same controller: the simulator and
     the live job move from BSP to LB-BSP at comparable times (the decisions fall every 2 s,

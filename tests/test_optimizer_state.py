@@ -138,7 +138,9 @@ FIXED_BATCH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode,warned", [("fixed", True), ("follow", False)])
+@pytest.mark.parametrize("mode,warned", [
+    ("fixed", True),
+    pytest.param("follow", False, marks=pytest.mark.slow)])  # (the fast twin: "fixed")
 def test_a_script_that_ignores_the_policys_batches_is_told_how_to_follow_them(tmp_path, mode,
                                                                               warned):
     """LB-BSP gives the 4x slower worker a smaller batch: a script that never reads
