@@ -205,7 +205,12 @@ def advise(args) -> dict:
     if args.policies:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         for name in policies:
-            SYNC_POLICIES.get(name)  # an unknown name fails with the known ones listed
+            if not SYNC_POLICIES.get(name).advise_options:  # (an unknown name fails here)
+                raise ValueError(
+                    f"advise cannot rank {name} yet: its samples to target follow the policy "
+                    f"it puts in force; compare it live (paramserver compare --sync "
+                    f"{name},lbbsp,bsp,ssp), or simulate it (paramserver simulate --sync "
+                    f"{name})")
     conv = _convergence(args)
     profile = _profile(args)
     cluster = fit(profile)
