@@ -95,7 +95,7 @@ class AutoSync(SyncPolicy, Configurable):
         # Steps each worker needs before a forecast: a chronic straggler shows in four (in two,
         # one worker's two spikes look chronic), and every look before the first switch is
         # time spent in the first candidate; the margin is wider while the window fills.
-        least = max(1, min(window, max(2, window // 4)))
+        least = min(window, max(2, window // 4))
         self.pace = PaceBook(window, least)
         self.controller = SwitchController(names, interval, margin, horizon,
                                            SamplesCurve.of(model or SHIPPED), least, window)
@@ -162,7 +162,6 @@ class AutoSync(SyncPolicy, Configurable):
         self.running.discard(w)
         self.pace.pushed(w, now, event.batch_size, event.compute_time)
         self.next_step[w] = event.step + 1
-        out: list[Decision] = []
         if (self.pending is None and self.controller.due(now)
                 and self.active <= self.pace.known):  # (a set test, not a pass over paces)
             paces = {v: self.pace.pace(v, self.batch_size) for v in sorted(self.active)}
@@ -170,7 +169,7 @@ class AutoSync(SyncPolicy, Configurable):
             if proposal is not None:
                 self.pending = (proposal, now)
         if self.pending is not None:  # the drain: no step starts until the last is in
-            return self._switch(now) if not self.running else out
+            return self._switch(now) if not self.running else []
         inner = Pushed(w, event.step - self.offset[w], now, event.batch_size,
                        event.compute_time, event.cpu_load, event.free_mem)
         return self._out(self.inner.handle(inner), now)

@@ -123,7 +123,7 @@ def outlook(policy: str, paces: list[Pace], batch: int, curve: SamplesCurve) -> 
     if not paces:
         raise ValueError("a forecast needs at least one worker's pace")
     n = len(paces)
-    means = [sum(p.steps) / len(p.steps) for p in paces]
+    means = [p.mean for p in paces]
     slowest = max(means)
     if policy == "bsp":
         rate, staleness = n * batch / _expected_max(paces), 0.0

@@ -22,8 +22,10 @@ class Pace:
     overhead: float
     steps: tuple[float, ...]
 
-    def step_time(self, batch: int) -> float:
-        return self.per_sample * batch + self.overhead
+    @property
+    def mean(self) -> float:
+        """The mean of the recent step times."""
+        return sum(self.steps) / len(self.steps)
 
 
 class PaceBook:
@@ -59,9 +61,6 @@ class PaceBook:
         self._out.pop(worker, None)
         self._steps.pop(worker, None)
         self.known.discard(worker)
-
-    def steps_seen(self, worker: int) -> int:
-        return len(self._steps.get(worker, ()))
 
     def pace(self, worker: int, batch: int) -> Pace | None:
         """The worker's pace, its step times as they would have been at `batch` samples (so

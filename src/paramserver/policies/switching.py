@@ -53,7 +53,6 @@ class SwitchController:
         self._before: str | None = None  # the policy in force before the one in force now
         self._since = 0.0  # when the policy in force took over
         self.decisions = 0  # forecasts made (each over every candidate)
-        self.last: dict[str, Outlook] = {}
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
@@ -80,7 +79,6 @@ class SwitchController:
         self.next_at = now + self.interval
         self.decisions += 1
         looks = {c: outlook(c, known, batch, self.curve) for c in self.candidates}
-        self.last = looks
         best = max(self.candidates, key=lambda c: (looks[c].progress, c == current))
         here = looks[current]
         if best == current or looks[best].progress <= 0:
@@ -92,7 +90,7 @@ class SwitchController:
         seen = min(len(p.steps) for p in known)
         if gain <= self.margin * sqrt(self.full / seen):
             return None
-        slowest = max(sum(p.steps) / len(p.steps) for p in known)
+        slowest = max(p.mean for p in known)
         saved = self.horizon * (1 - here.progress / there.progress)
         if saved <= slowest:  # the drain waits about one slowest step
             return None
@@ -101,10 +99,10 @@ class SwitchController:
 
 def _situation(paces: list[Pace], here: Outlook, there: Outlook) -> str:
     """Why, in a user's words: the spread of the workers' steps and the two forecasts."""
-    means = sorted(sum(p.steps) / len(p.steps) for p in paces)
+    means = sorted(p.mean for p in paces)
     mid = means[len(means) // 2]
     spread = means[-1] / mid if mid > 0 else 1.0
-    jitter = max(max(p.steps) / (sum(p.steps) / len(p.steps)) for p in paces)
+    jitter = max(max(p.steps) / p.mean for p in paces)
     never = "never reaches the target" if here.samples_needed is None else (
         f"{here.samples_per_s:.0f} samples/s, {here.samples_needed:.0f} to target")
     return (f"slowest worker {spread:.2f}x the median step, steps up to {jitter:.2f}x their "
