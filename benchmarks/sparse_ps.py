@@ -64,17 +64,17 @@ class Stack:
     def run(self, batches, grads) -> None:
         kv = self.kv
         for keys, g in zip(batches, grads):
-            kv.pull_rows("emb", keys)
-            kv.push_rows("emb", keys, g, step=self.step, batch=1)
+            kv.rows.pull("emb", keys)
+            kv.rows.push("emb", keys, g, step=self.step, batch=1)
 
     def run_overlapped(self, batches, grads) -> None:
         kv = self.kv
-        pending = kv.pull_rows_async("emb", batches[0])
+        pending = kv.rows.pull_async("emb", batches[0])
         for i, (keys, g) in enumerate(zip(batches, grads)):
             kv.wait(pending)
-            push = kv.push_rows_async("emb", keys, g, step=self.step, batch=1)
+            push = kv.rows.push_async("emb", keys, g, step=self.step, batch=1)
             if i + 1 < len(batches):
-                pending = kv.pull_rows_async("emb", batches[i + 1])
+                pending = kv.rows.pull_async("emb", batches[i + 1])
             kv.wait(push)
 
     def close(self) -> None:

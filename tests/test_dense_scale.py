@@ -213,7 +213,7 @@ def test_an_abandoned_chunked_pull_leaves_the_client_usable(tmp_path):
         try:
             kv.init(np.arange(N, dtype=np.float64))
             h = kv.pull_async(min_version=10**6)  # never served
-            kv.abandon(h)
+            kv.completion.abandon(h)
             assert not kv.chunked.active and not kv.core.sent
             np.testing.assert_array_equal(kv.pull(), np.arange(N))
         finally:

@@ -60,7 +60,7 @@ def test_codec_pushes_from_the_arena_apply_exactly_what_they_encode(tmp_path, ch
                 sent = np.empty(n, np.float32)
                 kv.wait(kv.push_async(values, step=step, batch=1, codec=make_codec("bf16"),
                                       sent=sent))
-                assert kv.payload_area.owner is not None and kv.payload_area.top > 0
+                assert kv.dense.payload_area.owner is not None and kv.dense.payload_area.top > 0
                 total += sent
             np.testing.assert_array_equal(kv.pull(), -total)
         finally:

@@ -104,6 +104,7 @@ def test_a_shard_answers_probes_within_bounds(tmp_path):
     from ps_helpers import make_job, running_job
 
     from paramserver.client.kv import KVWorker
+    from paramserver.client.preflight import probe_shards
     from paramserver.wire import Message
     with running_job(tmp_path, make_job(100, 1, 1, preflight=False)) as cluster:
         kv = KVWorker(cluster.address)
@@ -114,7 +115,7 @@ def test_a_shard_answers_probes_within_bounds(tmp_path):
                 assert reply.op == "probe" and reply["bytes"] == got
                 assert sum(a.nbytes for a in reply.arrays) == got
                 kv.requests.let_go(rid)
-            probes = kv.preflight()
+            probes = probe_shards(kv.requests, kv.shards, kv.timeout)
             assert [p.shard for p in probes] == [0] and probes[0].rate > 0
             kv.init(np.zeros(100))  # the shard serves on as before
             assert kv.pull().shape == (100,)

@@ -19,7 +19,7 @@ def test_pull_sent_with_the_push_returns_the_round_and_abandoned_replies_are_dro
             release = kv.start()
             # Asked for a version that comes only after step 4's round, then given up on: its
             # late answer must not be mistaken for any later reply.
-            kv.abandon(kv.pull_async(min_version=5))
+            kv.completion.abandon(kv.pull_async(min_version=5))
             np.testing.assert_array_equal(kv.pull(min_version=release.min_version), params)
             for _ in range(steps):
                 grad = known_gradient(0, release.step, NUM_KEYS, np.float64)
@@ -53,25 +53,25 @@ def test_a_borrowed_pull_is_read_in_place_and_handed_back_before_the_round_appli
             kv.init(np.zeros(keys))
             release = kv.start()
             out = np.full(keys, 7.0)
-            values, loan = kv.borrow(kv.pull_async(out=out, min_version=release.min_version))
+            values, loan = kv.completion.borrow(kv.pull_async(out=out, min_version=release.min_version))
             assert loan is not None and not np.shares_memory(values, out)
             assert list(kv.requests.held) == [loan]  # the reply lives in the server's arena
             np.testing.assert_array_equal(values, 0.0)
             np.testing.assert_array_equal(out, 7.0)  # nothing was copied
-            kv.give_back(loan)
+            kv.completion.give_back(loan)
             grad = known_gradient(0, 0, keys, np.float64)
             kv.push(grad, step=0, batch=1, round_size=1)
             kv.pull(min_version=1)
             np.testing.assert_array_equal(values, -lr * grad)  # the live buffer, updated in place
             assert _shard_state(kv)["copies_on_write"] == 0
             # Kept past the next round: the server must write elsewhere, not under the loan.
-            held, loan = kv.borrow(kv.pull_async(min_version=1))
+            held, loan = kv.completion.borrow(kv.pull_async(min_version=1))
             snapshot = held.copy()
             kv.push(grad, step=1, batch=1, round_size=1)
             np.testing.assert_array_equal(kv.pull(min_version=2), -2 * lr * grad)
             np.testing.assert_array_equal(held, snapshot)
             assert _shard_state(kv)["copies_on_write"] == 1
-            kv.give_back(loan)
+            kv.completion.give_back(loan)
             assert not kv.requests.held
         finally:
             kv.close()

@@ -253,7 +253,7 @@ def test_a_pull_refused_moved_is_redone_on_the_new_map_reusing_the_kept_servers_
         out = np.zeros(NUM_KEYS)
         assert kv.pull(out=out) is out
         np.testing.assert_array_equal(out, np.arange(NUM_KEYS))
-        assert kv.shard_epoch == 1 and [s.addr for s in kv.shards] == [a, b, c]
+        assert kv.map.epoch == 1 and [s.addr for s in kv.shards] == [a, b, c]
         assert kv.shards[0].sock is socks[a] and kv.shards[1].sock is socks[b]
         assert [(s.range.lo, s.range.hi) for s in kv.shards] == [(0, 30), (30, 70), (70, 100)]
         assert kv.core.rid > rid
@@ -266,9 +266,9 @@ def test_a_pull_refused_moved_is_redone_on_the_new_map_reusing_the_kept_servers_
 def test_a_pushs_refused_parts_are_sent_again_once_each_under_the_new_map(fake):
     a, b, c = fake.addrs
     with KVWorker(fake.coord_addr, heartbeat=False, keys=None) as kv:
-        kv.adopt(1, [[0, a, 0, 30], [1, b, 30, 70], [2, c, 70, 100]])
+        kv.map.adopt(1, [[0, a, 0, 30], [1, b, 30, 70], [2, c, 70, 100]])
         fake.moved_to(1, kv_layout := [[0, a, 0, 30], [1, b, 30, 70], [2, c, 70, 100]])
-        assert kv.shard_epoch == 1 and [s.addr for s in kv.shards] == [a, b, c]
+        assert kv.map.epoch == 1 and [s.addr for s in kv.shards] == [a, b, c]
         # a is drained, b and c split its keys: a refuses all, b refuses its part's [60, 70)
         new = [[0, b, 0, 60], [1, c, 60, 100]]
         fake.moved_to(2, new)
@@ -296,11 +296,11 @@ def test_an_arrival_push_of_rows_refused_moved_goes_again_placed_by_the_new_coun
     try:
         a, b, c = job.addrs
         with KVWorker(job.coord_addr, heartbeat=False, keys=None) as kv:
-            kv.adopt(1, [[0, a, 0, 30], [1, b, 30, 70], [2, c, 70, 100]])
+            kv.map.adopt(1, [[0, a, 0, 30], [1, b, 30, 70], [2, c, 70, 100]])
             job.moved_to(2, new := [[0, b, 0, 60], [1, c, 60, 100]])  # a drained
             keys = np.arange(-40, 40, 3, dtype=np.int64)
             grads = np.arange(2 * keys.size, dtype=np.float32).reshape(-1, 2)
-            kv.push_rows("emb", np.concatenate([keys, keys[:4]]),
+            kv.rows.push("emb", np.concatenate([keys, keys[:4]]),
                          np.concatenate([grads, grads[:4]]), step=0, batch=1)
             owner = shard_of(keys, 2)
             where = by_server([x for x in job.applied if x[1] == "push_rows"])
@@ -308,7 +308,7 @@ def test_an_arrival_push_of_rows_refused_moved_goes_again_placed_by_the_new_coun
                              for i, (k, o) in enumerate(zip(keys, owner))}
             for i, k in enumerate(keys.tolist()):
                 np.testing.assert_array_equal(job.rows[k], grads[i] * (2 if i < 4 else 1))
-            assert kv.shard_epoch == 2 and job.refused
+            assert kv.map.epoch == 2 and job.refused
     finally:
         job.close()
 
@@ -334,7 +334,7 @@ def test_layouts_heard_from_heartbeats_and_releases_are_followed_before_the_next
     fake.release_layout = (1, [[0, b, 0, 40], [1, c, 40, 100]])
     with KVWorker(fake.coord_addr, keys=None) as kv:
         kv.start()
-        assert kv.shard_epoch == 1 and [s.addr for s in kv.shards] == [b, c]
+        assert kv.map.epoch == 1 and [s.addr for s in kv.shards] == [b, c]
         fake.moved_to(*fake.release_layout)
         fake.moved_to(2, two := [[0, c, 0, 70], [1, a, 70, 100]])
         fake.heartbeat_layout = (2, two)
@@ -343,9 +343,9 @@ def test_layouts_heard_from_heartbeats_and_releases_are_followed_before_the_next
             time.sleep(0.02)
         assert kv.session.layout == (2, two)
         np.testing.assert_array_equal(kv.pull(), np.arange(NUM_KEYS))
-        assert kv.shard_epoch == 2 and [s.addr for s in kv.shards] == [c, a]
+        assert kv.map.epoch == 2 and [s.addr for s in kv.shards] == [c, a]
         assert fake.refused == []  # switched before the pull: no server refused anything
-        assert not kv.adopt(1, [[0, a, 0, 100]])  # older: ignored
+        assert not kv.map.adopt(1, [[0, a, 0, 100]])  # older: ignored
 
 
 def test_a_delta_pull_refused_moved_is_redone_dense_and_a_chunked_push_is_refused_clearly():
@@ -396,11 +396,11 @@ def test_a_release_naming_a_new_map_while_a_pull_sent_ahead_is_in_flight_waits_f
             ahead = kv.pull_async()
             fake.release_layout = (1, new := [[0, c, 0, 25], [1, a, 25, 100]])
             kv.clock(0, batch=1, compute_time=0.0)
-            assert kv.shard_epoch == 0  # not while the pull is in flight
+            assert kv.map.epoch == 0  # not while the pull is in flight
             np.testing.assert_array_equal(kv.wait(ahead), np.arange(NUM_KEYS))
             fake.moved_to(1, new)  # (the servers switched at the fence, after answering it)
             kv.push(np.ones(NUM_KEYS), step=1, batch=1, round_size=1)
-            assert kv.shard_epoch == 1 and [s.addr for s in kv.shards] == [c, a]
+            assert kv.map.epoch == 1 and [s.addr for s in kv.shards] == [c, a]
             assert fake.refused == [] and by_server(fake.applied) == {
                 k: [owner(new, k)] for k in range(NUM_KEYS)}
     finally:

@@ -198,8 +198,8 @@ def _row_worker(kv: KVWorker, stop: threading.Event, acked: list, errors: list) 
         while not stop.is_set() and not release.stop:
             keys = rng.choice(ROW_KEYS, 40)  # duplicates too: the shard sums them
             grads = rng.integers(-5, 6, (40, 2)).astype(np.float32)
-            kv.pull_rows("emb", keys)
-            kv.push_rows("emb", keys, grads, step=release.step, batch=1)
+            kv.rows.pull("emb", keys)
+            kv.rows.push("emb", keys, grads, step=release.step, batch=1)
             acked.append((keys, grads))
             release = kv.clock(release.step, batch=1, compute_time=0.0)
         kv.bye()
@@ -229,7 +229,7 @@ def test_sparse_rows_move_with_a_join_and_a_drain_and_every_push_is_kept_exactly
         def observe():
             try:
                 while not stop.is_set():
-                    reads.append(watcher.pull_rows("emb", ROW_KEYS[:50]))
+                    reads.append(watcher.rows.pull("emb", ROW_KEYS[:50]))
             except Exception as exc:  # noqa: BLE001
                 errors.append(exc)
 
@@ -256,7 +256,7 @@ def test_sparse_rows_move_with_a_join_and_a_drain_and_every_push_is_kept_exactly
             where = {int(k): i for i, k in enumerate(ROW_KEYS)}
             for keys, grads in (x for a in acked for x in a):
                 np.add.at(expected, [where[int(k)] for k in keys], -grads)
-            np.testing.assert_array_equal(watcher.pull_rows("emb", ROW_KEYS), expected)
+            np.testing.assert_array_equal(watcher.rows.pull("emb", ROW_KEYS), expected)
             assert len(reads) > 10
             watcher.bye()
         finally:
@@ -331,7 +331,7 @@ def _row_and_dense_worker(kv: KVWorker, stop: threading.Event, acked: list,
             keys = rng.choice(ROW_KEYS, 30)
             rows = rng.integers(-5, 6, (30, 2)).astype(np.float32)
             kv.push(grad, step=release.step, batch=1)
-            kv.push_rows("emb", keys, rows, step=release.step, batch=1)
+            kv.rows.push("emb", keys, rows, step=release.step, batch=1)
             acked.append((grad, keys, rows))
             release = kv.clock(release.step, batch=1, compute_time=0.0)
         kv.bye()
@@ -397,7 +397,7 @@ def test_replicated_shards_follow_a_join_and_a_drain_and_survive_a_killed_primar
             where = {int(k): i for i, k in enumerate(ROW_KEYS)}
             for _, keys, rows in (x for a in acked for x in a):
                 np.add.at(expected, [where[int(k)] for k in keys], -rows)
-            np.testing.assert_array_equal(watcher.pull_rows("emb", ROW_KEYS), expected)
+            np.testing.assert_array_equal(watcher.rows.pull("emb", ROW_KEYS), expected)
             watcher.bye()
         finally:
             _end(stop, [*kvs, watcher], joiner)

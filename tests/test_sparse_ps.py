@@ -135,7 +135,7 @@ def test_rows_of_8_concurrent_workers_equal_a_numpy_reference(tmp_path, sync):
                 for _ in range(steps):
                     step = release.step
                     if sync == "bsp":
-                        now = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
+                        now = kv.rows.pull("emb", KEY_SPACE, min_version=release.min_version)
                         seen[(kv.rank, step)] = now
                     keys, grads = step_rows(kv.rank, step)
                     dense = known_gradient(kv.rank, step, DENSE_KEYS, np.float32)
@@ -143,7 +143,7 @@ def test_rows_of_8_concurrent_workers_equal_a_numpy_reference(tmp_path, sync):
                                  batch=batch_of(kv.rank), round_size=release.round_size)
                     release = kv.clock(step, batch=batch_of(kv.rank), compute_time=0.0)
                 done.wait()  # every push acknowledged: all applied (ASP) or in rounds (BSP)
-                finals[kv.rank] = (kv.pull_rows("emb", KEY_SPACE, release.min_version),
+                finals[kv.rank] = (kv.rows.pull("emb", KEY_SPACE, release.min_version),
                                    kv.pull(min_version=release.min_version))
                 if kv.rank == 0:  # the job lasts until the shards' next heartbeats are in
                     wait_for(lambda: table_rows_in_metrics(cluster.run_dir), "table counters")
@@ -180,10 +180,10 @@ def test_rows_are_initialised_by_key_on_any_shard(tmp_path):
     for servers in (2, 3):
         with running_job(tmp_path / f"s{servers}", _job(servers, 1, "asp")) as cluster:
             with KVWorker(cluster.address) as kv:
-                assert kv.tables["emb"].dim == DIM
-                got = kv.pull_rows("emb", keys)
+                assert kv.rows.specs["emb"].dim == DIM
+                got = kv.rows.pull("emb", keys)
                 # hashed ids come as uint64 too: the same keys, bit for bit
-                again = kv.pull_rows("emb", keys.view(np.uint64))
+                again = kv.rows.pull("emb", keys.view(np.uint64))
         np.testing.assert_array_equal(got, expected)
         np.testing.assert_array_equal(again, expected)
 
@@ -208,21 +208,21 @@ def test_bad_row_requests_get_clear_errors_and_the_server_keeps_serving(tmp_path
             kv.init(np.zeros(DENSE_KEYS, np.float32))
             kv.start()
             keys = np.array([3, 4], dtype=np.int64)
-            before = kv.pull_rows("emb", keys)
+            before = kv.rows.pull("emb", keys)
             grads = np.ones((2, DIM), np.float32)
             push = {"step": 0, "version": 0, "batch": 1}
             # The client refuses before sending...
             with pytest.raises(ValueError, match="int64"):
-                kv.pull_rows("emb", np.array([3.0, 4.0]))
+                kv.rows.pull("emb", np.array([3.0, 4.0]))
             with pytest.raises(ValueError, match=r"shape \(2, 4\)"):
-                kv.push_rows("emb", keys, np.ones((2, DIM + 1), np.float32), step=0, batch=1)
+                kv.rows.push("emb", keys, np.ones((2, DIM + 1), np.float32), step=0, batch=1)
             with pytest.raises(ValueError, match="unknown table 'nope'"):
-                kv.pull_rows("nope", keys)
+                kv.rows.pull("nope", keys)
             huge = np.broadcast_to(np.int64(7), (10**9,))  # no memory: refused by its size
             import torch
-            np.testing.assert_array_equal(kv.pull_rows("emb", torch.from_numpy(keys)), before)
+            np.testing.assert_array_equal(kv.rows.pull("emb", torch.from_numpy(keys)), before)
             with pytest.raises(ValueError, match=f"at most {MAX_KEYS_PER_REQUEST}"):
-                kv.pull_rows("emb", huge)
+                kv.rows.pull("emb", huge)
             # ...and the server refuses what comes anyway, naming the fault.
             text = _refused(kv, 0, Message("push_rows", {"table": "emb", **push},
                                            [keys.astype(np.float64), grads.reshape(-1)]))
@@ -236,9 +236,9 @@ def test_bad_row_requests_get_clear_errors_and_the_server_keeps_serving(tmp_path
             text = _refused(kv, 0, Message("pull_rows", {"table": "emb"}, [too_many]))
             assert f"at most {MAX_KEYS_PER_REQUEST}" in text
             # Nothing changed, and the shard still serves rows and values.
-            np.testing.assert_array_equal(kv.pull_rows("emb", keys), before)
-            kv.push_rows("emb", keys, grads, step=0, batch=1)
-            np.testing.assert_allclose(kv.pull_rows("emb", keys), before - LR, atol=1e-6)
+            np.testing.assert_array_equal(kv.rows.pull("emb", keys), before)
+            kv.rows.push("emb", keys, grads, step=0, batch=1)
+            np.testing.assert_allclose(kv.rows.pull("emb", keys), before - LR, atol=1e-6)
             np.testing.assert_array_equal(kv.pull(), np.zeros(DENSE_KEYS, np.float32))
             state = cluster_status_tables(kv)
             assert state["rows"] == 2 and state["created"] == 2
@@ -312,7 +312,7 @@ def test_a_bsp_step_of_chunked_dense_values_and_rows_applies_each_round_once(tmp
                     messages[(i, step)] = list(sent)
                     assert not kv.core.sent and not kv.chunked.active  # every message answered
                     seen[(i, step)] = (kv.pull(min_version=step + 1),
-                                       kv.pull_rows("emb", KEY_SPACE, min_version=step + 1))
+                                       kv.rows.pull("emb", KEY_SPACE, min_version=step + 1))
 
             assert run_threads(worker, workers) == []
             for shard in range(2):
@@ -378,7 +378,7 @@ def test_an_asp_step_of_chunked_dense_values_and_rows_is_one_handle(tmp_path):
             assert b.wait(h) == max(versions)
             assert not b.core.sent and not b.core.inbox and not b.chunked.active
             dense = a.pull(min_version=0)
-            rows = a.pull_rows("emb", KEY_SPACE)
+            rows = a.rows.pull("emb", KEY_SPACE)
         finally:
             a.close()
             b.close()
@@ -418,15 +418,15 @@ def test_a_killed_shard_restarts_from_its_checkpoint_with_the_same_rows(tmp_path
             kv.init(np.zeros(DENSE_KEYS, np.float32))
             release = _bsp_steps(kv, kv.start(), 4)  # rounds 0..3; checkpoints at 2 and 4
             wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4")
-            before = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
+            before = kv.rows.pull("emb", KEY_SPACE, min_version=release.min_version)
             os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)
-            after = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
+            after = kv.rows.pull("emb", KEY_SPACE, min_version=release.min_version)
             np.testing.assert_array_equal(after, before)
             fresh = np.array([777, -778], dtype=np.int64)
-            np.testing.assert_array_equal(kv.pull_rows("emb", fresh),
+            np.testing.assert_array_equal(kv.rows.pull("emb", fresh),
                                           initial_rows(fresh, DIM, SCALE))
             release = _bsp_steps(kv, release, 2, offset=50)  # the restarted shard trains on
-            assert kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version).shape == (
+            assert kv.rows.pull("emb", KEY_SPACE, min_version=release.min_version).shape == (
                 KEY_SPACE.size, DIM)
             assert kv.requests.retries >= 1
             kv.bye()
@@ -444,14 +444,14 @@ def test_a_resumed_job_starts_from_the_tables_checkpoint(tmp_path):
         with KVWorker(cluster.address) as kv:
             kv.init(np.zeros(DENSE_KEYS, np.float32))
             release = _bsp_steps(kv, kv.start(), 3)
-            saved = kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
+            saved = kv.rows.pull("emb", KEY_SPACE, min_version=release.min_version)
             wait_for(lambda: latest(ckpt) == f"{3:09d}", "checkpoint 3")
             kv.bye()
     assert not np.allclose(saved, initial_rows(KEY_SPACE, DIM, SCALE))
     resumed = _job(2, 1, "bsp", resume={"dir": str(ckpt), "tag": f"{3:09d}"})
     with running_job(tmp_path / "b", resumed) as cluster:
         with KVWorker(cluster.address, role="observer") as kv:
-            np.testing.assert_array_equal(kv.pull_rows("emb", KEY_SPACE), saved)
+            np.testing.assert_array_equal(kv.rows.pull("emb", KEY_SPACE), saved)
 
 
 # ---- every sync policy --------------------------------------------------------------------------
@@ -474,7 +474,7 @@ def test_every_sync_policy_runs_steps_of_rows(tmp_path, sync):
                 for _ in range(10 * steps):  # (bounded: the budget stops it far sooner)
                     if release.stop:
                         break
-                    kv.pull_rows("emb", KEY_SPACE, min_version=release.min_version)
+                    kv.rows.pull("emb", KEY_SPACE, min_version=release.min_version)
                     keys, grads = step_rows(kv.rank, release.step)
                     kv.push_step(np.ones(DENSE_KEYS, np.float32), {"emb": (keys, grads)},
                                  step=release.step, batch=release.batch_size,
@@ -484,7 +484,7 @@ def test_every_sync_policy_runs_steps_of_rows(tmp_path, sync):
                 done.wait()
                 # Every push is acked by now; a stop may come before the last round is
                 # applied (the budget ran out mid-round), so wait for no version.
-                finals[kv.rank] = kv.pull_rows("emb", KEY_SPACE)
+                finals[kv.rank] = kv.rows.pull("emb", KEY_SPACE)
                 done.wait()
                 kv.bye()
 

@@ -137,7 +137,7 @@ def test_an_announced_pause_is_not_flagged_and_a_silent_step_is_a_hang_with_the_
             for _ in range(5):
                 kv.push(np.ones(8), step=release.step, batch=1)
                 release = kv.clock(release.step, batch=1, compute_time=0.001)
-            with kv.paused("evaluation"):
+            with kv.session.paused("evaluation"):
                 time.sleep(1.6)
             release = kv.clock(release.step, batch=1, compute_time=0.001)
             assert not list(run_dir.glob("stall-*.txt"))

@@ -368,7 +368,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """`with opt.paused():` around the script's own evaluation (or any deliberate wait
         between steps): the job's stall detector does not flag it (docs/architecture.md,
         "Seeing a stalled job")."""
-        return self.kv.paused(reason)
+        return self.kv.session.paused(reason)
 
     def state_dict(self) -> dict:
         """Wrapping a model: a copy of the trained model's state (the model's own names;

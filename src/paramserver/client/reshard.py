@@ -9,7 +9,6 @@ client switches at a quiet point (no request in flight). Pure: no sockets, clock
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from paramserver.spec.welcome import ShardLayout

@@ -9,6 +9,7 @@ back `unknown`, so a worker waiting for a release is taken back within a beat or
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -331,6 +332,16 @@ class CoordinatorSession:
 
     def report(self, record: dict) -> None:
         self.call(Message("report", {"record": record}), self.timeout)
+
+    @contextlib.contextmanager
+    def paused(self, reason: str = "evaluation"):
+        """A legitimate pause in this worker's steps (its own evaluation, say): announced to
+        the coordinator, whose stall detector then flags no hang or missing worker for it."""
+        self.report({"kind": "pause", "reason": str(reason)[:64]})
+        try:
+            yield
+        finally:
+            self.report({"kind": "resume", "reason": str(reason)[:64]})
 
     def collective(self, kind: str, name: str, values: list, root: int = 0,
                    timeout: float = 600.0) -> tuple[list, int]:

@@ -68,7 +68,7 @@ class StallDoctor:
         self.detector.released(self.node.now())
 
     def reported(self, src: str, record) -> None:
-        """A member's report: a pause it announces (KVWorker.paused) or its end."""
+        """A member's report: a pause it announces (CoordinatorSession.paused) or its end."""
         if not isinstance(record, dict) or record.get("kind") not in ("pause", "resume"):
             return
         if record["kind"] == "pause":

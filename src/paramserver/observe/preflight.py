@@ -1,6 +1,6 @@
 """Preflight link probes: before the start barrier each worker measures its link to each shard.
 
-Pure: the worker's client (client/kv.py) does the I/O and hands `probe_link` a `roundtrip(n)`
+Pure: the worker's client (client/preflight.py) does the I/O and hands `probe_link` a `roundtrip(n)`
 that asks one shard for `n` bytes (the server op `probe`, a uint8 frame of zeros) and returns
 the seconds it took; the coordinator's core keeps the figures in a `PreflightBook`, whose
 document its node writes to RUN/preflight.json (schema in docs/metrics.md).

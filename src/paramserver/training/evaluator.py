@@ -31,7 +31,7 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None,
         kv.start()  # ready: the coordinator holds the start of training until now
         last = -float("inf")
         while True:
-            state = kv.status()
+            state = kv.session.status()
             final = bool(state["workers_done"])
             if not state["started"] or (not final and time.monotonic() - last < interval):
                 time.sleep(min(interval, 0.1))  # poll often: the final evaluation is prompt
@@ -43,7 +43,7 @@ def run_evaluator(join: str, interval: float = 1.0, keys=None,
                 accuracy, loss = evaluate(model, X, y)
             else:
                 accuracy, loss, auc = evaluate_sparse(
-                    model, X, ds.test.ids, y, lambda k: kv.pull_rows(table, k))
+                    model, X, ds.test.ids, y, lambda k: kv.rows.pull(table, k))
                 scores["auc"] = round(auc, 6)
             kv.report({"kind": "eval", "accuracy": round(accuracy, 6), "test_loss": round(loss, 6),
                        **scores, "samples": state["samples_done"], "version": kv.version,

@@ -28,13 +28,13 @@ class TableRows:
         self.kv, self.table = kv, table
 
     def start(self, keys: np.ndarray, min_version: int):
-        return self.kv.pull_rows_async(self.table, keys, min_version=min_version)
+        return self.kv.rows.pull_async(self.table, keys, min_version=min_version)
 
     def wait(self, request) -> np.ndarray:
         return self.kv.wait(request)
 
     def abandon(self, request) -> None:
-        self.kv.abandon(request)
+        self.kv.completion.abandon(request)
 
 
 @dataclass

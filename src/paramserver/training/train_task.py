@@ -206,7 +206,7 @@ class StepLoop:
             pull_bytes += self.rows.receive()
         t_b = time.perf_counter()
         loss = self.compute(release.batch_size)
-        self.kv.give_back(self.loan)
+        self.kv.completion.give_back(self.loan)
         self.loan = None
         real = time.perf_counter() - t_b
         compute, factor = self.pacer.stretch(release.step, time.monotonic() - self.t0,
@@ -290,12 +290,12 @@ class StepLoop:
                     self.kv.wait(ahead[1])
                     self.staging.params_from_host()
                     return self._pulled(ahead[1])
-                values, self.loan = self.kv.borrow(ahead[1])
+                values, self.loan = self.kv.completion.borrow(ahead[1])
                 point_params_at(self.model, self.keys, torch.from_numpy(values))
                 self.own_params = False
                 return self.nbytes
             if ahead is not None:  # the release asks for another version: ask again
-                self.kv.abandon(ahead[1])
+                self.kv.completion.abandon(ahead[1])
                 self.codec.abandoned()
             self._own_params()
             self.staging.before_host_write()

@@ -1,0 +1,138 @@
+"""Sparse tables from the client's side: rows pulled and pushed by key (`kv.rows`).
+
+A key's rows live on shard shard_of(key): the same on every client. A push's duplicate keys are
+sent as they are and summed by the shard's table (with the round's, in round mode); a pull asks
+for each distinct key once and copies its row to every place the key has in the request (Zipf
+batches repeat keys a lot: fewer bytes, less work on the shard).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.dense import push_fields
+from paramserver.client.requests import ShardRequests
+from paramserver.client.shard_map import ShardMap
+from paramserver.sparse.placement import shard_of
+from paramserver.spec.job import TableSpec
+from paramserver.wire import Message
+from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
+
+
+def as_keys(keys) -> np.ndarray:
+    """Row keys as int64 (hashed ids given as uint64 are viewed as int64, bit for bit); the
+    count is checked before anything is copied, so a batch far too big fails at once."""
+    if hasattr(keys, "detach"):  # torch tensor, without importing torch here
+        keys = keys.detach().cpu().numpy()
+    k = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
+    if k.size > MAX_KEYS_PER_REQUEST:
+        raise ValueError(f"{k.size} keys in one request; at most {MAX_KEYS_PER_REQUEST} "
+                         f"(split the batch)")
+    if k.dtype == np.uint64:
+        k = k.view(np.int64)
+    elif k.dtype != np.int64:
+        raise ValueError(f"row keys must be int64 (or uint64 hashed ids), got {k.dtype}")
+    return np.ascontiguousarray(k.reshape(-1))
+
+
+def _as_grads(grads, count: int, dim: int) -> np.ndarray:
+    if hasattr(grads, "detach"):
+        grads = grads.detach().cpu().numpy()
+    g = np.asarray(grads)
+    if g.dtype != np.float32:
+        raise ValueError(f"row gradients must be float32, got {g.dtype}")
+    if g.size != count * dim:
+        raise ValueError(f"{count} keys need gradients of shape ({count}, {dim}), got "
+                         f"{g.shape}")
+    return np.ascontiguousarray(g.reshape(count, dim))
+
+
+class RowTables:
+    """The job's sparse tables (by name) and the requests that read and update their rows.
+    Finish a handle with kv.wait; push_step sends a step's rows beside its dense values."""
+
+    def __init__(self, tables, core: WorkerCore, requests: ShardRequests, shard_map: ShardMap,
+                 wait):
+        self.specs: dict[str, TableSpec] = {t.name: t for t in tables}
+        self.core, self.requests, self.map = core, requests, shard_map
+        self._wait = wait  # the client's: follows a request refused `moved`
+
+    def spec(self, name: str) -> TableSpec:
+        spec = self.specs.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self.specs)) or "none"
+            raise ValueError(f"unknown table {name!r} (this job's tables: {known})")
+        return spec
+
+    def _by_shard(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(shard, positions in `keys`) for every shard, in shard order (maybe empty)."""
+        owner = shard_of(keys, len(self.map.shards))
+        order = np.argsort(owner, kind="stable")
+        cuts = np.searchsorted(owner[order], np.arange(1, len(self.map.shards))).tolist()
+        return list(enumerate(np.split(order, cuts)))
+
+    def pull_async(self, table: str, keys, min_version: int = 0) -> Handle:
+        """Ask for the rows of `keys` (int64, duplicates allowed); finish with wait()."""
+        self.map.before_request()
+        spec = self.spec(table)
+        k = as_keys(keys)
+        expand = None
+        if k.size > 1:
+            uniq, inverse = np.unique(k, return_inverse=True)
+            if uniq.size < k.size:
+                k, expand = uniq, inverse
+        handle = Handle("pull_rows", out=np.empty((k.size, spec.dim), dtype=np.float32),
+                        expand=expand)
+        for i, idx in self._by_shard(k):
+            if idx.size:
+                msg = Message("pull_rows", {"table": table, "min_version": min_version},
+                              [k[idx]])
+                handle.parts.append((i, self.requests.send(i, msg), idx))
+        # Refused `moved` (servers joined or left): asked again, placed by the new count.
+        handle.again = lambda: self.pull_async(table, keys, min_version)
+        if not handle.parts:
+            handle.done, handle.result = True, handle.out  # no keys
+        return handle
+
+    def pull(self, table: str, keys, min_version: int = 0) -> np.ndarray:
+        """Rows of `keys`, float32 (len(keys), dim), in the order of `keys`; a key without a
+        row yet reads as its initial row. Waits until the shards reach `min_version`."""
+        return self._wait(self.pull_async(table, keys, min_version))
+
+    def messages(self, table: str, keys, grads, fields: dict, every_shard: bool,
+                       parts: list[int] | None = None) -> list[tuple[int, int, slice]]:
+        """Send a push_rows per shard with keys (every shard with `every_shard`: in round mode
+        each shard counts the pusher's batch); `parts[i]`: the step's messages to shard i."""
+        spec = self.spec(table)
+        k = as_keys(keys)
+        g = _as_grads(grads, k.size, spec.dim)
+        sent = []
+        for i, idx in self._by_shard(k):
+            if not (idx.size or every_shard):
+                continue
+            f = {**fields, "table": table, "version": self.core.versions[i]}
+            if parts is not None:
+                f["parts"] = parts[i]
+            msg = Message("push_rows", f, [k[idx], g[idx].reshape(-1)])
+            sent.append((i, self.requests.send(i, msg), slice(0, 0)))
+        return sent
+
+    def push_async(self, table: str, keys, grads, *, step: int, batch: int,
+                        scale: float = 1.0, round_size: int = 0) -> Handle:
+        """Send gradients (float32, (len(keys), dim)) for rows of `table`; returns at once.
+        `round_size` (the release's): give it when these rows are all the step sends; a step
+        that also pushes dense values or other tables' rows in round mode uses push_step, or
+        the round may be applied before all of it is in."""
+        self.map.before_request()
+        handle = Handle("push")
+        handle.parts = self.messages(
+            table, keys, grads, push_fields(step, batch, scale, round_size),
+            every_shard=bool(round_size), parts=[1] * len(self.map.shards) if round_size else None)
+        return handle
+
+    def push(self, table: str, keys, grads, *, step: int, batch: int, scale: float = 1.0,
+                  round_size: int = 0) -> int:
+        """Blocking push_async; returns the largest staleness any shard saw."""
+        return self._wait(self.push_async(table, keys, grads, step=step, batch=batch,
+                                              scale=scale, round_size=round_size))
