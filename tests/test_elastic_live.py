@@ -14,6 +14,7 @@ import signal
 
 import pytest
 
+from paramserver.core.exits import Exit
 from paramserver.launch.jobs import prepare_job
 from paramserver.launch.local import LocalCluster
 from paramserver.runlog.metrics import read_records
@@ -58,7 +59,8 @@ def test_workers_join_and_one_is_preempted(tmp_path, sync):
 
     cluster.run(on_tick=on_tick)
     assert state["victim"] is not None, "the job ended before the preemption"
-    assert state["victim"].proc.returncode == 0  # it left cleanly, not killed
+    # It left cleanly, not killed, and says so: preempted, to be run again where that is due.
+    assert state["victim"].proc.returncode == Exit.PREEMPTED
     assert cluster.restarts == 0
 
     log = read_events(events)
@@ -131,6 +133,7 @@ def test_a_launched_scripts_elastic_job(tmp_path):
             state["victim"] = victim
 
     cluster.run(on_tick=on_tick)
+    # (A script's exit code is its own: it returned from its loop once opt.should_stop.)
     assert state["victim"] is not None and state["victim"].proc.returncode == 0
     log = read_events(events)
     assert [e["reason"] for e in log if e["event"] == "worker_left"].count("preempted") == 1

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from paramserver.core.exits import Exit
 from paramserver.runlog.metrics import read_records, summarize
 from paramserver.runlog.checkpoint import latest
 from paramserver.launch.local import LaunchError, LocalCluster
@@ -87,7 +88,7 @@ def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):
             kv.close()
         coord = cluster.children[0]
         coord.proc.wait(30)
-        assert coord.proc.returncode == 1 and "server s1" in coord.tail()
+        assert coord.proc.returncode == Exit.PEER_LOST and "server s1" in coord.tail()
         with pytest.raises(LaunchError, match="server .* died .*--restart-servers"):
             cluster.wait()
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.core.bounded import json_value
+from paramserver.core.exits import Exit, PeerLost, Refused
 
 # The transport (zmq) loads when a role starts, not for --help.
 
@@ -55,35 +56,42 @@ def _join(args) -> str:
         if address:
             return address
         if time.monotonic() > deadline:
-            raise SystemExit(f"paramserver {args.command}: no coordinator address in "
-                             f"{args.join_file} within {JOIN_FILE_WAIT:g} s")
+            raise PeerLost(f"no coordinator address in {args.join_file} within "
+                           f"{JOIN_FILE_WAIT:g} s")
         time.sleep(0.02)
 
 
 def _clear_errors(func):
-    """Bad keys, an unsafe bind or no address to advertise end the role with one line, not a
-    traceback. The role's process then ends at once (see _end_process)."""
+    """A role ends with a code of the exit table (core/exits.py) and, unless paramserver
+    itself failed, one line saying why, not a traceback: refused input (bad keys, an unsafe
+    bind, no address to advertise, a peer refusing this role) is REFUSED; a peer gone (a
+    silent coordinator, a server that answers no more) is PEER_LOST, which an orchestrator
+    may retry. The role's process then ends at once (see _end_process)."""
     @functools.wraps(func)
     def run(args) -> int:
+        from paramserver.net.rpc import RemoteError
         from paramserver.transport import security
         from paramserver.transport.addresses import AddressError
         try:
             code = func(args)
-        except (security.SecurityError, AddressError) as exc:
+        except (security.SecurityError, AddressError, Refused, RemoteError) as exc:
             print(f"paramserver {args.command}: {exc}", file=sys.stderr)
-            code = 2
-        except SystemExit as exc:  # a role that gave up on its peer says why
+            code = Exit.REFUSED
+        except (PeerLost, TimeoutError) as exc:  # (every wait on a peer is bounded)
+            print(f"paramserver {args.command}: {exc}", file=sys.stderr)
+            code = Exit.PEER_LOST
+        except SystemExit as exc:
             code = exc.code
             if not isinstance(code, int):
                 print(code, file=sys.stderr)
-                code = 1 if code is not None else 0
+                code = Exit.FAILED if code is not None else Exit.FINISHED
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
-            code = 130
+            code = Exit.INTERRUPTED
         except BaseException:
             traceback.print_exc()
-            code = 1
-        _end_process(code or 0)
+            code = Exit.FAILED
+        _end_process(int(code or 0))
     return run
 
 
@@ -111,7 +119,7 @@ def _run_coordinator(args) -> int:
             job = JobSpec.from_dict(json_value(f.read()))  # without a version: version 1
     except (OSError, json.JSONDecodeError, JobSpecError) as exc:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
-        return 2
+        return Exit.REFUSED
     from paramserver.transport import security
     keys = _keys(args, "coordinator")
     security.check_bind(args.bind, "tcp", keys)

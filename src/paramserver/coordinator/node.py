@@ -27,6 +27,7 @@ from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.bounded import json_value
+from paramserver.core.exits import Exit, Refused
 from paramserver.core.layout import ModelLayout
 from paramserver.spec.job import OptimizerSpec
 from paramserver.core.ratelimit import RefusalLog
@@ -198,8 +199,8 @@ class CoordinatorNode:
                     f.close()
         if self.failure is not None:
             print(f"paramserver coordinator: the job failed: {self.failure}", file=sys.stderr)
-            return 1
-        return 0
+            return Exit.PEER_LOST  # every failure is a peer missing: a resumed job may finish
+        return Exit.FINISHED
 
     def _serve_metrics(self):
         """The Prometheus endpoint of job.metrics_port, announced in the log and events.jsonl;
@@ -210,8 +211,8 @@ class CoordinatorNode:
         try:
             endpoint = MetricsEndpoint(self.exporter, self.metrics_host, self.metrics_port)
         except OSError as exc:  # a port taken: the job was asked to be seen, so it stops
-            raise SystemExit(f"paramserver coordinator: cannot serve metrics at "
-                             f"{self.metrics_host}:{self.metrics_port}: {exc}") from None
+            raise Refused(f"cannot serve metrics at {self.metrics_host}:{self.metrics_port}: "
+                          f"{exc}") from None
         log.info("metrics at %s", endpoint.url)
         self.record("metrics_endpoint", url=endpoint.url, port=endpoint.port)
         return endpoint

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from paramserver.core import exits
 from paramserver.launch import zygote
 from paramserver.launch.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
@@ -293,9 +294,10 @@ class LocalCluster:
         return next(c for c in reversed(self.children) if c.role == "coordinator")
 
     def _restart_coordinator(self, c: Child) -> bool:
-        """Restart a coordinator that died (killed, or crashed), not one that ended the job
-        (0) or failed it (1) or was given a bad job (2), while the budget lasts."""
-        if (c.replaced or c.proc.returncode in (0, 1, 2)
+        """Restart a coordinator that died without a word (killed), not one that ended with a
+        code of the exit table (finished, failed, refused its job, or failed the job for want
+        of peers), while the budget lasts."""
+        if (c.replaced or exits.own(c.proc.returncode)
                 or self.coordinator_restarts >= self.restart_coordinator):
             return False
         c.replaced = True
@@ -361,7 +363,7 @@ class LocalCluster:
         return self.barrier_opened
 
     def _failure_message(self, c: Child) -> str:
-        msg = f"{c.name} died with exit code {c.proc.returncode}"
+        msg = f"{c.name} died with {exits.describe(c.proc.returncode)}"
         if c.role == "worker":
             return (f"{before_start_message(c.index, c.proc.returncode)}; its last output:\n"
                     f"{c.tail()}")
@@ -393,9 +395,11 @@ class LocalCluster:
             raise LaunchError(self._failure_message(coord))
 
     def _replace_dead_workers(self) -> None:
-        """Start a new worker for each one that died, while the restart budget lasts."""
+        """Start a new worker for each one that died, while the restart budget lasts (one that
+        finished, or left preempted, did not: preempting it was someone's decision)."""
         for c in list(self.children):
-            if (c.role == "worker" and not c.replaced and c.proc.poll() not in (None, 0)
+            if (c.role == "worker" and not c.replaced
+                    and c.proc.poll() not in (None, exits.Exit.FINISHED, exits.Exit.PREEMPTED)
                     and self.restarts < self.restart_workers):
                 c.replaced = True
                 self.restarts += 1

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paramserver.core import exits
+from paramserver.launch.netlab import NetLab
 from paramserver.spec.job import JobSpec
 from paramserver.transport import security
 
@@ -117,7 +119,7 @@ def run_job(lab: NetLab, job: JobSpec | dict, run_dir: Path, timeout: float = 30
                 raise failure(f"the job did not finish within {timeout:g} s")
             time.sleep(0.1)
         if coord.returncode != 0:
-            raise failure(f"the coordinator exited with {coord.returncode}")
+            raise failure(f"the coordinator ended with {exits.describe(coord.returncode)}")
         grace = time.monotonic() + 15  # servers, workers and evaluator exit on their own
         for _, proc, _ in started:
             try:

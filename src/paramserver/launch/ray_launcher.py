@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paramserver.core import exits
 from paramserver.launch.local import LaunchError, _die_with_parent
 from paramserver.launch.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
@@ -325,7 +326,8 @@ class RayCluster:
             time.sleep(0.2)
         self._follow(ray)
         if code != 0:
-            raise LaunchError(f"coordinator exited with {code}:\n{ray.get(coord.tail.remote())}")
+            raise LaunchError(f"coordinator ended with {exits.describe(code)}:\n"
+                              f"{ray.get(coord.tail.remote())}")
         grace = time.monotonic() + 15  # servers and workers leave on their own
         while time.monotonic() < grace and any(
                 self._poll(ray, a) is None for _, role, a in self.actors[1:] if role != "worker"):

@@ -14,6 +14,7 @@ import torch
 import zmq
 
 from paramserver.compression import payload
+from paramserver.core.exits import Exit, PeerLost, Refused
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder, probe_answer
@@ -260,7 +261,9 @@ class ServerNode:
                                f"{self.register_timeout:.0f} s")
         _, msg, _ = rpc.recv(self.coord, routed=False)
         if msg is None or isinstance(msg, WireError) or msg.op != "welcome":
-            raise RuntimeError(f"coordinator refused registration: {getattr(msg, 'fields', msg)}")
+            why = msg.get("msg") if isinstance(msg, Message) else msg
+            raise Refused(f"server {self.src}: the coordinator at {self.join} refused its "
+                          f"registration: {why}")
         return msg
 
     def _build_core(self, welcome: Message, ctx: zmq.Context, hold) -> None:
@@ -343,7 +346,7 @@ class ServerNode:
                 self._build_core(self._register(addr), ctx, hold)
             except CheckpointError as exc:  # one clear line, not a traceback
                 log.error("server %s cannot start from its checkpoint: %s", self.src, exc)
-                raise SystemExit(f"server {self.src}: {exc}") from None
+                raise Refused(f"server {self.src}: {exc}") from None
             finally:
                 hold.release()
             st = self.core.store
@@ -370,7 +373,8 @@ class ServerNode:
         def term(signum, frame):
             self.sigterms += 1  # (the drain is asked from the loop: the sockets are its own)
             if self.sigterms > 1 or self.resharding.drained:
-                raise SystemExit(f"server {self.src}: terminated")
+                log.warning("server %s: terminated", self.src)
+                raise SystemExit(Exit.PREEMPTED)
 
         signal.signal(signal.SIGTERM, term)
 
@@ -442,7 +446,7 @@ class ServerNode:
         if silent > self.settings.coordinator_timeout:
             log.error("the coordinator at %s has been silent for %.1f s; exiting", self.join,
                       silent)
-            raise SystemExit(f"server {self.src}: the coordinator at {self.join} has been "
+            raise PeerLost(f"server {self.src}: the coordinator at {self.join} has been "
                              f"silent for {silent:.0f} s; exiting")
 
     def _drain(self, sock) -> None:
@@ -568,12 +572,12 @@ class ServerNode:
         not taken back; the launcher starts a new one)."""
         if msg.op == "welcome":
             if msg["rank"] != self.settings.rank:
-                raise SystemExit(f"server {self.src}: the restarted coordinator gave rank "
+                raise Refused(f"server {self.src}: the restarted coordinator gave rank "
                                  f"{msg['rank']}, this server holds shard {self.settings.rank}")
             log.info("server %s taken back by the restarted coordinator", self.src)
             return
         if msg.rid and msg.rid == self._rejoin_rid:
-            raise SystemExit(f"server {self.src}: the restarted coordinator at {self.join} "
+            raise Refused(f"server {self.src}: the restarted coordinator at {self.join} "
                              f"refused to take it back: {msg['msg']}")
         if msg.get("code") != "unknown":
             log.warning("coordinator reported: %s", msg["msg"])

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 
+from paramserver.core.exits import Exit
 from paramserver.training.tasks import load_task
 from paramserver.client.kv import KVWorker
 
@@ -26,4 +27,5 @@ def run_worker(join: str, result_dir: str | None = None, keys=None) -> int:
         with open(os.path.join(result_dir, f"worker-{kv.rank}.json"), "w") as f:
             json.dump(result, f)
     log.info("worker %d done: %s", kv.rank, result)
-    return 0
+    # A drained worker says so: an orchestrator runs it again and it rejoins (core/exits.py).
+    return Exit.PREEMPTED if kv.left == "preempted" else Exit.FINISHED
