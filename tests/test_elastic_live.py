@@ -111,7 +111,7 @@ def test_a_launched_scripts_elastic_job(tmp_path):
     import sys
     from pathlib import Path
 
-    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.jobs import script_job
     example = Path(__file__).resolve().parents[1] / "examples" / "train_my_model.py"
     # Long enough for the third copy (a fresh interpreter importing torch) to join before
     # the budget is spent on an idle machine; it is asked for early.

@@ -58,7 +58,7 @@ def _build():
 
 
 def test_state_dict_is_torchs_and_load_state_dict_goes_on_from_the_loaded_state(tmp_path):
-    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
 
@@ -145,7 +145,7 @@ def test_a_script_that_ignores_the_policys_batches_is_told_how_to_follow_them(tm
                                                                               warned):
     """LB-BSP gives the 4x slower worker a smaller batch: a script that never reads
     opt.batch_size is told once, in its log, how to follow it; one that reads it is not."""
-    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
 

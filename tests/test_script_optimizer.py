@@ -76,7 +76,7 @@ def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
     ("sgd", 3, 2)])
 def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_does(
         tmp_path, kind, workers, servers):
-    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
     script, out = tmp_path / "train.py", tmp_path / "final.json"
@@ -107,7 +107,7 @@ def test_every_server_optimizer_keeps_torchs_course_for_100_steps_of_3_workers(t
     """Every torch optimizer the servers run, 3 workers on 2 shards for 100 steps: the
     parameters stay torch's within float32 summation order carried that far (the fast twin
     above runs 25 steps of two of them)."""
-    from paramserver.cli.launch_cmd import script_job
+    from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
     script, out = tmp_path / "train.py", tmp_path / "final.json"

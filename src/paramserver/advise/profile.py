@@ -239,13 +239,11 @@ def profile_live(spec: LiveProfileSpec, quiet: bool = True) -> Profile:
 
 
 def _launch_script(spec: LiveProfileSpec) -> None:
+    from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LaunchError, LocalCluster
-    from paramserver.spec.job import JobSpec, OptimizerSpec, SyncSpec, TaskSpec
-    job = JobSpec(num_keys=0, dtype="float32", servers=spec.servers, workers=spec.workers,
-                  batch_size=spec.batch_size, sync=SyncSpec(spec.sync, {}),
-                  optimizer=OptimizerSpec("sgd", 0.1, {}), max_samples=None,
-                  max_seconds=spec.seconds, eval_interval=0.0,
-                  task=TaskSpec(name="external")).to_dict()
+    from paramserver.spec.config import TrainConfig
+    job = script_job(TrainConfig(sync=spec.sync, servers=spec.servers, workers=spec.workers,
+                                 batch_size=spec.batch_size, max_seconds=spec.seconds)).to_dict()
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "config.json").write_text(json.dumps({"config": {}, "job": job}, indent=2))
     try:

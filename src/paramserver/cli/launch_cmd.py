@@ -12,10 +12,8 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
-from paramserver.spec.job import (
-    CheckpointSpec, JobSpec, Limits, OptimizerSpec, ResumeSpec, SyncSpec, TaskSpec,
-    coordinator_timeout_for,
-)
+from paramserver.launch.jobs import script_job
+from paramserver.spec.job import JobSpec, Limits, ResumeSpec
 
 
 def build_job(args, run_dir: Path | None = None) -> dict:
@@ -40,38 +38,6 @@ def build_job(args, run_dir: Path | None = None) -> dict:
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
         preflight=getattr(args, "preflight", TrainConfig.preflight)), run_dir).to_dict()
-
-
-def script_job(cfg, run_dir: Path | None = None) -> JobSpec:
-    """The job of a user's script for `cfg` (a spec.config.TrainConfig: what launch, or one
-    cell of `compare -- CMD`, was given): the policy, the update rule, the workers and their
-    injected slowness, the budget (cfg.steps per worker at cfg.batch_size, cfg.max_seconds);
-    the key space comes from the first worker's model, and the script evaluates itself. With
-    a `run_dir`, the final parameters are saved into its checkpoints/ (see build_job)."""
-    from paramserver.optim import make_rule
-    from paramserver.policies import make_policy
-    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)  # fail now, not in a child
-    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
-    cfg.straggler.model.check_workers(cfg.workers)
-    return JobSpec(
-        num_keys=0, dtype=cfg.dtype, servers=cfg.servers, max_servers=cfg.max_servers,
-        workers=cfg.workers,
-        min_workers=cfg.min_workers, batch_rule=cfg.batch_rule,
-        batch_size=cfg.batch_size, sync=SyncSpec(cfg.sync, dict(cfg.sync_options)),
-        optimizer=OptimizerSpec(cfg.optimizer, cfg.lr, dict(cfg.optimizer_options)),
-        max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
-        max_seconds=cfg.max_seconds, eval_interval=0.0, replicas=cfg.replicas,
-        checkpoint=None if run_dir is None else CheckpointSpec(
-            str(Path(run_dir).resolve() / "checkpoints")),
-        # The script's DistributedOptimizer reads the injected slowness from its welcome.
-        task=TaskSpec(name="external", straggler=str(cfg.straggler),
-                      device_time=cfg.device_time.text(), seed=cfg.seed),
-        limits=Limits(heartbeat_timeout=cfg.heartbeat_timeout, heartbeat_interval=0.5,
-                      coordinator_timeout=coordinator_timeout_for(cfg.restart_coordinator),
-                      max_message_bytes=cfg.max_message_bytes,
-                      stall_timeout=cfg.stall_timeout),
-        metrics_port=cfg.metrics_port, metrics_host=cfg.metrics_host, preflight=cfg.preflight,
-    )
 
 
 # TrainConfig fields of the built-in task that a script's job never reads: left out of a
@@ -333,8 +299,10 @@ def register(sub) -> None:
                    help="emulated device time per sample, e.g. 2ms (default off)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="float32 (default) or float64")
-    p.add_argument("--heartbeat-timeout", type=flag.positive_seconds, default=10.0,
-                   help="seconds of silence before a worker is declared dead (default 10)")
+    p.add_argument("--heartbeat-timeout", type=flag.positive_seconds,
+                   default=Limits.heartbeat_timeout,
+                   help=f"seconds of silence before a worker is declared dead (default "
+                        f"{Limits.heartbeat_timeout:g}, as train's)")
     p.add_argument("--stall-timeout", type=flag.positive_seconds,
                    help="seconds without a completed step after which the coordinator writes "
                         "RUN/stall-N.txt (see `paramserver doctor`) (default: 10 x the median "

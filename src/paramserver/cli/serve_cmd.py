@@ -3,38 +3,38 @@ for your own KVWorker clients; prints the address to join and runs until the job
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli.launch_cmd import add_policy_args
-from paramserver.spec.job import JobSpec, Limits, OptimizerSpec, SyncSpec, TaskSpec
+from paramserver.spec.job import JobSpec
 
 DEFAULT_PORT = 5555  # the README's KV example joins tcp://127.0.0.1:5555
 
 
 def build_job(args) -> JobSpec:
-    from paramserver.optim import make_rule
-    from paramserver.policies import make_policy
+    """The job `serve` runs: a script's job (launch/jobs.py script_job, the one builder and
+    its defaults) over --num-keys keys, with serve's longer start barrier (processes started
+    by hand take their time)."""
+    import dataclasses
+
+    from paramserver.launch.jobs import script_job
+    from paramserver.spec.config import TrainConfig
     if args.num_keys < 1:
         raise ValueError(f"--num-keys must be at least 1, not {args.num_keys}")
     servers = getattr(args.servers, "min", args.servers)
     if args.workers < 1 or servers < 1:
         raise ValueError("--workers and --servers must be at least 1")
-    sync_opts, opt_opts = flag.options(args.sync_opt), flag.options(args.optimizer_opt)
-    make_policy(args.sync, args.batch_size, **sync_opts)  # fail now, not in a child
-    make_rule(args.optimizer, args.lr, **opt_opts)
-    return JobSpec(
-        num_keys=args.num_keys, dtype=args.dtype, servers=servers,
-        max_servers=getattr(args.servers, "max", 0), workers=args.workers,
-        batch_size=args.batch_size, sync=SyncSpec(args.sync, sync_opts),
-        optimizer=OptimizerSpec(args.optimizer, args.lr, opt_opts),
-        max_samples=args.steps * args.batch_size * args.workers if args.steps else None,
-        max_seconds=args.max_seconds, eval_interval=0.0, task=TaskSpec(name="external"),
-        replicas=args.replicas,
-        limits=Limits(start_timeout=args.start_timeout))
+    job = script_job(TrainConfig(
+        sync=args.sync, sync_options=flag.options(args.sync_opt), workers=args.workers,
+        servers=servers, max_servers=getattr(args.servers, "max", 0),
+        batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+        optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
+        max_seconds=args.max_seconds, dtype=args.dtype, replicas=args.replicas))
+    return dataclasses.replace(job, num_keys=args.num_keys, limits=dataclasses.replace(
+        job.limits, start_timeout=args.start_timeout))
 
 
 def _run(args) -> int:

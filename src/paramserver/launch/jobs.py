@@ -12,7 +12,7 @@ from pathlib import Path
 from paramserver.core.keyspace import AUTO_SERVERS
 from paramserver.spec.config import TrainConfig
 from paramserver.spec.run_job import RunJob
-from paramserver.spec.job import JobSpec, ResumeSpec
+from paramserver.spec.job import CheckpointSpec, JobSpec, ResumeSpec, TaskSpec
 
 
 def prepare_spec(cfg: TrainConfig) -> JobSpec:
@@ -58,6 +58,28 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
                          f"{chosen[0]} yet")
     edges = tuple(layer.keys.lo for layer in keys.layers[1:])
     return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
+
+
+def script_job(cfg: TrainConfig, run_dir: Path | None = None) -> JobSpec:
+    """The job of a user's script for `cfg` (what launch, serve, `compare -- CMD` or advise's
+    profiling run was given): the same builder and defaults as a built-in task's job
+    (JobSpec.from_config), with what a script's job has instead: the script is the task (it
+    evaluates itself, so no evaluator), the key space comes from the first worker's model, the
+    budget is cfg.steps per worker (else none), and with a `run_dir` the final parameters are
+    saved into its checkpoints/ when the last worker has left."""
+    from paramserver.optim import make_rule
+    from paramserver.policies import make_policy
+    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)  # fail now, not in a child
+    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
+    cfg.straggler.model.check_workers(cfg.workers)
+    return dataclasses.replace(
+        JobSpec.from_config(cfg, 0, 0), eval_interval=0.0,
+        max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
+        checkpoint=None if run_dir is None else CheckpointSpec(
+            str(Path(run_dir).resolve() / "checkpoints")),
+        # The script's DistributedOptimizer reads the injected slowness from its welcome.
+        task=TaskSpec(name="external", straggler=str(cfg.straggler),
+                      device_time=cfg.device_time.text(), seed=cfg.seed))
 
 
 def resolve_servers(cfg: TrainConfig) -> TrainConfig:
