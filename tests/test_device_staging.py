@@ -155,7 +155,7 @@ def test_device_names_resolve_and_cuda_without_cuda_is_refused(capsys, tmp_path)
 
 
 def test_the_task_carries_its_device():
-    assert "device" not in JobSpec().to_dict()["task"]  # cpu: job files read as before
+    assert JobSpec().to_dict()["task"]["device"] == "cpu"
     spec = JobSpec(task=TaskSpec(device="cuda:1"))
     assert JobSpec.from_dict(spec.to_dict()).task.device == "cuda:1"
     with pytest.raises(JobSpecError, match="task.device"):

@@ -371,7 +371,7 @@ def test_worker_count_and_the_job_fields():
     job = elastic_job(rule="keep-global")
     assert JobSpec.from_dict(job.to_dict()) == job
     fixed = JobSpec(workers=3)
-    assert "min_workers" not in fixed.to_dict() and "batch_rule" not in fixed.to_dict()
+    assert (fixed.to_dict()["min_workers"], fixed.to_dict()["batch_rule"]) == (0, "fixed")
     with pytest.raises(JobSpecError, match="batch_rule"):
         JobSpec(workers=3, batch_rule="linear")
     with pytest.raises(JobSpecError, match="min_workers"):

@@ -17,7 +17,7 @@ from paramserver.emulation.links import LinkSpec, LinkTable, parse_link
 from paramserver.spec.config import TrainConfig
 from paramserver.spec.job import (
     JOB_VERSION, CheckpointSpec, JobSpec, JobSpecError, Limits, OptimizerSpec, ResumeSpec,
-    SyncSpec, TaskSpec, check_version,
+    SyncSpec, TaskSpec, check_version, migrate_v1,
 )
 
 
@@ -48,8 +48,9 @@ def test_the_default_config_makes_the_default_job():
 
 
 def test_limits_written_out_are_the_defaults_role_code_used():
-    d = JobSpec().to_dict()
-    assert d["version"] == JOB_VERSION
+    job = JobSpec().to_dict()
+    d = job["limits"]
+    assert job["version"] == JOB_VERSION == 2
     assert (d["coordinator_timeout"], d["start_timeout"], d["start_grace"], d["restart_timeout"],
             d["observer_grace"], d["retry_interval"]) == (7.5, 120.0, 30.0, 120.0, 30.0, 3.0)
     assert d["heartbeat_interval"] == 1.0 and d["server_timeout"] == 30.0
@@ -60,23 +61,22 @@ def test_limits_written_out_are_the_defaults_role_code_used():
     # restarted on death: then they wait for the new one to take them back.
     assert fast.coordinator_timeout == 3.0
     assert Limits(coordinator_timeout=9.0).coordinator_timeout == 9.0
-    assert TrainConfig().to_job(10, 100)["coordinator_timeout"] == 7.5
-    assert TrainConfig(restart_coordinator=1).to_job(10, 100)["coordinator_timeout"] == 30.0
+    assert TrainConfig().to_job(10, 100)["limits"]["coordinator_timeout"] == 7.5
+    assert TrainConfig(restart_coordinator=1).to_job(10, 100)["limits"][
+        "coordinator_timeout"] == 30.0
 
 
 def test_to_job_keeps_the_keys_and_nesting_roles_read():
     job = TrainConfig(workers=2, links=["100mbit"], checkpoint_dir="/c",
                       checkpoint_every=2).to_job(10, 100)
-    for key in ("num_keys", "dtype", "servers", "workers", "batch_size", "max_samples",
-                "max_seconds", "heartbeat_interval", "heartbeat_timeout", "eval_interval",
-                "restart_servers", "links", "checkpoint", "task"):
-        assert key in job
+    assert set(job) == {f.name for f in dataclasses.fields(JobSpec)}  # every field written
+    assert set(job["limits"]) == {f.name for f in dataclasses.fields(Limits)}
     assert job["sync"] == {"name": "bsp", "options": {}}
     assert job["optimizer"] == {"name": "sgd", "lr": 0.1, "options": {}}
     assert job["links"] == {"w": {"*": "100mbit"}, "s": {}}
     assert job["checkpoint"] == {"dir": "/c", "every": 2, "seconds": None}
     assert job["task"]["straggler"] == "none" and job["task"]["device_time"] == "off"
-    assert "resume" not in job
+    assert job["resume"] is None
     json.dumps(job)  # the job file is JSON
 
 
@@ -91,14 +91,59 @@ def test_round_trip_through_the_dict_and_json():
     assert spec.workers == 3
 
 
-def test_task_fields_added_since_version_1_are_written_only_when_set():
-    """A job that uses none of them writes the task an older reader takes; one that does
-    writes them and reads them back."""
-    added = {"device", "pull_compress", "pull_refresh"}
-    assert not added & set(JobSpec().to_dict()["task"])
+def test_version_2_writes_every_field_and_its_task_whole():
+    """No field is left out at its default any more: a reader sees the job as the roles do."""
+    d = JobSpec().to_dict()
+    assert {"device", "pull_compress", "pull_refresh", "amp"} <= set(d["task"])
+    assert d["replicas"] == 1 and d["tables"] == [] and d["min_workers"] == 0
     task = TaskSpec(device="cuda", pull_compress="bf16", pull_refresh=5)
-    d = JobSpec(task=task).to_dict()
-    assert added <= set(d["task"]) and JobSpec.from_dict(d).task == task
+    assert JobSpec.from_dict(JobSpec(task=task).to_dict()).task == task
+
+
+def v1_form(spec: JobSpec) -> dict:
+    """`spec` as version 1 wrote it: limits flat at the top level, fields added since
+    version 1 left out at their defaults (the code that wrote job files until version 2)."""
+    d = spec.to_dict()
+    del d["version"]
+    d.update(d.pop("limits"))
+    if d["stall_timeout"] is None:
+        del d["stall_timeout"]
+    for key, default in (("device", "cpu"), ("pull_compress", "none"),
+                         ("pull_refresh", TaskSpec.pull_refresh), ("amp", "off")):
+        if d["task"][key] == default:
+            del d["task"][key]
+    for key, default in (("resume", None), ("tables", []), ("layer_edges", []),
+                         ("replicas", 1), ("metrics_port", None),
+                         ("metrics_host", "127.0.0.1"), ("preflight", True),
+                         ("min_workers", 0), ("batch_rule", "fixed"), ("max_servers", 0)):
+        if d[key] == default:
+            del d[key]
+    return {"version": 1, **d}
+
+
+@pytest.mark.parametrize("spec", [JobSpec(), "full"])
+def test_a_version_1_job_reads_as_the_job_it_described(spec):
+    spec = full_spec() if spec == "full" else spec
+    old = v1_form(spec)
+    assert "heartbeat_timeout" in old and "limits" not in old
+    assert JobSpec.from_dict(old) == spec
+    migrated = migrate_v1(old)
+    assert migrated["version"] == 2 and migrated["limits"]["heartbeat_timeout"] == \
+        spec.limits.heartbeat_timeout
+    assert JobSpec.from_dict(migrated) == spec
+
+
+def test_a_hand_written_version_1_job_keeps_its_meaning_and_version_2_takes_defaults():
+    old = {"num_keys": 8, "workers": 2, "heartbeat_timeout": 2.0}  # no version: version 1
+    spec = JobSpec.from_dict(old)
+    assert spec.eval_interval == 0.0 and spec.task.name == "demo"  # what version 1 meant
+    assert spec.limits.heartbeat_timeout == 2.0 and spec.limits.heartbeat_interval == 0.5
+    new = JobSpec.from_dict({"version": 2, "num_keys": 8, "limits": {"heartbeat_timeout": 2.0}})
+    assert new.eval_interval == JobSpec.eval_interval and new.task == TaskSpec()
+    with pytest.raises(JobSpecError, match="unknown job field.*heartbeat_timeout"):
+        JobSpec.from_dict({"version": 2, "heartbeat_timeout": 2.0})  # flat: version 1's
+    with pytest.raises(JobSpecError, match="'limits' is version 2's"):
+        JobSpec.from_dict({"version": 1, "limits": {}})
 
 
 def test_the_spec_is_frozen():
@@ -123,11 +168,14 @@ def test_an_unknown_field_is_refused_by_name(where, field):
 
 def test_a_foreign_version_is_refused_and_a_missing_one_is_version_1():
     d = full_spec().to_dict()
-    with pytest.raises(JobSpecError, match="version 2 is not supported"):
-        JobSpec.from_dict({**d, "version": 2})
+    with pytest.raises(JobSpecError, match="version 3 is not supported"):
+        JobSpec.from_dict({**d, "version": 3})
+    with pytest.raises(JobSpecError, match="version True is not supported"):
+        JobSpec.from_dict({**d, "version": True})
     with pytest.raises(JobSpecError, match="version"):
         check_version({"version": "1"})
-    old = {k: v for k, v in d.items() if k != "version"}  # a job file from before versions
+    old = v1_form(full_spec())
+    del old["version"]  # a job file from before versions
     assert check_version(old) == 1 and JobSpec.from_dict(old) == full_spec()
 
 
@@ -373,6 +421,7 @@ def test_bad_welcome_values_are_refused_by_name():
 def test_a_worker_job_from_a_job_file_without_a_version_reads_as_version_1():
     d = worker_job().to_dict()
     del d["version"]
+    d.update(d.pop("limits"))  # as version 1 wrote it: the limits at the top level
     assert WorkerJob.from_dict(d) == worker_job()
 
 

@@ -145,7 +145,7 @@ def test_servers_min_max_in_the_job():
             ServerCount.parse(bad)
     job = JobSpec(servers=2, max_servers=3)
     assert job.elastic_servers and JobSpec.from_dict(job.to_dict()) == job
-    assert "max_servers" not in JobSpec().to_dict()
+    assert JobSpec().to_dict()["max_servers"] == 0  # written out: a fixed server count
     with pytest.raises(JobSpecError, match="max_servers"):
         JobSpec(servers=2, max_servers=2)
     assert JobSpec(servers=2, max_servers=3, replicas=2).replicas == 2  # backups follow

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
-from paramserver.spec.job import JOB_VERSION
+from paramserver.spec.job import JobSpec, OptimizerSpec, SyncSpec, TaskSpec
 
 
 def _run(args) -> int:
@@ -20,11 +20,9 @@ def _run(args) -> int:
         return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-demo-{args.sync}")
     # The demo task (constant gradients for `steps`) takes its step count as a task option.
-    job = {"version": JOB_VERSION, "num_keys": args.keys, "dtype": "float32",
-           "servers": args.servers,
-           "workers": args.workers, "batch_size": 1, "sync": {"name": args.sync},
-           "optimizer": {"name": "sgd", "lr": 1.0},
-           "task": {"name": "demo", "options": {"steps": args.steps}}}
+    job = JobSpec(num_keys=args.keys, servers=args.servers, workers=args.workers,
+                  batch_size=1, sync=SyncSpec(args.sync), optimizer=OptimizerSpec("sgd", 1.0),
+                  eval_interval=0.0, task=TaskSpec(name="demo", options={"steps": args.steps}))
     cluster = LocalCluster(job, run_dir, job_timeout=args.timeout)
     t0 = time.perf_counter()
     try:

@@ -2,10 +2,13 @@
 
 `JobSpec` is a tree of frozen dataclasses; each default lives here and nowhere else, and
 `__post_init__` checks values (never the host: no files, devices or registries), naming the
-field. `to_dict()` is the JSON form in the job file and the `welcome` message: the same keys
-and nesting role code reads, with `version` and every limit written out. `from_dict()` refuses
-unknown fields and a foreign version; a dict without `version` (a job file written before
-versions existed) is read as version 1, the format it has.
+field. `to_dict()` is the JSON form in the job file and the `welcome` message, version 2: every
+field written out, each part nested as the spec nests it (the limits under "limits").
+`from_dict()` refuses unknown fields and a foreign version; a field left out takes its default.
+Version 1 (the limits flat at the top level, fields added since left out at their defaults, a
+left-out eval_interval or task meaning no evaluator and the demo task) is read through
+`migrate_v1`, and a dict without `version` (a job file written before versions existed) is
+version 1, the format it has.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any, Mapping
 
 from paramserver.emulation.links import LinkTable
 
-JOB_VERSION = 1
+JOB_VERSION = 2
+READ_VERSIONS = (1, 2)  # what from_dict takes: version 1 through migrate_v1
 DTYPES = ("float32", "float64")
 SCHEDULES = ("off", "fifo", "lifo", "stalest")
 DEVICES = ("cpu", "cuda", "auto")  # and cuda:N; auto: cuda where the worker sees one
@@ -342,9 +346,9 @@ def start_timeout_for(num_keys: int, dtype: str) -> float:
     flat buffer and pushes it to the shards as their initial values before it starts)."""
     nbytes = num_keys * (8 if dtype == "float64" else 4)
     return Limits.start_timeout + START_SECONDS_PER_GB * (nbytes // 10**9)
-# A job dict written by hand (a test's, the demo's) may leave these out; they then mean what
-# the roles always read them as, which is not the default of a job built from a config.
-_DICT_ABSENT = {"eval_interval": 0.0,  # no evaluator process
+# A version-1 job dict written by hand (a test's, the demo's) may leave these out; they then
+# mean what the roles always read them as, which is not the default of a job built from a config.
+_V1_ABSENT = {"eval_interval": 0.0,  # no evaluator process
                 "task": {"name": "demo"}}  # workers run the demo task (constant gradients)
 
 
@@ -475,9 +479,8 @@ class JobSpec:
         if not isinstance(edges, (list, tuple)) or not all(_is_int(e) and e >= 0 for e in edges):
             _fail("layer_edges", edges, "a list of key offsets")
         object.__setattr__(self, "layer_edges", tuple(edges))
-        if self.version != JOB_VERSION:
-            raise JobSpecError(f"job version {self.version!r} is not supported: this "
-                               f"paramserver reads version {JOB_VERSION}")
+        if self.version != JOB_VERSION:  # (from_dict migrates older ones first)
+            raise JobSpecError(f"a JobSpec is version {JOB_VERSION}, not {self.version!r}")
         _int("num_keys", self.num_keys, 0)
         if self.dtype not in DTYPES:
             _fail("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
@@ -586,57 +589,33 @@ class JobSpec:
 
     # --- the dict form ----------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """The job file's JSON object (a fresh dict: launchers may still add to it)."""
-        out = {"version": self.version, "num_keys": self.num_keys, "dtype": self.dtype,
-               "servers": self.servers, "workers": self.workers, "batch_size": self.batch_size,
-               "sync": _plain(self.sync), "optimizer": _plain(self.optimizer),
-               "max_samples": self.max_samples, "max_seconds": self.max_seconds,
-               **_plain(self.limits), "eval_interval": self.eval_interval,
-               "restart_servers": self.restart_servers, "server_threads": self.server_threads,
-               "links": self.links.to_dict(),
-               "checkpoint": None if self.checkpoint is None else _plain(self.checkpoint),
-               "task": _plain(self.task)}
-        # Fields added since version 1 are left out at their defaults, so the job files of
-        # jobs that do not use them read as before (an older coordinator or tool takes them).
-        for key, default in (("device", "cpu"), ("pull_compress", "none"),
-                             ("pull_refresh", TaskSpec.pull_refresh), ("amp", "off")):
-            if out["task"][key] == default:
-                del out["task"][key]
-        if self.limits.stall_timeout is None:  # (derived: left out, as the task's above)
-            del out["stall_timeout"]
-        if self.resume is not None:
-            out["resume"] = _plain(self.resume)
-        if self.tables:  # (left out when empty: job files of dense jobs read as before)
-            out["tables"] = [_plain(t) for t in self.tables]
-        if self.layer_edges:
-            out["layer_edges"] = list(self.layer_edges)
-        if self.replicas != 1:
-            out["replicas"] = self.replicas
-        for key, default in (("metrics_port", None), ("metrics_host", "127.0.0.1"),
-                             ("preflight", True)):  # left out at defaults, as above
-            if getattr(self, key) != default:
-                out[key] = getattr(self, key)
-        if self.min_workers:  # (left out unless elastic: fixed jobs' files read as before)
-            out["min_workers"] = self.min_workers
-        if self.batch_rule != "fixed":
-            out["batch_rule"] = self.batch_rule
-        if self.max_servers:
-            out["max_servers"] = self.max_servers
+        """The job file's JSON object, version 2: every field, each part nested as here (a
+        fresh dict: launchers may still add to it)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, LinkTable):
+                value = value.to_dict()
+            elif f.name == "tables":
+                value = [_plain(t) for t in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif value is not None and hasattr(value, "__dataclass_fields__"):
+                value = _plain(value)
+            out[f.name] = value
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "JobSpec":
-        """A job dict back into a spec; unknown fields and a foreign version are refused. A
-        field left out takes its default, except those of _DICT_ABSENT (no eval_interval: no
-        evaluator; no task: the demo task), which a job dict written by hand always meant."""
+        """A job dict back into a spec; unknown fields and a foreign version are refused, a
+        field left out takes its default, and a version-1 dict is migrated first."""
         if not isinstance(data, Mapping):
             raise JobSpecError(f"a job is a JSON object, got {type(data).__name__}")
-        d = {**_DICT_ABSENT, **data}
-        d["version"] = check_version(d)
-        limits = {k: d.pop(k) for k in _LIMIT_KEYS if k in d}
+        d = dict(migrate_v1(data) if check_version(data) == 1 else data)
+        d["version"] = JOB_VERSION
         nested = {"sync": SyncSpec, "optimizer": OptimizerSpec, "task": TaskSpec,
-                  "checkpoint": CheckpointSpec, "resume": ResumeSpec}
-        known = {f.name for f in fields(cls)} - {"limits"}
+                  "checkpoint": CheckpointSpec, "resume": ResumeSpec, "limits": Limits}
+        known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise JobSpecError(f"unknown job field(s) {', '.join(map(repr, unknown))}")
@@ -648,15 +627,29 @@ class JobSpec:
                 d["links"] = LinkTable.from_dict(d["links"])
             except ValueError as exc:
                 raise JobSpecError(f"job field 'links': {exc}") from None
-        return cls(**d, limits=_part(Limits, "limits", limits))
+        return cls(**d)
+
+
+def migrate_v1(data: Mapping) -> dict:
+    """A version-1 job dict as version 2. Version 1 wrote the limits flat at the top level, and
+    a hand-written version-1 dict (a test's, the demo's) that left out eval_interval or task
+    meant no evaluator and the demo task, which version 2 writes out; fields version 1 left out
+    at their defaults stay out (version 2 reads those as their defaults too)."""
+    if "limits" in data:
+        raise JobSpecError("job field 'limits' is version 2's: a version-1 job writes its "
+                           "limits at the top level (give \"version\": 2)")
+    d = {**_V1_ABSENT, **data, "version": 2}
+    d["limits"] = {k: d.pop(k) for k in _LIMIT_KEYS if k in d}
+    return d
 
 
 def check_version(data: Mapping) -> int:
     """The version of a job dict: missing is version 1 (files written before versions)."""
-    version = data.get("version", JOB_VERSION)
-    if version != JOB_VERSION:
+    version = data.get("version", 1)
+    if isinstance(version, bool) or version not in READ_VERSIONS:
         raise JobSpecError(f"job version {version!r} is not supported: this paramserver reads "
-                           f"version {JOB_VERSION} (was the job written by another release?)")
+                           f"versions {', '.join(map(str, READ_VERSIONS))} (was the job "
+                           f"written by another release?)")
     return version
 
 

@@ -10,7 +10,7 @@ stays in spec/job.py: these slices copy values out of a JobSpec, they add none o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, Mapping
 
 from paramserver.core.keyspace import KeyRange
@@ -185,16 +185,15 @@ class ServerJob:
     def from_dict(cls, data: Any) -> "ServerJob":
         d = _fields_of(cls, data, "server job")
         what = "server job"
-        optional = ("restore", "tables", "servers", "initial_checkpoint_dir",
-                    "max_message_bytes", "max_pending_pulls", "max_unacked_pushes",
-                    "max_servers", "chunk_bytes")
-        args = {f.name: _required(d, f.name, what) for f in fields(cls) if f.name not in optional}
+        # Fields with a default may be left out (a welcome from before they existed): the
+        # default then holds; the others are required.
+        args = {f.name: _required(d, f.name, what) for f in fields(cls)
+                if f.default is MISSING and f.default_factory is MISSING}
+        args.update({f.name: d.pop(f.name) for f in fields(cls) if f.name in d})
         args["optimizer"] = _part(OptimizerSpec, "optimizer", args["optimizer"])
-        restore = d.pop("restore", None)
-        return cls(**args, restore=None if restore is None else ShardRestore.from_dict(restore),
-                   tables=d.pop("tables", ()), servers=d.pop("servers", 1),
-                   initial_checkpoint_dir=d.pop("initial_checkpoint_dir", None),
-                   **{k: d.pop(k) for k in optional[4:] if k in d})
+        if args.get("restore") is not None:
+            args["restore"] = ShardRestore.from_dict(args["restore"])
+        return cls(**args)
 
 
 @dataclass(frozen=True)
