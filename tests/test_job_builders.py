@@ -50,3 +50,39 @@ def test_a_flag_reaches_the_job_alike_through_train_and_launch():
                                      batch_size=16, workers=3))
     assert shared(launch) == shared(train)
     assert launch.limits.heartbeat_timeout == 7.0 and launch.sync.options == {"staleness": 3}
+
+
+def test_train_writes_the_job_it_would_run_and_starts_nothing(tmp_path):
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / "job.json"
+    argv = ["train", "--workers", "2", "--epochs", "1", "--eval-interval", "0",
+            "--write-job", str(path)]
+    done = subprocess.run([sys.executable, "-m", "paramserver", *argv],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {path}" in done.stdout and not (tmp_path / "runs").exists()
+    written = JobSpec.from_dict(json.loads(path.read_text()))
+    assert written == prepare_spec(TrainConfig(workers=2, epochs=1.0, eval_interval=0.0))
+    bad = subprocess.run([sys.executable, "-m", "paramserver", *argv[:-1],
+                          str(tmp_path / "missing" / "job.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cannot write the job file" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_the_cluster_examples_write_their_job_with_a_command_that_parses():
+    """The job-file line the Kubernetes and Slurm examples tell a user to run."""
+    import shlex
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "examples"
+    for example in (root / "kubernetes" / "paramserver.yaml",
+                    root / "slurm" / "paramserver.sbatch"):
+        lines = [line.lstrip("# ").strip() for line in example.read_text().splitlines()
+                 if "--write-job" in line]
+        assert lines, f"{example.name} says how to write its job file"
+        argv = shlex.split(lines[0])
+        assert argv[:2] == ["paramserver", "train"]
+        args = parsed(*argv[1:])
+        assert args.write_job and args.eval_interval == 0  # no evaluator in these examples

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
-from paramserver.cli.args import parse_options  # noqa: F401  (kept for callers of this module)
 from paramserver.core.keyspace import AUTO_SERVERS_HELP
 from paramserver.emulation.device_time import DEVICE_TIME_HELP
 from paramserver.emulation.links import HELP as LINK_HELP
@@ -340,6 +339,8 @@ def _run(args) -> int:
             cfg, run_dir, resume = resume_plan(args, args.parser_defaults)
         else:
             cfg = config_from_args(args, args.sync)
+            if args.write_job:
+                return _write_job(cfg, Path(args.write_job))
             run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.sync}")
             if cfg.checkpoint_dir is None and (cfg.checkpoint_every or cfg.checkpoint_seconds):
                 cfg.checkpoint_dir = str(run_dir / "checkpoints")
@@ -359,14 +360,29 @@ def _run(args) -> int:
     return 0
 
 
+def _write_job(cfg: TrainConfig, path: Path) -> int:
+    """The job of `cfg`, checked as a run checks it, written as the coordinator reads it."""
+    from paramserver.launch.jobs import prepare_job
+    job = prepare_job(cfg)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(job, indent=2) + "\n")
+        tmp.replace(path)  # a scheduler polling for the file never reads half of it
+    except OSError as exc:
+        raise ValueError(f"cannot write the job file {path}: {exc.strerror or exc}") from None
+    print(f"wrote {path}: {cfg.workers} workers, {job['servers']} server(s), sync {cfg.sync}, "
+          f"{job['num_keys']} keys")
+    return 0
+
+
 def _launcher(args) -> dict:
     if args.launcher == "local":
         return {"name": "local"}
     # Not wired through Ray yet: refuse rather than silently run without them.
-    for flag, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume),
+    for name, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume),
                        ("--restart-coordinator", args.restart_coordinator)):
         if used:
-            raise ValueError(f"{flag} is not supported with --launcher ray yet; "
+            raise ValueError(f"{name} is not supported with --launcher ray yet; "
                              f"use the local launcher for it")
     return {"name": "ray", "address": args.address,
             "resources": {"worker_cpus": args.ray_worker_cpus, "worker_gpus": args.ray_worker_gpus,
@@ -412,6 +428,11 @@ def register(sub) -> None:
                                "(an unusable one is named and the previous kept one used; its "
                                "saved settings; --epochs/--steps/--max-seconds given here "
                                "extend the budget)")
+    g["run"].add_argument("--write-job", metavar="FILE",
+                          help="write the job file this command would run to FILE and exit, "
+                               "starting nothing: for roles started by hand or by a cluster's "
+                               "scheduler (`paramserver coordinator --job FILE`; "
+                               "docs/multihost.md)")
     g["run"].add_argument("--quiet", action="store_true", help="no progress bar")
     g["run"].add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
                           help="give up if the job has not finished after this many seconds")
