@@ -45,8 +45,8 @@ def _job(folder: Path, workers: int, beat: float, timeout: float) -> Path:
     from paramserver.spec.config import TrainConfig
     job = prepare_job(TrainConfig(workers=workers, servers=1, sync="asp", eval_interval=0,
                                   max_seconds=600.0, batch_size=8))
-    job.update({"heartbeat_interval": beat, "heartbeat_timeout": timeout,
-                "coordinator_timeout": timeout})
+    job["limits"].update({"heartbeat_interval": beat, "heartbeat_timeout": timeout,
+                          "coordinator_timeout": timeout})
     path = folder / "job.json"
     path.write_text(json.dumps(job))
     return path

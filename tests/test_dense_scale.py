@@ -313,7 +313,7 @@ def test_a_job_carries_its_layer_edges_to_the_coordinator(tmp_path):
     auto = prepare_spec(TrainConfig(model="wide", model_size=10**6, servers="auto", workers=1,
                                     eval_interval=0, steps=1))
     assert auto.servers >= 1  # 4 MB: one shard
-    assert JobSpec().to_dict().get("layer_edges") is None  # old job files stay as they were
+    assert JobSpec().to_dict()["layer_edges"] == []  # no preference
 
 
 # ---- shard load, measured -----------------------------------------------------------------------

@@ -72,8 +72,8 @@ def _job(tmp_path: Path, workers: int = 1, **limits) -> Path:
     from paramserver.spec.config import TrainConfig
     job = prepare_job(TrainConfig(workers=workers, servers=1, sync="asp", eval_interval=0,
                                   max_seconds=600.0, batch_size=8))
-    job.update({"heartbeat_interval": BEAT, "heartbeat_timeout": HEARTBEAT_TIMEOUT,
-                "coordinator_timeout": COORDINATOR_TIMEOUT, **limits})
+    job["limits"].update({"heartbeat_interval": BEAT, "heartbeat_timeout": HEARTBEAT_TIMEOUT,
+                          "coordinator_timeout": COORDINATOR_TIMEOUT, **limits})
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     return path
@@ -225,6 +225,9 @@ def _coordinator_loses_its_workers(procs: Procs, tmp_path: Path, curve: bool) ->
     _wait_for("training", lambda: _training(tmp_path), procs=procs)
     killed = _kill(procs, "worker")
     _exit_within(procs, "coordinator", 2 * HEARTBEAT_TIMEOUT, killed)
+    # Its only worker died, none finished: the job failed, retryable (not counted done).
+    assert procs.procs["coordinator"].returncode == Exit.PEER_LOST
+    assert "none finished it (1 dead)" in procs.log("coordinator")
     # and the server it leaves behind follows it
     _exit_within(procs, "server", 2 * HEARTBEAT_TIMEOUT + 2 * COORDINATOR_TIMEOUT, killed)
 
