@@ -199,9 +199,22 @@ def test_workers_silent_past_the_heartbeat_timeout_are_dropped(make):
         ("worker_left", {"worker": 1, "reason": "dead"})]
     assert sum(match(m, AppendMetric, kind="left", reason="dead") for m in out) == 2
     assert len(only(out, Warn)) == 2
-    assert out[-1] == Finish(None)  # no worker left, no checkpoint, no evaluator: done
+    # No worker left, and none finished: the job did not end, it was lost (retryable).
+    assert out[-1] == Finish("every worker left the job and none finished it (2 dead)")
+    assert match(only(out, AppendEvent)[-1], AppendEvent, kind="job_failed")
     assert not state.members.roster.workers and state.members.roster.gone == {
         "w0": "dead", "w1": "dead"}
+
+
+def test_the_job_ends_finished_once_a_worker_left_having_finished(make):
+    state = make()
+    start_round(state)
+    clock_round(state)
+    out = state.handle(Bye("w0", 1.3, to="bye", reason="done"))
+    assert not only(out, Finish)
+    out = state.handle(TimePassed(1.3 + HB + 0.01))  # w1, silent, declared dead
+    assert match(only(out, AppendEvent)[0], AppendEvent, kind="worker_left", reason="dead")
+    assert out[-1] == Finish(None) and state.failure is None
 
 
 def test_a_heartbeat_keeps_a_worker(make):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.membership import Member, Roster
+from paramserver.core.leaving import FINISHED
 
 # With every worker gone, how long a checkpoint being written may hold the end of the job.
 CHECKPOINT_GRACE = 60.0
@@ -114,9 +115,12 @@ class Budget:
 
 class EndOfJob:
     """With every worker gone: a last checkpoint (it holds the final parameters), then the
-    observers' last look within a grace period, then the end."""
+    observers' last look within a grace period, then the end: finished once a worker left
+    having finished (its bye said "done": the budget spent or its script done), else lost,
+    for a job whose every worker died or was preempted did not finish, and an orchestrator
+    should run it again (from that checkpoint), not count it done."""
 
-    CHECKPOINT, FINISH = "checkpoint", "finish"
+    CHECKPOINT, FINISH, LOST = "checkpoint", "finish", "lost"
 
     def __init__(self, observer_grace: float):
         self.observer_grace = observer_grace
@@ -138,8 +142,17 @@ class EndOfJob:
         if schedule.pending_tag is not None and done_for < CHECKPOINT_GRACE:
             return None
         if not roster.observers or done_for > self.observer_grace:
-            return self.FINISH
+            return self.FINISH if FINISHED in roster.gone.values() else self.LOST
         return None
+
+    @staticmethod
+    def lost(roster: Roster) -> str:
+        """Why a LOST job failed, naming how its workers left."""
+        reasons: dict[str, int] = {}
+        for why in roster.gone.values():
+            reasons[why] = reasons.get(why, 0) + 1
+        return ("every worker left the job and none finished it (" + ", ".join(
+            f"{n} {why}" for why, n in sorted(reasons.items())) + ")")
 
     def next_deadline(self, roster: Roster, schedule: CheckpointSchedule) -> float | None:
         """When waiting may end the job; None while only an event can (a worker leaving, the

@@ -445,6 +445,8 @@ class CoordinatorState:
         elif verdict == EndOfJob.FINISH and not self.finished:
             self.finished = True
             out.append(Finish(None))
+        elif verdict == EndOfJob.LOST:
+            self.fail(EndOfJob.lost(self.members.roster), now, out)
 
     def fail(self, message: str, now: float, out: list) -> None:
         """End the job now, with `message` as the reason; waiting workers are told to stop."""
