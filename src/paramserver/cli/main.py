@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "paramserver.cli.roles",
     "paramserver.cli.serve_cmd",
     "paramserver.cli.simulate_cmd",
+    "paramserver.cli.task_cmd",
     "paramserver.cli.tensorboard_cmd",
     "paramserver.cli.top_cmd",
     "paramserver.cli.trace_cmd",
