@@ -5,7 +5,6 @@ the jobs and the simulator and hands the numbers in."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

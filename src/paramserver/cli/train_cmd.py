@@ -362,16 +362,16 @@ def _run(args) -> int:
 
 def _write_job(cfg: TrainConfig, path: Path) -> int:
     """The job of `cfg`, checked as a run checks it, written as the coordinator reads it."""
-    from paramserver.launch.jobs import prepare_job
-    job = prepare_job(cfg)
+    from paramserver.launch.jobs import prepare_spec
+    spec = prepare_spec(cfg)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(job, indent=2) + "\n")
+        tmp.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
         tmp.replace(path)  # a scheduler polling for the file never reads half of it
     except OSError as exc:
         raise ValueError(f"cannot write the job file {path}: {exc.strerror or exc}") from None
-    print(f"wrote {path}: {cfg.workers} workers, {job['servers']} server(s), sync {cfg.sync}, "
-          f"{job['num_keys']} keys")
+    print(f"wrote {path}: {spec.workers} workers, {spec.servers} server(s), sync "
+          f"{spec.sync.name}, {spec.num_keys} keys")
     return 0
 
 

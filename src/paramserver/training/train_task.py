@@ -14,7 +14,6 @@ from paramserver.compression.auto import link_rate
 from paramserver.compression.wire import WireSpec
 from paramserver.compression.ranges import RangeAccumulator, make_plan
 from paramserver.emulation.links import link_for
-from paramserver.models import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, resolve_device, staging_forced
 from paramserver.models.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
