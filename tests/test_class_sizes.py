@@ -36,3 +36,14 @@ def test_the_checker_counts_methods_and_lines():
     assert oversized(ast.parse(many), "f") == ["f:A: 31 methods, 63 lines"]
     assert oversized(ast.parse(long), "f") == ["f:B: 0 methods, 602 lines"]
     assert oversized(ast.parse(fits), "f") == []
+
+
+def test_only_spec_reads_a_job_dict_by_key():
+    """Roles and offline readers read the typed JobSpec (or RunJob), never the raw dict: one
+    place owns each field's name, default and check."""
+    import re
+    raw = re.compile(r"\bjob(?:_dict)?\[[\"']|\bjob(?:_dict)?\.get\(")
+    found = [f"{f.relative_to(SRC)}:{n}" for f in sorted(SRC.rglob("*.py"))
+             if f.relative_to(SRC).parts[0] != "spec"
+             for n, line in enumerate(f.read_text().splitlines(), 1) if raw.search(line)]
+    assert not found, found
