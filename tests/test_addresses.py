@@ -47,3 +47,23 @@ def test_workers_reach_a_server_bound_to_every_interface(tmp_path):
             p.kill()
             p.wait(timeout=30)
             p.stderr.close()
+
+
+def test_a_join_address_is_checked_as_text_and_host_port_reads_as_tcp():
+    from paramserver.core.endpoints import EndpointError, endpoint
+    assert endpoint("tcp://10.0.0.1:5555") == "tcp://10.0.0.1:5555"
+    assert endpoint("node-3.cluster:5555") == "tcp://node-3.cluster:5555"
+    assert endpoint("tcp://[::1]:5555") == "tcp://[::1]:5555"
+    for bad in ("not-an-address", "tcp://h:99999", "tcp://h:", "ipc:///tmp/x", "tcp://:5555",
+                "10.0.0.1"):
+        with pytest.raises(EndpointError, match="give tcp://HOST:PORT"):
+            endpoint(bad)
+
+
+def test_a_role_given_a_malformed_join_says_the_form_without_a_traceback():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "paramserver", "worker", "--join",
+                           "not-an-address"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "'not-an-address' is no address to join: give tcp://HOST:PORT" in done.stderr

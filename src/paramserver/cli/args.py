@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Callable
 
-from paramserver.core import units
+from paramserver.core import endpoints, units
 from paramserver.core.keyspace import AUTO_SERVERS
 from paramserver.emulation.device_time import DeviceTime, parse_device_time
 from paramserver.emulation.links import LinkTable
@@ -235,6 +235,7 @@ def port(text: str) -> int:
 
 
 port = _typed(port, "port")
+endpoint = _typed(endpoints.endpoint, "address")
 
 
 def add_observe_args(p) -> None:

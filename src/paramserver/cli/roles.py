@@ -176,7 +176,7 @@ def _security_args(p, binds: bool) -> None:
 
 def _join_args(p, example: str) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--join", help=f"coordinator address{example}")
+    where.add_argument("--join", type=flag.endpoint, help=f"coordinator address{example}")
     where.add_argument("--join-file", metavar="FILE",
                        help="read the coordinator's address from FILE (its --address-file), "
                             f"waiting up to {JOIN_FILE_WAIT:.0f} s for the coordinator to write it")

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from paramserver.core.layout import ModelLayout
+from paramserver.core.endpoints import endpoint
 from paramserver.core.leaving import NO_STEP_REASON
 from paramserver.models.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
@@ -174,6 +175,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not join:
             raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
                                f"`paramserver launch` (which sets {JOIN_ENV})")
+        join = endpoint(join)  # a malformed one named now, not as a socket error
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
                            layout=_layout(self.model, dtype), optimizer=spec)
         try:
