@@ -30,6 +30,8 @@ MISTAKES = [
      "did you mean staleness?"),
     ("train --optimizer momentun --steps 1", "unknown optimizer", "did you mean momentum?"),
     ("train --model-opt hiden=3 --steps 1", "has no option(s) hiden", "did you mean hidden?"),
+    ("train --model-opt hidden=wide --steps 1",
+     "model 'mlp' option hidden takes a whole number (default 512), got 'wide'", ""),
     ("train --compress topk --compress-opt fractin=0.1 --steps 1", "no option(s) fractin",
      "did you mean fraction?"),
     ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),

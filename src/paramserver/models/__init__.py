@@ -41,6 +41,24 @@ def sparse_tables(model: nn.Module) -> tuple:
     return tuple(tables()) if callable(tables) else ()
 
 
+def _check_option_types(name: str, factory: Callable, options: dict) -> None:
+    """Each option of the kind its default is (an int where the default is an int, a number
+    where it is a float), named with what was given, before the model code sees it."""
+    params = inspect.signature(factory).parameters
+    for key, value in options.items():
+        default = params[key].default
+        if isinstance(default, bool) or default is inspect.Parameter.empty or default is None:
+            continue
+        if isinstance(default, int) and not (isinstance(value, int)
+                                             and not isinstance(value, bool)):
+            raise ValueError(f"model {name!r} option {key} takes a whole number (default "
+                             f"{default}), got {value!r}")
+        if isinstance(default, float) and (isinstance(value, bool)
+                                           or not isinstance(value, (int, float))):
+            raise ValueError(f"model {name!r} option {key} takes a number (default "
+                             f"{default:g}), got {value!r}")
+
+
 def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
                 dtype: torch.dtype = torch.float32, sparse_fields: int = 0,
                 shape_only: bool = False, **options) -> nn.Module:
@@ -53,6 +71,7 @@ def build_model(name: str, input_shape, num_classes: int, seed: int = 0,
     """
     factory = MODELS.get(name)
     check_known(f"model {name!r}", options, model_options(name))
+    _check_option_types(name, factory, options)
     if int(num_classes) < 2:
         raise ValueError(f"need at least 2 classes, got {num_classes}")
     if takes_sparse_fields(name):
