@@ -368,7 +368,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def paused(self, reason: str = "evaluation"):
         """`with opt.paused():` around the script's own evaluation (or any deliberate wait
-        between steps): the job's stall detector does not flag it (docs/architecture.md,
+        between steps): the job's stall detector does not flag it (docs/observability.md,
         "Seeing a stalled job")."""
         return self.kv.session.paused(reason)
 

@@ -6,7 +6,7 @@ staleness and the split of its recent steps into data, compute, push, wait and p
 min/median/max of each across workers; which workers are slow, chronic or transient
 (`SlowClassifier`); and the time the others lost waiting for each worker (`WaitLedger`).
 
-Definitions (docs/architecture.md, "Watching a job: top and straggler attribution"):
+Definitions (docs/observability.md, "Watching a job: top and straggler attribution"):
 
 - A step's *work* is everything but the wait for the release: data + compute + push + pull
   (data is part of compute_s: see docs/metrics.md). Its *cost* is work per sample, so that a
