@@ -47,7 +47,7 @@ def make_job(num_keys: int, servers: int, workers: int, sync: str = "asp",
 @contextlib.contextmanager
 def running_job(tmp_path: Path, job: dict):
     """Coordinator and shard servers as real processes; workers are the test's business."""
-    # Plaintext on loopback: these tests drive raw clients; tests/test_security.py covers CURVE.
+    # Plaintext on loopback: these tests drive raw clients; tests/wire/test_security.py covers CURVE.
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None)
     try:
         cluster.start(spawn_workers=False)

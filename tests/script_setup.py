@@ -1,6 +1,6 @@
 """Test helper: the model, torch optimizers, schedules and batches that a launched script and
-torch in the test's own process share (tests/test_script_optimizer.py,
-tests/test_optimizer_state.py)."""
+torch in the test's own process share (tests/optim/test_script_optimizer.py,
+tests/optim/test_optimizer_state.py)."""
 
 import textwrap
 

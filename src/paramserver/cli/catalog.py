@@ -1,7 +1,7 @@
 """The names the help texts list, without importing what registers them (torch, numpy).
 
 `--help` must answer at once, so the parsers are built from these tuples; the registries stay
-the truth, and tests/test_cli_help.py checks that each tuple here equals its registry.
+the truth, and tests/spec/test_cli_help.py checks that each tuple here equals its registry.
 """
 
 SYNC_POLICIES = ("bsp", "asp", "ssp", "ebsp", "r2sp", "lbbsp", "dssp", "auto")

@@ -35,7 +35,7 @@ COMMAND_MODULES = (
 # A command given first loads only its own module: role processes are started that way by
 # launchers, and `paramserver CMD --help` answers without the others' imports. No module
 # here imports torch, matplotlib or the transport until its command runs
-# (tests/test_cli_help.py).
+# (tests/spec/test_cli_help.py).
 ROLE_COMMANDS = frozenset({"coordinator", "server", "worker", "evaluator"})
 COMMANDS = {**{r: "paramserver.cli.roles" for r in ROLE_COMMANDS},
             **{m.rsplit(".", 1)[1].removesuffix("_cmd"): m for m in COMMAND_MODULES

@@ -21,7 +21,7 @@ from paramserver.core.bounded import json_value
 from paramserver.spec.run_job import RunJob
 
 # Only what --help needs is imported above; torch, the launchers and the registries load when
-# a command runs (see tests/test_cli_help.py).
+# a command runs (see tests/spec/test_cli_help.py).
 
 EPILOG = f"""--link [TARGET=]RATE[,LATENCY]
 {LINK_HELP}

@@ -93,7 +93,8 @@ class Release:
 
     # Written out because the generated __init__ of a frozen dataclass sets each field through
     # object.__setattr__, at twice the cost, and a simulation makes a Release per worker step.
-    # (tests/test_policy_host.py checks that it takes exactly the fields, with their defaults.)
+    # (tests/policies/test_policy_host.py checks that it takes exactly the fields, with their
+    # defaults.)
     def __init__(self, worker: int, step: int, batch_size: int, not_before: float | None = None,
                  scale: float = 1.0, min_version: int = 0, round_size: int = 0,
                  stop: bool = False):

@@ -43,8 +43,8 @@ MODES = {"bsp": "round", "lbbsp": "round", "ssp": "arrival", "asp": "arrival"}
 CANDIDATES = tuple(MODES)
 
 # The shipped calibration's apply-mode references (advise/data/default_calibration.json: the
-# digits MLP, 4 workers, batch 32, target 0.95). tests/test_auto_policy.py checks that they
-# are the file's: a new calibration must be carried here too.
+# digits MLP, 4 workers, batch 32, target 0.95). tests/policies/test_auto_policy.py checks that
+# they are the file's: a new calibration must be carried here too.
 SHIPPED = ConvergenceModel(
     version=1, target=0.95, b_crit=256.0,
     alpha={"arrival": 0.707945784384138, "round": 0.0},

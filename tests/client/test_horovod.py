@@ -1,0 +1,112 @@
+"""Horovod's API on the parameter server: a Horovod script changed only in its import line,
+the collectives it still needs (allreduce of metrics) driven through the coordinator's part
+with events alone, and what has no meaning here refused with the reason."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import paramserver.horovod as hvd
+from paramserver.coordinator.events import CollectiveAsked, Reply, TimePassed
+from paramserver.coordinator.state import CoordinatorState
+from ps_helpers import job_of, match, start_round
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "horovod_digits.py"
+
+
+def test_a_horovod_script_runs_its_epochs_and_averages_its_metrics(tmp_path):
+    """examples/horovod_digits.py is written as Horovod's pytorch_mnist.py (DistributedSampler
+    with hvd.size()/hvd.rank(), its own epoch loop, broadcast_parameters before wrapping the
+    optimizer, metric_average through hvd.allreduce): launched without --steps, the job ends
+    when the scripts do, and both ranks print the same averaged test metrics each epoch."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--quiet",
+         "--out", str(out), "--", sys.executable, str(EXAMPLE), "--epochs", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    lines = re.findall(r"\[rank (\d)\] rank \d: Test set: Average loss: ([\d.]+), "
+                       r"Accuracy: ([\d.]+)%", proc.stdout)
+    by_rank = {r: [(float(loss), float(acc)) for rr, loss, acc in lines if rr == r]
+               for r in "01"}
+    assert len(by_rank["0"]) == len(by_rank["1"]) == 2  # one test() per epoch, each rank
+    assert by_rank["0"] == by_rank["1"]  # the allreduced averages agree
+    assert by_rank["0"][-1][1] > 75.0
+    # 1500 training digits, 2 ranks of 750 each, batches of 32: 24 steps an epoch a rank
+    assert "96 steps" in proc.stdout
+
+
+# ---- the coordinator's collectives part ---------------------------------------------------------
+
+def _ask(state, src, kind, name, values, t, root=0):
+    return state.handle(CollectiveAsked(src, kind, name, values, t, to=f"c-{src}", root=root))
+
+
+def test_an_allreduce_answers_every_rank_once_all_training_ranks_sent_theirs():
+    state = CoordinatorState(job_of())
+    start_round(state)
+    assert not [i for i in _ask(state, "w0", "allreduce", "acc", [1.0, 2.0], 1.0)
+                if isinstance(i, Reply)]
+    out = _ask(state, "w1", "allreduce", "acc", [3.0, 5.0], 1.1)
+    answers = {i.to: i.fields for i in out if match(i, Reply, op="collected")}
+    assert answers == {"c-w0": {"values": [4.0, 7.0], "count": 2},
+                       "c-w1": {"values": [4.0, 7.0], "count": 2}}
+    _ask(state, "w1", "allgather", "n", [7.0], 1.2)
+    out = _ask(state, "w0", "allgather", "n", [1.0, 2.0], 1.3)
+    assert match(out[0], Reply, op="collected", values=[[0, [1.0, 2.0]], [1, [7.0]]])
+    _ask(state, "w0", "broadcast", "b", [9.0], 1.4, root=1)
+    out = _ask(state, "w1", "broadcast", "b", [6.0], 1.5, root=1)
+    assert all(match(i, Reply, op="collected", values=[6.0]) for i in out)
+    state.check_invariants()
+
+
+def test_a_collective_a_rank_never_joins_is_refused_in_time_naming_it():
+    state = CoordinatorState(job_of())
+    start_round(state)
+    _ask(state, "w0", "allreduce", "loss", [1.0], 1.0)
+    deadline = state.next_wakeup()
+    assert deadline is not None and deadline <= 1.0 + state.collectives.timeout
+    out = state.handle(TimePassed(1.0 + state.collectives.timeout))
+    (err,) = [i for i in out if isinstance(i, Reply) and i.to == "c-w0"]
+    assert match(err, Reply, op="error", code="failed")
+    assert "ranks [1] did not call it" in err.fields["msg"]
+
+
+def test_mismatched_parts_are_refused():
+    state = CoordinatorState(job_of())
+    start_round(state)
+    _ask(state, "w0", "allreduce", "x", [1.0, 2.0], 1.0)
+    out = _ask(state, "w1", "allgather", "x", [1.0], 1.1)
+    assert match(out[-1], Reply, op="error", code="refused")
+    out = _ask(state, "w1", "allreduce", "x", [1.0], 1.2)  # another size
+    assert all(match(i, Reply, op="error") for i in out if isinstance(i, Reply))
+    out = _ask(state, "w0", "allreduce", "y", [float(i) for i in range(70000)], 1.3)
+    assert match(out[-1], Reply, op="error", code="refused")
+
+
+# ---- what Horovod has and this does not ---------------------------------------------------------
+
+def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatch):
+    monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="Adasum has no counterpart"):
+        hvd.DistributedOptimizer(opt, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="compression must be"):
+        hvd.DistributedOptimizer(opt, compression="zstd")
+    with pytest.raises(TypeError, match="pickle"):
+        hvd.broadcast_object({"a": 1})
+    with pytest.raises(RuntimeError, match="create it first"):
+        hvd.allreduce(torch.tensor(1.0))
+    assert not hvd.mpi_built() and not hvd.gloo_enabled() and hvd.nccl_built() == 0
+    with pytest.raises(RuntimeError, match="paramserver launch"):
+        hvd.init()
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert hvd.local_rank() == 3 and hvd.cross_size() == 1

@@ -1,0 +1,38 @@
+"""The exit table (core/exits.py): what each code tells an orchestrator, and the docs' copy of it."""
+
+import re
+from pathlib import Path
+
+from paramserver.core.exits import MEANING, Exit, describe, own, retryable
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "multihost.md"
+
+
+def test_permanent_and_retryable_codes_follow_kubeflows_rule():
+    assert [c for c in Exit if retryable(c)] == [Exit.INTERRUPTED, Exit.PREEMPTED,
+                                                 Exit.PEER_LOST]
+    assert not any(retryable(c) for c in (Exit.FINISHED, Exit.FAILED, Exit.REFUSED, None))
+    assert retryable(-9) and retryable(137)  # killed by a signal: the same pod may well succeed
+    assert not retryable(256) and not retryable(127)
+
+
+def test_a_code_of_the_table_is_the_process_own_word_and_a_signal_is_not():
+    assert all(own(c) for c in Exit)
+    assert not own(-9) and not own(137) and not own(None) and not own(3)
+    # No code of the table reads as a death by signal (128 + a Linux signal number, 1..64),
+    # but the one that means exactly that: SIGTERM's, taken as a drain.
+    assert [c for c in Exit if 129 <= c <= 128 + 64] == [Exit.INTERRUPTED, Exit.PREEMPTED]
+
+
+def test_describe_names_each_code():
+    assert describe(Exit.PEER_LOST) == f"exit code 203 ({MEANING[Exit.PEER_LOST]})"
+    assert describe(-15) == "signal 15" and describe(None) == "still running"
+    assert describe(7) == "exit code 7"
+    assert set(MEANING) == set(Exit)
+
+
+def test_the_docs_table_is_the_code_table():
+    text = DOCS.read_text()
+    section = text[text.index("## Exit codes"):]
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", section, re.M)
+    assert [(int(n), name) for n, name in rows] == [(int(c), c.name) for c in Exit]

@@ -1,0 +1,151 @@
+"""A newcomer's mistakes: each refused with its error first (what is wrong, then the fix or the
+nearest name), exit status 2, no usage block, no traceback, and no run folder left behind."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paramserver.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (command, a fragment the first line must hold, a fragment of the hint or "" for none)
+MISTAKES = [
+    ("train --workrs 4", "unrecognized arguments: --workrs", "did you mean --workers?"),
+    ("trian --steps 1", "invalid choice: 'trian'", "did you mean train?"),
+    ("train --link 10gbpz --steps 1", "argument --link", ""),
+    ("train --workers 0", "argument --workers", ""),
+    ("train --batch-size 0", "argument --batch-size", ""),
+    ("train --straggler 1:x", "argument --straggler", ""),
+    ("train --device-time 5", "argument --device-time", ""),
+    ("train --epochs 0", "argument --epochs: expected a number > 0", ""),
+    ("train --epochs 5 --steps 100", "--epochs 5 and --steps 100 both set the sample budget",
+     ""),
+    ("train --sync bspp --steps 1", "unknown sync policy 'bspp'", "did you mean bsp?"),
+    ("train --sync ssp --sync-opt stalenes=2 --steps 1", "no option 'stalenes'",
+     "did you mean staleness?"),
+    ("train --optimizer momentun --steps 1", "unknown optimizer", "did you mean momentum?"),
+    ("train --model-opt hiden=3 --steps 1", "has no option(s) hiden", "did you mean hidden?"),
+    ("train --model-opt hidden=wide --steps 1",
+     "model 'mlp' option hidden takes a whole number (default 512), got 'wide'", ""),
+    ("train --compress topk --compress-opt fractin=0.1 --steps 1", "no option(s) fractin",
+     "did you mean fraction?"),
+    ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),
+    ("export RUN --format safetensor", "invalid choice: 'safetensor'",
+     "did you mean safetensors?"),
+    ("serve --num-keys 10 --port 99999", "argument --port", ""),
+    ("serve --num-keys 0", "--num-keys must be at least 1", ""),
+    ("launch --workers 2 -- no_such_program_here", "no program 'no_such_program_here' on PATH",
+     ""),
+    ("launch --workers 2 -- my_train.py", "no program 'my_train.py'", "-- python my_train.py"),
+    ("launch --workers 2", "give the worker command after --", ""),
+    ("drain /no/such/run --server 0", "neither an address", ""),
+    ("report /no/such/run", "paramserver report:", ""),
+]
+
+
+@pytest.mark.parametrize("command,first,hint", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_mistake_is_refused_error_first(command, first, hint, tmp_path, monkeypatch,
+                                          capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = [str(tmp_path) if a == "RUN" else a for a in command.split()]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's refusals exit from inside parse_args
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert lines and lines[0].startswith("paramserver") and first in lines[0], err
+    assert "usage:" not in err and "Traceback" not in err, err
+    if hint:
+        assert hint in err, err
+    assert len(lines) <= 2, err  # the error, then at most a hint
+    assert not (tmp_path / "runs").exists(), "a refused command left a run folder"
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code = main(["serve", "--num-keys", "10", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"paramserver serve: port {port} on 127.0.0.1 is in use: give "
+                          f"another --port"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_worker_command_that_is_no_program_fails_the_launch_saying_so(tmp_path):
+    """A file that exists but cannot be executed as a program: the launch ends at once,
+    naming it, with no traceback (the servers it started are stopped)."""
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a program\n")
+    bad.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "launch", "--workers", "1",
+                           "--quiet", "--out", str(tmp_path / "run"), "--", str(bad)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot start '{bad}' as worker 0: Exec format error" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_bare_python_runs_as_this_interpreter():
+    """`launch -- python x.py` runs the workers with the interpreter running paramserver (as
+    torchrun does), so an unactivated venv's workers still find torch."""
+    from paramserver.cli.launch_cmd import worker_command
+    assert worker_command(["python", "x.py"]) == [sys.executable, "x.py"]
+    assert worker_command(["python3", "-u", "x.py"]) == [sys.executable, "-u", "x.py"]
+    assert worker_command(["no_such_program_here", "x"], local=False) == [
+        "no_such_program_here", "x"]  # under Ray: resolved on the worker's host
+
+
+def test_ctrl_c_keeps_what_was_trained(tmp_path):
+    """A Ctrl-C in the middle of `train`: the run folder keeps model.pt (the servers'
+    parameters at that moment, under the model's names) and summary.json of the steps done,
+    marked interrupted; exit 130; every process of the job is gone."""
+    import json
+    import signal
+    import time
+
+    import psutil
+    import torch
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paramserver", "train", "--epochs", "500", "--quiet",
+         "--eval-interval", "0", "--out", str(run)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            metrics = run / "metrics.jsonl"
+            if metrics.exists() and metrics.read_text().count("\"kind\": \"step\"") >= 8:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and f"{run} keeps the steps done" in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["steps"] >= 8
+    state = torch.load(run / "model.pt", weights_only=True)
+    assert "1.weight" in state and torch.isfinite(state["1.weight"]).all()
+    gone = psutil.wait_procs(children, timeout=10)[1]
+    assert not gone, f"left running: {gone}"
