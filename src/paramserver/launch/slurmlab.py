@@ -28,7 +28,8 @@ What this takes in a container without systemd or a writable cgroup tree (Slurm 
 - `SlurmdParameters=config_overrides`: the nodes offer `cpus` CPUs each whatever the
   machine has, so a batch script's `--cpus-per-task` fits on a small machine.
 - `SlurmdSpoolDir`, pid and log files carry `%n` (node name): several slurmd share one file
-  system. `MinJobAge` keeps a finished job in `scontrol show job` for an hour (there is no
+  system. `AuthInfo=...,cred_expire=10`: a requeued job waits cred_expire before it starts
+  again (120 s by default). `MinJobAge` keeps a finished job in `scontrol show job` for an hour (there is no
   slurmdbd, so no sacct).
 """
 
@@ -111,6 +112,7 @@ class SlurmLab:
     partition: str = "lab"
     start_timeout: float = 60.0
     cluster: str = "pslab"
+    cred_expire: int = 10  # seconds; a requeued job may start again after it
     extra_conf: str = ""  # more slurm.conf lines (they come before the node lines)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -157,7 +159,8 @@ class SlurmLab:
             f"ClusterName={self.cluster}",
             f"SlurmctldHost={socket.gethostname()}({self.lab.address(0)})",
             "AuthType=auth/munge", "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire also holds a requeued job back that long (default 120 s).
+            f"AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire}",
             "SlurmUser=root", "SlurmdUser=root",
             "SlurmctldPort=6817", "SlurmdPort=6818",
             f"StateSaveLocation={s}/ctld",
@@ -169,7 +172,8 @@ class SlurmLab:
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
             "MpiDefault=none",
-            "SchedulerType=sched/backfill",
+            # Pending jobs are looked at every 2 s, not every 30-60 s (a requeued one too).
+            "SchedulerType=sched/backfill", "SchedulerParameters=sched_interval=2,bf_interval=2",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
