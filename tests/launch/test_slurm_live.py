@@ -182,3 +182,66 @@ def test_a_requeued_job_resumes_from_its_checkpoint(requeued):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
     assert [r for r in records if r.get("kind") == "eval"], "an evaluation after the resume"
+
+
+TASKS_SCRIPT = ROOT / "examples" / "slurm" / "paramserver-tasks.sbatch"
+
+
+@pytest.fixture(scope="module")
+def tasks_job(slurm, tmp_path_factory):
+    """The one-step script: `srun paramserver task` on 2 nodes x 2 tasks, each task its role."""
+    submit = tmp_path_factory.mktemp("tasks")
+    job = prepare_job(TrainConfig(workers=2, servers=1, epochs=1, eval_interval=0.0))
+    (submit / "job.json").write_text(json.dumps(job))
+    job_id = slurm.sbatch(["--nodes=2", "--ntasks-per-node=2", str(TASKS_SCRIPT), "job.json"],
+                          cwd=submit, env=submitter_env())
+    return job_id, slurm.wait_job(job_id, timeout=JOB_TIMEOUT), submit
+
+
+def test_one_srun_of_paramserver_task_runs_every_role_from_its_task_number(tasks_job):
+    job_id, info, submit = tasks_job
+    text = (submit / f"paramserver-{job_id}.out").read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    roles = dict(re.findall(r"paramserver task (\d) of 4: (\w+ \d)", text))
+    assert roles == {"0": "coordinator 0", "1": "server 0", "2": "worker 0", "3": "worker 1"}
+    out = submit / f"paramserver-{job_id}"
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+             if '"kind": "step"' in line]
+    assert {r["worker"] for r in steps} == {0, 1}
+    assert sorted(p.name for p in (out / "results").glob("worker-*.json")) == \
+        ["worker-0.json", "worker-1.json"]
+
+
+def test_the_task_step_placed_the_workers_on_the_second_node(slurm, tasks_job):
+    job_id = tasks_job[0]
+    log = (slurm.state_dir / "slurmd-node1.log").read_text(errors="replace")
+    assert f"launch task StepId={job_id}.0" in log, log[-2000:]
+
+
+def test_a_requeued_task_step_resumes_from_its_checkpoint(slurm, tmp_path_factory):
+    submit = tmp_path_factory.mktemp("tasks-requeue")
+    checkpoints = submit / "checkpoints"
+    job = prepare_job(TrainConfig(workers=2, servers=1, epochs=12, eval_interval=0.0,
+                                  checkpoint_dir=str(checkpoints), checkpoint_every=20))
+    (submit / "job.json").write_text(json.dumps(job))
+    job_id = slurm.sbatch(["--nodes=2", "--ntasks-per-node=2", str(TASKS_SCRIPT), "job.json"],
+                          cwd=submit, env=submitter_env())
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while latest(checkpoints) is None:
+        state = slurm.job(job_id).get("JobState")
+        assert state in ("PENDING", "RUNNING"), f"the job ended ({state}) before a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within the timeout"
+        time.sleep(0.2)
+    first_tag = latest(checkpoints)
+    slurm.run(["scontrol", "requeue", str(job_id)])
+    info = slurm.wait_job(job_id, timeout=JOB_TIMEOUT)
+    text = (submit / f"paramserver-{job_id}.out").read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-3000:])
+    m = re.search(r"paramserver task: resuming from checkpoint (\d+) in ", text)
+    assert m and int(m.group(1)) >= int(first_tag), text[-3000:]
+    assert re.search(rf"resuming from checkpoint {m.group(1)}: (\d+) samples done", text), \
+        text[-3000:]
+    results = [json.loads(p.read_text())
+               for p in (submit / f"paramserver-{job_id}" / "results").glob("worker-*.json")]
+    assert sum(r["samples"] for r in results) >= job["max_samples"], results

@@ -51,14 +51,46 @@ def rendezvous_file(directory: Path, env) -> Path:
     return directory / f"coordinator{'-' + attempt if attempt else ''}.addr"
 
 
-def role_argv(role: str, args, eval_interval: float, env) -> list[str]:
+def requeued(env) -> bool:
+    """Whether the scheduler runs this job again (Slurm's requeue keeps the job id and counts
+    the restarts)."""
+    return env.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
+
+
+def resumed_job(job, args, env) -> str:
+    """The job file the coordinator starts from: a requeued job (or --resume) whose job names a
+    checkpoint folder holding a usable checkpoint goes on from the newest one, as `train
+    --resume` does (the servers and workers learn it from the coordinator); else the job as
+    given."""
+    from paramserver.runlog.checkpoint_set import usable_checkpoint
+    from paramserver.spec.job import ResumeSpec
+    if not (args.resume or requeued(env)) or job.checkpoint is None:
+        return args.job
+    tag, warnings = usable_checkpoint(job.checkpoint.dir, job.servers, job.dtype,
+                                      num_keys=job.num_keys or None)
+    for warning in warnings:
+        print(f"paramserver task: {warning}", file=sys.stderr)
+    if tag is None:
+        print(f"paramserver task: no usable checkpoint in {job.checkpoint.dir}: starting "
+              f"over", file=sys.stderr)
+        return args.job
+    path = Path(args.dir) / f"job-resumed-{tag}.json"
+    path.write_text(json.dumps(job.with_resume(ResumeSpec(job.checkpoint.dir, tag)).to_dict()))
+    print(f"paramserver task: resuming from checkpoint {tag} in {job.checkpoint.dir}",
+          file=sys.stderr, flush=True)
+    return str(path)
+
+
+def role_argv(role: str, args, eval_interval: float, env, job_file: str | None = None
+              ) -> list[str]:
     """The `paramserver ROLE ...` command line of this task."""
     out = Path(args.dir)
     addr = str(rendezvous_file(out, env))
     secure = ["--keys", args.keys] if args.keys else []
     binds = secure + (["--insecure"] if args.insecure else [])
     if role == "coordinator":
-        argv = ["coordinator", "--job", args.job, "--bind", args.bind, "--port", str(args.port),
+        argv = ["coordinator", "--job", job_file or args.job, "--bind", args.bind,
+                "--port", str(args.port),
                 "--address-file", addr, "--metrics", str(out / "metrics.jsonl"),
                 "--events", str(out / "events.jsonl")]
         advertise = args.advertise or _toward_launcher(args.bind, env)
@@ -100,7 +132,12 @@ def _run(args) -> int:
     except (OSError, json.JSONDecodeError, JobSpecError, LayoutError, ValueError) as exc:
         print(f"paramserver task: {exc}", file=sys.stderr)
         return Exit.REFUSED
-    argv = role_argv(role, args, job.eval_interval, env)
+    try:
+        job_file = resumed_job(job, args, env) if role == "coordinator" else None
+    except OSError as exc:
+        print(f"paramserver task: cannot write the resumed job file: {exc}", file=sys.stderr)
+        return Exit.REFUSED
+    argv = role_argv(role, args, job.eval_interval, env, job_file)
     print(f"paramserver task {index} of {count}: {role} {number} "
           f"(paramserver {' '.join(argv)})", file=sys.stderr, flush=True)
     # The role's own process from here: the scheduler's signals reach it, its exit code is
@@ -139,6 +176,9 @@ def register(sub) -> None:
     p.add_argument("--keys", metavar="DIR",
                    help="key folder from `paramserver keys generate` (default "
                         "$PARAMSERVER_KEYS); a non-loopback bind needs keys")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the newest usable checkpoint of the job's checkpoint folder "
+                        "(a requeued Slurm job, SLURM_RESTART_COUNT > 0, does so by itself)")
     p.add_argument("--insecure", action="store_true",
                    help="bind a non-loopback address without keys (plaintext; see "
                         "`paramserver coordinator --help`)")
