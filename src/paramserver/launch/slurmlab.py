@@ -295,6 +295,15 @@ class SlurmLab:
                                f"{(proc.stderr or proc.stdout).strip()}")
         return proc
 
+    def popen(self, argv: list[str], host: int = 0, cwd: str | Path | None = None,
+              env: dict | None = None, **kwargs) -> subprocess.Popen:
+        """A Slurm client command inside `host`'s namespace, left running (an `srun` step the
+        caller waits for, bounded, and reaps)."""
+        exe = _binary(argv[0]) or argv[0]
+        return subprocess.Popen(self._in_host(host, [exe, *argv[1:]]), cwd=cwd,
+                                env={**(env or os.environ), "SLURM_CONF": str(self.conf)},
+                                stdin=subprocess.DEVNULL, **kwargs)
+
     def sbatch(self, args: list[str], cwd: str | Path, env: dict | None = None) -> int:
         """Submit from host 0 with `cwd` as the submit folder; returns the job id."""
         out = self.run(["sbatch", "--parsable", *args], cwd=cwd, env=env).stdout.strip()
