@@ -135,6 +135,20 @@ def test_the_job_left_metrics_from_both_ranks_an_evaluation_and_the_results(fini
     assert not (out / "keys").exists(), "the job's keys are removed when it ends"
 
 
+def requeue_after_a_checkpoint(slurm, job_id: int, checkpoints: Path) -> tuple[str, dict]:
+    """`scontrol requeue` once the job's first checkpoint is committed; (that checkpoint's
+    tag, the job's record once it ended)."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while latest(checkpoints) is None:
+        state = slurm.job(job_id).get("JobState")
+        assert state in ("PENDING", "RUNNING"), f"the job ended ({state}) before a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within the timeout"
+        time.sleep(0.2)
+    first_tag = latest(checkpoints)
+    slurm.run(["scontrol", "requeue", str(job_id)])
+    return first_tag, slurm.wait_job(job_id, timeout=JOB_TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def requeued(slurm, tmp_path_factory):
     """A longer job with checkpoints, requeued (`scontrol requeue`) once its first checkpoint
@@ -146,15 +160,7 @@ def requeued(slurm, tmp_path_factory):
     (submit / "job.json").write_text(json.dumps(job))
     job_id = slurm.sbatch(["--nodes=3", str(SCRIPT), "job.json"], cwd=submit,
                           env=submitter_env())
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while latest(checkpoints) is None:
-        state = slurm.job(job_id).get("JobState")
-        assert state in ("PENDING", "RUNNING"), f"the job ended ({state}) before a checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint within the timeout"
-        time.sleep(0.2)
-    first_tag = latest(checkpoints)
-    slurm.run(["scontrol", "requeue", str(job_id)])
-    info = slurm.wait_job(job_id, timeout=JOB_TIMEOUT)
+    first_tag, info = requeue_after_a_checkpoint(slurm, job_id, checkpoints)
     return job_id, info, submit, first_tag, job
 
 
@@ -228,15 +234,7 @@ def test_a_requeued_task_step_resumes_from_its_checkpoint(slurm, tmp_path_factor
     (submit / "job.json").write_text(json.dumps(job))
     job_id = slurm.sbatch(["--nodes=2", "--ntasks-per-node=2", str(TASKS_SCRIPT), "job.json"],
                           cwd=submit, env=submitter_env())
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while latest(checkpoints) is None:
-        state = slurm.job(job_id).get("JobState")
-        assert state in ("PENDING", "RUNNING"), f"the job ended ({state}) before a checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint within the timeout"
-        time.sleep(0.2)
-    first_tag = latest(checkpoints)
-    slurm.run(["scontrol", "requeue", str(job_id)])
-    info = slurm.wait_job(job_id, timeout=JOB_TIMEOUT)
+    first_tag, info = requeue_after_a_checkpoint(slurm, job_id, checkpoints)
     text = (submit / f"paramserver-{job_id}.out").read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, text[-3000:])
     m = re.search(r"paramserver task: resuming from checkpoint (\d+) in ", text)

@@ -111,21 +111,10 @@ class DenseRequests:
         return Handle("init", parts=parts)
 
     def push(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
-                   batch: int, scale: float = 1.0, round_size: int = 0,
-                   codec: Codec | None = None, sent: np.ndarray | None = None,
-                   hyper: list | None = None) -> Handle:
-        """Send a dense gradient for a key range (default: all keys); returns at once.
-
-        `round_size` (the release's): give it when this push is all the step sends; a shard
-        counts it only from a piece that covers the shard. `codec` (make_codec("bf16"), ...):
-        each message's values go encoded and the shard adds what they decode to; the caller
-        keeps any error feedback: `sent` (as many float32 as `values`), if given, receives
-        what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
-        what went on the wire). Like `values`, `sent` is written until the handle is waited.
-        With a codec, `values` (and `sent`) may be a torch tensor on a device: each message is
-        encoded there and only its payload is copied to the host. `hyper`: a script's optimizer
-        settings by group ([[group, {name: value}], ...]) once its schedule changed them; every
-        shard takes them before this push."""
+             batch: int, scale: float = 1.0, round_size: int = 0,
+             codec: Codec | None = None, sent: np.ndarray | None = None,
+             hyper: list | None = None) -> Handle:
+        """A dense push of a key range, sent at once (the arguments: KVWorker.push_async)."""
         self.map.before_request()
         core = self.core
         r = core.key_range(keys)
@@ -190,11 +179,7 @@ class DenseRequests:
                           scale: float = 1.0, round_size: int = 0,
                           codec: Codec | None = None, sent: np.ndarray | None = None
                           ) -> Handle:
-        """Send (keys, values) pairs; repeated keys add up on the server. With `codec` each
-        shard's values go encoded (each shard's slice on its own: a compressor's decoded values
-        re-encode to themselves under an elementwise cast; a block codec may round again);
-        `sent` (as many float32 as `values`), if given, receives what each value decodes to,
-        i.e. what the shards add, in the caller's order."""
+        """(keys, values) pairs, sent at once (the arguments: KVWorker.push_sparse_async)."""
         self.map.before_request()
         k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
         v = as_array(values, self.dtype)
@@ -241,13 +226,7 @@ class DenseRequests:
     def pull(self, keys: KeyRange | tuple[int, int] | None = None,
                    out: np.ndarray | None = None, min_version: int = 0, *,
                    delta: Codec | None = None, ref: bool = False) -> Handle:
-        """Ask for a key range (default: all); servers answer once they reach `min_version`.
-
-        Compressed pulls (float32 jobs; `out` is the worker's copy, kept between pulls): with
-        `ref` the pull is dense and each shard remembers it as what this worker holds; with
-        `delta` (a codec) a shard sends the change since, encoded, which is added into `out`
-        (a shard that remembers nothing of the range answers dense). Pull with `ref` every so
-        often: between, `out` differs from the shard by the last delta's coding error."""
+        """A pull of a key range, sent at once (the arguments: KVWorker.pull_async)."""
         self.map.before_request()
         if delta is not None or ref:
             return self._pull_refs(keys, out, min_version, delta)
