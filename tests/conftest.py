@@ -17,8 +17,10 @@
 
 Shared builders, process starts and bounded waits live in tests/ps_helpers.py (policy_driver.py
 drives a policy as the runtime does; script_setup.py holds the user-script tests' common
-setup); a test module never imports another. Tests that start processes say so in their
-docstring and the slow ones are marked `slow` (`pytest -m slow`), each with a fast twin here.
+setup); a test module never imports another. The slow tests are marked `slow` (`pytest -m
+slow`), each with a fast twin here; every test of a module that starts processes (roles,
+scripts, launchers, namespaces) is marked `live` here, so `pytest -m "not live"` runs the pure
+tier alone (cores, policies, codecs, specs: no process started) in about 80 s here.
 """
 
 import sys
@@ -28,3 +30,22 @@ from pathlib import Path
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+
+# What a module that starts processes names: a test in one is `live`.
+LIVE_NAMES = ("subprocess", "multiprocessing", "CTX", "running_job", "LocalCluster", "NetLab",
+              "SlurmLab", "start_workers", "started_client", "serve_bare_job", "KVWorker(",
+              "ServerNode(", "step_loop", "train_side_by_side", "run_training", "run_script",
+              "RayCluster", 'importorskip("ray"')
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+    seen: dict[str, bool] = {}
+    for item in items:
+        path = str(item.fspath)
+        if path not in seen:
+            text = Path(path).read_text()
+            seen[path] = any(name in text for name in LIVE_NAMES)
+        if seen[path]:
+            item.add_marker(pytest.mark.live)
