@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.membership import Member, Roster
 from paramserver.core.leaving import FINISHED
@@ -148,9 +150,7 @@ class EndOfJob:
     @staticmethod
     def lost(roster: Roster) -> str:
         """Why a LOST job failed, naming how its workers left."""
-        reasons: dict[str, int] = {}
-        for why in roster.gone.values():
-            reasons[why] = reasons.get(why, 0) + 1
+        reasons = Counter(roster.gone.values())
         return ("every worker left the job and none finished it (" + ", ".join(
             f"{n} {why}" for why, n in sorted(reasons.items())) + ")")
 

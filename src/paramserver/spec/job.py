@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -600,7 +600,7 @@ class JobSpec:
                 value = [_plain(t) for t in value]
             elif isinstance(value, tuple):
                 value = list(value)
-            elif value is not None and hasattr(value, "__dataclass_fields__"):
+            elif is_dataclass(value):
                 value = _plain(value)
             out[f.name] = value
         return out
