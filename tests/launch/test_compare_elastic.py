@@ -86,6 +86,23 @@ def test_join_at_needs_an_elastic_comparison(tmp_path, capsys):
     assert "--join-at applies to an elastic comparison" in capsys.readouterr().err
 
 
+def test_an_elastic_comparison_through_ray_is_refused_before_any_run(tmp_path, capsys):
+    """Scheduled joins start workers on this machine: under Ray they would not join the
+    cluster's job, so the pair is refused, naming what works (nothing needs Ray for this)."""
+    out = tmp_path / "cmp"
+    assert main(["compare", "--workers", "1:2", "--launcher", "ray", "--address", "10.0.0.1:6379",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--workers MIN:MAX (scheduled joins) needs the local launcher" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_a_ray_comparison_refuses_what_ray_does_not_carry(tmp_path, capsys):
+    assert main(["compare", "--launcher", "ray", "--restart-servers", "1",
+                 "--out", str(tmp_path / "cmp")]) == 2
+    assert "--restart-servers is not supported with --launcher ray" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_an_elastic_comparison_runs_every_policy_through_the_joins(tmp_path):
     # 64 ms a step (32 x 2 ms): ~3 s an epoch alone, so the joiner, started at 15% (~2 s in),

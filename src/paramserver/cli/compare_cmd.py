@@ -12,7 +12,8 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
-from paramserver.cli.train_cmd import EPILOG, add_training_args, config_from_args
+from paramserver.cli.train_cmd import (
+    EPILOG, add_launcher_args, add_training_args, config_from_args, launcher_from_args)
 from paramserver.launch.jobs import resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
@@ -272,8 +273,10 @@ def _run_all(runs, out, args, base, scenarios, policies, console) -> list[dict]:
     def run_one(cfg, folder, quiet, timeout) -> dict:  # the user's script, or the built-in task
         watch = joins_for(cfg, folder, args.join_at)
         if command:
-            return run_script(cfg, folder, command, quiet=quiet, timeout=timeout, watch=watch)
-        return run_training(cfg, folder, quiet=quiet, timeout=timeout, watch=watch)
+            return run_script(cfg, folder, command, quiet=quiet, timeout=timeout, watch=watch,
+                              launcher=args.launcher_spec)
+        return run_training(cfg, folder, quiet=quiet, timeout=timeout, watch=watch,
+                            launcher=args.launcher_spec)
     done: list[dict] = []
     for i, run in enumerate(runs, 1):
         label = f"[{i}/{len(runs)}] {run.scenario} / {run.policy} / rep {run.repeat}"
@@ -340,6 +343,10 @@ def _run(args) -> int:
         policies = _policies(args.sync)
         scenarios = parse_scenarios(args.scenario, read_trace)
         args.optimizer, args.policy_optimizers = rule_pairing(args.optimizer)
+        args.launcher_spec = launcher_from_args(args)
+        if args.launcher != "local" and getattr(args.workers, "elastic", False):
+            raise ValueError("--workers MIN:MAX (scheduled joins) needs the local launcher; "
+                             "compare a fixed worker count across a Ray cluster")
         base = config_from_args(args, "bsp", sync_options={})
         if base.servers == flag.AUTO:  # one count for every run of the comparison
             base = resolve_servers(base)
@@ -445,6 +452,7 @@ def register(sub) -> None:
                           f"{paired_text()}; a rule given applies to every policy")
     g["run"].add_argument("--out", help="output folder (default runs/<time>-compare)")
     g["run"].add_argument("--quiet", action="store_true", help="no per-run progress bar")
+    add_launcher_args(g["cluster"])
     g["run"].add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,
                           help="give up on one run after this many seconds (default 900)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",

@@ -86,12 +86,14 @@ def worker_command(command: list[str], local: bool = True) -> list[str]:
 
 
 def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
-               timeout: float | None = None, watch=None) -> dict:
-    """One local job of `command` as the workers under `cfg` (see script_job), as
+               timeout: float | None = None, watch=None, launcher: dict | None = None) -> dict:
+    """One job of `command` as the workers under `cfg` (see script_job), as
     launch/jobs.run_training runs the built-in task: writes config.json (with the command),
     metrics.jsonl and summary.json into run_dir and returns the summary. A worker that exits
     with an error fails the run (LaunchError), as a dead built-in worker would.
-    `watch(cluster)`, if given, is called at every poll while the job runs (as run_training's)."""
+    `watch(cluster)`, if given, is called at every poll while the job runs (as run_training's);
+    `launcher` ({"name": "ray", ...}, as run_training's) places the processes on a Ray
+    cluster instead of this machine."""
     import json
 
     from paramserver.launch.local import LaunchError, LocalCluster
@@ -104,13 +106,20 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(
         {"config": script_settings(cfg), "job": job, "command": command}, indent=2))
-    cluster = LocalCluster(spec, run_dir, job_timeout=timeout, worker_cmd=command,
-                           restart_coordinator=cfg.restart_coordinator)
+    ray = bool(launcher) and launcher.get("name", "local") == "ray"
+    if ray:
+        from paramserver.launch.ray_launcher import RayCluster, Resources
+        cluster = RayCluster(spec, run_dir, address=launcher.get("address"),
+                             resources=Resources(**launcher.get("resources", {})),
+                             job_timeout=timeout, worker_cmd=command)
+    else:
+        cluster = LocalCluster(spec, run_dir, job_timeout=timeout, worker_cmd=command,
+                               restart_coordinator=cfg.restart_coordinator)
     with JobProgress(run_dir / "metrics.jsonl", spec.max_samples, f"{cfg.sync} x{cfg.workers}",
                      quiet) as bar:
         cluster.run(on_tick=bar.tick if watch is None else lambda: (bar.tick(), watch(cluster)))
     records = list(read_records(run_dir / "metrics.jsonl"))
-    exits, tails = _worker_exits(cluster, "local")
+    exits, tails = _worker_exits(cluster, "ray" if ray else "local")
     failures = worker_failures(exits, rank_records(records))
     if failures:
         raise LaunchError("\n".join(f"{what}:\n{tails.get(rank, '')}"

@@ -345,7 +345,7 @@ def _run(args) -> int:
             if cfg.checkpoint_dir is None and (cfg.checkpoint_every or cfg.checkpoint_seconds):
                 cfg.checkpoint_dir = str(run_dir / "checkpoints")
         summary = run_training(cfg, run_dir, quiet=args.quiet, timeout=args.timeout,
-                               resume=resume, launcher=_launcher(args))
+                               resume=resume, launcher=launcher_from_args(args))
     except (ValueError, FileNotFoundError) as exc:
         print(f"paramserver train: {exc}", file=sys.stderr)
         return 2
@@ -375,12 +375,14 @@ def _write_job(cfg: TrainConfig, path: Path) -> int:
     return 0
 
 
-def _launcher(args) -> dict:
+def launcher_from_args(args) -> dict:
+    """Where a job's processes run, from the flags add_launcher_args adds (train, compare)."""
     if args.launcher == "local":
         return {"name": "local"}
     # Not wired through Ray yet: refuse rather than silently run without them.
-    for name, used in (("--restart-servers", args.restart_servers), ("--resume", args.resume),
-                       ("--restart-coordinator", args.restart_coordinator)):
+    for name, used in (("--restart-servers", getattr(args, "restart_servers", 0)),
+                       ("--resume", getattr(args, "resume", None)),
+                       ("--restart-coordinator", getattr(args, "restart_coordinator", 0))):
         if used:
             raise ValueError(f"{name} is not supported with --launcher ray yet; "
                              f"use the local launcher for it")

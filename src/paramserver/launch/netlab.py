@@ -280,19 +280,29 @@ class NetLab:
                 p.kill()
                 p.wait(timeout=5)
 
+    def kill_host(self, host: int) -> list[int]:
+        """Cut host's power: SIGKILL every process inside its namespace, whoever started it.
+        Returns the PIDs killed."""
+        return self._kill_inside(self.ns(host))
+
+    def _kill_inside(self, name: str) -> list[int]:
+        killed = []
+        for pid in _run([self.ip, "netns", "pids", name], check=False).stdout.split():
+            if pid.isdigit() and int(pid) != os.getpid():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+                except ProcessLookupError:
+                    pass
+        return killed
+
     def close(self) -> None:
         """Kill the processes started here, then delete every namespace made (idempotent)."""
         self.stop_processes()
         for name in reversed(self.created):
             # Anything still inside one of our namespaces (a child of a process we started)
             # would keep it alive after the name is gone: kill those by PID first.
-            pids = _run([self.ip, "netns", "pids", name], check=False).stdout.split()
-            for pid in pids:
-                if pid.isdigit() and int(pid) != os.getpid():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            self._kill_inside(name)
             _run([self.ip, "netns", "del", name], check=False)
         self.created.clear()
 

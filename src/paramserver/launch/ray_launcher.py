@@ -14,6 +14,7 @@ Needs the optional extra `paramserver[ray]`.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -97,6 +98,11 @@ class RoleProcess:
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+    def node(self) -> str:
+        """The address of the node this role runs on."""
+        import ray
+        return ray.util.get_node_ip_address()
 
     def pid(self) -> int:
         return self.proc.pid
@@ -199,6 +205,7 @@ class RayCluster:
     join: str = ""
     timings: dict = field(default_factory=dict)
     barrier_opened: bool = False  # seen in the coordinator's events.jsonl
+    placement: dict = field(default_factory=dict)  # actor name -> the nodes it ran on, in order
     _events_at: int = 0
     _events_tail: bytes = b""  # a line cut by the last read ends in the next one
 
@@ -215,12 +222,15 @@ class RayCluster:
             # start every process; a cluster has what it has (check_resources).
             cpus = None if self.address else max(os.cpu_count() or 1, math.ceil(
                 demand(self.spec, self.resources)[0]))
-            ray.init(address=self.address, num_cpus=cpus, include_dashboard=False,
+            # "local", not None: Ray would join whatever cluster its address file on this
+            # machine names (a stale one included) instead of starting the instance asked for.
+            ray.init(address=self.address or "local", num_cpus=cpus, include_dashboard=False,
                      log_to_driver=False)
         self.timings["ray_init_s"] = time.monotonic() - t0
         try:
             check_resources(self.spec, self.resources, ray.cluster_resources())
             self._start(ray)
+            self._place(ray)
             self.timings["startup_s"] = time.monotonic() - t0
             self._wait(ray, on_tick)
         finally:
@@ -239,11 +249,26 @@ class RayCluster:
                            Path(d, "private", f"{role}.key_secret").read_text()}
                     for role in security.ROLES}
 
+    def _where(self, ray, role: str):
+        """Ray's scheduling strategy for a role. On a cluster the coordinator and the evaluator
+        stay on the driver's node, whose loss ends the job anyway, and the servers and workers
+        are spread over the nodes, so one node's loss takes as few of them as it can; a local
+        instance has one node. (Not soft affinity: Ray 2.60 spreads 0-CPU actors asked for
+        softly over every node, so the coordinator would share a worker node's fate.)"""
+        if self.address is None:
+            return "DEFAULT"
+        if role in ("coordinator", "evaluator"):
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                                  soft=False)
+        return "SPREAD"
+
     def _spawn(self, ray, name: str, role: str, args: list[str], keys: dict, *,
                cpus: float = 0.0, gpus: float = 0.0, restarts: int = 0, files=None,
                command=None, env=None, restart_args=None):
         actor_cls = ray.remote(RoleProcess).options(
-            num_cpus=cpus, num_gpus=gpus, max_restarts=restarts, name=None)
+            num_cpus=cpus, num_gpus=gpus, max_restarts=restarts, name=None,
+            scheduling_strategy=self._where(ray, role))
         key_role = "observer" if role == "evaluator" else role
         actor = actor_cls.remote(role, args, files or {}, keys[key_role], restarts > 0,
                                  command, env, os.getcwd() if command else None,
@@ -252,7 +277,6 @@ class RayCluster:
         return actor
 
     def _start(self, ray) -> None:
-        import json
         keys, r, spec = self._keys(), self.resources, self.spec
         # A local instance: every process on this host, loopback (shared memory applies).
         bind = "127.0.0.1" if self.address is None else "{node_ip}"
@@ -292,6 +316,22 @@ class RayCluster:
             self._spawn(ray, "evaluator", "evaluator",
                         ["--join", self.join, "--interval", str(spec.eval_interval),
                          "--save-model", "{dir}/model.pt"], keys)
+
+    def _place(self, ray) -> None:
+        """Note where each role runs now (placement.json in the run folder): a role that Ray
+        restarted on another node gets that node added after its first."""
+        for name, _, actor in self.actors:
+            try:
+                node = ray.get(actor.node.remote(), timeout=30)
+            except Exception:  # restarting, or gone for good: its last node stays noted
+                continue
+            seen = self.placement.setdefault(name, [])
+            if not seen or seen[-1] != node:
+                seen.append(node)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / "placement.json.tmp"
+        tmp.write_text(json.dumps(self.placement, indent=2))
+        tmp.replace(self.run_dir / "placement.json")  # a reader never sees half of it
 
     def _poll(self, ray, actor):
         try:
@@ -349,19 +389,19 @@ class RayCluster:
 
     def _follow(self, ray) -> None:
         """While the job runs: the user's workers' new output onto the console, prefixed with
-        their rank, and the coordinator's new metrics into the run folder (the progress line
-        reads them there; `_collect` writes the whole file at the end)."""
-        if self.progress is not None:
-            try:
-                data = ray.get(self.actors[0][2].read_from.remote("metrics.jsonl",
-                                                                  self._metrics_at), timeout=10)
-            except Exception:  # ray wraps whatever went wrong; the next tick tries again
-                data = b""
-            if data:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                with open(self.run_dir / "metrics.jsonl", "ab") as f:
-                    f.write(data)
-                self._metrics_at += len(data)
+        their rank, and the coordinator's new metrics into the run folder (train's progress
+        bar and launch's progress line read them there, as a user's `top` does; `_collect`
+        writes the whole file at the end)."""
+        try:
+            data = ray.get(self.actors[0][2].read_from.remote("metrics.jsonl", self._metrics_at),
+                           timeout=10)
+        except Exception:  # ray wraps whatever went wrong; the next tick tries again
+            data = b""
+        if data:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.run_dir / "metrics.jsonl", "ab") as f:
+                f.write(data)
+            self._metrics_at += len(data)
         if self.stream is None or not self.worker_cmd:
             return
         for name, role, actor in self.actors:
@@ -395,6 +435,7 @@ class RayCluster:
         """Metrics and events from the coordinator, results and logs from every role."""
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        self._place(ray)
         for name, role, actor in self.actors:
             try:
                 if role == "worker":
@@ -420,6 +461,5 @@ class RayCluster:
         return {int(name.split()[1]): code for name, code in self.exits.items()}
 
     def worker_results(self) -> list[dict]:
-        import json
         out = [json.loads(p.read_text()) for p in (self.run_dir / "results").glob("worker-*.json")]
         return sorted(out, key=lambda r: r.get("rank", 0))
