@@ -145,27 +145,35 @@ def join_all(procs, timeout: float = 120.0) -> list[int | None]:
     return codes
 
 
-def train_side_by_side(root: Path, runs: dict[str, list[str]], timeout: float = 300.0
-                       ) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """`paramserver train ARGS --out root/NAME --quiet` for every NAME: ARGS at once (most of
-    each run is process start-up, which overlaps); {name: (run folder, finished process)}.
-    Every child is reaped, killed if the wait ran out."""
-    procs = {name: subprocess.Popen(
-        [sys.executable, "-m", "paramserver", "train", *args, "--out", str(root / name),
-         "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for name, args in runs.items()}
+def side_by_side(commands: dict[str, tuple[list[str], dict]], timeout: float = 300.0
+                 ) -> dict[str, subprocess.CompletedProcess]:
+    """Every NAME: (ARGV, POPEN KWARGS) started at once (most of a job is process start-up,
+    which overlaps), each waited for within `timeout`; {name: finished process, text output}.
+    Every child is reaped, killed if its wait ran out."""
+    procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, **kwargs)
+             for name, (argv, kwargs) in commands.items()}
     done = {}
     try:
         for name, proc in procs.items():
             out, err = proc.communicate(timeout=timeout)
-            done[name] = (root / name,
-                          subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
     return done
+
+
+def train_side_by_side(root: Path, runs: dict[str, list[str]], timeout: float = 300.0
+                       ) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """`paramserver train ARGS --out root/NAME --quiet` for every NAME: ARGS at once;
+    {name: (run folder, finished process)}."""
+    done = side_by_side({name: ([sys.executable, "-m", "paramserver", "train", *args, "--out",
+                                 str(root / name), "--quiet"], {})
+                         for name, args in runs.items()}, timeout)
+    return {name: (root / name, proc) for name, proc in done.items()}
 
 
 def wait_for(predicate, what: str, timeout: float = 60.0, poll: float = 0.02):

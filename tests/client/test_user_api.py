@@ -105,6 +105,9 @@ def loader_and_crash(tmp_path_factory):
     return {name: (*done[name], folders[name]) for name in runs}
 
 
+@pytest.mark.slow  # 25 steps of 3 launched ranks, ~11 s; fast twins: LB-BSP's split in
+# tests/policies, and a launched script following the policy's batch sizes in
+# tests/optim/test_optimizer_state.py::test_a_script_that_ignores_the_policys_batches_is_told_...
 def test_lbbsp_shrinks_a_user_scripts_straggler_batch(tmp_path):
     proc, out = launch(tmp_path, STRAGGLER_SCRIPT, "--workers", "3", "--sync", "lbbsp",
                        "--straggler", "0:3", "--device-time", "1ms", "--steps", "25")

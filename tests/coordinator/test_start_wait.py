@@ -33,6 +33,8 @@ def _line_with(pipe, text: str, within: float) -> str:
     raise AssertionError(f"no line with {text!r} within {within} s:\n{''.join(seen)}")
 
 
+@pytest.mark.slow  # ~14 s of waiting for the report; the fast twin checks the same words in the
+# core: tests/coordinator/test_coordinator_core.py::test_the_start_barrier_says_whom_it_waits_...
 def test_a_worker_and_the_coordinator_say_whom_the_start_barrier_waits_for(tmp_path):
     proc, port, first = serve_bare_job(tmp_path, "--workers", "2", "--steps", "3")
     users = []

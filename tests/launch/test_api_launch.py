@@ -5,19 +5,58 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from paramserver.runlog.metrics import read_records
+from ps_helpers import side_by_side
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_my_model.py"
+DDP_STYLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_style.py"
+CRASH = """\
+import os, sys, torch, paramserver
+if os.environ['RANK'] == '1':
+    sys.exit('rank 1: cannot build the model (on purpose)')
+opt = paramserver.DistributedOptimizer(torch.nn.Linear(4, 2))
+while not opt.should_stop:
+    opt.zero_grad(); opt.step()
+opt.close()
+"""
 
 
-def test_readme_example_trains_through_launch(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--steps", "120",
-         "--out", str(out), "--", sys.executable, str(EXAMPLE)],
-        capture_output=True, text=True, timeout=300,
+def _launch(root: Path, name: str, flags: list[str], script: list[str], **kwargs):
+    return ([sys.executable, "-m", "paramserver", "launch", *flags, "--out",
+             str(root / name / "run"), "--", sys.executable, *script],
+            {"cwd": root / name, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The README's example, PyTorch's DDP tutorial script (to its end, and cut by a budget)
+    and a script whose rank 1 dies before joining, launched side by side; {name: (finished
+    launch, its folder, seconds it took)}."""
+    import time
+    root = tmp_path_factory.mktemp("launched")
+    for name in ("readme", "ddp", "ddp_budget", "crash"):
+        (root / name).mkdir()
+    (root / "crash" / "crash.py").write_text(CRASH)
+    t0 = time.monotonic()
+    done = side_by_side({
         # A key name left in the shell names no key of the job's fresh folder: not passed on.
-        env=dict(os.environ, PARAMSERVER_KEY_NAME="worker-hostB"))
+        "readme": _launch(root, "readme", ["--workers", "2", "--steps", "120"], [str(EXAMPLE)],
+                          env=dict(os.environ, PARAMSERVER_KEY_NAME="worker-hostB")),
+        "ddp": _launch(root, "ddp", ["--workers", "2", "--quiet"], [str(DDP_STYLE), "3", "1"]),
+        "ddp_budget": _launch(root, "ddp_budget", ["--workers", "2", "--steps", "20", "--quiet"],
+                              [str(DDP_STYLE), "3", "1"]),
+        "crash": _launch(root, "crash", ["--workers", "2", "--steps", "5", "--timeout", "240",
+                                         "--quiet"], [str(root / "crash" / "crash.py")]),
+    }, timeout=300)
+    took = time.monotonic() - t0
+    return {name: (proc, root / name, took) for name, proc in done.items()}
+
+
+def test_readme_example_trains_through_launch(launched):
+    proc, folder, _ = launched["readme"]
+    out = folder / "run"
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = " ".join(p.read_text() for p in (out / "logs").glob("worker-*.log"))
     accuracies = [float(line.rsplit(" ", 1)[1]) for line in logs.splitlines()
@@ -46,44 +85,22 @@ def test_optimizer_outside_a_job_says_how_to_join(monkeypatch):
         DistributedOptimizer(torch.nn.Linear(2, 2))
 
 
-def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(tmp_path):
+def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(launched):
     """Rank 1 crashes before joining: without this the start barrier waited for it until
-    launch's --timeout and then said only that the job did not finish."""
-    import time
-    script = tmp_path / "crash.py"
-    script.write_text(
-        "import os, sys, torch, paramserver\n"
-        "if os.environ['RANK'] == '1':\n"
-        "    sys.exit('rank 1: cannot build the model (on purpose)')\n"
-        "opt = paramserver.DistributedOptimizer(torch.nn.Linear(4, 2))\n"
-        "while not opt.should_stop:\n"
-        "    opt.zero_grad(); opt.step()\n"
-        "opt.close()\n")
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--steps", "5",
-         "--timeout", "240", "--quiet", "--out", str(tmp_path / "run"), "--", sys.executable,
-         str(script)], capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - t0
+    launch's --timeout (240 s) and then said only that the job did not finish."""
+    proc, _, took = launched["crash"]
     assert proc.returncode != 0
     assert "worker 1 died" in proc.stderr and "before the job started" in proc.stderr, proc.stderr
     assert "cannot build the model (on purpose)" in proc.stderr
-    assert took < 120, f"the launch waited {took:.0f} s for a worker that had died"
+    assert took < 120, f"the launches waited {took:.0f} s for a worker that had died"
 
 
-DDP_STYLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_style.py"
-
-
-def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(tmp_path):
+def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(launched):
     """examples/ddp_style.py is PyTorch's multigpu_torchrun.py with its process-group and DDP
     lines changed: its Trainer's epoch loop, len(train_data), set_epoch and the script's own
     SGD run as written; without --steps the job ends when the scripts do."""
     import re
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--quiet",
-         "--out", str(out), "--", sys.executable, str(DDP_STYLE), "3", "1"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc, folder, _ = launched["ddp"]
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     # 1,797 digits over 2 ranks (DistributedSampler pads to 899 each): 29 batches of 32
     epochs = re.findall(r"\[RANK(\d)\] Epoch (\d) \| Batchsize: 32 \| Steps: 29", proc.stdout)
@@ -91,22 +108,20 @@ def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(tmp_path):
     accuracy = re.findall(r"\[RANK(\d)\] training accuracy ([\d.]+)", proc.stdout)
     assert len(accuracy) == 2 and accuracy[0][1] == accuracy[1][1]  # BSP: one model
     assert float(accuracy[0][1]) > 0.85
-    assert (tmp_path / "snapshot.pt").exists()
+    assert (folder / "snapshot.pt").exists()
 
 
-def test_a_budget_ends_the_ddp_scripts_epochs_without_an_exception_in_its_code(tmp_path):
+def test_a_budget_ends_the_ddp_scripts_epochs_without_an_exception_in_its_code(launched):
     """launch --steps 20 under a script with its own epoch loop: the sampler's epochs end with
     the job, steps after the stop do nothing, the script ends normally and saves its model."""
     import re
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--steps", "20",
-         "--quiet", "--out", str(tmp_path / "run"), "--", sys.executable, str(DDP_STYLE),
-         "3", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc, folder, _ = launched["ddp_budget"]
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "40 steps" in proc.stdout  # 20 a rank, then the budget
     assert len(re.findall(r"training accuracy", proc.stdout)) == 2
     assert "step() does nothing from here" in proc.stdout
+    assert (folder / "snapshot.pt").exists()
 
 
 def test_paramservers_distributed_sampler_is_torchs_with_the_jobs_rank_and_size(monkeypatch):

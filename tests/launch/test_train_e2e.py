@@ -68,31 +68,39 @@ def test_metrics_lines_carry_the_step_schema(bsp_run):
     assert config["job"]["workers"] == 3
 
 
-def test_bad_options_fail_fast_with_a_clear_message(tmp_path):
-    procs = []
-    for args, fragment in [(["--sync", "nope"], "unknown sync policy"),
-                           (["--model", "resnet9000"], "unknown model"),
-                           (["--straggler", "7:3"], "names worker"),
-                           (["--dataset", "mnist", "--data-dir", str(tmp_path)], "train-images"),
-                           (["--device-time", "fast"], "device-time"),
-                           (["--launcher", "ray", "--restart-servers", "1",
-                             "--checkpoint-every", "5"], "not supported with --launcher ray")]:
-        # All at once: each is a process start-up and a refusal, no job.
-        out = tmp_path / f"x{len(procs)}"
-        procs.append((args, fragment, subprocess.Popen(
-            [sys.executable, "-m", "paramserver", "train", *args, "--out", str(out), "--quiet"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+BAD_OPTIONS = [(["--sync", "nope"], "unknown sync policy"),
+               (["--model", "resnet9000"], "unknown model"),
+               (["--straggler", "7:3"], "names worker"),
+               (["--dataset", "mnist", "--data-dir", "{tmp}"], "train-images"),
+               (["--device-time", "fast"], "device-time"),
+               (["--launcher", "ray", "--restart-servers", "1", "--checkpoint-every", "5"],
+                "not supported with --launcher ray")]
+
+
+def test_a_bad_option_fails_the_command_process_with_a_clear_message(tmp_path):
+    """The whole path once, as a user meets it: a process, exit 2, one line, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--sync", "nope",
+                           "--out", str(tmp_path / "x"), "--quiet"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown sync policy" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("args, fragment", BAD_OPTIONS, ids=lambda v: str(v)[:30])
+def test_bad_options_fail_fast_with_a_clear_message(tmp_path, capsys, args, fragment):
+    # In this interpreter (the one process start is the test above): each is a refusal before
+    # any process or run folder, so the command ends with 2 and the message on stderr.
+    from paramserver.cli.main import main
+    out = tmp_path / "x"
     try:
-        for args, fragment, proc in procs:
-            _, err = proc.communicate(timeout=60)
-            assert proc.returncode == 2, (args, err)
-            assert fragment in err, (args, err)
-            assert "Traceback" not in err
-    finally:
-        for _, _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        code = main(["train", *[a.format(tmp=tmp_path) for a in args], "--out", str(out),
+                     "--quiet"])
+    except SystemExit as exc:  # argparse's own refusals end the parse this way
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert fragment in err and "Traceback" not in err
+    assert not out.exists()
 
 
 def test_topk_pruned_pushes_carry_one_percent_and_still_learn(runs):

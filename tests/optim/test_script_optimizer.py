@@ -70,7 +70,8 @@ def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
 
 
 @pytest.mark.parametrize("kind,workers,servers", [
-    ("adamw", 1, 1), ("adamw", 1, 2),
+    # (one shard: slow, its twin is the same rule split over two shards)
+    pytest.param("adamw", 1, 1, marks=pytest.mark.slow), ("adamw", 1, 2),
     # three ranks' mean gradient is the global batch's up to float32 summation order: the
     # tolerance is that rounding (1e-6 relative per step) carried through 25 steps
     ("sgd", 3, 2)])
@@ -124,6 +125,8 @@ def test_every_server_optimizer_keeps_torchs_course_for_100_steps_of_3_workers(t
                                    msg=f"{kind}: {name} after 100 steps")
 
 
+@pytest.mark.slow  # two launched jobs, ~23 s here; the fast twin: the shard's optimizer state
+# through a checkpoint round trip (tests/optim/test_torch_rule.py::test_state_survives_a_...)
 def test_a_resumed_job_goes_on_with_the_optimizers_state_from_its_checkpoint(tmp_path):
     """`launch --resume RUN`: Adam's moments and step counts are the shards' state, saved in
     the run's final checkpoint; a job resumed from a run of 10 steps and run to 16 ends where
