@@ -133,6 +133,38 @@ def test_compare_runs_each_policy_across_the_nodes(cluster, tmp_path):
     assert [r["ok"] for r in plan["runs"]] == [True, True]
 
 
+GANG = """
+import json, sys
+from pathlib import Path
+from paramserver.launch.jobs import prepare_job
+from paramserver.launch.local import LaunchError
+from paramserver.launch.ray_launcher import RayCluster, Resources
+from paramserver.spec.config import TrainConfig
+job = prepare_job(TrainConfig(workers=1, servers=1, epochs=1))
+cluster = RayCluster(job, Path(sys.argv[1]), address=sys.argv[2], startup_timeout=8,
+                     resources=Resources(worker_cpus=5))
+try:
+    cluster.run()
+except LaunchError as exc:
+    print("REFUSED " + json.dumps(str(exc)))
+print("PLACED " + json.dumps(cluster.placement))
+"""
+
+
+def test_a_job_no_node_can_hold_is_refused_whole_before_any_role_starts(cluster, tmp_path):
+    """6 CPUs asked, 8 in the cluster, but a worker's 5 fit on no 4-CPU node: the job's
+    placement group is never ready, so nothing starts and the launch says why within its
+    start-up time, instead of a server running while the worker waits for room forever."""
+    proc = cluster.run([sys.executable, "-c", GANG, str(tmp_path / "run"), cluster.address],
+                       timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = json.loads(proc.stdout.split("REFUSED ", 1)[1].splitlines()[0])
+    assert "could not hold the job's 2 server and worker processes together within 8 s" \
+        in refused and "6 CPU" in refused
+    placed = json.loads(proc.stdout.split("PLACED ", 1)[1].splitlines()[0])
+    assert placed == {}  # not even the coordinator started
+
+
 def test_a_job_survives_a_node_losing_its_power(tmp_path):
     """Its own cluster: the node it kills is not there for the tests after it."""
     reason = _unavailable()

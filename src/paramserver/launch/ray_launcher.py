@@ -182,6 +182,67 @@ def check_resources(job: JobSpec | dict, r: Resources, available: dict) -> None:
                           f"--ray-worker-cpus / --ray-server-cpus / --ray-worker-gpus")
 
 
+def bundles(job: JobSpec | dict, r: Resources) -> list[dict[str, float]]:
+    """One bundle per server process (primaries, then backups) and per starting worker, in
+    the order the launcher starts them: what the job's gang asks Ray to hold at once."""
+    spec = _spec(job)
+
+    def bundle(**amounts) -> dict[str, float]:
+        return {k: v for k, v in amounts.items() if v > 0}
+    return ([bundle(CPU=r.server_cpus)] * (spec.servers * spec.replicas)
+            + [bundle(CPU=r.worker_cpus, GPU=r.worker_gpus)] * (spec.min_workers or spec.workers))
+
+
+@dataclass
+class Gang:
+    """The job's servers and workers reserved together on a Ray cluster (a placement group,
+    its bundles spread over the nodes): the job starts whole or not at all, instead of some
+    processes waiting forever for room while the others hold theirs. A bundle on a lost node
+    is placed again by Ray, and the role's restarted actor goes with it."""
+
+    wanted: list[dict[str, float]]
+    group: object = None
+    given: int = 0
+
+    def reserve(self, ray, timeout: float) -> None:
+        from ray.util.placement_group import placement_group, remove_placement_group
+        if not any(self.wanted):  # nothing asks for resources: nothing to hold
+            return
+        # A bundle may not be empty: a role that asks for nothing takes a token CPU share.
+        self.group = placement_group([b or {"CPU": 0.001} for b in self.wanted],
+                                     strategy="SPREAD", name="")
+        try:
+            ray.get(self.group.ready(), timeout=timeout)
+        except Exception:  # GetTimeoutError, or the group could not be made at all
+            remove_placement_group(self.group)
+            self.group = None
+            total: dict[str, float] = {}
+            for b in self.wanted:
+                for k, v in b.items():
+                    total[k] = total.get(k, 0.0) + v
+            asked = ", ".join(f"{v:g} {k}" for k, v in sorted(total.items()))
+            raise LaunchError(
+                f"Ray could not hold the job's {len(self.wanted)} server and worker processes "
+                f"together within {timeout:.0f} s ({asked} in {len(self.wanted)} bundles, "
+                f"spread over the nodes); the cluster's free resources now: "
+                f"{ray.available_resources()}. Free the cluster, or lower --ray-worker-cpus "
+                f"/ --ray-server-cpus / --ray-worker-gpus") from None
+
+    def next(self):
+        """The scheduling strategy of the next server or worker started (bundle by bundle)."""
+        if self.group is None:
+            return None
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        index, self.given = self.given, self.given + 1
+        return PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
+
+    def release(self) -> None:
+        if self.group is not None:
+            from ray.util.placement_group import remove_placement_group
+            remove_placement_group(self.group)
+            self.group = None
+
+
 @dataclass
 class RayCluster:
     """Same contract as LocalCluster (`run(on_tick)`, `worker_results()`), on a Ray cluster;
@@ -227,8 +288,12 @@ class RayCluster:
             ray.init(address=self.address or "local", num_cpus=cpus, include_dashboard=False,
                      log_to_driver=False)
         self.timings["ray_init_s"] = time.monotonic() - t0
+        self.gang = Gang(bundles(self.spec, self.resources))
         try:
             check_resources(self.spec, self.resources, ray.cluster_resources())
+            if self.address is not None:  # a shared cluster: all of the job, or none of it
+                self.gang.reserve(ray, self.startup_timeout)
+                self.timings["reserve_s"] = time.monotonic() - t0
             self._start(ray)
             self._place(ray)
             self.timings["startup_s"] = time.monotonic() - t0
@@ -237,6 +302,7 @@ class RayCluster:
             self._collect(ray)
             for _, _, actor in self.actors:
                 ray.kill(actor, no_restart=True)
+            self.gang.release()
             if started_ray:
                 ray.shutdown()
 
@@ -261,7 +327,7 @@ class RayCluster:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
             return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
                                                   soft=False)
-        return "SPREAD"
+        return self.gang.next() or "SPREAD"
 
     def _spawn(self, ray, name: str, role: str, args: list[str], keys: dict, *,
                cpus: float = 0.0, gpus: float = 0.0, restarts: int = 0, files=None,
