@@ -11,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from paramserver.advise.cluster import (
+from paramserver.advise.core.cluster import (
     ClusterFitError, ClusterModel, Profile, StepSample, TargetLink, fit,
 )
 from paramserver.predict.convergence import Band, ConvergenceModel, Reference
-from paramserver.advise.outcome import simulate_policy
-from paramserver.advise.recommend import Candidate, Prediction, predict, recommend
+from paramserver.advise.core.outcome import simulate_policy
+from paramserver.advise.core.recommend import Candidate, Prediction, predict, recommend
 from paramserver.cli.main import main
 
 BYTES = 2_000_000
@@ -214,7 +214,7 @@ def test_advise_answers_bad_input_with_a_clear_error(tmp_path, capsys, argv, mes
 
 
 def test_the_target_link_reads_rate_slash_latency():
-    from paramserver.advise.cluster import TargetLink
+    from paramserver.advise.core.cluster import TargetLink
     from paramserver.cli.advise_cmd import target_link
     assert target_link("100mbit/5ms") == TargetLink(12.5e6, 0.005)
     assert target_link("10Gbit/s/1ms") == TargetLink(1.25e9, 0.001)
@@ -357,7 +357,7 @@ def test_simulated_step_is_the_max_of_device_time_and_real_compute():
 def test_round_mode_pulls_queue_behind_no_other_pull():
     # Four workers released at once: the live train task's early pull was answered when the
     # round applied, so only their pushes queue on the server (1 ms each).
-    from paramserver.advise.cluster import SimParams
+    from paramserver.advise.core.cluster import SimParams
     p = SimParams(workers=4, servers=1, batch_size=1, cost_per_sample=0.010, sigma=0.0,
                   classes=(), transient_p=0.0, transient_factor=1.0, comm_s=0.0,
                   coord_latency=0.0, server_s=0.001)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from paramserver.advise.fit_convergence import LiveRun, crossing, fit, live_run
+from paramserver.advise.core.fit_convergence import LiveRun, crossing, fit, live_run
 
 TRUE_E = {"bsp": 6000.0, "lbbsp": 5000.0, "asp": 9000.0, "ssp": 7000.0}
 MODE = {"bsp": "round", "lbbsp": "round", "asp": "arrival", "ssp": "arrival"}

@@ -4,8 +4,8 @@ leave-one-out selection, per-policy verdicts against the 15% goal and the seed c
 import pytest
 
 from paramserver.predict.convergence import Band
-from paramserver.advise.fit_convergence import LiveRun
-from paramserver.advise.validate import (Cell, CellResult, error, leave_out, measure,
+from paramserver.advise.core.fit_convergence import LiveRun
+from paramserver.advise.core.validate import (Cell, CellResult, error, leave_out, measure,
                                          per_policy, seed_claims, speedup)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from paramserver.advise.calibration_io import find_runs
 from paramserver.predict.convergence import ConvergenceModel
-from paramserver.advise.fit_convergence import live_run
+from paramserver.advise.core.fit_convergence import live_run
 
 
 @pytest.mark.slow

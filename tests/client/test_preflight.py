@@ -13,7 +13,7 @@ from paramserver.coordinator.events import (
     AppendEvent, PreflightReported, Registered, Reply, SavePreflight,
 )
 from paramserver.coordinator.state import CoordinatorState
-from paramserver.observe.preflight import (
+from paramserver.observe.core.preflight import (
     MAX_BYTES, MIN_BYTES, SERVE_MAX, PreflightBook, burst_size, parse_links, probe_link, rate_of,
 )
 from paramserver.spec.job import JobSpec, SyncSpec

@@ -9,7 +9,7 @@ import pytest
 
 from paramserver.cli.main import main
 from paramserver.observe.flight import FlightRecorder, probe_answer
-from paramserver.observe.stall import (
+from paramserver.observe.core.stall import (
     HANG, MISSING, MemberView, ProbeAnswer, ReportInput, StallDetector, StallSettings,
     build_report, describe_wait, missing_workers,
 )

@@ -1,4 +1,4 @@
-"""`paramserver top`'s statistics on synthetic records (observe/stats.py), the coordinator's
+"""`paramserver top`'s statistics on synthetic records (observe/core/stats.py), the coordinator's
 ring of recent records and its `observe` op, driven on the core: no sockets, no sleeps."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.recent import RecentRecords
 from paramserver.coordinator.state import CoordinatorState
-from paramserver.observe.stats import (
+from paramserver.observe.core.stats import (
     CHRONIC, OK, TRANSIENT, JobStats, SlowClassifier, SlowSettings, StepRecord, WaitLedger,
     round_mode_of,
 )

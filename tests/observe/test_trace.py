@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from paramserver.cli.main import main
-from paramserver.observe.trace import (
+from paramserver.observe.core.trace import (
     TraceError, TraceOptions, build_trace, parse_steps,
 )
 

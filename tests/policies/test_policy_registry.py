@@ -5,7 +5,7 @@ order) comes from the policy classes, and no other module keeps its own list of 
 import ast
 from pathlib import Path
 
-from paramserver.advise.recommend import default_candidates
+from paramserver.advise.core.recommend import default_candidates
 from paramserver.cli.compare_cmd import paired_optimizers
 from paramserver.optim import UPDATE_RULES
 from paramserver.policies import SYNC_POLICIES, SyncPolicy

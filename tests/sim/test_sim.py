@@ -282,7 +282,7 @@ def test_summary_in_worker_groups_equals_the_direct_summary(tmp_path):
 
 def test_the_engine_reads_no_clock_and_does_no_io():
     import paramserver.sim as sim
-    for path in ("sim/engine.py", "sim/comm.py", "sim/compute.py", "core/units.py",
+    for path in ("sim/core/engine.py", "sim/core/comm.py", "sim/core/compute.py", "core/units.py",
                  "sim/trace.py"):
         tree = ast.parse((Path(sim.__file__).parent.parent / path).read_text())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
@@ -293,7 +293,7 @@ def test_the_engine_reads_no_clock_and_does_no_io():
 
 
 def test_importing_the_simulator_loads_neither_zmq_nor_torch():
-    code = ("import sys, paramserver.sim, paramserver.sim.run, paramserver.sim.engine, "
+    code = ("import sys, paramserver.sim, paramserver.sim.run, paramserver.sim.core.engine, "
             "paramserver.sim.train, paramserver.sim.replay; "
             "print(sorted(m for m in ('zmq', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -16,8 +16,8 @@ from paramserver.policies.batch_rule import BatchRule
 from paramserver.report.collect import load_run
 from paramserver.report.timeline import membership_timeline
 from paramserver.sim import Engine, Network, NullSink, SimConfig, simulate
-from paramserver.sim.compute import parse_compute
-from paramserver.sim.membership import Change, MembershipError, Schedule, parse_membership
+from paramserver.sim.core.compute import parse_compute
+from paramserver.sim.core.membership import Change, MembershipError, Schedule, parse_membership
 
 STEP = 0.010  # seconds a step takes: batch 10 x 1 ms
 

@@ -4,9 +4,9 @@ calibration.csv and calibration.html. The arithmetic is validate.py's (pure); th
 the I/O: run folders, the simulator's runs, the output files.
 
 A cell is predicted as `paramserver advise` predicts: a cluster model fitted from a profile
-(advise.cluster.fit of a live run folder) drives advise.outcome.simulate_policy at the cell's
-scale, and the convergence model turns the simulated staleness and update batch into samples
-to target, read off the simulated samples-time curve. Leave-one-out on both sides: the
+(advise.core.cluster.fit of a live run folder) drives advise.core.outcome.simulate_policy at
+the cell's scale, and the convergence model turns the simulated staleness and update batch into
+samples to target, read off the simulated samples-time curve. Leave-one-out on both sides: the
 profiles are the runs of the other policies in the cell's setting (as a user profiles the
 job once and asks about every policy), and the convergence model is fitted without the cell.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from paramserver.advise.calibration_io import RunFolder, find_runs
 from paramserver.predict.convergence import Band, ConvergenceModel
-from paramserver.advise.fit_convergence import LiveRun, fit, live_run
-from paramserver.advise.validate import (GOAL, Cell, CellResult, Claim, PolicyVerdict,
+from paramserver.advise.core.fit_convergence import LiveRun, fit, live_run
+from paramserver.advise.core.validate import (GOAL, Cell, CellResult, Claim, PolicyVerdict,
                                          leave_out, measure, per_policy, seed_claims)
 
 @dataclass
@@ -76,8 +76,8 @@ def _to_live(run: RunFolder, target: float) -> LiveRun:
 
 def _predict_outcomes(cell: Cell, profiles: list[RunFolder], clusters: dict) -> list:
     """advise's outcome of the cell's policy on the cluster fitted from each profile run."""
-    from paramserver.advise.cluster import fit as fit_cluster
-    from paramserver.advise.outcome import simulate_policy
+    from paramserver.advise.core.cluster import fit as fit_cluster
+    from paramserver.advise.core.outcome import simulate_policy
     from paramserver.advise.profile import load_profile
     out = []
     for pf in profiles:

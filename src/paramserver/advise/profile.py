@@ -1,6 +1,6 @@
 """Where a profile comes from: a live run folder, a recorded trace CSV, or a short live run
 started here (a built-in model through `train`'s machinery, or the user's script through
-`launch`'s), bounded in time. Each gives an advise.cluster.Profile for the pure fit."""
+`launch`'s), bounded in time. Each gives an advise.core.cluster.Profile for the pure fit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from paramserver.advise.cluster import ClusterFitError, Profile, StepSample
+from paramserver.advise.core.cluster import ClusterFitError, Profile, StepSample
 from paramserver.emulation.links import LinkTable
 from paramserver.spec.run_job import RunJob
 

@@ -48,7 +48,7 @@ Writes advise.json (typed, versioned) into --out."""
 
 def _link(text: str):
     """RATE[,LATENCY] or RATE/LATENCY (e.g. 100mbit/5ms, 10gbit, unlimited)."""
-    from paramserver.advise.cluster import TargetLink
+    from paramserver.advise.core.cluster import TargetLink
     from paramserver.core.units import UnitError, parse_duration
     from paramserver.emulation.links import parse_link
     head, sep, tail = text.rpartition("/")
@@ -195,9 +195,9 @@ def _budget(model, candidate, params, max_steps: int) -> int:
 
 def advise(args) -> dict:
     """The whole command without printing the table: advise.json's content."""
-    from paramserver.advise.cluster import fit
-    from paramserver.advise.outcome import simulate_policy
-    from paramserver.advise.recommend import (
+    from paramserver.advise.core.cluster import fit
+    from paramserver.advise.core.outcome import simulate_policy
+    from paramserver.advise.core.recommend import (
         ADVICE_VERSION, default_candidates, predict, recommend,
     )
     from paramserver.policies import SYNC_POLICIES
@@ -272,7 +272,7 @@ def table(doc: dict) -> str:
 
 
 def _run(args) -> int:
-    from paramserver.advise.cluster import ClusterFitError
+    from paramserver.advise.core.cluster import ClusterFitError
     from paramserver.predict.convergence import ConvergenceError
     from paramserver.advise.profile import ProfileError
     from paramserver.launch.local import LaunchError

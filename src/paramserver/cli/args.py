@@ -191,11 +191,11 @@ batch_rule = _typed(_batch_rule, "batch rule")
 
 
 def _membership(text: str):
-    from paramserver.sim.membership import parse_membership
+    from paramserver.sim.core.membership import parse_membership
     return parse_membership(text)
 
 
-# simulate's join@T[*N] / leave@T[:wR] schedule (sim/membership.py Schedule).
+# simulate's join@T[*N] / leave@T[:wR] schedule (sim/core/membership.py Schedule).
 membership = _typed(_membership, "membership")
 
 

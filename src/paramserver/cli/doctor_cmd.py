@@ -22,7 +22,7 @@ def stall_reports(run: Path) -> list[Path]:
 
 
 def _run(args) -> int:
-    from paramserver.observe.stall import headline
+    from paramserver.observe.core.stall import headline
     run = Path(args.run)
     if not run.is_dir():
         print(f"paramserver doctor: no run folder at {run}", file=sys.stderr)

@@ -215,8 +215,8 @@ SUMMARY = {"simulate": "simulate a sync policy with many virtual workers"}
 
 
 def register(sub) -> None:
-    from paramserver.sim.compute import COMPUTE_HELP
-    from paramserver.sim.membership import MEMBERSHIP_HELP
+    from paramserver.sim.core.compute import COMPUTE_HELP
+    from paramserver.sim.core.membership import MEMBERSHIP_HELP
     from paramserver.sim.run import DETAIL_LIMIT, DETAILS
     epilog = EPILOG.format(compute_help=COMPUTE_HELP, straggler_help=STRAGGLER_HELP,
                            detail_limit=DETAIL_LIMIT, membership_help=MEMBERSHIP_HELP)

@@ -46,7 +46,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from paramserver.observe.source import SourceError, open_source
-    from paramserver.observe.stats import JobStats, SlowSettings
+    from paramserver.observe.core.stats import JobStats, SlowSettings
 
     if args.refresh <= 0:
         print("paramserver top: --refresh must be > 0", file=sys.stderr)

@@ -11,7 +11,7 @@ SUMMARY = {"trace": "write a run's worker phases and shard applies as a Chrome t
 
 
 def _steps(text: str):
-    from paramserver.observe.trace import parse_steps
+    from paramserver.observe.core.trace import parse_steps
     try:
         return parse_steps(text)
     except ValueError as exc:
@@ -26,7 +26,7 @@ def _records(path: Path) -> list[dict]:
 
 
 def _run(args) -> int:
-    from paramserver.observe.trace import TraceError, TraceOptions, build_trace
+    from paramserver.observe.core.trace import TraceError, TraceOptions, build_trace
     run = Path(args.run)
     metrics = run / "metrics.jsonl"
     if not metrics.is_file():
@@ -60,7 +60,7 @@ def _run(args) -> int:
 
 
 def register(sub) -> None:
-    from paramserver.observe.trace import DEFAULT_MAX_EVENTS
+    from paramserver.observe.core.trace import DEFAULT_MAX_EVENTS
     p = sub.add_parser(
         "trace", help=SUMMARY["trace"],
         description="Write a Chrome trace event file (JSON, Trace Event Format) of a run "

@@ -1,6 +1,6 @@
 """A worker's preflight: its link to each shard probed through the same sockets (and emulated
 link) as its pulls, and the figures sent to the coordinator for RUN/preflight.json. How a link
-is measured is observe/preflight.py's (pure); this module does the I/O."""
+is measured is observe/core/preflight.py's (pure); this module does the I/O."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from paramserver.client.requests import ShardRequests
 from paramserver.client.session import CoordinatorSession
 from paramserver.net.rpc import RemoteError
-from paramserver.observe.preflight import LinkProbe, probe_link
+from paramserver.observe.core.preflight import LinkProbe, probe_link
 from paramserver.wire import Message
 
 log = logging.getLogger(__name__)

@@ -308,7 +308,7 @@ class Finish:
 
 @dataclass(slots=True)
 class PreflightReported:
-    """A worker's link figures to each shard, measured before its start (observe/preflight.py
+    """A worker's link figures to each shard, measured before its start (observe/core/preflight.py
     wire form: [shard, rtt_ms, mbit_s, bytes] per link)."""
 
     op: ClassVar[str] = "preflight"

@@ -34,7 +34,7 @@ from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder
 from paramserver.coordinator.stall_doctor import StallDoctor
-from paramserver.observe.stall import StallSettings
+from paramserver.observe.core.stall import StallSettings
 from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, latest
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security, terminate

@@ -15,7 +15,7 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.membership import UnknownMember
 from paramserver.coordinator.recent import RecentRecords
-from paramserver.observe.preflight import PreflightBook, parse_links
+from paramserver.observe.core.preflight import PreflightBook, parse_links
 
 _OK: dict = {}  # the empty fields of an "ok" reply; never changed
 

@@ -1,4 +1,4 @@
-"""The coordinator node's side of the hang doctor: it feeds the stall detector (observe/stall.py)
+"""The coordinator node's side of the hang doctor: it feeds the stall detector (observe/core/stall.py)
 with the steps it sees, announces legitimate pauses in events.jsonl, and on a stall probes every
 live member over the sockets they already have (a worker's heartbeat connection, a server's
 coordinator connection), waits a bounded time for their answers, and writes RUN/stall-<n>.txt.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paramserver.coordinator.events import AppendEvent
 from paramserver.observe.flight import ANSWER_LINES, MAX_LINE, MAX_STACK_CHARS, stack_dump
-from paramserver.observe.stall import (
+from paramserver.observe.core.stall import (
     MemberView, ProbeAnswer, ReportInput, StallDetector, StallSettings, build_report, headline,
     missing_workers,
 )

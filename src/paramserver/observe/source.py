@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from paramserver.observe.stats import round_mode_of
+from paramserver.observe.core.stats import round_mode_of
 
 # What one poll of a live file reads at most: a view that fell behind catches up over a few.
 READ_CHUNK = 4 << 20

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from paramserver.observe.source import Link
-from paramserver.observe.stats import CHRONIC, PHASES, TRANSIENT, Snapshot, WorkerRow
+from paramserver.observe.core.stats import CHRONIC, PHASES, TRANSIENT, Snapshot, WorkerRow
 
 # One colour per phase, in the split bar and its legend.
 PHASE_STYLE = {"data": "magenta", "compute": "green", "push": "cyan", "wait": "red",

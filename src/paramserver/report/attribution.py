@@ -1,7 +1,7 @@
 """Straggler attribution: which worker (its host and link where known) cost each run how much
 time, chronic or transient. A report section and attribution.csv beside results.csv.
 
-The figures are observe/stats.py's, over the run's whole metrics.jsonl: the seconds the other
+The figures are observe/core/stats.py's, over the run's whole metrics.jsonl: the seconds the other
 workers lost waiting for each worker (round mode: its lateness at the end of each round it
 closed; arrival mode: the waits charged to it as the one furthest behind), split by the worker's
 slow state when the time was lost. Simulated runs without step lines have no attribution.
@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from paramserver.observe.stats import CHRONIC, OK, TRANSIENT, JobStats, round_mode_of
+from paramserver.observe.core.stats import CHRONIC, OK, TRANSIENT, JobStats, round_mode_of
 from paramserver.report.collect import Collection, Run
 from paramserver.spec.run_job import RunJob
 

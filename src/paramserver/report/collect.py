@@ -48,7 +48,7 @@ class Run:
     staleness: dict[int, int]  # staleness -> steps pushed at it
     train_time: float  # t of the last step record: the final evaluation can come much later
     recomputed: bool = False  # summary.json was missing or unreadable
-    # A simulation's steps.npz (sim.stepstats): per-step quantile bands, per-worker totals.
+    # A simulation's steps.npz (sim.core.stepstats): per-step quantile bands, per-worker totals.
     step_stats: dict | None = None
     # Membership changes from events.jsonl (report/timeline.py): joins, leaves, waits, losses.
     timeline: tuple = ()

@@ -58,7 +58,7 @@ def scalars(records: Iterable[Mapping]) -> list[Scalar]:
 
 
 def band_scalars(arrays: Mapping) -> list[Scalar]:
-    """The quantile bands of a simulated run's steps.npz (sim.stepstats) as points of run
+    """The quantile bands of a simulated run's steps.npz (sim.core.stepstats) as points of run
     `bands`, one tag per quantile (`time/wait_s/q50`), over each bucket's first step index: a
     run of thousands of workers keeps no step lines, only these (docs/metrics.md)."""
     if "band_step" not in arrays or "quantiles" not in arrays:

@@ -18,7 +18,7 @@ from paramserver.core.exits import Exit, PeerLost, Refused
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.observe.flight import FlightRecorder, probe_answer
-from paramserver.observe.preflight import served_bytes
+from paramserver.observe.core.preflight import served_bytes
 from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore

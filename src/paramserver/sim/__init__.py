@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from paramserver.sim.compute import COMPUTE_HELP, ComputeSpecError, parse_compute
-from paramserver.sim.engine import Engine, Network, NullSink, SimError
+from paramserver.sim.core.compute import COMPUTE_HELP, ComputeSpecError, parse_compute
+from paramserver.sim.core.engine import Engine, Network, NullSink, SimError
 from paramserver.sim.run import SimConfig, Simulation, simulate
 
 __all__ = ["COMPUTE_HELP", "ComputeSpecError", "Engine", "Network", "NullSink", "SimConfig",

@@ -1,9 +1,9 @@
 """The simulator's sink: the run folder's logs in the live run's schema (docs/metrics.md).
 
-Every step record goes into typed columns (sim.stepstats), written as steps.npz at the end; with
-`detail` it is also a metrics.jsonl line, as a live run writes it. Without detail metrics.jsonl
-holds the other records only (workers leaving, evaluations): a large simulation's folder stays
-small and its summary and report come from the columns instead of a re-read log.
+Every step record goes into typed columns (sim.core.stepstats), written as steps.npz at the
+end; with `detail` it is also a metrics.jsonl line, as a live run writes it. Without detail
+metrics.jsonl holds the other records only (workers leaving, evaluations): a large
+simulation's folder stays small and its summary and report come from the columns instead of a re-read log.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.sim.stepstats import StepColumns, step_stats
+from paramserver.sim.core.stepstats import StepColumns, step_stats
 
 # One format string per step record: json.dumps per line would cost more than the engine does.
 _STEP = ('{"t": %.6f, "kind": "step", "worker": %d, "step": %d, "batch": %d, '

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from paramserver.policies import make_policy
 from paramserver.policies.batch_rule import BatchRule
-from paramserver.sim.compute import parse_compute
-from paramserver.sim.engine import Engine, Network
-from paramserver.sim.membership import Schedule
+from paramserver.sim.core.compute import parse_compute
+from paramserver.sim.core.engine import Engine, Network
+from paramserver.sim.core.membership import Schedule
 from paramserver.runlog.metrics import summarize
-from paramserver.sim import stepstats
+from paramserver.sim.core import stepstats
 from paramserver.sim.records import RunWriter
 from paramserver.sim.summary import summarize_run
 from paramserver.sim.trace import CommReplay, TraceError, load_trace
@@ -60,7 +60,7 @@ class SimConfig:
     eval_interval: float = 1.0  # virtual seconds, --train only
     threads: int = 1
     detail: str = "auto"  # step records in metrics.jsonl: steps, summary (steps.npz only), auto
-    # Workers that join and leave in virtual time (sim.membership); `workers` start, as a live
+    # Workers that join and leave in virtual time (sim.core.membership); `workers` start, as a live
     # --workers MIN:MAX job's MIN, and the ranks run up to workers + the joins (`ranks`).
     membership: Schedule = field(default_factory=Schedule)
     batch_rule: str = "fixed"  # the global-batch rule as they come and go (policies.batch_rule)

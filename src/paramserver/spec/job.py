@@ -261,7 +261,7 @@ class Limits:
     # before sending more, and the shard refuses more (its exactly-once window is this deep).
     max_unacked_pushes: int = 1024
     # No step completing for this long makes the coordinator write a stall report
-    # (observe/stall.py). None: derived from the step time, max(10 x median, floor), the floor
+    # (observe/core/stall.py). None: derived from the step time, max(10 x median, floor), the floor
     # min(3 s, heartbeat_timeout / 2): a stopped worker is reported before it is declared dead.
     stall_timeout: float | None = None
 

@@ -25,7 +25,7 @@ worker, or a sample budget shared by all workers (`max_samples`, the host's), re
 clock brings the count to it, before the policy hears of that push; every release from then on
 tells its worker to stop. The engine checks what the host lets go against its workers' state.
 
-Membership (`membership`, a sim.membership.Schedule): workers join and leave at given virtual
+Membership (`membership`, a sim.core.membership.Schedule): workers join and leave at given virtual
 times through the events the live coordinator sends. A join takes the lowest free rank and is
 Joined(late=True) (the policy starts it at its next release). A leave is a preemption notice:
 a worker with a step under way finishes it, and its clock is its last (the step counts, a
@@ -45,8 +45,8 @@ from heapq import heapify, heappop, heappush
 from paramserver.policies.base import ApplyRound, PolicyError, Pushed, Release, SyncPolicy
 from paramserver.policies.batch_rule import BatchRule
 from paramserver.policies.host import PolicyHost
-from paramserver.sim.comm import LinkSteps, ReplaySteps
-from paramserver.sim.membership import Change, Schedule
+from paramserver.sim.core.comm import LinkSteps, ReplaySteps
+from paramserver.sim.core.membership import Change, Schedule
 
 # Event kinds (indexes into Engine.handlers) and worker states (GONE: left, or a free rank).
 READ, COMPUTED, APPLIED, CLOCK, LEAVE, WAKE, MEMBER = range(7)

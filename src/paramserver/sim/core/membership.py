@@ -1,7 +1,7 @@
 """A simulated job's membership schedule (`simulate --membership`): workers that join and leave
 at given virtual times, as `paramserver worker --join` and a SIGTERM do in a live elastic job.
 
-Pure: the grammar in, a typed schedule out; the engine (sim/engine.py) plays it through the
+Pure: the grammar in, a typed schedule out; the engine (sim/core/engine.py) plays it through the
 same PolicyHost events the live coordinator sends (Joined(late=True), Left).
 """
 

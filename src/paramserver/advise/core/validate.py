@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paramserver.predict.convergence import Band
-from paramserver.advise.fit_convergence import LiveRun
+from paramserver.advise.core.fit_convergence import LiveRun
 
 GOAL = 0.15  # predicted time to target within 15% of the live median
 

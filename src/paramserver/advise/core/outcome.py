@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paramserver.advise.cluster import SimParams
+from paramserver.advise.core.cluster import SimParams
 from paramserver.emulation.stragglers import RandomStragglers
 from paramserver.policies import make_policy
-from paramserver.sim.comm import LinkSteps
-from paramserver.sim.engine import Engine, Network, NullSink
+from paramserver.sim.core.comm import LinkSteps
+from paramserver.sim.core.engine import Engine, Network, NullSink
 
 CURVE_POINTS = 256  # points kept of the samples-against-time curve
 STEADY_FROM = 0.2  # the steady rate is measured past this share of the simulated samples
