@@ -163,7 +163,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                      "flight": _f(LIST, False), "waiting": _f(DICT, False)},
     # preflight (issue 23): worker -> server `probe` asks for `bytes` zero bytes, answered by
     # a `probe` with that many in one uint8 frame; worker -> coordinator `preflight` reports
-    # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/preflight.py)
+    # its links, each [shard, rtt_ms, mbit_s, bytes] (checked in observe/core/preflight.py)
     "probe": {"bytes": _f(NONNEG)},
     "preflight": {"links": _f(LIST)},
     # coordinator -> observer: records after `since` up to `seq` (more: ask again at once)
