@@ -381,7 +381,7 @@ def test_worker_count_and_the_job_fields():
 # ---- the report's timeline and the console -----------------------------------------------------
 
 def test_membership_timeline_reads_the_changes_in_training_seconds():
-    from paramserver.report.timeline import membership_timeline
+    from paramserver.report.core.timeline import membership_timeline
     events = [{"t": 1.0, "event": "start"}, {"t": 3.0, "event": "barrier_open", "workers": 2},
               {"t": 4.0, "event": "apply_round", "step": 0},
               {"t": 5.5, "event": "worker_joined", "worker": 2, "round": 9, "workers": 3},

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from paramserver.launch.verdict import (
+from paramserver.launch.core.verdict import (
     NO_STEP_REASON, RankRecord, ends_job_before_start, rank_records, worker_failures,
 )
 from paramserver.runlog.metrics import read_records

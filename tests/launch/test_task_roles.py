@@ -1,6 +1,6 @@
 """`paramserver task`: N copies of one command, as a scheduler starts them, each run its role.
 
-The layout is pure (launch/task_layout.py); the live test starts the copies as real processes
+The layout is pure (launch/core/task_layout.py); the live test starts the copies as real processes
 on 127.0.0.1, numbered as torchrun numbers them (RANK, WORLD_SIZE), meeting through a folder."""
 
 import json
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from paramserver.core.exits import Exit
-from paramserver.launch.task_layout import LayoutError, TaskLayout
+from paramserver.launch.core.task_layout import LayoutError, TaskLayout
 from paramserver.runlog.metrics import read_records
 from paramserver.spec.job import JobSpec
 

@@ -1,7 +1,7 @@
-"""Why a run missed the target, and the fix named for its policy: report/diagnose.py on
+"""Why a run missed the target, and the fix named for its policy: report/core/diagnose.py on
 hand-made outcomes, and the verdict that shows it."""
 
-from paramserver.report.diagnose import RunOutcome, Setting, classify, diagnose
+from paramserver.report.core.diagnose import RunOutcome, Setting, classify, diagnose
 from paramserver.report.table import Row
 from paramserver.report.verdict import scenario_verdict
 

@@ -224,7 +224,7 @@ def test_back_and_forth_on_noise_settles():
 
 
 def test_the_reports_timeline_reads_each_switch():
-    from paramserver.report.timeline import membership_timeline
+    from paramserver.report.core.timeline import membership_timeline
     rows = membership_timeline([
         {"t": 1.0, "event": "barrier_open"},
         {"t": 1.0, "event": "sync_switch", "from": None, "to": "bsp"},

@@ -9,7 +9,7 @@ from paramserver.advise.core.recommend import default_candidates
 from paramserver.cli.compare_cmd import paired_optimizers
 from paramserver.optim import UPDATE_RULES
 from paramserver.policies import SYNC_POLICIES, SyncPolicy
-from paramserver.report import diagnose
+from paramserver.report.core import diagnose
 from paramserver.report.collect import KNOWN_ORDER
 from paramserver.report.series import policy_color
 

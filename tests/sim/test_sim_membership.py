@@ -14,7 +14,7 @@ from paramserver.cli.main import main
 from paramserver.policies import SYNC_POLICIES, make_policy
 from paramserver.policies.batch_rule import BatchRule
 from paramserver.report.collect import load_run
-from paramserver.report.timeline import membership_timeline
+from paramserver.report.core.timeline import membership_timeline
 from paramserver.sim import Engine, Network, NullSink, SimConfig, simulate
 from paramserver.sim.core.compute import parse_compute
 from paramserver.sim.core.membership import Change, MembershipError, Schedule, parse_membership

@@ -97,7 +97,7 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
     import json
 
     from paramserver.launch.local import LaunchError, LocalCluster
-    from paramserver.launch.verdict import rank_records, worker_failures
+    from paramserver.launch.core.verdict import rank_records, worker_failures
     from paramserver.policies import SYNC_POLICIES
     from paramserver.runlog.metrics import read_records, summarize
     from paramserver.runlog.progress import JobProgress
@@ -191,7 +191,7 @@ def _run(args) -> int:
     import json
     from paramserver.launch.console import ProgressLine
     from paramserver.launch.local import LaunchError, LocalCluster
-    from paramserver.launch.verdict import rank_records, worker_failures
+    from paramserver.launch.core.verdict import rank_records, worker_failures
     from paramserver.runlog.metrics import read_records
     if args.launcher == "ray":
         for flag_name, used in (("--restart-coordinator", args.restart_coordinator),):

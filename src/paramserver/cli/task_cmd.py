@@ -1,7 +1,7 @@
 """`paramserver task --job FILE --dir DIR`: run this task's role of a job started by a scheduler.
 
 A batch script starts the same command on every task of one step (`srun --ntasks N paramserver
-task ...`), and each task picks its role from its number (launch/task_layout.py): task 0 the
+task ...`), and each task picks its role from its number (launch/core/task_layout.py): task 0 the
 coordinator, then the servers, the evaluator, the workers. They meet through DIR, a folder all
 hosts see (the submit directory on a cluster's shared file system): the coordinator writes its
 address there and the others read it, so no task needs another's host name. Then the task
@@ -120,7 +120,7 @@ def _toward_launcher(bind: str, env) -> str | None:
 
 
 def _run(args) -> int:
-    from paramserver.launch.task_layout import LayoutError, TaskLayout
+    from paramserver.launch.core.task_layout import LayoutError, TaskLayout
     from paramserver.spec.job import JobSpec, JobSpecError
     env = os.environ
     try:

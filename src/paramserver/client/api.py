@@ -138,7 +138,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     # Steps pushed: a rank that closes with none (the job not stopped) leaves saying so, and
-    # `paramserver launch` names it as failed (launch/verdict.py).
+    # `paramserver launch` names it as failed (launch/core/verdict.py).
     _steps = 0
     _stop_said = False
     # Whether the script reads `batch_size` (itself or through BatchSampler): one that never

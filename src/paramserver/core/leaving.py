@@ -1,7 +1,7 @@
 """Why a worker leaves: the reasons its `bye` carries that others read back from the events.
 
 The user's `DistributedOptimizer` says it (client/api.py) and the launchers' verdict reads it
-(launch/verdict.py), so it lives below both."""
+(launch/core/verdict.py), so it lives below both."""
 
 from __future__ import annotations
 

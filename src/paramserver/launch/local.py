@@ -17,7 +17,7 @@ from pathlib import Path
 
 from paramserver.core import exits
 from paramserver.launch import zygote
-from paramserver.launch.verdict import before_start_message, ends_job_before_start
+from paramserver.launch.core.verdict import before_start_message, ends_job_before_start
 from paramserver.spec.job import JobSpec
 from paramserver.transport import security, shaping
 

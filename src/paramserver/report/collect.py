@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from paramserver.policies import SYNC_POLICIES
-from paramserver.report.timeline import membership_timeline
+from paramserver.report.core.timeline import membership_timeline
 from paramserver.runlog.metrics import (
     evaluations, read_records, summarize, time_to_accuracy, time_to_auc,
 )
@@ -50,7 +50,7 @@ class Run:
     recomputed: bool = False  # summary.json was missing or unreadable
     # A simulation's steps.npz (sim.core.stepstats): per-step quantile bands, per-worker totals.
     step_stats: dict | None = None
-    # Membership changes from events.jsonl (report/timeline.py): joins, leaves, waits, losses.
+    # Membership changes from events.jsonl (report/core/timeline.py): joins, leaves, waits, losses.
     timeline: tuple = ()
 
     @property

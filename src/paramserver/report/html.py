@@ -10,7 +10,7 @@ from statistics import median
 
 from paramserver.report.attribution import attribution_section, blames
 from paramserver.report.collect import SINGLE, Collection, Run, fmt_target
-from paramserver.report.diagnose import Diagnosis, RunOutcome, Setting, diagnose
+from paramserver.report.core.diagnose import Diagnosis, RunOutcome, Setting, diagnose
 from paramserver.report.figures import FigureFile
 from paramserver.report.table import Row, fmt_pct, fmt_score, render_table
 from paramserver.report.verdict import verdicts

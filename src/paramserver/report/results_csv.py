@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 
 from paramserver.report.collect import Collection, Run
-from paramserver.report.diagnose import RunOutcome, classify
+from paramserver.report.core.diagnose import RunOutcome, classify
 
 COLUMNS = ("scenario", "policy", "repeat", "time_to_target_s", "target", "score",
            "final_score", "best_score", "reached", "diverged", "outcome", "wait_fraction",
@@ -18,7 +18,7 @@ COLUMNS = ("scenario", "policy", "repeat", "time_to_target_s", "target", "score"
 
 def result_row(run: Run, target: float, score: str, chance: float | None) -> dict:
     """One run's row: plain numbers (empty where unknown), flags as 0/1, and the outcome that
-    report/diagnose.py names ('ok', 'diverged', 'chance', 'collapsed', 'plateaued'); bytes per
+    report/core/diagnose.py names ('ok', 'diverged', 'chance', 'collapsed', 'plateaued'); bytes per
     worker step and the value formats (codec names) its steps carried."""
     s = run.summary
     tta = run.time_to(target)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paramserver.report.collect import fmt_target
-from paramserver.report.diagnose import Diagnosis
+from paramserver.report.core.diagnose import Diagnosis
 from paramserver.report.table import BASELINE, Row
 
 # Medians this close count as a tie: repeats are timed to the millisecond at best, so a
@@ -127,8 +127,8 @@ def scenario_verdict(scenario: str, rows: list[Row], target: float, score: str =
     """One paragraph for one scenario; rows are its table rows, the reference run included.
 
     diverged maps a policy to the times its repeats' test loss stopped being finite;
-    diagnoses, a policy to what its failed repeats had, with cause and fix (report/diagnose.py):
-    where one is given it replaces the generic reason."""
+    diagnoses, a policy to what its failed repeats had, with cause and fix
+    (report/core/diagnose.py): where one is given it replaces the generic reason."""
     diverged, diagnoses = diverged or {}, diagnoses or {}
 
     def why(r: Row) -> str:
