@@ -256,6 +256,12 @@ class NetLab:
         self.popened.append(proc)
         return proc
 
+    def nsenter(self, host: int, argv: list[str]) -> list[str]:
+        """argv run inside host's network namespace by `nsenter --net`, which, unlike `ip netns
+        exec`, leaves /sys (and /sys/fs/cgroup) as it is: the daemons of the Slurm and Ray
+        labs need it."""
+        return [shutil.which("nsenter") or "nsenter", f"--net=/run/netns/{self.ns(host)}", *argv]
+
     def run(self, host: int, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         """Run argv inside host's namespace to its end; returns its output (text)."""
         proc = self.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

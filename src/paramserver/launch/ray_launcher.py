@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,10 +217,9 @@ class Gang:
         except Exception:  # GetTimeoutError, or the group could not be made at all
             remove_placement_group(self.group)
             self.group = None
-            total: dict[str, float] = {}
+            total = Counter()
             for b in self.wanted:
-                for k, v in b.items():
-                    total[k] = total.get(k, 0.0) + v
+                total.update(b)
             asked = ", ".join(f"{v:g} {k}" for k, v in sorted(total.items()))
             raise LaunchError(
                 f"Ray could not hold the job's {len(self.wanted)} server and worker processes "
@@ -267,6 +267,7 @@ class RayCluster:
     timings: dict = field(default_factory=dict)
     barrier_opened: bool = False  # seen in the coordinator's events.jsonl
     placement: dict = field(default_factory=dict)  # actor name -> the nodes it ran on, in order
+    gang: Gang | None = None  # on a cluster, made by run(): the servers' and workers' bundles
     _events_at: int = 0
     _events_tail: bytes = b""  # a line cut by the last read ends in the next one
 

@@ -135,9 +135,6 @@ class RayLab:
                 # A dead node is declared dead within seconds, not the default ~30.
                 "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"}
 
-    def _in_host(self, host: int, argv: list[str]) -> list[str]:
-        return [shutil.which("nsenter"), f"--net=/run/netns/{self.lab.ns(host)}", *argv]
-
     # ---- nodes -------------------------------------------------------------------------------
     def _start_node(self, host: int) -> None:
         common = ["--block", "--node-ip-address", self.lab.address(host),
@@ -151,7 +148,7 @@ class RayLab:
                     "--num-cpus", str(self.cpus)]
         with open(self.state_dir / f"node{host}.out", "ab") as out:
             self.procs[host] = subprocess.Popen(
-                self._in_host(host, argv), stdin=subprocess.DEVNULL, stdout=out,
+                self.lab.nsenter(host, argv), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent)
 
     def _logs(self) -> str:
@@ -212,7 +209,7 @@ class RayLab:
         kwargs.setdefault("stdin", subprocess.DEVNULL)
         kwargs["env"] = {**self.env, **(kwargs.get("env") or {})}
         kwargs.setdefault("preexec_fn", _die_with_parent)
-        return subprocess.Popen(self._in_host(host, argv), **kwargs)
+        return subprocess.Popen(self.lab.nsenter(host, argv), **kwargs)
 
     def run(self, argv: list[str], host: int = 0, timeout: float = 60.0,
             **kwargs) -> subprocess.CompletedProcess:

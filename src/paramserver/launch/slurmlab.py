@@ -129,7 +129,6 @@ class SlurmLab:
         os.chmod(self.state_dir, 0o755)
         self.conf = self.state_dir / "slurm.conf"
         self.munge_socket = self.state_dir / "munge" / "munge.socket"
-        self._nsenter = _binary("nsenter")
 
     # ---- names -------------------------------------------------------------------------------
     def node(self, host: int) -> str:
@@ -144,11 +143,6 @@ class SlurmLab:
     def env(self) -> dict[str, str]:
         """The environment for Slurm's clients (and a job's submitter): SLURM_CONF set."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
-
-    def _in_host(self, host: int, argv: list[str]) -> list[str]:
-        # nsenter, not `ip netns exec`: the latter remounts /sys and hides /sys/fs/cgroup,
-        # without which slurmd 22.05 does not start.
-        return [self._nsenter, f"--net=/run/netns/{self.lab.ns(host)}", *argv]
 
     # ---- configuration -----------------------------------------------------------------------
     def slurm_conf(self) -> str:
@@ -239,10 +233,10 @@ class SlurmLab:
                 f"--seed-file={munge / 'munged.seed'}"])
             self._wait(lambda: self.munge_socket.exists(), "munged did not create its socket",
                        deadline=time.monotonic() + 15)
-            self._spawn("slurmctld", self._in_host(0, [
+            self._spawn("slurmctld", self.lab.nsenter(0, [
                 _binary("slurmctld"), "-D", "-i", "-f", str(self.conf)]))
             for h, n in enumerate(self.nodes):
-                self._spawn(f"slurmd-{n}", self._in_host(h, [
+                self._spawn(f"slurmd-{n}", self.lab.nsenter(h, [
                     _binary("slurmd"), "-D", "-N", n, "-f", str(self.conf)]))
             self._wait(self._all_idle, f"the nodes were not all idle within "
                        f"{self.start_timeout:g} s", deadline=time.monotonic() + self.start_timeout)
@@ -284,7 +278,7 @@ class SlurmLab:
         """A Slurm client command inside `host`'s namespace, to its end (bounded)."""
         exe = _binary(argv[0]) or argv[0]
         try:
-            proc = subprocess.run(self._in_host(host, [exe, *argv[1:]]), capture_output=True,
+            proc = subprocess.run(self.lab.nsenter(host, [exe, *argv[1:]]), capture_output=True,
                                   text=True, timeout=timeout, cwd=cwd,
                                   env={**(env or os.environ), "SLURM_CONF": str(self.conf)},
                                   stdin=subprocess.DEVNULL)
@@ -300,7 +294,7 @@ class SlurmLab:
         """A Slurm client command inside `host`'s namespace, left running (an `srun` step the
         caller waits for, bounded, and reaps)."""
         exe = _binary(argv[0]) or argv[0]
-        return subprocess.Popen(self._in_host(host, [exe, *argv[1:]]), cwd=cwd,
+        return subprocess.Popen(self.lab.nsenter(host, [exe, *argv[1:]]), cwd=cwd,
                                 env={**(env or os.environ), "SLURM_CONF": str(self.conf)},
                                 stdin=subprocess.DEVNULL, **kwargs)
 
