@@ -23,17 +23,19 @@ BYTES = 2_000_000
 
 
 def synthetic(workers=8, steps=400, cost=0.5e-3, batch=32, slow=None, p=0.0, factor=1.0,
-              sigma=0.05, rate=None, latency=0.0, fixed=0.002, seed=1) -> Profile:
-    """Step records of a known cluster: `slow` {worker: k}, transient p x factor, a link."""
+              sigma=0.05, rate=None, latency=0.0, fixed=0.002, seed=1,
+              own_rate=None) -> Profile:
+    """Step records of a known cluster: `slow` {worker: k}, transient p x factor, a shared
+    link, and `own_rate` {worker: bytes/s} for workers on a slower link of their own."""
     rng = np.random.default_rng(seed)
-    slow = slow or {}
+    slow, own_rate = slow or {}, own_rate or {}
     rows = []
     for w in range(workers):
         for s in range(steps):
             c = batch * cost * slow.get(w, 1.0) * rng.lognormal(-sigma ** 2 / 2, sigma)
             if rng.random() < p:
                 c *= factor
-            tx = BYTES / rate if rate else 0.0
+            tx = BYTES / own_rate[w] if w in own_rate else BYTES / rate if rate else 0.0
             rows.append(StepSample(w, s, batch, c, pull_s=fixed + tx + 2 * latency,
                                    push_s=fixed + tx + 2 * latency, pull_bytes=BYTES,
                                    push_bytes=BYTES, wait_s=0.001))
@@ -74,6 +76,60 @@ def test_fit_takes_the_link_from_the_run_and_keeps_what_is_left_fixed():
     assert m.link_comm() == pytest.approx(0.006 + 2 * BYTES / 12.5e6 + 0.02, rel=0.01)
     faster = m.link_comm(TargetLink(125e6, 0.0))  # 1 Gbit/s, no latency
     assert faster == pytest.approx(0.006 + 2 * BYTES / 125e6, rel=0.01)
+
+
+def test_a_worker_on_a_slow_link_of_its_own_is_a_class_and_the_others_keep_their_link():
+    # worker 5 on 80 Mbit/s (25 ms a transfer), the others on 1 Gbit/s; steps compute 16 ms
+    m = fit(synthetic(rate=125e6, fixed=0.001, own_rate={5: 10e6}))
+    own = 2 * (BYTES / 10e6 - BYTES / 125e6)
+    assert len(m.classes) == 1
+    c = m.classes[0]
+    assert (c.fraction, c.slowdown) == (1 / 8, 1.0)
+    assert c.comm_extra_s == pytest.approx(own, rel=0.02)
+    # the shared link's fixed costs come from the workers on it, not the slow one
+    assert m.pull_fixed_s == pytest.approx(0.001, rel=0.01)
+    assert m.link_comm() == pytest.approx(0.002 + 2 * BYTES / 125e6, rel=0.01)
+    p = m.at(8)
+    assert p.comm_extras() == [0.0] * 7 + [c.comm_extra_s]
+    assert p.multipliers() == [1.0] * 8
+    assert "its link +" in " ".join(m.notes)
+    # at 1,000 workers the share is kept, and the model file keeps the class
+    assert sum(1 for x in m.at(1000).comm_extras() if x > 0) == 125
+    assert ClusterModel.from_json(json.loads(json.dumps(m.to_json()))) == m
+
+
+def test_a_link_a_little_slower_or_a_small_share_of_the_step_is_not_a_class():
+    # 1.2x the others' comm: noise, not a link of its own
+    m = fit(synthetic(rate=125e6, fixed=0.001, own_rate={2: 125e6 / 1.2}))
+    assert m.classes == ()
+    # 10x the others' comm, but 0.3 ms against a 16 ms step: not worth a class
+    m = fit(synthetic(fixed=0.0, rate=None, own_rate={2: 2 * BYTES / 3e-4}))
+    assert m.classes == ()
+
+
+def test_a_slow_worker_on_a_slow_link_is_one_class_with_both():
+    m = fit(synthetic(slow={3: 3.0, 6: 2.0}, rate=125e6, own_rate={3: 10e6}))
+    by_slowdown = {round(c.slowdown): c for c in m.classes}
+    assert set(by_slowdown) == {2, 3}
+    assert by_slowdown[3].comm_extra_s > 0.04 and by_slowdown[2].comm_extra_s == 0.0
+    p = m.at(8)
+    assert sorted(zip(p.multipliers(), p.comm_extras()))[-1] == (
+        by_slowdown[3].slowdown, by_slowdown[3].comm_extra_s)
+    assert m.to_sim(8)["compute"].startswith("classes:0.75=1,")
+
+
+def test_one_slow_link_slows_bsp_but_not_the_other_workers_under_asp():
+    m = fit(synthetic(workers=4, rate=125e6, fixed=0.0, sigma=0.0, own_rate={3: 10e6}))
+    p = m.at(4)
+    asp = simulate_policy(p, "asp", samples=32 * 4 * 200)
+    bsp = simulate_policy(p, "bsp", samples=32 * 4 * 200)
+    extra = m.classes[0].comm_extra_s
+    shared = 32 * 0.5e-3 + 6 * p.coord_latency + 2 * p.server_s + p.comm_s
+    # ASP: three workers at the shared link's pace and one at its own
+    assert asp.samples_per_s == pytest.approx(32 * (3 / shared + 1 / (shared + extra)),
+                                              rel=0.05)
+    # BSP: every round waits for the slow link
+    assert bsp.samples_per_s == pytest.approx(4 * 32 / (shared + extra), rel=0.05)
 
 
 def test_fit_regresses_a_rate_when_the_bytes_vary():
@@ -191,7 +247,7 @@ def test_advise_on_a_trace_writes_a_typed_versioned_advice(tmp_path, capsys):
     ranked = doc["recommendation"]["ranked"]
     assert {r["policy"] for r in ranked} == {"bsp", "asp", "ssp"} and len(ranked) == 5
     assert doc["recommendation"]["pick"] in out and "time to target" in out
-    assert doc["cluster"]["classes"] == [{"fraction": 0.25, "slowdown": 3.0}]
+    assert doc["cluster"]["classes"] == [{"fraction": 0.25, "slowdown": 3.0, "comm_extra_s": 0.0}]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -52,14 +52,13 @@ def _num(value, what: str, where: str) -> float | None:
 
 
 def _worker_link(table: dict | list | None) -> tuple[float | None, float]:
-    """The workers' emulated link of a run's config (bytes/s or None, latency): the default
-    entry, else the slowest named worker's."""
+    """The link the workers share in a run's config (bytes/s or None, latency): its default
+    workers' entry. A link named for one worker is that worker's own: it shows in that
+    worker's step records, and the fit keeps it to that worker's share."""
     if not table:
         return None, 0.0
     links = LinkTable.parse(table) if isinstance(table, list) else LinkTable.from_dict(table)
-    specs = [e.spec for e in links.entries if e.role == "w"]
-    default = next((e.spec for e in links.entries if e.role == "w" and e.target == "*"), None)
-    spec = default or (min(specs, key=lambda s: s.rate or math.inf) if specs else None)
+    spec = next((e.spec for e in links.entries if e.role == "w" and e.target == "*"), None)
     if spec is None:
         return None, 0.0
     return spec.bytes_per_s, spec.latency

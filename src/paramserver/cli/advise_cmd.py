@@ -33,9 +33,12 @@ EPILOG = """Profile sources (exactly one):
 
 What is fitted: per-worker compute cost per sample and its noise, persistent stragglers (a
 worker k x the fast workers' median) and transient ones (steps far above their worker's own
-median: a rate and a factor), the workers' link (the run's emulated link, or pull_s/push_s
-against bytes), the coordinator's latency and the servers' handling per message. At a target
-scale the fractions are kept (25% slow workers stay 25%), not the ranks.
+median: a rate and a factor), the link the workers share (the run's emulated link, or
+pull_s/push_s against bytes), a worker's own slower link (its pull_s + push_s well above the
+others': only its share of the workers pays it), the coordinator's latency and the servers'
+handling per message. At a target scale the fractions are kept (25% slow workers stay 25%), not
+the ranks; --link sets the shared link, and a worker on a slower link of its own keeps what it
+adds.
 
 Each candidate (every policy; SSP and DSSP at a few staleness bounds) is simulated at the target
 scale without --train; the convergence model (--calibration, from `paramserver calibrate`; the

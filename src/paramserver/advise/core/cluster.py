@@ -22,6 +22,10 @@ wait_s; each worker's first step is left out: it holds the start barrier and war
 - links: a step's pull_s and push_s against the bytes moved; the emulated worker link of the
   run's config (rate, latency) when the run had one, else a regression when the bytes vary;
   what is left (messaging, serialisation, the server's apply) is a fixed cost per message;
+- a worker's own slow link: a worker whose median pull_s + push_s is PERSISTENT x the other
+  workers' and adds SLOW_LINK of a step's compute or more is on a link of its own; the time it
+  adds a step is kept with its class, so only that share of the workers pays it (one slow link
+  put on every worker made every candidate look as slow as that worker);
 - the pace: a worker's steady cycle between records beyond what they record (unrecorded time
   per step), and the warm-up before it (the start);
 - the coordinator's message latency: half the mean wait_s of the releases given at the worker's
@@ -41,6 +45,7 @@ FAST_BAND = 1.2  # workers within this factor of the fastest median form the bas
 NOISY = 0.3  # a robust lognormal sigma past which the transient threshold follows the noise
 REAL_QUANTILES = 33  # quantiles kept of the real compute per sample (0, 1/32, ..., 1)
 OVERRUN = 1.001  # a step whose real compute is this close to its compute_s overran the device
+SLOW_LINK = 0.05  # a worker's own link must add this share of a step's compute to be one
 
 
 class ClusterFitError(ValueError):
@@ -85,10 +90,18 @@ class Profile:
 
 @dataclass(frozen=True)
 class SlowClass:
-    """A share of the workers that computes `slowdown` x slower than the base class."""
+    """A share of the workers that computes `slowdown` x slower than the base class and whose
+    own link adds `comm_extra_s` to each of its steps (1.0 and 0.0: only the other is slow)."""
 
     fraction: float
     slowdown: float
+    comm_extra_s: float = 0.0
+
+    def label(self) -> str:
+        parts = [f"{self.slowdown:.3g}x compute"] if self.slowdown != 1.0 else []
+        if self.comm_extra_s > 0:
+            parts.append(f"its link +{self.comm_extra_s * 1e3:.3g} ms a step")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -123,25 +136,36 @@ class SimParams:
     comm_sigma: float = 0.0
     comm_scale: float = 0.0
 
-    def multipliers(self) -> list[float]:
-        """Per rank its persistent slowdown: the slow classes take the last ranks."""
-        base = 1.0 - sum(c.fraction for c in self.classes)
-        out: list[float] = []
+    def rank_classes(self) -> list[SlowClass | None]:
+        """Per rank its class (None: the base): the slow classes take the last ranks."""
+        base = max(0.0, 1.0 - sum(c.fraction for c in self.classes))
+        out: list[SlowClass | None] = [None] * round(base * self.workers)
         cum = base
-        out += [1.0] * round(cum * self.workers)
         for c in self.classes:
             cum += c.fraction
-            out += [c.slowdown] * (round(cum * self.workers) - len(out))
-        return (out + [self.classes[-1].slowdown if self.classes else 1.0]
-                * (self.workers - len(out)))[:self.workers]
+            out += [c] * (round(cum * self.workers) - len(out))
+        fill = self.classes[-1] if self.classes else None
+        return (out + [fill] * (self.workers - len(out)))[:self.workers]
+
+    def multipliers(self) -> list[float]:
+        """Per rank its persistent slowdown."""
+        return [1.0 if c is None else c.slowdown for c in self.rank_classes()]
+
+    def comm_extras(self) -> list[float]:
+        """Per rank the seconds its own link adds to a step beyond the base workers' link."""
+        return [0.0 if c is None else c.comm_extra_s for c in self.rank_classes()]
 
     def compute_spec(self) -> str:
-        """The `--compute` spec of `paramserver simulate` for the compute part alone."""
+        """The `--compute` spec of `paramserver simulate` for the compute part alone (a class
+        slow only by its link computes as the base does)."""
         parts = []
-        if self.classes:
-            base = max(0.0, 1.0 - sum(c.fraction for c in self.classes))
-            shares = [(base, 1.0)] + [(c.fraction, c.slowdown) for c in self.classes]
-            parts.append("classes:" + ",".join(f"{f:.6g}={m:.6g}" for f, m in shares if f > 0))
+        if any(c.slowdown != 1.0 for c in self.classes):
+            shares: dict[float, float] = {1.0: max(0.0, 1.0 - sum(c.fraction
+                                                                for c in self.classes))}
+            for c in self.classes:
+                shares[c.slowdown] = shares.get(c.slowdown, 0.0) + c.fraction
+            parts.append("classes:" + ",".join(f"{f:.6g}={m:.6g}" for m, f in shares.items()
+                                               if f > 0))
         parts.append(f"lognormal:{self.cost_per_sample * 1e3:.6g}ms:{self.sigma:.4g}")
         return "+".join(parts)
 
@@ -193,7 +217,8 @@ class ClusterModel:
     def at(self, workers: int, servers: int | None = None, link: TargetLink | None = None,
            batch_size: int | None = None) -> SimParams:
         """The cluster at `workers` x `servers` with the workers' `link` (default: the
-        profile's); slow classes and the transient rate are kept as fractions."""
+        profile's); slow classes and the transient rate are kept as fractions. `link` is the
+        link the workers share: a class on a slower link of its own keeps what it adds."""
         if workers < 1 or (servers is not None and servers < 1):
             raise ValueError(f"need workers >= 1 and servers >= 1, got {workers}, {servers}")
         servers = servers or self.profile_servers
@@ -218,7 +243,8 @@ class ClusterModel:
                link: TargetLink | None = None) -> dict:
         """SimConfig fields for `paramserver simulate`. Its grammar multiplies the straggler
         factor into the whole step, so the link's time goes in as latency (its coordinator
-        messages then pay it too): advise.outcome drives the engine with the exact split."""
+        messages then pay it too), and it has no link of a worker's own (a slow-link class's
+        extra is left out): advise.outcome drives the engine with the exact split."""
         p = self.at(workers, servers, link)
         latency = p.coord_latency + p.comm_s / 4
         return {"workers": p.workers, "servers": p.servers, "batch_size": p.batch_size,
@@ -281,9 +307,10 @@ def _usable(profile: Profile) -> list[StepSample]:
     return steps
 
 
-def _stragglers(steps: list[StepSample]) -> tuple[float, float, list[SlowClass], float, float,
+def _stragglers(steps: list[StepSample]) -> tuple[float, float, dict[int, float], float, float,
                                                   dict[int, float]]:
-    """(cost per sample, sigma, slow classes, transient p, transient factor, worker medians)."""
+    """(cost per sample, sigma, each worker's slowdown against the base, transient p,
+    transient factor, worker medians)."""
     per: dict[int, list[float]] = {}
     for s in steps:
         per.setdefault(s.worker, []).append(s.compute_s / s.batch)
@@ -304,23 +331,48 @@ def _stragglers(steps: list[StepSample]) -> tuple[float, float, list[SlowClass],
     fastest = min(med.values())
     base = _median([m for m in med.values() if m <= FAST_BAND * fastest])
     ratios = {w: m / base for w, m in med.items()}
-    groups: dict[float, int] = {}
-    for w, r in ratios.items():
-        if r >= PERSISTENT:
-            key = float(f"{r:.2g}")
-            groups[key] = groups.get(key, 0) + 1
-    classes = [SlowClass(n / len(med), k) for k, n in sorted(groups.items())]
     # The mean of the base class's calm steps, so mean-1 noise keeps the mean cost.
     base_costs = [c for w, v in per.items() if ratios[w] < PERSISTENT for c in v
                   if c / med[w] < cut]
     cost = sum(base_costs) / len(base_costs) * base / _median(
         [med[w] for w in per if ratios[w] < PERSISTENT])
-    return cost, sigma, classes, p, factor, med
+    return cost, sigma, ratios, p, factor, med
+
+
+def _slow_links(steps: list[StepSample], step_s: float) -> dict[int, float]:
+    """Per worker the seconds its own link adds to a step: its median pull_s + push_s less the
+    base workers' (those within PERSISTENT x the quickest), where that is PERSISTENT x the
+    base's and SLOW_LINK of a step's compute (`step_s`) or more; else 0. A worker's own link
+    shows in its own steps whatever the run's config said of it."""
+    per: dict[int, list[float]] = {}
+    for s in steps:
+        if s.pull_s is not None and s.push_s is not None:
+            per.setdefault(s.worker, []).append(s.pull_s + s.push_s)
+    if len(per) < 2:
+        return {}
+    med = {w: _median(v) for w, v in per.items()}
+    quickest = min(med.values())
+    base = _median([m for m in med.values() if m <= PERSISTENT * quickest])
+    return {w: m - base for w, m in med.items()
+            if m >= PERSISTENT * base and m - base >= SLOW_LINK * step_s}
+
+
+def _classes(ratios: dict[int, float], extras: dict[int, float]) -> list[SlowClass]:
+    """The workers grouped by their slowdown (PERSISTENT x or more, else 1) and their own
+    link's extra time, to two significant figures; the base group is left out."""
+    groups: dict[tuple[float, float], int] = {}
+    for w, r in ratios.items():
+        key = (float(f"{r:.2g}") if r >= PERSISTENT else 1.0,
+               float(f"{extras[w]:.2g}") if extras.get(w, 0.0) > 0 else 0.0)
+        if key != (1.0, 0.0):
+            groups[key] = groups.get(key, 0) + 1
+    return [SlowClass(n / len(ratios), k, e) for (k, e), n in sorted(groups.items())]
 
 
 def _links(profile: Profile, steps: list[StepSample]) -> tuple[float, float | None, float,
                                                                  float, float, list[str]]:
-    """(model bytes, link rate, link latency, pull fixed, push fixed, notes)."""
+    """(model bytes, link rate, link latency, pull fixed, push fixed, notes), of the `steps`
+    of the workers on the shared link."""
     notes = []
     with_comm = [s for s in steps if s.pull_s is not None and s.push_s is not None]
     sizes = [s.pull_bytes or s.push_bytes for s in with_comm if (s.pull_bytes or s.push_bytes)]
@@ -415,8 +467,11 @@ def fit(profile: Profile) -> ClusterModel:
     """The cluster model of `profile` (see the module doc)."""
     steps = _usable(profile)
     bound, real_q, real_notes = _device_bound(profile, steps)
-    cost, sigma, classes, p, factor, med = _stragglers(bound)
-    nbytes, rate, latency, pull, push, notes = _links(profile, steps)
+    cost, sigma, ratios, p, factor, med = _stragglers(bound)
+    extras = _slow_links(steps, cost * _median([s.batch for s in steps]))
+    classes = _classes(ratios, extras)
+    shared = [s for s in steps if s.worker not in extras]
+    nbytes, rate, latency, pull, push, notes = _links(profile, shared)
     waits = sorted(s.wait_s for s in steps if s.wait_s is not None and s.wait_s >= 0)
     # Without the policy's decisions, the quickest fifth of the waits stands for the
     # releases given at once (as sim.replay.calibrate falls back to).
@@ -431,11 +486,11 @@ def fit(profile: Profile) -> ClusterModel:
     batches = [s.batch for s in steps]
     startup, unrecorded = _pace(profile.steps)
     notes += real_notes
-    comm_scale, comm_sigma = _comm_jitter(steps)
+    comm_scale, comm_sigma = _comm_jitter(shared)
     if p > 0:
         notes.append(f"transient stragglers: {p:.1%} of steps, {factor:.3g}x")
     for c in classes:
-        notes.append(f"persistent stragglers: {c.fraction:.1%} of workers, {c.slowdown:.3g}x")
+        notes.append(f"persistent stragglers: {c.fraction:.1%} of workers, {c.label()}")
     return ClusterModel(
         version=VERSION, source=profile.source, profile_workers=max(profile.workers, len(med)),
         profile_servers=profile.servers, batch_size=profile.batch_size or round(_median(batches)),

@@ -110,8 +110,9 @@ class EarlyPullLinks(LinkSteps):
 
 def step_cost(p: SimParams, steps_hint: int, seed: int):
     """cost(worker, step, batch) -> seconds: the compute with its noise and stragglers, plus
-    the worker's own link time."""
+    the worker's link time (the shared link's, and what a slow link of its own adds)."""
     mult = p.multipliers()
+    own_link = p.comm_extras()  # a slow-link class's extra, on top of the shared link's
     n = max(1, steps_hint)
     rng = np.random.default_rng([int(seed), 0xAD71CE])
     if p.sigma > 0:
@@ -148,8 +149,8 @@ def step_cost(p: SimParams, steps_hint: int, seed: int):
                 x = r
         if jitter is not None:
             j = comm + jitter[w * n + s % n]
-            return x + (j if j > 0 else 0.0)
-        return x + comm
+            return x + (j if j > 0 else 0.0) + own_link[w]
+        return x + comm + own_link[w]
     return cost
 
 
