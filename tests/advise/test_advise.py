@@ -226,6 +226,66 @@ def test_recommend_ranks_by_time_and_says_when_it_is_too_close_to_call():
     json.dumps(rec.to_json())
 
 
+def test_a_fixed_policys_prediction_is_its_samples_needed_read_off_its_curve():
+    p = fit(synthetic(workers=4, slow={3: 3.0}, sigma=0.0)).at(4)
+    conv = _conv()
+    for pol in ("bsp", "asp"):
+        o = simulate_policy(p, pol, samples=20_000)
+        assert [x.policy for x in o.stretches] == [pol]
+        assert o.stretches[0].samples == o.samples
+        need = conv.samples_needed(pol, apply_mode=o.apply_mode, update_batch=o.update_batch,
+                                   staleness=o.mean_staleness)
+        pred = predict(Candidate(pol), o, conv)
+        assert pred.samples == need
+        assert pred.time_s.mid == pytest.approx(o.time_to(need.mid))
+
+
+def test_a_run_that_changes_policy_moves_by_each_stretchs_share_of_the_way():
+    from paramserver.advise.core.outcome import SimOutcome, Stretch
+    # ssp needs 4,000 samples there, bsp 2,000 (the model's references, no staleness price)
+    conv = ConvergenceModel(1, 0.9, 1e12, {"arrival": 0.0, "round": 0.0}, {}, {
+        "arrival": Reference("arrival", 4_000.0, 32.0, 0.0, 0.9, 1.1, runs=3, reached=3),
+        "round": Reference("round", 2_000.0, 128.0, 0.0, 0.8, 1.25, runs=3, reached=3)})
+
+    def run(*stretches):
+        total = sum(x.samples for x in stretches)
+        return SimOutcome("auto", {}, "arrival", 4, int(total), 1, 10.0, total / 10.0, 0.0,
+                          32.0, 0.0, (10.0,), (total,), 1, tuple(stretches))
+
+    ssp = Stretch("ssp", "arrival", 1_000.0, 0.0, 32.0)
+    bsp = Stretch("bsp", "round", 5_000.0, 0.0, 128.0)
+    # a quarter of the way under ssp, the rest (0.75 x 2,000) under bsp
+    pred = predict(Candidate("auto"), run(ssp, bsp), conv)
+    assert pred.samples.mid == pytest.approx(2_500.0)
+    # each edge of the band walks the stretches with its own needs
+    assert pred.samples.lo == pytest.approx(1_000 + (1 - 1_000 / 3_600) * 1_600)
+    assert pred.samples.hi == pytest.approx(1_000 + (1 - 1_000 / 4_400) * 2_500)
+    assert pred.time_s.mid == pytest.approx(10.0 * 2_500 / 6_000)  # read off its curve
+    # the run ends before the target: it goes on under its last policy
+    short = predict(Candidate("auto"), run(Stretch("bsp", "round", 500.0, 0.0, 128.0),
+                                           Stretch("ssp", "arrival", 1_000.0, 0.0, 32.0)), conv)
+    assert short.samples.mid == pytest.approx(1_500 + (1 - 0.25 - 0.25) * 4_000)
+    # a run that ends under a policy predicted never to reach: never
+    never = ConvergenceModel(1, 0.9, 1e12, {"arrival": 0.0, "round": 0.0},
+                             {"ssp": Reference("arrival", None, 32.0, 0.0, runs=2)},
+                             dict(conv.modes))
+    assert predict(Candidate("auto"), run(bsp, ssp), never).time_s is None
+
+
+def test_auto_is_simulated_as_the_candidates_it_puts_in_force():
+    # one chronic straggler: auto starting with BSP moves to LB-BSP
+    p = fit(synthetic(workers=4, slow={3: 3.0}, sigma=0.02, fixed=0.0)).at(4)
+    o = simulate_policy(p, "auto", {"candidates": "bsp,lbbsp", "interval": 0.5},
+                        samples=32 * 4 * 400)
+    assert [x.policy for x in o.stretches] == ["bsp", "lbbsp"]
+    assert sum(x.samples for x in o.stretches) == o.samples
+    assert all(x.apply_mode == "round" and x.update_batch == pytest.approx(128, rel=0.05)
+               for x in o.stretches)
+    pred = predict(Candidate("auto"), o, _conv())
+    bsp = predict(Candidate("bsp"), simulate_policy(p, "bsp", samples=32 * 4 * 400), _conv())
+    assert pred.time_s.mid < 0.8 * bsp.time_s.mid
+
+
 def _csv(tmp_path, profile: Profile):
     path = tmp_path / "trace.csv"
     lines = ["worker,step,compute_s,batch,pull_s,push_s,bytes"]
@@ -248,6 +308,21 @@ def test_advise_on_a_trace_writes_a_typed_versioned_advice(tmp_path, capsys):
     assert {r["policy"] for r in ranked} == {"bsp", "asp", "ssp"} and len(ranked) == 5
     assert doc["recommendation"]["pick"] in out and "time to target" in out
     assert doc["cluster"]["classes"] == [{"fraction": 0.25, "slowdown": 3.0, "comm_extra_s": 0.0}]
+
+
+def test_advise_ranks_auto_beside_the_fixed_policies(tmp_path, capsys):
+    trace = _csv(tmp_path, synthetic(workers=4, steps=60, slow={2: 3.0}))
+    rc = main(["advise", "--profile", str(trace), "--policies", "bsp,auto", "--out",
+               str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    ranked = {r["policy"]: r for r in json.loads(
+        (tmp_path / "advise.json").read_text())["recommendation"]["ranked"]}
+    assert set(ranked) == {"bsp", "auto"}
+    stretches = ranked["auto"]["stretches"]
+    assert stretches[0]["policy"] == "lbbsp" and ranked["auto"]["time_to_target_s"]["mid"] > 0
+    assert [x["policy"] for x in ranked["bsp"]["stretches"]] == ["bsp"]
+    assert "auto" in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -235,10 +235,3 @@ def test_the_reports_timeline_reads_each_switch():
         (3.0, "policy lbbsp (was bsp), predicted 2.50x as fast to target after a drain of "
               "0.02 s: slowest worker 4.00x the median step")]
 
-
-def test_advise_says_it_cannot_rank_auto_yet(tmp_path, capsys):
-    from paramserver.cli.main import main
-    assert main(["advise", "--profile", str(tmp_path), "--policies", "bsp,auto"]) == 2
-    err = capsys.readouterr().err
-    assert "advise cannot rank auto yet" in err and "paramserver compare --sync auto" in err
-    assert "Traceback" not in err

@@ -43,8 +43,10 @@ adds.
 Each candidate (every policy; SSP and DSSP at a few staleness bounds) is simulated at the target
 scale without --train; the convergence model (--calibration, from `paramserver calibrate`; the
 shipped default otherwise) says how many samples it needs to reach the target at the staleness
-and update batch the simulation shows. The table ranks by predicted time to target with its
-band; the pick is "too close to call" when its band overlaps the runner-up's.
+and update batch the simulation shows. auto is simulated switching as it would live: each
+stretch under one of its candidates moves it toward the target by its samples over what that
+candidate needs (advise.json lists the stretches). The table ranks by predicted time to target
+with its band; the pick is "too close to call" when its band overlaps the runner-up's.
 
 Writes advise.json (typed, versioned) into --out."""
 
@@ -208,12 +210,7 @@ def advise(args) -> dict:
     if args.policies:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         for name in policies:
-            if not SYNC_POLICIES.get(name).advise_options:  # (an unknown name fails here)
-                raise ValueError(
-                    f"advise cannot rank {name} yet: its samples to target follow the policy "
-                    f"it puts in force; compare it live (paramserver compare --sync "
-                    f"{name},lbbsp,bsp,ssp), or simulate it (paramserver simulate --sync "
-                    f"{name})")
+            SYNC_POLICIES.get(name)  # an unknown name fails here, with the known ones
     conv = _convergence(args)
     profile = _profile(args)
     cluster = fit(profile)

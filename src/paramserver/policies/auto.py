@@ -80,9 +80,9 @@ class AutoSync(SyncPolicy, Configurable):
     name = "auto"
     apply_mode = "arrival"
     Options = AutoOptions
-    # advise ranks by samples-to-target per apply mode, and auto's changes with the candidate
-    # in force: it is not among advise's candidates yet.
-    advise_options = ()
+    # advise reads each candidate's stretch of the simulated run against its own samples to
+    # target (advise.core.recommend): auto ranks with its defaults.
+    advise_options = ((),)
 
     def __init__(self, batch_size: int, *, candidates: str = "lbbsp,bsp,ssp",
                  interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,

@@ -19,12 +19,28 @@ import numpy as np
 
 from paramserver.advise.core.cluster import SimParams
 from paramserver.emulation.stragglers import RandomStragglers
-from paramserver.policies import make_policy
+from paramserver.policies import SYNC_POLICIES, make_policy
 from paramserver.sim.core.comm import LinkSteps
 from paramserver.sim.core.engine import Engine, Network, NullSink
 
 CURVE_POINTS = 256  # points kept of the samples-against-time curve
 STEADY_FROM = 0.2  # the steady rate is measured past this share of the simulated samples
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """A stretch of a simulated run under one policy: a fixed policy's whole run, or one of
+    the candidates `auto` put in force, with what its samples to target depend on."""
+
+    policy: str
+    apply_mode: str
+    samples: float
+    staleness: float  # mean over its steps
+    update_batch: float  # samples per applied update
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy, "apply_mode": self.apply_mode, "samples": self.samples,
+                "mean_staleness": self.staleness, "update_batch": self.update_batch}
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,7 @@ class SimOutcome:
     curve_t: tuple[float, ...]
     curve_samples: tuple[float, ...]
     events: int
+    stretches: tuple[Stretch, ...] = ()  # in the order they ran
 
     def time_to(self, samples: float) -> float:
         """Virtual seconds until `samples` were processed: read off the curve, past its end at
@@ -66,14 +83,17 @@ class SimOutcome:
                 "steps": self.steps, "virtual_s": self.virtual_s,
                 "samples_per_s": self.samples_per_s, "mean_staleness": self.mean_staleness,
                 "update_batch": self.update_batch, "wait_share": self.wait_share,
-                "events": self.events}
+                "events": self.events, "stretches": [x.to_json() for x in self.stretches]}
 
 
 class CountingSink(NullSink):
-    """The engine's sink that counts: per-worker busy and wait seconds, staleness, samples, and
-    the cumulative samples at (up to) `every` samples apart."""
+    """The engine's sink that counts: per-worker busy and wait seconds, staleness, samples, the
+    cumulative samples at (up to) `every` samples apart, and per stretch under one policy (a
+    `sync_switch` note starts the next) its samples, steps and staleness."""
 
-    def __init__(self, workers: int, every: float):
+    def __init__(self, workers: int, every: float, policy: str = ""):
+        # [policy, samples, steps, staleness summed] per stretch, in order
+        self.stretches: list[list] = [[policy, 0, 0, 0]]
         self.wait = [0.0] * workers
         self.busy = [0.0] * workers
         self.samples = self.steps = self.staleness = 0
@@ -89,11 +109,21 @@ class CountingSink(NullSink):
         self.steps += 1
         self.staleness += staleness
         self.last_t = t
+        here = self.stretches[-1]
+        here[1] += batch
+        here[2] += 1
+        here[3] += staleness
         if self.samples >= self.next_mark:
             self.curve_t.append(t)
             self.curve_s.append(float(self.samples))
             self.next_mark = self.samples + self.every
 
+    def event(self, t, kind, data):
+        if kind == "sync_switch" and data.get("to"):
+            if self.stretches[-1][2] == 0:
+                self.stretches[-1][0] = data["to"]
+            else:
+                self.stretches.append([data["to"], 0, 0, 0])
 
 
 class EarlyPullLinks(LinkSteps):
@@ -171,7 +201,7 @@ def simulate_policy(params: SimParams, policy: str, options: dict | None = None,
     # handling of one message (the engine divides model_bytes by the servers).
     net = Network(model_bytes=params.server_s * params.servers, bandwidth=1.0,
                   latency=params.coord_latency, servers=params.servers)
-    sink = CountingSink(params.workers, max(1.0, total / CURVE_POINTS))
+    sink = CountingSink(params.workers, max(1.0, total / CURVE_POINTS), policy)
     engine = Engine(pol, params.workers, steps, step_cost(params, hint, seed), net, sink=sink,
                     max_samples=samples)
     engine.comm = EarlyPullLinks(net)
@@ -186,14 +216,37 @@ def simulate_policy(params: SimParams, policy: str, options: dict | None = None,
     sink.curve_t = [start + t for t in sink.curve_t]
     shares = [wt / b for wt, b in zip(sink.wait, sink.busy) if b > 0]
     updates = engine.rounds if pol.apply_mode == "round" else sink.steps
+    update_batch = sink.samples / max(1, updates)
     return SimOutcome(
         policy=policy, options=options, apply_mode=pol.apply_mode, workers=params.workers,
         samples=sink.samples, steps=sink.steps, virtual_s=start + sink.last_t,
         samples_per_s=_steady_rate(sink.curve_t, sink.curve_s),
         mean_staleness=sink.staleness / sink.steps,
-        update_batch=sink.samples / max(1, updates),
+        update_batch=update_batch,
         wait_share=sum(shares) / len(shares) if shares else 0.0,
-        curve_t=tuple(sink.curve_t), curve_samples=tuple(sink.curve_s), events=engine.events)
+        curve_t=tuple(sink.curve_t), curve_samples=tuple(sink.curve_s), events=engine.events,
+        stretches=_stretches(sink.stretches, policy, pol.apply_mode, update_batch,
+                             params.workers))
+
+
+def _stretches(raw: list[list], policy: str, apply_mode: str, update_batch: float,
+               workers: int) -> tuple[Stretch, ...]:
+    """The sink's stretches, typed. A fixed policy's one stretch is the run itself, its
+    update batch counted from the engine's rounds. A candidate in force under auto has the
+    servers apply on arrival, a lockstep one scaling each push by its share of the round, so
+    it converges as that policy's own apply mode does: a round of every worker's batch is one
+    update."""
+    done = [r for r in raw if r[2] > 0]
+    if len(done) == 1 and done[0][0] == policy:
+        _, samples, steps, stale = done[0]
+        return (Stretch(policy, apply_mode, samples, stale / steps, update_batch),)
+    out = []
+    for policy, samples, steps, stale in done:
+        mode = SYNC_POLICIES.get(policy).apply_mode
+        per_step = samples / steps
+        out.append(Stretch(policy, mode, samples, stale / steps,
+                           per_step * workers if mode == "round" else per_step))
+    return tuple(out)
 
 
 def _steady_rate(ts: list[float], ss: list[float]) -> float:

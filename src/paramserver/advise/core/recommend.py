@@ -2,8 +2,11 @@
 
 A candidate is a policy with its main options. Its predicted time to target is the virtual time
 its simulation takes to process the samples the convergence model says it needs (a band: the
-samples' band read off the same curve). Candidates rank by the middle of the band; the pick is
-the first, and it is "too close to call" when its band overlaps the runner-up's.
+samples' band read off the same curve). A run that changes policy on the way (auto) is a series
+of stretches: each moves it toward the target by its samples over what its policy needs at its
+staleness and update batch, and the run goes on under the last one. Candidates rank by the
+middle of the band; the pick is the first, and it is "too close to call" when its band
+overlaps the runner-up's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,18 @@ from paramserver.policies import SYNC_POLICIES
 ADVICE_VERSION = 1
 
 
+class Stretch(Protocol):
+    """What is read of advise.outcome.Stretch: a stretch of the run under one policy."""
+
+    policy: str
+    apply_mode: str
+    samples: float
+    staleness: float
+    update_batch: float
+
+    def to_json(self) -> dict: ...
+
+
 class SimOutcome(Protocol):
     """What is read of advise.outcome.SimOutcome (that module runs the simulator)."""
 
@@ -25,6 +40,7 @@ class SimOutcome(Protocol):
     mean_staleness: float
     update_batch: float
     wait_share: float
+    stretches: tuple[Stretch, ...]
 
     def time_to(self, samples: float) -> float: ...
 
@@ -75,7 +91,8 @@ class Prediction:
                 "wait_share": self.outcome.wait_share,
                 "mean_staleness": self.outcome.mean_staleness,
                 "update_batch": self.outcome.update_batch,
-                "apply_mode": self.outcome.apply_mode}
+                "apply_mode": self.outcome.apply_mode,
+                "stretches": [x.to_json() for x in self.outcome.stretches]}
 
 
 @dataclass(frozen=True)
@@ -98,15 +115,32 @@ class Recommendation:
 
 def predict(candidate: Candidate, outcome: SimOutcome,
             model: ConvergenceModel) -> Prediction:
-    """The candidate's samples to target and the time its simulated run takes to do them."""
-    samples = model.samples_needed(candidate.policy, apply_mode=outcome.apply_mode,
-                                   update_batch=outcome.update_batch,
-                                   staleness=outcome.mean_staleness)
-    if samples is None:
+    """The candidate's samples to target and the time its simulated run takes to do them (see
+    the module doc); never when the policy the run ends under is predicted never to reach."""
+    needs = [model.samples_needed(x.policy, apply_mode=x.apply_mode,
+                                  update_batch=x.update_batch, staleness=x.staleness)
+             for x in outcome.stretches]
+    if not needs or needs[-1] is None:
         return Prediction(candidate, outcome, None, None)
+    samples = Band(*(_through(outcome.stretches, [None if n is None else getattr(n, edge)
+                                                  for n in needs])
+                     for edge in ("lo", "mid", "hi")))
     t = Band(outcome.time_to(samples.lo), outcome.time_to(samples.mid),
              outcome.time_to(samples.hi))
     return Prediction(candidate, outcome, samples, t)
+
+
+def _through(stretches: tuple[Stretch, ...], needs: list[float | None]) -> float:
+    """Samples until the stretches' shares of the way (samples / needed; None: no way made)
+    add up to the whole; past the last stretch the run goes on under its policy."""
+    done = start = 0.0
+    for x, need in zip(stretches, needs):
+        if need is not None:
+            if done + x.samples / need >= 1:
+                return start + (1 - done) * need
+            done += x.samples / need
+        start += x.samples
+    return start + (1 - done) * needs[-1]
 
 
 def recommend(predictions: list[Prediction], target: float) -> Recommendation:
