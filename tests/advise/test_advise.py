@@ -226,6 +226,38 @@ def test_recommend_ranks_by_time_and_says_when_it_is_too_close_to_call():
     json.dumps(rec.to_json())
 
 
+def test_a_candidate_that_may_not_reach_ranks_by_its_expected_time_or_is_never():
+    p = fit(synthetic(workers=4, slow={3: 3.0}, sigma=0.0)).at(4)
+    outs = {pol: simulate_policy(p, pol, samples=20_000) for pol in ("bsp", "asp")}
+    stale = outs["asp"].mean_staleness
+
+    def conv(reached, staleness):  # asp's own runs: `reached` of 8 at `staleness`
+        return _conv(asp=Reference("arrival", 10_000.0, 32.0, staleness, 0.9, 1.1, runs=8,
+                                   reached=reached))
+
+    # every run reached: asp is faster (the straggler paces bsp) and picked
+    sure = recommend([predict(Candidate(pol), o, conv(8, stale)) for pol, o in outs.items()],
+                     0.9)
+    assert sure.pick.candidate.policy == "asp" and sure.pick.reach == 1.0
+    # 5 of 8 at twice the staleness the simulation shows: 62.5%, ranked by time / 0.625
+    risky = [predict(Candidate(pol), o, conv(5, 2 * stale)) for pol, o in outs.items()]
+    asp = next(x for x in risky if x.candidate.policy == "asp")
+    assert asp.reach == pytest.approx(5 / 8)
+    assert asp.expected_s.mid == pytest.approx(asp.time_s.mid / 0.625)
+    rec = recommend(risky, 0.9)
+    assert any("about 62% of runs" in r for r in rec.reasons)
+    bsp = next(x for x in risky if x.candidate.policy == "bsp")
+    assert (rec.pick is bsp) == (bsp.time_s.mid < asp.time_s.mid / 0.625)
+    # 5 of 8 at a third of the staleness: 0.625 ** 3 = 24% reach, under half: never
+    never = predict(Candidate("asp"), outs["asp"], conv(5, stale / 3))
+    assert never.time_s is None and never.reach == pytest.approx(0.625 ** 3, rel=0.01)
+    rec = recommend([never, bsp], 0.9)
+    assert rec.pick is bsp and rec.ranked[-1] is never
+    assert any("predicted never" in r and "about 24% of runs" in r for r in rec.reasons)
+    assert json.loads(json.dumps(rec.to_json()))["ranked"][-1]["reach"] == pytest.approx(
+        0.625 ** 3, rel=0.01)
+
+
 def test_a_fixed_policys_prediction_is_its_samples_needed_read_off_its_curve():
     p = fit(synthetic(workers=4, slow={3: 3.0}, sigma=0.0)).at(4)
     conv = _conv()
@@ -270,6 +302,12 @@ def test_a_run_that_changes_policy_moves_by_each_stretchs_share_of_the_way():
                              {"ssp": Reference("arrival", None, 32.0, 0.0, runs=2)},
                              dict(conv.modes))
     assert predict(Candidate("auto"), run(bsp, ssp), never).time_s is None
+    # the share that reaches: each stretch's, to the power of the share of the way it made
+    # (ssp's runs reached in 1 of 2, bsp's in all: a quarter of the way under ssp)
+    risky = ConvergenceModel(1, 0.9, 1e12, {"arrival": 0.0, "round": 0.0}, {}, {
+        "arrival": Reference("arrival", 4_000.0, 32.0, 0.0, 0.9, 1.1, runs=2, reached=1),
+        "round": conv.modes["round"]})
+    assert predict(Candidate("auto"), run(ssp, bsp), risky).reach == pytest.approx(0.5 ** 0.25)
 
 
 def test_auto_is_simulated_as_the_candidates_it_puts_in_force():

@@ -47,6 +47,20 @@ def test_never_reached_is_none():
     assert low is not None and low.mid == pytest.approx(5000.0 * 1.1 / 1.2)
 
 
+def test_the_share_of_runs_that_reach_falls_with_staleness_beyond_the_references():
+    m = model(policies={"asp": Reference("arrival", 9000.0, 32.0, 2.0, 0.5, 1.1, 8, 5)})
+    # at or under the reference's staleness: its runs' share
+    assert m.reach("asp", apply_mode="arrival", staleness=1.0) == pytest.approx(5 / 8)
+    assert m.reach("asp", apply_mode="arrival", staleness=2.0) == pytest.approx(5 / 8)
+    # twice its staleness: two like chances to diverge
+    assert m.reach("asp", apply_mode="arrival", staleness=4.0) == pytest.approx((5 / 8) ** 2)
+    # the mode's runs all reached: every run does, at any staleness
+    assert m.reach("ssp", apply_mode="arrival", staleness=9.0) == 1.0
+    # a reference without a run count says nothing
+    bare = model(modes={"round": Reference("round", 8000.0, 128.0, 0.0)}, policies={})
+    assert bare.reach("bsp", apply_mode="round", staleness=0.0) == 1.0
+
+
 def test_json_round_trip_and_errors():
     m = model(source={"command": "paramserver calibrate", "date": "2026-11-24"})
     back = ConvergenceModel.from_json(json.loads(json.dumps(m.to_json())))

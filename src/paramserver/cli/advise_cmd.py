@@ -43,7 +43,9 @@ adds.
 Each candidate (every policy; SSP and DSSP at a few staleness bounds) is simulated at the target
 scale without --train; the convergence model (--calibration, from `paramserver calibrate`; the
 shipped default otherwise) says how many samples it needs to reach the target at the staleness
-and update batch the simulation shows. auto is simulated switching as it would live: each
+and update batch the simulation shows, and what share of runs reach it at all (reach: its
+calibration runs' share, falling with staleness beyond theirs; under 50%: never). Candidates
+rank by their time over that share. auto is simulated switching as it would live: each
 stretch under one of its candidates moves it toward the target by its samples over what that
 candidate needs (advise.json lists the stretches). The table ranks by predicted time to target
 with its band; the pick is "too close to call" when its band overlaps the runner-up's.
@@ -249,14 +251,14 @@ def table(doc: dict) -> str:
     scale = doc["scale"]
     lines = [f"advise: {scale['workers']} workers x {scale['servers']} servers, "
              f"batch {scale['batch_size']}, time to accuracy {rec['target']:g} (predicted)",
-             "", f"{'candidate':<22} {'time to target (band)':>26} {'samples/s':>10} "
-                 f"{'wait':>6} {'stale':>6} {'upd batch':>9}"]
+             "", f"{'candidate':<22} {'time to target (band)':>26} {'reach':>6} "
+                 f"{'samples/s':>10} {'wait':>6} {'stale':>6} {'upd batch':>9}"]
     for p in rec["ranked"]:
         t = p["time_to_target_s"]
         band = "never" if t is None else f"{t['mid']:.3g} s ({t['lo']:.3g}-{t['hi']:.3g})"
-        lines.append(f"{p['label']:<22} {band:>26} {p['samples_per_s']:>10,.0f} "
-                     f"{p['wait_share']:>6.0%} {p['mean_staleness']:>6.2f} "
-                     f"{p['update_batch']:>9.4g}")
+        lines.append(f"{p['label']:<22} {band:>26} {p['reach']:>6.0%} "
+                     f"{p['samples_per_s']:>10,.0f} {p['wait_share']:>6.0%} "
+                     f"{p['mean_staleness']:>6.2f} {p['update_batch']:>9.4g}")
     lines.append("")
     if rec["pick"] is None:
         lines.append("pick: none: no candidate is predicted to reach the target")

@@ -9,6 +9,12 @@ Empirical Model of Large-Batch Training"): below B_crit a bigger update batch co
 samples, above it each doubling costs nearly double. alpha is the price of one step of
 staleness. The band is the reference runs' spread; a staleness at or beyond the smallest one
 at which live runs never reached the target predicts None.
+
+The share of runs that reach the target at all (`reach`): the reference's reached / runs at
+its own staleness, and beyond it q ** (s / s_ref): each further span of the reference's
+staleness is taken as another like chance to diverge. It is an extrapolation from one point,
+and says so: at 4 workers ASP reached 0.95 in 5 of 8 calibration runs at staleness 2.9, and at
+8 workers (staleness about 6.5) it diverged in every live run, where this predicts 0.34.
 """
 
 from __future__ import annotations
@@ -176,6 +182,17 @@ class ConvergenceModel:
                   * (1 + alpha * staleness) / (1 + alpha * ref.staleness))
         mid = ref.samples * factor
         return Band(mid * ref.lo_ratio, mid, mid * ref.hi_ratio)
+
+    def reach(self, policy: str, *, apply_mode: str, staleness: float) -> float:
+        """The share of runs predicted to reach the target (see the module doc); 1.0 when the
+        reference's runs say nothing (none recorded)."""
+        ref = self.reference(policy, apply_mode)
+        if ref is None or ref.runs <= 0:
+            return 1.0
+        q = ref.reached / ref.runs
+        if ref.staleness <= 0 or staleness <= ref.staleness:
+            return q
+        return q ** (staleness / ref.staleness)
 
     def to_json(self) -> dict:
         return {"version": self.version, "target": self.target, "b_crit": self.b_crit,

@@ -4,9 +4,13 @@ A candidate is a policy with its main options. Its predicted time to target is t
 its simulation takes to process the samples the convergence model says it needs (a band: the
 samples' band read off the same curve). A run that changes policy on the way (auto) is a series
 of stretches: each moves it toward the target by its samples over what its policy needs at its
-staleness and update batch, and the run goes on under the last one. Candidates rank by the
-middle of the band; the pick is the first, and it is "too close to call" when its band
-overlaps the runner-up's.
+staleness and update batch, and the run goes on under the last one.
+
+Not every run reaches the target: the convergence model says what share would (its calibration
+runs' reached / runs, falling with staleness beyond theirs). A candidate under NEVER of its runs
+predicted to reach is predicted never; the others rank by their expected time, the band over
+that share (a run that diverges is time lost, and the job is run again). The pick is the
+first, and it is "too close to call" when its band overlaps the runner-up's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from paramserver.predict.convergence import Band, ConvergenceModel
 from paramserver.policies import SYNC_POLICIES
 
 ADVICE_VERSION = 1
+NEVER = 0.5  # under this share of runs predicted to reach the target: predicted never
+RELIABLE = 0.8  # under this share a candidate's risk is named in the reasons
 
 
 class Stretch(Protocol):
@@ -75,18 +81,28 @@ def default_candidates(policies: list[str] | None = None) -> list[Candidate]:
 
 @dataclass(frozen=True)
 class Prediction:
-    """One candidate's prediction; `time_s` None: predicted never to reach the target."""
+    """One candidate's prediction; `time_s` None: predicted never to reach the target.
+    `reach`: the share of its runs predicted to reach it at all."""
 
     candidate: Candidate
     outcome: SimOutcome
     samples: Band | None
     time_s: Band | None
+    reach: float = 1.0
+
+    @property
+    def expected_s(self) -> Band | None:
+        """The time band over the share that reaches: what ranks the candidates."""
+        if self.time_s is None or self.reach <= 0:
+            return None
+        return self.time_s.scaled(1.0 / self.reach)
 
     def to_json(self) -> dict:
         band = (lambda b: None if b is None else {"lo": b.lo, "mid": b.mid, "hi": b.hi})
         return {"label": self.candidate.label, "policy": self.candidate.policy,
                 "options": self.candidate.options_dict(),
                 "time_to_target_s": band(self.time_s), "samples_needed": band(self.samples),
+                "reach": self.reach, "expected_time_s": band(self.expected_s),
                 "samples_per_s": self.outcome.samples_per_s,
                 "wait_share": self.outcome.wait_share,
                 "mean_staleness": self.outcome.mean_staleness,
@@ -116,42 +132,65 @@ class Recommendation:
 def predict(candidate: Candidate, outcome: SimOutcome,
             model: ConvergenceModel) -> Prediction:
     """The candidate's samples to target and the time its simulated run takes to do them (see
-    the module doc); never when the policy the run ends under is predicted never to reach."""
+    the module doc); never when the policy the run ends under is predicted never to reach,
+    or under NEVER of its runs would. A run's share that reaches is each stretch's, weighted by
+    the share of the way that stretch made."""
+    stretches = outcome.stretches
     needs = [model.samples_needed(x.policy, apply_mode=x.apply_mode,
                                   update_batch=x.update_batch, staleness=x.staleness)
-             for x in outcome.stretches]
+             for x in stretches]
     if not needs or needs[-1] is None:
-        return Prediction(candidate, outcome, None, None)
-    samples = Band(*(_through(outcome.stretches, [None if n is None else getattr(n, edge)
-                                                  for n in needs])
-                     for edge in ("lo", "mid", "hi")))
+        return Prediction(candidate, outcome, None, None, 0.0)
+    walks = {edge: _through(stretches, [None if n is None else getattr(n, edge)
+                                        for n in needs])
+             for edge in ("lo", "mid", "hi")}
+    samples = Band(*(walks[edge][0] for edge in ("lo", "mid", "hi")))
+    reach = 1.0
+    for x, share in zip(stretches, walks["mid"][1]):
+        if share > 0:
+            reach *= model.reach(x.policy, apply_mode=x.apply_mode, staleness=x.staleness) ** share
+    if reach < NEVER:
+        return Prediction(candidate, outcome, samples, None, reach)
     t = Band(outcome.time_to(samples.lo), outcome.time_to(samples.mid),
              outcome.time_to(samples.hi))
-    return Prediction(candidate, outcome, samples, t)
+    return Prediction(candidate, outcome, samples, t, reach)
 
 
-def _through(stretches: tuple[Stretch, ...], needs: list[float | None]) -> float:
-    """Samples until the stretches' shares of the way (samples / needed; None: no way made)
-    add up to the whole; past the last stretch the run goes on under its policy."""
+def _through(stretches: tuple[Stretch, ...], needs: list[float | None]
+             ) -> tuple[float, list[float]]:
+    """(samples until the stretches' shares of the way, samples / needed (None: no way made),
+    add up to the whole, each stretch's share of it); past the last stretch the run goes on
+    under its policy."""
     done = start = 0.0
-    for x, need in zip(stretches, needs):
+    shares = [0.0] * len(stretches)
+    for i, (x, need) in enumerate(zip(stretches, needs)):
         if need is not None:
             if done + x.samples / need >= 1:
-                return start + (1 - done) * need
-            done += x.samples / need
+                shares[i] = 1 - done
+                return start + (1 - done) * need, shares
+            shares[i] = x.samples / need
+            done += shares[i]
         start += x.samples
-    return start + (1 - done) * needs[-1]
+    shares[-1] += 1 - done
+    return start + (1 - done) * needs[-1], shares
 
 
 def recommend(predictions: list[Prediction], target: float) -> Recommendation:
-    """Rank by the middle of the time band; pick the first (see the module doc)."""
+    """Rank by the middle of the expected time; pick the first (see the module doc)."""
     reaching = sorted((p for p in predictions if p.time_s is not None),
-                      key=lambda p: p.time_s.mid)
+                      key=lambda p: p.expected_s.mid)
     never = [p for p in predictions if p.time_s is None]
     ranked = tuple(reaching + never)
     reasons = [f"{p.candidate.label}: predicted never to reach {target:g} at staleness "
                f"{p.outcome.mean_staleness:.2g}, update batch {p.outcome.update_batch:.3g}"
+               + ("" if p.samples is None else
+                  f": about {p.reach:.0%} of runs would, where its calibration runs' share "
+                  f"falls with staleness")
                for p in never]
+    reasons += [f"{p.candidate.label}: about {p.reach:.0%} of runs predicted to reach "
+                f"{target:g} at staleness {p.outcome.mean_staleness:.2g}; ranked by "
+                f"{p.time_s.mid:.3g} s / {p.reach:.2f} = {p.expected_s.mid:.3g} s"
+                for p in reaching if p.reach < RELIABLE]
     if not reaching:
         return Recommendation(target, ranked, None, "none reaches the target", None,
                               tuple(reasons))
@@ -159,11 +198,12 @@ def recommend(predictions: list[Prediction], target: float) -> Recommendation:
     if len(reaching) == 1:
         return Recommendation(target, ranked, pick, "clear", None, tuple(reasons))
     second = reaching[1]
-    margin = second.time_s.mid / pick.time_s.mid if pick.time_s.mid > 0 else None
-    overlap = second.time_s.lo <= pick.time_s.hi
+    first, other = pick.expected_s, second.expected_s
+    margin = other.mid / first.mid if first.mid > 0 else None
+    overlap = other.lo <= first.hi
     if overlap:
         reasons.insert(0, f"{pick.candidate.label} and {second.candidate.label}: their bands "
-                          f"overlap ({_band(pick.time_s)} against {_band(second.time_s)})")
+                          f"overlap ({_band(first)} against {_band(other)})")
     return Recommendation(target, ranked, pick, "too close to call" if overlap else "clear",
                           margin, tuple(reasons))
 
