@@ -14,7 +14,7 @@ import pytest
 from paramserver.advise.core.cluster import (
     ClusterFitError, ClusterModel, Profile, StepSample, TargetLink, fit,
 )
-from paramserver.predict.convergence import Band, ConvergenceModel, Reference
+from paramserver.predict.convergence import ConvergenceModel, Reference
 from paramserver.advise.core.outcome import simulate_policy
 from paramserver.advise.core.recommend import Candidate, Prediction, predict, recommend
 from paramserver.cli.main import main

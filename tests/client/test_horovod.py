@@ -4,7 +4,6 @@ with events alone, and what has no meaning here refused with the reason."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

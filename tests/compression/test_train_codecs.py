@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 
-from paramserver.compression import make_codec
 from paramserver.compression.wire import WireSpec
 from paramserver.runlog.metrics import read_records
 from paramserver.training.train_task import WireValues

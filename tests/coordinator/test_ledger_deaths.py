@@ -101,7 +101,7 @@ class Fleet:
 
     def repeat_clock(self, src: str) -> None:
         """The same clock again (its answer lost): the step is not counted twice."""
-        w = self.alive[src]
+        self.alive[src]  # (a KeyError for a worker that left)
         step, batch = self.last_answer[src]
         self.handle(Clocked(src, step, batch, 0.01, self.tick(), to=("c", src)))
 

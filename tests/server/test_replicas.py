@@ -12,7 +12,7 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.membership import Membership
 from paramserver.coordinator.replicas import Replicas
 from paramserver.server.core import ShardCore
-from paramserver.server.events import ApplyRound, Init, Push, ShardSettings, Then
+from paramserver.server.events import Init, Push, ShardSettings, Then
 from paramserver.server.replication import ForwardRing, Forwarder, load_sync, sync_payload
 from ps_helpers import known_gradient
 
@@ -249,7 +249,7 @@ def _setup(now=0.0):
     reps.register(b0, members, _welcome(b0), out)  # before its primary: attached later
     assert [type(i) for i in out] == [Reply, AppendEvent]
     p0 = members.add_server(_reg("server", "P0", now))
-    p1 = members.add_server(_reg("server", "P1", now))
+    members.add_server(_reg("server", "P1", now))
     out.clear()
     reps.primary_up(p0, now, out)
     b1 = _reg("server", "B1", now, backup=True)

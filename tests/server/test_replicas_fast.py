@@ -122,7 +122,6 @@ def test_the_coordinator_core_promotes_on_the_backups_word():
 
 # ---- the backup's watch, on real sockets in this process ----------------------------------------
 def _watching_backup(ctx, addr):
-    import zmq  # noqa: F401  (the sockets below)
     from paramserver.server.replica_link import ReplicaLink
     told = []
     from paramserver.server.core import ShardCore

@@ -3,7 +3,6 @@ and the coordinator's core (coordinator/reshard.py in CoordinatorState) driven b
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest

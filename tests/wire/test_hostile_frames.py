@@ -10,9 +10,9 @@ import pytest
 import zmq
 
 from paramserver.client.kv import KVWorker
-from paramserver.transport import connect_dealer, recv_frames, shm
+from paramserver.transport import connect_dealer, shm
 from paramserver.transport.shm_arena import _host_token
-from paramserver.wire import Message, decode, encode
+from paramserver.wire import decode
 from ps_helpers import make_job, running_job
 
 INF, NAN = float("inf"), float("nan")

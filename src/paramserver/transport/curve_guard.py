@@ -7,11 +7,15 @@ import queue
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils import monitor, z85
 
 from paramserver.core.ratelimit import RefusalLog
+
+if TYPE_CHECKING:  # security imports this module: the name is for annotations only
+    from paramserver.transport.security import Keys
 
 log = logging.getLogger("paramserver.transport.security")  # refusals log where they always did
 
