@@ -75,6 +75,26 @@ def test_grid_runs_every_policy_with_compares_update_rule_pairing(tmp_path):
     assert {r.config.optimizer for r in given} == {"sgd"}
 
 
+def test_worker_counts_are_a_grid_axis_each_in_its_own_folder(tmp_path):
+    runs = _plan(tmp_path, "--sync", "bsp,asp", "--scenario", "one-slow", "--workers", "4",
+                 "--workers", "8", "--repeats", "1")
+    assert sorted((r.policy, r.config.workers) for r in runs) == [
+        ("asp", 4), ("asp", 8), ("bsp", 4), ("bsp", 8)]
+    assert {r.folder.relative_to(tmp_path / "grid").parts[:2] for r in runs} == {
+        ("unlimited", "4-workers"), ("unlimited", "8-workers")}
+    # one count keeps the folder it always had
+    one = _plan(tmp_path, "--sync", "bsp", "--scenario", "one-slow", "--workers", "8",
+                "--repeats", "1")
+    assert [r.config.workers for r in one] == [8]
+    assert one[0].folder.relative_to(tmp_path / "grid").parts[1] == "runs"
+
+
+def test_a_cells_setting_names_its_worker_count():
+    from paramserver.advise.core.validate import Cell
+    assert Cell("bsp", "one-slow", "unlimited", 8).setting == "one-slow@unlimited@8w"
+    assert Cell("bsp", "one-slow", "unlimited").setting == "one-slow@unlimited"
+
+
 def test_the_convergence_model_keys_a_policy_by_its_update_rule():
     from paramserver.advise.calibrate import base_policy, model_key
     # compare's pairing is the bare name advise ranks; any other rule is its own entry

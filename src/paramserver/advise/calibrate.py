@@ -65,7 +65,7 @@ def _key_of(run: RunFolder) -> str:
 
 
 def _cell_of(run: RunFolder) -> Cell:
-    return Cell(_key_of(run), run.scenario, run.link)
+    return Cell(_key_of(run), run.scenario, run.link, run.job.workers)
 
 
 def _to_live(run: RunFolder, target: float) -> LiveRun:
@@ -147,7 +147,8 @@ def to_json(cal: Calibration) -> dict:
     return {"version": 1, "kind": "paramserver calibration", **cal.meta,
             "goal": GOAL, "convergence": cal.model.to_json(),
             "cells": [{"policy": r.cell.policy, "scenario": r.cell.scenario,
-                       "link": r.cell.link, "runs": r.measured.runs,
+                       "link": r.cell.link, "workers": r.cell.workers,
+                       "runs": r.measured.runs,
                        "reached": r.measured.reached, "measured_s": r.measured.median_s,
                        "measured_lo_s": r.measured.lo_s, "measured_hi_s": r.measured.hi_s,
                        "predicted_s": r.predicted.mid if r.predicted else None,
@@ -175,7 +176,7 @@ def _finite(x):
     return None if x is None or not math.isfinite(x) else x
 
 
-CSV_FIELDS = ["policy", "scenario", "link", "runs", "reached", "measured_s", "measured_lo_s",
+CSV_FIELDS = ["policy", "scenario", "link", "workers", "runs", "reached", "measured_s", "measured_lo_s",
               "measured_hi_s", "predicted_s", "predicted_lo_s", "predicted_hi_s", "error",
               "within_goal", "measured_samples", "predicted_samples", "samples_error",
               "sim_s_at_measured_samples", "throughput_error", "sim_staleness",
@@ -274,7 +275,8 @@ def render_html(cal: Calibration, doc: dict) -> str:
                 f"{_fmt_s(r.predicted.lo)} &ndash; {_fmt_s(r.predicted.hi)}")
         rows.append(
             f"<tr><td>{esc(r.cell.policy)}</td><td>{esc(r.cell.scenario)}</td>"
-            f"<td>{esc(r.cell.link)}</td><td>{m.reached}/{m.runs}</td>"
+            f"<td>{esc(r.cell.link)}</td><td>{r.cell.workers or ''}</td>"
+            f"<td>{m.reached}/{m.runs}</td>"
             f"<td>{_fmt_s(m.median_s)}</td>"
             f"<td>{_fmt_s(m.lo_s)} &ndash; {_fmt_s(m.hi_s)}</td>"
             f"<td>{_fmt_s(r.predicted.mid if r.predicted else None)}</td>"
@@ -312,7 +314,7 @@ between the evaluations either side of the crossing. {esc(load_text)}, on
 <p>The error splits in two: the samples error is the convergence model's samples to target
 against the live median's; the throughput error is the simulator's time to the live samples
 against the live time (what the cluster model and simulator get wrong).</p>
-<table><tr><th>policy</th><th>scenario</th><th>link</th><th>reached</th><th>live median</th>
+<table><tr><th>policy</th><th>scenario</th><th>link</th><th>workers</th><th>reached</th><th>live median</th>
 <th>live spread</th><th>predicted</th><th>predicted band</th><th>error</th>
 <th>within {GOAL:.0%}</th><th>samples error</th><th>throughput error</th>
 <th>sim staleness</th><th>sim update batch</th>

@@ -25,7 +25,7 @@ DEFAULT_SCENARIOS = ["one-slow", "homogeneous"]
 
 def _base_config(args):
     from paramserver.cli.compare_cmd import DEFAULTS, rule_pairing
-    changes = {k: getattr(args, k) for k in ("epochs", "lr", "workers", "batch_size", "seed",
+    changes = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "seed",
                                              "eval_interval", "device_time")
                if getattr(args, k) is not None}
     # compare's pairing: SSP and DSSP run with their own update rule unless --optimizer names
@@ -44,7 +44,8 @@ def _link_label(link: str) -> str:
 
 
 def plan_grid(args, out: Path) -> list:
-    """The grid's runs (compare's PlannedRun), repeats interleaved across links."""
+    """The grid's runs (compare's PlannedRun), repeats interleaved across links and worker
+    counts; with several worker counts each has a folder of its own under its link's."""
     from paramserver.cli.compare_cmd import _policies
     from paramserver.emulation.links import LinkTable
     from paramserver.emulation.trace_io import read_trace
@@ -52,17 +53,26 @@ def plan_grid(args, out: Path) -> list:
     policies = _policies(args.sync)
     scenarios = parse_scenarios(args.scenario or DEFAULT_SCENARIOS, read_trace)
     base = _base_config(args)
+    counts = _worker_counts(args, base)
     runs = []
     for link in args.grid_link or ["unlimited"]:
         label = _link_label(link)
-        cfg = dataclasses.replace(base, links=LinkTable.parse(
-            [] if label == "unlimited" else [link]))
-        cfg.validate()
-        folder = out / "grid" / label.replace("/", "_")
-        runs += plan_runs(cfg, policies, scenarios, args.repeats, folder, single=False,
-                          policy_optimizers=_pairs(args))
-    runs.sort(key=lambda r: r.repeat)  # repeats interleaved across links: load drifts alike
+        for n in counts:
+            cfg = dataclasses.replace(base, workers=n, links=LinkTable.parse(
+                [] if label == "unlimited" else [link]))
+            cfg.validate()
+            folder = out / "grid" / label.replace("/", "_")
+            if len(counts) > 1:
+                folder = folder / f"{n}-workers"
+            runs += plan_runs(cfg, policies, scenarios, args.repeats, folder, single=False,
+                              policy_optimizers=_pairs(args))
+    runs.sort(key=lambda r: r.repeat)  # repeats interleaved across the grid: load drifts alike
     return runs
+
+
+def _worker_counts(args, base) -> list[int]:
+    """The grid's worker counts: each --workers once, in order (default compare's)."""
+    return list(dict.fromkeys(args.workers)) if args.workers else [base.workers]
 
 
 def run_grid(args, out: Path, console) -> list[str]:
@@ -76,7 +86,8 @@ def run_grid(args, out: Path, console) -> list[str]:
     failed = []
     console.print(f"calibrate: {len(runs)} live runs ({', '.join(policies)} x "
                   f"{', '.join(scenarios)} x {len(args.grid_link or ['unlimited'])} link(s) x "
-                  f"{args.repeats} repeat(s)) into {out / 'grid'}")
+                  f"{len(args.workers or [None])} worker count(s) x {args.repeats} repeat(s)) "
+                  f"into {out / 'grid'}")
     for i, run in enumerate(runs, 1):
         t0 = time.perf_counter()
         console.print(f"[{i}/{len(runs)}] {run.folder.relative_to(out / 'grid')} ...")
@@ -143,7 +154,8 @@ SUMMARY = {"calibrate": "live runs of a settings grid against the simulator's pr
 def register(sub) -> None:
     p = sub.add_parser(
         "calibrate", help=SUMMARY["calibrate"],
-        description="Run a grid of live jobs (policies x straggler scenarios x links, emulated "
+        description="Run a grid of live jobs (policies x straggler scenarios x links x worker "
+                    "counts, emulated "
                     "device time and links, with repeats; compare's defaults otherwise), fit "
                     "the convergence model from them (calibration.json, for advise "
                     "--calibration), predict each cell's time to the target accuracy through "
@@ -168,7 +180,10 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, help="learning rate (default compare's)")
     p.add_argument("--optimizer", help="update rule of every run (default compare's, with its "
                                        "pairing: ssp and dssp run with dynsgd)")
-    p.add_argument("--workers", type=flag.positive_int, help="workers (default compare's)")
+    p.add_argument("--workers", type=flag.positive_int, action="append",
+                   help="workers, one grid axis (repeatable; default compare's), e.g. "
+                        "--workers 4 --workers 8: the convergence model then sees each policy "
+                        "at two update batches and staleness levels")
     p.add_argument("--batch-size", type=flag.positive_int, help="batch (default compare's)")
     p.add_argument("--device-time", type=flag.device_time,
                    help="emulated device time per sample (default compare's)")

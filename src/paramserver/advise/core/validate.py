@@ -17,15 +17,18 @@ GOAL = 0.15  # predicted time to target within 15% of the live median
 
 @dataclass(frozen=True)
 class Cell:
-    """One grid cell: a policy under one straggler scenario on one link."""
+    """One grid cell: a policy under one straggler scenario on one link, at a worker count
+    (None: not told; the runs of one count are one cell)."""
     policy: str
     scenario: str
     link: str
+    workers: int | None = None
 
     @property
     def setting(self) -> str:
         """The cell's settings without the policy (what LiveRun.cell holds)."""
-        return f"{self.scenario}@{self.link}"
+        at = "" if self.workers is None else f"@{self.workers}w"
+        return f"{self.scenario}@{self.link}{at}"
 
     @property
     def key(self) -> str:
