@@ -222,7 +222,7 @@ def churn(args) -> None:
 def hotpath(args) -> None:
     """The watermark's cost per push, piece by piece, with and without it in one process."""
     import statistics
-    from paramserver.client.core import WorkerCore
+    from paramserver.client.core.worker_core import WorkerCore
     from paramserver.core.keyspace import KeyRange
     from paramserver.server.core import ShardCore
     from paramserver.server.events import Init, Push, ShardSettings

@@ -30,7 +30,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_wire  # noqa: E402  (the generator lives beside this script)
 
-from paramserver.client.core import WorkerCore  # noqa: E402
+from paramserver.client.core.worker_core import WorkerCore  # noqa: E402
 from paramserver.client.kv import KVWorker  # noqa: E402
 from paramserver.client.requests import ShardRequests  # noqa: E402
 from paramserver.launch.local import LocalCluster  # noqa: E402

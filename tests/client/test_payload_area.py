@@ -4,7 +4,7 @@ memory go to a server on this host by reference, as dense pushes from the shared
 import numpy as np
 import pytest
 
-from paramserver.client.core import Handle
+from paramserver.client.core.worker_core import Handle
 from paramserver.client.transport import PayloadArea
 from paramserver.compression import make_codec
 from paramserver.transport import shm

@@ -1,10 +1,11 @@
-"""The worker client's bookkeeping (client/core.py), driven without sockets or sleeps."""
+"""The worker client's bookkeeping (client/core/worker_core.py), driven without sockets or
+sleeps."""
 
 
 import numpy as np
 import pytest
 
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.core.keyspace import KeyRange
 from paramserver.policies.base import Release
 from ps_helpers import Reply

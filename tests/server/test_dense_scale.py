@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from paramserver.client.core import Stream, WorkerCore, chunk_pieces
+from paramserver.client.core.worker_core import Stream, WorkerCore, chunk_pieces
 from paramserver.client.kv import KVWorker
 from paramserver.core.keyspace import KeyRange, auto_servers
 from paramserver.core.units import UnitError, parse_count

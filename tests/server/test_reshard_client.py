@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import zmq
 
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core.reshard import LayoutFollower
+from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.client.kv import KVWorker
 from paramserver.client.links import ShardLinks
-from paramserver.client.reshard import LayoutFollower
 from paramserver.spec.welcome import ShardLayout
 from paramserver.compression import make_codec, payload
 from paramserver.core.keyspace import KeyRange

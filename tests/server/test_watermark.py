@@ -69,7 +69,7 @@ def test_a_push_beyond_the_depth_and_a_sender_beyond_the_table_are_refused_not_f
 
 
 def test_the_client_watermark_is_its_lowest_unanswered_push_per_shard():
-    from paramserver.client.core import WorkerCore
+    from paramserver.client.core.worker_core import WorkerCore
     from paramserver.core.keyspace import KeyRange
     core = WorkerCore()
     core.welcome(0, [KeyRange(0, 4), KeyRange(4, 8)], 8)

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.client.requests import Moved, ShardRequests
 from paramserver.client.shard_map import ShardMap
 from paramserver.client.streams import ChunkedRequests, take_values

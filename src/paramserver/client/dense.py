@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paramserver.client.core import Chunk, Handle, Stream, WorkerCore
+from paramserver.client.core.worker_core import Chunk, Handle, Stream, WorkerCore
 from paramserver.client.requests import ShardRequests
 from paramserver.client.shard_map import ShardMap
 from paramserver.client.streams import ChunkedRequests

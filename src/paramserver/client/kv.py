@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paramserver.client.completion import Completion
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.client.dense import DenseRequests, as_array, push_fields
 from paramserver.client.links import ShardLinks
 from paramserver.client.preflight import preflight

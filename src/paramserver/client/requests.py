@@ -1,6 +1,6 @@
 """A client's requests to the shard servers over one DEALER socket per shard: sending, re-sends,
 waiting for replies, and giving lent frames back. The bookkeeping (ids, which replies are in,
-which frames are lent) is the WorkerCore's (client/core.py).
+which frames are lent) is the WorkerCore's (client/core/worker_core.py).
 
 Every request is kept until answered and sent again, with its own id, every `retry_interval`
 seconds while it is waited on: one may have died with a server that was restarted at the same
@@ -15,7 +15,7 @@ from typing import Callable
 
 import zmq
 
-from paramserver.client.core import WorkerCore
+from paramserver.client.core.worker_core import WorkerCore
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError

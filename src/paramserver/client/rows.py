@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.client.dense import push_fields
 from paramserver.client.requests import ShardRequests
 from paramserver.client.shard_map import ShardMap

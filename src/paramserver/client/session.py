@@ -89,7 +89,7 @@ class CoordinatorSession:
         self.replaced: dict[str, str] = {}
         # Live resharding: (epoch, layout as the wire says it) of the newest shard map a
         # heartbeat answer named (one assignment, read by the requests' thread, which checks
-        # it: client/reshard.py).
+        # it: client/core/reshard.py).
         self.layout: tuple[int, list] | None = None
         # The member's protocol events and what it waits for: the heartbeat thread answers
         # the coordinator's stall probe with them (observe/flight.py).

@@ -6,7 +6,7 @@ unanswered request again, same ids), and live resharding (`--servers MIN:MAX`: a
 map heard in a release, a heartbeat answer or a server's `moved` refusal is switched to at a
 quiet point, `switch`; a refused request is sent again under it, `follow_moved`). ShardMap owns
 the list of shards; ShardRequests and ShardLinks are handed each new list, never share one.
-The pure bookkeeping of maps heard and taken is LayoutFollower's (reshard.py).
+The pure bookkeeping of maps heard and taken is LayoutFollower's (core/reshard.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Callable
 import numpy as np
 import zmq
 
-from paramserver.client.core import Handle, WorkerCore
+from paramserver.client.core.reshard import LayoutFollower
+from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.client.links import ShardLinks
 from paramserver.client.requests import Moved, ShardRequests
-from paramserver.client.reshard import LayoutFollower
 from paramserver.client.session import CoordinatorSession
 from paramserver.compression import payload
 from paramserver.core.keyspace import KeyRange

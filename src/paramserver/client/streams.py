@@ -7,7 +7,7 @@ never stuck."""
 
 from __future__ import annotations
 
-from paramserver.client.core import Chunk, Handle, WorkerCore
+from paramserver.client.core.worker_core import Chunk, Handle, WorkerCore
 from paramserver.client.requests import Moved, ShardRequests
 from paramserver.compression import payload
 from paramserver.wire import Message

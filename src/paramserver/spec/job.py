@@ -575,7 +575,7 @@ class JobSpec:
         every key of a shard of `keys` keys (default: all), a table's rows for the most keys
         one request may carry) plus an eighth and 1 MB of headroom. Frames larger than
         chunk_bytes only come from requests that name keys one by one; dense requests are cut
-        into chunks (client/core.py)."""
+        into chunks (client/core/worker_core.py)."""
         if self.limits.max_message_bytes is not None:
             return self.limits.max_message_bytes
         itemsize = 8 if self.dtype in ("float64", "int64") else 4
