@@ -106,7 +106,7 @@ def test_load_state_dict_refuses_what_does_not_fit_and_changes_nothing():
     from types import SimpleNamespace
 
     from paramserver.client import optimizer_state
-    from paramserver.models.keyspace import ModelKeys
+    from paramserver.models.core.keyspace import ModelKeys
 
     model, opt = _build()
     keys = ModelKeys(model)

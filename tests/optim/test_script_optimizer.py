@@ -19,7 +19,7 @@ import torch
 from paramserver.client.torch_optimizer import describe
 from paramserver.coordinator.events import AppendEvent, Registered, Reply
 from paramserver.coordinator.state import CoordinatorState
-from paramserver.models.keyspace import ModelKeys
+from paramserver.models.core.keyspace import ModelKeys
 from paramserver.spec.job import OptimizerSpec
 from ps_helpers import job_of, match
 

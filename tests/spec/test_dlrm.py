@@ -14,7 +14,7 @@ from paramserver.data.clicks import ID_SPACE, mix64, power_law_ranks
 from paramserver.models import ModelKeys, build_model
 from paramserver.models.dlrm import embedding_keys
 from paramserver.runlog.metrics import summarize
-from paramserver.models.auc import roc_auc
+from paramserver.models.core.auc import roc_auc
 from paramserver.training.sparse_step import SparseRows
 from paramserver.models.workload import evaluate_sparse
 

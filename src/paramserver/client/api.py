@@ -40,7 +40,7 @@ from torch import nn
 from paramserver.core.layout import ModelLayout
 from paramserver.core.endpoints import endpoint
 from paramserver.core.leaving import NO_STEP_REASON
-from paramserver.models.keyspace import ModelKeys
+from paramserver.models.core.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
 from paramserver.models.flat_binding import bind_to_flat, grads_are_bound
 from paramserver.client.kv import KVWorker

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from paramserver.core.keyspace import KeyRange
-from paramserver.models.keyspace import ModelKeys
+from paramserver.models.core.keyspace import ModelKeys
 from paramserver.wire import Message
 
 PIECE = 1 << 18  # keys per request: 1 MiB per float32 state array

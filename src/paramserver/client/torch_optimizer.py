@@ -19,7 +19,7 @@ import functools
 import torch
 from torch import nn
 
-from paramserver.models.keyspace import ModelKeys
+from paramserver.models.core.keyspace import ModelKeys
 
 # torch class -> the update rule that runs it on the servers (optim/torch_rule.py).
 RULE_OF = {torch.optim.SGD: "torch-sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from paramserver.models.dlrm import dlrm
-from paramserver.models.keyspace import Layer, ModelKeys
+from paramserver.models.core.keyspace import Layer, ModelKeys
 from paramserver.models.nets import cnn, logreg, mlp, wide
 from paramserver.core.options import check_known
 from paramserver.core.registry import Registry

@@ -13,7 +13,7 @@ from torch import nn
 from paramserver.data import load_dataset
 from paramserver.models import ModelKeys, build_model
 from paramserver.spec.job import TaskSpec, task_from_dict
-from paramserver.models.auc import roc_auc
+from paramserver.models.core.auc import roc_auc
 
 
 def build(task: TaskSpec | Mapping, dtype: str, shape_only: bool = False):

@@ -1,7 +1,7 @@
 """The trained model as a file a user takes home: parameters under the model's own names.
 
 A run's parameters live as one flat vector (the servers' shards, in a checkpoint one .npy per
-key range); models/keyspace.ModelKeys knows which slice is which named tensor. This module
+key range); models/core/keyspace.ModelKeys knows which slice is which named tensor. This module
 reassembles the flat vector from a checkpoint, cuts it into named tensors and writes them as
 safetensors (the field's standard weight file: no code runs on load) or as a torch state
 dict (`torch.load(..., weights_only=True)` reads it).
