@@ -20,7 +20,7 @@ from paramserver.client.device_staging import DeviceStaging
 from paramserver.models.flat_binding import bind_to_flat
 from paramserver.compression import CODECS, make_codec, make_compressor
 from paramserver.models import ModelKeys
-from paramserver.training.amp import MixedPrecision
+from paramserver.training.core.amp import MixedPrecision
 
 ROOT = Path(__file__).resolve().parents[2]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(),

@@ -24,7 +24,8 @@ PURE = ["policies", "optim", "compression", "predict", "zipline", "core", "emula
 # prediction (advise/core), what observe computes (observe/core), the report's conclusions
 # (report/core), the launchers' decisions (launch/core), the worker client's bookkeeping and
 # the shard map it follows (client/core), a model's key space and the evaluator's scoring
-# (models/core). A module moved into one, or a new core/ folder, is gated the moment it lands.
+# (models/core), the batch sampler (data/core), mixed precision (training/core). A module moved
+# into one, or a new core/ folder, is gated the moment it lands.
 PURE += sorted(str(d.relative_to(SRC)) for d in SRC.rglob("core")
                if d.is_dir() and str(d.relative_to(SRC)) not in PURE)
 # The I/O side of the pure role packages above: the nodes that turn sockets, files and
@@ -134,11 +135,11 @@ def test_every_core_folder_is_under_the_gate():
     the ones the docs name are there."""
     folders = {e for e in PURE if (SRC / e).is_dir() and e.endswith("core")}
     assert {"core", "sim/core", "advise/core", "observe/core", "report/core",
-            "launch/core", "client/core", "models/core"} <= folders
+            "launch/core", "client/core", "models/core", "data/core", "training/core"} <= folders
     gated = {str(f.relative_to(SRC)) for f in pure_files()}
     assert {"sim/core/engine.py", "advise/core/recommend.py", "observe/core/stall.py",
             "client/core/worker_core.py", "client/core/reshard.py", "models/core/keyspace.py",
-            "models/core/auc.py"} <= gated
+            "models/core/auc.py", "data/core/sampler.py", "training/core/amp.py"} <= gated
 
 
 def test_wire_knows_no_sockets_and_transport_knows_no_protocol():

@@ -10,7 +10,7 @@ from paramserver.data.clicks import load_clicks
 from paramserver.data.digits import load_digits
 from paramserver.data.idx import IdxFormatError, read_idx, write_idx
 from paramserver.data.mnist import load_mnist
-from paramserver.data.sampler import BatchSampler
+from paramserver.data.core.sampler import BatchSampler
 from paramserver.data.synthetic import load_synthetic
 from paramserver.core.options import check_known
 from paramserver.core.registry import Registry

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from paramserver.data.sampler import BatchSampler
+from paramserver.data.core.sampler import BatchSampler
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from paramserver.core.pieces import Piece
-from paramserver.data.sampler import BatchSampler, take_rows, take_sparse_rows
+from paramserver.data.core.sampler import BatchSampler, take_rows, take_sparse_rows
 
 # Permutations kept: the newest epoch's and the one before (a leaver's pieces given back).
 _KEEP = 3

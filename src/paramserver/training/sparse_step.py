@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from paramserver.data.sampler import BatchSampler
+from paramserver.data.core.sampler import BatchSampler
 
 
 class RowSource(Protocol):

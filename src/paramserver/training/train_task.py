@@ -17,7 +17,7 @@ from paramserver.emulation.links import link_for
 from paramserver.client.device_staging import DeviceStaging, resolve_device, staging_forced
 from paramserver.models.flat_binding import GradsBoundCheck, bind_to_flat, point_params_at
 from paramserver.client.layer_sched import LayerRequests
-from paramserver.training.amp import MixedPrecision
+from paramserver.training.core.amp import MixedPrecision
 from paramserver.client.pacing import Pacer
 from paramserver.training.sparse_step import SparseRows, TableRows
 from paramserver.client.kv import KVWorker
