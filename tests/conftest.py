@@ -36,7 +36,7 @@ if HERE not in sys.path:
 LIVE_NAMES = ("subprocess", "multiprocessing", "CTX", "running_job", "LocalCluster", "NetLab",
               "SlurmLab", "start_workers", "started_client", "serve_bare_job", "KVWorker(",
               "ServerNode(", "step_loop", "train_side_by_side", "run_training", "run_script",
-              "RayCluster", 'importorskip("ray"')
+              "RayCluster", 'importorskip("ray"', "chaos_run")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -52,7 +52,6 @@ def module_name(entry: str) -> str:
 
 
 # A pure module inside a runtime package may import the pure modules beside it.
-PURE_MODULES = tuple(module_name(e) for e in PURE if e.endswith(".py"))
 
 
 def pure_files():
