@@ -2,6 +2,7 @@
 never-reached, and its JSON round trip with clear errors on bad files."""
 
 import json
+import math
 
 import pytest
 
@@ -59,6 +60,20 @@ def test_the_share_of_runs_that_reach_falls_with_staleness_beyond_the_references
     # a reference without a run count says nothing
     bare = model(modes={"round": Reference("round", 8000.0, 128.0, 0.0)}, policies={})
     assert bare.reach("bsp", apply_mode="round", staleness=0.0) == 1.0
+    # a fitted hazard decides, at any staleness
+    fitted = model(policies={"asp": Reference("arrival", 9000.0, 32.0, 2.0, 0.5, 1.1, 8, 5,
+                                              hazard=0.1)})
+    assert fitted.reach("asp", apply_mode="arrival", staleness=1.0) == pytest.approx(
+        math.exp(-0.1))
+    assert fitted.reach("asp", apply_mode="arrival", staleness=6.0) == pytest.approx(
+        math.exp(-0.6))
+    doc = json.loads(json.dumps(fitted.to_json()))
+    assert ConvergenceModel.from_json(doc).policies["asp"].hazard == 0.1
+    # a file from before the hazard reads as not fitted
+    del doc["policies"]["asp"]["hazard"]
+    assert ConvergenceModel.from_json(doc).policies["asp"].hazard is None
+    with pytest.raises(ConvergenceError, match="hazard"):
+        Reference("arrival", 9000.0, 32.0, 2.0, hazard=-1.0)
 
 
 def test_json_round_trip_and_errors():

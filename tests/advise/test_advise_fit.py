@@ -103,3 +103,44 @@ def test_one_failed_run_sets_no_staleness_limit():
     assert fit(runs, 0.95).policies["r2sp"].never_staleness is None
     runs.append(LiveRun("r2sp", "arrival", "b", 1, 32, 2.1, None, None))
     assert fit(runs, 0.95).policies["r2sp"].never_staleness == 1.9
+
+
+def _log_likelihood(h, runs):
+    return sum(-h * r.staleness if r.reached else math.log(-math.expm1(-h * r.staleness))
+               for r in runs if r.staleness > 0)
+
+
+def test_the_hazard_is_the_maximum_likelihood_of_which_runs_reached_at_which_staleness():
+    from paramserver.advise.core.fit_convergence import hazard
+    rng = np.random.default_rng(3)
+    true_h = 0.15
+    runs = []
+    for i, s in enumerate(rng.uniform(0.5, 8.0, size=400)):
+        ok = rng.random() < math.exp(-true_h * s)
+        runs.append(LiveRun("asp", "arrival", "c", i, 32, float(s), 9000.0 if ok else None,
+                            4.0 if ok else None))
+    h = hazard(runs)
+    # the likelihood's maximum, found by brute force on a fine grid
+    grid = np.linspace(0.01, 1.0, 9901)
+    best = grid[int(np.argmax([_log_likelihood(g, runs) for g in grid]))]
+    assert h == pytest.approx(best, abs=2e-4)
+    assert h == pytest.approx(true_h, rel=0.25)
+    # the fit stores it with the policy, and the model's reach follows it
+    m = fit(runs, 0.95)
+    assert m.policies["asp"].hazard == pytest.approx(h)
+    assert m.reach("asp", apply_mode="arrival", staleness=4.0) == pytest.approx(
+        math.exp(-4.0 * h))
+
+
+def test_the_hazard_at_its_edges():
+    from paramserver.advise.core.fit_convergence import HAZARD_MAX, hazard
+
+    def run(s, ok):
+        return LiveRun("asp", "arrival", "c", 0, 32, s, 9000.0 if ok else None, None)
+    assert hazard([run(2.0, True), run(3.0, True)]) == 0.0  # every run reached
+    assert hazard([run(2.0, False), run(3.0, False)]) == HAZARD_MAX  # none did
+    assert hazard([run(2.0, False)]) is None  # one run says too little
+    # lockstep runs (no staleness) say nothing of it, whatever happened to them
+    assert hazard([run(0.0, False), run(0.0, True), run(0.0, False)]) is None
+    # reaching at high staleness and failing at low: a small hazard
+    assert hazard([run(8.0, True), run(8.0, True), run(1.0, False)]) < 0.2

@@ -10,11 +10,13 @@ samples, above it each doubling costs nearly double. alpha is the price of one s
 staleness. The band is the reference runs' spread; a staleness at or beyond the smallest one
 at which live runs never reached the target predicts None.
 
-The share of runs that reach the target at all (`reach`): the reference's reached / runs at
-its own staleness, and beyond it q ** (s / s_ref): each further span of the reference's
-staleness is taken as another like chance to diverge. It is an extrapolation from one point,
-and says so: at 4 workers ASP reached 0.95 in 5 of 8 calibration runs at staleness 2.9, and at
-8 workers (staleness about 6.5) it diverged in every live run, where this predicts 0.34.
+The share of runs that reach the target at all (`reach`): exp(-hazard x s), each step of
+staleness a like chance to diverge, with the hazard fitted to the reference's runs (which
+reached at which staleness; see advise.core.fit_convergence). A reference without a fitted
+hazard (a file from before) has only its reached / runs = q at its staleness: q there and
+below, q ** (s / s_ref) beyond. At 4 workers ASP reached 0.95 in 5 of 8 calibration runs at
+staleness 2.9; at 8 workers (staleness about 6.5) it diverged in every live run, where that
+predicts 0.34.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Reference:
     runs: int = 0
     reached: int = 0
     never_staleness: float | None = None
+    hazard: float | None = None  # per step of staleness (None: not fitted, see reach)
 
     def __post_init__(self):
         if self.apply_mode not in APPLY_MODES:
@@ -79,19 +82,22 @@ class Reference:
         if not (0 < self.lo_ratio <= 1.0 <= self.hi_ratio):
             raise ConvergenceError(f"need 0 < lo_ratio <= 1 <= hi_ratio, got "
                                    f"{self.lo_ratio}, {self.hi_ratio}")
+        if self.hazard is not None and not (self.hazard >= 0 and math.isfinite(self.hazard)):
+            raise ConvergenceError(f"hazard must be a finite number >= 0, got {self.hazard!r}")
 
     def to_json(self) -> dict:
         return {"apply_mode": self.apply_mode, "samples": self.samples,
                 "update_batch": self.update_batch, "staleness": self.staleness,
                 "lo_ratio": self.lo_ratio, "hi_ratio": self.hi_ratio, "runs": self.runs,
-                "reached": self.reached, "never_staleness": self.never_staleness}
+                "reached": self.reached, "never_staleness": self.never_staleness,
+                "hazard": self.hazard}
 
     @classmethod
     def from_json(cls, d: dict, where: str) -> "Reference":
         if not isinstance(d, dict):
             raise ConvergenceError(f"{where} must be an object, got {type(d).__name__}")
         names = {"apply_mode", "samples", "update_batch", "staleness", "lo_ratio", "hi_ratio",
-                 "runs", "reached", "never_staleness"}
+                 "runs", "reached", "never_staleness", "hazard"}
         unknown = set(d) - names
         if unknown:
             raise ConvergenceError(f"{where}: unknown fields {sorted(unknown)}")
@@ -101,7 +107,8 @@ class Reference:
                        lo_ratio=float(d.get("lo_ratio", 1.0)),
                        hi_ratio=float(d.get("hi_ratio", 1.0)), runs=int(d.get("runs", 0)),
                        reached=int(d.get("reached", 0)),
-                       never_staleness=_opt_float(d.get("never_staleness")))
+                       never_staleness=_opt_float(d.get("never_staleness")),
+                       hazard=_opt_float(d.get("hazard")))
         except KeyError as e:
             raise ConvergenceError(f"{where}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
@@ -187,6 +194,8 @@ class ConvergenceModel:
         """The share of runs predicted to reach the target (see the module doc); 1.0 when the
         reference's runs say nothing (none recorded)."""
         ref = self.reference(policy, apply_mode)
+        if ref is not None and ref.hazard is not None:
+            return math.exp(-ref.hazard * staleness)
         if ref is None or ref.runs <= 0:
             return 1.0
         q = ref.reached / ref.runs

@@ -132,6 +132,34 @@ def fit_parameters(runs: list[LiveRun], prior_b_crit: float = PRIOR_B_CRIT,
     return best[1], best[2]
 
 
+HAZARD_MAX = 50.0  # per step of staleness: every run fails (reach exp(-50 s) ~ 0)
+
+
+def hazard(runs: list[LiveRun]) -> float | None:
+    """The hazard h per step of staleness that makes exp(-h s) the chance a run at mean
+    staleness s reaches the target, by maximum likelihood over `runs` (which reached, at which
+    staleness); None when fewer than two runs had any staleness (a run at none says nothing
+    of it: lockstep runs that failed did so for other reasons). 0 when every run reached."""
+    seen = [(r.staleness, r.reached) for r in runs if r.staleness > 0]
+    if len(seen) < 2:
+        return None
+    failed = [s for s, ok in seen if not ok]
+    if not failed:
+        return 0.0
+    reached_sum = sum(s for s, ok in seen if ok)
+
+    def slope(h: float) -> float:  # d/dh of the log-likelihood: falls as h grows
+        return -reached_sum + sum(s / math.expm1(h * s) for s in failed)
+
+    lo, hi = 1e-9, HAZARD_MAX
+    if slope(hi) > 0:
+        return HAZARD_MAX
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if slope(mid) > 0 else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
 def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
                pooled: bool = False) -> Reference:
     """The runs' median samples to target at their median batch and staleness, the spread
@@ -150,7 +178,7 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
     if not reached or (not pooled and 2 * len(reached) < len(runs)):
         # most runs never reached: the median run never does
         return Reference(mode, None, b_ref, min(r.staleness for r in runs), runs=len(runs),
-                         reached=len(reached))
+                         reached=len(reached), hazard=hazard(runs))
     at_ref = _scale(b_ref, s_ref, b_crit, alpha)
     scaled = np.array([r.samples_to_target * math.exp(at_ref - _scale(r.update_batch,
                                                                        r.staleness, b_crit,
@@ -158,7 +186,8 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
                        for r in reached])
     mid = float(np.median(scaled))
     return Reference(mode, mid, b_ref, s_ref, min(1.0, float(scaled.min()) / mid),
-                     max(1.0, float(scaled.max()) / mid), len(runs), len(reached), never)
+                     max(1.0, float(scaled.max()) / mid), len(runs), len(reached), never,
+                     hazard(runs))
 
 
 def _shrink(policies: dict[str, Reference], modes: dict[str, Reference], runs: list[LiveRun],
