@@ -118,8 +118,8 @@ def test_the_hazard_is_the_maximum_likelihood_of_which_runs_reached_at_which_sta
     for i, s in enumerate(rng.uniform(0.5, 8.0, size=400)):
         ok = rng.random() < math.exp(-true_h * s)
         runs.append(LiveRun("asp", "arrival", "c", i, 32, float(s), 9000.0 if ok else None,
-                            4.0 if ok else None))
-    h = hazard(runs)
+                            4.0 if ok else None, 0.96 if ok else 0.1, diverged=not ok))
+    h = hazard(runs, 0.95)
     # the likelihood's maximum, found by brute force on a fine grid
     grid = np.linspace(0.01, 1.0, 9901)
     best = grid[int(np.argmax([_log_likelihood(g, runs) for g in grid]))]
@@ -135,12 +135,19 @@ def test_the_hazard_is_the_maximum_likelihood_of_which_runs_reached_at_which_sta
 def test_the_hazard_at_its_edges():
     from paramserver.advise.core.fit_convergence import HAZARD_MAX, hazard
 
-    def run(s, ok):
-        return LiveRun("asp", "arrival", "c", 0, 32, s, 9000.0 if ok else None, None)
-    assert hazard([run(2.0, True), run(3.0, True)]) == 0.0  # every run reached
-    assert hazard([run(2.0, False), run(3.0, False)]) == HAZARD_MAX  # none did
-    assert hazard([run(2.0, False)]) is None  # one run says too little
+    def run(s, ok, final=0.1):
+        return LiveRun("asp", "arrival", "c", 0, 32, s, 9000.0 if ok else None, None,
+                       0.96 if ok else final)
+    assert hazard([run(2.0, True), run(3.0, True)], 0.95) == 0.0  # every run reached
+    assert hazard([run(2.0, False), run(3.0, False)], 0.95) == HAZARD_MAX  # none did
+    assert hazard([run(2.0, False)], 0.95) is None  # one run says too little
     # lockstep runs (no staleness) say nothing of it, whatever happened to them
-    assert hazard([run(0.0, False), run(0.0, True), run(0.0, False)]) is None
+    assert hazard([run(0.0, False), run(0.0, True), run(0.0, False)], 0.95) is None
     # reaching at high staleness and failing at low: a small hazard
-    assert hazard([run(8.0, True), run(8.0, True), run(1.0, False)]) < 0.2
+    assert hazard([run(8.0, True), run(8.0, True), run(1.0, False)], 0.95) < 0.2
+    # a run that ended near the target ran out of budget: left out, as if it never ran
+    assert hazard([run(2.0, True), run(3.0, True), run(3.0, False, final=0.9)], 0.95) == 0.0
+    assert hazard([run(2.0, True), run(3.0, False, final=0.9)], 0.95) is None
+    # one that diverged failed, whatever its last accuracy
+    diverged = LiveRun("asp", "arrival", "c", 0, 32, 3.0, None, None, 0.93, diverged=True)
+    assert hazard([run(2.0, True), diverged], 0.95) > 0

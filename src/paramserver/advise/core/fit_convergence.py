@@ -133,14 +133,20 @@ def fit_parameters(runs: list[LiveRun], prior_b_crit: float = PRIOR_B_CRIT,
 
 
 HAZARD_MAX = 50.0  # per step of staleness: every run fails (reach exp(-50 s) ~ 0)
+COLLAPSED = 0.1  # a run that ended this far below the target or more failed; nearer, it ran out
 
 
-def hazard(runs: list[LiveRun]) -> float | None:
+def hazard(runs: list[LiveRun], target: float) -> float | None:
     """The hazard h per step of staleness that makes exp(-h s) the chance a run at mean
-    staleness s reaches the target, by maximum likelihood over `runs` (which reached, at which
-    staleness); None when fewer than two runs had any staleness (a run at none says nothing
-    of it: lockstep runs that failed did so for other reasons). 0 when every run reached."""
-    seen = [(r.staleness, r.reached) for r in runs if r.staleness > 0]
+    staleness s does not fail, by maximum likelihood over `runs` (which reached the target,
+    which failed, at which staleness); None when fewer than two runs had any staleness (a run
+    at none says nothing of it: lockstep runs that failed did so for other reasons). 0 when
+    none failed. A failed run diverged or ended COLLAPSED or more below the target; one that
+    ended nearer ran out of its budget, not of luck, and is left out."""
+    def failed(r: LiveRun) -> bool:
+        return r.diverged or r.final_accuracy < target - COLLAPSED
+    seen = [(r.staleness, r.reached) for r in runs
+            if r.staleness > 0 and (r.reached or failed(r))]
     if len(seen) < 2:
         return None
     failed = [s for s, ok in seen if not ok]
@@ -160,7 +166,7 @@ def hazard(runs: list[LiveRun]) -> float | None:
     return math.sqrt(lo * hi)
 
 
-def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
+def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float, target: float,
                pooled: bool = False) -> Reference:
     """The runs' median samples to target at their median batch and staleness, the spread
     of the runs (each scaled to that point) around it, and where they stop reaching.
@@ -178,7 +184,7 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
     if not reached or (not pooled and 2 * len(reached) < len(runs)):
         # most runs never reached: the median run never does
         return Reference(mode, None, b_ref, min(r.staleness for r in runs), runs=len(runs),
-                         reached=len(reached), hazard=hazard(runs))
+                         reached=len(reached), hazard=hazard(runs, target))
     at_ref = _scale(b_ref, s_ref, b_crit, alpha)
     scaled = np.array([r.samples_to_target * math.exp(at_ref - _scale(r.update_batch,
                                                                        r.staleness, b_crit,
@@ -187,7 +193,7 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float,
     mid = float(np.median(scaled))
     return Reference(mode, mid, b_ref, s_ref, min(1.0, float(scaled.min()) / mid),
                      max(1.0, float(scaled.max()) / mid), len(runs), len(reached), never,
-                     hazard(runs))
+                     hazard(runs, target))
 
 
 def _shrink(policies: dict[str, Reference], modes: dict[str, Reference], runs: list[LiveRun],
@@ -244,8 +250,8 @@ def fit(runs: list[LiveRun], target: float, source: dict | None = None,
         if len(modes) != 1:
             raise ValueError(f"policy {p!r} ran in several apply modes: {sorted(modes)}")
         mode = modes.pop()
-        policies[p] = _reference(mine, mode, b_crit, alpha[mode])
-    modes = {m: _reference([r for r in runs if r.apply_mode == m], m, b_crit, alpha[m],
+        policies[p] = _reference(mine, mode, b_crit, alpha[mode], target)
+    modes = {m: _reference([r for r in runs if r.apply_mode == m], m, b_crit, alpha[m], target,
                            pooled=True)
              for m in APPLY_MODES if any(r.apply_mode == m for r in runs)}
     policies = _shrink(policies, modes, runs, b_crit, alpha)
