@@ -74,6 +74,12 @@ def test_the_share_of_runs_that_reach_falls_with_staleness_beyond_the_references
     assert ConvergenceModel.from_json(doc).policies["asp"].hazard is None
     with pytest.raises(ConvergenceError, match="hazard"):
         Reference("arrival", 9000.0, 32.0, 2.0, hazard=-1.0)
+    # lockstep runs: the share that did not fail, whatever ran out of budget
+    counted = model(policies={"bsp": Reference("round", 8000.0, 128.0, 0.0, 0.9, 1.2, 8, 6,
+                                               failed=1)})
+    assert counted.reach("bsp", apply_mode="round", staleness=0.0) == pytest.approx(6 / 7)
+    assert ConvergenceModel.from_json(json.loads(json.dumps(
+        counted.to_json()))).policies["bsp"].failed == 1
 
 
 def test_json_round_trip_and_errors():

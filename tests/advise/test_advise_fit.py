@@ -128,6 +128,7 @@ def test_the_hazard_is_the_maximum_likelihood_of_which_runs_reached_at_which_sta
     # the fit stores it with the policy, and the model's reach follows it
     m = fit(runs, 0.95)
     assert m.policies["asp"].hazard == pytest.approx(h)
+    assert m.policies["asp"].failed == sum(not r.reached for r in runs)
     assert m.reach("asp", apply_mode="arrival", staleness=4.0) == pytest.approx(
         math.exp(-4.0 * h))
 

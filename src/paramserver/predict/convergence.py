@@ -12,8 +12,9 @@ at which live runs never reached the target predicts None.
 
 The share of runs that reach the target at all (`reach`): exp(-hazard x s), each step of
 staleness a like chance to diverge, with the hazard fitted to the reference's runs (which
-reached at which staleness; see advise.core.fit_convergence). A reference without a fitted
-hazard (a file from before) has only its reached / runs = q at its staleness: q there and
+reached at which staleness; see advise.core.fit_convergence). Lockstep runs have no staleness
+to fit one by: their share that did not fail (diverge or collapse) is theirs at any. A
+reference from a file of before has only its reached / runs = q at its staleness: q there and
 below, q ** (s / s_ref) beyond. At 4 workers ASP reached 0.95 in 5 of 8 calibration runs at
 staleness 2.9; at 8 workers (staleness about 6.5) it diverged in every live run, where that
 predicts 0.34.
@@ -68,6 +69,7 @@ class Reference:
     reached: int = 0
     never_staleness: float | None = None
     hazard: float | None = None  # per step of staleness (None: not fitted, see reach)
+    failed: int | None = None  # runs that diverged or collapsed (None: not counted)
 
     def __post_init__(self):
         if self.apply_mode not in APPLY_MODES:
@@ -90,14 +92,14 @@ class Reference:
                 "update_batch": self.update_batch, "staleness": self.staleness,
                 "lo_ratio": self.lo_ratio, "hi_ratio": self.hi_ratio, "runs": self.runs,
                 "reached": self.reached, "never_staleness": self.never_staleness,
-                "hazard": self.hazard}
+                "hazard": self.hazard, "failed": self.failed}
 
     @classmethod
     def from_json(cls, d: dict, where: str) -> "Reference":
         if not isinstance(d, dict):
             raise ConvergenceError(f"{where} must be an object, got {type(d).__name__}")
         names = {"apply_mode", "samples", "update_batch", "staleness", "lo_ratio", "hi_ratio",
-                 "runs", "reached", "never_staleness", "hazard"}
+                 "runs", "reached", "never_staleness", "hazard", "failed"}
         unknown = set(d) - names
         if unknown:
             raise ConvergenceError(f"{where}: unknown fields {sorted(unknown)}")
@@ -108,7 +110,8 @@ class Reference:
                        hi_ratio=float(d.get("hi_ratio", 1.0)), runs=int(d.get("runs", 0)),
                        reached=int(d.get("reached", 0)),
                        never_staleness=_opt_float(d.get("never_staleness")),
-                       hazard=_opt_float(d.get("hazard")))
+                       hazard=_opt_float(d.get("hazard")),
+                       failed=None if d.get("failed") is None else int(d["failed"]))
         except KeyError as e:
             raise ConvergenceError(f"{where}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
@@ -196,6 +199,9 @@ class ConvergenceModel:
         ref = self.reference(policy, apply_mode)
         if ref is not None and ref.hazard is not None:
             return math.exp(-ref.hazard * staleness)
+        if ref is not None and ref.failed is not None:  # no staleness to scale by: its share
+            seen = ref.reached + ref.failed
+            return 1.0 - ref.failed / seen if seen else 1.0
         if ref is None or ref.runs <= 0:
             return 1.0
         q = ref.reached / ref.runs

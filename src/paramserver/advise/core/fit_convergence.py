@@ -136,6 +136,11 @@ HAZARD_MAX = 50.0  # per step of staleness: every run fails (reach exp(-50 s) ~ 
 COLLAPSED = 0.1  # a run that ended this far below the target or more failed; nearer, it ran out
 
 
+def failed(run: LiveRun, target: float) -> bool:
+    """The run did not reach the target and diverged, or ended COLLAPSED or more below it."""
+    return not run.reached and (run.diverged or run.final_accuracy < target - COLLAPSED)
+
+
 def hazard(runs: list[LiveRun], target: float) -> float | None:
     """The hazard h per step of staleness that makes exp(-h s) the chance a run at mean
     staleness s does not fail, by maximum likelihood over `runs` (which reached the target,
@@ -143,19 +148,17 @@ def hazard(runs: list[LiveRun], target: float) -> float | None:
     at none says nothing of it: lockstep runs that failed did so for other reasons). 0 when
     none failed. A failed run diverged or ended COLLAPSED or more below the target; one that
     ended nearer ran out of its budget, not of luck, and is left out."""
-    def failed(r: LiveRun) -> bool:
-        return r.diverged or r.final_accuracy < target - COLLAPSED
     seen = [(r.staleness, r.reached) for r in runs
-            if r.staleness > 0 and (r.reached or failed(r))]
+            if r.staleness > 0 and (r.reached or failed(r, target))]
     if len(seen) < 2:
         return None
-    failed = [s for s, ok in seen if not ok]
-    if not failed:
+    lost = [s for s, ok in seen if not ok]
+    if not lost:
         return 0.0
     reached_sum = sum(s for s, ok in seen if ok)
 
     def slope(h: float) -> float:  # d/dh of the log-likelihood: falls as h grows
-        return -reached_sum + sum(s / math.expm1(h * s) for s in failed)
+        return -reached_sum + sum(s / math.expm1(h * s) for s in lost)
 
     lo, hi = 1e-9, HAZARD_MAX
     if slope(hi) > 0:
@@ -184,7 +187,8 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float, targ
     if not reached or (not pooled and 2 * len(reached) < len(runs)):
         # most runs never reached: the median run never does
         return Reference(mode, None, b_ref, min(r.staleness for r in runs), runs=len(runs),
-                         reached=len(reached), hazard=hazard(runs, target))
+                         reached=len(reached), hazard=hazard(runs, target),
+                         failed=sum(failed(r, target) for r in runs))
     at_ref = _scale(b_ref, s_ref, b_crit, alpha)
     scaled = np.array([r.samples_to_target * math.exp(at_ref - _scale(r.update_batch,
                                                                        r.staleness, b_crit,
@@ -193,7 +197,7 @@ def _reference(runs: list[LiveRun], mode: str, b_crit: float, alpha: float, targ
     mid = float(np.median(scaled))
     return Reference(mode, mid, b_ref, s_ref, min(1.0, float(scaled.min()) / mid),
                      max(1.0, float(scaled.max()) / mid), len(runs), len(reached), never,
-                     hazard(runs, target))
+                     hazard(runs, target), sum(failed(r, target) for r in runs))
 
 
 def _shrink(policies: dict[str, Reference], modes: dict[str, Reference], runs: list[LiveRun],
