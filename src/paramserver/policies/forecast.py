@@ -43,16 +43,17 @@ MODES = {"bsp": "round", "lbbsp": "round", "ssp": "arrival", "asp": "arrival"}
 CANDIDATES = tuple(MODES)
 
 # The shipped calibration's apply-mode references (advise/data/default_calibration.json: the
-# digits MLP, 4 workers, batch 32, target 0.95). tests/policies/test_auto_policy.py checks that
-# they are the file's: a new calibration must be carried here too.
+# digits MLP, 4 and 8 workers, batch 32, target 0.95). tests/policies/test_auto_policy.py checks
+# that they are the file's: a new calibration must be carried here too.
 SHIPPED = ConvergenceModel(
-    version=1, target=0.95, b_crit=256.0,
-    alpha={"arrival": 0.707945784384138, "round": 0.0},
+    version=1, target=0.95, b_crit=19.027313840043536,
+    alpha={"arrival": 0.4466835921509635, "round": 0.0},
     policies={},
-    modes={"round": Reference("round", 10282.66666666666, 128.0, 0.0,
-                              0.8091286307053946, 1.1390072301826288, 16, 16),
-           "arrival": Reference("arrival", 12241.709259427771, 32.0, 2.632841328413284,
-                                0.4534879755658438, 1.3928154853309047, 40, 33)},
+    modes={"round": Reference("round", 10154.666666666662, 128.0, 0.0,
+                              0.8319772622544496, 1.093489380271954, 16, 15, failed=0),
+           "arrival": Reference("arrival", 11085.68429073213, 32.0, 2.933518005540166,
+                                0.5831900673535928, 1.6870571894873734, 40, 30,
+                                hazard=0.06433332377597183, failed=8)},
     source={"from": "the shipped calibration's apply-mode references"})
 
 
