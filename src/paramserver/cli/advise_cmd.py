@@ -43,8 +43,8 @@ adds.
 Each candidate (every policy; SSP and DSSP at a few staleness bounds) is simulated at the target
 scale without --train; the convergence model (--calibration, from `paramserver calibrate`; the
 shipped default otherwise) says how many samples it needs to reach the target at the staleness
-and update batch the simulation shows, and what share of runs reach it at all (reach: its
-calibration runs' share, falling with staleness beyond theirs; under 50%: never). Candidates
+and update batch the simulation shows, and what share of runs reach it at all (reach: from
+which calibration runs diverged at which staleness; under 50%: never). Candidates
 rank by their time over that share. auto is simulated switching as it would live: each
 stretch under one of its candidates moves it toward the target by its samples over what that
 candidate needs (advise.json lists the stretches). The table ranks by predicted time to target

@@ -6,8 +6,9 @@ samples' band read off the same curve). A run that changes policy on the way (au
 of stretches: each moves it toward the target by its samples over what its policy needs at its
 staleness and update batch, and the run goes on under the last one.
 
-Not every run reaches the target: the convergence model says what share would (its calibration
-runs' reached / runs, falling with staleness beyond theirs). A candidate under NEVER of its runs
+Not every run reaches the target: the convergence model says what share would (exp(-hazard x
+staleness), the hazard fitted to which calibration runs diverged at which staleness; see
+predict.convergence). A candidate under NEVER of its runs
 predicted to reach is predicted never; the others rank by their expected time, the band over
 that share (a run that diverges is time lost, and the job is run again). The pick is the
 first, and it is "too close to call" when its band overlaps the runner-up's.
@@ -184,8 +185,8 @@ def recommend(predictions: list[Prediction], target: float) -> Recommendation:
     reasons = [f"{p.candidate.label}: predicted never to reach {target:g} at staleness "
                f"{p.outcome.mean_staleness:.2g}, update batch {p.outcome.update_batch:.3g}"
                + ("" if p.samples is None else
-                  f": about {p.reach:.0%} of runs would, where its calibration runs' share "
-                  f"falls with staleness")
+                  f": about {p.reach:.0%} of runs would not diverge, from its calibration "
+                  f"runs")
                for p in never]
     reasons += [f"{p.candidate.label}: about {p.reach:.0%} of runs predicted to reach "
                 f"{target:g} at staleness {p.outcome.mean_staleness:.2g}; ranked by "
