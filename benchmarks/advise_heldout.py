@@ -87,7 +87,12 @@ def main(argv=None) -> int:
         fastest = min(medians, key=medians.get)
         pick = rec["pick"]
         pick_policy = pick.split("(")[0] if pick else None
-        if pick_policy in medians:
+        if pick and pick_policy in medians and pick != default_label(pick_policy):
+            print(f"\npick {pick} ({rec['confidence']}): not run live with those options; "
+                  f"{default_label(pick_policy)} took {medians[pick_policy]:.1f} s, "
+                  f"{medians[pick_policy] / medians[fastest]:.2f}x the live-fastest "
+                  f"{fastest} ({medians[fastest]:.1f} s)")
+        elif pick_policy in medians:
             print(f"\npick {pick} ({rec['confidence']}): live median {medians[pick_policy]:.1f} s, "
                   f"{medians[pick_policy] / medians[fastest]:.2f}x the live-fastest "
                   f"{fastest} ({medians[fastest]:.1f} s)")
