@@ -7,15 +7,20 @@ import queue
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 from zmq.utils import monitor, z85
 
 from paramserver.core.ratelimit import RefusalLog
 
-if TYPE_CHECKING:  # security imports this module: the name is for annotations only
-    from paramserver.transport.security import Keys
+
+class Keys(Protocol):
+    """What the guard reads of security.Keys (security imports this module, not the reverse)."""
+
+    directory: str
+    allowed: dict  # z85 public key -> its file's name
+
 
 log = logging.getLogger("paramserver.transport.security")  # refusals log where they always did
 
