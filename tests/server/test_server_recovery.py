@@ -49,7 +49,9 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
             os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)  # round 4 lost on shard 1
             release = _steps(kv, release, 5)  # retried until the restarted server answers
             final = kv.pull(min_version=release.min_version)
-            assert kv.requests.retries >= 1
+            # No assertion on the client's resend count: ZeroMQ may hand a request queued
+            # for the dead peer to the restarted one, and then none is needed. The final
+            # values and the restart record below are what recovery must get right.
             kv.bye()
         finally:
             kv.close()
