@@ -9,7 +9,8 @@ encodes the shard's pull references counted (trees before the sharing have no co
 
     PYTHONPATH=src python benchmarks/shard_codec_round.py --codec uniform8 --rounds 20
 
-Run it from each tree (PYTHONPATH=<tree>/src) for an A/B; no sockets, no processes.
+Run it from each tree (PYTHONPATH=<tree>/src) for an A/B; no sockets, no processes. torch
+runs on --threads threads (1, as a shard server does by default: server_threads).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import time
 
 import numpy as np
+import torch
 
 from paramserver.compression import make_codec, payload
 from paramserver.server.core import ShardCore
@@ -30,7 +32,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=20, help="timed rounds (after one untimed)")
     p.add_argument("--codec", default="uniform8", help="push and pull codec")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (the shard's server_threads; default 1)")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     n, names = args.keys, [f"w{k}" for k in range(args.workers)]
     core = ShardCore(ShardSettings(rank=0, lo=0, hi=n, dtype="float32", apply_mode="round",
                                    optimizer="sgd", lr=0.01))
