@@ -378,12 +378,12 @@ class ReplicaLink:
         nothing; a primary that names no address is not watched (its death waits for the
         heartbeat timeout)."""
         if self.watcher is None and addr:
-            self.watcher = connect_dealer(self.ctx, addr, keys=self.keys, send_timeout=0,
+            # Watched before it connects: a handshake done before its monitor was there
+            # would never say the watch is up.
+            self.watcher = connect_dealer(self.ctx, None, keys=self.keys, send_timeout=0,
                                           max_message=CONTROL_MESSAGE_BYTES, peer="server")
             self.monitor = self.watcher.get_monitor_socket(_WATCHED)
             self.monitor.linger = 0
-            self.watching, self.up, self.told = addr, False, False
-            return
         self._point_watch(addr)
 
     def _point_watch(self, addr: str | None) -> None:

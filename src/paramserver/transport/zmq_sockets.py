@@ -156,7 +156,7 @@ def router_address(host: str, port: int, scheme: str = "tcp",
     return f"tcp://{advertise or host}:{port}"
 
 
-def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
+def connect_dealer(ctx: zmq.Context, addr: str | None, identity: bytes | None = None,
                    hwm: int = DEFAULT_HWM, send_timeout: float = SEND_TIMEOUT,
                    keys=None, peer: str = "coordinator",
                    max_message: int | None = None) -> zmq.Socket:
@@ -165,14 +165,16 @@ def connect_dealer(ctx: zmq.Context, addr: str, identity: bytes | None = None,
     65th send after its death would block forever.)
 
     With `keys` it is a CURVE client that trusts only the public key of role `peer`; a frame
-    above `max_message` bytes from the peer drops the connection."""
+    above `max_message` bytes from the peer drops the connection. `addr` None: connected to
+    nothing yet (the caller connects it once it watches the socket's events)."""
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, hwm, max_message)
     security.secure_dealer(sock, keys, peer)
     sock.setsockopt(zmq.SNDTIMEO, max(0, int(send_timeout * 1000)))
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(addr)
+    if addr is not None:
+        sock.connect(addr)
     return sock
 
 
