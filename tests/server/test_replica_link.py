@@ -42,9 +42,9 @@ class Pair:
     def __init__(self, ctx):
         self.notes, self.pushes = [], []
         self.primary_core, self.backup_core = _core(), _core()
-        self.primary = ReplicaLink(ctx, None, 0, False, 5.0, self.primary_core, self._run_p,
+        self.primary = ReplicaLink(ctx, None, False, 5.0, self.primary_core, self._run_p,
                                    lambda op, f: self.notes.append(op))
-        self.backup = ReplicaLink(ctx, None, 0, True, 5.0, self.backup_core, self._run_b,
+        self.backup = ReplicaLink(ctx, None, True, 5.0, self.backup_core, self._run_b,
                                   lambda op, f: self.notes.append(op))
         self.router, self.addr = bind_router(ctx)
         events = dict(EVENTS)

@@ -3,6 +3,8 @@ kept identical by the same requests in the same order (and by a state sync mid-s
 takeover's exactly-once, and the coordinator's Replicas (attach, sync, promotion, loss). The
 live check is tests/server/test_replicas_live.py (slow)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -12,8 +14,8 @@ from paramserver.coordinator.events import (
 from paramserver.coordinator.membership import Membership
 from paramserver.coordinator.replicas import Replicas
 from paramserver.server.core import ShardCore
-from paramserver.server.events import Init, Push, ShardSettings, Then
-from paramserver.server.replication import ForwardRing, Forwarder, load_sync, sync_payload
+from paramserver.server.events import Init, LayoutKnown, LoadSync, Push, ShardSettings, Then
+from paramserver.server.replication import ForwardRing, Forwarder, sync_payload
 from ps_helpers import known_gradient
 
 KEYS = 12
@@ -174,7 +176,7 @@ def test_a_backup_synced_mid_stream_is_the_primary_bit_for_bit(mode):
     fields, arrays = sync_payload(primary)
     assert fields == {"arrays_n": len(arrays) - 1}
     backup = _core(mode, "momentum")
-    load_sync(backup, [np.array(a) for a in arrays])  # (as received: copies)
+    backup.handle(LoadSync([np.array(a) for a in arrays]))  # (as received: copies)
     ev = _push(1, 4, 3, mode, round_size=2)[0]
     _run(primary, ev)
     _run(backup, ev)
@@ -212,7 +214,7 @@ def test_a_backup_synced_mid_round_has_the_rounds_sparse_rows_too():
         _run(primary, rows(rank, 1))
     assert primary.tables.round_rows == 8
     backup = core()
-    load_sync(backup, [np.array(a) for a in sync_payload(primary)[1]])
+    backup.handle(LoadSync([np.array(a) for a in sync_payload(primary)[1]]))
     assert backup.tables.round_rows == 8
     for c in (primary, backup):
         _run(c, rows(2, 1))
@@ -225,10 +227,10 @@ def test_a_backup_synced_mid_round_has_the_rounds_sparse_rows_too():
 
 def test_a_sync_of_an_uninitialized_shard_keeps_it_uninitialized():
     primary, backup = _core(), _core()
-    load_sync(backup, sync_payload(primary)[1])
+    backup.handle(LoadSync(sync_payload(primary)[1]))
     assert not backup.store.initialized
     with pytest.raises(ValueError):
-        load_sync(backup, [])
+        backup.handle(LoadSync([]))
 
 
 # ---- the coordinator's Replicas ------------------------------------------------------------------
@@ -435,24 +437,27 @@ def test_backups_follow_their_primaries_through_a_reshard_and_a_drained_ones_tak
         ("shutdown", ("link-B0",)), ("attach_backup", ("link-P1",))]
 
 
-def test_a_backup_resynced_for_another_shard_rebuilds_its_core_before_loading():
+def test_a_backup_resynced_for_another_shard_becomes_that_shard_before_loading():
     from paramserver.server.replication import synced_shard
     primary = ShardCore(ShardSettings(rank=2, lo=60, hi=100, dtype="float64",
                                       apply_mode="arrival", optimizer="sgd", lr=1.0,
                                       servers=3))
     primary.handle(Init(None, 60, 100, np.arange(40, dtype=np.float64)))
-    primary.epoch, primary.layout = 4, [[0, "a", 0, 30], [1, "b", 30, 60], [2, "c", 60, 100]]
+    primary.handle(LayoutKnown(4, [[0, "a", 0, 30], [1, "b", 30, 60], [2, "c", 60, 100]]))
     arrays = [np.array(a) for a in sync_payload(primary)[1]]
     shard = synced_shard(arrays)
     backup = _core()  # a backup of shard 0, keys [0, KEYS)
+    _run(backup, Init(None, 0, KEYS, np.zeros(KEYS)))
+    _run(backup, _push(0, 1, 0, "arrival")[0])  # applied: in its dedup table
     assert shard.differs(backup.settings) and (shard.rank, shard.lo, shard.hi) == (2, 60, 100)
     with pytest.raises(Exception):
-        load_sync(backup, arrays)  # the old core cannot hold another shard's values
-    rebuilt = ShardCore(ShardSettings(rank=2, lo=60, hi=100, dtype="float64",
-                                      apply_mode="arrival", optimizer="sgd", lr=1.0, servers=3))
-    load_sync(rebuilt, arrays)
-    np.testing.assert_array_equal(rebuilt.store.values.numpy(), np.arange(40))
-    assert (rebuilt.epoch, rebuilt.layout) == (4, primary.layout)
+        backup.handle(LoadSync(arrays))  # its shard cannot hold another shard's values
+    mirror = replace(backup.settings, rank=2, lo=60, hi=100, servers=3)
+    assert backup.handle(LoadSync(arrays, mirror)) == ()
+    assert (backup.settings.rank, backup.store.range.lo, backup.store.range.hi) == (2, 60, 100)
+    np.testing.assert_array_equal(backup.store.values.numpy(), np.arange(40))
+    assert (backup.epoch, backup.layout) == (4, primary.layout)
+    assert backup.retries.dump() == primary.retries.dump()  # shard 0's pushes are not in it
 
 
 def test_a_primarys_report_from_before_a_renumbering_is_ignored_not_stopped():

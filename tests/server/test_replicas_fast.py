@@ -128,7 +128,7 @@ def _watching_backup(ctx, addr):
     from paramserver.server.events import ShardSettings
     core = ShardCore(ShardSettings(rank=1, lo=0, hi=4, dtype="float64", apply_mode="arrival",
                                    optimizer="sgd", lr=1.0))
-    link = ReplicaLink(ctx, None, 1, True, 1.0, core, None,
+    link = ReplicaLink(ctx, None, True, 1.0, core, None,
                        lambda op, fields: told.append((op, fields)))
     link.primary, link.epoch = b"primary", 3  # as after a sync of attach 3
     link.watch_primary(addr)

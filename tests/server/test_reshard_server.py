@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from paramserver.server.core import ShardCore
-from paramserver.server.events import Init, Pull, Push, PushSparse, ShardSettings, Status
+from paramserver.server.events import (
+    Init, Pull, Push, PushSparse, Rebuild, ShardSettings, Status,
+)
 from paramserver.server.handoff import (
     Assembly, HandoffError, Piece, cut, parse_layout, piece_keys, plan,
 )
@@ -219,9 +221,9 @@ def resharded_core():
     assert c.handle(Push("t", "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))[-1].op == "ack"
     asm = Assembly(0, 10, "float32")
     asm.keep(c.store, 0, 10)
-    c2, out = c.successor(settings(0, 0, 10, "sgd"), asm, 1, LAYOUT)
-    assert out == []
-    return c2
+    assert c.handle(Rebuild(settings(0, 0, 10, "sgd"), asm, 1, LAYOUT)) == []
+    assert (c.store.range.lo, c.store.range.hi, c.epoch) == (0, 10, 1)
+    return c
 
 
 def test_requests_outside_the_range_are_refused_moved_with_nothing_applied():
@@ -251,7 +253,8 @@ def test_retry_of_a_push_applied_before_the_reshard_is_answered_not_moved():
     (ack,) = c.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))
     assert ack.op == "ack" and c.retries.duplicates == 1 and c.store.updates_applied == 1
     # A drained server (an empty range) still answers it, and refuses everything else.
-    d, _ = c.successor(settings(0, 10, 10, "sgd"), None, 2, [[0, "b", 0, 20]])
+    c.handle(Rebuild(settings(0, 10, 10, "sgd"), None, 2, [[0, "b", 0, 20]]))
+    d = c
     assert d.handle(Push(("w", 1), "w", 1, 0, 20, np.ones(20, np.float32), 0, 1, 0))[0].op \
         == "ack"
     (moved,) = d.handle(Pull(("w", 9), 0.0, 0, 0, 1))
@@ -259,14 +262,15 @@ def test_retry_of_a_push_applied_before_the_reshard_is_answered_not_moved():
     assert d.handle(Status("s"))[0].fields["state"]["duplicates"] == 2
 
 
-def test_waiting_pulls_are_served_or_moved_by_the_successor():
+def test_waiting_pulls_are_served_or_moved_by_the_rebuilt_shard():
     c = ShardCore(settings(0, 0, 20, "sgd"))
     c.handle(Init("i", 0, 20, np.zeros(20, np.float32)))
     assert c.handle(Pull(("p", 1), 0.0, 5, 0, 5)) == ()  # waits for version 5
     assert c.handle(Pull(("p", 2), 0.0, 5, 15, 20)) == ()
     asm = Assembly(0, 10, "float32")
     asm.keep(c.store, 0, 10)
-    c2, out = c.successor(settings(0, 0, 10, "sgd"), asm, 1, LAYOUT, version_floor=5)
+    out = c.handle(Rebuild(settings(0, 0, 10, "sgd"), asm, 1, LAYOUT, version_floor=5))
+    assert len(c.pulls) == 0
     by_to = {r.to: r for r in out}
     assert by_to[("p", 1)].op == "values" and by_to[("p", 1)].fields["version"] == 5
     assert by_to[("p", 2)].fields["code"] == "moved"
@@ -275,7 +279,7 @@ def test_waiting_pulls_are_served_or_moved_by_the_successor():
     assert refused.fields["code"] == "refused"
 
 
-def test_round_mode_successor_starts_at_the_round_version_and_drops_late_pushes():
+def test_a_round_mode_shard_rebuilt_starts_at_the_round_version_and_drops_late_pushes():
     from paramserver.server.events import ApplyRound
     s = ShardSettings(rank=0, lo=0, hi=20, dtype="float32", apply_mode="round",
                       optimizer="sgd", lr=1.0)
@@ -286,9 +290,9 @@ def test_round_mode_successor_starts_at_the_round_version_and_drops_late_pushes(
     assert c.store.last_round == 3 and c.store.version == 1
     asm = Assembly(0, 10, "float32")
     asm.keep(c.store, 0, 10)
-    new, _ = c.successor(ShardSettings(rank=0, lo=0, hi=10, dtype="float32",
-                                       apply_mode="round", optimizer="sgd", lr=1.0),
-                         asm, 1, LAYOUT, version_floor=4)
+    c.handle(Rebuild(ShardSettings(rank=0, lo=0, hi=10, dtype="float32", apply_mode="round",
+                                   optimizer="sgd", lr=1.0), asm, 1, LAYOUT, version_floor=4))
+    new = c
     assert new.store.version == 4 and new.store.last_round == 3
     # A push for the round applied before the move is late, as it would have been there.
     new.handle(Push(("w", 2), "w", 2, 0, 10, np.ones(10, np.float32), 3, 1, 0))

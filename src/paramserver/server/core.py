@@ -20,6 +20,7 @@ from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
 from paramserver.server.retries import RetryGuard
 from paramserver.server.rule_state import RuleState
+from paramserver.server.shard_moves import ShardMoves
 from paramserver.server.deltas import PullRefs
 from paramserver.server.events import (
     ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
@@ -39,16 +40,22 @@ class ShardCore:
 
     def __init__(self, settings: ShardSettings, alloc=None):
         """`alloc`: see ShardStore (the node's shared-memory buffers for the values)."""
-        self.settings = settings
-        self.name = f"s{settings.rank}"
-        rule = make_rule(settings.optimizer, settings.lr, **settings.optimizer_options)
-        self.store = ShardStore(KeyRange(settings.lo, settings.hi), settings.dtype, rule,
-                                settings.apply_mode, alloc=alloc)
-        self.tables = ShardTables(settings.tables, settings.servers)
+        self.fresh(settings, alloc)
+        self._handlers = {
+            Push: self._push, PushSparse: self._push_sparse, Pull: self._pull,
+            ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
+            Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
+            Shutdown: self._shutdown, PullRows: self._pull_rows, PushRows: self._push_rows,
+        }
+        self._handlers.update(RuleState(self).handlers())
+        self._handlers.update(ShardMoves(self).handlers())
+
+    def fresh(self, settings: ShardSettings, alloc=None) -> None:
+        """Every part new, for the shard `settings` describe (a new core, or a backup that
+        mirrors another shard from its next sync)."""
+        self.on_range(settings, alloc)
         # Pushes applied, by (sender, request id): a retry is answered, not applied twice.
         self.retries = RetryGuard(settings.max_unacked_pushes)
-        self.pulls = PendingPulls(settings.max_pending_pulls)
-        self.refs = PullRefs(settings.lo, settings.hi - settings.lo)  # compressed pulls
         self.refused_pulls = 0  # pulls beyond a client's allowance of waiting ones
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
         self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
@@ -61,13 +68,17 @@ class ShardCore:
         self.initial_saved = False  # checkpoint 0 on disk (saved at init, or restored from)
         self._beat_due = float("-inf")  # the first look at the clock beats
         self._counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last beat told
-        self._handlers = {
-            Push: self._push, PushSparse: self._push_sparse, Pull: self._pull,
-            ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
-            Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
-            Shutdown: self._shutdown, PullRows: self._pull_rows, PushRows: self._push_rows,
-        }
-        self._handlers.update(RuleState(self).handlers())
+
+    def on_range(self, settings: ShardSettings, alloc=None) -> None:
+        """The parts bound to the shard's rank and key range, new and empty."""
+        self.settings = settings
+        self.name = f"s{settings.rank}"
+        rule = make_rule(settings.optimizer, settings.lr, **settings.optimizer_options)
+        self.store = ShardStore(KeyRange(settings.lo, settings.hi), settings.dtype, rule,
+                                settings.apply_mode, alloc=alloc)
+        self.tables = ShardTables(settings.tables, settings.servers)
+        self.pulls = PendingPulls(settings.max_pending_pulls)
+        self.refs = PullRefs(settings.lo, settings.hi - settings.lo)  # compressed pulls
 
     def handle(self, event) -> list | tuple:
         """The instructions `event` calls for, in order. A request the shard cannot serve is
@@ -192,34 +203,6 @@ class ShardCore:
         return Reply(to, "error", {
             "msg": f"server {self.name} holds {held} under epoch {self.epoch}: the request's "
                    f"keys moved", "code": "moved", "epoch": self.epoch, "layout": self.layout})
-
-    def successor(self, settings: ShardSettings, assembly, epoch: int, layout: list,
-                  version_floor: int = 0, alloc=None) -> tuple["ShardCore", list]:
-        """The core of this shard's server after reshard `epoch`: on `settings`' range and
-        rank, its state from `assembly` (a whole handoff.Assembly; None: an empty range, a
-        drained server), at version max(its pieces', `version_floor`, this core's). The dedup
-        table and the counters stay (a retry of a push applied here is still answered once);
-        the pulls waiting here are handled anew by the new core (served, kept or `moved`):
-        (new core, the instructions that makes)."""
-        core = ShardCore(settings, alloc=alloc)
-        floor = max(version_floor, self.store.version)
-        if assembly is not None:
-            assembly.install(core.store, floor)
-            if assembly.rows is not None:
-                core.tables.gather(assembly.rows.bundles, self.tables.counters())
-        else:
-            core.store.version, core.store.initialized = floor, True
-            core.store.last_round = self.store.last_round
-        core.store.updates_applied = self.store.updates_applied
-        core.epoch, core.layout = epoch, layout
-        core.retries = self.retries
-        for name in ("refused_pulls",
-                     "lost_updates", "busy_s", "initial_saved", "_beat_due", "_counters_sent"):
-            setattr(core, name, getattr(self, name))
-        out = []
-        for pull in self.pulls.reached(float("inf")):
-            out.extend(core.handle(pull))
-        return core, out
 
     def _pushed(self, ev, res) -> list:
         fields = {"version": res.version, "staleness": res.staleness}

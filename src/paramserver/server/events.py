@@ -208,6 +208,37 @@ class Shutdown:
 
 
 @dataclass(slots=True)
+class Rebuild:
+    """Reshard `epoch` committed: the shard becomes the one `settings` describe (its new rank
+    and range), its values from `assembly` (a whole handoff.Assembly; None: an empty range, a
+    drained server), at version max(the pieces', `version_floor`, the shard's own)."""
+    settings: ShardSettings
+    assembly: Any
+    epoch: int
+    layout: list
+    version_floor: int = 0
+
+
+@dataclass(slots=True)
+class LayoutKnown:
+    """The shard map of `epoch` (a welcome's, or the `reshard` of a move this server finished
+    as a joiner before it came): requests for keys elsewhere are refused `moved` with it.
+    `version`: the version the map's shards start from, at least."""
+    epoch: int
+    layout: list
+    version: int = 0
+
+
+@dataclass(slots=True)
+class LoadSync:
+    """A new backup's whole state from its primary (replication.sync_payload's frames). With
+    `settings`, the sync is of another shard than this one (a backup re-attached after live
+    resharding): the shard those describe, made fresh, takes it."""
+    arrays: list
+    settings: ShardSettings | None = None
+
+
+@dataclass(slots=True)
 class TimePassed:
     now: float
     # Seconds the node has spent handling messages so far (its busy time, for the shards'

@@ -6,7 +6,6 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,8 @@ from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
 from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, LoadState, Pull, PullRows, PullState, Push,
-    PushRows, PushSparse, Reply,
+    ApplyRound, Checkpoint, Heartbeat, Init, LayoutKnown, LoadState, Pull, PullRows, PullState,
+    Push, PushRows, PushSparse, Reply,
     Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
     ToCoordinator,
 )
@@ -281,16 +280,16 @@ class ServerNode:
         self.core = ShardCore(s, alloc=self._shared_values(s.hi - s.lo, s.dtype))
         # Every server can be a replicated shard's: a backup from its welcome, a primary once
         # the coordinator attaches a backup to it.
-        self.replica = ReplicaLink(ctx, self.keys, s.rank, backup, 2 * s.heartbeat_interval
+        self.replica = ReplicaLink(ctx, self.keys, backup, 2 * s.heartbeat_interval
                                    + s.coordinator_timeout, self.core, self._execute,
-                                   self._notify, self.addr, rebuild=self._mirror)
+                                   self._notify, self.addr, feed=self.feed)
         self.resharding = ReshardLink(ctx, self.keys, self)
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if welcome.get("handoff"):  # joining a running job: its keys come from the others
             self.resharding.join(welcome.get("epoch", 0))
         elif welcome.get("layout") is not None:  # restarted after keys moved
-            self.core.epoch, self.core.layout = welcome.get("epoch", 0), list(welcome["layout"])
+            self.core.handle(LayoutKnown(welcome.get("epoch", 0), welcome["layout"]))
         if s.restore is not None:
             self._restore(s.restore)
 
@@ -395,7 +394,7 @@ class ServerNode:
         tidy_at = 0.0
         while self.running:
             now = time.monotonic()
-            core = self.core  # (a reshard rebuilds it)
+            core = self.core
             if self.sigterms and not self.drain_asked:
                 self._ask_drain()
             if now >= core.next_wakeup():  # a heartbeat due, or a waiting pull's deadline
@@ -656,23 +655,17 @@ class ServerNode:
 
     notify = _notify
 
-    def _mirror(self, shard) -> ShardCore:
-        """A backup re-attached after live resharding: a fresh core for the shard its new
-        sync is of (replication.SyncedShard), filled by that sync, under its backup name."""
-        settings = replace(self.settings, rank=shard.rank, lo=shard.lo, hi=shard.hi,
-                           servers=shard.servers)
-        self.core, self.settings = ShardCore(settings), settings
-        self.src = f"b{shard.rank}"
-        log.info("backup now mirrors shard %d, keys [%d, %d)", shard.rank, shard.lo, shard.hi)
-        return self.core
-
-    def swap_core(self, core: ShardCore, instructions) -> None:
-        """A reshard's rebuilt core (ShardCore.successor) in place of the old one, under its
-        rank's name; then the instructions its making called for."""
-        self.core, self.settings = core, core.settings
-        self.src = core.name
-        self.replica.core, self.replica.rank = core, core.settings.rank
-        self._execute(instructions)
+    def feed(self, event) -> None:
+        """An event of one of the node's links for the core (a reshard's Rebuild, a backup's
+        LoadSync), its instructions carried out; the node's settings and name follow the
+        core's shard (a reshard renumbers it, a re-attached backup mirrors another)."""
+        core, was = self.core, self.core.settings
+        out = core.handle(event)
+        s = self.settings = core.settings
+        self.src = f"b{s.rank}" if self.replica.backup else f"s{s.rank}"
+        if (s.rank, s.lo, s.hi) != (was.rank, was.lo, was.hi) and self.replica.backup:
+            log.info("backup now mirrors shard %d, keys [%d, %d)", s.rank, s.lo, s.hi)
+        self._execute(out)
 
     def _holding(self) -> dict | None:
         """What this shard holds back, for a stall probe: a server never blocks, but pulls

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 import zmq
 from zmq.utils import monitor
 
 from paramserver.net import rpc
-from paramserver.server.events import Reply
+from paramserver.server.events import LoadSync, Reply
 from paramserver.server.replication import (
-    ForwardRing, Forwarder, load_sync, sync_payload, synced_shard,
+    ForwardRing, Forwarder, sync_payload, synced_shard,
 )
 from paramserver.transport import connect_dealer, shm
 from paramserver.wire import Message, WireError
@@ -76,12 +77,13 @@ class ReplicaLink:
     """One server's side of its shard's replication. `core` is the ShardCore, `execute` runs
     core instructions, `to_coordinator(op, fields)` tells the coordinator."""
 
-    def __init__(self, ctx: zmq.Context, keys, rank: int, backup: bool, timeout: float,
-                 core, execute, to_coordinator, addr: str = "", rebuild=None):
-        self.ctx, self.keys, self.rank = ctx, keys, rank
+    def __init__(self, ctx: zmq.Context, keys, backup: bool, timeout: float,
+                 core, execute, to_coordinator, addr: str = "", feed=None):
+        self.ctx, self.keys = ctx, keys
         # A backup re-attached after live resharding mirrors another shard:
-        # rebuild(SyncedShard) -> the node's new core for it.
-        self.rebuild = rebuild
+        # feed(event): the core takes an event of this link's and the node follows it (its
+        # name, its settings); None where nobody follows (a test's link): the core alone.
+        self.feed = feed
         self.addr = addr  # this server's: a primary names it in the sync (its backup watches)
         self.backup = backup  # a backup until promoted
         self.core, self.execute, self.to_coordinator = core, execute, to_coordinator
@@ -104,6 +106,12 @@ class ReplicaLink:
         self._ring_bytes: np.ndarray | None = None
         self.shared_bytes = 0
         self.held_read_bytes = 0  # copies of value replies waiting for an ack (hold_read)
+
+    @property
+    def rank(self) -> int:
+        """The shard's rank: its core's (a reshard renumbers it, a re-attached backup mirrors
+        another shard)."""
+        return self.core.settings.rank
 
     # ---- the primary ----------------------------------------------------------------------------
     @property
@@ -320,13 +328,19 @@ class ReplicaLink:
             if epoch < self.epoch:
                 refused = f"sync of attach {epoch}, this backup is on attach {self.epoch}"
             else:
-                shard = synced_shard(msg.arrays)
+                shard, mirror = synced_shard(msg.arrays), None
                 if shard is not None and shard.differs(self.core.settings):
-                    if self.rebuild is None:
+                    # Re-attached after live resharding: a backup of the shard the sync is of.
+                    if self.feed is None:
                         raise ValueError(f"a sync of shard {shard.rank} [{shard.lo}, "
                                          f"{shard.hi}) to the backup of shard {self.rank}")
-                    self.core, self.rank = self.rebuild(shard), shard.rank
-                load_sync(self.core, msg.arrays)
+                    mirror = replace(self.core.settings, rank=shard.rank, lo=shard.lo,
+                                     hi=shard.hi, servers=shard.servers)
+                sync = LoadSync(list(msg.arrays), mirror)
+                if self.feed is None:
+                    self.core.handle(sync)
+                else:
+                    self.feed(sync)
                 self.primary, self.epoch = ident, epoch
                 self.watch_primary(msg.get("addr"))
                 log.info("shard %d: backup synced at version %d (attach %d)", self.rank,

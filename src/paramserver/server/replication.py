@@ -25,7 +25,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from paramserver.core.bounded import json_value
 
@@ -213,9 +212,10 @@ def synced_shard(arrays: list) -> SyncedShard | None:
     return out
 
 
-def load_sync(core, arrays: list) -> None:
-    """Make `core` (a fresh backup's, of the shard the sync describes) the state
-    `sync_payload` described."""
+def read_sync(arrays: list) -> tuple[dict, dict[str, np.ndarray]]:
+    """A state sync's frames (sync_payload's, as received) as (its description, its arrays by
+    name, views of the frames); ValueError on frames that do not hold together. The core
+    takes them in (events.LoadSync)."""
     if not arrays:
         raise ValueError("a state sync needs its description frame")
     blob = json_value(bytes(arrays[0]))
@@ -229,19 +229,7 @@ def load_sync(core, arrays: list) -> None:
         if raw.nbytes != count * dt.itemsize:
             raise ValueError(f"state sync array {name!r}: {raw.nbytes} bytes for {shape} {dt}")
         got[name] = np.frombuffer(raw, dtype=dt).reshape(shape)
-    st = core.store
-    if blob["initialized"]:
-        st.restore(got, blob["meta"])
-    else:  # an init in chunks, part way: the values it set so far
-        st.values.copy_(torch.from_numpy(np.array(got["values"])))
-    st.load_round_state(blob["round"], got)
-    core.tables.restore(got)
-    core.tables.load_round(got)
-    core.retries.load(blob["applied"])
-    core.initial_saved = bool(blob["initial_saved"])
-    shard = blob.get("shard") or {}
-    if shard.get("layout") is not None:  # (a resharded job's: its `moved` refusals name it)
-        core.epoch, core.layout = int(shard.get("epoch") or 0), list(shard["layout"])
+    return blob, got
 
 
 # ---- the forwards' bytes in shared memory (a backup on this host) ------------------------------

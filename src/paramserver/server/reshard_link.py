@@ -4,7 +4,7 @@ coordinator's part coordinator/reshard.py.
 On `reshard` the server sends the keys another server owns now as `handoff` pieces on a
 DEALER it opens to that server, keeps the rest, and waits for the pieces of its new range;
 meanwhile workers' requests are queued (bounded: "busy" beyond). Once the range is whole the
-node rebuilds its core on it (ShardCore.successor) under its new rank, reports `resharded`
+core rebuilds itself on it (a Rebuild event) under its new rank, reports `resharded`
 and handles the queued requests. A drained server reports once its pieces are out and then
 answers requests `moved` (its core's range is empty) until the coordinator says `shutdown`.
 
@@ -22,6 +22,7 @@ from dataclasses import replace
 import zmq
 
 from paramserver.net import rpc
+from paramserver.server.events import LayoutKnown, Rebuild
 from paramserver.server.handoff import (
     Assembly, HandoffError, Piece, cut, keyed_state, piece_keys, plan, rows_pieces,
 )
@@ -45,7 +46,7 @@ MAX_EARLY = 4096
 
 class ReshardLink:
     """One server's side of live resharding. `node` is its ServerNode: the link reads its
-    core, settings and address and swaps in the rebuilt core."""
+    core, settings and address, and feeds the core its events (node.feed)."""
 
     def __init__(self, ctx: zmq.Context, keys, node):
         self.ctx, self.keys, self.node = ctx, keys, node
@@ -102,8 +103,7 @@ class ReshardLink:
             return
         if epoch <= core.epoch or self.moving:
             if epoch == core.epoch and core.layout is None:  # a joiner that finished first
-                core.layout = list(msg["layout"])
-                core.store.version = max(core.store.version, msg.get("version", 0))
+                self.node.feed(LayoutKnown(epoch, msg["layout"], msg.get("version", 0)))
             else:
                 log.warning("server %s: reshard %d ignored (at epoch %d%s)", self.node.src,
                             epoch, core.epoch, ", moving" if self.moving else "")
@@ -198,19 +198,17 @@ class ReshardLink:
         if self.leaving is not None:
             old, self.leaving = self.leaving, None
             settings = replace(node.settings, lo=old.hi, hi=old.hi)
-            node.swap_core(*node.core.successor(settings, None, self.epoch, self.layout))
+            node.feed(Rebuild(settings, None, self.epoch, self.layout))
             self.drained = True
         else:
             asm, new = self.assembly, self.new
             settings = replace(node.settings, rank=new.rank, lo=new.lo, hi=new.hi,
                                servers=len(self.layout) if self.layout
                                else node.settings.servers)
-            core, out = node.core.successor(settings, asm, self.epoch, self.layout,
-                                            self.floor)
             self.assembly = None
-            node.swap_core(core, out)
+            node.feed(Rebuild(settings, asm, self.epoch, self.layout, self.floor))
             log.info("server %s serves keys [%d, %d) at epoch %d, version %d", node.src,
-                     new.lo, new.hi, self.epoch, core.store.version)
+                     new.lo, new.hi, self.epoch, node.core.store.version)
         self.reported = False
         self._release_held()
 
