@@ -71,6 +71,8 @@ def test_metrics_lines_carry_the_step_schema(bsp_run):
 BAD_OPTIONS = [(["--sync", "nope"], "unknown sync policy"),
                (["--model", "resnet9000"], "unknown model"),
                (["--straggler", "7:3"], "names worker"),
+               (["--link", "w7=100mbit"], "names worker 7"),
+               (["--servers", "2", "--link", "s2=1gbit"], "names server 2"),
                (["--dataset", "mnist", "--data-dir", "{tmp}"], "train-images"),
                (["--device-time", "fast"], "device-time"),
                (["--launcher", "ray", "--restart-servers", "1", "--checkpoint-every", "5"],

@@ -155,6 +155,16 @@ class LinkTable:
                 any_ = e.spec
         return own or any_
 
+    def check_ranks(self, workers: int, servers: int | None) -> None:
+        """Fail on an entry that names a worker or server the job does not have (its link
+        would shape nothing, silently). `servers` None: not known yet, not checked."""
+        counts = {"w": ("worker", workers), "s": ("server", servers)}
+        for e in self.entries:
+            kind, n = counts[e.role]
+            if e.target != "*" and n is not None and int(e.target) >= n:
+                raise UnitError(f"--link {e.arg()!r} names {kind} {e.target} but the job has "
+                                f"{kind}s 0..{n - 1} ({e.role}0..{e.role}{n - 1})")
+
     def __bool__(self) -> bool:
         return bool(self.entries)
 

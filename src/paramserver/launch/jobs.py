@@ -36,6 +36,7 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
         raise ValueError("codecs (--compress NAME or auto, codec=, --pull-compress) take "
                          "float32 values: use --dtype float32")
     cfg.straggler.model.check_workers(cfg.workers)
+    cfg.links.check_ranks(cfg.workers, max(cfg.servers, cfg.max_servers))
     # Only the key space is needed here: a model of 10^9 parameters is not built for it.
     ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)
     tables = sparse_tables(model)  # DLRM's embedding rows live in a table on the servers
@@ -72,6 +73,8 @@ def script_job(cfg: TrainConfig, run_dir: Path | None = None) -> JobSpec:
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)  # fail now, not in a child
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
     cfg.straggler.model.check_workers(cfg.workers)
+    cfg.links.check_ranks(cfg.workers, None if cfg.servers == AUTO_SERVERS
+                          else max(cfg.servers, cfg.max_servers))
     return dataclasses.replace(
         JobSpec.from_config(cfg, 0, 0), eval_interval=0.0,
         max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,
