@@ -45,6 +45,10 @@ MISTAKES = [
     ("launch --workers 2", "give the worker command after --", ""),
     ("drain /no/such/run --server 0", "neither an address", ""),
     ("report /no/such/run", "paramserver report:", ""),
+    ("train --link w9=100mbit --steps 1", "names worker 9 but the job has workers 0..3", ""),
+    ("compare --workers 1 --scenario one-slow --epochs 1",
+     "scenario one-slow: --straggler '1:3' names worker(s) [1]", ""),
+    ("compare --workers 2 --link w2=100mbit --epochs 1", "names worker 2", ""),
 ]
 
 

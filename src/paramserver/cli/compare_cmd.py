@@ -361,6 +361,13 @@ def _run(args) -> int:
                          policy_optimizers=args.policy_optimizers)
         if variants:
             policies = list(dict.fromkeys(r.policy for r in runs if r.policy != SINGLE))
+        for r in runs:  # every scenario fits the job before the first run starts
+            try:
+                r.config.straggler.model.check_workers(r.config.workers)
+                r.config.links.check_ranks(r.config.workers,
+                                           max(r.config.servers, r.config.max_servers))
+            except ValueError as exc:
+                raise ValueError(f"scenario {r.scenario}: {exc}") from None
     except ValueError as exc:
         print(f"paramserver compare: {exc}", file=sys.stderr)
         return 2
