@@ -356,6 +356,20 @@ def test_cli_writes_a_run_folder_and_prints_the_summary(tmp_path, capsys):
     assert s["steps"] == 400 and s["simulator"]["events_per_s"] > 0
 
 
+def test_without_a_terminal_progress_comes_as_plain_lines(tmp_path, capsys, monkeypatch):
+    """A log file gets no progress bar (rich draws it only at the end there) but a line every
+    PLAIN_EVERY seconds, each further on than the one before."""
+    monkeypatch.setattr("paramserver.cli.simulate_cmd.CHUNK", 500)
+    monkeypatch.setattr("paramserver.cli.simulate_cmd.PLAIN_EVERY", 0.0)
+    assert main(["simulate", "--workers", "20", "--steps", "100", "--out",
+                 str(tmp_path / "run")]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("bsp x20 (sim):")]
+    assert len(lines) >= 2, lines
+    done = [int(ln.split(": ")[1].split(" of ")[0].replace(",", "")) for ln in lines]
+    assert done == sorted(done) and done[0] < done[-1] <= 2000
+    assert all(" of 2,000 steps (" in ln and "events/s" in ln for ln in lines)
+
+
 def test_cli_rejects_bad_options(tmp_path, capsys):
     assert main(["simulate", "--compute", "bogus", "--out", str(tmp_path), "--quiet"]) == 2
     assert "--compute" in capsys.readouterr().err

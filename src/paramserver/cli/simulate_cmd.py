@@ -49,6 +49,9 @@ metrics.jsonl then holds the workers leaving and the evaluations); "auto" (the d
 the steps while workers x steps <= {detail_limit:,} (a 10,000 x 100 run: 240 MB of log else)."""
 
 CHUNK = 20_000  # events between progress updates (and chances to notice Ctrl-C promptly)
+# Seconds between progress lines when stdout is no terminal (a log file, CI, nohup): rich's bar
+# draws nothing there until the end, and a run of 10^5 workers takes minutes.
+PLAIN_EVERY = 10.0
 
 
 def add_sim_args(p) -> None:
@@ -141,26 +144,38 @@ def config_from_args(args):
 
 
 def drive(sim, quiet: bool) -> tuple[bool, float]:
-    """Run to the end or to Ctrl-C, with a progress bar; returns (complete, wall seconds)."""
+    """Run to the end or to Ctrl-C, with a progress bar (on a terminal; elsewhere a line every
+    PLAIN_EVERY seconds); returns (complete, wall seconds)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     engine, total = sim.engine, sim.engine.total_steps
     by_samples = total is None and bool(sim.cfg.max_samples)  # progress in samples
     if by_samples:
         total = sim.cfg.max_samples
-    bar = None if quiet else Progress(
+    name = f"{sim.cfg.sync} x{sim.cfg.workers} (sim)"
+    plain = not quiet and not sys.stdout.isatty()
+    bar = None if quiet or plain else Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), transient=False)
     t0, done = time.perf_counter(), False
+    line_at = t0 + PLAIN_EVERY
     try:
         if bar is not None:
             bar.start()
-            task = bar.add_task(f"{sim.cfg.sync} x{sim.cfg.workers} (sim)", total=total, info="")
+            task = bar.add_task(name, total=total, info="")
         while not done:
             done = sim.advance(CHUNK)
+            now = time.perf_counter()
+            rate = engine.events / max(now - t0, 1e-9)
+            completed = engine.samples if by_samples else engine.steps_done
             if bar is not None:
-                rate = engine.events / max(time.perf_counter() - t0, 1e-9)
-                bar.update(task, completed=engine.samples if by_samples else engine.steps_done,
+                bar.update(task, completed=completed,
                            info=f"virtual {engine.now:9.2f} s  {rate:9,.0f} events/s")
+            elif plain and not done and now >= line_at:
+                line_at = now + PLAIN_EVERY
+                unit = "samples" if by_samples else "steps"
+                of = f" of {total:,} {unit} ({completed / total:.0%})" if total else f" {unit}"
+                print(f"{name}: {completed:,}{of}, virtual {engine.now:.2f} s, {rate:,.0f} "
+                      f"events/s, {now - t0:.0f} s", flush=True)
     except KeyboardInterrupt:
         print("interrupted: keeping what was simulated so far", file=sys.stderr)
     finally:
