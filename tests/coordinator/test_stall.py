@@ -277,5 +277,8 @@ def test_doctor_prints_the_latest_report_and_lists_the_others(tmp_path, capsys):
 def test_doctor_says_clearly_when_there_is_no_folder_or_no_report(tmp_path, capsys):
     assert main(["doctor", str(tmp_path / "nope")]) == 2
     assert "no run folder at" in capsys.readouterr().err
+    assert main(["doctor", str(tmp_path)]) == 2  # a folder, but no run's
+    assert "is no run folder (no metrics.jsonl" in capsys.readouterr().err
+    (tmp_path / "events.jsonl").write_text("")
     assert main(["doctor", str(tmp_path)]) == 1
     assert "no stall reports in" in capsys.readouterr().err

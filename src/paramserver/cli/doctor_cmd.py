@@ -28,6 +28,10 @@ def _run(args) -> int:
         print(f"paramserver doctor: no run folder at {run}", file=sys.stderr)
         return 2
     reports = stall_reports(run)
+    if not reports and not any((run / f).is_file() for f in ("metrics.jsonl", "events.jsonl")):
+        print(f"paramserver doctor: {run} is no run folder (no metrics.jsonl or events.jsonl; "
+              f"give the folder a train, launch or serve wrote)", file=sys.stderr)
+        return 2
     if not reports:
         print(f"paramserver doctor: no stall reports in {run}: no step went missing for the "
               f"stall timeout while it ran (or the job is older than stall reports)",
