@@ -3,6 +3,7 @@ what the console shows (rank-prefixed output, the job progress line)."""
 
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -15,12 +16,14 @@ from ps_helpers import LAUNCH_SCRIPT
 
 def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(LAUNCH_SCRIPT)
+    script.write_text("import os\nprint('OMP', os.environ.get('OMP_NUM_THREADS'), flush=True)\n"
+                      + LAUNCH_SCRIPT)
     out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     proc = subprocess.run(
         [sys.executable, "-m", "paramserver", "launch", "--workers", "3", "--steps", "5",
          "--out", str(out), "--", sys.executable, str(script)],
-        capture_output=True, text=True, timeout=180)
+        capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = {}
     for line in proc.stdout.splitlines():
@@ -28,6 +31,9 @@ def test_launch_gives_each_rank_torchrun_env_and_prefixes_its_output(tmp_path):
             prefix, env = line.split(" ENV ", 1)
             seen[int(prefix[len("[rank "):-1])] = json.loads(env)
     assert sorted(seen) == [0, 1, 2], proc.stdout
+    # As torchrun does for several local ranks: one OpenMP thread each, unless set.
+    assert sorted(ln for ln in proc.stdout.splitlines() if "] OMP " in ln) == [
+        f"[rank {r}] OMP 1" for r in range(3)]
     join = (out / "coordinator.addr").read_text().strip()
     for rank, env in seen.items():
         assert env == {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank),

@@ -156,6 +156,11 @@ class LocalCluster:
             env[shaping.ENV] = link.get(str(index), link.get("*"))
         if command is not None:
             env.update(self.worker_env(index))
+            if self.spec.workers > 1:
+                # As torchrun does for several local ranks: one OpenMP thread each unless the
+                # caller set it, or every rank's torch takes every core and each waits on the
+                # others' threads (on 2 cores a script's rounds took 10x as long).
+                env.setdefault("OMP_NUM_THREADS", "1")
         streamed = command is not None and self.stream is not None
         if command is None and zygote.enabled():  # a role of ours: forked, imports done
             child = Child(role, index, zygote.ForkedRole([role, *args], env, log_path,
