@@ -495,12 +495,18 @@ def test_memory_stays_bounded_by_capacity_over_a_long_stream(admit_after):
     assert peak <= bound, (peak, bound)
 
 
-def test_first_true_of_a_packed_window():
-    rows = np.array([r for r in itertools.product([False, True], repeat=keymap.WINDOW)
+@pytest.mark.parametrize("col", [0, 1])
+def test_first_set_column_of_a_packed_window(col):
+    # Every nonempty set of key (col 0) or value (col 1) columns of a window's flat bools,
+    # with noise in the other columns, which must not count.
+    sets = np.array([r for r in itertools.product([False, True], repeat=keymap.WINDOW)
                      if any(r)], bool)
-    packed = rows.view(np.dtype(f"u{keymap.WINDOW}"))[:, 0]
-    assert keymap._first(rows, packed, np.arange(len(rows))).tolist() \
-        == rows.argmax(axis=1).tolist()
+    flat = np.random.default_rng(15).random((len(sets), 2 * keymap.WINDOW)) < 0.5
+    flat[:, col::2] = sets
+    packed = flat.reshape(-1).view(np.uint64)
+    packed = packed & keymap._KEY_COLS if col == 0 else keymap._value_cols(packed)
+    assert keymap._first(packed, flat.reshape(-1), np.arange(len(sets)), col).tolist() \
+        == sets.argmax(axis=1).tolist()
 
 
 def test_key_index_survives_chains_that_reach_the_padding():
@@ -514,6 +520,27 @@ def test_key_index_survives_chains_that_reach_the_padding():
     ix.insert(crowd, np.arange(len(crowd)))
     assert ix.get(crowd).tolist() == list(range(len(crowd)))
     assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()
+
+
+def test_key_index_finds_keys_along_chains_that_run_to_the_padding_end():
+    # One chain from the last home positions up to the EMPTY tail: lookups that go on past
+    # the first window, to the windows that must stay inside the arrays, live or absent keys,
+    # past tombstones.
+    ix = KeyIndex()
+    cand = rand_keys(np.random.default_rng(16), 400_000)
+    crowd = cand[ix._home(cand) >= ix.size - 4]
+    inside, absent = crowd[:keymap.PAD], crowd[keymap.PAD:keymap.PAD + 300]
+    ix.insert(inside, np.arange(len(inside)))
+    assert ix.size == 1024 and ix.vals[ix.size + keymap.PAD - keymap.WINDOW - 1] >= 0
+    assert ix.get(inside).tolist() == list(range(len(inside)))
+    assert (ix.get(absent) == -1).all()
+    vals, where = ix.find(np.concatenate([inside[::-1], absent]))
+    assert (ix.keys[where[:len(inside)]] == inside[::-1]).all()
+    assert (where[len(inside):] == -1).all() and (vals[len(inside):] == -1).all()
+    ix.remove_at(ix.find(inside[::3])[1])
+    expect = np.arange(len(inside))
+    expect[::3] = -1
+    assert ix.get(inside).tolist() == expect.tolist()
 
 
 def test_push_and_pull_leave_the_callers_arrays_alone():
