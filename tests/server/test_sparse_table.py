@@ -522,6 +522,19 @@ def test_key_index_survives_chains_that_reach_the_padding():
     assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()
 
 
+def test_key_index_keeps_every_key_of_an_insert_whose_chain_runs_into_the_padding():
+    # Two crowds in one insert: one at the last home positions runs into the padding while
+    # the other, mid-index, still has keys to place; all of them must end up in the index.
+    ix = KeyIndex(4096)
+    cand = rand_keys(np.random.default_rng(17), 400_000)
+    homes = ix._home(cand)
+    end, mid = cand[homes >= ix.size - 4][:300], cand[(homes >= 100) & (homes < 104)][:300]
+    keys = np.concatenate([end, mid])
+    ix.insert(keys, np.arange(len(keys)))
+    assert ix.size > 4096 and len(ix) == len(keys)
+    assert ix.get(keys).tolist() == list(range(len(keys)))
+
+
 def test_key_index_finds_keys_along_chains_that_run_to_the_padding_end():
     # One chain from the last home positions up to the EMPTY tail: lookups that go on past
     # the first window, to the windows that must stay inside the arrays, live or absent keys,

@@ -223,9 +223,8 @@ class KeyIndex:
             has = free != 0
             r = np.flatnonzero(has)
             at = pos[r] + _first(free[r], neg, r, 1)
-            over = at >= last
-            if over.any():
-                return np.concatenate([todo[r[over]], todo[~has]])
+            if (at >= last).any():
+                return todo     # every key not placed yet, not only those that ran over
             fkeys = keys[todo[r]]
             # Several keys may reach the same free position in one step: the keys array ends
             # with one of them, which claims it; the others go on from there.
