@@ -522,6 +522,26 @@ def test_key_index_survives_chains_that_reach_the_padding():
     assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()
 
 
+def test_key_index_places_crowds_of_keys_that_share_home_positions():
+    # Hundreds of keys of one insert on a few homes, around tombstones of earlier keys: they
+    # take the free positions of their chain in turn, each still found where it landed.
+    ix = KeyIndex(4096)
+    cand = rand_keys(np.random.default_rng(18), 400_000)
+    homes = ix._home(cand)
+    crowd = cand[(homes >= 100) & (homes < 106)]
+    assert len(crowd) >= 350
+    first, second = crowd[:150], crowd[150:350]
+    ix.insert(first, np.arange(150))
+    ix.remove_at(ix.find(first[::2])[1])
+    ix.insert(second, np.arange(150, 350))
+    assert ix.size == 4096 and len(ix) == 75 + 200
+    assert ix.get(first[1::2]).tolist() == list(range(1, 150, 2))
+    assert ix.get(second).tolist() == list(range(150, 350))
+    assert (ix.get(first[::2]) == -1).all()
+    k, v = ix.items()
+    assert sorted(v.tolist()) == list(range(1, 150, 2)) + list(range(150, 350))
+
+
 def test_key_index_keeps_every_key_of_an_insert_whose_chain_runs_into_the_padding():
     # Two crowds in one insert: one at the last home positions runs into the padding while
     # the other, mid-index, still has keys to place; all of them must end up in the index.
