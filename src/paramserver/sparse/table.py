@@ -310,14 +310,15 @@ class SparseTable:
         initial row. Creates nothing."""
         keys = check_keys(keys)
         slots = self._index.get(keys)
-        have = slots >= 0
-        if have.all():
-            out = take_rows(self._rows, slots)
+        missing = np.flatnonzero(slots < 0)
+        if len(missing) == len(keys):
+            out = self.initial(keys)
         else:
-            out = np.empty((len(keys), self.dim), np.float32)
-            put_rows(out, have, take_rows(self._rows, slots[have]))
-            missing = ~have
-            put_rows(out, missing, self.initial(keys[missing]))
+            # A missing key's slot -1 reads the last row slot here (any bytes), then its
+            # initial row replaces that.
+            out = take_rows(self._rows, slots)
+            if len(missing):
+                put_rows(out, missing, self.initial(keys[missing]))
         self._count["pulls"] += 1
         self._count["pulled_keys"] += len(keys)
         return out
@@ -413,7 +414,7 @@ class SparseTable:
         self._slot_key[slots] = keys
         put_rows(self._rows, slots, self.initial(keys))
         if self._accum is not None:
-            put_rows(self._accum, slots, np.zeros((len(keys), self.dim), np.float32))
+            _rows_of(self._accum)[slots] = _rows_of(np.zeros((1, self.dim), np.float32))[0]
         self._last[slots] = self._tick
         self._freq[slots] = 0
         self._index.insert(keys, slots)
@@ -535,9 +536,10 @@ def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np
         return sk, take_rows(grads, order)
     out = take_rows(grads, order[starts])
     counts = np.diff(starts, append=len(keys))
-    multi = counts > 1
+    several = counts > 1
+    multi = np.flatnonzero(several)
     # Only keys with several grads need a sum; most keys in a batch have one.
-    part = take_rows(grads, order[np.repeat(multi, counts)]).astype(np.float64)
+    part = take_rows(grads, order[np.repeat(several, counts)]).astype(np.float64)
     mc = counts[multi]
     at = np.zeros(len(mc), np.int64)
     np.cumsum(mc[:-1], out=at[1:])
