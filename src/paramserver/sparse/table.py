@@ -5,7 +5,8 @@
   at full capacity when they fit in PREALLOCATE_BYTES, pages touched only as slots are used;
   doubled as needed otherwise); evicted slots go to a free stack and are reused.
 - Memory is bounded by capacity alone: rows and optimizer state, 3 int64 of bookkeeping and
-  at most 86 bytes of index a slot, plus the candidate table (see `nbytes`).
+  at most 86 bytes of index a slot, plus the candidate table and what the last pull left for
+  the next push (at most MEMO_KEYS keys and MEMO_BYTES of initial rows; see `nbytes`).
 - A key gets a row on its first admitted push, starting at `initial_rows` (seeded by the key),
   so a key that was never pushed, or was evicted, reads the same on every shard and after a
   restore. A pull never creates a row.
@@ -22,6 +23,10 @@
 - Counters add up: created == rows + evicted; per push, every unique key is exactly one of
   updated (had a row), created, dropped (admitted but no room: more new keys in one push than
   the table can free) or not_admitted.
+
+A push of exactly the keys of the previous pull (a batch pulled, then its gradients pushed)
+takes their slots and the initial rows of the missing ones from that pull instead of looking
+them up and making them again; any push, restore or other pull replaces that.
 
 Pure: no I/O, clock, threads or randomness; the same calls give the same table.
 """
@@ -40,6 +45,8 @@ EVICTIONS = ("lru", "lfu")
 ADAGRAD_EPS = np.float32(1e-10)
 PREALLOCATE_BYTES = 2 << 30
 SNAPSHOT_VERSION = 1
+MEMO_KEYS = 1 << 16   # the most keys of a pull whose lookups the next push may reuse
+MEMO_BYTES = 16 << 20  # and the most bytes of initial rows it may keep for it
 COUNTERS = ("rows", "capacity", "created", "admitted", "not_admitted", "dropped", "evicted",
             "updated", "pulls", "pushes", "pulled_keys", "pushed_keys", "candidates")
 _NEVER = np.iinfo(np.int64).max
@@ -270,6 +277,7 @@ class SparseTable:
                       if cfg.admit_after > 1 else None)
         self._tick = 0
         self._count = dict.fromkeys(COUNTERS, 0)
+        self._memo = None
 
     @property
     def adagrad(self) -> bool:
@@ -299,6 +307,8 @@ class SparseTable:
             n += self._accum.nbytes
         if self._cand is not None:
             n += self._cand.nbytes()
+        if self._memo is not None:
+            n += self._memo.nbytes()
         return n
 
     def initial(self, keys: np.ndarray) -> np.ndarray:
@@ -309,8 +319,10 @@ class SparseTable:
         """Rows (n, dim) float32 in the order of `keys`; a key without a row reads as its
         initial row. Creates nothing."""
         keys = check_keys(keys)
+        self._memo = None
         slots = self._index.get(keys)
         missing = np.flatnonzero(slots < 0)
+        init = None
         if len(missing) == len(keys):
             out = self.initial(keys)
         else:
@@ -318,7 +330,12 @@ class SparseTable:
             # initial row replaces that.
             out = take_rows(self._rows, slots)
             if len(missing):
-                put_rows(out, missing, self.initial(keys[missing]))
+                init = self.initial(keys[missing])
+                put_rows(out, missing, init)
+        if len(keys) <= MEMO_KEYS:
+            if init is not None and init.nbytes > MEMO_BYTES:
+                init = None
+            self._memo = _PullMemo(keys.copy(), slots, missing, init)
         self._count["pulls"] += 1
         self._count["pulled_keys"] += len(keys)
         return out
@@ -345,19 +362,24 @@ class SparseTable:
         """Sum the grads of duplicate keys, times `scale`, then one optimizer step per unique
         key that has (or now gets) a row; keys not yet admitted are counted, not stored."""
         scale = self._check_push(keys, grads, scale)
+        memo, self._memo = self._memo, None
         self._tick += 1
         self._count["pushes"] += 1
         self._count["pushed_keys"] += len(keys)
         if len(keys) == 0:
             return
-        uniq, g = _sum_duplicates(keys, np.ascontiguousarray(grads))
+        uniq, g, firsts = _sum_duplicates(keys, np.ascontiguousarray(grads))
         if scale != 1.0:
             g *= np.float32(scale)
-        slots = self._index.get(uniq)
+        if memo is not None and memo.of(keys):
+            slots = memo.slots[firsts]
+        else:
+            memo, slots = None, self._index.get(uniq)
         new = np.flatnonzero(slots < 0)
         self._count["updated"] += len(uniq) - len(new)
         if len(new):
-            slots[new] = self._admit(uniq[new], slots[slots >= 0])
+            rows = memo.initial(firsts[new]) if memo is not None else None
+            slots[new] = self._admit(uniq[new], slots[slots >= 0], rows)
         touched = slots >= 0
         if not touched.all():
             slots, g = slots[touched], g[touched]
@@ -365,9 +387,10 @@ class SparseTable:
         self._freq[slots] += 1
         self._apply(slots, g)
 
-    def _admit(self, keys: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    def _admit(self, keys: np.ndarray, keep: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         """Slots for new keys (-1 for those not admitted or dropped), making room by evicting
-        rows not in `keep` (the rows this push updates)."""
+        rows not in `keep` (the rows this push updates); `rows`: their initial rows, if
+        known."""
         out = np.full(len(keys), -1, np.int64)
         if self._cand is not None:
             counts = self._cand.observe(keys, self._tick)
@@ -375,6 +398,8 @@ class SparseTable:
             self._count["not_admitted"] += int(len(keys) - np.count_nonzero(ok))
             idx = np.flatnonzero(ok)
             keys = keys[idx]
+            if rows is not None:
+                rows = rows[idx]
             self._cand.forget(keys)
         else:
             idx = np.arange(len(keys))
@@ -391,7 +416,9 @@ class SparseTable:
             if len(keys) > room:
                 self._count["dropped"] += len(keys) - room
                 keys, idx = keys[:room], idx[:room]
-        out[idx] = self._create(keys)
+                if rows is not None:
+                    rows = rows[:room]
+        out[idx] = self._create(keys, rows)
         return out
 
     def _evict(self, k: int, keep: np.ndarray) -> None:
@@ -407,12 +434,12 @@ class SparseTable:
         self._pool.give(victims)
         self._count["evicted"] += len(victims)
 
-    def _create(self, keys: np.ndarray) -> np.ndarray:
+    def _create(self, keys: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         slots = self._pool.take(len(keys))
         if self._pool.top > len(self._slot_key):
             self._grow(self._pool.top)
         self._slot_key[slots] = keys
-        put_rows(self._rows, slots, self.initial(keys))
+        put_rows(self._rows, slots, self.initial(keys) if rows is None else rows)
         if self._accum is not None:
             _rows_of(self._accum)[slots] = _rows_of(np.zeros((1, self.dim), np.float32))[0]
         self._last[slots] = self._tick
@@ -508,6 +535,31 @@ class SparseTable:
             raise TableError(f"not a valid sparse-table snapshot: {e!r}") from None
 
 
+class _PullMemo:
+    """What a pull found, for a push of the same keys while the table has not changed: the
+    keys (a copy), their slots, which were missing and those keys' initial rows (None when
+    they were handed to the caller)."""
+
+    def __init__(self, keys: np.ndarray, slots: np.ndarray, missing: np.ndarray,
+                 init: np.ndarray | None):
+        self.keys, self.slots, self.missing, self.init = keys, slots, missing, init
+
+    def of(self, keys: np.ndarray) -> bool:
+        return len(keys) == len(self.keys) and np.array_equal(keys, self.keys)
+
+    def initial(self, at: np.ndarray) -> np.ndarray | None:
+        """Initial rows of the missing keys at these positions of `keys`, or None."""
+        if self.init is None:
+            return None
+        row_of = np.empty(len(self.keys), np.int64)
+        row_of[self.missing] = np.arange(len(self.missing))
+        return take_rows(self.init, row_of[at])
+
+    def nbytes(self) -> int:
+        n = self.keys.nbytes + self.slots.nbytes + self.missing.nbytes
+        return n + (self.init.nbytes if self.init is not None else 0)
+
+
 def _rows_of(a: np.ndarray) -> np.ndarray:
     """A C-contiguous 2-D array seen as a 1-D array of one byte string per row: numpy gathers
     and scatters whole rows of that several times faster than rows of numbers."""
@@ -522,10 +574,12 @@ def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
     _rows_of(a)[idx] = _rows_of(np.ascontiguousarray(values, a.dtype))
 
 
-def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and the sum of each one's grads. Sums of several grads are taken
-    in float64 and rounded once to float32, so they do not depend on the order the
-    duplicates came in (exactly so while the grads of a key span under 2^29 in magnitude)."""
+def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray]:
+    """Sorted unique keys, the sum of each one's grads and where in `keys` it first is. Sums
+    of several grads are taken in float64 and rounded once to float32, so they do not depend
+    on the order the duplicates came in (exactly so while the grads of a key span under 2^29
+    in magnitude)."""
     order = np.argsort(keys)
     sk = keys[order]
     first = np.empty(len(sk), bool)
@@ -533,8 +587,9 @@ def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np
     np.not_equal(sk[1:], sk[:-1], out=first[1:])
     starts = np.flatnonzero(first)
     if len(starts) == len(keys):
-        return sk, take_rows(grads, order)
-    out = take_rows(grads, order[starts])
+        return sk, take_rows(grads, order), order
+    firsts = order[starts]
+    out = take_rows(grads, firsts)
     counts = np.diff(starts, append=len(keys))
     several = counts > 1
     multi = np.flatnonzero(several)
@@ -544,7 +599,7 @@ def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np
     at = np.zeros(len(mc), np.int64)
     np.cumsum(mc[:-1], out=at[1:])
     out[multi] = np.add.reduceat(part, at, axis=0)
-    return sk[starts], out
+    return sk[starts], out, firsts
 
 
 def _array(arrays, name: str, dtype, shape: tuple) -> np.ndarray:
@@ -643,3 +698,4 @@ class _Restored:
         t._index, t._pool, t._slot_key = self.index, self.pool, self.slot_key
         t._rows, t._accum, t._last, t._freq = self.rows, self.accum, self.last, self.freq
         t._cand, t._tick, t._count = self.cand, self.tick, self.count
+        t._memo = None
