@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from paramserver.sparse import keymap
+from paramserver.sparse import table as sparse_table
 from paramserver.sparse.init import initial_rows
 from paramserver.sparse.keymap import KeyIndex
 from paramserver.sparse.placement import shard_of
@@ -577,11 +578,14 @@ def test_key_index_finds_keys_along_chains_that_run_to_the_padding_end():
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(admit_after=2, candidates=300),
-                                dict(capacity=60, evict="lfu", evict_fraction=0.1)])
-def test_a_push_after_a_pull_of_its_keys_gives_the_table_of_a_push_alone(kw):
+                                dict(capacity=60, evict="lfu", evict_fraction=0.1),
+                                dict(memo_bytes=200)])
+def test_a_push_after_a_pull_of_its_keys_gives_the_table_of_a_push_alone(kw, monkeypatch):
     # Table a pushes after pulling (the pull's lookups and initial rows may be reused), b
     # forgets what its pulls found; between them: keys changed in place after the pull,
-    # another pull, a restore, the pulled rows changed by the caller.
+    # another pull, a restore, the pulled rows changed by the caller. memo_bytes: a pull
+    # keeps no rows past that many bytes (only its lookups).
+    monkeypatch.setattr(sparse_table, "MEMO_BYTES", kw.pop("memo_bytes", sparse_table.MEMO_BYTES))
     rng = np.random.default_rng(19)
     a, b = SparseTable(4, seed=3, **kw), SparseTable(4, seed=3, **kw)
     for step in range(80):

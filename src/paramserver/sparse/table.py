@@ -24,9 +24,10 @@
   updated (had a row), created, dropped (admitted but no room: more new keys in one push than
   the table can free) or not_admitted.
 
-A push of exactly the keys of the previous pull (a batch pulled, then its gradients pushed)
-takes their slots and the initial rows of the missing ones from that pull instead of looking
-them up and making them again; any push, restore or other pull replaces that.
+A pull looks each distinct key up once. A push of exactly the keys of the previous pull (a
+batch pulled, then its gradients pushed) takes their grouping by key, their slots and the
+initial rows of the missing ones from that pull instead of sorting, looking up and making
+them again; any push, restore or other pull replaces that.
 
 Pure: no I/O, clock, threads or randomness; the same calls give the same table.
 """
@@ -320,24 +321,26 @@ class SparseTable:
         initial row. Creates nothing."""
         keys = check_keys(keys)
         self._memo = None
-        slots = self._index.get(keys)
+        self._count["pulls"] += 1
+        self._count["pulled_keys"] += len(keys)
+        if len(keys) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        # Each distinct key is looked up (and its initial row made) once.
+        group = _Group(keys)
+        slots = self._index.get(group.uniq)
         missing = np.flatnonzero(slots < 0)
-        init = None
-        if len(missing) == len(keys):
-            out = self.initial(keys)
+        if len(missing) == len(slots):
+            rows = self.initial(group.uniq)
         else:
             # A missing key's slot -1 reads the last row slot here (any bytes), then its
             # initial row replaces that.
-            out = take_rows(self._rows, slots)
+            rows = take_rows(self._rows, slots)
             if len(missing):
-                init = self.initial(keys[missing])
-                put_rows(out, missing, init)
+                put_rows(rows, missing, self.initial(group.uniq[missing]))
+        out = take_rows(rows, group.inverse())
         if len(keys) <= MEMO_KEYS:
-            if init is not None and init.nbytes > MEMO_BYTES:
-                init = None
-            self._memo = _PullMemo(keys.copy(), slots, missing, init)
-        self._count["pulls"] += 1
-        self._count["pulled_keys"] += len(keys)
+            self._memo = _PullMemo(keys.copy(), group, slots,
+                                   rows if rows.nbytes <= MEMO_BYTES else None)
         return out
 
     # ---- writing ---------------------------------------------------------------------------
@@ -368,17 +371,19 @@ class SparseTable:
         self._count["pushed_keys"] += len(keys)
         if len(keys) == 0:
             return
-        uniq, g, firsts = _sum_duplicates(keys, np.ascontiguousarray(grads))
+        if memo is not None and not memo.of(keys):
+            memo = None
+        group = memo.group if memo is not None else _Group(keys)
+        uniq = group.uniq
+        g = _sum_duplicates(group, np.ascontiguousarray(grads))
         if scale != 1.0:
             g *= np.float32(scale)
-        if memo is not None and memo.of(keys):
-            slots = memo.slots[firsts]
-        else:
-            memo, slots = None, self._index.get(uniq)
+        slots = memo.slots.copy() if memo is not None else self._index.get(uniq)
         new = np.flatnonzero(slots < 0)
         self._count["updated"] += len(uniq) - len(new)
         if len(new):
-            rows = memo.initial(firsts[new]) if memo is not None else None
+            rows = take_rows(memo.rows, new) if memo is not None and memo.rows is not None \
+                else None
             slots[new] = self._admit(uniq[new], slots[slots >= 0], rows)
         touched = slots >= 0
         if not touched.all():
@@ -535,29 +540,46 @@ class SparseTable:
             raise TableError(f"not a valid sparse-table snapshot: {e!r}") from None
 
 
+class _Group:
+    """Keys grouped by value: `order` sorts them, `starts` are where each distinct key's run
+    begins in that order, `uniq` the distinct keys, ascending."""
+
+    def __init__(self, keys: np.ndarray):
+        self.n = len(keys)
+        self.order = np.argsort(keys)
+        sk = keys[self.order]
+        first = np.empty(len(sk), bool)
+        first[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=first[1:])
+        self.first = first
+        self.starts = np.flatnonzero(first)
+        self.uniq = sk[self.starts]
+
+    def inverse(self) -> np.ndarray:
+        """For each key, the index of its value in `uniq`."""
+        inv = np.empty(self.n, np.int64)
+        inv[self.order] = np.cumsum(self.first) - 1
+        return inv
+
+    def nbytes(self) -> int:
+        return self.order.nbytes + self.first.nbytes + self.starts.nbytes + self.uniq.nbytes
+
+
 class _PullMemo:
     """What a pull found, for a push of the same keys while the table has not changed: the
-    keys (a copy), their slots, which were missing and those keys' initial rows (None when
-    they were handed to the caller)."""
+    keys (a copy), their grouping, the slots of the distinct keys and the rows the pull read
+    for them (the initial rows of the missing ones; None when too large to keep)."""
 
-    def __init__(self, keys: np.ndarray, slots: np.ndarray, missing: np.ndarray,
-                 init: np.ndarray | None):
-        self.keys, self.slots, self.missing, self.init = keys, slots, missing, init
+    def __init__(self, keys: np.ndarray, group: _Group, slots: np.ndarray,
+                 rows: np.ndarray | None):
+        self.keys, self.group, self.slots, self.rows = keys, group, slots, rows
 
     def of(self, keys: np.ndarray) -> bool:
         return len(keys) == len(self.keys) and np.array_equal(keys, self.keys)
 
-    def initial(self, at: np.ndarray) -> np.ndarray | None:
-        """Initial rows of the missing keys at these positions of `keys`, or None."""
-        if self.init is None:
-            return None
-        row_of = np.empty(len(self.keys), np.int64)
-        row_of[self.missing] = np.arange(len(self.missing))
-        return take_rows(self.init, row_of[at])
-
     def nbytes(self) -> int:
-        n = self.keys.nbytes + self.slots.nbytes + self.missing.nbytes
-        return n + (self.init.nbytes if self.init is not None else 0)
+        n = self.keys.nbytes + self.group.nbytes() + self.slots.nbytes
+        return n + (self.rows.nbytes if self.rows is not None else 0)
 
 
 def _rows_of(a: np.ndarray) -> np.ndarray:
@@ -574,23 +596,16 @@ def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
     _rows_of(a)[idx] = _rows_of(np.ascontiguousarray(values, a.dtype))
 
 
-def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                    np.ndarray]:
-    """Sorted unique keys, the sum of each one's grads and where in `keys` it first is. Sums
-    of several grads are taken in float64 and rounded once to float32, so they do not depend
-    on the order the duplicates came in (exactly so while the grads of a key span under 2^29
-    in magnitude)."""
-    order = np.argsort(keys)
-    sk = keys[order]
-    first = np.empty(len(sk), bool)
-    first[0] = True
-    np.not_equal(sk[1:], sk[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    if len(starts) == len(keys):
-        return sk, take_rows(grads, order), order
-    firsts = order[starts]
-    out = take_rows(grads, firsts)
-    counts = np.diff(starts, append=len(keys))
+def _sum_duplicates(group: _Group, grads: np.ndarray) -> np.ndarray:
+    """The sum of each distinct key's grads, in the order of `group.uniq`. Sums of several
+    grads are taken in float64 and rounded once to float32, so they do not depend on the
+    order the duplicates came in (exactly so while the grads of a key span under 2^29 in
+    magnitude)."""
+    order, starts = group.order, group.starts
+    if len(starts) == len(order):
+        return take_rows(grads, order)
+    out = take_rows(grads, order[starts])
+    counts = np.diff(starts, append=len(order))
     several = counts > 1
     multi = np.flatnonzero(several)
     # Only keys with several grads need a sum; most keys in a batch have one.
@@ -599,7 +614,7 @@ def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np
     at = np.zeros(len(mc), np.int64)
     np.cumsum(mc[:-1], out=at[1:])
     out[multi] = np.add.reduceat(part, at, axis=0)
-    return sk[starts], out, firsts
+    return out
 
 
 def _array(arrays, name: str, dtype, shape: tuple) -> np.ndarray:
