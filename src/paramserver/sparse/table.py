@@ -379,18 +379,22 @@ class SparseTable:
         if scale != 1.0:
             g *= np.float32(scale)
         slots = memo.slots.copy() if memo is not None else self._index.get(uniq)
+        # The rows the pull read for these keys: what their slots hold now (a new key's
+        # slot gets its initial row), so the update need not read them again.
+        rows = memo.rows if memo is not None else None
         new = np.flatnonzero(slots < 0)
         self._count["updated"] += len(uniq) - len(new)
         if len(new):
-            rows = take_rows(memo.rows, new) if memo is not None and memo.rows is not None \
-                else None
-            slots[new] = self._admit(uniq[new], slots[slots >= 0], rows)
+            slots[new] = self._admit(uniq[new], slots[slots >= 0],
+                                     take_rows(rows, new) if rows is not None else None)
         touched = slots >= 0
         if not touched.all():
             slots, g = slots[touched], g[touched]
+            if rows is not None:
+                rows = take_rows(rows, np.flatnonzero(touched))
         self._last[slots] = self._tick
         self._freq[slots] += 1
-        self._apply(slots, g)
+        self._apply(slots, g, rows)
 
     def _admit(self, keys: np.ndarray, keep: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         """Slots for new keys (-1 for those not admitted or dropped), making room by evicting
@@ -470,9 +474,11 @@ class SparseTable:
         self._last = _grow(self._last, n)
         self._freq = _grow(self._freq, n)
 
-    def _apply(self, slots: np.ndarray, g: np.ndarray) -> None:
-        """One optimizer step on unique slots with their summed gradients (g is ours)."""
-        rows = take_rows(self._rows, slots)
+    def _apply(self, slots: np.ndarray, g: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """One optimizer step on unique slots with their summed gradients (g is ours; rows,
+        if given, ours too: what the slots hold)."""
+        if rows is None:
+            rows = take_rows(self._rows, slots)
         if self._adagrad:
             acc = take_rows(self._accum, slots)
             sq = np.multiply(g, g)
