@@ -541,6 +541,7 @@ def test_key_index_places_crowds_of_keys_that_share_home_positions():
     assert (ix.get(first[::2]) == -1).all()
     k, v = ix.items()
     assert sorted(v.tolist()) == list(range(1, 150, 2)) + list(range(150, 350))
+    assert ix.deleted == np.count_nonzero(ix.vals == keymap.DELETED) < 75
 
 
 def test_key_index_keeps_every_key_of_an_insert_whose_chain_runs_into_the_padding():

@@ -33,6 +33,7 @@ MIN_SIZE = 1024
 MAX_SIZE = 1 << 31  # values are int32
 WINDOW = 4          # positions a step reads per key (the packing below assumes 4)
 WIDE = 16           # positions a step reads per key for the few chains that go on
+SCALAR_TAIL = 32    # an insert places its last this many keys one by one
 PAD = 256           # positions past the hashed range
 SLOT_BYTES = 16     # a key and its value
 
@@ -218,6 +219,8 @@ class KeyIndex:
         todo = np.arange(len(keys))
         last = len(self.vals) - WINDOW          # the first position kept EMPTY
         while len(todo):
+            if len(todo) <= SCALAR_TAIL:
+                return self._place_each(keys, values, todo, pos, last)
             neg = self._win[pos].view(np.int64) < 0
             free = _value_cols(neg.view(np.uint64))
             has = free != 0
@@ -240,6 +243,23 @@ class KeyIndex:
             more[r[won]] = False
             todo, pos = todo[more], nxt[more]
         return todo
+
+    def _place_each(self, keys, values, todo: np.ndarray, pos: np.ndarray,
+                    last: int) -> np.ndarray:
+        """_place's last few keys one by one, each from its position `pos` on (a step of
+        numpy calls per key costs more than walking its chain in Python)."""
+        vals, k = self.vals, self.keys
+        for i, (t, p) in enumerate(zip(todo.tolist(), pos.tolist())):
+            while vals[p] >= 0:
+                p += 1
+            if p >= last:
+                return todo[i:]
+            if vals[p] == DELETED:
+                self.deleted -= 1
+            k[p] = keys[t]
+            vals[p] = values[t]
+            self.live += 1
+        return todo[:0]
 
     def remove_at(self, positions: np.ndarray) -> None:
         """Delete the keys at these positions (from `find`; unique, all live)."""
