@@ -551,20 +551,22 @@ class _Group:
     begins in that order, `uniq` the distinct keys, ascending."""
 
     def __init__(self, keys: np.ndarray):
-        self.n = len(keys)
-        self.order = np.argsort(keys)
+        n = self.n = len(keys)
+        self.order = keys.argsort()
         sk = keys[self.order]
-        first = np.empty(len(sk), bool)
-        first[0] = True
-        np.not_equal(sk[1:], sk[:-1], out=first[1:])
-        self.first = first
-        self.starts = np.flatnonzero(first)
+        # first[i]: sorted key i starts a run; first[n] closes the last one.
+        first = self.first = np.empty(n + 1, bool)
+        first[0] = first[n] = True
+        np.not_equal(sk[1:], sk[:-1], out=first[1:n])
+        self.starts = first[:n].nonzero()[0]
         self.uniq = sk[self.starts]
 
     def inverse(self) -> np.ndarray:
         """For each key, the index of its value in `uniq`."""
         inv = np.empty(self.n, np.int64)
-        inv[self.order] = np.cumsum(self.first) - 1
+        at = self.first[:self.n].cumsum(dtype=np.int64)
+        at -= 1
+        inv[self.order] = at
         return inv
 
     def nbytes(self) -> int:
@@ -607,18 +609,17 @@ def _sum_duplicates(group: _Group, grads: np.ndarray) -> np.ndarray:
     grads are taken in float64 and rounded once to float32, so they do not depend on the
     order the duplicates came in (exactly so while the grads of a key span under 2^29 in
     magnitude)."""
-    order, starts = group.order, group.starts
+    order, starts, first = group.order, group.starts, group.first
     if len(starts) == len(order):
         return take_rows(grads, order)
     out = take_rows(grads, order[starts])
-    counts = np.diff(starts, append=len(order))
-    several = counts > 1
-    multi = np.flatnonzero(several)
-    # Only keys with several grads need a sum; most keys in a batch have one.
-    part = take_rows(grads, order[np.repeat(several, counts)]).astype(np.float64)
-    mc = counts[multi]
-    at = np.zeros(len(mc), np.int64)
-    np.cumsum(mc[:-1], out=at[1:])
+    # Only keys with several grads need a sum; most keys in a batch have one. A run has
+    # one grad when the next one starts right after it.
+    multi = (~first[starts + 1]).nonzero()[0]
+    several = first[:-1] & first[1:]
+    np.logical_not(several, out=several)            # sorted grads in runs of several
+    part = take_rows(grads, order[several]).astype(np.float64)
+    at = first[:-1][several].nonzero()[0]           # where each run begins in part
     out[multi] = np.add.reduceat(part, at, axis=0)
     return out
 
