@@ -134,7 +134,7 @@ class KeyIndex:
         found &= match != 0
         np.copyto(vals, -1, where=~found)
         where = np.where(found, pos, -1)
-        more = np.flatnonzero(packed == 0)
+        more = (packed == 0).nonzero()[0]
         if len(more):
             self._find_rest(keys, start, more, vals, where)
         return vals, where
@@ -152,7 +152,7 @@ class KeyIndex:
             hit = w[:, :, 0] == keys[todo, None]
             has = hit.any(axis=1)
             col = hit.argmax(axis=1)
-            r = np.flatnonzero(has)
+            r = has.nonzero()[0]
             v = w[r, col[r], 1]
             ok = v >= 0
             at = todo[r[ok]]
@@ -224,7 +224,7 @@ class KeyIndex:
             neg = self._win[pos].view(np.int64) < 0
             free = _value_cols(neg.view(np.uint64))
             has = free != 0
-            r = np.flatnonzero(has)
+            r = has.nonzero()[0]
             at = pos[r] + _first(free[r], neg, r, 1)
             if (at >= last).any():
                 return todo     # every key not placed yet, not only those that ran over

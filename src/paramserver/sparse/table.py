@@ -328,7 +328,7 @@ class SparseTable:
         # Each distinct key is looked up (and its initial row made) once.
         group = _Group(keys)
         slots = self._index.get(group.uniq)
-        missing = np.flatnonzero(slots < 0)
+        missing = (slots < 0).nonzero()[0]
         if len(missing) == len(slots):
             rows = self.initial(group.uniq)
         else:
@@ -382,7 +382,7 @@ class SparseTable:
         # The rows the pull read for these keys: what their slots hold now (a new key's
         # slot gets its initial row), so the update need not read them again.
         rows = memo.rows if memo is not None else None
-        new = np.flatnonzero(slots < 0)
+        new = (slots < 0).nonzero()[0]
         self._count["updated"] += len(uniq) - len(new)
         if len(new):
             slots[new] = self._admit(uniq[new], slots[slots >= 0],
@@ -391,7 +391,7 @@ class SparseTable:
         if not touched.all():
             slots, g = slots[touched], g[touched]
             if rows is not None:
-                rows = take_rows(rows, np.flatnonzero(touched))
+                rows = take_rows(rows, touched.nonzero()[0])
         self._last[slots] = self._tick
         self._freq[slots] += 1
         self._apply(slots, g, rows)
