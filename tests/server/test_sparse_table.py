@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from paramserver.sparse import keymap
+from paramserver.sparse import table as sparse_table
 from paramserver.sparse.init import initial_rows
 from paramserver.sparse.keymap import KeyIndex
 from paramserver.sparse.placement import shard_of
@@ -495,12 +496,18 @@ def test_memory_stays_bounded_by_capacity_over_a_long_stream(admit_after):
     assert peak <= bound, (peak, bound)
 
 
-def test_first_true_of_a_packed_window():
-    rows = np.array([r for r in itertools.product([False, True], repeat=keymap.WINDOW)
+@pytest.mark.parametrize("col", [0, 1])
+def test_first_set_column_of_a_packed_window(col):
+    # Every nonempty set of key (col 0) or value (col 1) columns of a window's flat bools,
+    # with noise in the other columns, which must not count.
+    sets = np.array([r for r in itertools.product([False, True], repeat=keymap.WINDOW)
                      if any(r)], bool)
-    packed = rows.view(np.dtype(f"u{keymap.WINDOW}"))[:, 0]
-    assert keymap._first(rows, packed, np.arange(len(rows))).tolist() \
-        == rows.argmax(axis=1).tolist()
+    flat = np.random.default_rng(15).random((len(sets), 2 * keymap.WINDOW)) < 0.5
+    flat[:, col::2] = sets
+    packed = flat.reshape(-1).view(np.uint64)
+    packed = packed & keymap._KEY_COLS if col == 0 else keymap._value_cols(packed)
+    assert keymap._first(packed, flat.reshape(-1), np.arange(len(sets)), col).tolist() \
+        == sets.argmax(axis=1).tolist()
 
 
 def test_key_index_survives_chains_that_reach_the_padding():
@@ -514,6 +521,95 @@ def test_key_index_survives_chains_that_reach_the_padding():
     ix.insert(crowd, np.arange(len(crowd)))
     assert ix.get(crowd).tolist() == list(range(len(crowd)))
     assert len(ix) == len(crowd) and (ix.vals[-keymap.WINDOW:] == keymap.EMPTY).all()
+
+
+def test_key_index_places_crowds_of_keys_that_share_home_positions():
+    # Hundreds of keys of one insert on a few homes, around tombstones of earlier keys: they
+    # take the free positions of their chain in turn, each still found where it landed.
+    ix = KeyIndex(4096)
+    cand = rand_keys(np.random.default_rng(18), 400_000)
+    homes = ix._home(cand)
+    crowd = cand[(homes >= 100) & (homes < 106)]
+    assert len(crowd) >= 350
+    first, second = crowd[:150], crowd[150:350]
+    ix.insert(first, np.arange(150))
+    ix.remove_at(ix.find(first[::2])[1])
+    ix.insert(second, np.arange(150, 350))
+    assert ix.size == 4096 and len(ix) == 75 + 200
+    assert ix.get(first[1::2]).tolist() == list(range(1, 150, 2))
+    assert ix.get(second).tolist() == list(range(150, 350))
+    assert (ix.get(first[::2]) == -1).all()
+    k, v = ix.items()
+    assert sorted(v.tolist()) == list(range(1, 150, 2)) + list(range(150, 350))
+    assert ix.deleted == np.count_nonzero(ix.vals == keymap.DELETED) < 75
+
+
+def test_key_index_keeps_every_key_of_an_insert_whose_chain_runs_into_the_padding():
+    # Two crowds in one insert: one at the last home positions runs into the padding while
+    # the other, mid-index, still has keys to place; all of them must end up in the index.
+    ix = KeyIndex(4096)
+    cand = rand_keys(np.random.default_rng(17), 400_000)
+    homes = ix._home(cand)
+    end, mid = cand[homes >= ix.size - 4][:300], cand[(homes >= 100) & (homes < 104)][:300]
+    keys = np.concatenate([end, mid])
+    ix.insert(keys, np.arange(len(keys)))
+    assert ix.size > 4096 and len(ix) == len(keys)
+    assert ix.get(keys).tolist() == list(range(len(keys)))
+
+
+def test_key_index_finds_keys_along_chains_that_run_to_the_padding_end():
+    # One chain from the last home positions up to the EMPTY tail: lookups that go on past
+    # the first window, to the windows that must stay inside the arrays, live or absent keys,
+    # past tombstones.
+    ix = KeyIndex()
+    cand = rand_keys(np.random.default_rng(16), 400_000)
+    crowd = cand[ix._home(cand) >= ix.size - 4]
+    inside, absent = crowd[:keymap.PAD], crowd[keymap.PAD:keymap.PAD + 300]
+    ix.insert(inside, np.arange(len(inside)))
+    assert ix.size == 1024 and ix.vals[ix.size + keymap.PAD - keymap.WINDOW - 1] >= 0
+    assert ix.get(inside).tolist() == list(range(len(inside)))
+    assert (ix.get(absent) == -1).all()
+    vals, where = ix.find(np.concatenate([inside[::-1], absent]))
+    assert (ix.keys[where[:len(inside)]] == inside[::-1]).all()
+    assert (where[len(inside):] == -1).all() and (vals[len(inside):] == -1).all()
+    ix.remove_at(ix.find(inside[::3])[1])
+    expect = np.arange(len(inside))
+    expect[::3] = -1
+    assert ix.get(inside).tolist() == expect.tolist()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(admit_after=2, candidates=300),
+                                dict(capacity=60, evict="lfu", evict_fraction=0.1),
+                                dict(memo_bytes=200)])
+def test_a_push_after_a_pull_of_its_keys_gives_the_table_of_a_push_alone(kw, monkeypatch):
+    # Table a pushes after pulling (the pull's lookups and initial rows may be reused), b
+    # forgets what its pulls found; between them: keys changed in place after the pull,
+    # another pull, a restore, the pulled rows changed by the caller. memo_bytes: a pull
+    # keeps no rows past that many bytes (only its lookups).
+    monkeypatch.setattr(sparse_table, "MEMO_BYTES", kw.pop("memo_bytes", sparse_table.MEMO_BYTES))
+    rng = np.random.default_rng(19)
+    a, b = SparseTable(4, seed=3, **kw), SparseTable(4, seed=3, **kw)
+    for step in range(80):
+        keys = zipf_keys(rng, int(rng.integers(1, 300)), alpha=1.1, space=3000)
+        grads = rng.standard_normal((len(keys), 4)).astype(F32)
+        if step % 5 == 0:
+            earlier = a.snapshot()
+        for t in (a, b):
+            out = t.pull(keys)
+            out += 1.0
+            if step % 5 == 2:
+                t.pull(keys[: len(keys) // 2])
+            if step % 5 == 3:
+                t.restore(earlier)
+        b._memo = None
+        if step % 5 == 1:
+            keys[: len(keys) // 2] = zipf_keys(rng, len(keys) // 2, alpha=1.1, space=3000)
+        for t in (a, b):
+            t.push(keys, grads, scale=0.5)
+        assert snapshots_equal(a.snapshot(), b.snapshot()), step
+    probe = zipf_keys(rng, 500, space=3000)
+    np.testing.assert_array_equal(a.pull(probe), b.pull(probe))
+    assert a.counters() == b.counters() and a.counters()["created"] > 100
 
 
 def test_push_and_pull_leave_the_callers_arrays_alone():

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from paramserver.sparse.mix import GOLDEN, SALT_INIT, as_u64, mix64
+from paramserver.sparse.mix import GOLDEN, SALT_INIT, as_u64, mix64, mix64_int
 
 
 
@@ -35,18 +35,22 @@ def initial_rows(keys: np.ndarray, dim: int, scale: float, seed: int = 0) -> np.
     n = len(keys)
     if n == 0 or s == 0.0:
         return np.zeros((n, dim), np.float32)
-    seed_mix = mix64(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], np.uint64) ^ SALT_INIT)
-    base = mix64(as_u64(np.ascontiguousarray(keys)) ^ seed_mix)
+    seed_mix = np.uint64(mix64_int((int(seed) & 0xFFFFFFFFFFFFFFFF) ^ int(SALT_INIT)))
+    base = mix64(as_u64(np.ascontiguousarray(keys)) ^ seed_mix, inplace=True)
     pairs = (dim + 1) // 2
-    counters = GOLDEN * np.arange(1, pairs + 1, dtype=np.uint64)
-    z = mix64(base[:, None] + counters[None, :])                    # (n, pairs)
-    halves = z.view(np.uint32).reshape(n, pairs, 2)                 # (low, high) on this host
+    # Built column pair major, (pairs, n): numpy's loops run long along n instead of a short
+    # row at a time; the conversion below reads it back key major.
+    z = (GOLDEN * np.arange(1, pairs + 1, dtype=np.uint64))[:, None] + base[None, :]
+    mix64(z, inplace=True)                                          # (pairs, n)
+    halves = z.T.copy().view(np.uint32).reshape(n, pairs, 2)      # (low, high) on this host
     if not np.little_endian:
         halves = np.ascontiguousarray(halves[:, :, ::-1])
     u = halves.reshape(n, 2 * pairs)[:, :dim]
-    np.right_shift(u, np.uint32(8), out=u)                          # 24 bits, < 2^31
-    f = u.view(np.int32).astype(np.float32)
-    f *= np.float32(2.0)
-    f += np.float32(1.0 - 2.0**24)                                  # odd, |f| < 2^24: exact
+    # 2 * (top 24 bits) + 1 - 2^24: odd, |f| < 2^24, so exact in int32 and in float32.
+    np.right_shift(u, np.uint32(7), out=u)
+    u |= np.uint32(1)
+    i = u.view(np.int32)
+    i -= np.int32(1 << 24)
+    f = i.astype(np.float32)
     f *= np.float32(s) * np.float32(2.0**-24)
     return f

@@ -11,10 +11,15 @@ whole batches: each step reads a window of WINDOW neighbouring positions for eve
 unresolved as one item of a byte-string view whose items overlap (a 64-byte copy a key, one
 or two cache lines, instead of numpy's much slower element or row gathers), so at this load
 most chains end in the first step and numpy's per-call overhead is paid a few times per
-batch, not once per probe. Chains do not wrap around: keys hash to [0, size) and the arrays
-run on for PAD more positions, whose last WINDOW are kept EMPTY so every chain ends inside
-the arrays; an insert that would pass them rebuilds the index twice as large. Rebuilds place
-all keys at once in home order (see `_build`).
+batch, not once per probe; the few chains that go on are read WIDE positions a step. A
+lookup compares the windows with (key, EMPTY) pairs in one flat pass: the first position of
+a chain holding the key decides (live, or a tombstone: absent), since an insert takes the
+first free position of its chain, so a live entry is never behind a tombstone of its own key
+nor behind an EMPTY (whose key is never read: it may be anything). Chains do not wrap
+around: keys hash to [0, size) and the arrays run on for PAD more positions, whose last
+WINDOW are kept EMPTY so every chain ends inside the arrays; an insert that would pass them
+rebuilds the index twice as large. Rebuilds place all keys at once in home order (see
+`_build`).
 """
 import numpy as np
 
@@ -26,30 +31,43 @@ MAX_LOAD = 0.5      # live + tombstones, as a fraction of the index size
 REBUILD_LOAD = 0.375  # the most live keys a rebuilt index starts with
 MIN_SIZE = 1024
 MAX_SIZE = 1 << 31  # values are int32
-WINDOW = 4          # positions a step reads per key (_first_true assumes 4)
+WINDOW = 4          # positions a step reads per key (the packing below assumes 4)
+WIDE = 16           # positions a step reads per key for the few chains that go on
+SCALAR_TAIL = 32    # an insert places its last this many keys one by one
 PAD = 256           # positions past the hashed range
 SLOT_BYTES = 16     # a key and its value
-_ROW = np.dtype(f"u{WINDOW}")  # a row of WINDOW bools seen as one unsigned integer
 
-
-# (bytes b0..b3 of a packed row, each 0 or 1) * _GATHER >> 24 == b0 << 3 | b1 << 2 | b2 << 1 | b3
-# (the four products land on bits 27..24, every other product below bit 24 or past bit 31);
-# _FIRST maps that nibble to the index of the first set byte.
-_GATHER = np.uint32(0x08040201)
+# A step compares a window's WINDOW (key, value) pairs as 2 * WINDOW int64 in one flat pass
+# and reads each window's bools as one uint64: key columns are bytes 0, 2, 4, 6, value
+# columns bytes 1, 3, 5, 7.
+_PAIR = np.dtype(f"V{SLOT_BYTES}")
+_WIN = np.dtype(f"V{SLOT_BYTES * WINDOW}")
+_KEY_COLS = np.uint64(0x0001000100010001 if np.little_endian else 0x0100010001000100)
+# (packed key columns b0..b3, each 0 or 1) * _GATHER >> 60 == b0 << 3 | b1 << 2 | b2 << 1 | b3
+# (bits 0, 16, 32, 48 go to 63, 62, 61, 60; every other product lands below bit 60, each on
+# a bit of its own so nothing carries, or past bit 63); _FIRST maps that nibble to the index
+# of the first set column.
+_GATHER = np.uint64(1 << 63 | 1 << 46 | 1 << 29 | 1 << 12)
 _FIRST = np.array([0 if m & 8 else 1 if m & 4 else 2 if m & 2 else 3 for m in range(16)],
                   np.int64)
 
 
-def _first_true(rows: np.ndarray) -> np.ndarray:
-    """Index of the first True in each row of WINDOW (4) bools packed as one little-endian
-    uint32 (nonzero)."""
-    return _FIRST[(rows * _GATHER) >> np.uint32(24)]
+def _value_cols(packed: np.ndarray) -> np.ndarray:
+    """Packed windows with each value column moved onto its key column, the rest cleared."""
+    moved = packed >> np.uint64(8) if np.little_endian else packed << np.uint64(8)
+    moved &= _KEY_COLS
+    return moved
 
 
-def _first(mask: np.ndarray, packed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _first(packed: np.ndarray, flat: np.ndarray, rows: np.ndarray | None,
+           col: int = 0) -> np.ndarray:
+    """Index of the first key column set in each packed window of `packed` (key columns
+    only; junk in 0..WINDOW-1 where none is): windows `rows` (None: all) of the flat bools
+    `flat`, whose column `col` (0 key, 1 value) `packed` holds."""
     if np.little_endian:
-        return _first_true(packed[rows])
-    return mask[rows].argmax(axis=1)
+        return _FIRST[((packed * _GATHER) >> np.uint64(60)).view(np.int64)]
+    windows = flat.reshape(-1, 2 * WINDOW)
+    return (windows if rows is None else windows[rows])[:, col::2].argmax(axis=1)
 
 
 def index_size_for(live: int) -> int:
@@ -72,20 +90,16 @@ class KeyIndex:
         self.size = size
         self.mask = np.uint64(size - 1)
         n = size + PAD
-        self.pairs = np.zeros(2 * n, np.int64)
+        self.pairs = np.full(2 * n, EMPTY, np.int64)   # the key of an EMPTY is never read
         self.keys = self.pairs[0::2]
         self.vals = self.pairs[1::2]
-        self.vals[:] = EMPTY
         # Item i: the WINDOW (key, value) pairs from position i on, as one byte string.
-        self._win = np.ndarray(shape=(n - WINDOW + 1,), dtype=f"V{SLOT_BYTES * WINDOW}",
-                               buffer=self.pairs, strides=(SLOT_BYTES,))
+        self._win = np.ndarray(shape=(n - WINDOW + 1,), dtype=_WIN, buffer=self.pairs,
+                               strides=(SLOT_BYTES,))
+        self._wide = np.ndarray(shape=(n - WIDE + 1,), dtype=f"V{SLOT_BYTES * WIDE}",
+                                buffer=self.pairs, strides=(SLOT_BYTES,))
         self.live = 0
         self.deleted = 0
-
-    def _read(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, values), each (len(start), WINDOW), at the windows from these positions."""
-        w = self._win[start].view(np.int64).reshape(len(start), WINDOW, 2)
-        return w[:, :, 0], w[:, :, 1]
 
     def __len__(self) -> int:
         return self.live
@@ -94,38 +108,58 @@ class KeyIndex:
         return self.pairs.nbytes
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
-        return (mix64(as_u64(keys) ^ SALT_INDEX) & self.mask).astype(np.int64)
+        h = mix64(as_u64(keys) ^ SALT_INDEX, inplace=True)
+        h &= self.mask
+        return h.view(np.int64)                 # < size <= 2^31
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values, positions) of each key: -1 and -1 where the key is absent. Duplicates ok."""
         n = len(keys)
-        vals = np.full(n, -1, np.int64)
-        where = np.full(n, -1, np.int64)
         start = self._home(keys)
-        todo = None
-        want = keys
-        while True:
-            k, v = self._read(start)
-            hit = k == want[:, None]
-            hit &= v >= 0
-            # WINDOW bools of a row read as one integer: any() and the first True without a
-            # reduction over a short axis (slow in numpy).
-            hits = hit.view(_ROW)[:, 0]
-            found = hits != 0
-            if found.any():
-                rows = np.flatnonzero(found)
-                col = _first(hit, hits, rows)
-                at = todo[rows] if todo is not None else rows
-                vals[at] = v[rows, col]
-                where[at] = start[rows] + col
-            # A key is never placed past an EMPTY on its chain: an EMPTY ends the search.
-            ended = (v == EMPTY).view(_ROW)[:, 0] != 0
-            ended |= found
-            if ended.all():
-                return vals, where
-            more = np.flatnonzero(~ended)
-            todo = more if todo is None else todo[more]
-            start, want = start[more] + WINDOW, want[more]
+        # Each window compared with (key, EMPTY) WINDOW times over, in one flat pass: a True in
+        # a key column is the key (live or a tombstone: the first one decides), in a value
+        # column an EMPTY; either ends the search there.
+        q = np.empty((n, 2), np.int64)
+        q[:, 0] = keys
+        q[:, 1] = EMPTY
+        pattern = np.repeat(q.view(_PAIR)[:, 0], WINDOW).view(_WIN)
+        eq = self._win[start].view(np.int64) == pattern.view(np.int64)
+        packed = eq.view(np.uint64)
+        match = packed & _KEY_COLS
+        # Whole-batch passes for the first window, where nearly every search ends (a window
+        # without the key reads a junk position of it, and is not taken).
+        pos = start + _first(match, eq, None)
+        vals = self.vals[pos]
+        found = vals >= 0
+        found &= match != 0
+        np.copyto(vals, -1, where=~found)
+        where = np.where(found, pos, -1)
+        more = (packed == 0).nonzero()[0]
+        if len(more):
+            self._find_rest(keys, start, more, vals, where)
+        return vals, where
+
+    def _find_rest(self, keys, start, todo, vals, where) -> None:
+        """Go on with the searches `todo` whose first window held neither key nor EMPTY (a
+        few), a WIDE window at a time, filling in vals and where."""
+        last = len(self._wide) - 1
+        start = start[todo] + WINDOW
+        while len(todo):
+            # A window is moved back to stay inside the arrays: what it then reads again is
+            # of the same chain, and held neither key nor EMPTY.
+            at_least = np.minimum(start, last)
+            w = self._wide[at_least].view(np.int64).reshape(len(todo), WIDE, 2)
+            hit = w[:, :, 0] == keys[todo, None]
+            has = hit.any(axis=1)
+            col = hit.argmax(axis=1)
+            r = has.nonzero()[0]
+            v = w[r, col[r], 1]
+            ok = v >= 0
+            at = todo[r[ok]]
+            vals[at] = v[ok]
+            where[at] = at_least[r[ok]] + col[r[ok]]
+            ended = has | (w[:, :, 1] == EMPTY).any(axis=1)
+            todo, start = todo[~ended], start[~ended] + WIDE
 
     def get(self, keys: np.ndarray) -> np.ndarray:
         return self.find(keys)[0]
@@ -155,15 +189,24 @@ class KeyIndex:
         probing key by key (this is what makes growing the index cheap)."""
         steps = np.arange(len(keys))
         while True:
-            homes = self._home_for(keys, size)
-            order = np.argsort(homes)
-            pos = np.maximum.accumulate(homes[order] - steps) + steps
+            # Sorted (home, i) pairs packed in one int64 (both < 2^31): a plain sort, several
+            # times faster than an argsort, gives the order (ties by i) and the sorted homes.
+            by_home = self._home_for(keys, size) << 32
+            by_home |= steps
+            by_home.sort()
+            order = by_home & 0xFFFFFFFF
+            by_home >>= 32
+            by_home -= steps
+            pos = np.maximum.accumulate(by_home, out=by_home)
+            pos += steps
             if not len(pos) or pos[-1] < size + PAD - WINDOW or size >= MAX_SIZE:
                 break
             size *= 2
         self._alloc(size)
-        self.keys[pos] = keys[order]
-        self.vals[pos] = values[order]
+        pairs = np.empty((len(keys), 2), np.int64)
+        pairs[:, 0] = keys
+        pairs[:, 1] = values
+        self.pairs.view(_PAIR)[pos] = pairs.view(_PAIR)[order, 0]
         self.live = len(keys)
 
     def _home_for(self, keys: np.ndarray, size: int) -> np.ndarray:
@@ -176,15 +219,15 @@ class KeyIndex:
         todo = np.arange(len(keys))
         last = len(self.vals) - WINDOW          # the first position kept EMPTY
         while len(todo):
-            v = self._read(pos)[1]
-            free = v < 0
-            packed = free.view(_ROW)[:, 0]
-            has = packed != 0
-            r = np.flatnonzero(has)
-            at = pos[r] + _first(free, packed, r)
-            over = at >= last
-            if over.any():
-                return np.concatenate([todo[r[over]], todo[~has]])
+            if len(todo) <= SCALAR_TAIL:
+                return self._place_each(keys, values, todo, pos, last)
+            neg = self._win[pos].view(np.int64) < 0
+            free = _value_cols(neg.view(np.uint64))
+            has = free != 0
+            r = has.nonzero()[0]
+            at = pos[r] + _first(free[r], neg, r, 1)
+            if (at >= last).any():
+                return todo     # every key not placed yet, not only those that ran over
             fkeys = keys[todo[r]]
             # Several keys may reach the same free position in one step: the keys array ends
             # with one of them, which claims it; the others go on from there.
@@ -201,6 +244,23 @@ class KeyIndex:
             todo, pos = todo[more], nxt[more]
         return todo
 
+    def _place_each(self, keys, values, todo: np.ndarray, pos: np.ndarray,
+                    last: int) -> np.ndarray:
+        """_place's last few keys one by one, each from its position `pos` on (a step of
+        numpy calls per key costs more than walking its chain in Python)."""
+        vals, k = self.vals, self.keys
+        for i, (t, p) in enumerate(zip(todo.tolist(), pos.tolist())):
+            while vals[p] >= 0:
+                p += 1
+            if p >= last:
+                return todo[i:]
+            if vals[p] == DELETED:
+                self.deleted -= 1
+            k[p] = keys[t]
+            vals[p] = values[t]
+            self.live += 1
+        return todo[:0]
+
     def remove_at(self, positions: np.ndarray) -> None:
         """Delete the keys at these positions (from `find`; unique, all live)."""
         self.vals[positions] = DELETED
@@ -208,5 +268,6 @@ class KeyIndex:
         self.deleted += len(positions)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        occupied = self.vals >= 0
-        return self.keys[occupied], self.vals[occupied]
+        """(keys, values) of the live entries, in position order."""
+        live = np.compress(self.vals >= 0, self.pairs.reshape(-1, 2), axis=0)
+        return live[:, 0], live[:, 1]

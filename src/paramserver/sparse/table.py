@@ -5,7 +5,8 @@
   at full capacity when they fit in PREALLOCATE_BYTES, pages touched only as slots are used;
   doubled as needed otherwise); evicted slots go to a free stack and are reused.
 - Memory is bounded by capacity alone: rows and optimizer state, 3 int64 of bookkeeping and
-  at most 86 bytes of index a slot, plus the candidate table (see `nbytes`).
+  at most 86 bytes of index a slot, plus the candidate table and what the last pull left for
+  the next push (at most MEMO_KEYS keys and MEMO_BYTES of initial rows; see `nbytes`).
 - A key gets a row on its first admitted push, starting at `initial_rows` (seeded by the key),
   so a key that was never pushed, or was evicted, reads the same on every shard and after a
   restore. A pull never creates a row.
@@ -22,6 +23,11 @@
 - Counters add up: created == rows + evicted; per push, every unique key is exactly one of
   updated (had a row), created, dropped (admitted but no room: more new keys in one push than
   the table can free) or not_admitted.
+
+A pull looks each distinct key up once. A push of exactly the keys of the previous pull (a
+batch pulled, then its gradients pushed) takes their grouping by key, their slots and the
+initial rows of the missing ones from that pull instead of sorting, looking up and making
+them again; any push, restore or other pull replaces that.
 
 Pure: no I/O, clock, threads or randomness; the same calls give the same table.
 """
@@ -40,6 +46,8 @@ EVICTIONS = ("lru", "lfu")
 ADAGRAD_EPS = np.float32(1e-10)
 PREALLOCATE_BYTES = 2 << 30
 SNAPSHOT_VERSION = 1
+MEMO_KEYS = 1 << 16   # the most keys of a pull whose lookups the next push may reuse
+MEMO_BYTES = 16 << 20  # and the most bytes of initial rows it may keep for it
 COUNTERS = ("rows", "capacity", "created", "admitted", "not_admitted", "dropped", "evicted",
             "updated", "pulls", "pushes", "pulled_keys", "pushed_keys", "candidates")
 _NEVER = np.iinfo(np.int64).max
@@ -270,6 +278,7 @@ class SparseTable:
                       if cfg.admit_after > 1 else None)
         self._tick = 0
         self._count = dict.fromkeys(COUNTERS, 0)
+        self._memo = None
 
     @property
     def adagrad(self) -> bool:
@@ -299,6 +308,8 @@ class SparseTable:
             n += self._accum.nbytes
         if self._cand is not None:
             n += self._cand.nbytes()
+        if self._memo is not None:
+            n += self._memo.nbytes()
         return n
 
     def initial(self, keys: np.ndarray) -> np.ndarray:
@@ -309,17 +320,27 @@ class SparseTable:
         """Rows (n, dim) float32 in the order of `keys`; a key without a row reads as its
         initial row. Creates nothing."""
         keys = check_keys(keys)
-        slots = self._index.get(keys)
-        have = slots >= 0
-        if have.all():
-            out = take_rows(self._rows, slots)
-        else:
-            out = np.empty((len(keys), self.dim), np.float32)
-            put_rows(out, have, take_rows(self._rows, slots[have]))
-            missing = ~have
-            put_rows(out, missing, self.initial(keys[missing]))
+        self._memo = None
         self._count["pulls"] += 1
         self._count["pulled_keys"] += len(keys)
+        if len(keys) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        # Each distinct key is looked up (and its initial row made) once.
+        group = _Group(keys)
+        slots = self._index.get(group.uniq)
+        missing = (slots < 0).nonzero()[0]
+        if len(missing) == len(slots):
+            rows = self.initial(group.uniq)
+        else:
+            # A missing key's slot -1 reads the last row slot here (any bytes), then its
+            # initial row replaces that.
+            rows = take_rows(self._rows, slots)
+            if len(missing):
+                put_rows(rows, missing, self.initial(group.uniq[missing]))
+        out = take_rows(rows, group.inverse())
+        if len(keys) <= MEMO_KEYS:
+            self._memo = _PullMemo(keys.copy(), group, slots,
+                                   rows if rows.nbytes <= MEMO_BYTES else None)
         return out
 
     # ---- writing ---------------------------------------------------------------------------
@@ -344,29 +365,41 @@ class SparseTable:
         """Sum the grads of duplicate keys, times `scale`, then one optimizer step per unique
         key that has (or now gets) a row; keys not yet admitted are counted, not stored."""
         scale = self._check_push(keys, grads, scale)
+        memo, self._memo = self._memo, None
         self._tick += 1
         self._count["pushes"] += 1
         self._count["pushed_keys"] += len(keys)
         if len(keys) == 0:
             return
-        uniq, g = _sum_duplicates(keys, np.ascontiguousarray(grads))
+        if memo is not None and not memo.of(keys):
+            memo = None
+        group = memo.group if memo is not None else _Group(keys)
+        uniq = group.uniq
+        g = _sum_duplicates(group, np.ascontiguousarray(grads))
         if scale != 1.0:
             g *= np.float32(scale)
-        slots = self._index.get(uniq)
-        new = np.flatnonzero(slots < 0)
+        slots = memo.slots.copy() if memo is not None else self._index.get(uniq)
+        # The rows the pull read for these keys: what their slots hold now (a new key's
+        # slot gets its initial row), so the update need not read them again.
+        rows = memo.rows if memo is not None else None
+        new = (slots < 0).nonzero()[0]
         self._count["updated"] += len(uniq) - len(new)
         if len(new):
-            slots[new] = self._admit(uniq[new], slots[slots >= 0])
+            slots[new] = self._admit(uniq[new], slots[slots >= 0],
+                                     take_rows(rows, new) if rows is not None else None)
         touched = slots >= 0
         if not touched.all():
             slots, g = slots[touched], g[touched]
+            if rows is not None:
+                rows = take_rows(rows, touched.nonzero()[0])
         self._last[slots] = self._tick
         self._freq[slots] += 1
-        self._apply(slots, g)
+        self._apply(slots, g, rows)
 
-    def _admit(self, keys: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    def _admit(self, keys: np.ndarray, keep: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         """Slots for new keys (-1 for those not admitted or dropped), making room by evicting
-        rows not in `keep` (the rows this push updates)."""
+        rows not in `keep` (the rows this push updates); `rows`: their initial rows, if
+        known."""
         out = np.full(len(keys), -1, np.int64)
         if self._cand is not None:
             counts = self._cand.observe(keys, self._tick)
@@ -374,6 +407,8 @@ class SparseTable:
             self._count["not_admitted"] += int(len(keys) - np.count_nonzero(ok))
             idx = np.flatnonzero(ok)
             keys = keys[idx]
+            if rows is not None:
+                rows = rows[idx]
             self._cand.forget(keys)
         else:
             idx = np.arange(len(keys))
@@ -390,7 +425,9 @@ class SparseTable:
             if len(keys) > room:
                 self._count["dropped"] += len(keys) - room
                 keys, idx = keys[:room], idx[:room]
-        out[idx] = self._create(keys)
+                if rows is not None:
+                    rows = rows[:room]
+        out[idx] = self._create(keys, rows)
         return out
 
     def _evict(self, k: int, keep: np.ndarray) -> None:
@@ -406,14 +443,14 @@ class SparseTable:
         self._pool.give(victims)
         self._count["evicted"] += len(victims)
 
-    def _create(self, keys: np.ndarray) -> np.ndarray:
+    def _create(self, keys: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         slots = self._pool.take(len(keys))
         if self._pool.top > len(self._slot_key):
             self._grow(self._pool.top)
         self._slot_key[slots] = keys
-        put_rows(self._rows, slots, self.initial(keys))
+        put_rows(self._rows, slots, self.initial(keys) if rows is None else rows)
         if self._accum is not None:
-            put_rows(self._accum, slots, np.zeros((len(keys), self.dim), np.float32))
+            _rows_of(self._accum)[slots] = _rows_of(np.zeros((1, self.dim), np.float32))[0]
         self._last[slots] = self._tick
         self._freq[slots] = 0
         self._index.insert(keys, slots)
@@ -437,9 +474,11 @@ class SparseTable:
         self._last = _grow(self._last, n)
         self._freq = _grow(self._freq, n)
 
-    def _apply(self, slots: np.ndarray, g: np.ndarray) -> None:
-        """One optimizer step on unique slots with their summed gradients (g is ours)."""
-        rows = take_rows(self._rows, slots)
+    def _apply(self, slots: np.ndarray, g: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """One optimizer step on unique slots with their summed gradients (g is ours; rows,
+        if given, ours too: what the slots hold)."""
+        if rows is None:
+            rows = take_rows(self._rows, slots)
         if self._adagrad:
             acc = take_rows(self._accum, slots)
             sq = np.multiply(g, g)
@@ -507,6 +546,50 @@ class SparseTable:
             raise TableError(f"not a valid sparse-table snapshot: {e!r}") from None
 
 
+class _Group:
+    """Keys grouped by value: `order` sorts them, `starts` are where each distinct key's run
+    begins in that order, `uniq` the distinct keys, ascending."""
+
+    def __init__(self, keys: np.ndarray):
+        n = self.n = len(keys)
+        self.order = keys.argsort()
+        sk = keys[self.order]
+        # first[i]: sorted key i starts a run; first[n] closes the last one.
+        first = self.first = np.empty(n + 1, bool)
+        first[0] = first[n] = True
+        np.not_equal(sk[1:], sk[:-1], out=first[1:n])
+        self.starts = first[:n].nonzero()[0]
+        self.uniq = sk[self.starts]
+
+    def inverse(self) -> np.ndarray:
+        """For each key, the index of its value in `uniq`."""
+        inv = np.empty(self.n, np.int64)
+        at = self.first[:self.n].cumsum(dtype=np.int64)
+        at -= 1
+        inv[self.order] = at
+        return inv
+
+    def nbytes(self) -> int:
+        return self.order.nbytes + self.first.nbytes + self.starts.nbytes + self.uniq.nbytes
+
+
+class _PullMemo:
+    """What a pull found, for a push of the same keys while the table has not changed: the
+    keys (a copy), their grouping, the slots of the distinct keys and the rows the pull read
+    for them (the initial rows of the missing ones; None when too large to keep)."""
+
+    def __init__(self, keys: np.ndarray, group: _Group, slots: np.ndarray,
+                 rows: np.ndarray | None):
+        self.keys, self.group, self.slots, self.rows = keys, group, slots, rows
+
+    def of(self, keys: np.ndarray) -> bool:
+        return len(keys) == len(self.keys) and np.array_equal(keys, self.keys)
+
+    def nbytes(self) -> int:
+        n = self.keys.nbytes + self.group.nbytes() + self.slots.nbytes
+        return n + (self.rows.nbytes if self.rows is not None else 0)
+
+
 def _rows_of(a: np.ndarray) -> np.ndarray:
     """A C-contiguous 2-D array seen as a 1-D array of one byte string per row: numpy gathers
     and scatters whole rows of that several times faster than rows of numbers."""
@@ -521,28 +604,24 @@ def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
     _rows_of(a)[idx] = _rows_of(np.ascontiguousarray(values, a.dtype))
 
 
-def _sum_duplicates(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and the sum of each one's grads. Sums of several grads are taken
-    in float64 and rounded once to float32, so they do not depend on the order the
-    duplicates came in (exactly so while the grads of a key span under 2^29 in magnitude)."""
-    order = np.argsort(keys)
-    sk = keys[order]
-    first = np.empty(len(sk), bool)
-    first[0] = True
-    np.not_equal(sk[1:], sk[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    if len(starts) == len(keys):
-        return sk, take_rows(grads, order)
+def _sum_duplicates(group: _Group, grads: np.ndarray) -> np.ndarray:
+    """The sum of each distinct key's grads, in the order of `group.uniq`. Sums of several
+    grads are taken in float64 and rounded once to float32, so they do not depend on the
+    order the duplicates came in (exactly so while the grads of a key span under 2^29 in
+    magnitude)."""
+    order, starts, first = group.order, group.starts, group.first
+    if len(starts) == len(order):
+        return take_rows(grads, order)
     out = take_rows(grads, order[starts])
-    counts = np.diff(starts, append=len(keys))
-    multi = counts > 1
-    # Only keys with several grads need a sum; most keys in a batch have one.
-    part = take_rows(grads, order[np.repeat(multi, counts)]).astype(np.float64)
-    mc = counts[multi]
-    at = np.zeros(len(mc), np.int64)
-    np.cumsum(mc[:-1], out=at[1:])
+    # Only keys with several grads need a sum; most keys in a batch have one. A run has
+    # one grad when the next one starts right after it.
+    multi = (~first[starts + 1]).nonzero()[0]
+    several = first[:-1] & first[1:]
+    np.logical_not(several, out=several)            # sorted grads in runs of several
+    part = take_rows(grads, order[several]).astype(np.float64)
+    at = first[:-1][several].nonzero()[0]           # where each run begins in part
     out[multi] = np.add.reduceat(part, at, axis=0)
-    return sk[starts], out
+    return out
 
 
 def _array(arrays, name: str, dtype, shape: tuple) -> np.ndarray:
@@ -641,3 +720,4 @@ class _Restored:
         t._index, t._pool, t._slot_key = self.index, self.pool, self.slot_key
         t._rows, t._accum, t._last, t._freq = self.rows, self.accum, self.last, self.freq
         t._cand, t._tick, t._count = self.cand, self.tick, self.count
+        t._memo = None
