@@ -31,12 +31,12 @@ def _launch(root: Path, name: str, flags: list[str], script: list[str], **kwargs
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """The README's example, PyTorch's DDP tutorial script (to its end, and cut by a budget)
-    and a script whose rank 1 dies before joining, launched side by side; {name: (finished
-    launch, its folder, seconds it took)}."""
+    """The README's example, PyTorch's DDP tutorial script cut by a budget and a script whose
+    rank 1 dies before joining, launched side by side; {name: (finished launch, its folder,
+    seconds it took)}. (The tutorial script run to its end is slow: launched by its test.)"""
     import time
     root = tmp_path_factory.mktemp("launched")
-    for name in ("readme", "ddp", "ddp_budget", "crash"):
+    for name in ("readme", "ddp_budget", "crash"):
         (root / name).mkdir()
     (root / "crash" / "crash.py").write_text(CRASH)
     t0 = time.monotonic()
@@ -44,7 +44,6 @@ def launched(tmp_path_factory):
         # A key name left in the shell names no key of the job's fresh folder: not passed on.
         "readme": _launch(root, "readme", ["--workers", "2", "--steps", "120"], [str(EXAMPLE)],
                           env=dict(os.environ, PARAMSERVER_KEY_NAME="worker-hostB")),
-        "ddp": _launch(root, "ddp", ["--workers", "2", "--quiet"], [str(DDP_STYLE), "3", "1"]),
         "ddp_budget": _launch(root, "ddp_budget", ["--workers", "2", "--steps", "20", "--quiet"],
                               [str(DDP_STYLE), "3", "1"]),
         "crash": _launch(root, "crash", ["--workers", "2", "--steps", "5", "--timeout", "240",
@@ -95,12 +94,18 @@ def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(launch
     assert took < 120, f"the launches waited {took:.0f} s for a worker that had died"
 
 
-def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(launched):
+@pytest.mark.slow  # 174 steps of a launch of its own; fast twins: the same script under launch
+# cut by a budget (below), and a job that ends when its scripts do (the Horovod example's,
+# tests/client/test_horovod.py::test_a_horovod_script_runs_its_epochs_and_averages_its_metrics)
+def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(tmp_path):
     """examples/ddp_style.py is PyTorch's multigpu_torchrun.py with its process-group and DDP
     lines changed: its Trainer's epoch loop, len(train_data), set_epoch and the script's own
     SGD run as written; without --steps the job ends when the scripts do."""
     import re
-    proc, folder, _ = launched["ddp"]
+    (tmp_path / "ddp").mkdir()
+    proc = side_by_side({"ddp": _launch(tmp_path, "ddp", ["--workers", "2", "--quiet"],
+                                        [str(DDP_STYLE), "3", "1"])}, timeout=300)["ddp"]
+    folder = tmp_path / "ddp"
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     # 1,797 digits over 2 ranks (DistributedSampler pads to 899 each): 29 batches of 32
     epochs = re.findall(r"\[RANK(\d)\] Epoch (\d) \| Batchsize: 32 \| Steps: 29", proc.stdout)
