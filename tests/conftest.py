@@ -23,6 +23,7 @@ scripts, launchers, namespaces) is marked `live` here, so `pytest -m "not live"`
 tier alone (cores, policies, codecs, specs: no process started) in about 80 s here.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,13 @@ from pathlib import Path
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+# One torch thread a process, as torchrun gives each of several local ranks: a launched job's
+# user scripts (and the roles, workers and jobs the tests start, which inherit this) share
+# 2 cores, where torch's default of a thread per core had each rank's steps wait on the
+# others' threads (a 2-rank script's 48 rounds: 8.3 s -> 0.8 s here). Set before torch is
+# imported, so this process keeps one thread too; a test that needs more sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # What a module that starts processes names: a test in one is `live`.

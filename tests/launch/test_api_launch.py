@@ -31,31 +31,24 @@ def _launch(root: Path, name: str, flags: list[str], script: list[str], **kwargs
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """The README's example, PyTorch's DDP tutorial script (to its end, and cut by a budget)
-    and a script whose rank 1 dies before joining, launched side by side; {name: (finished
-    launch, its folder, seconds it took)}."""
-    import time
+    """The README's example and PyTorch's DDP tutorial script cut by a budget, launched side
+    by side; {name: (finished launch, its folder)}. (The tutorial script run to its end and
+    the rank that dies before joining are slow: each test launches its own.)"""
     root = tmp_path_factory.mktemp("launched")
-    for name in ("readme", "ddp", "ddp_budget", "crash"):
+    for name in ("readme", "ddp_budget"):
         (root / name).mkdir()
-    (root / "crash" / "crash.py").write_text(CRASH)
-    t0 = time.monotonic()
     done = side_by_side({
         # A key name left in the shell names no key of the job's fresh folder: not passed on.
         "readme": _launch(root, "readme", ["--workers", "2", "--steps", "120"], [str(EXAMPLE)],
                           env=dict(os.environ, PARAMSERVER_KEY_NAME="worker-hostB")),
-        "ddp": _launch(root, "ddp", ["--workers", "2", "--quiet"], [str(DDP_STYLE), "3", "1"]),
         "ddp_budget": _launch(root, "ddp_budget", ["--workers", "2", "--steps", "20", "--quiet"],
                               [str(DDP_STYLE), "3", "1"]),
-        "crash": _launch(root, "crash", ["--workers", "2", "--steps", "5", "--timeout", "240",
-                                         "--quiet"], [str(root / "crash" / "crash.py")]),
     }, timeout=300)
-    took = time.monotonic() - t0
-    return {name: (proc, root / name, took) for name, proc in done.items()}
+    return {name: (proc, root / name) for name, proc in done.items()}
 
 
 def test_readme_example_trains_through_launch(launched):
-    proc, folder, _ = launched["readme"]
+    proc, folder = launched["readme"]
     out = folder / "run"
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = " ".join(p.read_text() for p in (out / "logs").glob("worker-*.log"))
@@ -85,22 +78,38 @@ def test_optimizer_outside_a_job_says_how_to_join(monkeypatch):
         DistributedOptimizer(torch.nn.Linear(2, 2))
 
 
-def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(launched):
+@pytest.mark.slow  # a launch of its own, ~10 s; fast twins: a rank refused as it joins ends
+# the launch naming it, with its own error, within 60 s (tests/launch/test_launch_bad_input.py::
+# test_a_rank_whose_model_differs_...), and the launcher's decision on a worker's exit there
+def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(tmp_path):
     """Rank 1 crashes before joining: without this the start barrier waited for it until
     launch's --timeout (240 s) and then said only that the job did not finish."""
-    proc, _, took = launched["crash"]
+    import time
+    (tmp_path / "crash").mkdir()
+    (tmp_path / "crash" / "crash.py").write_text(CRASH)
+    t0 = time.monotonic()
+    proc = side_by_side({"crash": _launch(
+        tmp_path, "crash", ["--workers", "2", "--steps", "5", "--timeout", "240", "--quiet"],
+        [str(tmp_path / "crash" / "crash.py")])}, timeout=300)["crash"]
+    took = time.monotonic() - t0
     assert proc.returncode != 0
     assert "worker 1 died" in proc.stderr and "before the job started" in proc.stderr, proc.stderr
     assert "cannot build the model (on purpose)" in proc.stderr
-    assert took < 120, f"the launches waited {took:.0f} s for a worker that had died"
+    assert took < 120, f"the launch waited {took:.0f} s for a worker that had died"
 
 
-def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(launched):
+@pytest.mark.slow  # 174 steps of a launch of its own; fast twins: the same script under launch
+# cut by a budget (below), and a job that ends when its scripts do (the Horovod example's,
+# tests/client/test_horovod.py::test_a_horovod_script_runs_its_epochs_and_averages_its_metrics)
+def test_the_ddp_tutorial_script_runs_its_own_epochs_under_launch(tmp_path):
     """examples/ddp_style.py is PyTorch's multigpu_torchrun.py with its process-group and DDP
     lines changed: its Trainer's epoch loop, len(train_data), set_epoch and the script's own
     SGD run as written; without --steps the job ends when the scripts do."""
     import re
-    proc, folder, _ = launched["ddp"]
+    (tmp_path / "ddp").mkdir()
+    proc = side_by_side({"ddp": _launch(tmp_path, "ddp", ["--workers", "2", "--quiet"],
+                                        [str(DDP_STYLE), "3", "1"])}, timeout=300)["ddp"]
+    folder = tmp_path / "ddp"
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     # 1,797 digits over 2 ranks (DistributedSampler pads to 899 each): 29 batches of 32
     epochs = re.findall(r"\[RANK(\d)\] Epoch (\d) \| Batchsize: 32 \| Steps: 29", proc.stdout)
@@ -115,7 +124,7 @@ def test_a_budget_ends_the_ddp_scripts_epochs_without_an_exception_in_its_code(l
     """launch --steps 20 under a script with its own epoch loop: the sampler's epochs end with
     the job, steps after the stop do nothing, the script ends normally and saves its model."""
     import re
-    proc, folder, _ = launched["ddp_budget"]
+    proc, folder = launched["ddp_budget"]
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "40 steps" in proc.stdout  # 20 a rank, then the budget

@@ -95,10 +95,9 @@ def stopped_run(tmp_path_factory):
 def test_a_run_resumes_from_any_working_directory_and_after_its_folder_moved(
         stopped_run, tmp_path):
     saved = json.loads((stopped_run / "config.json").read_text())["config"]
-    assert os.path.isabs(saved["checkpoint_dir"])
-    proc = _train("--resume", str(stopped_run), "--steps", "8", "--quiet", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert latest(stopped_run / "checkpoints") == "000000008"
+    assert os.path.isabs(saved["checkpoint_dir"])  # not read against the resume's folder
+    # One resume for both: from another working directory, of a folder moved away from its
+    # recorded path (a resume whose recorded folder is in place: tests/launch/test_resume.py).
     moved = tmp_path / "moved"
     shutil.move(str(stopped_run), moved)  # the recorded path is gone; the folder has its own
     proc = _train("--resume", str(moved), "--steps", "10", "--quiet", cwd="/")

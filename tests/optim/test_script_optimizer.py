@@ -155,15 +155,16 @@ def test_a_resumed_job_goes_on_with_the_optimizers_state_from_its_checkpoint(tmp
                                    msg=f"{name} after the resumed steps")
 
 
-def test_resuming_a_run_without_a_checkpoint_says_so(tmp_path):
-    import subprocess
+def test_resuming_a_run_without_a_checkpoint_says_so(tmp_path, capsys):
+    # In this interpreter: a refusal before any process starts (launch's refusals as a
+    # process: tests/launch/test_api_launch.py::test_launch_without_a_command_is_a_clear_error)
+    from paramserver.cli.main import main
     (tmp_path / "empty").mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "paramserver", "launch", "--resume", str(tmp_path / "empty"),
-         "--out", str(tmp_path / "b"), "--", sys.executable, "-c", "pass"],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "no usable checkpoint" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code = main(["launch", "--resume", str(tmp_path / "empty"), "--out", str(tmp_path / "b"),
+                 "--", sys.executable, "-c", "pass"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no usable checkpoint" in err, err
+    assert "Traceback" not in err
 
 
 # ---- what the client sends ----------------------------------------------------------------------
