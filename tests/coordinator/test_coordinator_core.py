@@ -426,6 +426,23 @@ def test_servers_that_wait_for_the_key_space_are_each_welcomed(make):
     assert welcomed == {"reg0": 0, "reg1-again": 1, "reg2": 2, "rw0": 0}
 
 
+def test_a_server_that_waited_long_for_the_key_space_counts_its_silence_from_its_welcome(make):
+    """A launched job's servers wait for the first worker's model (which may take longer
+    than the silence limit to start) and cannot beat before their welcome: the wait is not
+    silence. A server silent after its welcome still fails the job."""
+    state = make(num_keys=0)
+    assert state.handle(Registered("server", "server", 0.0, to="reg", link="L0",
+                                   addr=ADDR)) == []
+    out = state.handle(Registered("w0", "worker", 40.0, to="rw", num_keys=12))
+    assert match(out[1], Reply, to="reg", op="welcome", rank=0)
+    out = state.handle(TimePassed(40.1))
+    assert not [i for i in out if isinstance(i, Finish) or match(i, AppendEvent,
+                                                                   kind="job_failed")], out
+    out = state.handle(TimePassed(40.0 + 30.5))
+    failures = [i.failure for i in out if getattr(i, "failure", None)]
+    assert failures and failures[-1].startswith(f"server s0 at {ADDR} has been silent for 30 s")
+
+
 def test_a_checkpoint_cycle(make):
     state = make(servers=2, checkpoint_dir="/ck", checkpoint_every=1)
     register_all(state, servers=2)

@@ -250,8 +250,8 @@ def _setup(now=0.0):
     b0 = _reg("server", "B0", now, backup=True)
     reps.register(b0, members, _welcome(b0), out)  # before its primary: attached later
     assert [type(i) for i in out] == [Reply, AppendEvent]
-    p0 = members.add_server(_reg("server", "P0", now))
-    members.add_server(_reg("server", "P1", now))
+    p0 = members.add_server(_reg("server", "P0", now), now)
+    members.add_server(_reg("server", "P1", now), now)
     out.clear()
     reps.primary_up(p0, now, out)
     b1 = _reg("server", "B1", now, backup=True)

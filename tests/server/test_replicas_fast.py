@@ -27,7 +27,7 @@ def _synced(timeout=5.0, fast=0.5):
     reps = Replicas(2, 1, timeout=timeout, fast=fast)
     out = []
     primary = members.add_server(Registered("server", "server", 0.0, to="p", link="LP",
-                                            addr="P"))
+                                            addr="P"), 0.0)
     b = Registered("server", "server", 0.0, to="b", link="LB", addr="B", backup=True)
     reps.register(b, members, lambda rank: Reply("b", "welcome", {"rank": rank}), out)
     epoch = reps.backups[0].epoch

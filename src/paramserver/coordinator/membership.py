@@ -155,12 +155,15 @@ class Membership:
         pending, self.pending_servers = self.pending_servers, []
         return pending
 
-    def add_server(self, event: Registered) -> Member:
+    def add_server(self, event: Registered, now: float) -> Member:
+        """The server of `event`, welcomed at `now`: its silence is counted from then. A
+        registration that waited (for the key space, which a launched job's first worker
+        brings, or for a take-back) was from a server that could not beat while it waited."""
         taken = {m.rank for m in self.roster.servers.values()}
         free = [r for r in range(self.servers_expected) if r not in taken]
         if not free:
             raise ValueError(f"all {self.servers_expected} server ranks are taken")
-        member = Member(free[0], event.addr, event.now, link=event.link)
+        member = Member(free[0], event.addr, now, link=event.link)
         self.roster.servers[f"s{member.rank}"] = member
         self.relinked()
         return member

@@ -162,7 +162,7 @@ class Registration:
         if coord.reshard.enabled and members.servers_complete:
             coord.resharding.join(e, members, now, out)
             return
-        member = members.add_server(e)
+        member = members.add_server(e, now)
         job = self.server_job(member.rank)
         if coord.job.resume is not None:
             job = job.with_restore(ShardRestore.of_resume(coord.job.resume, coord.progress))

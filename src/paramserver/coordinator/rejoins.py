@@ -170,7 +170,7 @@ class Rejoins:
             if host.stopping:
                 coord.budget.closed = True
         for e in tb.fresh_servers:  # a restarted server: its shard from the checkpoint
-            member = coord.members.add_server(e)
+            member = coord.members.add_server(e, now)
             failure = coord.recovery.back(e, member, coord.schedule, coord.progress,
                                           coord.registration.server_job(member.rank), out)
             if failure is not None:
