@@ -14,7 +14,7 @@ from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
 from paramserver.cli.train_cmd import (
     EPILOG, add_launcher_args, add_training_args, config_from_args, launcher_from_args)
-from paramserver.launch.jobs import resolve_servers
+from paramserver.launch.jobs import check_named_ranks, resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, THIRD, JoinAt, parse_scenarios, plan_runs, variant_settings,
@@ -363,9 +363,7 @@ def _run(args) -> int:
             policies = list(dict.fromkeys(r.policy for r in runs if r.policy != SINGLE))
         for r in runs:  # every scenario fits the job before the first run starts
             try:
-                r.config.straggler.model.check_workers(r.config.workers)
-                r.config.links.check_ranks(r.config.workers,
-                                           max(r.config.servers, r.config.max_servers))
+                check_named_ranks(r.config)
             except ValueError as exc:
                 raise ValueError(f"scenario {r.scenario}: {exc}") from None
     except ValueError as exc:

@@ -35,8 +35,7 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
             and cfg.dtype != "float32":
         raise ValueError("codecs (--compress NAME or auto, codec=, --pull-compress) take "
                          "float32 values: use --dtype float32")
-    cfg.straggler.model.check_workers(cfg.workers)
-    cfg.links.check_ranks(cfg.workers, max(cfg.servers, cfg.max_servers))
+    check_named_ranks(cfg)
     # Only the key space is needed here: a model of 10^9 parameters is not built for it.
     ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)
     tables = sparse_tables(model)  # DLRM's embedding rows live in a table on the servers
@@ -61,6 +60,14 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
 
 
+def check_named_ranks(cfg: TrainConfig) -> None:
+    """Fail if --straggler or --link names a worker or server the job does not have (the
+    servers are not checked while their count is `auto`)."""
+    cfg.straggler.model.check_workers(cfg.workers)
+    cfg.links.check_ranks(cfg.workers, None if cfg.servers == AUTO_SERVERS
+                          else max(cfg.servers, cfg.max_servers))
+
+
 def script_job(cfg: TrainConfig, run_dir: Path | None = None) -> JobSpec:
     """The job of a user's script for `cfg` (what launch, serve, `compare -- CMD` or advise's
     profiling run was given): the same builder and defaults as a built-in task's job
@@ -72,9 +79,7 @@ def script_job(cfg: TrainConfig, run_dir: Path | None = None) -> JobSpec:
     from paramserver.policies import make_policy
     make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)  # fail now, not in a child
     make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
-    cfg.straggler.model.check_workers(cfg.workers)
-    cfg.links.check_ranks(cfg.workers, None if cfg.servers == AUTO_SERVERS
-                          else max(cfg.servers, cfg.max_servers))
+    check_named_ranks(cfg)
     return dataclasses.replace(
         JobSpec.from_config(cfg, 0, 0), eval_interval=0.0,
         max_samples=cfg.steps * cfg.batch_size * cfg.workers if cfg.steps else None,

@@ -80,10 +80,9 @@ class ReplicaLink:
     def __init__(self, ctx: zmq.Context, keys, backup: bool, timeout: float,
                  core, execute, to_coordinator, addr: str = "", feed=None):
         self.ctx, self.keys = ctx, keys
-        # A backup re-attached after live resharding mirrors another shard:
         # feed(event): the core takes an event of this link's and the node follows it (its
-        # name, its settings); None where nobody follows (a test's link): the core alone.
-        self.feed = feed
+        # name, its settings); without a node (a test's link), the core alone takes it.
+        self.feed = feed if feed is not None else core.handle
         self.addr = addr  # this server's: a primary names it in the sync (its backup watches)
         self.backup = backup  # a backup until promoted
         self.core, self.execute, self.to_coordinator = core, execute, to_coordinator
@@ -331,16 +330,9 @@ class ReplicaLink:
                 shard, mirror = synced_shard(msg.arrays), None
                 if shard is not None and shard.differs(self.core.settings):
                     # Re-attached after live resharding: a backup of the shard the sync is of.
-                    if self.feed is None:
-                        raise ValueError(f"a sync of shard {shard.rank} [{shard.lo}, "
-                                         f"{shard.hi}) to the backup of shard {self.rank}")
                     mirror = replace(self.core.settings, rank=shard.rank, lo=shard.lo,
                                      hi=shard.hi, servers=shard.servers)
-                sync = LoadSync(list(msg.arrays), mirror)
-                if self.feed is None:
-                    self.core.handle(sync)
-                else:
-                    self.feed(sync)
+                self.feed(LoadSync(list(msg.arrays), mirror))
                 self.primary, self.epoch = ident, epoch
                 self.watch_primary(msg.get("addr"))
                 log.info("shard %d: backup synced at version %d (attach %d)", self.rank,
