@@ -160,7 +160,8 @@ def test_a_backup_says_once_that_its_primarys_connection_dropped():
         _pump(link, lambda: False, limit=0.5)  # the reconnects that follow say nothing more
         assert told == [("primary_down", {"rank": 1, "epoch": 3})]
         # promoted: the watch points at nothing (its sockets stay open until close())
-        assert link.from_coordinator(Message("promote", {"rank": 1, "epoch": 1})) == "s1"
+        link.from_coordinator(Message("promote", {"rank": 1, "epoch": 1}))
+        assert not link.backup and link.map_epoch == 1
         assert link.watching is None
         _pump(link, lambda: False, limit=0.3)
         assert len(told) == 1

@@ -21,7 +21,7 @@ from paramserver.observe.core.preflight import served_bytes
 from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
-from paramserver.server.replica_link import FROM_COORDINATOR, ReplicaLink
+from paramserver.server.replica_link import ReplicaLink
 from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
@@ -161,10 +161,6 @@ def _push_rows(msg: Message, to) -> PushRows:
                     f.get("parts", 0), f.get("wm"))
 
 
-def _coordinator_error(msg: Message, to) -> None:
-    log.warning("coordinator reported: %s", msg["msg"])
-
-
 EVENTS = {
     "init": _init, "push": _push, "push_sparse": _push_sparse, "pull": _pull,
     "pull_keys": _pull_keys, "pull_rows": _pull_rows, "push_rows": _push_rows,
@@ -175,7 +171,6 @@ EVENTS = {
     "checkpoint": lambda msg, to: Checkpoint(to, msg["tag"], msg["dir"]),
     "shutdown": lambda msg, to: Shutdown(to),
     "ok": lambda msg, to: None,  # the coordinator's answer to a heartbeat
-    "error": _coordinator_error,
 }
 
 
@@ -226,7 +221,6 @@ class ServerNode:
         self.shared_memory = shared_memory
         self.pull_timeout = pull_timeout
         self.register_timeout = register_timeout
-        self.src = "server"
         self.running = True
         self.core: ShardCore | None = None
         self.backup = backup  # registers as a shard's backup (--replicas 2)
@@ -238,7 +232,6 @@ class ServerNode:
         self.drain_asked = False
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
         self._rejoin_at = -1e9
-        self.map_epoch = 0  # the shard map's epoch this server was promoted at (replicas)
         self.dropped = 0  # messages to the coordinator dropped on its full queue
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
         # Refused frames and requests, logged at a bounded rate (a flood costs a few lines).
@@ -276,7 +269,6 @@ class ServerNode:
         self.router, self.addr = bind_router(ctx, self.host, self.port, keys=self.keys,
                                              advertise=self.advertise,
                                              max_message=limit, hold=hold)
-        self.src = f"b{s.rank}" if backup else f"s{s.rank}"
         self.core = ShardCore(s, alloc=self._shared_values(s.hi - s.lo, s.dtype))
         # Every server can be a replicated shard's: a backup from its welcome, a primary once
         # the coordinator attaches a backup to it.
@@ -284,6 +276,7 @@ class ServerNode:
                                    + s.coordinator_timeout, self.core, self._execute,
                                    self._notify, self.addr, feed=self.feed)
         self.resharding = ReshardLink(ctx, self.keys, self)
+        self._route()
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if welcome.get("handoff"):  # joining a running job: its keys come from the others
@@ -483,24 +476,44 @@ class ServerNode:
         """A worker's request held while the shard moved, handled now."""
         self._safely(self.router, ident, msg, True, frames)
 
-    def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
-        """The message as an event for the core (refused here when the peer may not send it),
-        and the core's instructions carried out. A request that changes a replicated shard
-        goes to its backup first, and its replies wait for the backup's acknowledgement."""
-        if from_worker and msg.op == "probe":  # preflight (issue 23): the shard's state unused
-            self._probe(ident, msg)
-            return
+    @property
+    def src(self) -> str:
+        """The name this server sends under: its shard's (b<rank> while a backup, which a
+        promotion ends; a reshard renumbers it), "server" until its welcome."""
         replica = self.replica
+        if replica is None:
+            return "server"
+        return f"{'b' if replica.backup else 's'}{self.core.settings.rank}"
+
+    def _route(self) -> None:
+        """Who takes each op that is not a request for the core: each link the ops it
+        declares, the node its own (a worker's link probe; the coordinator's welcome, error
+        and stall probe). Every other op is parsed into an event for the core."""
+        peer, coordinator = {"probe": (None, self._probe)}, {
+            "welcome": self._from_coordinator, "error": self._from_coordinator,
+            "stall_probe": self._stall_probe}
+        for link_peer, link_coordinator in (self.replica.routes(self.router, EVENTS),
+                                             self.resharding.routes()):
+            if peer.keys() & link_peer.keys() or coordinator.keys() & link_coordinator.keys():
+                raise TypeError("two parts of a server take the same op")
+            peer.update(link_peer)
+            coordinator.update(link_coordinator)
+        self._peer_ops, self._coordinator_ops = peer, coordinator
+
+    def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
+        """The message to the part that takes it (refused here when the peer may not send
+        it): a link's op to the link, a request as an event for the core, and the core's
+        instructions carried out. A request that changes a replicated shard goes to its
+        backup first, and its replies wait for the backup's acknowledgement."""
         if from_worker:
-            if msg.op in ("fwd", "sync"):  # from this backup's primary
-                security.check_role(ident, "server", self.secured)
-                replica.take(self.router, ident, msg, EVENTS, frames)
+            route = self._peer_ops.get(msg.op)
+            if route is not None:
+                role, take = route
+                if role is not None:
+                    security.check_role(ident, role, self.secured)
+                take(ident, msg, frames)
                 return
-            if msg.op in ("handoff", "handoff_rows"):  # keys or rows of a reshard
-                security.check_role(ident, "server", self.secured)
-                self.resharding.piece(msg)
-                return
-            if replica.backup:
+            if self.replica.backup:
                 raise ValueError(f"this server is shard {self.settings.rank}'s backup: it "
                                  f"serves workers once promoted")
             if msg.op not in WORKER_OPS:
@@ -509,27 +522,12 @@ class ServerNode:
                 security.check_role(ident, "worker", self.secured)
             if self.resharding.hold(ident, msg, frames):  # moving keys: handled after
                 return
-        elif msg.op in ("error", "welcome"):
-            self._from_coordinator(msg)
-            return
-        elif msg.op == "reshard":
-            self.resharding.reshard(msg)
-            return
-        elif msg.op == "reshard_commit":
-            self.resharding.commit(msg)
-            return
-        elif msg.op == "reshard_abort":
-            self.resharding.abort(msg)
-            return
-        elif msg.op in FROM_COORDINATOR:
-            name = replica.from_coordinator(msg)
-            if name is not None:
-                self.src, self.map_epoch = name, msg["epoch"]
-            return
-        elif msg.op == "stall_probe":
-            self._to_coordinator(Message("stall_answer", probe_answer(
-                msg["n"], "server", self.flight), src=self.src))
-            return
+        else:
+            take = self._coordinator_ops.get(msg.op)
+            if take is not None:
+                take(msg)
+                return
+        replica = self.replica
         self.flight.record("recv", op=msg.op, src=msg.src, rid=msg.rid)
         as_event = EVENTS.get(msg.op)
         if as_event is None:
@@ -554,7 +552,11 @@ class ServerNode:
         self._execute(rest)
         self._execute(replica.hold(seq, held))
 
-    def _probe(self, ident, msg: Message) -> None:
+    def _stall_probe(self, msg: Message) -> None:
+        self._to_coordinator(Message("stall_answer", probe_answer(msg["n"], "server",
+                                                                  self.flight), src=self.src))
+
+    def _probe(self, ident, msg: Message, frames=()) -> None:
         """A worker's link probe: as many zero bytes as it asked for, within bounds."""
         n = served_bytes(msg["bytes"], self.settings.max_message_bytes)
         if self._probe_bytes.size < n:
@@ -598,8 +600,8 @@ class ServerNode:
             if fw.active:  # the backup it forwards to: taken back only if that one agrees
                 rejoin.update(backup_addr=fw.addr, backup_epoch=fw.epoch,
                               backup_synced=fw.state == LIVE, backup_lost=fw.state == LOST)
-            if self.map_epoch:
-                rejoin["map_epoch"] = self.map_epoch
+            if replica.map_epoch:
+                rejoin["map_epoch"] = replica.map_epoch
         self._to_coordinator(Message("register", fields, rid=self._rejoin_rid, src=self.src))
 
     # ---- instructions ---------------------------------------------------------------------------
@@ -662,7 +664,6 @@ class ServerNode:
         core, was = self.core, self.core.settings
         out = core.handle(event)
         s = self.settings = core.settings
-        self.src = f"b{s.rank}" if self.replica.backup else f"s{s.rank}"
         if (s.rank, s.lo, s.hi) != (was.rank, was.lo, was.hi) and self.replica.backup:
             log.info("backup now mirrors shard %d, keys [%d, %d)", s.rank, s.lo, s.hi)
         self._execute(out)

@@ -91,6 +91,7 @@ class ReplicaLink:
         # A backup's primary: the ROUTER peer of the latest state sync, and its attach epoch.
         self.primary: bytes | None = None
         self.epoch = 0
+        self.map_epoch = 0  # the shard map's epoch this server was promoted at
         self.applied = 0  # forwards a backup applied
         # A backup's watch on its primary: an idle DEALER to it and that DEALER's monitor.
         self.watcher: zmq.Socket | None = None
@@ -266,22 +267,33 @@ class ReplicaLink:
         self.to_coordinator("backup_lost", {"rank": self.rank, "epoch": self.forwarder.epoch,
                                             "reason": why})
 
-    def from_coordinator(self, msg: Message) -> str | None:
-        """attach_backup, backup_dropped, promote; returns the server's new name on
-        promotion."""
+    def routes(self, router: zmq.Socket, events: dict) -> tuple[dict, dict]:
+        """The ops this link takes, as the node routes them: from peers on `router` (a
+        primary's forwards and syncs, the sender's role checked) as {op: (role,
+        handler(ident, msg, frames))}, and from the coordinator as {op: handler(msg)}.
+        `events`: the node's op -> event parsers, which a backup applies forwards with."""
+        def take(ident, msg, frames):
+            self.take(router, ident, msg, events, frames)
+        return ({"fwd": ("server", take), "sync": ("server", take)},
+                dict.fromkeys(FROM_COORDINATOR, self.from_coordinator))
+
+    def from_coordinator(self, msg: Message) -> None:
+        """attach_backup, backup_dropped, promote (after which the server's name is its
+        shard's: `backup` is False)."""
         if msg["rank"] != self.rank:
-            return None
+            return
         if msg.op == "promote":
             self.backup, self.primary = False, None
+            self.map_epoch = msg["epoch"]
             self._point_watch(None)  # nothing to watch any more
             log.warning("shard %d: promoted to primary (epoch %d) at version %d", self.rank,
                         msg["epoch"], self.core.store.version)
-            return f"s{self.rank}"
+            return
         if msg.op == "backup_dropped":
             if msg["epoch"] == self.forwarder.epoch:
                 log.warning("shard %d: backup dropped; serving unreplicated", self.rank)
                 self._drop()
-            return None
+            return
         if msg.op == "attach_backup" and not self.backup:
             self._drop()
             fw = self.forwarder
@@ -298,7 +310,6 @@ class ReplicaLink:
                                         src=f"s{self.rank}"))
             log.info("shard %d: attaching backup at %s (epoch %d)", self.rank, msg["addr"],
                      fw.epoch)
-        return None
 
     def _drop(self) -> None:
         released = self.forwarder.dropped()

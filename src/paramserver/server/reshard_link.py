@@ -69,6 +69,16 @@ class ReshardLink:
         nothing new (requests wait), and is kept so that a move given up starts again."""
         return self.assembly is not None or self.leaving is not None
 
+    def routes(self) -> tuple[dict, dict]:
+        """The ops this link takes, as the node routes them: other servers' pieces (their
+        role checked) as {op: (role, handler(ident, msg, frames))}, and the coordinator's
+        word on a move as {op: handler(msg)}."""
+        def piece(ident, msg, frames):
+            self.piece(msg)
+        return ({"handoff": ("server", piece), "handoff_rows": ("server", piece)},
+                {"reshard": self.reshard, "reshard_commit": self.commit,
+                 "reshard_abort": self.abort})
+
     # ---- the joining server ---------------------------------------------------------------------
     def join(self, epoch: int) -> None:
         """A welcome with `handoff`: the core's range (empty so far) fills from handoffs."""
