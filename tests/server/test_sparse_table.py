@@ -633,3 +633,38 @@ def test_push_and_pull_leave_the_callers_arrays_alone():
     u.push(keys[::2].copy(), np.ascontiguousarray(grads))
     assert snapshots_equal(t.snapshot(), u.snapshot())
     np.testing.assert_array_equal(t.pull(keys[1::2]), u.pull(keys[1::2].copy()))
+
+
+@pytest.mark.parametrize("optimizer,admit_after", [("adagrad", 1), ("sgd", 2)])
+def test_duplicates_summed_by_the_client_leave_the_table_bit_for_bit_as_summed_by_it(
+        optimizer, admit_after):
+    """A client sums a push's duplicate keys before sending (client/rows.py): the table must
+    end exactly as when it summed them itself, admission counts and scaled updates included,
+    for a pull-then-push batch (the table reuses the pull) and a push alone."""
+    from paramserver.sparse.groups import KeyGroup, sum_duplicates
+    rng = np.random.default_rng(7)
+    kw = dict(optimizer=optimizer, lr=0.05, capacity=60, admit_after=admit_after)
+    itself, summed = SparseTable(4, **kw), SparseTable(4, **kw)
+    for step in range(40):
+        keys = zipf_keys(rng, 64, space=500)
+        grads = rng.standard_normal((keys.size, 4)).astype(np.float32)
+        group = KeyGroup(keys)
+        assert group.uniq.size < keys.size  # Zipf: duplicates in every batch
+        if step % 2:
+            # the client asks for each distinct key once and copies rows to duplicates
+            np.testing.assert_array_equal(itself.pull(keys),
+                                          summed.pull(group.uniq)[group.inverse()])
+        itself.push(keys, grads, scale=0.5)
+        summed.push(group.uniq, sum_duplicates(group, grads), scale=0.5)
+    a, b = itself.snapshot(), summed.snapshot()
+    assert a.keys() == b.keys()
+    # every array, the counters of keys as sent aside (the client sends fewer)
+    sent = [2 + sparse_table.COUNTERS.index(c) for c in ("pulled_keys", "pushed_keys")]
+    for state in (a, b):
+        state["state"] = np.delete(state["state"], sent)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    ca, cb = itself.counters(), summed.counters()
+    for name in ("created", "updated", "evicted", "not_admitted", "admitted"):
+        assert ca[name] == cb[name], name
+    assert ca["evicted"] > 0 and ca["created"] > 0

@@ -1,9 +1,11 @@
 """Sparse tables from the client's side: rows pulled and pushed by key (`kv.rows`).
 
-A key's rows live on shard shard_of(key): the same on every client. A push's duplicate keys are
-sent as they are and summed by the shard's table (with the round's, in round mode); a pull asks
-for each distinct key once and copies its row to every place the key has in the request (Zipf
-batches repeat keys a lot: fewer bytes, less work on the shard).
+A key's rows live on shard shard_of(key): the same on every client. A pull asks for each
+distinct key once and copies its row to every place the key has in the request; a push sums
+a key's duplicate gradients here, as the shard's table would (sparse.groups: in float64,
+rounded once), and sends each distinct key once. Zipf batches repeat keys a lot: fewer bytes,
+less work on the shard, and a push of the keys just pulled reaches each shard as exactly the
+keys of that pull, so its table reuses the pull's lookups (sparse/table.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from paramserver.client.core.worker_core import Handle, WorkerCore
 from paramserver.client.dense import push_fields
 from paramserver.client.requests import ShardRequests
 from paramserver.client.shard_map import ShardMap
+from paramserver.sparse.groups import KeyGroup, sum_duplicates
 from paramserver.sparse.placement import shard_of
 from paramserver.spec.job import TableSpec
 from paramserver.wire import Message
@@ -57,6 +60,17 @@ class RowTables:
         self.specs: dict[str, TableSpec] = {t.name: t for t in tables}
         self.core, self.requests, self.map = core, requests, shard_map
         self._wait = wait  # the client's: follows a request refused `moved`
+        # The last pull's keys (a copy) and their grouping: a push of the same keys (a batch
+        # pulled, then its gradients pushed) groups them once.
+        self._grouped: tuple[np.ndarray, KeyGroup] | None = None
+
+    def _group(self, keys: np.ndarray) -> KeyGroup:
+        last = self._grouped
+        if last is not None and last[0].size == keys.size and np.array_equal(last[0], keys):
+            return last[1]
+        group = KeyGroup(keys)
+        self._grouped = (keys.copy(), group)
+        return group
 
     def spec(self, name: str) -> TableSpec:
         spec = self.specs.get(name)
@@ -79,9 +93,9 @@ class RowTables:
         k = as_keys(keys)
         expand = None
         if k.size > 1:
-            uniq, inverse = np.unique(k, return_inverse=True)
-            if uniq.size < k.size:
-                k, expand = uniq, inverse
+            group = self._group(k)
+            if group.uniq.size < k.size:
+                k, expand = group.uniq, group.inverse()
         handle = Handle("pull_rows", out=np.empty((k.size, spec.dim), dtype=np.float32),
                         expand=expand)
         for i, idx in self._by_shard(k):
@@ -107,6 +121,10 @@ class RowTables:
         spec = self.spec(table)
         k = as_keys(keys)
         g = _as_grads(grads, k.size, spec.dim)
+        if k.size > 1:
+            group = self._group(k)
+            if group.uniq.size < k.size:
+                k, g = group.uniq, sum_duplicates(group, g)
         sent = []
         for i, idx in self._by_shard(k):
             if not (idx.size or every_shard):

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paramserver.sparse.init import initial_rows
+from paramserver.sparse.groups import KeyGroup, put_rows, rows_of, sum_duplicates, take_rows
 from paramserver.sparse.keymap import KeyIndex
 
 MAX_KEYS_PER_REQUEST = 1 << 22
@@ -326,7 +327,7 @@ class SparseTable:
         if len(keys) == 0:
             return np.zeros((0, self.dim), np.float32)
         # Each distinct key is looked up (and its initial row made) once.
-        group = _Group(keys)
+        group = KeyGroup(keys)
         slots = self._index.get(group.uniq)
         missing = (slots < 0).nonzero()[0]
         if len(missing) == len(slots):
@@ -373,9 +374,9 @@ class SparseTable:
             return
         if memo is not None and not memo.of(keys):
             memo = None
-        group = memo.group if memo is not None else _Group(keys)
+        group = memo.group if memo is not None else KeyGroup(keys)
         uniq = group.uniq
-        g = _sum_duplicates(group, np.ascontiguousarray(grads))
+        g = sum_duplicates(group, np.ascontiguousarray(grads))
         if scale != 1.0:
             g *= np.float32(scale)
         slots = memo.slots.copy() if memo is not None else self._index.get(uniq)
@@ -450,7 +451,7 @@ class SparseTable:
         self._slot_key[slots] = keys
         put_rows(self._rows, slots, self.initial(keys) if rows is None else rows)
         if self._accum is not None:
-            _rows_of(self._accum)[slots] = _rows_of(np.zeros((1, self.dim), np.float32))[0]
+            rows_of(self._accum)[slots] = rows_of(np.zeros((1, self.dim), np.float32))[0]
         self._last[slots] = self._tick
         self._freq[slots] = 0
         self._index.insert(keys, slots)
@@ -546,39 +547,12 @@ class SparseTable:
             raise TableError(f"not a valid sparse-table snapshot: {e!r}") from None
 
 
-class _Group:
-    """Keys grouped by value: `order` sorts them, `starts` are where each distinct key's run
-    begins in that order, `uniq` the distinct keys, ascending."""
-
-    def __init__(self, keys: np.ndarray):
-        n = self.n = len(keys)
-        self.order = keys.argsort()
-        sk = keys[self.order]
-        # first[i]: sorted key i starts a run; first[n] closes the last one.
-        first = self.first = np.empty(n + 1, bool)
-        first[0] = first[n] = True
-        np.not_equal(sk[1:], sk[:-1], out=first[1:n])
-        self.starts = first[:n].nonzero()[0]
-        self.uniq = sk[self.starts]
-
-    def inverse(self) -> np.ndarray:
-        """For each key, the index of its value in `uniq`."""
-        inv = np.empty(self.n, np.int64)
-        at = self.first[:self.n].cumsum(dtype=np.int64)
-        at -= 1
-        inv[self.order] = at
-        return inv
-
-    def nbytes(self) -> int:
-        return self.order.nbytes + self.first.nbytes + self.starts.nbytes + self.uniq.nbytes
-
-
 class _PullMemo:
     """What a pull found, for a push of the same keys while the table has not changed: the
     keys (a copy), their grouping, the slots of the distinct keys and the rows the pull read
     for them (the initial rows of the missing ones; None when too large to keep)."""
 
-    def __init__(self, keys: np.ndarray, group: _Group, slots: np.ndarray,
+    def __init__(self, keys: np.ndarray, group: KeyGroup, slots: np.ndarray,
                  rows: np.ndarray | None):
         self.keys, self.group, self.slots, self.rows = keys, group, slots, rows
 
@@ -588,40 +562,6 @@ class _PullMemo:
     def nbytes(self) -> int:
         n = self.keys.nbytes + self.group.nbytes() + self.slots.nbytes
         return n + (self.rows.nbytes if self.rows is not None else 0)
-
-
-def _rows_of(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous 2-D array seen as a 1-D array of one byte string per row: numpy gathers
-    and scatters whole rows of that several times faster than rows of numbers."""
-    return a.view(f"V{a.shape[1] * a.itemsize}").reshape(len(a))
-
-
-def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return _rows_of(a)[idx].view(a.dtype).reshape(len(idx), a.shape[1])
-
-
-def put_rows(a: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
-    _rows_of(a)[idx] = _rows_of(np.ascontiguousarray(values, a.dtype))
-
-
-def _sum_duplicates(group: _Group, grads: np.ndarray) -> np.ndarray:
-    """The sum of each distinct key's grads, in the order of `group.uniq`. Sums of several
-    grads are taken in float64 and rounded once to float32, so they do not depend on the
-    order the duplicates came in (exactly so while the grads of a key span under 2^29 in
-    magnitude)."""
-    order, starts, first = group.order, group.starts, group.first
-    if len(starts) == len(order):
-        return take_rows(grads, order)
-    out = take_rows(grads, order[starts])
-    # Only keys with several grads need a sum; most keys in a batch have one. A run has
-    # one grad when the next one starts right after it.
-    multi = (~first[starts + 1]).nonzero()[0]
-    several = first[:-1] & first[1:]
-    np.logical_not(several, out=several)            # sorted grads in runs of several
-    part = take_rows(grads, order[several]).astype(np.float64)
-    at = first[:-1][several].nonzero()[0]           # where each run begins in part
-    out[multi] = np.add.reduceat(part, at, axis=0)
-    return out
 
 
 def _array(arrays, name: str, dtype, shape: tuple) -> np.ndarray:
