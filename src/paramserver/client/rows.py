@@ -22,6 +22,8 @@ from paramserver.spec.job import TableSpec
 from paramserver.wire import Message
 from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
 
+GROUPED_KEYS = 1 << 16  # the most keys of a pull whose grouping the next push may reuse
+
 
 def as_keys(keys) -> np.ndarray:
     """Row keys as int64 (hashed ids given as uint64 are viewed as int64, bit for bit); the
@@ -69,7 +71,8 @@ class RowTables:
         if last is not None and last[0].size == keys.size and np.array_equal(last[0], keys):
             return last[1]
         group = KeyGroup(keys)
-        self._grouped = (keys.copy(), group)
+        # (kept for a batch's size, not a 4M-key request's: its grouping is ~25 bytes a key)
+        self._grouped = (keys.copy(), group) if keys.size <= GROUPED_KEYS else None
         return group
 
     def spec(self, name: str) -> TableSpec:
