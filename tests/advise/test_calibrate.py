@@ -101,3 +101,14 @@ def test_the_convergence_model_keys_a_policy_by_its_update_rule():
     assert model_key("ssp", "dynsgd") == "ssp" and model_key("bsp", "sgd") == "bsp"
     assert model_key("ssp", "sgd") == "ssp+sgd" and model_key("bsp", "dynsgd") == "bsp+dynsgd"
     assert base_policy("ssp+sgd") == "ssp" and base_policy("ebsp") == "ebsp"
+
+
+def test_calibrates_default_grid_is_every_registered_policy_but_the_one_that_switches():
+    """The grid's policies come from the registry (no list of names of its own): a policy
+    registered tomorrow is calibrated by default; auto, which runs the others, is not."""
+    from paramserver.cli.calibrate_cmd import calibrated_policies
+    from paramserver.policies import SYNC_POLICIES
+    names = calibrated_policies().split(",")
+    assert "auto" in SYNC_POLICIES.names() and "auto" not in names
+    assert names == [n for n in SYNC_POLICIES.names() if n != "auto"]
+    assert {"bsp", "asp", "ssp", "dssp", "ebsp", "r2sp", "lbbsp"} <= set(names)

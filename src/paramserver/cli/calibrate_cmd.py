@@ -17,10 +17,13 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 
-# Every policy advise recommends among: a policy the grid never ran is predicted from its
-# apply mode's runs alone.
-DEFAULT_POLICIES = "bsp,asp,ssp,dssp,ebsp,r2sp,lbbsp"
 DEFAULT_SCENARIOS = ["one-slow", "homogeneous"]
+
+
+def calibrated_policies() -> str:
+    """The policies a grid runs by default: the registry's, but those that run others."""
+    from paramserver.policies import SYNC_POLICIES
+    return ",".join(n for n in SYNC_POLICIES.names() if SYNC_POLICIES.get(n).calibrated)
 
 
 def _base_config(args):
@@ -50,7 +53,7 @@ def plan_grid(args, out: Path) -> list:
     from paramserver.emulation.links import LinkTable
     from paramserver.emulation.trace_io import read_trace
     from paramserver.spec.compare_plan import parse_scenarios, plan_runs
-    policies = _policies(args.sync)
+    policies = _policies(args.sync or calibrated_policies())
     scenarios = parse_scenarios(args.scenario or DEFAULT_SCENARIOS, read_trace)
     base = _base_config(args)
     counts = _worker_counts(args, base)
@@ -80,7 +83,7 @@ def run_grid(args, out: Path, console) -> list[str]:
     from paramserver.cli.compare_cmd import _policies
     from paramserver.launch.jobs import run_training
     from paramserver.launch.local import LaunchError
-    policies = _policies(args.sync)
+    policies = _policies(args.sync or calibrated_policies())
     scenarios = args.scenario or DEFAULT_SCENARIOS
     runs = plan_grid(args, out)
     failed = []
@@ -164,8 +167,10 @@ def register(sub) -> None:
                     "and write calibration.html and calibration.csv: predicted against the live "
                     "median per cell and policy, error %, the live spread, and the seed claims "
                     "live and simulated.")
-    p.add_argument("--sync", default=DEFAULT_POLICIES,
-                   help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--sync", default=None,
+                   help="comma-separated policies (default: every policy but auto, which "
+                        "advise predicts from the runs of those it switches among; a policy "
+                        "the grid never ran is predicted from its apply mode's runs alone)")
     p.add_argument("--scenario", action="append", metavar="NAME|NAME=SPEC",
                    help="straggler scenario, as compare takes it (repeatable; default "
                         + ", ".join(DEFAULT_SCENARIOS) + ")")

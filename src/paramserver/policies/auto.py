@@ -83,6 +83,7 @@ class AutoSync(SyncPolicy, Configurable):
     # advise reads each candidate's stretch of the simulated run against its own samples to
     # target (advise.core.recommend): auto ranks with its defaults.
     advise_options = ((),)
+    calibrated = False
 
     def __init__(self, batch_size: int, *, candidates: str = "lbbsp,bsp,ssp",
                  interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,

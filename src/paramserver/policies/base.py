@@ -154,6 +154,9 @@ class SyncPolicy(ABC):
     paired_rule: ClassVar[str | None] = None
     # The option sets `advise` tries by default (each a tuple of (option, value) pairs).
     advise_options: ClassVar[tuple[tuple[tuple[str, object], ...], ...]] = ((),)
+    # False for a policy that runs others in turn (auto): `calibrate`'s grid leaves it out,
+    # as advise predicts it from the runs of the policies it switches among.
+    calibrated: ClassVar[bool] = True
 
     def __init__(self, batch_size: int):
         if batch_size < 1:
