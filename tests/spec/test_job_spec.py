@@ -294,15 +294,15 @@ def test_durations_take_units_or_plain_seconds():
 
 # --- each flag parsed once, at the edge -----------------------------------------------------------
 def test_flags_arrive_typed_in_the_config():
-    from paramserver.cli.train_cmd import config_from_args
+    from paramserver.cli.config_args import config_from_args
     from paramserver.emulation.device_time import DeviceTime
     from paramserver.emulation.stragglers import ParsedStraggler
     args = build_parser().parse_args([
         "train", "--link", "100mbit", "--link", "w1=10mbit,5ms", "--straggler", "1:3",
         "--device-time", "2ms", "--sync-opt", "staleness=2", "--compress-opt", "fraction=0.5",
         "--optimizer-opt", "momentum=0.9", "--dataset-opt", "samples=100"])
-    cfg = config_from_args(args, "ssp")
-    assert isinstance(cfg.links, LinkTable) and cfg.links.link_for("w", 1) == LinkSpec(10e6, 5e-3)
+    cfg = config_from_args(args, sync="ssp")
+    assert cfg.sync == "ssp" and isinstance(cfg.links, LinkTable) and cfg.links.link_for("w", 1) == LinkSpec(10e6, 5e-3)
     assert isinstance(cfg.straggler, ParsedStraggler) and cfg.straggler == "1:3"
     assert cfg.straggler.model.factor(1, 0, 0.0) == 3
     assert isinstance(cfg.device_time, DeviceTime) and cfg.device_time.cost_per_sample == 2e-3
@@ -311,6 +311,35 @@ def test_flags_arrive_typed_in_the_config():
     job = cfg.to_job(10, 100)
     assert job["links"] == {"w": {"*": "100mbit", "1": "10mbit,5ms"}, "s": {}}
     assert job["task"]["straggler"] == "1:3" and job["task"]["device_time"] == "2ms"
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--workers", "2:5", "--servers", "1:3"],
+    ["launch", "--workers", "2:5", "--servers", "1:3", "--", "python", "x.py"],
+    ["serve", "--workers", "5", "--servers", "3", "--num-keys", "10"],
+])
+def test_every_command_reads_its_flags_into_the_config_one_way(argv):
+    """train, launch and serve read flags through one function: each flag a command offers
+    whose dest is a TrainConfig field reaches that field, the spelled-otherwise ones their
+    fields, and a field no flag of the command sets keeps TrainConfig's default."""
+    from paramserver.cli.config_args import SPELLED, config_from_args
+    from paramserver.spec.config import TrainConfig
+    shared = ["--lr", "0.07", "--batch-size", "24", "--steps", "9", "--max-seconds", "70",
+              "--optimizer", "momentum", "--optimizer-opt", "momentum=0.8", "--sync", "ssp",
+              "--sync-opt", "staleness=4", "--replicas", "2"]
+    args = build_parser().parse_args(argv[:1] + shared + argv[1:])
+    cfg = config_from_args(args)
+    assert (cfg.lr, cfg.batch_size, cfg.steps, cfg.max_seconds) == (0.07, 24, 9, 70.0)
+    assert (cfg.optimizer, cfg.optimizer_options) == ("momentum", {"momentum": 0.8})
+    assert (cfg.sync, cfg.sync_options, cfg.replicas) == ("ssp", {"staleness": 4}, 2)
+    assert (cfg.workers, cfg.servers) == (5, 3 if argv[0] == "serve" else 1)
+    assert cfg.min_workers == (2 if argv[0] != "serve" else 0)
+    offered = {a.dest for a in build_parser()._subparsers._group_actions[0].choices[
+        argv[0]]._actions}
+    default = TrainConfig()
+    for name in TrainConfig.__dataclass_fields__:
+        if name not in offered and SPELLED.get(name, (name,))[0] not in offered:
+            assert getattr(cfg, name) == getattr(default, name), name
 
 
 @pytest.mark.parametrize("argv, flag_name", [

@@ -12,8 +12,9 @@ from pathlib import Path
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
 from paramserver.cli.args import parse_options
+from paramserver.cli.config_args import config_from_args
 from paramserver.cli.train_cmd import (
-    EPILOG, add_launcher_args, add_training_args, config_from_args, launcher_from_args)
+    EPILOG, add_launcher_args, add_training_args, launcher_from_args)
 from paramserver.launch.jobs import check_named_ranks, resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
@@ -347,7 +348,7 @@ def _run(args) -> int:
         if args.launcher != "local" and getattr(args.workers, "elastic", False):
             raise ValueError("--workers MIN:MAX (scheduled joins) needs the local launcher; "
                              "compare a fixed worker count across a Ray cluster")
-        base = config_from_args(args, "bsp", sync_options={})
+        base = config_from_args(args, sync="bsp", sync_options={})
         if base.servers == flag.AUTO:  # one count for every run of the comparison
             base = resolve_servers(base)
         base.validate()

@@ -20,24 +20,8 @@ def build_job(args, run_dir: Path | None = None) -> dict:
     """The job description; its key space comes from the first worker's model. With a
     `run_dir`, the servers save the final parameters into its checkpoints/ when the last worker
     has left (no checkpoint before that), from which launch writes model.pt."""
-    from paramserver.spec.config import TrainConfig
-    return script_job(TrainConfig(
-        sync=args.sync, sync_options=flag.options(args.sync_opt),
-        workers=args.workers.max, min_workers=args.workers.min if args.workers.elastic else 0,
-        batch_rule=args.batch_rule,
-        servers=getattr(args.servers, "min", args.servers),
-        max_servers=getattr(args.servers, "max", 0),
-        batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
-        optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
-        max_seconds=args.max_seconds, straggler=args.straggler, device_time=args.device_time,
-        dtype=args.dtype, heartbeat_timeout=args.heartbeat_timeout,
-        max_message_bytes=None if args.max_message_bytes is None
-        else int(args.max_message_bytes),
-        restart_coordinator=args.restart_coordinator, replicas=args.replicas,
-        stall_timeout=args.stall_timeout,
-        metrics_port=getattr(args, "metrics_port", None),
-        metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
-        preflight=getattr(args, "preflight", TrainConfig.preflight)), run_dir).to_dict()
+    from paramserver.cli.config_args import config_from_args
+    return script_job(config_from_args(args), run_dir).to_dict()
 
 
 # TrainConfig fields of the built-in task that a script's job never reads: left out of a

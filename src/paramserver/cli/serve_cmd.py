@@ -20,19 +20,14 @@ def build_job(args) -> JobSpec:
     by hand take their time)."""
     import dataclasses
 
+    from paramserver.cli.config_args import config_from_args
     from paramserver.launch.jobs import script_job
-    from paramserver.spec.config import TrainConfig
     if args.num_keys < 1:
         raise ValueError(f"--num-keys must be at least 1, not {args.num_keys}")
     servers = getattr(args.servers, "min", args.servers)
     if args.workers < 1 or servers < 1:
         raise ValueError("--workers and --servers must be at least 1")
-    job = script_job(TrainConfig(
-        sync=args.sync, sync_options=flag.options(args.sync_opt), workers=args.workers,
-        servers=servers, max_servers=getattr(args.servers, "max", 0),
-        batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
-        optimizer_options=flag.options(args.optimizer_opt), steps=args.steps,
-        max_seconds=args.max_seconds, dtype=args.dtype, replicas=args.replicas))
+    job = script_job(config_from_args(args))
     return dataclasses.replace(job, num_keys=args.num_keys, limits=dataclasses.replace(
         job.limits, start_timeout=args.start_timeout))
 

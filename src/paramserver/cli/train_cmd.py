@@ -10,6 +10,7 @@ from pathlib import Path
 
 from paramserver.cli import args as flag
 from paramserver.cli import catalog
+from paramserver.cli.config_args import config_from_args
 from paramserver.core.keyspace import AUTO_SERVERS_HELP
 from paramserver.emulation.device_time import DEVICE_TIME_HELP
 from paramserver.emulation.links import HELP as LINK_HELP
@@ -194,54 +195,6 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
     return g
 
 
-def _max_workers(workers) -> int:
-    return workers if isinstance(workers, int) else workers.max
-
-
-def _min_workers(workers) -> int:
-    """MIN of an elastic --workers MIN:MAX; 0 for a fixed count."""
-    return workers.min if getattr(workers, "elastic", False) else 0
-
-
-def config_from_args(args, sync: str, sync_options: dict | None = None) -> TrainConfig:
-    """The flags, already parsed by their `type=`, as a TrainConfig."""
-    if flag.given(args, "epochs") and args.steps is not None:
-        raise ValueError(f"--epochs {args.epochs:g} and --steps {args.steps} both set the sample "
-                         f"budget: give one of them")
-    if sync_options is None:
-        sync_options = flag.options(getattr(args, "sync_opt", None))
-    return TrainConfig(
-        sync=sync, sync_options=sync_options,
-        workers=_max_workers(args.workers), min_workers=_min_workers(args.workers),
-        batch_rule=getattr(args, "batch_rule", TrainConfig.batch_rule),
-        servers=getattr(args.servers, "min", args.servers),
-        max_servers=getattr(args.servers, "max", 0), model=args.model,
-        model_options=flag.options(args.model_opt), model_size=args.model_size,
-        dataset=args.dataset,
-        data_dir=args.data_dir, dataset_options=flag.options(args.dataset_opt),
-        epochs=args.epochs, steps=args.steps, max_seconds=args.max_seconds,
-        batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-        optimizer_options=flag.options(args.optimizer_opt),
-        straggler=args.straggler, device_time=args.device_time, seed=args.seed,
-        compress=args.compress, compress_options=flag.options(args.compress_opt),
-        pull_compress=getattr(args, "pull_compress", TrainConfig.pull_compress),
-        pull_refresh=getattr(args, "pull_refresh", TrainConfig.pull_refresh),
-        threads=args.threads, eval_interval=args.eval_interval, dtype=args.dtype,
-        heartbeat_timeout=args.heartbeat_timeout, checkpoint_dir=args.checkpoint_dir,
-        stall_timeout=getattr(args, "stall_timeout", None),
-        max_message_bytes=None if getattr(args, "max_message_bytes", None) is None
-        else int(args.max_message_bytes),
-        restart_workers=args.restart_workers, restart_servers=args.restart_servers,
-        restart_coordinator=args.restart_coordinator, replicas=args.replicas,
-        links=flag.links(args.link), push_range=args.push_range, schedule=args.schedule,
-        amp=getattr(args, "amp", TrainConfig.amp),
-        device=getattr(args, "device", TrainConfig.device),
-        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
-        metrics_port=getattr(args, "metrics_port", None),
-        metrics_host=getattr(args, "metrics_host", TrainConfig.metrics_host),
-        preflight=getattr(args, "preflight", TrainConfig.preflight))
-
-
 def print_summary(s: dict, run_dir: Path) -> None:
     acc = s["final_test_accuracy"]
     tta = ", ".join(f"{k}: {'-' if v is None else f'{v:.1f}s'}"
@@ -338,7 +291,7 @@ def _run(args) -> int:
         if args.resume:
             cfg, run_dir, resume = resume_plan(args, args.parser_defaults)
         else:
-            cfg = config_from_args(args, args.sync)
+            cfg = config_from_args(args)
             if args.write_job:
                 return _write_job(cfg, Path(args.write_job))
             run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.sync}")
