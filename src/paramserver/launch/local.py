@@ -370,8 +370,9 @@ class LocalCluster:
     def _failure_message(self, c: Child) -> str:
         msg = f"{c.name} died with {exits.describe(c.proc.returncode)}"
         if c.role == "worker":
-            return (f"{before_start_message(c.index, c.proc.returncode)}; its last output:\n"
-                    f"{c.tail()}")
+            tail = c.tail()
+            return (f"{before_start_message(c.index, c.proc.returncode)}; "
+                    + (f"its last output:\n{tail}" if tail.strip() else "it printed nothing"))
         if c.role == "server":
             msg += (f" after {self.server_restarts} server restart(s) of {self.restart_servers}"
                     if self.restart_servers else
