@@ -89,6 +89,18 @@ NO_OPTIMIZER = """
 """
 
 
+def test_a_rank_that_dies_silently_before_the_start_is_named_and_said_to_have_printed_nothing(
+        tmp_path):
+    """A script that exits 3 at once, printing nothing: the launch ends naming the rank and
+    its exit, and says it printed nothing rather than quoting an empty output."""
+    proc, _, took = launch(tmp_path, "import sys\nsys.exit(3)\n", workers=2, timeout=60)
+    assert proc.returncode != 0
+    assert "died with exit code 3 before the job started" in proc.stderr, proc.stderr
+    assert "it printed nothing" in proc.stderr and "last output" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert took < 50, f"the launch waited {took:.0f} s for ranks that had died"
+
+
 @pytest.mark.slow
 def test_a_rank_that_exits_0_without_joining_ends_the_launch_naming_it(tmp_path):
     proc, _, took = launch(tmp_path, NO_OPTIMIZER, "--steps", "5")
