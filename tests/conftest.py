@@ -39,6 +39,14 @@ if HERE not in sys.path:
 # imported, so this process keeps one thread too; a test that needs more sets its own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# In the test process a DistributedOptimizer or init() with no job to join is refused, as it
+# was before a script run with plain python got a job of its own (launch/standalone.py, tested
+# through such a script in a process of its own): marked wired, the API keeps `own_job` None,
+# so no test that checks a refusal starts a job in the test process.
+import paramserver  # noqa: E402  (light: the torch-backed API loads on first use)
+
+paramserver._wired = True
+
 
 # What a module that starts processes names: a test in one is `live`.
 LIVE_NAMES = ("subprocess", "multiprocessing", "CTX", "running_job", "LocalCluster", "NetLab",

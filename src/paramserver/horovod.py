@@ -1,7 +1,7 @@
 """Horovod's PyTorch API on the parameter server: `import paramserver.horovod as hvd`.
 
 A Horovod script changes its import line and is launched with `paramserver launch -- python
-script.py`: `hvd.init()`, `hvd.rank()`/`size()`, `hvd.DistributedOptimizer(optimizer,
+script.py` (run with plain python, it is a job of one worker, as under Horovod): `hvd.init()`, `hvd.rank()`/`size()`, `hvd.DistributedOptimizer(optimizer,
 named_parameters=...)`, `hvd.broadcast_parameters`, `hvd.broadcast_optimizer_state` and
 `hvd.allreduce` of metrics keep their names and signatures.
 
@@ -29,7 +29,9 @@ import os
 
 import torch
 
-from paramserver.client import api
+from paramserver import user_api
+
+api = user_api()
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "Sum", "allgather",
@@ -56,7 +58,8 @@ _names = itertools.count()
 
 
 def init(comm=None, process_sets=None) -> None:
-    """Check this process runs inside a job (`paramserver launch` sets PARAMSERVER_JOIN)."""
+    """Join the job `paramserver launch` started (it sets PARAMSERVER_JOIN), or, run with plain
+    python, a job of one worker of this process's own (as hvd.init() without horovodrun)."""
     global _initialized
     if comm is not None or process_sets is not None:
         raise ValueError("communicators and process sets have no meaning on the parameter "

@@ -4,6 +4,8 @@ with events alone, and what has no meaning here refused with the reason."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -40,6 +42,31 @@ def test_a_horovod_script_runs_its_epochs_and_averages_its_metrics(tmp_path):
     assert by_rank["0"][-1][1] > 75.0
     # 1500 training digits, 2 ranks of 750 each, batches of 32: 24 steps an epoch a rank
     assert "96 steps" in proc.stdout
+
+
+def test_a_horovod_script_run_with_plain_python_is_a_job_of_one_worker_that_ends_with_it(
+        tmp_path):
+    """As hvd.init() without horovodrun: the example run as `python script.py` trains as a
+    job of one worker on this host (its run folder in the working directory, said in one
+    line), the job ends when the script does, and no process of it outlives the script."""
+    import psutil
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PARAMSERVER_JOIN", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "1"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "this script runs as a job of one worker on this host" in proc.stderr
+    acc = re.findall(r"rank 0: Test set: Average loss: [\d.]+, Accuracy: ([\d.]+)%", proc.stdout)
+    assert len(acc) == 1 and float(acc[0]) > 60.0, proc.stdout[-2000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    # 1500 training digits, one rank, batches of 32: 47 steps, then the worker leaves
+    assert sum(e["event"] == "apply_round" for e in events) == 47
+    assert {"event": "worker_left", "worker": 0, "reason": "done"}.items() <= events[-1].items()
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if str(run) in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"processes of the script's job outlived it: {left}"
 
 
 # ---- the coordinator's collectives part ---------------------------------------------------------
@@ -105,6 +132,7 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
     with pytest.raises(RuntimeError, match="create it first"):
         hvd.allreduce(torch.tensor(1.0))
     assert not hvd.mpi_built() and not hvd.gloo_enabled() and hvd.nccl_built() == 0
+    monkeypatch.setattr(hvd.api, "own_job", None)  # no job of its own: refused, naming launch
     with pytest.raises(RuntimeError, match="paramserver launch"):
         hvd.init()
     monkeypatch.setenv("LOCAL_RANK", "3")

@@ -152,6 +152,8 @@ def test_batch_sampler_over_a_dataloader_in_a_launched_job(loader_and_crash):
 
 def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
+    # (no job of its own for a script run with plain python: that is the refusal below)
+    monkeypatch.setattr(paramserver.user_api(), "own_job", None)
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="do not run .*LBFGS.*--optimizer"):
         paramserver.DistributedOptimizer(torch.optim.LBFGS(model.parameters()))
@@ -171,6 +173,7 @@ def test_rank_and_size_before_joining(monkeypatch):
     for name in ("PARAMSERVER_JOIN", "RANK", "WORLD_SIZE", "PARAMSERVER_RANK",
                  "PARAMSERVER_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(paramserver.user_api(), "own_job", None)
     with pytest.raises(RuntimeError, match="paramserver launch"):
         paramserver.init()
     with pytest.raises(RuntimeError, match="joined"):

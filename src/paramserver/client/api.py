@@ -50,6 +50,10 @@ from paramserver.client.pacing import Pacer
 from paramserver.client.torch_optimizer import describe, settings_of
 
 JOIN_ENV = "PARAMSERVER_JOIN"
+# What a script run with plain python joins (no join=, not under launch): a job of its own,
+# with join_address() and stop(), which the package wires in (paramserver/__init__.py: the
+# module launch/standalone.py, one worker on this host); None: such a script is refused.
+own_job = None
 log = logging.getLogger("paramserver")
 
 
@@ -171,10 +175,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The groups' settings the servers started with: a schedule that moves them sends
         # them with each push from then on (a restarted or new shard learns them too).
         self._settings = None if self.optimizer is None else settings_of(self.optimizer)
-        join = join or os.environ.get(JOIN_ENV)
-        if not join:
-            raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
-                               f"`paramserver launch` (which sets {JOIN_ENV})")
+        join = _join_address(join)
         join = endpoint(join)  # a malformed one named now, not as a socket error
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
                            layout=_layout(self.model, dtype), optimizer=spec)
@@ -445,13 +446,25 @@ def _close_at_exit() -> None:
         # A coordinator already gone must not hold the interpreter's exit for long.
         opt.kv.session.timeout = min(opt.kv.session.timeout, 5.0)
         opt.close()
+    if own_job is not None:  # its worker gone, a job of this process's own ends with it
+        own_job.stop()
 
 
 def init(join: str | None = None) -> None:
-    """Horovod's `init()`: checks this process runs inside a job (the optimizer joins it)."""
-    if not (join or os.environ.get(JOIN_ENV)):
-        raise RuntimeError(f"no job to join: run under `paramserver launch` (which sets "
-                           f"{JOIN_ENV}) or pass join='tcp://HOST:PORT'")
+    """Horovod's `init()`: makes sure this process has a job to join (the optimizer joins it):
+    `join`, launch's, or run with plain python a job of one worker of its own (own_job)."""
+    _join_address(join)
+
+
+def _join_address(join: str | None) -> str:
+    join = join or os.environ.get(JOIN_ENV)
+    if join:
+        return join
+    if own_job is None:
+        raise RuntimeError(f"no job to join: pass join='tcp://HOST:PORT' or run under "
+                           f"`paramserver launch` (which sets {JOIN_ENV})")
+    join = os.environ[JOIN_ENV] = own_job.join_address()  # this process's from here on
+    return join
 
 
 def _env_int(*names: str) -> int | None:

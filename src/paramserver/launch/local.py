@@ -98,6 +98,9 @@ class LocalCluster:
     # back the live servers and workers. Its port is then fixed up front.
     restart_coordinator: int = 0
     coordinator_restarts: int = 0
+    # Roles forked from the zygote (launch/zygote.py); False: each its own interpreter, as when
+    # the launching process is a user's script, whose __main__ a fork server imports again.
+    fork: bool = True
     coordinator_port: int = 0
     # With replicas (JobSpec.replicas 2): each dead server is replaced by a new backup, which
     # the survivor of its shard rebuilds (at most `backup_rebuilds` over the job's life).
@@ -162,7 +165,7 @@ class LocalCluster:
                 # others' threads (on 2 cores a script's rounds took 10x as long).
                 env.setdefault("OMP_NUM_THREADS", "1")
         streamed = command is not None and self.stream is not None
-        if command is None and zygote.enabled():  # a role of ours: forked, imports done
+        if command is None and self.fork and zygote.enabled():  # ours: forked, imports done
             child = Child(role, index, zygote.ForkedRole([role, *args], env, log_path,
                                                          _die_with_parent), log_path)
             self.children.append(child)
