@@ -18,6 +18,7 @@ import numpy as np
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
+from paramserver.server.resharding import Resharding
 from paramserver.server.retries import RetryGuard
 from paramserver.server.rule_state import RuleState
 from paramserver.server.shard_moves import ShardMoves
@@ -49,6 +50,10 @@ class ShardCore:
         }
         self._handlers.update(RuleState(self).handlers())
         self._handlers.update(ShardMoves(self).handlers())
+        # Kept by name: the node reads whether the shard moves (it holds workers' requests
+        # meanwhile), what it waits for and whether it was drained.
+        self.resharding = Resharding(self)
+        self._handlers.update(self.resharding.handlers())
 
     def fresh(self, settings: ShardSettings, alloc=None) -> None:
         """Every part new, for the shard `settings` describe (a new core, or a backup that

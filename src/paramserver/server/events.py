@@ -230,6 +230,50 @@ class LayoutKnown:
 
 
 @dataclass(slots=True)
+class JoinMove:
+    """A welcome with `handoff`: this server joins a running job at reshard `epoch`, its
+    range (empty so far) to fill from other servers' pieces. `addr`: its own address, by
+    which the layouts name it."""
+    epoch: int
+    addr: str
+
+
+@dataclass(slots=True)
+class ReshardStart:
+    """The coordinator's `reshard`: shard map `epoch` (`layout`) follows `old`, its shards
+    starting from `version` at least. `addr`: this server's own address."""
+    epoch: int
+    old: list
+    layout: list
+    version: int
+    addr: str
+
+
+@dataclass(slots=True)
+class HandoffPiece:
+    """Another server's piece of reshard `epoch`, from `src`: dense keys (`handoff`), or with
+    `rows` a sparse table's rows (`handoff_rows`). Its fields and arrays as the wire had them:
+    parsed once its reshard is under way, so that a bad early piece is refused alone."""
+    epoch: int
+    src: str
+    rows: bool
+    fields: dict
+    arrays: list
+
+
+@dataclass(slots=True)
+class ReshardCommit:
+    """The coordinator's `reshard_commit`: every server holds its range of `epoch`."""
+    epoch: int
+
+
+@dataclass(slots=True)
+class ReshardAbort:
+    """The coordinator's `reshard_abort`: the move of `epoch` is given up."""
+    epoch: int
+
+
+@dataclass(slots=True)
 class LoadSync:
     """A new backup's whole state from its primary (replication.sync_payload's frames). With
     `settings`, the sync is of another shard than this one (a backup re-attached after live
@@ -295,3 +339,30 @@ class Heartbeat:
 @dataclass(slots=True)
 class Stop:
     """Serve no more: the job is over."""
+
+
+@dataclass(slots=True)
+class Log:
+    """A line for the server's log, at `level` ("info" or "warning"): a pure part has no
+    logger of its own."""
+    level: str
+    text: str
+
+
+@dataclass(slots=True)
+class SendHandoffs:
+    """Open a DEALER to server `addr` and send it `messages`, each (op, fields, arrays), under
+    this server's name; it stays open until CloseHandoffs (closed at once, pieces not yet
+    delivered would be dropped)."""
+    addr: str
+    messages: list
+
+
+@dataclass(slots=True)
+class CloseHandoffs:
+    """Close the DEALERs of the last SendHandoffs: their reshard is done or given up."""
+
+
+@dataclass(slots=True)
+class ReleaseHeld:
+    """The shard serves again: handle the workers' requests held while it moved, in order."""

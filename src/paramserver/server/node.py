@@ -25,10 +25,10 @@ from paramserver.server.replica_link import ReplicaLink
 from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, LayoutKnown, LoadState, Pull, PullRows, PullState,
-    Push, PushRows, PushSparse, Reply,
-    Restore, RestoreFrom, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed,
-    ToCoordinator,
+    ApplyRound, Checkpoint, CloseHandoffs, HandoffPiece, Heartbeat, Init, JoinMove, LayoutKnown,
+    LoadState, Log, Pull, PullRows, PullState, Push, PushRows, PushSparse, ReleaseHeld, Reply,
+    ReshardAbort, ReshardCommit, ReshardStart, Restore, RestoreFrom, SaveShard, SendHandoffs,
+    ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.store import StoreError, spare_buffers
 from paramserver.spec.welcome import ServerJob
@@ -174,6 +174,24 @@ EVENTS = {
 }
 
 
+# ---- live resharding's ops -> events: no request of a worker, none answered --------------------
+# `addr` is this server's own address, by which the layouts name it.
+def _handoff(msg: Message, addr: str) -> HandoffPiece:
+    return HandoffPiece(msg["epoch"], msg.src, msg.op == "handoff_rows", msg.fields,
+                        msg.arrays)
+
+
+# Other servers' pieces (their role checked).
+PIECE_EVENTS = {"handoff": _handoff, "handoff_rows": _handoff}
+# The coordinator's word on a move.
+RESHARD_EVENTS = {
+    "reshard": lambda msg, addr: ReshardStart(msg["epoch"], msg["old"], msg["layout"],
+                                              msg.get("version", 0), addr),
+    "reshard_commit": lambda msg, addr: ReshardCommit(msg["epoch"]),
+    "reshard_abort": lambda msg, addr: ReshardAbort(msg["epoch"]),
+}
+
+
 class ShardLoad:
     """The shard's load for `paramserver top`, sent with each heartbeat as a `kind: shard`
     record (docs/metrics.md): seconds the core spent on pushes (adding into the round,
@@ -275,12 +293,13 @@ class ServerNode:
         self.replica = ReplicaLink(ctx, self.keys, backup, 2 * s.heartbeat_interval
                                    + s.coordinator_timeout, self.core, self._execute,
                                    self._notify, self.addr, feed=self.feed)
-        self.resharding = ReshardLink(ctx, self.keys, self)
+        self.resharding = ReshardLink(ctx, self.keys, self.core.resharding, self.router,
+                                      lambda: self.src)
         self._route()
         # Idle OpenMP threads spin; on a few shared cores that starves the other processes.
         torch.set_num_threads(s.server_threads)
         if welcome.get("handoff"):  # joining a running job: its keys come from the others
-            self.resharding.join(welcome.get("epoch", 0))
+            self.feed(JoinMove(welcome.get("epoch", 0), self.addr))
         elif welcome.get("layout") is not None:  # restarted after keys moved
             self.core.handle(LayoutKnown(welcome.get("epoch", 0), welcome["layout"]))
         if s.restore is not None:
@@ -364,7 +383,7 @@ class ServerNode:
 
         def term(signum, frame):
             self.sigterms += 1  # (the drain is asked from the loop: the sockets are its own)
-            if self.sigterms > 1 or self.resharding.drained:
+            if self.sigterms > 1 or self.core.resharding.drained:
                 log.warning("server %s: terminated", self.src)
                 raise SystemExit(Exit.PREEMPTED)
 
@@ -472,10 +491,6 @@ class ServerNode:
             rpc.send_or_drop(sock, Message("error", {"msg": str(exc), "code": "refused"},
                                            rid=msg.rid, src=self.src), ident)
 
-    def handle_worker(self, ident, msg: Message, frames) -> None:
-        """A worker's request held while the shard moved, handled now."""
-        self._safely(self.router, ident, msg, True, frames)
-
     @property
     def src(self) -> str:
         """The name this server sends under: its shard's (b<rank> while a backup, which a
@@ -486,19 +501,27 @@ class ServerNode:
         return f"{'b' if replica.backup else 's'}{self.core.settings.rank}"
 
     def _route(self) -> None:
-        """Who takes each op that is not a request for the core: each link the ops it
+        """Who takes each op that is not a request for the core: the replica link the ops it
         declares, the node its own (a worker's link probe; the coordinator's welcome, error
-        and stall probe). Every other op is parsed into an event for the core."""
-        peer, coordinator = {"probe": (None, self._probe)}, {
-            "welcome": self._from_coordinator, "error": self._from_coordinator,
-            "stall_probe": self._stall_probe}
-        for link_peer, link_coordinator in (self.replica.routes(self.router, EVENTS),
-                                             self.resharding.routes()):
-            if peer.keys() & link_peer.keys() or coordinator.keys() & link_coordinator.keys():
-                raise TypeError("two parts of a server take the same op")
-            peer.update(link_peer)
-            coordinator.update(link_coordinator)
+        and stall probe) and live resharding's, parsed into events for the core. Every other
+        op is a request, parsed into an event for the core."""
+        def piece(ident, msg, frames):
+            self._reshard_event(PIECE_EVENTS, msg)
+
+        def word(msg):
+            self._reshard_event(RESHARD_EVENTS, msg)
+        peer = {"probe": (None, self._probe), **dict.fromkeys(PIECE_EVENTS, ("server", piece))}
+        coordinator = {"welcome": self._from_coordinator, "error": self._from_coordinator,
+                       "stall_probe": self._stall_probe, **dict.fromkeys(RESHARD_EVENTS, word)}
+        link_peer, link_coordinator = self.replica.routes(self.router, EVENTS)
+        if peer.keys() & link_peer.keys() or coordinator.keys() & link_coordinator.keys():
+            raise TypeError("two parts of a server take the same op")
+        peer.update(link_peer)
+        coordinator.update(link_coordinator)
         self._peer_ops, self._coordinator_ops = peer, coordinator
+
+    def _reshard_event(self, parsers: dict, msg: Message) -> None:
+        self.feed(parsers[msg.op](msg, self.addr))
 
     def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
         """The message to the part that takes it (refused here when the peer may not send
@@ -637,6 +660,15 @@ class ServerNode:
                 self._to_coordinator(Message(ins.op, ins.fields, src=self.src))
             elif kind is Stop:
                 self.running = False
+            elif kind is Log:
+                getattr(log, ins.level)("%s", ins.text)
+            elif kind is SendHandoffs:
+                self.resharding.send(ins.addr, ins.messages)
+            elif kind is CloseHandoffs:
+                self.resharding.close()
+            elif kind is ReleaseHeld:
+                for ident, msg, frames in self.resharding.release():  # in order, as they came
+                    self._safely(self.router, ident, msg, True, frames)
             else:
                 raise TypeError(f"no way to carry out {ins!r}")
 
@@ -655,10 +687,8 @@ class ServerNode:
     def _notify(self, op: str, fields: dict) -> None:
         self._to_coordinator(Message(op, fields, src=self.src))
 
-    notify = _notify
-
     def feed(self, event) -> None:
-        """An event of one of the node's links for the core (a reshard's Rebuild, a backup's
+        """An event that is no worker's request for the core (live resharding's, a backup's
         LoadSync), its instructions carried out; the node's settings and name follow the
         core's shard (a reshard renumbers it, a re-attached backup mirrors another)."""
         core, was = self.core, self.core.settings
@@ -674,7 +704,8 @@ class ServerNode:
         core = self.core
         if core is None:
             return {"op": "welcome", "peer": "coordinator"}
-        moving = self.resharding.waiting() if self.resharding is not None else None
+        held = len(self.resharding.queued) if self.resharding is not None else 0
+        moving = core.resharding.waiting(held)
         if moving is not None:
             return moving
         return {"op": "serve", "note": f"version {core.store.version}, {len(core.pulls)} "

@@ -1,7 +1,8 @@
 """The shard's part for what changes which shard it is: a committed reshard (`Rebuild`), the
 shard map it learns (`LayoutKnown`), a new backup's whole state from its primary (`LoadSync`).
-The node's links receive them (server/reshard_link.py, server/replica_link.py) and hand them in
-as events; the core stays the one object its node holds. Pure: events in, instructions out."""
+The core's resharding part (server/resharding.py) hands it the Rebuild of a commit, the node's
+replica link (server/replica_link.py) a sync; the core stays the one object its node holds.
+Pure: events in, instructions out."""
 
 from __future__ import annotations
 
