@@ -357,3 +357,28 @@ def test_a_push_never_copies_its_gradient_on_the_way_in(mode, monkeypatch):
     else:
         run(c, Push("p", "w0", 1, 0, N, grad, 0, 2, 0))
         np.testing.assert_allclose(c.store.round_sum.numpy(), 2 * grad)
+
+
+def test_a_welcomes_server_job_reaches_the_shards_settings_field_for_field():
+    """Every setting the welcome's ServerJob carries arrives in ShardSettings (none left at a
+    default on the way): a setting both declare by one name needs no mapping of its own."""
+    import dataclasses
+
+    from paramserver.server.events import RestoreFrom, ShardSettings
+    from paramserver.server.node import shard_settings
+    from paramserver.spec.job import OptimizerSpec, TableSpec
+    from paramserver.spec.welcome import ServerJob, ShardRestore
+    from paramserver.wire import Message
+    job = ServerJob((10, 50), "float64", "round", OptimizerSpec("adam", 0.01, {"eps": 1e-6}),
+                    0.25, 7.5, 3, ShardRestore("/ck", "t4", 9, True, True),
+                    (TableSpec("emb", 4),), 3, "/ck0", 1 << 20, 17, 23, 5, 4096)
+    s = shard_settings(Message("welcome", {"job": job.to_dict(), "rank": 2}), 12.0)
+    assert (s.rank, s.lo, s.hi, s.pull_timeout) == (2, 10, 50, 12.0)
+    assert (s.optimizer, s.lr, s.optimizer_options) == ("adam", 0.01, {"eps": 1e-6})
+    assert s.restore == RestoreFrom("/ck", "t4", 9, True, True)
+    for f in dataclasses.fields(ServerJob):
+        if f.name in {x.name for x in dataclasses.fields(ShardSettings)} - {"optimizer",
+                                                                             "restore"}:
+            got, sent = getattr(s, f.name), getattr(job, f.name)
+            assert got == sent, f.name
+            assert got != f.default, f"{f.name}: the test must send a value off its default"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -59,6 +60,12 @@ READ_REPLIES = frozenset(("values", "rows"))
 REFUSED = (StoreError, ValueError, KeyError, TypeError, IndexError, ArithmeticError)
 
 
+# The settings a shard reads from its ServerJob by the same name, as they are: a new one that
+# both declare reaches core and node with no line here. (The rest are mapped below.)
+_AS_SENT = frozenset(f.name for f in dataclasses.fields(ShardSettings)) & frozenset(
+    f.name for f in dataclasses.fields(ServerJob)) - {"optimizer", "restore"}
+
+
 def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
     """The one place that reads the job of a welcome: parsed as a ServerJob, mapped to the
     settings of core and node."""
@@ -68,15 +75,9 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
     restore = None if r is None else RestoreFrom(r.dir, r.tag, r.version_floor, r.restart,
                                                  r.initial)
     return ShardSettings(
-        rank=welcome["rank"], lo=lo, hi=hi, dtype=job.dtype, apply_mode=job.apply_mode,
-        optimizer=opt.name, lr=opt.lr, optimizer_options=dict(opt.options),
-        pull_timeout=pull_timeout, heartbeat_interval=job.heartbeat_interval,
-        coordinator_timeout=job.coordinator_timeout, server_threads=job.server_threads,
-        restore=restore, tables=job.tables, servers=job.servers,
-        max_pending_pulls=job.max_pending_pulls, max_unacked_pushes=job.max_unacked_pushes,
-        max_message_bytes=job.max_message_bytes,
-        initial_checkpoint_dir=job.initial_checkpoint_dir, max_servers=job.max_servers,
-        chunk_bytes=job.chunk_bytes)
+        rank=welcome["rank"], lo=lo, hi=hi, optimizer=opt.name, lr=opt.lr,
+        optimizer_options=dict(opt.options), pull_timeout=pull_timeout, restore=restore,
+        **{name: getattr(job, name) for name in _AS_SENT})
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
