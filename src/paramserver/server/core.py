@@ -3,9 +3,9 @@
 ShardCore composes the objects that own the shard's state: ShardStore (values, version,
 optimizer state, the round aggregate), ShardTables (the sparse tables and their rows of the
 open round), DedupTable (replies to pushes already applied) and PendingPulls (pulls waiting for
-a version). It owns two rules of its own: a push that makes the round full applies it at once,
-and heartbeats go out every heartbeat_interval of event time carrying the loss counters when
-they changed.
+a version), and the parts that take events of their own (ShardSaves: checkpoints;
+ShardBeats: heartbeats; RuleState, ShardMoves, Resharding). It owns one rule of its own: a
+push that makes the round full applies it at once.
 
 Replies that carry views of the live values (range pulls) are sent zero-copy; the node hands
 the send's tracker back through lend(). Until then the store does not know the view is out,
@@ -21,11 +21,13 @@ from paramserver.optim import make_rule
 from paramserver.server.resharding import Resharding
 from paramserver.server.retries import RetryGuard
 from paramserver.server.rule_state import RuleState
+from paramserver.server.shard_beats import ShardBeats
 from paramserver.server.shard_moves import ShardMoves
+from paramserver.server.shard_saves import ShardSaves
 from paramserver.server.deltas import PullRefs
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, Heartbeat, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply,
-    Restore, SaveShard, ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
+    ApplyRound, Init, Pull, PullRows, Push, PushRows, PushSparse, Reply, ShardSettings, Shutdown,
+    Status, Stop, Then, TimePassed,
 )
 from paramserver.server.pulls import PendingPulls, TooManyPulls
 from paramserver.server.store import PushResult, ShardStore, StoreError
@@ -45,9 +47,11 @@ class ShardCore:
         self._handlers = {
             Push: self._push, PushSparse: self._push_sparse, Pull: self._pull,
             ApplyRound: self._apply_round, TimePassed: self._time_passed, Init: self._init,
-            Status: self._status, Checkpoint: self._checkpoint, Restore: self._restore,
+            Status: self._status,
             Shutdown: self._shutdown, PullRows: self._pull_rows, PushRows: self._push_rows,
         }
+        self.saves = ShardSaves(self)  # (checkpoint 0 at init, below)
+        self._handlers.update(self.saves.handlers())
         self._handlers.update(RuleState(self).handlers())
         self._handlers.update(ShardMoves(self).handlers())
         # Kept by name: the node reads whether the shard moves (it holds workers' requests
@@ -63,7 +67,6 @@ class ShardCore:
         self.retries = RetryGuard(settings.max_unacked_pushes)
         self.refused_pulls = 0  # pulls beyond a client's allowance of waiting ones
         self.lost_updates = 0  # updates a restore from checkpoint could not bring back
-        self.busy_s = 0.0  # the node's busy seconds, as its last TimePassed said
         # An elastic-servers job's shard map (server/handoff.py), set at a reshard: a request
         # touching keys outside this shard is refused `moved` with them. None: not known, a
         # request outside is refused as bad input.
@@ -71,8 +74,7 @@ class ShardCore:
         self.layout: list | None = None
         self.stopped = False
         self.initial_saved = False  # checkpoint 0 on disk (saved at init, or restored from)
-        self._beat_due = float("-inf")  # the first look at the clock beats
-        self._counters_sent = {"late_pushes": 0, "duplicates": 0}  # as the last beat told
+        self.beats = ShardBeats(self)
 
     def on_range(self, settings: ShardSettings, alloc=None) -> None:
         """The parts bound to the shard's rank and key range, new and empty."""
@@ -103,7 +105,7 @@ class ShardCore:
     def next_wakeup(self) -> float:
         """The event time by which the core wants a TimePassed: the next heartbeat, or the
         earliest deadline of a waiting pull."""
-        return min(self._beat_due, self.pulls.next_deadline)
+        return min(self.beats.due, self.pulls.next_deadline)
 
     # ---- writes ---------------------------------------------------------------------------------
     def _init(self, ev: Init) -> list:
@@ -111,11 +113,11 @@ class ShardCore:
             return [self.moved(ev.to)]
         was = self.store.initialized
         took = self.store.init(ev.lo, ev.hi, ev.values)
-        out = self._serve([])
+        out = self.serve([])
         if self.store.initialized and not was and self.settings.initial_checkpoint_dir:
             # Checkpoint 0, on disk before the init's ack: once its initializer goes on, a
             # restart of this shard can always find its initial values.
-            out.insert(0, self._save(INITIAL_TAG, self.settings.initial_checkpoint_dir))
+            out.insert(0, self.saves.save(INITIAL_TAG, self.settings.initial_checkpoint_dir))
             self.initial_saved = True
         out.append(Reply(ev.to, "ack", {"version": self.store.version,
                                         "staleness": 0 if took else -1}))
@@ -221,7 +223,7 @@ class ShardCore:
             return [ack, Then(ApplyRound(None, st.round_step))]
         if not self.pulls:
             return [ack]
-        out = self._serve([])  # arrival mode: the push made a version pulls may wait for
+        out = self.serve([])  # arrival mode: the push made a version pulls may wait for
         out.append(ack)
         return out
 
@@ -232,7 +234,7 @@ class ShardCore:
         total = sum(st.round_batches.values())
         if st.apply_round(ev.step) and self.tables:
             self.tables.apply_round(total)
-        return self._serve([])
+        return self.serve([])
 
     # ---- reads ----------------------------------------------------------------------------------
     def _pull(self, ev: Pull) -> list | tuple:
@@ -306,7 +308,7 @@ class ShardCore:
         fields, frames = kept
         return Reply(ev.to, "values", fields, frames)
 
-    def _serve(self, out: list) -> list:
+    def serve(self, out: list) -> list:
         """Answer the waiting pulls the shard's version now satisfies (appended to `out`)."""
         if self.pulls and self.store.initialized:
             for pull in self.pulls.reached(self.store.version):
@@ -327,36 +329,10 @@ class ShardCore:
         return [Reply(ev.to, "state", {"state": state})]
 
     # ---- checkpoints, time, the end -------------------------------------------------------------
-    def _checkpoint(self, ev: Checkpoint) -> list:
-        saved = Reply(ev.to, "saved", {"tag": ev.tag, "version": self.store.version})
-        if ev.tag == INITIAL_TAG and self.initial_saved:
-            return [saved]  # it holds the initial values; pushes since must not overwrite them
-        return [self._save(ev.tag, ev.dir, saved)]
-
-    def _save(self, tag: str, directory: str, done: Reply | None = None) -> SaveShard:
-        arrays, meta = self.store.snapshot()
-        arrays.update(self.tables.snapshot())  # only the rows that exist
-        meta["applied"] = self.retries.dump()  # the retries of saved pushes stay answered
-        return SaveShard(tag, directory, arrays, meta, done)
-
-    def _restore(self, ev: Restore) -> list:
-        self.initial_saved = self.initial_saved or ev.tag == INITIAL_TAG
-        self.lost_updates = self.store.restore(ev.arrays, ev.meta, ev.version_floor)
-        self.refs.values_replaced()  # (the version may not move: see server/deltas.py)
-        self.tables.restore(ev.arrays)
-        # The pushes in the checkpoint stay applied once: their retries are answered.
-        self.retries.load(ev.meta.get("applied", []))
-        out = self._serve([])
-        if ev.announce:  # back after a crash: the coordinator counts what was lost
-            out.append(ToCoordinator("restored", {
-                "tag": ev.tag, "lost_updates": self.lost_updates,
-                "version": self.store.version}))
-        return out
-
     def _time_passed(self, ev: TimePassed) -> list | tuple:
         now = ev.now
-        self.busy_s = ev.busy
-        if now < self._beat_due and now < self.pulls.next_deadline:
+        beat = self.beats.tick(now, ev.busy)
+        if beat is None and now < self.pulls.next_deadline:
             return _NOTHING
         out = []
         st = self.store
@@ -366,33 +342,9 @@ class ShardCore:
             out.append(Reply(pull.to, "error", {
                 "msg": f"server {self.name} waited {self.settings.pull_timeout:.0f} s for "
                        f"{what}", "code": "timeout"}))
-        if now >= self._beat_due:
-            self._beat_due = now + self.settings.heartbeat_interval
-            out.append(Heartbeat(self._changed_counters()))
+        if beat is not None:
+            out.append(beat)
         return out
-
-    def _changed_counters(self) -> dict | None:
-        """The counters for the job's metrics (summed in summary.json): pushes dropped as
-        late, retries answered twice, retries refused as older than the dedup window; with
-        tables, their rows, admissions and evictions
-        (summed over tables); once the node has measured any, its busy seconds (to the
-        millisecond: a shard with nothing to do stays quiet); None when the last heartbeat
-        told them already."""
-        retries = self.retries.counters()
-        counters = {"late_pushes": self.store.late_pushes, "duplicates": retries["duplicates"]}
-        for name, n in (("refused_retries", retries["refused_retries"]),
-                        ("refused_pushes", retries["refused_pushes"]),
-                        ("refused_pulls", self.refused_pulls)):
-            if n:
-                counters[name] = n
-        if self.tables:
-            counters.update(self.tables.beat_counters())
-        if self.busy_s:
-            counters["busy_s"] = round(self.busy_s, 3)
-        if counters == self._counters_sent:
-            return None
-        self._counters_sent = counters
-        return counters
 
     def _shutdown(self, ev: Shutdown) -> list:
         self.stopped = True
