@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +29,10 @@ def join_address() -> str:
         from paramserver.launch.local import LocalCluster
         from paramserver.spec.config import TrainConfig
         run_dir = Path(f"runs/{time.strftime('%Y%m%d-%H%M%S')}-script-{os.getpid()}")
+        try:
+            run_dir.mkdir(parents=True)
+        except OSError:  # a working folder it may not write: the run goes to a temporary one
+            run_dir = Path(tempfile.mkdtemp(prefix="paramserver-script-"))
         cluster = LocalCluster(script_job(TrainConfig(workers=1, servers=1)), run_dir,
                                keys=None, fork=False)
         print(f"paramserver: no job to join (not under `paramserver launch`): this script runs "
