@@ -65,7 +65,24 @@ def test_a_horovod_script_run_with_plain_python_is_a_job_of_one_worker_that_ends
     assert sum(e["event"] == "apply_round" for e in events) == 47
     assert {"event": "worker_left", "worker": 0, "reason": "done"}.items() <= events[-1].items()
     left = [p.pid for p in psutil.process_iter(["cmdline"])
-            if str(run) in " ".join(p.info["cmdline"] or [])]
+            if run.name in " ".join(p.info["cmdline"] or [])]  # (roles name it relatively)
+    assert not left, f"processes of the script's job outlived it: {left}"
+
+
+def test_a_plain_python_script_that_ends_before_joining_takes_its_job_down_at_once(tmp_path):
+    """hvd.init() started the script's own job; the script ends before any optimizer joined:
+    nothing waits at the start barrier, the roles are stopped at its exit, none outlives it."""
+    import psutil
+    script = tmp_path / "gives_up.py"
+    script.write_text("import paramserver.horovod as hvd\nhvd.init()\n"
+                      "raise SystemExit('no data here')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PARAMSERVER_JOIN"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "no data here" in proc.stderr, proc.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if run.name in " ".join(p.info["cmdline"] or [])]  # (roles name it relatively)
     assert not left, f"processes of the script's job outlived it: {left}"
 
 

@@ -442,12 +442,13 @@ _joined: list[DistributedOptimizer] = []  # this process's optimizers, for rank(
 def _close_at_exit() -> None:
     """A script that returns without close(): its rank leaves now, so the others do not wait
     a heartbeat timeout for it (and one that never stepped says so)."""
+    left = bool(_joined)
     for opt in list(_joined):
         # A coordinator already gone must not hold the interpreter's exit for long.
         opt.kv.session.timeout = min(opt.kv.session.timeout, 5.0)
         opt.close()
-    if own_job is not None:  # its worker gone, a job of this process's own ends with it
-        own_job.stop()
+    if own_job is not None:  # a job of this process's own ends with it
+        own_job.stop(finished=left)
 
 
 def init(join: str | None = None) -> None:

@@ -51,9 +51,15 @@ def join_address() -> str:
     return _cluster.address
 
 
-def stop(grace: float = 10.0) -> None:
-    """Reap the job's roles once its worker has left (the coordinator then ends the job)."""
+def stop(finished: bool = True, grace: float = 10.0) -> None:
+    """Reap the job's roles: once its worker has left (`finished`: the coordinator then ends
+    the job, and they exit on their own within `grace`), or at once when none ever joined
+    (the script ended before its optimizer did: nothing waits at the start barrier)."""
     global _cluster
     cluster, _cluster = _cluster, None
-    if cluster is not None:
+    if cluster is None:
+        return
+    if finished:
         cluster.finish(grace)
+    else:
+        cluster.stop(grace=2.0)
