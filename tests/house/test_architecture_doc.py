@@ -1,6 +1,6 @@
 """docs/architecture.md against the code: the events and instructions it lists for each role
 core are those the code has (and the core handles every event listed), and every part its
-tables name is a class in the file named beside it."""
+tables name is a class in the file named beside it, and every part that takes events has a row."""
 
 import ast
 import re
@@ -75,3 +75,17 @@ def test_every_part_in_the_tables_is_a_class_of_the_file_named():
         defined = set().union(*(classes(SRC / f) for f in re.findall(r"`([\w/]+\.py)`", files)))
         for name in re.findall(r"`(\w+)`", names):
             assert name in defined, f"{name} is no class of {files}"
+
+
+def test_every_part_that_takes_events_is_in_a_parts_table():
+    """The reverse: each object whose handlers a role core merges (a part that takes events)
+    has a row, so a new part cannot land unlisted."""
+    named = {n for names, _ in parts_rows() for n in re.findall(r"`(\w+)`", names)}
+    coordinator = CoordinatorState(job_of())
+    shard = ShardCore(ShardSettings(rank=0, lo=0, hi=4, dtype="float32",
+                                    apply_mode="arrival", optimizer="sgd", lr=0.1))
+    for core in (coordinator, shard):
+        owners = {type(h.__self__).__name__ for h in core._handlers.values()
+                  if hasattr(h, "__self__") and h.__self__ is not core}
+        assert owners, f"no parts found in {type(core).__name__}"
+        assert owners <= named, f"parts missing from the tables: {sorted(owners - named)}"
