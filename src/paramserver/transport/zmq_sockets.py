@@ -75,7 +75,16 @@ def return_freed_memory() -> bool:
         return False
 
 
+# Frames below this are copied into ZeroMQ's own message when sent, larger ones lent zero-copy.
+# pyzmq's default (64 KB) lends mid-sized frames too, and each lend costs a Frame, a reference
+# kept in pyzmq's garbage collector and that collector thread's wake-up to let it go: over TCP a
+# 128 KB push+pull took 0.75 ms lent against 0.53 copied, 200 KB 0.74 against 0.63, while from
+# 600 KB on the copy costs more than the lend (benchmarks/README, "Mid-sized frames").
+COPY_BELOW = 256 << 10
+
+
 def _tune(sock: zmq.Socket, hwm: int, max_message: int | None = None) -> None:
+    sock.copy_threshold = COPY_BELOW
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
