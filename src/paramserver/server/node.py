@@ -278,7 +278,7 @@ class ServerNode:
         return msg
 
     def _build_core(self, welcome: Message, ctx: zmq.Context, hold) -> None:
-        s = self.settings = shard_settings(welcome, self.pull_timeout)
+        s = shard_settings(welcome, self.pull_timeout)
         backup = bool(welcome.get("backup", False))
         limit = s.max_message_bytes
         if backup:  # the state sync carries the whole shard, an array per frame
@@ -493,6 +493,12 @@ class ServerNode:
                                            rid=msg.rid, src=self.src), ident)
 
     @property
+    def settings(self) -> ShardSettings:
+        """The shard's settings: its core's (a reshard renumbers it, a re-attached backup
+        mirrors another shard)."""
+        return self.core.settings
+
+    @property
     def src(self) -> str:
         """The name this server sends under: its shard's (b<rank> while a backup, which a
         promotion ends; a reshard renumbers it), "server" until its welcome."""
@@ -507,10 +513,10 @@ class ServerNode:
         and stall probe) and live resharding's, parsed into events for the core. Every other
         op is a request, parsed into an event for the core."""
         def piece(ident, msg, frames):
-            self._reshard_event(PIECE_EVENTS, msg)
+            self.feed(PIECE_EVENTS[msg.op](msg, self.addr))
 
         def word(msg):
-            self._reshard_event(RESHARD_EVENTS, msg)
+            self.feed(RESHARD_EVENTS[msg.op](msg, self.addr))
         peer = {"probe": (None, self._probe), **dict.fromkeys(PIECE_EVENTS, ("server", piece))}
         coordinator = {"welcome": self._from_coordinator, "error": self._from_coordinator,
                        "stall_probe": self._stall_probe, **dict.fromkeys(RESHARD_EVENTS, word)}
@@ -520,9 +526,6 @@ class ServerNode:
         peer.update(link_peer)
         coordinator.update(link_coordinator)
         self._peer_ops, self._coordinator_ops = peer, coordinator
-
-    def _reshard_event(self, parsers: dict, msg: Message) -> None:
-        self.feed(parsers[msg.op](msg, self.addr))
 
     def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
         """The message to the part that takes it (refused here when the peer may not send
@@ -690,11 +693,11 @@ class ServerNode:
 
     def feed(self, event) -> None:
         """An event that is no worker's request for the core (live resharding's, a backup's
-        LoadSync), its instructions carried out; the node's settings and name follow the
-        core's shard (a reshard renumbers it, a re-attached backup mirrors another)."""
+        LoadSync), its instructions carried out (the node's settings and name are its core's,
+        so they follow a reshard or a re-attached backup's new shard)."""
         core, was = self.core, self.core.settings
         out = core.handle(event)
-        s = self.settings = core.settings
+        s = core.settings
         if (s.rank, s.lo, s.hi) != (was.rank, was.lo, was.hi) and self.replica.backup:
             log.info("backup now mirrors shard %d, keys [%d, %d)", s.rank, s.lo, s.hi)
         self._execute(out)
