@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +35,17 @@ def local_ray():
     ray.shutdown()
 
 
+def role_folders() -> set[str]:
+    """The role folders Ray actors on this host have in the temp folder (RoleProcess)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("paramserver-*-*")
+            if p.is_dir() and p.name.split("-")[1] in ("coordinator", "server", "worker",
+                                                       "evaluator")}
+
+
 @pytest.mark.slow  # ~35 s on 2 shared cores, most of it Ray starting: beyond the default budget
 def test_default_training_reaches_target_accuracy_as_ray_actors(local_ray, tmp_path):
     cfg = TrainConfig(sync="bsp", workers=2, epochs=4, lr=0.2)
+    before = role_folders()
     summary = run_training(cfg, tmp_path / "run", quiet=True, timeout=300,
                            launcher={"name": "ray", "resources": SMALL})
     assert summary["final_test_accuracy"] >= 0.9
@@ -51,6 +61,8 @@ def test_default_training_reaches_target_accuracy_as_ray_actors(local_ray, tmp_p
     # The roles ran with the job's keys: a plaintext peer would have been refused.
     coordinator_log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
     assert "coordinator at tcp://127.0.0.1:" in coordinator_log
+    # Each role's private folder (its keys among its files) is gone once the job is.
+    assert role_folders() - before == set()
 
 
 @pytest.mark.slow  # ~40 s: waits for the heartbeat timeout and Ray's restart
@@ -60,6 +72,7 @@ def test_a_killed_worker_is_restarted_by_ray_and_rejoins(local_ray, tmp_path):
     cluster = RayCluster(prepare_job(cfg), tmp_path, resources=Resources(**SMALL),
                          job_timeout=300, restart_workers=1)
     killed = []
+    before = role_folders()
 
     def kill_once():  # 20 rounds into training: SIGKILL worker 1's role process
         actors = {name: a for name, _, a in cluster.actors}
@@ -77,6 +90,8 @@ def test_a_killed_worker_is_restarted_by_ray_and_rejoins(local_ray, tmp_path):
     later = steps_after_the_death(records)
     assert later, "the worker Ray restarted never trained"
     assert [r for r in records if r["kind"] == "eval"][-1]["accuracy"] >= 0.9
+    # Neither the killed incarnation's folder nor its successor's is left on the node.
+    assert role_folders() - before == set()
 
 
 @pytest.mark.slow  # ~45 s: Ray starting, the heartbeat timeout and Ray's actor restart
@@ -90,6 +105,7 @@ def test_replicated_shards_as_ray_actors_a_killed_primary_loses_nothing(local_ra
     job = prepare_job(cfg)
     cluster = RayCluster(job, tmp_path, resources=Resources(**SMALL), job_timeout=300)
     killed = []
+    before = role_folders()
 
     def kill_once():  # 100 steps into training: SIGKILL the primary's role process
         actors = {name: a for name, _, a in cluster.actors}

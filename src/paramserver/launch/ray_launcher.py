@@ -95,6 +95,9 @@ class RoleProcess:
 
     def _die_with_child(self) -> None:
         if self.proc.wait() != 0:
+            # The restarted actor makes a folder of its own; this one (keys included) would
+            # outlive the job on this node. Its log went to the launcher as it was written.
+            shutil.rmtree(self.dir, ignore_errors=True)
             os._exit(1)  # Ray sees the actor die and restarts it (max_restarts)
 
     def poll(self) -> int | None:
@@ -150,6 +153,12 @@ class RoleProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         shutil.rmtree(self.dir / "keys", ignore_errors=True)
+
+    def discard(self) -> None:
+        """Stop the role and remove its folder: the launcher has fetched what it keeps, and
+        nothing of a job may stay behind in a node's temp folder."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @dataclass
@@ -509,6 +518,7 @@ class RayCluster:
                     self.exits[name] = ray.get(actor.poll.remote(), timeout=30)
                 ray.get(actor.stop.remote(), timeout=30)
                 files = ray.get(actor.fetch.remote(), timeout=60)
+                ray.get(actor.discard.remote(), timeout=30)
             except Exception:
                 continue
             for rel, data in files.items():
