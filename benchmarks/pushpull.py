@@ -19,6 +19,9 @@ Usage: python benchmarks/pushpull.py [--quick] [--repeats 5]
           turns in one run: medians and their ratios; --tcp-chunks adds stack tcp variants
           with other TCP chunk sizes and numbers in flight, --zmq-pieces zmq p+p variants
           with the push and pull cut into pieces)
+       python benchmarks/pushpull.py --tcp-vs-socket [--big-sizes 64M,400M,4G] [--rounds 3]
+         (big models over TCP only: stack tcp beside the raw socket echo at each size, taking
+          turns: the stack's throughput as a share of raw loopback TCP's; 4G needs ~17 GB free)
 """
 
 from __future__ import annotations
@@ -291,6 +294,8 @@ def bench_stack(nbytes: int, repeats: int, workers: int, push_only: bool = False
 
 
 def fmt(nbytes: int) -> str:
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} KB"
 
 
@@ -357,6 +362,49 @@ def tcp_vs_zmq(nbytes: int, rounds: int, repeats: int, chunkings: list[str],
               f"{best[k]:.3f} ms")
 
 
+BIG_SIZES = "64M,400M,4G"
+# Bytes each process holds at a size, at the peak of either arm, as a multiple of the size:
+# the stack's worker its gradient and its output, the shard its values and a receive chunk;
+# the echo three buffers. Spares for the interpreters.
+BIG_FOOTPRINT = 4.2
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(float(text))
+
+
+def tcp_vs_socket(sizes: list[int], rounds: int) -> None:
+    """The stack over TCP only (one shard, the job's default chunking) against raw loopback
+    TCP (the echo of bench_socket), taking turns `rounds` times at each size: their medians
+    and the stack's throughput as a share of the socket's. A size that does not fit in the
+    memory free now is skipped, saying so."""
+    import psutil
+    keep_freed_memory()
+    for nbytes in sizes:
+        free = psutil.virtual_memory().available
+        if nbytes * BIG_FOOTPRINT > free:
+            print(f"{fmt(nbytes)}: skipped, needs about {nbytes * BIG_FOOTPRINT / 1e9:.1f} GB "
+                  f"free, {free / 1e9:.1f} GB is", flush=True)
+            continue
+        repeats = 1 if nbytes >= 1 << 30 else 2
+        t: dict[str, list[float]] = {"socket": [], "tcp": []}
+        for i in range(rounds):
+            arms = [("socket", lambda: bench_socket(nbytes, repeats)),
+                    ("tcp", lambda: bench_stack(nbytes, repeats, 1, shared=False))]
+            for name, run in arms[i % 2:] + arms[:i % 2]:  # each goes first in turn
+                t[name].append(run())
+            print(f"{fmt(nbytes)} round {i}: socket {t['socket'][-1] * 1e3:.1f} ms  stack tcp "
+                  f"{t['tcp'][-1] * 1e3:.1f} ms", flush=True)
+        sock, tcp = statistics.median(t["socket"]), statistics.median(t["tcp"])
+        per = [a / b for a, b in zip(t["socket"], t["tcp"])]
+        print(f"{fmt(nbytes)} push+pull, medians of {rounds} rounds: raw socket {sock:.3f} s "
+              f"({2 * nbytes / sock / 1e9:.2f} GB/s), stack tcp {tcp:.3f} s "
+              f"({2 * nbytes / tcp / 1e9:.2f} GB/s); stack throughput / socket {sock / tcp:.2f} "
+              f"(per round {min(per):.2f}-{max(per):.2f})", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
@@ -374,7 +422,15 @@ def main() -> int:
     parser.add_argument("--zmq-pieces", default="", metavar="K:W,...",
                         help="with --tcp-vs-zmq: more `zmq p+p` variants taking turns, the "
                         "push and the pull each in K pieces, W unanswered (e.g. 2:2,4:2)")
+    parser.add_argument("--tcp-vs-socket", action="store_true", help="only `stack tcp` beside "
+                        "the raw socket echo at each of --big-sizes, taking turns --rounds "
+                        "times: the stack's share of raw loopback TCP throughput")
+    parser.add_argument("--big-sizes", default=BIG_SIZES, metavar="SIZE,...",
+                        help="sizes for --tcp-vs-socket, with K, M or G (default %(default)s)")
     args = parser.parse_args()
+    if args.tcp_vs_socket:
+        tcp_vs_socket([_size(x) for x in args.big_sizes.split(",") if x], args.rounds)
+        return 0
     if args.tcp_vs_zmq:
         tcp_vs_zmq(args.bytes, args.rounds, args.repeats,
                    [c for c in args.tcp_chunks.split(",") if c],
