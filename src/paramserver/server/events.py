@@ -200,6 +200,9 @@ class Restore:
     meta: dict
     version_floor: int = 0
     announce: bool = False  # tell the coordinator what was lost (a restart after a crash)
+    # Every part of the shard made new first: a backup promoted before it was synced drops
+    # what it holds of its primary's (coordinator/orphans.py).
+    fresh: bool = False
 
 
 @dataclass(slots=True)
