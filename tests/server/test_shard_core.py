@@ -395,7 +395,7 @@ def test_a_welcomes_server_job_reaches_the_shards_settings_field_for_field():
     from paramserver.wire import Message
     job = ServerJob((10, 50), "float64", "round", OptimizerSpec("adam", 0.01, {"eps": 1e-6}),
                     0.25, 7.5, 3, ShardRestore("/ck", "t4", 9, True, True),
-                    (TableSpec("emb", 4),), 3, "/ck0", 1 << 20, 17, 23, 5, 4096)
+                    (TableSpec("emb", 4),), 3, "/ck0", 1 << 20, 17, 23, 5, 4096, 2)
     s = shard_settings(Message("welcome", {"job": job.to_dict(), "rank": 2}), 12.0)
     assert (s.rank, s.lo, s.hi, s.pull_timeout) == (2, 10, 50, 12.0)
     assert (s.optimizer, s.lr, s.optimizer_options) == ("adam", 0.01, {"eps": 1e-6})

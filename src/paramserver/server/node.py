@@ -584,12 +584,15 @@ class ServerNode:
             self.load.apply_s += time.perf_counter() - began
         else:
             out = self.core.handle(event)
-        if seq is None:
+        # A replicated shard's init, before training: acknowledged once a backup holds it.
+        init = (msg.op == "init" and self.settings.replicas > 1
+                and self.core.store.version == 0)
+        if seq is None and not init:
             self._execute(out)
             return
         held, rest = replica.hold_out(to, out)
         self._execute(rest)
-        self._execute(replica.hold(seq, held))
+        self._execute(replica.hold(seq, held, init))
 
     def _stall_probe(self, msg: Message) -> None:
         self._to_coordinator(Message("stall_answer", probe_answer(msg["n"], "server",
