@@ -14,6 +14,9 @@ Either way the job recovers before training, nothing lost: the backup takes the 
 the worker's init reaches it, the next backup syncs from it, training runs and every
 acknowledged push is in the final values; the job then ends normally. Before the fix the
 init (or the registration) waited for the start timeout.
+
+Mid-job (the last test), a rebuilt backup not synced yet takes over from the latest
+checkpoint, losing exactly the round its primary applied alone, counted.
 """
 
 import os
@@ -113,3 +116,62 @@ def test_a_primary_lost_before_its_backup_synced_is_taken_over_before_training(t
     assert {e["rank"] for e in events if e["event"] == "backup_synced"} == {0, 1}
     assert not [e for e in events if e["event"] in ("job_failed", "server_restored")]
     assert cluster.coordinator.proc.returncode == 0
+
+
+def _steps(kv, release, steps):
+    """`steps` BSP steps of known gradients (as tests/server/test_server_recovery.py)."""
+    for _ in range(steps):
+        kv.pull(min_version=release.min_version)
+        grad = known_gradient(kv.rank, release.step, 10, kv.dtype)
+        kv.push(grad, step=release.step, batch=1)
+        release = kv.clock(release.step, batch=1, compute_time=0.0)
+    kv.pull(min_version=release.min_version)
+    return release
+
+
+def test_mid_job_a_backup_not_synced_takes_over_from_the_latest_checkpoint(tmp_path):
+    """Shard 1's backup dies; round 4 is applied by its primary alone; the primary is
+    SIGSTOPped before the rebuilt backup's attach reaches it, then killed. The rebuilt backup
+    is promoted from checkpoint 4, exactly round 4 is lost on shard 1 (and counted), and
+    training goes on to its end. (No supervisor: the test starts the one rebuilt backup.)"""
+    from paramserver.runlog.checkpoint import latest
+    from paramserver.runlog.metrics import read_records, summarize
+    job = make_job(10, 2, 1, sync="bsp", replicas=2, retry_interval=0.3,
+                   heartbeat_timeout=2.0, checkpoint={"dir": str(tmp_path / "ckpt"), "every": 2})
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=90, keys=None)
+    kv = None
+    try:
+        cluster.start(spawn_workers=False)
+        kv = KVWorker(cluster.address, timeout=30.0)
+        kv.init(np.zeros(10))
+        release = _steps(kv, kv.start(), 4)  # rounds 0..3 on both copies; checkpoints 2, 4
+        wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30)
+        b1 = next(e["addr"] for e in _events(cluster, "backup_joined") if e["rank"] == 1)
+        p1 = next(e["addr"] for e in _events(cluster, "server_joined") if e["rank"] == 1)
+        os.kill(server_listening_at(cluster, b1).proc.pid, signal.SIGKILL)
+        wait_for(lambda: _events(cluster, "backup_lost"), "the backup dropped", timeout=30)
+        release = _steps(kv, release, 1)  # round 4: shard 1's primary alone holds it
+        primary = server_listening_at(cluster, p1).proc
+        os.kill(primary.pid, signal.SIGSTOP)
+        cluster._rebuild_backup()  # attached to the stopped primary: it never syncs
+        wait_for(lambda: _events(cluster, "server_restored"), "the takeover", timeout=30)
+        os.kill(primary.pid, signal.SIGKILL)
+        release = _steps(kv, release, 3)  # rounds 5..7 on the successor
+        final = kv.pull(min_version=release.min_version)
+        kv.bye()
+        assert cluster.coordinator.proc.wait(60) == 0
+    finally:
+        if kv is not None:
+            kv.close()
+        cluster.stop()
+    grads = [known_gradient(0, s, 10, np.float64) for s in range(8)]
+    expected = -sum(grads)
+    expected[5:] += grads[4][5:]  # shard 1 restored to checkpoint 4: round 4 is gone
+    np.testing.assert_array_equal(final, expected)
+    [promoted] = _events(cluster, "replica_promoted")
+    assert (promoted["rank"], promoted["old_addr"], promoted["checkpoint"]) == (
+        1, p1, f"{4:09d}")
+    [restored] = _events(cluster, "server_restored")
+    assert (restored["rank"], restored["lost_updates"]) == (1, 1)
+    summary = summarize(read_records(tmp_path / "run" / "metrics.jsonl"), cluster.job)
+    assert summary["lost_updates"] == 1
