@@ -76,6 +76,7 @@ def test_a_primary_lost_before_its_backup_synced_is_taken_over_before_training(t
             cluster._rebuild_backup()
             wait_for(lambda: {e["rank"] for e in _events(cluster, "backup_joined")} == {0, 1},
                      "both backups registered")
+            assert not any(e["rank"] == 1 for e in _events(cluster, "backup_synced"))
             supervisor.start()  # (from here the launcher replaces dead servers by backups)
             os.kill(stopped.pid, signal.SIGKILL)
         else:
@@ -84,10 +85,10 @@ def test_a_primary_lost_before_its_backup_synced_is_taken_over_before_training(t
                 cluster._rebuild_backup()
                 wait_for(lambda: rank in {e["rank"] for e in _events(cluster, "backup_joined")},
                          f"backup {rank} registered")
+            assert not any(e["rank"] == 1 for e in _events(cluster, "backup_synced"))
             cluster._rebuild_backup()  # what the launcher starts for a dead server
             wait_for(lambda: _events(cluster, "replica_promoted"), "the stand-in", timeout=30)
             supervisor.start()
-        assert not any(e["rank"] == 1 for e in _events(cluster, "backup_synced"))
 
         kv = KVWorker(cluster.address, timeout=30.0)
         init = np.arange(KEYS, dtype=np.float64)
