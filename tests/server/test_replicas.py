@@ -61,6 +61,25 @@ def test_a_refusing_backup_is_reported_and_a_new_one_starts_with_the_sync():
 
 
 
+def test_an_inits_ack_waits_for_a_backup_that_holds_it_whatever_backup_that_is():
+    """A replicated shard's start is never acknowledged by one copy alone: an init taken with
+    no backup waits for the next backup's sync, and one forwarded to a backup dropped before
+    its ack waits for the next backup too (a push's reply goes at the drop, as before)."""
+    fw = Forwarder(window=4, timeout=5.0)
+    assert fw.hold_init(None, ["init-ack"]) == []  # no backup yet: held
+    assert fw.hold(None, ["push-ack"]) == ["push-ack"]  # (a push without backup goes)
+    sync = fw.attach("tcp://b", 1, 0.0)
+    one = fw.forward(0.1)
+    assert fw.hold_init(one, ["init-ack-2"]) == [] and fw.hold(one, ["push-ack-2"]) == []
+    assert fw.dropped() == ["push-ack-2"]  # the backup died unsynced: the inits stay held
+    sync = fw.attach("tcp://c", 2, 1.0)
+    assert fw.acked(1, sync) == ([], False)  # the dropped backup's ack: nothing
+    assert fw.acked(2, sync) == (["init-ack", "init-ack-2"], True)  # C's sync holds both
+    two = fw.forward(1.1)
+    assert fw.hold_init(two, ["init-ack-3"]) == []
+    assert fw.acked(2, two) == (["init-ack-3"], False)
+    assert fw.hold_init(two, ["late"]) == ["late"]  # acknowledged already
+
 def test_the_forward_ring_reuses_a_region_only_after_its_forward_is_acknowledged():
     ring = ForwardRing(1024)
     assert ring.take(1, 400) == 0 and ring.take(2, 400) == 448  # 64-byte aligned
@@ -341,17 +360,22 @@ def test_a_job_without_replicas_wants_no_backup():
 def test_the_coordinator_waits_for_synced_backups_then_promotes_and_tells_the_workers():
     from paramserver.coordinator.events import Heartbeat, Started, TimePassed
     from paramserver.coordinator.state import CoordinatorState
+    from paramserver.server.node import shard_settings
+    from paramserver.wire import Message
     from paramserver.spec.job import JobSpec, Limits, SyncSpec
 
     job = JobSpec(num_keys=10, servers=1, workers=1, sync=SyncSpec("asp"), eval_interval=0.0,
                   replicas=2, limits=Limits(heartbeat_timeout=1.0, start_timeout=60.0))
     state = CoordinatorState(job)
     out = state.handle(Registered("server", "server", 0.0, to="p", link="LP", addr="P"))
-    assert any(type(i) is Reply and i.op == "welcome" for i in out)
+    welcome = next(i for i in out if type(i) is Reply and i.op == "welcome")
+    # (both copies know the shard is replicated: its init's ack waits for a backup)
+    assert shard_settings(Message("welcome", welcome.fields), 60.0).replicas == 2
     out = state.handle(Registered("server", "server", 0.0, to="b", link="LB", addr="B",
                                   backup=True))
     welcome = next(i for i in out if type(i) is Reply)
     assert welcome.fields["backup"] is True and welcome.fields["rank"] == 0
+    assert shard_settings(Message("welcome", welcome.fields), 60.0).replicas == 2
     attach = next(i for i in out if type(i) is ToServers)
     assert (attach.op, attach.links, attach.fields["addr"]) == ("attach_backup", ("LP",), "B")
     state.handle(Registered("w0", "worker", 0.1, to="w"))

@@ -334,6 +334,30 @@ def test_checkpoint_then_restore_keeps_values_version_and_the_dedup_table():
     assert ShardCore(c.settings).handle(Restore("t1", arrays, save.meta)) == []
 
 
+
+def test_a_fresh_restore_drops_what_the_shard_held_its_retries_included():
+    """A backup promoted before it was synced (coordinator/orphans.py) restores the latest
+    checkpoint over what it had of its primary: a push it held but the checkpoint does not is
+    applied again when retried (it is not answered from a dedup table the restore replaced),
+    and the updates since the checkpoint are counted lost."""
+    c = core("round")
+    run(c, push("p", "w0", 1.0, rid=11, round_size=1))
+    (save,) = run(c, Checkpoint("coord", "t1", "/ckpt"))
+    arrays = {k: v.copy() for k, v in save.arrays.items()}
+    backup = core("round")  # (as a sync would have left it: both pushes, their replies kept)
+    run(backup, push("p", "w0", 1.0, rid=11, round_size=1))
+    run(backup, push("q", "w0", 2.0, step=1, rid=12, round_size=1))
+    run(backup, push("r", "w1", 4.0, step=2, rid=13, round_size=2))  # a round left open
+    assert backup.store.round_step is not None
+    out = backup.handle(Restore("t1", arrays, save.meta, version_floor=2, announce=True,
+                                fresh=True))
+    assert out[-1] == ToCoordinator("restored", {"tag": "t1", "lost_updates": 1, "version": 2})
+    np.testing.assert_allclose(values(backup), np.arange(N) - LR)
+    assert backup.store.round_step is None and not backup.store.round_got  # nothing left over
+    assert run(backup, push("q-retry", "w0", 2.0, step=1, rid=12, round_size=1)) == [
+        Reply("q-retry", "ack", {"version": 2, "staleness": 2})]  # applied, not answered
+    np.testing.assert_allclose(values(backup), np.arange(N) - 3 * LR)
+
 def test_shutdown_stops_the_node():
     c = core()
     assert run(c, Shutdown("coord")) == [Stop()] and c.stopped
@@ -371,7 +395,7 @@ def test_a_welcomes_server_job_reaches_the_shards_settings_field_for_field():
     from paramserver.wire import Message
     job = ServerJob((10, 50), "float64", "round", OptimizerSpec("adam", 0.01, {"eps": 1e-6}),
                     0.25, 7.5, 3, ShardRestore("/ck", "t4", 9, True, True),
-                    (TableSpec("emb", 4),), 3, "/ck0", 1 << 20, 17, 23, 5, 4096)
+                    (TableSpec("emb", 4),), 3, "/ck0", 1 << 20, 17, 23, 5, 4096, 2)
     s = shard_settings(Message("welcome", {"job": job.to_dict(), "rank": 2}), 12.0)
     assert (s.rank, s.lo, s.hi, s.pull_timeout) == (2, 10, 50, 12.0)
     assert (s.optimizer, s.lr, s.optimizer_options) == ("adam", 0.01, {"eps": 1e-6})

@@ -142,6 +142,8 @@ class Registration:
                                                "job": self.server_job(rank).to_dict()})
             if e.rejoin is not None:  # a live backup back to this restarted coordinator
                 coord.replicas.backup_back(e, BackupBack.of(e.rejoin), members, welcome, out)
+            elif coord.orphans.step_up(e, welcome, out):  # in place of a primary never come
+                self.admit_waiting_workers(now, out)
             else:
                 coord.replicas.register(e, members, welcome, out)
             return

@@ -519,12 +519,16 @@ class Replicas:
             if primary is not None and b.synced:
                 why = self._gone(rank, primary, now)
                 if why is not None:
-                    self._promote(b, primary, now, members, schedule, out, why)
+                    self.promote(b, primary, now, members, schedule, out, why)
                     promoted.append(rank)
+        # (A backup not synced yet whose primary is gone: coordinator/orphans.py decides.)
         return promoted
 
-    def _promote(self, b: Backup, old: Member, now: float, members: Membership, schedule,
-                 out: list, why: str = "silence") -> None:
+    def promote(self, b: Backup, old: Member | None, now: float, members: Membership, schedule,
+                out: list, why: str = "silence", restore: dict | None = None) -> None:
+        """Backup `b` becomes its shard's primary in place of `old` (None: a primary that
+        never registered). `restore`: a ShardRestore's dict the promoted server loads first
+        (a backup not synced: coordinator/orphans.py); None: it serves what it holds."""
         rank = b.rank
         self.suspected.pop(rank, None)
         del self.backups[rank]
@@ -534,11 +538,17 @@ class Replicas:
         self.epoch += 1
         self.promotions += 1
         self.moved[rank] = b.addr
-        self._replaced(old.addr, b.addr)
-        out.append(ToServers("promote", {"rank": rank, "epoch": self.epoch}, (b.link,)))
+        if old is not None:
+            self._replaced(old.addr, b.addr)
+        fields = {"rank": rank, "epoch": self.epoch}
+        if restore is not None:
+            fields["restore"] = restore
+        out.append(ToServers("promote", fields, (b.link,)))
         out.append(AppendEvent(now, "replica_promoted", {
-            "rank": rank, "addr": b.addr, "old_addr": old.addr, "epoch": self.epoch,
-            "silent_s": round(now - old.last_seen, 3), "after": why}))
+            "rank": rank, "addr": b.addr, "old_addr": None if old is None else old.addr,
+            "epoch": self.epoch,
+            "silent_s": None if old is None else round(now - old.last_seen, 3), "after": why,
+            **({} if restore is None else {"checkpoint": restore["tag"]})}))
         if schedule.pending_tag is not None:  # the dead primary will never confirm it
             out.append(AppendEvent(now, "checkpoint_aborted",
                                    {"tag": schedule.pending_tag, "server": rank}))
@@ -550,7 +560,7 @@ class Replicas:
         for rank, b in self.backups.items():
             t = b.last_seen + self.timeout
             primary = members.roster.servers.get(f"s{rank}")
-            if b.synced and primary is not None:
+            if primary is not None:  # (not synced: orphans.py judges it by the same silence)
                 limit = self.fast if rank in self.suspected else self.timeout
                 t = min(t, primary.last_seen + limit)
             if due is None or t < due:

@@ -5,10 +5,11 @@ servers, log lines, a checkpoint to write, the end of the job) for the node to c
 does no I/O and reads no clock: times come in the events. It is a router over parts that own
 their state. The event parts (Steps, Registration, Rejoins, Checkpoints, Observations) declare
 the events they take in `handlers()`; the bookkeeping parts below them (Membership, the
-PolicyHost, StartBarrier, Budget, EndOfJob, ServerRecovery, Replicas, Resharding, Elastic) are
-called with what they need. The router keeps the envelope, the timer and heartbeat events, the
-carrying out of what the pure parts return, and, like dask's WorkerState, one housekeeping
-pass at the end of every event (take-back, start barrier, budget, end of job); the node's loop
+PolicyHost, StartBarrier, Budget, EndOfJob, ServerRecovery, Replicas, OrphanedShards,
+Resharding, Elastic) are called with what they need. The router keeps the envelope, the timer
+and heartbeat events, the carrying out of what the pure parts return, and, like dask's
+WorkerState, one housekeeping pass at the end of every event (take-back, start barrier,
+budget, end of job); the node's loop
 turns are `TimePassed` events.
 """
 
@@ -27,6 +28,7 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.membership import Membership, UnknownMember
 from paramserver.coordinator.observations import Observations
+from paramserver.coordinator.orphans import OrphanedShards
 from paramserver.coordinator.progress import Budget, EndOfJob, StartBarrier, waiting_for
 from paramserver.coordinator.registration import Registration
 from paramserver.coordinator.rejoins import Rejoins
@@ -86,6 +88,8 @@ class CoordinatorState:
         # Shard backups (--replicas 2): a dead primary's backup takes over (replicas.py).
         self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout,
                                  fast=2 * limits.heartbeat_interval)
+        # ... and one not synced yet, as what the job has done allows (orphans.py).
+        self.orphans = OrphanedShards(self)
         # Live resharding (--servers MIN:MAX): servers join and leave (reshard.py).
         self.resharding = Resharding(
             Resharder(job.servers, job.max_servers, limits.server_timeout,
@@ -366,7 +370,8 @@ class CoordinatorState:
         if self.replicas.watching:
             # One shard-map epoch for promotions and reshards: clients follow either by it.
             self.replicas.epoch = max(self.replicas.epoch, self.reshard.epoch)
-            for rank in self.replicas.check(now, members, self.schedule, out):
+            promoted = self.replicas.check(now, members, self.schedule, out)
+            for rank in promoted + self.orphans.check(now, out):
                 self.add_metric(now, {"kind": "promotion", "role": "server", "server": rank}, out)
                 new = members.roster.servers[f"s{rank}"].addr
                 self.resharding.promoted(self.replicas.predecessor(new), new)

@@ -59,6 +59,7 @@ class ShardSettings:
     initial_checkpoint_dir: str | None = None  # where checkpoint 0 goes once initialized
     max_servers: int = 0  # an elastic-servers job's most servers (0: fixed): SIGTERM drains
     chunk_bytes: int = 0  # the job's chunk size, when its welcome says (handoff pieces)
+    replicas: int = JobSpec.replicas  # 2: the init's ack waits for a backup (replication.py)
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -200,6 +201,9 @@ class Restore:
     meta: dict
     version_floor: int = 0
     announce: bool = False  # tell the coordinator what was lost (a restart after a crash)
+    # Every part of the shard made new first: a backup promoted before it was synced drops
+    # what it holds of its primary's (coordinator/orphans.py).
+    fresh: bool = False
 
 
 @dataclass(slots=True)

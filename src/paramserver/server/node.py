@@ -32,7 +32,7 @@ from paramserver.server.events import (
     ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
 )
 from paramserver.server.store import StoreError, spare_buffers
-from paramserver.spec.welcome import ServerJob
+from paramserver.spec.welcome import ServerJob, ShardRestore
 from paramserver.transport import (
     PortHold, advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context,
     return_freed_memory, security, shm, terminate,
@@ -71,13 +71,17 @@ def shard_settings(welcome: Message, pull_timeout: float) -> ShardSettings:
     settings of core and node."""
     job = ServerJob.from_dict(welcome["job"])
     lo, hi = job.shard_range
-    opt, r = job.optimizer, job.restore
-    restore = None if r is None else RestoreFrom(r.dir, r.tag, r.version_floor, r.restart,
-                                                 r.initial)
+    opt = job.optimizer
     return ShardSettings(
         rank=welcome["rank"], lo=lo, hi=hi, optimizer=opt.name, lr=opt.lr,
-        optimizer_options=dict(opt.options), pull_timeout=pull_timeout, restore=restore,
-        **{name: getattr(job, name) for name in _AS_SENT})
+        optimizer_options=dict(opt.options), pull_timeout=pull_timeout,
+        restore=restore_from(job.restore), **{name: getattr(job, name) for name in _AS_SENT})
+
+
+def restore_from(r: ShardRestore | None) -> RestoreFrom | None:
+    """The checkpoint a welcome's (or a promotion's) ShardRestore names, for the node."""
+    return None if r is None else RestoreFrom(r.dir, r.tag, r.version_floor, r.restart,
+                                              r.initial)
 
 
 # ---- op -> event: the whole protocol of a shard, one entry per op ------------------------------
@@ -306,9 +310,10 @@ class ServerNode:
         if s.restore is not None:
             self._restore(s.restore)
 
-    def _restore(self, r: RestoreFrom) -> None:
+    def _restore(self, r: RestoreFrom, fresh: bool = False) -> None:
         """Start from checkpoint `r`: after a crash, from the previous kept one if it is
-        unusable; checkpoint 0 not saved yet means no initial values to lose (start empty)."""
+        unusable; checkpoint 0 not saved yet means no initial values to lose (start empty).
+        `fresh`: a promoted backup's, whatever it held dropped first."""
         s, core = self.settings, self.core
         if r.initial and not part_folder(Path(r.dir), r.tag, part_name(s.rank)).exists():
             log.info("shard %d had no initial values yet: it starts empty", s.rank)
@@ -320,7 +325,7 @@ class ServerNode:
         for warning in found.warnings:
             log.warning("shard %d: %s", s.rank, warning)
         self._execute(core.handle(Restore(found.tag, found.arrays, found.meta, r.version_floor,
-                                          announce=r.restart)))
+                                          announce=r.restart, fresh=fresh)))
         log.info("restored shard %d from checkpoint %s (%d updates lost)", s.rank, found.tag,
                  core.lost_updates)
 
@@ -525,6 +530,13 @@ class ServerNode:
             raise TypeError("two parts of a server take the same op")
         peer.update(link_peer)
         coordinator.update(link_coordinator)
+        promote = coordinator["promote"]
+
+        def promoted(msg):  # a backup not synced yet starts from the checkpoint named
+            promote(msg)
+            if msg.get("restore") is not None and msg["rank"] == self.settings.rank:
+                self._restore(restore_from(ShardRestore.from_dict(msg["restore"])), fresh=True)
+        coordinator["promote"] = promoted
         self._peer_ops, self._coordinator_ops = peer, coordinator
 
     def _dispatch(self, ident, msg: Message, from_worker: bool, frames=()) -> None:
@@ -572,12 +584,15 @@ class ServerNode:
             self.load.apply_s += time.perf_counter() - began
         else:
             out = self.core.handle(event)
-        if seq is None:
+        # A replicated shard's init, before training: acknowledged once a backup holds it.
+        init = (msg.op == "init" and self.settings.replicas > 1
+                and self.core.store.version == 0)
+        if seq is None and not init:
             self._execute(out)
             return
         held, rest = replica.hold_out(to, out)
         self._execute(rest)
-        self._execute(replica.hold(seq, held))
+        self._execute(replica.hold(seq, held, init))
 
     def _stall_probe(self, msg: Message) -> None:
         self._to_coordinator(Message("stall_answer", probe_answer(msg["n"], "server",

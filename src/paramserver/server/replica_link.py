@@ -211,8 +211,12 @@ class ReplicaLink:
             (held if type(ins) is Reply and ins.to == token else rest).append(ins)
         return held, rest
 
-    def hold(self, seq: int, replies: list) -> list:
-        out = self.forwarder.hold(seq, replies)
+    def hold(self, seq: int | None, replies: list, init: bool = False) -> list:
+        """The replies to request `seq` (forwarded; None: not) that may go now. `init`: an
+        init of a replicated shard not trained yet, whose ack waits for a backup that holds
+        its values, whatever backup that is (Forwarder.hold_init)."""
+        fw = self.forwarder
+        out = fw.hold_init(seq, replies) if init else fw.hold(seq, replies)
         self.shared_ack()  # the backup may hold it already (it copies while we apply)
         return out
 

@@ -36,6 +36,7 @@ class _Pending:
     seq: int
     sent_at: float
     held: list = field(default_factory=list)  # replies waiting for this seq's ack
+    inits: list = field(default_factory=list)  # init replies: kept if this backup is dropped
 
 
 class Forwarder:
@@ -54,6 +55,8 @@ class Forwarder:
         self._pending: deque[_Pending] = deque()
         self.forwards = 0  # requests forwarded, over the shard's life
         self.reported: str | None = None  # why the backup was reported lost (once per link)
+        # Replies to inits that no backup holds yet: the next backup's sync releases them.
+        self.unsynced_inits: list = []
 
     # ---- the link -------------------------------------------------------------------------------
     @property
@@ -74,7 +77,10 @@ class Forwarder:
         self.state, self.addr, self.epoch = SYNCING, addr, epoch
         self.seq = self.acked_seq = 0
         self.reported = None
-        return self.forward(now)
+        seq = self.forward(now)
+        # The sync carries what those inits set: its ack releases their replies.
+        self._pending[-1].inits, self.unsynced_inits = self.unsynced_inits, []
+        return seq
 
     def forward(self, now: float) -> int | None:
         """The seq of the next forward, or None without a backup (nothing to wait for)."""
@@ -95,6 +101,27 @@ class Forwarder:
                 return []
         return replies
 
+    def hold_init(self, seq: int | None, replies: list) -> list:
+        """Keep the replies to an init of a shard not trained yet until a backup holds what it
+        set: the ack of `seq` (its forward), or without a backup the next one's sync. Unlike
+        hold(), a backup dropped meanwhile does not let them go: they wait for the next one.
+        So a replicated shard's start is never acknowledged by one copy alone, and a primary
+        that dies before its backup synced leaves the init unanswered, for the worker to send
+        again to the backup that takes over (coordinator/orphans.py). Returns those that
+        may go now."""
+        if not replies:
+            return replies
+        if seq is None:
+            self.unsynced_inits.extend(replies)
+            return []
+        if seq <= self.acked_seq:
+            return replies
+        for p in reversed(self._pending):
+            if p.seq == seq:
+                p.inits.extend(replies)
+                return []
+        return replies
+
     def acked(self, epoch: int, seq: int) -> tuple[list, bool]:
         """The backup holds everything up to `seq`: (replies to send, whether this ack made
         the backup synced). An ack of another link, or one already had, changes nothing."""
@@ -102,7 +129,9 @@ class Forwarder:
             return [], False
         out = []
         while self._pending and self._pending[0].seq <= seq:
-            out.extend(self._pending.popleft().held)
+            p = self._pending.popleft()
+            out.extend(p.held)
+            out.extend(p.inits)
         self.acked_seq = seq
         synced = self.state == SYNCING
         if synced:
@@ -132,11 +161,13 @@ class Forwarder:
         return self.reported
 
     def dropped(self) -> list:
-        """The coordinator dropped the backup: every held reply goes now, and the shard runs
-        unreplicated until a new backup is attached."""
+        """The coordinator dropped the backup: every held reply goes now (but an init's:
+        hold_init), and the shard runs unreplicated until a new backup is attached."""
         out = []
         while self._pending:
-            out.extend(self._pending.popleft().held)
+            p = self._pending.popleft()
+            out.extend(p.held)
+            self.unsynced_inits.extend(p.inits)  # (the next backup's sync holds them)
         self.state, self.addr = NONE, None
         return out
 

@@ -35,6 +35,10 @@ class ShardSaves:
 
     def restore(self, ev: Restore) -> list:
         core = self.core
+        if ev.fresh:  # (the shard map a resharded job's sync named stays known)
+            epoch, layout = core.epoch, core.layout
+            core.fresh(core.settings)
+            core.epoch, core.layout = epoch, layout
         core.initial_saved = core.initial_saved or ev.tag == INITIAL_TAG
         core.lost_updates = core.store.restore(ev.arrays, ev.meta, ev.version_floor)
         core.refs.values_replaced()  # (the version may not move: see server/deltas.py)

@@ -113,6 +113,9 @@ class ServerJob:
     # its chunk size (a handoff piece's bound).
     max_servers: int = 0
     chunk_bytes: int = Limits.chunk_bytes
+    # Copies of the shard (--replicas 2): a replicated primary acknowledges the init that
+    # gives it its values only once a backup holds them (server/replication.py).
+    replicas: int = JobSpec.replicas
 
     def __post_init__(self):
         r = self.shard_range
@@ -140,6 +143,7 @@ class ServerJob:
         _int("max_unacked_pushes", self.max_unacked_pushes, 1)
         _int("max_servers", self.max_servers, 0)
         _int("chunk_bytes", self.chunk_bytes, 8)
+        _int("replicas", self.replicas, 1)
 
     @classmethod
     def of(cls, job: JobSpec, lo: int, hi: int, apply_mode: str,
@@ -154,7 +158,8 @@ class ServerJob:
                    max_message_bytes=job.message_limit(None if job.max_servers else hi - lo),
                    max_pending_pulls=limits.max_pending_pulls,
                    max_unacked_pushes=limits.max_unacked_pushes,
-                   max_servers=job.max_servers, chunk_bytes=limits.chunk_bytes)
+                   max_servers=job.max_servers, chunk_bytes=limits.chunk_bytes,
+                   replicas=job.replicas)
 
     def with_restore(self, restore: ShardRestore | None) -> "ServerJob":
         return replace(self, restore=restore)
@@ -179,6 +184,8 @@ class ServerJob:
                    max_pending_pulls=self.max_pending_pulls,
                    max_unacked_pushes=self.max_unacked_pushes,
                    max_servers=self.max_servers, chunk_bytes=self.chunk_bytes)
+        if self.replicas > 1:
+            out["replicas"] = self.replicas
         return out
 
     @classmethod

@@ -121,7 +121,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     # coordinator -> primary / backup
     "attach_backup": {"rank": _f(NONNEG), "addr": _f(STR), "epoch": _f(NONNEG)},
     "backup_dropped": {"rank": _f(NONNEG), "epoch": _f(NONNEG)},
-    "promote": {"rank": _f(NONNEG), "epoch": _f(NONNEG)},
+    # a backup promoted before it was synced first loads `restore` (a ShardRestore's dict)
+    "promote": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "restore": _f(DICT, False)},
     # primary -> coordinator
     "backup_synced": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "version": _f(NONNEG)},
     "backup_lost": {"rank": _f(NONNEG), "epoch": _f(NONNEG), "reason": _f(STR)},
