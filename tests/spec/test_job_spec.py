@@ -342,6 +342,20 @@ def test_every_command_reads_its_flags_into_the_config_one_way(argv):
             assert getattr(cfg, name) == getattr(default, name), name
 
 
+def test_compares_per_policy_options_reach_each_policys_runs():
+    """compare's --sync-opt is POLICY.KEY=VALUE (a value may hold commas): each policy's runs
+    get their own, none other's, and the base config the plan starts from reads none."""
+    from paramserver.cli.compare_cmd import policy_sync_options
+    from paramserver.cli.config_args import config_from_args
+    args = build_parser().parse_args([
+        "compare", "--sync", "ssp,auto", "--sync-opt", "auto.candidates=lbbsp,bsp,ssp,asp",
+        "--sync-opt", "ssp.staleness=2"])
+    base = config_from_args(args, sync="bsp", sync_options={})
+    assert (base.sync, base.sync_options) == ("bsp", {})
+    assert policy_sync_options(args.sync_opt) == {
+        "auto": {"candidates": "lbbsp,bsp,ssp,asp"}, "ssp": {"staleness": 2}}
+
+
 @pytest.mark.parametrize("argv, flag_name", [
     (["train", "--link", "10furlongs"], "--link"),
     (["train", "--straggler", "1:x"], "--straggler"),

@@ -43,7 +43,9 @@ def config_from_args(args, **fixed) -> TrainConfig:
     values = {}
     for name in TrainConfig.__dataclass_fields__:
         dest, read = SPELLED.get(name, (name, None))
-        if hasattr(args, dest):
+        # A field the command sets itself is not read from its flag: compare's --sync-opt
+        # holds POLICY.KEY=VALUE triples that compare takes apart per policy.
+        if name not in fixed and hasattr(args, dest):
             value = getattr(args, dest)
             values[name] = value if read is None else read(value)
     values.update(fixed)
