@@ -35,12 +35,15 @@ class VirtualWorker:
     die_at: float | None = None  # killed then (reason "dead"), whatever it is doing
     cost: float | StepCost = 0.001  # seconds per sample, or a function of (step, batch, now)
     load: LoadReading | None = None
+    # Seconds each step spends outside its compute (its own link, say): in the step's time,
+    # not in the push's compute_time, whatever its batch.
+    overhead: float = 0.0
 
     def duration(self, step: int, batch: int, now: float) -> float:
         d = self.cost(step, batch, now) if callable(self.cost) else self.cost * batch
         if not d >= 0 or math.isinf(d):
             raise DriverError(f"worker {self.worker}: step cost must be finite and >= 0, got {d}")
-        return float(d)
+        return float(d) + self.overhead
 
 
 @dataclass
@@ -233,7 +236,8 @@ class Driver:
         rec, w = st.current, st.spec.worker
         if self.policy.apply_mode == "arrival":
             self.version += 1
-        push = PushRecord(w, rec.step, self.now, rec.batch_size, self.now - rec.started,
+        push = PushRecord(w, rec.step, self.now, rec.batch_size,
+                          self.now - rec.started - st.spec.overhead,
                           st.base_version, max(self.version - 1 - st.base_version, 0))
         self.trace.pushes.append(push)
         if self.hooks[1]:

@@ -94,6 +94,24 @@ def test_transient_slowdowns_leave_lockstep(candidates, to):
         moves[1][1]["forecast"][to]["samples_per_s"]
 
 
+@pytest.mark.parametrize("candidates,to", [(None, "asp"), ("lbbsp,bsp,ssp", None)])
+def test_a_worker_whose_every_step_waits_on_its_link_moves_lockstep_to_asp(candidates, to):
+    """Worker 3 computes as fast as the others but each of its steps waits 0.3 s more on its
+    own link (outside its compute time): no batch split shortens that, so every lockstep round
+    and SSP's bound wait on it. Only ASP runs the others at their own pace, and it is a
+    default candidate; without it auto stays where it started."""
+    workers = [VirtualWorker(w, steps=150, cost=0.001) for w in range(3)]
+    slow_link = VirtualWorker(3, steps=40, cost=0.001, overhead=0.3)
+    options = {} if candidates is None else {"candidates": candidates}
+    trace = run(make_policy("auto", BATCH, interval=0.5, **options), workers + [slow_link])
+    moves = [d["to"] for _, d in switches(trace)]
+    assert moves == ["lbbsp"] + ([to] if to else [])
+    if to:
+        why = switches(trace)[1][1]
+        assert why["forecast"]["asp"]["samples_per_s"] > 2 * why["forecast"]["lbbsp"][
+            "samples_per_s"]
+
+
 def test_no_step_starts_during_the_drain_and_steps_go_on():
     """A switch asked while workers are mid-step: nobody is released until the last of them
     pushed, then everyone at once, each at the step it is at (the driver checks the steps)."""

@@ -1,8 +1,10 @@
 """auto: the policy in force follows the stragglers while the job runs.
 
 AutoSync is a SyncPolicy that hosts one candidate policy at a time (by default lbbsp, which
-starts, bsp and ssp; asp when asked for: with no bound on staleness it diverged in 2 of 3 live runs where a
-straggler came and went, a risk the samples-to-target curve does not price) and
+starts, bsp, ssp and asp: asp is the one that does not wait for a worker whose every step
+carries a fixed cost, such as its own slow link, which no batch split can balance; its pushes
+are scaled as ssp's, below, and it is chosen only where its throughput beats the lockstep
+ones' by more than its staleness costs in samples) and
 a SwitchController that forecasts them all from the workers' recent pace. When the controller
 proposes another candidate, AutoSync drains: it lets no worker start a new step until every
 step in flight has pushed, so that no push of the old policy meets the new one. Then it builds
@@ -45,7 +47,7 @@ from paramserver.predict.convergence import ConvergenceModel
 
 @dataclass(frozen=True)
 class AutoOptions:
-    candidates: str = opt("lbbsp,bsp,ssp",
+    candidates: str = opt("lbbsp,bsp,ssp,asp",
                           "policies to choose among, comma-separated, of "
                           f"{', '.join(CANDIDATES)}; the first one starts")
     interval: float = opt(2.0, "seconds between decisions, and the least a policy holds")
@@ -85,7 +87,7 @@ class AutoSync(SyncPolicy, Configurable):
     advise_options = ((),)
     calibrated = False
 
-    def __init__(self, batch_size: int, *, candidates: str = "lbbsp,bsp,ssp",
+    def __init__(self, batch_size: int, *, candidates: str = "lbbsp,bsp,ssp,asp",
                  interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,
                  window: int = 16, staleness: int = 3, model: ConvergenceModel | None = None):
         """`model`: the samples-to-target model the forecasts use (default: the shipped
