@@ -654,3 +654,19 @@ def test_a_shard_that_cannot_write_its_part_gives_the_checkpoint_up_and_training
     first, second = clock_round(state, step=1, t=2.0)
     assert only(second, SendRelease)  # the job goes on; the next checkpoint is asked for
     assert state.schedule.pending_tag not in (None, pending)
+
+
+@pytest.mark.parametrize("replicated,remedy", [
+    (False, "--restart-servers restarts dead servers"),
+    (True, "no backup took its shard over: both copies of it are gone; with --checkpoint-dir, "
+           "--resume starts the job again")])
+def test_a_silent_servers_failure_names_the_remedy_the_job_can_use(replicated, remedy):
+    """--restart-servers cannot join --replicas 2: a replicated job's silent server is one no
+    backup took over, and the failure says what that job can do instead."""
+    from paramserver.coordinator.membership import Member
+    from paramserver.coordinator.server_recovery import ServerRecovery
+    recovery = ServerRecovery(False, 30.0, 120.0, replicated=replicated)
+    failure = recovery.check(31.0, {"s0": Member(0, "tcp://h:1", last_seen=0.0)}, [])
+    assert failure.startswith("server s0 at tcp://h:1 has been silent for 31 s: the job stops")
+    assert remedy in failure
+    assert ("--restart-servers" in failure) is not replicated

@@ -36,3 +36,24 @@ def test_the_docs_table_is_the_code_table():
     section = text[text.index("## Exit codes"):]
     rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", section, re.M)
     assert [(int(n), name) for n, name in rows] == [(int(c), c.name) for c in Exit]
+
+
+def test_a_dead_servers_failure_names_what_its_job_can_do(tmp_path):
+    """The launcher's word on a server that died: --restart-servers where the job could use it,
+    and for a replicated job (which cannot) that both copies are gone and --resume."""
+    import subprocess
+    import sys
+
+    from paramserver.launch.local import Child, LocalCluster
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    dead.wait(30)
+    log = tmp_path / "server-0.log"
+    log.write_text("")
+    said = {}
+    for replicas in (1, 2):
+        job = {"num_keys": 8, "servers": 1, "workers": 1, "replicas": replicas}
+        cluster = LocalCluster(job, tmp_path / f"run{replicas}")
+        said[replicas] = cluster._failure_message(Child("server", 0, dead, log))
+    assert "--restart-servers N restarts dead servers" in said[1]
+    assert "--restart-servers" not in said[2]
+    assert "no backup took its shard over" in said[2] and "--resume" in said[2]

@@ -19,8 +19,12 @@ from paramserver.spec.welcome import INITIAL_TAG, ServerJob, ShardRestore
 
 
 class ServerRecovery:
-    def __init__(self, restart_servers: bool, silent_limit: float, restart_timeout: float):
+    def __init__(self, restart_servers: bool, silent_limit: float, restart_timeout: float,
+                 replicated: bool = False):
+        """`replicated`: the job keeps a backup a shard (--replicas 2, which --restart-servers
+        cannot join), so a server silent this long is one no backup took over."""
         self.restart_servers = restart_servers
+        self.replicated = replicated
         self.silent_limit = silent_limit  # s of silence after which a server is gone
         self.restart_timeout = restart_timeout
         self.lost_updates = 0
@@ -77,7 +81,7 @@ class ServerRecovery:
                 continue
             if not self.restart_servers:
                 return (f"server {src} at {m.addr} has been silent for {quiet:.0f} s: the "
-                        f"job stops (--restart-servers restarts dead servers)")
+                        f"job stops ({self._remedy()})")
             if m.silent_since is None:
                 m.silent_since = now
                 out.append(AppendEvent(now, "server_lost", {"rank": m.rank, "addr": m.addr}))
@@ -85,6 +89,12 @@ class ServerRecovery:
                 return (f"server {src} at {m.addr} did not come back within "
                         f"{self.restart_timeout:.0f} s: the job stops")
         return None
+
+    def _remedy(self) -> str:
+        if self.replicated:
+            return ("no backup took its shard over: both copies of it are gone; with "
+                    "--checkpoint-dir, --resume starts the job again from its latest checkpoint")
+        return "--restart-servers restarts dead servers"
 
     def next_deadline(self, servers: dict[str, Member]) -> float | None:
         due = None

@@ -84,7 +84,7 @@ class CoordinatorState:
             now, latest_checkpoint,
             keeps_initial=bool(job.restart_servers) and job.resume is None)
         self.recovery = ServerRecovery(bool(job.restart_servers), limits.server_timeout,
-                                       limits.restart_timeout)
+                                       limits.restart_timeout, replicated=job.replicas > 1)
         # Shard backups (--replicas 2): a dead primary's backup takes over (replicas.py).
         self.replicas = Replicas(job.replicas, job.servers, limits.heartbeat_timeout,
                                  fast=2 * limits.heartbeat_interval)

@@ -377,10 +377,15 @@ class LocalCluster:
             return (f"{before_start_message(c.index, c.proc.returncode)}; "
                     + (f"its last output:\n{tail}" if tail.strip() else "it printed nothing"))
         if c.role == "server":
-            msg += (f" after {self.server_restarts} server restart(s) of {self.restart_servers}"
-                    if self.restart_servers else
-                    " (server recovery is off: --restart-servers N restarts dead servers from "
-                    "the latest checkpoint)")
+            if self.restart_servers:
+                msg += f" after {self.server_restarts} server restart(s) of {self.restart_servers}"
+            elif self.spec.replicas > 1:  # (--restart-servers cannot join --replicas)
+                msg += (" and no backup took its shard over (both copies are gone; with "
+                        "--checkpoint-dir, --resume starts the job again from its latest "
+                        "checkpoint)")
+            else:
+                msg += (" (server recovery is off: --restart-servers N restarts dead servers "
+                        "from the latest checkpoint)")
         elif c.role == "coordinator" and not self.restart_coordinator:
             msg += " (--restart-coordinator N restarts a dead coordinator)"
         return f"{msg}:\n{c.tail()}"
