@@ -285,7 +285,8 @@ def test_the_start_barrier_says_whom_it_waits_for_in_status_and_notes(make):
     state.handle(Registered("w0", "worker", 0.1, to="reg-w0"))
     # A worker's registration is answered once every shard is up.
     assert state.waiting_for() == ("0 of 2 workers started (ranks none); not registered: 1; "
-                                   "servers: 0/1 registered; 1 worker(s) wait for the servers")
+                                   "servers: 0/1 registered (not yet: shards 0); 1 worker(s) wait for the "
+                                   "servers")
     register_all(state)
     state.handle(Started("w1", 1.0, to="x"))
     reply = state.handle(StatusAsked("w0", 2.0, to="q"))[0]

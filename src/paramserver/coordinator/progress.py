@@ -23,11 +23,14 @@ def waiting_for(roster: Roster, workers: int, servers: int, pending_workers: int
     """Whom the start barrier waits for, by rank: a user whose job hangs at its start reads
     which peers never came (and which came but never called start())."""
     started = [m for m in roster.workers.values() if m.started]
+    up = {m.rank for m in roster.servers.values()}
+    missing = [r for r in range(servers) if r not in up]  # a primary that never came, say
     idle = [m for m in roster.workers.values() if not m.started]
     parts = [f"{len(started)} of {workers} workers started (ranks {_ranks(started)})",
              f"registered, not started: {_ranks(idle)}" if idle else
              f"not registered: {max(0, workers - len(roster.workers) - pending_workers)}",
-             f"servers: {len(roster.servers)}/{servers} registered"]
+             f"servers: {len(roster.servers)}/{servers} registered"
+             + (f" (not yet: shards {', '.join(map(str, missing))})" if missing else "")]
     if pending_workers:
         parts.append(f"{pending_workers} worker(s) wait for the servers")
     if evaluator and not any(m.started for m in roster.observers.values()):
