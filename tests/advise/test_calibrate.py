@@ -112,3 +112,14 @@ def test_calibrates_default_grid_is_every_registered_policy_but_the_one_that_swi
     assert "auto" in SYNC_POLICIES.names() and "auto" not in names
     assert names == [n for n in SYNC_POLICIES.names() if n != "auto"]
     assert {"bsp", "asp", "ssp", "dssp", "ebsp", "r2sp", "lbbsp"} <= set(names)
+
+
+def test_calibrate_refuses_auto_in_its_grid_before_making_anything(tmp_path, capsys):
+    """auto runs the other policies: a grid run of it would be fitted as a policy of its own,
+    which advise never reads. Asked for by name, it is refused with the fix, nothing made."""
+    from paramserver.cli.main import main
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--sync", "bsp,auto", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--sync auto: not calibrated by runs of its own" in err and "leave it out" in err
+    assert "Traceback" not in err and not out.exists()

@@ -26,6 +26,20 @@ def calibrated_policies() -> str:
     return ",".join(n for n in SYNC_POLICIES.names() if SYNC_POLICIES.get(n).calibrated)
 
 
+def grid_policies(arg: str | None) -> list[str]:
+    """The policies a grid runs: --sync's, or calibrated_policies(). One that is not calibrated
+    itself (auto: advise predicts it from the runs of those it switches among) is refused."""
+    from paramserver.cli.compare_cmd import _policies
+    from paramserver.policies import SYNC_POLICIES
+    names = _policies(arg or calibrated_policies())
+    uncalibrated = [n for n in names if not SYNC_POLICIES.get(n).calibrated]
+    if uncalibrated:
+        raise ValueError(f"--sync {','.join(uncalibrated)}: not calibrated by runs of its own "
+                         f"(advise predicts it from the runs of the policies it switches "
+                         f"among); leave it out, or leave --sync out for every policy that is")
+    return names
+
+
 def _base_config(args):
     from paramserver.cli.compare_cmd import DEFAULTS, rule_pairing
     changes = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "seed",
@@ -49,11 +63,10 @@ def _link_label(link: str) -> str:
 def plan_grid(args, out: Path) -> list:
     """The grid's runs (compare's PlannedRun), repeats interleaved across links and worker
     counts; with several worker counts each has a folder of its own under its link's."""
-    from paramserver.cli.compare_cmd import _policies
     from paramserver.emulation.links import LinkTable
     from paramserver.emulation.trace_io import read_trace
     from paramserver.spec.compare_plan import parse_scenarios, plan_runs
-    policies = _policies(args.sync or calibrated_policies())
+    policies = grid_policies(args.sync)
     scenarios = parse_scenarios(args.scenario or DEFAULT_SCENARIOS, read_trace)
     base = _base_config(args)
     counts = _worker_counts(args, base)
@@ -80,10 +93,9 @@ def _worker_counts(args, base) -> list[int]:
 
 def run_grid(args, out: Path, console) -> list[str]:
     """The live grid into out/grid/LINK/runs/SCENARIO/POLICY/rep-K; returns failures."""
-    from paramserver.cli.compare_cmd import _policies
     from paramserver.launch.jobs import run_training
     from paramserver.launch.local import LaunchError
-    policies = _policies(args.sync or calibrated_policies())
+    policies = grid_policies(args.sync)
     scenarios = args.scenario or DEFAULT_SCENARIOS
     runs = plan_grid(args, out)
     failed = []
@@ -128,6 +140,7 @@ def _run(args) -> int:
     failed: list[str] = []
     try:
         if not args.runs_from:
+            grid_policies(args.sync)  # refused before the run folder is made
             out.mkdir(parents=True, exist_ok=True)
             failed = run_grid(args, out, console)
         if not args.runs_from:
