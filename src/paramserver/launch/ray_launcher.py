@@ -14,6 +14,7 @@ Needs the optional extra `paramserver[ray]`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -518,9 +519,11 @@ class RayCluster:
                     self.exits[name] = ray.get(actor.poll.remote(), timeout=30)
                 ray.get(actor.stop.remote(), timeout=30)
                 files = ray.get(actor.fetch.remote(), timeout=60)
-                ray.get(actor.discard.remote(), timeout=30)
             except Exception:
                 continue
+            finally:  # fetched or not, nothing of the job stays on the node (a dead actor: no-op)
+                with contextlib.suppress(Exception):
+                    ray.get(actor.discard.remote(), timeout=30)
             for rel, data in files.items():
                 if rel == "role.log":
                     (logs / f"{name.replace(' ', '-')}.log").write_bytes(data)
