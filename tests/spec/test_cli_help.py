@@ -55,6 +55,11 @@ def test_the_catalog_names_what_the_registries_hold():
     assert catalog.ZIPLINE_DEFAULT == DEFAULT_VARIANT
     assert catalog.KEY_ROLES == tuple(ROLES)
     assert catalog.PUSH_RANGE_HELP == RANGE_HELP
+    # The help's word on auto names its default candidates, in their order.
+    from paramserver.policies.auto import AutoOptions
+    names = ", ".join(AutoOptions().names())
+    assert f"auto switches among {names.rsplit(', ', 1)[0]} and {names.rsplit(', ', 1)[1]} " \
+        in catalog.AUTO_HELP
 
 
 def test_the_overview_lists_every_command_the_full_parser_has():

@@ -19,6 +19,12 @@ ZIPLINE_DEFAULT = "zipline-vec"
 KEY_ROLES = ("coordinator", "server", "worker", "observer")  # transport.security.ROLES
 
 
+# policies/auto.py AutoOptions' defaults; tests/spec/test_cli_help.py checks they are the same.
+AUTO_HELP = ("auto switches among lbbsp, bsp, ssp and asp while the job runs, as the stragglers "
+             "change (--sync-opt candidates=..., interval=S, margin=F); its lockstep rounds "
+             "equal the fixed policies' under plain sgd")
+
+
 def listed(names) -> str:
     return ", ".join(names)
 

@@ -235,7 +235,8 @@ def add_policy_args(p) -> None:
     """The policy and update-rule flags of a job whose workers are the user's own code
     (launch's script, serve's KV clients)."""
     p.add_argument("--sync", default="bsp",
-                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp)")
+                   help=f"{catalog.listed(catalog.SYNC_POLICIES)} (default bsp); "
+                        f"{catalog.AUTO_HELP}")
     p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="sync-policy option")
     p.add_argument("--optimizer", default="sgd",

@@ -372,7 +372,7 @@ def register(sub) -> None:
     def policy_flags(group) -> None:
         group.add_argument("--sync", default=TrainConfig.sync,
                            help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} "
-                                f"(default {TrainConfig.sync})")
+                                f"(default {TrainConfig.sync}); {catalog.AUTO_HELP}")
         group.add_argument("--sync-opt", action="append", metavar="KEY=VALUE",
                            type=flag.option, help="sync-policy option, e.g. staleness=3 "
                                                   "(repeatable)")
