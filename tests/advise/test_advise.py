@@ -132,6 +132,36 @@ def test_one_slow_link_slows_bsp_but_not_the_other_workers_under_asp():
     assert bsp.samples_per_s == pytest.approx(4 * 32 / (shared + extra), rel=0.05)
 
 
+def test_a_slow_links_time_is_on_its_pull_and_push_not_in_its_compute():
+    """As live: the time a worker's own slow link adds shows in its pull and push, so what a
+    policy reads as the push's compute time (LB-BSP's split, auto's pace book) is its compute,
+    and a fixed cost no smaller batch shortens looks like one. The slow push does not hold the
+    shared queue for the pushes that reach it first."""
+    from paramserver.advise.core.outcome import EarlyPullLinks
+    from paramserver.sim.core.engine import Network
+    links = EarlyPullLinks(Network(model_bytes=1e-3, bandwidth=1.0, latency=0.001),
+                           [0.0, 0.4])
+    got, pull_s = links.pull(1.0, 1, 0)
+    assert (got, pull_s) == pytest.approx((1.201, 0.202))
+    assert links.pull(1.0, 0, 0) == pytest.approx((1.001, 0.002))
+    assert links.push(2.0, 1, 0) == pytest.approx(2.0 + 0.001 + 0.001 + 0.2)
+    # the fast worker's push waits for one handling slot at most, not for the slow link
+    assert links.push(2.0005, 0, 0) <= 2.0005 + 0.001 + 2 * 0.001 + 1e-9
+
+
+def test_auto_simulated_on_a_profiles_slow_link_leaves_lockstep_at_its_first_look():
+    """The cluster of a profile with one worker on a slow link of its own: the simulated auto
+    leaves LB-BSP for ASP after its first rounds, as the live job does (its pace book sees the
+    link's fixed cost), and runs about as fast as ASP."""
+    m = fit(synthetic(workers=4, rate=125e6, fixed=0.0, sigma=0.0, own_rate={3: 10e6}))
+    p = m.at(4)
+    auto = simulate_policy(p, "auto", samples=32 * 4 * 200)
+    asp = simulate_policy(p, "asp", samples=32 * 4 * 200)
+    assert [x.policy for x in auto.stretches] == ["lbbsp", "asp"]
+    assert auto.stretches[0].samples <= 4 * 32 * 4  # the first look: 4 steps a worker
+    assert auto.samples_per_s == pytest.approx(asp.samples_per_s, rel=0.1)
+
+
 def test_fit_regresses_a_rate_when_the_bytes_vary():
     rng = np.random.default_rng(0)
     rows = []

@@ -131,18 +131,31 @@ class EarlyPullLinks(LinkSteps):
     next pull right after its push, so the server answers it the moment the version exists,
     while the clock and the release travel; the reply queues behind no other worker's pull.
     Only pushes queue on the server (its serial handling, where simultaneous workers contend);
-    a pull's handling is part of the worker's own time (step_cost adds it)."""
+    a pull's handling is part of the worker's own time (step_cost adds it).
+
+    `own`: per worker, what a slow link of its own adds to a step (SimParams.comm_extras),
+    half on its pull and half on its push, as live. It is link time, not compute: a policy
+    that reads each push's compute time (LB-BSP's split, auto's pace book) sees a fixed cost a
+    smaller batch does not shorten, as it does live."""
+
+    def __init__(self, network, own: list[float] | None = None):
+        super().__init__(network)
+        self.half = [x / 2 for x in own] if own and any(own) else None
 
     def pull(self, t: float, w: int, step: int) -> tuple[float, float]:
-        got = t + self.L
+        got = t + self.L + (self.half[w] if self.half else 0.0)
         return got, got - (t - self.L)
+
+    def push(self, t: float, w: int, step: int) -> float:
+        # The slow link's time after the server's handling, not before: the shared queue is
+        # FIFO by call, and a slot taken in the future would hold up pushes that come first.
+        return super().push(t, w, step) + (self.half[w] if self.half else 0.0)
 
 
 def step_cost(p: SimParams, steps_hint: int, seed: int):
     """cost(worker, step, batch) -> seconds: the compute with its noise and stragglers, plus
-    the worker's link time (the shared link's, and what a slow link of its own adds)."""
+    the worker's time on the shared link (what a slow link of its own adds is EarlyPullLinks')."""
     mult = p.multipliers()
-    own_link = p.comm_extras()  # a slow-link class's extra, on top of the shared link's
     n = max(1, steps_hint)
     rng = np.random.default_rng([int(seed), 0xAD71CE])
     if p.sigma > 0:
@@ -179,8 +192,8 @@ def step_cost(p: SimParams, steps_hint: int, seed: int):
                 x = r
         if jitter is not None:
             j = comm + jitter[w * n + s % n]
-            return x + (j if j > 0 else 0.0) + own_link[w]
-        return x + comm + own_link[w]
+            return x + (j if j > 0 else 0.0)
+        return x + comm
     return cost
 
 
@@ -204,7 +217,7 @@ def simulate_policy(params: SimParams, policy: str, options: dict | None = None,
     sink = CountingSink(params.workers, max(1.0, total / CURVE_POINTS), policy)
     engine = Engine(pol, params.workers, steps, step_cost(params, hint, seed), net, sink=sink,
                     max_samples=samples)
-    engine.comm = EarlyPullLinks(net)
+    engine.comm = EarlyPullLinks(net, params.comm_extras())
     engine.run()
     if not sink.steps:
         raise ValueError(f"{policy}: the simulation ran no step")
