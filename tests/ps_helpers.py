@@ -372,3 +372,19 @@ def reap(proc):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def supervised(cluster, start: bool = True):
+    """(thread, errors): `cluster.wait()` in a daemon thread (started unless `start` is
+    False), what it raised landing in `errors` for the test to assert on."""
+    errors: list = []
+
+    def wait():
+        try:
+            cluster.wait()
+        except Exception as exc:  # the test asserts on it
+            errors.append(exc)
+    thread = threading.Thread(target=wait, daemon=True)
+    if start:
+        thread.start()
+    return thread, errors

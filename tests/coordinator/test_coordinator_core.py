@@ -12,27 +12,12 @@ from paramserver.coordinator.events import (
     TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.membership import MAX_OBSERVERS
-from paramserver.coordinator.state import CoordinatorState
 from paramserver.policies import SYNC_POLICIES
 from paramserver.spec.welcome import ServerJob, WorkerJob
 from ps_helpers import (
-    ADDR, HB, clock_round, job_of, match, only, register_all, start_round,
+    ADDR, HB, clock_round, match, only, register_all, start_round,
 )
 
-
-@pytest.fixture
-def make():
-    """Builds cores; every one of them must be consistent when the test ends."""
-    made = []
-
-    def build(resume_state=None, latest=None, **options):
-        state = CoordinatorState(job_of(**options), resume_state, latest)
-        made.append(state)
-        return state
-
-    yield build
-    for state in made:
-        state.check_invariants()
 
 
 # ---- one BSP round ------------------------------------------------------------------------------

@@ -12,25 +12,18 @@ from paramserver.coordinator.events import (
     AppendEvent, Clocked, Finish, Heartbeat, Registered, ReplicaReport, Reply, ShardRestored,
     Started, TimePassed, ToServers,
 )
-from paramserver.coordinator.state import CoordinatorState
-from ps_helpers import job_of, match, only
+from ps_helpers import match, only
 
 HB = 1.0  # the heartbeat timeout of these jobs (server_timeout: 30 s)
 
 
 @pytest.fixture
-def make():
-    made = []
-
+def make(make):
+    """The coordinator tests' `make` (conftest.py), these jobs' settings by default."""
     def build(latest=None, **options):
-        options = dict(dict(sync="asp", workers=1, replicas=2, heartbeat_timeout=HB), **options)
-        state = CoordinatorState(job_of(**options), None, latest)
-        made.append(state)
-        return state
-
-    yield build
-    for state in made:
-        state.check_invariants()
+        return make(latest=latest, **dict(dict(sync="asp", workers=1, replicas=2,
+                                               heartbeat_timeout=HB), **options))
+    return build
 
 
 def server(state, name, addr, now, backup=False):

@@ -21,14 +21,15 @@ checkpoint, losing exactly the round its primary applied alone, counted.
 
 import os
 import signal
-import threading
 
 import numpy as np
 import pytest
 
 from paramserver.client.kv import KVWorker
-from paramserver.launch.local import LaunchError, LocalCluster
-from ps_helpers import known_gradient, make_job, run_events, server_listening_at, wait_for
+from paramserver.launch.local import LocalCluster
+from ps_helpers import (
+    known_gradient, make_job, run_events, server_listening_at, supervised, wait_for,
+)
 
 KEYS = 400  # two shards
 STEPS = 10
@@ -55,15 +56,7 @@ def test_a_primary_lost_before_its_backup_synced_is_taken_over_before_training(t
                    heartbeat_timeout=1.5, start_timeout=60.0)
     cluster = HeldBack(job, tmp_path / "run", job_timeout=90, keys=None)
     cluster.skip = 1 if how == "never_registered" else None
-    failures: list = []
-
-    def supervise():
-        try:
-            cluster.wait()
-        except LaunchError as exc:
-            failures.append(exc)
-
-    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor, failures = supervised(cluster, start=False)
     kv = None
     try:
         cluster.start(spawn_workers=False)

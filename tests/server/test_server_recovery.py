@@ -14,7 +14,7 @@ from paramserver.runlog.metrics import read_records, summarize
 from paramserver.runlog.checkpoint import latest
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.client.kv import KVWorker
-from ps_helpers import known_gradient, make_job, shard_process, wait_for
+from ps_helpers import known_gradient, make_job, shard_process, supervised, wait_for
 
 KEYS = 10  # two shards: [0, 5) and [5, 10)
 
@@ -100,20 +100,6 @@ def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):
         cluster.stop()
 
 
-def _supervised(cluster):
-    """cluster.wait in a thread; what it raised lands in the returned list."""
-    errors: list = []
-
-    def wait():
-        try:
-            cluster.wait()
-        except Exception as exc:  # the test asserts on it
-            errors.append(exc)
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread, errors
-
-
 @contextlib.contextmanager
 def _recovering_job(cluster):
     """Starts `cluster` (no workers of its own), watches it with cluster.wait in a thread and
@@ -121,7 +107,7 @@ def _recovering_job(cluster):
     ended cleanly within 60 s, and the cluster is stopped."""
     try:
         cluster.start(spawn_workers=False)
-        supervisor, errors = _supervised(cluster)
+        supervisor, errors = supervised(cluster)
         kv = KVWorker(cluster.address, keys=cluster.client_keys("worker"))
         kv.timeout = 30.0
         try:
@@ -205,7 +191,7 @@ def test_a_restarted_server_with_no_usable_checkpoint_ends_the_job_at_once_namin
                            keys=None)
     try:
         cluster.start(spawn_workers=False)
-        supervisor, errors = _supervised(cluster)
+        supervisor, errors = supervised(cluster)
         kv = KVWorker(cluster.address)
         kv.timeout = 5.0
         try:

@@ -585,8 +585,7 @@ class ServerNode:
         else:
             out = self.core.handle(event)
         # A replicated shard's init, before training: acknowledged once a backup holds it.
-        init = (msg.op == "init" and self.settings.replicas > 1
-                and self.core.store.version == 0)
+        init = msg.op == "init" and replica.holds_init()
         if seq is None and not init:
             self._execute(out)
             return

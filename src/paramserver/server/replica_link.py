@@ -211,6 +211,12 @@ class ReplicaLink:
             (held if type(ins) is Reply and ins.to == token else rest).append(ins)
         return held, rest
 
+    def holds_init(self) -> bool:
+        """An init taken now is a replicated shard's before training: its ack waits for a
+        backup that holds its values (hold(init=True))."""
+        core = self.core
+        return core.settings.replicas > 1 and core.store.version == 0
+
     def hold(self, seq: int | None, replies: list, init: bool = False) -> list:
         """The replies to request `seq` (forwarded; None: not) that may go now. `init`: an
         init of a replicated shard not trained yet, whose ack waits for a backup that holds

@@ -91,15 +91,22 @@ class Forwarder:
         self.forwards += 1
         return self.seq
 
-    def hold(self, seq: int | None, replies: list) -> list:
-        """Keep `replies` until `seq` is acknowledged; returns those that may go now."""
-        if seq is None or seq <= self.acked_seq or not self._pending:
-            return replies
+    def _waiting(self, seq: int) -> _Pending | None:
+        """Forward `seq` while its ack is awaited (None once acknowledged or dropped)."""
+        if seq <= self.acked_seq:
+            return None
         for p in reversed(self._pending):  # (the newest, almost always)
             if p.seq == seq:
-                p.held.extend(replies)
-                return []
-        return replies
+                return p
+        return None
+
+    def hold(self, seq: int | None, replies: list) -> list:
+        """Keep `replies` until `seq` is acknowledged; returns those that may go now."""
+        p = None if seq is None else self._waiting(seq)
+        if p is None:
+            return replies
+        p.held.extend(replies)
+        return []
 
     def hold_init(self, seq: int | None, replies: list) -> list:
         """Keep the replies to an init of a shard not trained yet until a backup holds what it
@@ -114,13 +121,11 @@ class Forwarder:
         if seq is None:
             self.unsynced_inits.extend(replies)
             return []
-        if seq <= self.acked_seq:
+        p = self._waiting(seq)
+        if p is None:
             return replies
-        for p in reversed(self._pending):
-            if p.seq == seq:
-                p.inits.extend(replies)
-                return []
-        return replies
+        p.inits.extend(replies)
+        return []
 
     def acked(self, epoch: int, seq: int) -> tuple[list, bool]:
         """The backup holds everything up to `seq`: (replies to send, whether this ack made
