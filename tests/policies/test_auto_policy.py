@@ -253,3 +253,25 @@ def test_the_reports_timeline_reads_each_switch():
         (3.0, "policy lbbsp (was bsp), predicted 2.50x as fast to target after a drain of "
               "0.02 s: slowest worker 4.00x the median step")]
 
+
+
+def test_while_the_windows_fill_the_next_look_comes_as_they_fill():
+    """A 1.3x straggler: LB-BSP's forecast beats BSP's by about 0.22, past the margin (0.15)
+    but not past its widening on 4 steps of 16 (0.30). The next look comes when the slowest
+    worker can have filled its window (12 more of its steps), not a whole interval (2 s)
+    later, and then the switch is made; with full windows the looks are `interval` apart."""
+    ctl = AutoSync(BATCH, candidates="bsp,lbbsp").controller
+
+    def paces(n):
+        fast = {w: Pace(0.001, 0.0, (0.016,) * n) for w in range(3)}
+        return {**fast, 3: Pace(0.0013, 0.0, (0.0208,) * n)}
+
+    assert ctl.decide(0.1, "bsp", paces(4), BATCH) is None
+    assert ctl.next_at == pytest.approx(0.1 + 12 * 0.0208)
+    assert not ctl.due(0.3) and ctl.due(ctl.next_at)
+    proposal = ctl.decide(ctl.next_at, "bsp", paces(16), BATCH)
+    assert proposal is not None and proposal.to == "lbbsp"
+    assert 0.15 < proposal.gain < 0.3
+    ctl.took_over(0.4, "bsp", "lbbsp")
+    assert ctl.decide(2.4, "lbbsp", paces(16), BATCH) is None
+    assert ctl.next_at == pytest.approx(4.4)

@@ -50,7 +50,8 @@ class AutoOptions:
     candidates: str = opt("lbbsp,bsp,ssp,asp",
                           "policies to choose among, comma-separated, of "
                           f"{', '.join(CANDIDATES)}; the first one starts")
-    interval: float = opt(2.0, "seconds between decisions, and the least a policy holds")
+    interval: float = opt(2.0, "seconds between decisions once the windows are full, and the "
+                               "least a policy holds")
     margin: float = opt(0.15, "predicted gain a switch must beat (0.15: a forecast 1.15x as fast)")
     horizon: float = opt(20.0, "seconds over which a switch's gain must repay its drain")
     window: int = opt(16, "recent steps of each worker the forecast reads")

@@ -1,6 +1,7 @@
 """SwitchController: when the auto policy changes the policy in force, and to which.
 
-Every `interval` seconds of event time it forecasts each candidate from the workers' recent
+Every `interval` seconds of event time (sooner while the workers' windows fill: as soon as the
+slowest can have filled its own) it forecasts each candidate from the workers' recent
 pace (policies/forecast.py) and proposes the one that reaches the target soonest, when
 
 - its predicted progress beats the policy in force by more than `margin` (hysteresis: two
@@ -76,7 +77,14 @@ class SwitchController:
         known = [p for p in paces.values() if p is not None and len(p.steps) >= self.least]
         if not known or len(known) < len(paces):
             return None  # a newcomer's pace is not known well enough yet: look again later
-        self.next_at = now + self.interval
+        seen = min(len(p.steps) for p in known)
+        slowest = max(p.mean for p in known)
+        # While the windows fill, the next look comes as the slowest worker fills its window
+        # (sooner than `interval` on fast steps): a forecast on thin evidence faces a wider
+        # margin, and waiting a whole interval to see it again leaves the job in the first
+        # candidate for that long.
+        fill = (self.full - seen) * slowest
+        self.next_at = now + (min(self.interval, fill) if fill > 0 else self.interval)
         self.decisions += 1
         looks = {c: outlook(c, known, batch, self.curve) for c in self.candidates}
         best = max(self.candidates, key=lambda c: (looks[c].progress, c == current))
@@ -87,10 +95,8 @@ class SwitchController:
             return None
         there = looks[best]
         gain = there.progress / here.progress - 1 if here.progress > 0 else float("inf")
-        seen = min(len(p.steps) for p in known)
         if gain <= self.margin * sqrt(self.full / seen):
             return None
-        slowest = max(p.mean for p in known)
         saved = self.horizon * (1 - here.progress / there.progress)
         if saved <= slowest:  # the drain waits about one slowest step
             return None
