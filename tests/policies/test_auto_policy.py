@@ -275,3 +275,26 @@ def test_while_the_windows_fill_the_next_look_comes_as_they_fill():
     ctl.took_over(0.4, "bsp", "lbbsp")
     assert ctl.decide(2.4, "lbbsp", paces(16), BATCH) is None
     assert ctl.next_at == pytest.approx(4.4)
+
+
+def test_of_forecasts_within_the_margin_of_each_other_the_least_stale_is_taken():
+    """Spikes a round waits for (one 5x step per worker, in different rounds) and speeds
+    1.0-1.2x apart: SSP and ASP both beat LB-BSP past the margin and come within it of each
+    other; ASP forecasts a little more progress, SSP less staleness. SSP it is; ASP when it
+    is the only one that beats LB-BSP by the margin."""
+    def paces():
+        out = {}
+        for w, base in enumerate([0.016, 0.017, 0.018, 0.019]):
+            steps = [base] * 16
+            steps[w * 3] = base * 5
+            out[w] = Pace(base / BATCH, 0.0, tuple(steps))
+        return out
+
+    proposal = AutoSync(BATCH).controller.decide(1.0, "lbbsp", paces(), BATCH)
+    looks = proposal.outlooks
+    assert looks["asp"].progress > looks["ssp"].progress > looks["lbbsp"].progress * 1.15
+    assert looks["asp"].progress < looks["ssp"].progress * 1.15
+    assert proposal.to == "ssp" and looks["ssp"].staleness < looks["asp"].staleness
+    assert proposal.gain == pytest.approx(looks["ssp"].progress / looks["lbbsp"].progress - 1)
+    only = AutoSync(BATCH, candidates="lbbsp,bsp,asp").controller
+    assert only.decide(1.0, "lbbsp", paces(), BATCH).to == "asp"
