@@ -140,7 +140,7 @@ def test_replay_of_a_known_log_reproduces_every_clock_time(tmp_path):
 
 def test_the_decision_log_of_a_simulated_run_matches_its_events(tmp_path):
     live_like_log(tmp_path / "live")
-    for sync in ("bsp", "ebsp", "r2sp"):
+    for sync in ("bsp", "ebsp", "r2sp", "lbbsp", "auto"):
         cfg = json.loads((tmp_path / "live" / "config.json").read_text())
         cfg["job"]["sync"]["name"] = sync
         cfg["job"]["max_samples"] = 2000

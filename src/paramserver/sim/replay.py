@@ -109,9 +109,11 @@ def decision_log(run: RunFolder, workers: int | None = None,
             log.marks.setdefault(d.kind, len(log.releases))
 
     host = PolicyHost(policy, job.max_samples or None, on_decision=watch)
-    for w in range(workers or job.workers):
-        trigger = ("join", w)
-        host.joined(w, 0.0)
+    # As the coordinator opens its start barrier: every worker joins before any release goes
+    # out (auto's lockstep candidates count a worker that joins after a release as a late
+    # joiner, who waits for the next round).
+    trigger = ("join",)
+    host.joined_all(range(workers or job.workers), 0.0)
     for i, r in enumerate(run.records):
         kind = r.get("kind")
         if kind not in ("step", "left"):
