@@ -34,6 +34,10 @@ def test_train_auto_follows_a_chronic_straggler(tmp_path):
     slow = [s["batch"] for s in late if s["worker"] == 2]
     fast = [s["batch"] for s in late if s["worker"] == 0]
     assert slow and fast and max(slow) < min(fast)
+    # The shards apply on arrival, but a lockstep round's pushes all start from one version:
+    # none of them is stale (before the switches, the record counted 0, 1 and 2 a round).
+    lockstep = [s for s in steps if not any(m["to"] == "ssp" and s["t"] > m["t"] for m in moves)]
+    assert lockstep and {s["staleness"] for s in lockstep} == {0}
 
 
 @pytest.mark.slow  # its fast twin: test_train_auto_follows_a_chronic_straggler, live alone

@@ -30,6 +30,20 @@ def test_arrival_applies_each_push_and_counts_staleness():
     assert res.staleness == 1 and s.version == 2
 
 
+def test_a_lockstep_rounds_own_pushes_are_not_staleness_on_arrival():
+    """auto's bsp and lbbsp: the shard applies on arrival, each push naming its round's size
+    (3). The round's pushes all start from one version, so none of the other two counts; a
+    push from a version pulled a round earlier still counts the round it missed."""
+    s = store()
+    seen = [s.push_dense(w, 10, 20, np.ones(10), step=0, batch=1, base_version=0, scale=1.0,
+                         round_size=3).staleness for w in "abc"]
+    assert seen == [0, 0, 0] and s.version == 3
+    stale = s.push_dense("a", 10, 20, np.ones(10), step=1, batch=1, base_version=0, scale=1.0,
+                         round_size=3)
+    assert stale.staleness == 1  # 3 applied since its pull, 2 of them its own round's
+    assert s.push_dense("b", 10, 20, np.ones(10), **TAGS).staleness == 4  # no round: all count
+
+
 def test_round_mode_applies_the_batch_weighted_average_once():
     s = store("round")
     s.push_dense("a", 10, 20, np.full(10, 1.0), step=0, batch=1, base_version=0, scale=1.0)

@@ -394,3 +394,17 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, capsys, monke
     s = json.loads((out / "summary.json").read_text())
     assert not s["simulator"]["complete"] and 0 < s["steps"] < 5000
     assert "interrupted" in capsys.readouterr().out
+
+
+def test_auto_counts_no_staleness_in_its_lockstep_rounds(tmp_path):
+    """The simulated shards apply auto's pushes on arrival; under its lockstep candidates each
+    release names the round's size and the round's other pushes are not staleness (as under
+    fixed BSP); under ASP every other worker's push since the pull is."""
+    stale = {}
+    for candidates in ("lbbsp,bsp", "asp"):
+        out = tmp_path / candidates.replace(",", "-")
+        assert main(["simulate", "--sync", "auto", "--sync-opt", f"candidates={candidates}",
+                     "--workers", "4", "--steps", "60", "--compute", "const:1ms",
+                     "--straggler", "1:3", "--quiet", "--out", str(out)]) == 0
+        stale[candidates] = json.loads((out / "summary.json").read_text())["mean_staleness"]
+    assert stale["lbbsp,bsp"] == 0 and stale["asp"] > 1

@@ -186,6 +186,13 @@ class AutoSync(SyncPolicy, Configurable):
     def next_deadline(self) -> float | None:
         return None if self.pending is not None else self.inner.next_deadline()
 
+    def round_size(self) -> int:
+        """Under a lockstep candidate, its round's size: each release says it, and the shards
+        (applying on arrival) then count none of the round's other pushes as staleness, since
+        all of them start from one version, as under the fixed policy; 0 under ssp and asp."""
+        inner = self.inner
+        return inner.round_size() if isinstance(inner, BSP) else 0
+
     # ---- the switch -----------------------------------------------------------------------------
     def _switch(self, now: float) -> list[Decision]:
         proposal, asked = self.pending

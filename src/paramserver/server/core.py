@@ -170,7 +170,8 @@ class ShardCore:
             return [self.moved(ev.to, rows=True)]
         if st.apply_mode == "arrival":
             self.tables.apply(table, ev.keys, grads, ev.scale)
-            return self._pushed(ev, PushResult(st.version, max(st.version - ev.version, 0)))
+            return self._pushed(ev, PushResult(st.version, st.staleness(ev.version, ev.round_size,
+                                                                        ev.parts)))
         late = st.last_round is not None and ev.step <= st.last_round
         # The store counts the part and the batch and refuses a push for another round's step,
         # before the rows are kept.

@@ -171,7 +171,7 @@ class ShardStore:
         """Apply (arrival mode) or add to the round (round mode). `round_size`: how many
         contributors the round has, when the pusher knows it; `parts`: how many pushes this
         pusher sends the shard for the step (0: unknown, so its pushes never fill the round)."""
-        staleness = max(self.version - base_version, 0)
+        staleness = self.staleness(base_version, round_size, parts)
         if self.apply_mode == "arrival":
             self._writable()
             self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
@@ -186,6 +186,17 @@ class ShardStore:
                 self.round_size = max(self.round_size, round_size)
                 self._count_part(worker, parts)
         return PushResult(self.version, staleness)
+
+    def staleness(self, base_version: int, round_size: int = 0, parts: int = 0) -> int:
+        """Versions applied since `base_version`. In arrival mode a push that names its round's
+        size is one of a lockstep round's (auto's bsp and lbbsp, whose next release waits for
+        the whole round): the round's other pushes were made from the same version, as round
+        mode's sum is, so up to `round_size - 1` of them (each in `parts` messages) are not
+        staleness; a pull skipped before them still counts."""
+        stale = self.version - base_version
+        if round_size and self.apply_mode == "arrival":
+            stale -= (round_size - 1) * max(parts, 1)
+        return stale if stale > 0 else 0
 
     def _count_part(self, worker: str, parts: int) -> None:
         got = self.round_got.get(worker, 0) + 1

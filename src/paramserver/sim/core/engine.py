@@ -128,6 +128,7 @@ class Engine:
         self.status = [WAITING] * workers + [GONE] * (ranks - workers)
         self.done, self.step, self.batch = z[:], z[:], z[:]
         self.scale, self.pulled, self.min_version = [1.0] * ranks, z[:], z[:]
+        self.lockstep = z[:]  # pushes of its own lockstep round before each worker's (arrival)
         self.wait_from = [-self.comm.start_wait(w) for w in range(workers)] + [0.0] * (
             ranks - workers)
         self.wait_s, self.pull_s = [0.0] * ranks, [0.0] * ranks
@@ -196,6 +197,7 @@ class Engine:
         step_of, batch_of, factor, compute_s = self.step, self.batch, self.factor, self.compute_s
         status, push_from, stale, pull_s, push_s = (self.status, self.push_from, self.stale,
                                                     self.pull_s, self.push_s)
+        lockstep = self.lockstep
         # (with a membership schedule a clock may be a leaver's last: _clock sees to it)
         plain_clock = tr is None and comm.real is None and not self.changes
         sink_step, host_pushed, take, done = self.sink.step, self.host.pushed, self._take, self.done
@@ -231,7 +233,8 @@ class Engine:
                     push(q, (comm_push(t, w, step_of[w]), next(seq), APPLIED, w))
                 elif kind == APPLIED:  # staleness as the server computes it, then the ack
                     v, p = self.version, pulled[w]
-                    stale[w] = v - p if v > p else 0
+                    s = v - p - lockstep[w]  # (a lockstep round's own pushes: not staleness)
+                    stale[w] = s if s > 0 else 0
                     if tr is not None:
                         tr.push(w, self)
                     if not round_mode:
@@ -406,6 +409,9 @@ class Engine:
         self.status[w] = RELEASED
         self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
         self.min_version[w] = d.min_version
+        # In arrival mode, a release into a lockstep round (auto's bsp, lbbsp) names its size:
+        # the round's other pushes come from the same version and are not staleness.
+        self.lockstep[w] = d.round_size - 1 if d.round_size and not self.round_mode else 0
         if d.stop or self.done[w] >= self.steps or w in self.leaving:
             # the worker's goodbye comes back (a preempted one's step unrun)
             self.leave_reason[w] = "done" if w not in self.leaving else "preempted"
