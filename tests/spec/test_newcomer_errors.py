@@ -19,6 +19,7 @@ MISTAKES = [
     ("trian --steps 1", "invalid choice: 'trian'", "did you mean train?"),
     ("train --link 10gbpz --steps 1", "argument --link", ""),
     ("train --workers 0", "argument --workers", ""),
+    ("train --workers 2:1", "argument --workers: workers 2:1: MIN must be <= MAX", ""),
     ("train --batch-size 0", "argument --batch-size", ""),
     ("train --straggler 1:x", "argument --straggler", ""),
     ("train --device-time 5", "argument --device-time", ""),

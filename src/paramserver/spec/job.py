@@ -372,13 +372,13 @@ class WorkerCount:
     def parse(cls, text: str) -> "WorkerCount":
         lo, colon, hi = str(text).strip().partition(":")
         try:
-            if not colon:
-                n = int(lo)
-                return cls(n, n)
-            return cls(int(lo), int(hi), True)
+            least, most = int(lo), int(hi if colon else lo)
         except ValueError:
+            least = most = 0
+        if least < 1 or most < 1:
             raise JobSpecError(f"workers {text!r}: expected N or MIN:MAX (whole numbers "
-                               f">= 1)") from None
+                               f">= 1)")
+        return cls(least, most, bool(colon))  # MIN > MAX: refused as such
 
     def text(self) -> str:
         return f"{self.min}:{self.max}" if self.elastic else str(self.max)
