@@ -1,6 +1,7 @@
 """A newcomer's mistakes: each refused with its error first (what is wrong, then the fix or the
 nearest name), exit status 2, no usage block, no traceback, and no run folder left behind."""
 
+import json
 import os
 import socket
 import subprocess
@@ -166,3 +167,21 @@ def test_ctrl_c_keeps_what_was_trained(tmp_path):
     assert "1.weight" in state and torch.isfinite(state["1.weight"]).all()
     gone = psutil.wait_procs(children, timeout=10)[1]
     assert not gone, f"left running: {gone}"
+
+
+def test_ctrl_c_before_the_coordinator_listens_says_so(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C while the job is starting (no coordinator address yet): no model.pt to save,
+    said in a line, exit 130, no traceback (the save once dialled the empty address)."""
+    from paramserver.launch.local import LocalCluster
+
+    def interrupted_start(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalCluster, "start", interrupted_start)
+    run = tmp_path / "run"
+    code = main(["train", "--workers", "2", "--steps", "1", "--quiet", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "interrupted before the job started: no model.pt" in err, err
+    assert f"{run} keeps the steps done" in err and "Traceback" not in err, err
+    assert json.loads((run / "summary.json").read_text())["interrupted"] is True

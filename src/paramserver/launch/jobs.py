@@ -173,7 +173,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     label = f"{cfg.sync} x{cfg.workers}"
 
     def summary_json(**extra) -> dict:
-        summary = summarize(read_records(run_dir / "metrics.jsonl"),
+        metrics = run_dir / "metrics.jsonl"  # (none yet after a Ctrl-C during the start)
+        summary = summarize(read_records(metrics) if metrics.exists() else [],
                             {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
         summary.update(extra)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -206,6 +207,9 @@ def save_interrupted(cluster, job: dict, run_dir: Path, timeout: float = 10.0) -
     from paramserver.runlog.model_file import FINAL_MODEL, ExportError, model_keys, named
     from paramserver.runlog.model_file import write_model
     if RunJob.of(job).has_tables:  # rows live only on the servers: no model file
+        return
+    if not cluster.address:  # the coordinator was not listening yet: nothing was trained
+        print("interrupted before the job started: no model.pt", file=sys.stderr)
         return
     print("interrupted: saving the parameters trained so far...", file=sys.stderr, flush=True)
     try:
