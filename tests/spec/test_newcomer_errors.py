@@ -21,6 +21,7 @@ MISTAKES = [
     ("train --link 10gbpz --steps 1", "argument --link", ""),
     ("train --workers 0", "argument --workers", ""),
     ("train --workers 2:1", "argument --workers: workers 2:1: MIN must be <= MAX", ""),
+    ("train --servers 3:2", "argument --servers: servers 3:2: MIN must be below MAX", ""),
     ("train --batch-size 0", "argument --batch-size", ""),
     ("train --straggler 1:x", "argument --straggler", ""),
     ("train --device-time 5", "argument --device-time", ""),

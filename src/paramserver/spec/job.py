@@ -403,10 +403,13 @@ class ServerCount:
     def parse(cls, text: str) -> "ServerCount":
         lo, _, hi = str(text).strip().partition(":")
         try:
-            return cls(int(lo), int(hi))
+            least, most = int(lo), int(hi)
         except ValueError:
-            raise JobSpecError(f"servers {text!r}: expected N, auto or MIN:MAX (whole "
-                               f"numbers >= 1)") from None
+            least = most = 0
+        if least >= 1 and most >= 1:
+            return cls(least, most)  # MIN >= MAX: refused as such
+        raise JobSpecError(f"servers {text!r}: expected N, auto or MIN:MAX (whole "
+                           f"numbers >= 1)")
 
     def text(self) -> str:
         return f"{self.min}:{self.max}"
