@@ -87,6 +87,34 @@ def test_a_mistake_is_refused_error_first(command, first, hint, tmp_path, monkey
     assert not (tmp_path / "runs").exists(), "a refused command left a run folder"
 
 
+OUT_COMMANDS = ["train", "compare", "simulate --steps 5", "serve --num-keys 10", "demo",
+                "calibrate", "advise --profile RUN", "launch --workers 1 -- python x.py"]
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+@pytest.mark.parametrize("below", [False, True], ids=["file", "under-a-file"])
+def test_an_out_folder_where_a_file_is_is_refused_at_the_flag(command, below, tmp_path,
+                                                              monkeypatch, capsys):
+    """--out naming a file (or a folder under one) is refused as the flag's error, before
+    anything starts: mkdir's FileExistsError / NotADirectoryError was a traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("a file\n")
+    out = "notes.txt/run" if below else "notes.txt"
+    argv = [str(tmp_path) if a == "RUN" else a for a in command.split()]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv[cut:cut] = ["--out", out]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.splitlines()[0].endswith(
+        "argument --out: " + ("notes.txt/run: " if below else "")
+        + "notes.txt is a file, not a folder; give a new or existing folder"), err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists(), err
+
+
 def test_a_busy_port_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with socket.socket() as held:

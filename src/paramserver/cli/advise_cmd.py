@@ -130,8 +130,9 @@ def register(sub) -> None:
                    help="worker steps simulated per candidate at most; past them the time is "
                         "extrapolated at the steady rate (default 200000)")
     t.add_argument("--seed", type=flag.count, default=0, help="seed of the simulation's draws")
-    p.add_argument("--out", help="folder for advise.json and a live profile's run folder "
-                                 "(default runs/advise-<time>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="folder for advise.json and a live profile's run folder "
+                        "(default runs/advise-<time>)")
     p.add_argument("--json", action="store_true", help="print advise.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)

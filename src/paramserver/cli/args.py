@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Callable
 
 from paramserver.core import endpoints, units
@@ -216,6 +217,23 @@ def checked_text(parser: Callable) -> Callable:
         return text
     check.__name__ = parser.__name__
     return check
+
+
+def _out_folder(text: str) -> str:
+    """A folder a command writes into (--out): refused at the flag when a file stands where it
+    or a folder above it would be, which mkdir would refuse only once the command runs."""
+    path = Path(text)
+    for above in (path, *path.parents):
+        if above.is_dir():
+            return text
+        if above.exists():
+            where = "" if above == path else f"{text}: "
+            raise ValueError(f"{where}{above} is a file, not a folder; give a new or existing "
+                             f"folder")
+    return text
+
+
+out_folder = _typed(_out_folder, "folder")
 
 
 def links(values) -> LinkTable:

@@ -211,7 +211,8 @@ def register(sub) -> None:
     p.add_argument("--from", dest="runs_from", metavar="DIR",
                    help="skip the live grid: calibrate on the finished runs under DIR (a "
                         "calibrate or compare folder)")
-    p.add_argument("--out", help="output folder (default runs/<time>-calibrate)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="output folder (default runs/<time>-calibrate)")
     p.add_argument("--run-timeout", type=flag.positive_seconds, default=600.0,
                    help="give up on one run after this many seconds (default 600)")
     p.set_defaults(func=_run)

@@ -456,7 +456,8 @@ def register(sub) -> None:
                         "work under every policy; default 33%%, a third of the way)")
     g = add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
                           f"{paired_text()}; a rule given applies to every policy")
-    g["run"].add_argument("--out", help="output folder (default runs/<time>-compare)")
+    g["run"].add_argument("--out", type=flag.out_folder,
+                          help="output folder (default runs/<time>-compare)")
     g["run"].add_argument("--quiet", action="store_true", help="no per-run progress bar")
     add_launcher_args(g["cluster"])
     g["run"].add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,

@@ -57,7 +57,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=50, help="steps per worker (default 50)")
     p.add_argument("--sync", default="bsp",
                    help=f"sync policy ({catalog.listed(catalog.SYNC_POLICIES)})")
-    p.add_argument("--out", help="run folder (default runs/<time>-demo-<sync>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="run folder (default runs/<time>-demo-<sync>)")
     p.add_argument("--timeout", type=flag.positive_seconds, default=300.0,
                    help="give up after this many seconds")
     p.set_defaults(func=_run)

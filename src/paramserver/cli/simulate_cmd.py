@@ -244,7 +244,8 @@ def register(sub) -> None:
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sim_args(p)
     add_train_args(p)
-    p.add_argument("--out", help="run folder (default runs/<time>-sim-<sync>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="run folder (default runs/<time>-sim-<sync>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--detail", choices=DETAILS, default="auto",
                    help="per-worker step records in metrics.jsonl: steps, summary (steps.npz "
