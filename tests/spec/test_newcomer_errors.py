@@ -59,6 +59,10 @@ MISTAKES = [
     ("launch --workers 2 -- my_train.py", "no program 'my_train.py'", "-- python my_train.py"),
     ("launch --workers 2", "give the worker command after --", ""),
     ("drain /no/such/run --server 0", "neither an address", ""),
+    ("drain tcp://nohost --server 0", "'tcp://nohost' is no address to join: give "
+     "tcp://HOST:PORT", ""),
+    ("top --once tcp://nohost", "'tcp://nohost' is no address to join: give tcp://HOST:PORT",
+     ""),
     ("report /no/such/run", "paramserver report:", ""),
     ("train --link w9=100mbit --steps 1", "names worker 9 but the job has workers 0..3", ""),
     ("compare --workers 1 --scenario one-slow --epochs 1",
