@@ -52,6 +52,8 @@ MISTAKES = [
     ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),
     ("export RUN --format safetensor", "invalid choice: 'safetensor'",
      "did you mean safetensors?"),
+    ("demo --workers 0", "argument --workers: expected a whole number >= 1", ""),
+    ("demo --keys 0 --timeout 5", "argument --keys: expected a whole number >= 1", ""),
     ("serve --num-keys 10 --port 99999", "argument --port", ""),
     ("serve --num-keys 0", "--num-keys must be at least 1", ""),
     ("launch --workers 2 -- no_such_program_here", "no program 'no_such_program_here' on PATH",
