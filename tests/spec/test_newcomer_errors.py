@@ -54,6 +54,11 @@ MISTAKES = [
      "did you mean safetensors?"),
     ("demo --workers 0", "argument --workers: expected a whole number >= 1", ""),
     ("demo --keys 0 --timeout 5", "argument --keys: expected a whole number >= 1", ""),
+    ("demo --keys 1 --servers 2 --timeout 30",
+     "1 keys cannot be spread over 2 servers (each holds one key at least): give fewer "
+     "servers", ""),
+    ("serve --num-keys 1 --servers 2 --timeout 30", "1 keys cannot be spread over 2 servers",
+     ""),
     ("serve --num-keys 10 --port 99999", "argument --port", ""),
     ("serve --num-keys 0", "--num-keys must be at least 1", ""),
     ("launch --workers 2 -- no_such_program_here", "no program 'no_such_program_here' on PATH",

@@ -488,6 +488,9 @@ class JobSpec:
         if self.dtype not in DTYPES:
             _fail("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         _int("servers", self.servers, 1)
+        if 0 < self.num_keys < self.servers:
+            raise JobSpecError(f"{self.num_keys} keys cannot be spread over {self.servers} "
+                               f"servers (each holds one key at least): give fewer servers")
         _int("workers", self.workers, 1)
         _int("batch_size", self.batch_size, 1)
         if self.max_samples is not None:
