@@ -45,8 +45,8 @@ def _base_config(args):
     changes = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "seed",
                                              "eval_interval", "device_time")
                if getattr(args, k) is not None}
-    # compare's pairing: SSP and DSSP run with their own update rule unless --optimizer names
-    # one for every run, so the grid measures the policies as compare and advise run them.
+    # compare's pairing: SSP, EBSP and DSSP run with their own update rule unless --optimizer
+    # names one for every run, so the grid measures the policies as compare and advise run them.
     rule, _ = rule_pairing(args.optimizer)
     return dataclasses.replace(DEFAULTS, optimizer=rule, **changes)
 
@@ -196,8 +196,9 @@ def register(sub) -> None:
                    help="target test accuracy (default 0.95)")
     p.add_argument("--epochs", type=float, help="sample budget in epochs (default compare's)")
     p.add_argument("--lr", type=float, help="learning rate (default compare's)")
+    from paramserver.cli.compare_cmd import paired_text
     p.add_argument("--optimizer", help="update rule of every run (default compare's, with its "
-                                       "pairing: ssp and dssp run with dynsgd)")
+                                       f"pairing: {paired_text()})")
     p.add_argument("--workers", type=flag.positive_int, action="append",
                    help="workers, one grid axis (repeatable; default compare's), e.g. "
                         "--workers 4 --workers 8: the convergence model then sees each policy "
