@@ -75,6 +75,11 @@ MISTAKES = [
     ("compare --workers 1 --scenario one-slow --epochs 1",
      "scenario one-slow: --straggler '1:3' names worker(s) [1]", ""),
     ("compare --workers 2 --link w2=100mbit --epochs 1", "names worker 2", ""),
+    ("compare --sync bsp,ssp --sync-opt ssp.stalenes=2 --max-seconds 2 --repeats 1",
+     "sync policy 'ssp' has no option 'stalenes'", "did you mean staleness?"),
+    ("compare --sync bsp --sync-opt ssp.staleness=2 --max-seconds 2 --repeats 1",
+     "--sync-opt names ssp, which this comparison does not run (--sync bsp): add ssp to "
+     "--sync or drop its option", ""),
 ]
 
 
