@@ -69,15 +69,7 @@ def _link(text: str):
     return TargetLink(spec.bytes_per_s, spec.latency)
 
 
-def _accuracy(text: str) -> float:
-    v = float(text)
-    if not 0 < v <= 1:
-        raise ValueError(f"--target must be an accuracy in (0, 1], got {text!r}")
-    return v
-
-
 target_link = flag._typed(_link, "link")
-accuracy = flag._typed(_accuracy, "accuracy")
 
 
 def register(sub) -> None:
@@ -119,7 +111,7 @@ def register(sub) -> None:
                         "is read too; default: the profile's)")
     t.add_argument("--batch-size", type=flag.positive_int,
                    help="samples per worker step (default: the profile's)")
-    t.add_argument("--target", type=accuracy,
+    t.add_argument("--target", type=flag.accuracy,
                    help="test accuracy to reach (default: the calibration's target)")
     t.add_argument("--calibration", metavar="FILE",
                    help="calibration.json of `paramserver calibrate` (default: the shipped fit "

@@ -219,6 +219,20 @@ def checked_text(parser: Callable) -> Callable:
     return check
 
 
+def _accuracy(text: str) -> float:
+    """--target: a test accuracy (or a click model's AUC), which no run passes beyond 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise ValueError(f"expected an accuracy (or AUC) in (0, 1], e.g. 0.95, got {text!r}")
+    return value
+
+
+accuracy = _typed(_accuracy, "accuracy")
+
+
 def _file_in_the_way(path: Path) -> Path | None:
     """The nearest of `path` and the folders above it that exists, when it is no folder."""
     for above in (path, *path.parents):

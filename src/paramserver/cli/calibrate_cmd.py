@@ -192,7 +192,7 @@ def register(sub) -> None:
                         "default unlimited), e.g. --grid-link unlimited --grid-link 1gbit,1ms")
     p.add_argument("--repeats", type=flag.positive_int, default=2,
                    help="repeats per cell, seeds seed..seed+k-1 (default 2)")
-    p.add_argument("--target", type=float, default=0.95,
+    p.add_argument("--target", type=flag.accuracy, default=0.95,
                    help="target test accuracy (default 0.95)")
     p.add_argument("--epochs", type=float, help="sample budget in epochs (default compare's)")
     p.add_argument("--lr", type=float, help="learning rate (default compare's)")

@@ -451,7 +451,7 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=flag.positive_int, default=2,
                    help="repeats per run, seeds seed..seed+k-1; the verdict calls policies "
                         "whose repeats' times overlap a tie (default 2)")
-    p.add_argument("--target", type=float,
+    p.add_argument("--target", type=flag.accuracy,
                    help="target test accuracy (default 0.95), or test AUC for a click model "
                         "such as dlrm (default 0.7)")
     p.add_argument("--compress-variant", action="append", metavar="[LABEL=]NAME[:KEY=VALUE...]",
