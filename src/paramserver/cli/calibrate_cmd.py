@@ -140,8 +140,8 @@ def _run(args) -> int:
     failed: list[str] = []
     try:
         if not args.runs_from:
-            grid_policies(args.sync)  # refused before the run folder is made
-            out.mkdir(parents=True, exist_ok=True)
+            plan_grid(args, out)  # its policies, scenarios, links and settings refused
+            out.mkdir(parents=True, exist_ok=True)  # before the run folder is made
             failed = run_grid(args, out, console)
         if not args.runs_from:
             load["after"] = _load_average()
