@@ -128,6 +128,7 @@ def test_calibrate_refuses_auto_in_its_grid_before_making_anything(tmp_path, cap
 @pytest.mark.parametrize("flags,says", [
     (["--grid-link", "bogus"], "cannot read 'bogus' in link 'bogus'"),
     (["--scenario", "nope"], "unknown scenario 'nope'"),
+    (["--epochs", "-1"], "invalid value for epochs=-1.0 (expected a number > 0)"),
 ])
 def test_calibrate_refuses_a_bad_grid_setting_before_making_anything(flags, says, tmp_path,
                                                                     capsys):
