@@ -50,6 +50,8 @@ MISTAKES = [
     ("train --optimizer adam --optimizer-opt amsgrad=abc --steps 1",
      "option amsgrad takes true or false (default false); got 'abc'", ""),
     ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),
+    ("simulate --workers 0", "argument --workers: expected a whole number >= 1, got '0'", ""),
+    ("simulate --steps 0", "argument --steps: expected a whole number >= 1, got '0'", ""),
     ("export RUN --format safetensor", "invalid choice: 'safetensor'",
      "did you mean safetensors?"),
     ("demo --workers 0", "argument --workers: expected a whole number >= 1", ""),
