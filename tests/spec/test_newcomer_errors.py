@@ -49,6 +49,9 @@ MISTAKES = [
      "option weight_decay takes a number (default 0); got 'abc'", ""),
     ("train --optimizer adam --optimizer-opt amsgrad=abc --steps 1",
      "option amsgrad takes true or false (default false); got 'abc'", ""),
+    ("train --replicas 2 --restart-servers 1 --steps 1",
+     "--replicas 2 and --restart-servers (job fields 'replicas' and 'restart_servers') are "
+     "exclusive", ""),
     ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),
     ("simulate --workers 0", "argument --workers: expected a whole number >= 1, got '0'", ""),
     ("simulate --steps 0", "argument --steps: expected a whole number >= 1, got '0'", ""),

@@ -503,8 +503,9 @@ class JobSpec:
         if self.replicas > 2:
             _fail("replicas", self.replicas, "1 or 2 (a primary and one backup)")
         if self.replicas > 1 and self.restart_servers:
-            raise JobSpecError("job fields 'replicas' and 'restart_servers' are exclusive: a "
-                               "replicated shard's backup takes over, no checkpoint restore")
+            raise JobSpecError("--replicas 2 and --restart-servers (job fields 'replicas' and "
+                               "'restart_servers') are exclusive: a replicated shard's backup "
+                               "takes over, no checkpoint restore; give one of them")
         for key, cls in (("sync", SyncSpec), ("optimizer", OptimizerSpec), ("task", TaskSpec),
                          ("limits", Limits), ("links", LinkTable)):
             if not isinstance(getattr(self, key), cls):
