@@ -52,6 +52,8 @@ MISTAKES = [
     ("train --replicas 2 --restart-servers 1 --steps 1",
      "--replicas 2 and --restart-servers (job fields 'replicas' and 'restart_servers') are "
      "exclusive", ""),
+    ("train --restart-servers 1 --checkpoint-every 5 --replicas 2 --steps 1",
+     "are exclusive", ""),
     ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),
     ("simulate --workers 0", "argument --workers: expected a whole number >= 1, got '0'", ""),
     ("simulate --steps 0", "argument --steps: expected a whole number >= 1, got '0'", ""),

@@ -159,12 +159,13 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
         cfg = resolve_local_device(cfg)
     if cfg.checkpoint_dir:  # config.json must name it from any folder a resume starts in
         cfg = dataclasses.replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()))
+    spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
+    if cfg.checkpoint_dir:  # (made by the probe: only once the job's own checks have passed)
         from paramserver.runlog.checkpoint import folder_problem
         problem = folder_problem(Path(cfg.checkpoint_dir))
         if problem is not None:
             raise ValueError(f"the checkpoint folder cannot be written ({problem}); give "
                              f"--checkpoint-dir a folder this user can write")
-    spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
