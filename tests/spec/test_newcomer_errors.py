@@ -241,3 +241,22 @@ def test_ctrl_c_before_the_coordinator_listens_says_so(tmp_path, monkeypatch, ca
     assert "interrupted before the job started: no model.pt" in err, err
     assert f"{run} keeps the steps done" in err and "Traceback" not in err, err
     assert json.loads((run / "summary.json").read_text())["interrupted"] is True
+
+
+def test_ctrl_c_before_a_launched_worker_joins_says_so(tmp_path, monkeypatch, capsys):
+    """A launch job's model is known when its first worker joins: a Ctrl-C before that says
+    so (it said model_layout.json was missing, as from an older paramserver), exit 130."""
+    from paramserver.launch.local import LocalCluster
+
+    def interrupted_start(self, *args, **kwargs):
+        self.address = "tcp://127.0.0.1:9"  # the coordinator listens; no worker has joined
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalCluster, "start", interrupted_start)
+    run = tmp_path / "run"
+    code = main(["launch", "--workers", "2", "--steps", "1", "--quiet", "--out", str(run), "--",
+                 "python", "x.py"])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "interrupted before a worker joined the job: no model.pt" in err, err
+    assert "older paramserver" not in err and "Traceback" not in err, err

@@ -205,12 +205,17 @@ def save_interrupted(cluster, job: dict, run_dir: Path, timeout: float = 10.0) -
     import torch
 
     from paramserver.client.kv import KVWorker
-    from paramserver.runlog.model_file import FINAL_MODEL, ExportError, model_keys, named
+    from paramserver.runlog.model_file import (FINAL_MODEL, LAYOUT_FILE, ExportError,
+                                               model_keys, named)
     from paramserver.runlog.model_file import write_model
     if RunJob.of(job).has_tables:  # rows live only on the servers: no model file
         return
     if not cluster.address:  # the coordinator was not listening yet: nothing was trained
         print("interrupted before the job started: no model.pt", file=sys.stderr)
+        return
+    if RunJob.of(job).task.name == "external" and not (run_dir / LAYOUT_FILE).exists():
+        # a launch job's model is known once its first worker joins: none had
+        print("interrupted before a worker joined the job: no model.pt", file=sys.stderr)
         return
     print("interrupted: saving the parameters trained so far...", file=sys.stderr, flush=True)
     try:
