@@ -145,6 +145,16 @@ def _profile(args):
     from paramserver.advise.profile import LiveProfileSpec, load_profile, profile_live
     if args.profile:
         return load_profile(args.profile, batch_size=args.trace_batch, link=args.trace_link)
+    if args.script is not None:  # a command that cannot start is refused before the run
+        from paramserver.cli.launch_cmd import worker_command
+        try:
+            words = shlex.split(args.script)
+            if not words:
+                raise ValueError("no command: give the worker command, e.g. --script 'python "
+                                 "train.py'")
+            worker_command(words)
+        except ValueError as exc:  # (shlex's too: an unclosed quote)
+            raise ValueError(f"--script {args.script!r}: {exc}") from None
     out = _out(args) / "profile"
     spec = LiveProfileSpec(out=out, seconds=args.profile_seconds, workers=args.profile_workers,
                            model=args.model, dataset=args.dataset, straggler=args.straggler,
