@@ -582,3 +582,19 @@ def test_communication_jitter_keeps_even_workers_out_of_step():
     lockstep = simulate_policy(dataclasses.replace(p, comm_sigma=0.0), "asp",
                                samples=4 * 32 * 300, seed=1).mean_staleness
     assert lockstep < 1.8 < 2.2 < jittery
+
+
+@pytest.mark.parametrize("script,says", [
+    ("", "--script '': no command: give the worker command"),
+    ("no_such_program_here x", "no program 'no_such_program_here' on PATH"),
+    ("python 'unclosed", "--script \"python 'unclosed\": No closing quotation"),
+])
+def test_a_script_that_cannot_start_is_refused_before_the_profiling_run(script, says,
+                                                                       tmp_path, capsys):
+    """(An empty --script started a 15 s profiling job that failed with 'Permission denied',
+    leaving its folder; a missing program did the same with 'No such file or directory'.)"""
+    out = tmp_path / "adv"
+    assert main(["advise", "--script", script, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not out.exists()

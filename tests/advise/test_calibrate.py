@@ -123,3 +123,20 @@ def test_calibrate_refuses_auto_in_its_grid_before_making_anything(tmp_path, cap
     err = capsys.readouterr().err
     assert "--sync auto: not calibrated by runs of its own" in err and "leave it out" in err
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--grid-link", "bogus"], "cannot read 'bogus' in link 'bogus'"),
+    (["--scenario", "nope"], "unknown scenario 'nope'"),
+    (["--epochs", "-1"], "invalid value for epochs=-1.0 (expected a number > 0)"),
+])
+def test_calibrate_refuses_a_bad_grid_setting_before_making_anything(flags, says, tmp_path,
+                                                                    capsys):
+    """The grid's links and scenarios are read before the run folder is made (a refused
+    calibrate left an empty one behind)."""
+    from paramserver.cli.main import main
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--sync", "bsp", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not out.exists()

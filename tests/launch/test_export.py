@@ -115,3 +115,18 @@ def test_the_command_says_what_it_wrote_and_refuses_clearly(run, tmp_path):
     bad = subprocess.run(cmd + [str(tmp_path / "missing")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "missing does not exist" in bad.stderr
+
+
+def test_an_out_that_is_a_folder_or_under_a_file_is_refused_at_the_flag(run, tmp_path, capsys):
+    """--out naming a folder (os.replace's IsADirectoryError) or a path under a file (mkdir's
+    FileExistsError) was a traceback; now the flag's error, before anything is read."""
+    from paramserver.cli.main import main
+    folder, _ = run
+    (tmp_path / "notes.txt").write_text("a file\n")
+    for out, says in ((tmp_path, f"{tmp_path} is a folder; give the name of a file to write"),
+                      (tmp_path / "notes.txt" / "m.pt", "notes.txt is a file, not a folder")):
+        with pytest.raises(SystemExit) as refused:
+            main(["export", str(folder), "--format", "pt", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and says in err.splitlines()[0], err
+        assert "Traceback" not in err

@@ -206,6 +206,22 @@ def test_no_run_folder_is_a_clear_error(tmp_path, capsys):
     assert "no run folder" in capsys.readouterr().err
 
 
+def test_the_out_file_is_checked_at_the_flag_and_its_folder_made(tmp_path, capsys):
+    """-o into a folder not there yet makes it; a folder, or a path under a file, is refused as
+    the flag's error (open() raised a traceback for all three)."""
+    run = write_run(tmp_path / "run")
+    assert main(["trace", str(run), "-o", str(tmp_path / "new" / "t.json")]) == 0
+    validate(json.loads((tmp_path / "new" / "t.json").read_text()))
+    (tmp_path / "notes.txt").write_text("a file\n")
+    for out, says in ((tmp_path, f"{tmp_path} is a folder; give the name of a file to write"),
+                      (tmp_path / "notes.txt" / "t.json", "notes.txt is a file, not a folder")):
+        with pytest.raises(SystemExit) as refused:
+            main(["trace", str(run), "-o", str(out)])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and says in err.splitlines()[0], err
+        assert "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_the_trace_of_a_real_run_holds_every_workers_phases(tmp_path):
     run = tmp_path / "run"

@@ -165,6 +165,18 @@ def test_cli_simulates_a_replay_with_a_budget(tmp_path, capsys):
     assert main(["simulate", "--comm", "nope:x", "--out", str(tmp_path / "x"), "--quiet"]) == 2
 
 
+@pytest.mark.parametrize("flag", ["--comm", "--compute"])
+def test_a_trace_folder_without_its_metrics_names_the_file_it_looked_for(flag, tmp_path,
+                                                                         capsys):
+    """(It named the folder, which exists, with 'No such file or directory'.)"""
+    folder = tmp_path / "not-a-run"
+    folder.mkdir()
+    assert main(["simulate", "--steps", "5", flag, f"trace:{folder}", "--out",
+                 str(tmp_path / "sim"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read trace '{folder / 'metrics.jsonl'}': No such file or directory" in err
+
+
 # ---- live runs, replayed ------------------------------------------------------------------------
 # Tolerance: the issue asks for 15% at 4 workers over a 12-epoch run; these runs are ~4x
 # shorter (3 epochs, 45 BSP rounds, 2.5 s of ASP training), so one step more or fewer at the

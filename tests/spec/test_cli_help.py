@@ -3,10 +3,13 @@ names the help texts list (cli/catalog.py) are the registries' names."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from paramserver.cli import catalog
+
+ROOT = Path(__file__).resolve().parents[2]
 
 COMMANDS = ["", "advise", "coordinator", "server", "worker", "evaluator", "train", "compare", "simulate",
             "launch", "report", "zipline", "keys", "demo", "calibrate", "serve", "trace",
@@ -60,6 +63,21 @@ def test_the_catalog_names_what_the_registries_hold():
     names = ", ".join(AutoOptions().names())
     assert f"auto switches among {names.rsplit(', ', 1)[0]} and {names.rsplit(', ', 1)[1]} " \
         in catalog.AUTO_HELP
+
+
+def test_calibrate_and_the_readme_name_compares_rule_pairing():
+    """Which policies compare runs with their own update rule is said from the policies'
+    paired_rule (calibrate's help and the README said ssp and dssp; ebsp pairs too)."""
+    from paramserver.cli.compare_cmd import paired_optimizers, paired_text
+    from paramserver.cli.main import build_parser
+    calibrate = build_parser(("paramserver.cli.calibrate_cmd",))._subparsers._group_actions[
+        0].choices["calibrate"]
+    words = " ".join(calibrate.format_help().split())
+    assert f"pairing: {paired_text()})" in words
+    pairs = paired_optimizers()
+    readme = (ROOT / "README.md").read_text()
+    named = ", ".join(p.upper() for p in list(pairs)[:-1]) + f" and {list(pairs)[-1].upper()}"
+    assert f"({named} with `{set(pairs.values()).pop()}` unless `--optimizer`" in readme
 
 
 def test_the_overview_lists_every_command_the_full_parser_has():

@@ -1,6 +1,7 @@
 """A newcomer's mistakes: each refused with its error first (what is wrong, then the fix or the
 nearest name), exit status 2, no usage block, no traceback, and no run folder left behind."""
 
+import json
 import os
 import socket
 import subprocess
@@ -19,6 +20,8 @@ MISTAKES = [
     ("trian --steps 1", "invalid choice: 'trian'", "did you mean train?"),
     ("train --link 10gbpz --steps 1", "argument --link", ""),
     ("train --workers 0", "argument --workers", ""),
+    ("train --workers 2:1", "argument --workers: workers 2:1: MIN must be <= MAX", ""),
+    ("train --servers 3:2", "argument --servers: servers 3:2: MIN must be below MAX", ""),
     ("train --batch-size 0", "argument --batch-size", ""),
     ("train --straggler 1:x", "argument --straggler", ""),
     ("train --device-time 5", "argument --device-time", ""),
@@ -34,9 +37,35 @@ MISTAKES = [
      "model 'mlp' option hidden takes a whole number (default 512), got 'wide'", ""),
     ("train --compress topk --compress-opt fractin=0.1 --steps 1", "no option(s) fractin",
      "did you mean fraction?"),
+    ("train --compress topk --compress-opt fraction=abc --steps 1",
+     "fraction must be a number; got 'abc'", ""),
+    ("train --compress topk --compress-opt fraction=nan --steps 1",
+     "fraction must be in (0.0, 1.0]; got nan", ""),
+    ("train --sync auto --sync-opt margin=abc --steps 1", "margin must be a number; got 'abc'",
+     ""),
+    ("train --optimizer momentum --optimizer-opt momentum=abc --steps 1",
+     "momentum must be a number in [0, 1), got 'abc'", ""),
+    ("train --optimizer adam --optimizer-opt weight_decay=abc --steps 1",
+     "option weight_decay takes a number (default 0); got 'abc'", ""),
+    ("train --optimizer adam --optimizer-opt amsgrad=abc --steps 1",
+     "option amsgrad takes true or false (default false); got 'abc'", ""),
+    ("train --replicas 2 --restart-servers 1 --steps 1",
+     "--replicas 2 and --restart-servers (job fields 'replicas' and 'restart_servers') are "
+     "exclusive", ""),
+    ("train --restart-servers 1 --checkpoint-every 5 --replicas 2 --steps 1",
+     "are exclusive", ""),
     ("train --amp fp16 --schedule fifo --steps 1", "--amp fp16 cannot be combined", ""),
+    ("simulate --workers 0", "argument --workers: expected a whole number >= 1, got '0'", ""),
+    ("simulate --steps 0", "argument --steps: expected a whole number >= 1, got '0'", ""),
     ("export RUN --format safetensor", "invalid choice: 'safetensor'",
      "did you mean safetensors?"),
+    ("demo --workers 0", "argument --workers: expected a whole number >= 1", ""),
+    ("demo --keys 0 --timeout 5", "argument --keys: expected a whole number >= 1", ""),
+    ("demo --keys 1 --servers 2 --timeout 30",
+     "1 keys cannot be spread over 2 servers (each holds one key at least): give fewer "
+     "servers", ""),
+    ("serve --num-keys 1 --servers 2 --timeout 30", "1 keys cannot be spread over 2 servers",
+     ""),
     ("serve --num-keys 10 --port 99999", "argument --port", ""),
     ("serve --num-keys 0", "--num-keys must be at least 1", ""),
     ("launch --workers 2 -- no_such_program_here", "no program 'no_such_program_here' on PATH",
@@ -44,11 +73,24 @@ MISTAKES = [
     ("launch --workers 2 -- my_train.py", "no program 'my_train.py'", "-- python my_train.py"),
     ("launch --workers 2", "give the worker command after --", ""),
     ("drain /no/such/run --server 0", "neither an address", ""),
+    ("drain tcp://nohost --server 0", "'tcp://nohost' is no address to join: give "
+     "tcp://HOST:PORT", ""),
+    ("top --once tcp://nohost", "'tcp://nohost' is no address to join: give tcp://HOST:PORT",
+     ""),
     ("report /no/such/run", "paramserver report:", ""),
     ("train --link w9=100mbit --steps 1", "names worker 9 but the job has workers 0..3", ""),
     ("compare --workers 1 --scenario one-slow --epochs 1",
      "scenario one-slow: --straggler '1:3' names worker(s) [1]", ""),
     ("compare --workers 2 --link w2=100mbit --epochs 1", "names worker 2", ""),
+    ("compare --sync bsp --target 2 --max-seconds 2 --repeats 1 --no-single",
+     "argument --target: expected an accuracy (or AUC) in (0, 1], e.g. 0.95, got '2'", ""),
+    ("report RUN --target 1.5", "argument --target: expected an accuracy (or AUC) in (0, 1]",
+     ""),
+    ("compare --sync bsp,ssp --sync-opt ssp.stalenes=2 --max-seconds 2 --repeats 1",
+     "sync policy 'ssp' has no option 'stalenes'", "did you mean staleness?"),
+    ("compare --sync bsp --sync-opt ssp.staleness=2 --max-seconds 2 --repeats 1",
+     "--sync-opt names ssp, which this comparison does not run (--sync bsp): add ssp to "
+     "--sync or drop its option", ""),
 ]
 
 
@@ -70,6 +112,34 @@ def test_a_mistake_is_refused_error_first(command, first, hint, tmp_path, monkey
         assert hint in err, err
     assert len(lines) <= 2, err  # the error, then at most a hint
     assert not (tmp_path / "runs").exists(), "a refused command left a run folder"
+
+
+OUT_COMMANDS = ["train", "compare", "simulate --steps 5", "serve --num-keys 10", "demo",
+                "calibrate", "advise --profile RUN", "launch --workers 1 -- python x.py"]
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+@pytest.mark.parametrize("below", [False, True], ids=["file", "under-a-file"])
+def test_an_out_folder_where_a_file_is_is_refused_at_the_flag(command, below, tmp_path,
+                                                              monkeypatch, capsys):
+    """--out naming a file (or a folder under one) is refused as the flag's error, before
+    anything starts: mkdir's FileExistsError / NotADirectoryError was a traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("a file\n")
+    out = "notes.txt/run" if below else "notes.txt"
+    argv = [str(tmp_path) if a == "RUN" else a for a in command.split()]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv[cut:cut] = ["--out", out]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.splitlines()[0].endswith(
+        "argument --out: " + ("notes.txt/run: " if below else "")
+        + "notes.txt is a file, not a folder; give a new or existing folder"), err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists(), err
 
 
 def test_a_busy_port_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
@@ -153,3 +223,40 @@ def test_ctrl_c_keeps_what_was_trained(tmp_path):
     assert "1.weight" in state and torch.isfinite(state["1.weight"]).all()
     gone = psutil.wait_procs(children, timeout=10)[1]
     assert not gone, f"left running: {gone}"
+
+
+def test_ctrl_c_before_the_coordinator_listens_says_so(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C while the job is starting (no coordinator address yet): no model.pt to save,
+    said in a line, exit 130, no traceback (the save once dialled the empty address)."""
+    from paramserver.launch.local import LocalCluster
+
+    def interrupted_start(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalCluster, "start", interrupted_start)
+    run = tmp_path / "run"
+    code = main(["train", "--workers", "2", "--steps", "1", "--quiet", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "interrupted before the job started: no model.pt" in err, err
+    assert f"{run} keeps the steps done" in err and "Traceback" not in err, err
+    assert json.loads((run / "summary.json").read_text())["interrupted"] is True
+
+
+def test_ctrl_c_before_a_launched_worker_joins_says_so(tmp_path, monkeypatch, capsys):
+    """A launch job's model is known when its first worker joins: a Ctrl-C before that says
+    so (it said model_layout.json was missing, as from an older paramserver), exit 130."""
+    from paramserver.launch.local import LocalCluster
+
+    def interrupted_start(self, *args, **kwargs):
+        self.address = "tcp://127.0.0.1:9"  # the coordinator listens; no worker has joined
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalCluster, "start", interrupted_start)
+    run = tmp_path / "run"
+    code = main(["launch", "--workers", "2", "--steps", "1", "--quiet", "--out", str(run), "--",
+                 "python", "x.py"])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "interrupted before a worker joined the job: no model.pt" in err, err
+    assert "older paramserver" not in err and "Traceback" not in err, err

@@ -53,6 +53,16 @@ def test_keys_generate_writes_a_pair_per_role_with_private_modes(tmp_path):
     assert again.returncode == 2 and "exists already" in again.stderr
 
 
+def test_keys_generate_into_a_file_says_a_file_is_in_the_way(tmp_path):
+    """(It printed '[Errno 20] Not a directory: .../public'.)"""
+    (tmp_path / "notes.txt").write_text("a file\n")
+    for target in ("notes.txt", "notes.txt/k"):
+        out = paramserver("keys", "generate", str(tmp_path / target))
+        assert out.returncode == 2, out.stderr
+        assert f"{tmp_path / 'notes.txt'} is a file, not a folder; give a new or existing " \
+               f"folder" in out.stderr.splitlines()[0], out.stderr
+
+
 def test_exposed_or_missing_keys_are_clear_errors(tmp_path):
     security.generate(tmp_path / "k")
     secret = tmp_path / "k" / "private" / "worker.key_secret"

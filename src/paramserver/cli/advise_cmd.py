@@ -69,15 +69,7 @@ def _link(text: str):
     return TargetLink(spec.bytes_per_s, spec.latency)
 
 
-def _accuracy(text: str) -> float:
-    v = float(text)
-    if not 0 < v <= 1:
-        raise ValueError(f"--target must be an accuracy in (0, 1], got {text!r}")
-    return v
-
-
 target_link = flag._typed(_link, "link")
-accuracy = flag._typed(_accuracy, "accuracy")
 
 
 def register(sub) -> None:
@@ -119,7 +111,7 @@ def register(sub) -> None:
                         "is read too; default: the profile's)")
     t.add_argument("--batch-size", type=flag.positive_int,
                    help="samples per worker step (default: the profile's)")
-    t.add_argument("--target", type=accuracy,
+    t.add_argument("--target", type=flag.accuracy,
                    help="test accuracy to reach (default: the calibration's target)")
     t.add_argument("--calibration", metavar="FILE",
                    help="calibration.json of `paramserver calibrate` (default: the shipped fit "
@@ -130,8 +122,9 @@ def register(sub) -> None:
                    help="worker steps simulated per candidate at most; past them the time is "
                         "extrapolated at the steady rate (default 200000)")
     t.add_argument("--seed", type=flag.count, default=0, help="seed of the simulation's draws")
-    p.add_argument("--out", help="folder for advise.json and a live profile's run folder "
-                                 "(default runs/advise-<time>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="folder for advise.json and a live profile's run folder "
+                        "(default runs/advise-<time>)")
     p.add_argument("--json", action="store_true", help="print advise.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
@@ -152,6 +145,16 @@ def _profile(args):
     from paramserver.advise.profile import LiveProfileSpec, load_profile, profile_live
     if args.profile:
         return load_profile(args.profile, batch_size=args.trace_batch, link=args.trace_link)
+    if args.script is not None:  # a command that cannot start is refused before the run
+        from paramserver.cli.launch_cmd import worker_command
+        try:
+            words = shlex.split(args.script)
+            if not words:
+                raise ValueError("no command: give the worker command, e.g. --script 'python "
+                                 "train.py'")
+            worker_command(words)
+        except ValueError as exc:  # (shlex's too: an unclosed quote)
+            raise ValueError(f"--script {args.script!r}: {exc}") from None
     out = _out(args) / "profile"
     spec = LiveProfileSpec(out=out, seconds=args.profile_seconds, workers=args.profile_workers,
                            model=args.model, dataset=args.dataset, straggler=args.straggler,

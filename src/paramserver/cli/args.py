@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Callable
 
 from paramserver.core import endpoints, units
@@ -216,6 +217,56 @@ def checked_text(parser: Callable) -> Callable:
         return text
     check.__name__ = parser.__name__
     return check
+
+
+def _accuracy(text: str) -> float:
+    """--target: a test accuracy (or a click model's AUC), which no run passes beyond 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise ValueError(f"expected an accuracy (or AUC) in (0, 1], e.g. 0.95, got {text!r}")
+    return value
+
+
+accuracy = _typed(_accuracy, "accuracy")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest of `path` and the folders above it that exists, when it is no folder."""
+    for above in (path, *path.parents):
+        if above.exists():
+            return None if above.is_dir() else above
+    return None
+
+
+def _out_folder(text: str) -> str:
+    """A folder a command writes into (--out): refused at the flag when a file stands where it
+    or a folder above it would be, which mkdir would refuse only once the command runs."""
+    block = _file_in_the_way(Path(text))
+    if block is not None:
+        where = "" if block == Path(text) else f"{text}: "
+        raise ValueError(f"{where}{block} is a file, not a folder; give a new or existing "
+                         f"folder")
+    return text
+
+
+def _out_file(text: str) -> str:
+    """A file a command writes (--out FILE): refused at the flag when it names a folder, or
+    when a file stands where a folder above it would be."""
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"{text} is a folder; give the name of a file to write")
+    block = _file_in_the_way(path.parent)
+    if block is not None:
+        raise ValueError(f"{text}: {block} is a file, not a folder; give a file in a new or "
+                         f"existing folder")
+    return text
+
+
+out_folder = _typed(_out_folder, "folder")
+out_file = _typed(_out_file, "file")
 
 
 def links(values) -> LinkTable:

@@ -45,8 +45,8 @@ def _base_config(args):
     changes = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "seed",
                                              "eval_interval", "device_time")
                if getattr(args, k) is not None}
-    # compare's pairing: SSP and DSSP run with their own update rule unless --optimizer names
-    # one for every run, so the grid measures the policies as compare and advise run them.
+    # compare's pairing: SSP, EBSP and DSSP run with their own update rule unless --optimizer
+    # names one for every run, so the grid measures the policies as compare and advise run them.
     rule, _ = rule_pairing(args.optimizer)
     return dataclasses.replace(DEFAULTS, optimizer=rule, **changes)
 
@@ -140,8 +140,8 @@ def _run(args) -> int:
     failed: list[str] = []
     try:
         if not args.runs_from:
-            grid_policies(args.sync)  # refused before the run folder is made
-            out.mkdir(parents=True, exist_ok=True)
+            plan_grid(args, out)  # its policies, scenarios, links and settings refused
+            out.mkdir(parents=True, exist_ok=True)  # before the run folder is made
             failed = run_grid(args, out, console)
         if not args.runs_from:
             load["after"] = _load_average()
@@ -192,12 +192,13 @@ def register(sub) -> None:
                         "default unlimited), e.g. --grid-link unlimited --grid-link 1gbit,1ms")
     p.add_argument("--repeats", type=flag.positive_int, default=2,
                    help="repeats per cell, seeds seed..seed+k-1 (default 2)")
-    p.add_argument("--target", type=float, default=0.95,
+    p.add_argument("--target", type=flag.accuracy, default=0.95,
                    help="target test accuracy (default 0.95)")
     p.add_argument("--epochs", type=float, help="sample budget in epochs (default compare's)")
     p.add_argument("--lr", type=float, help="learning rate (default compare's)")
+    from paramserver.cli.compare_cmd import paired_text
     p.add_argument("--optimizer", help="update rule of every run (default compare's, with its "
-                                       "pairing: ssp and dssp run with dynsgd)")
+                                       f"pairing: {paired_text()})")
     p.add_argument("--workers", type=flag.positive_int, action="append",
                    help="workers, one grid axis (repeatable; default compare's), e.g. "
                         "--workers 4 --workers 8: the convergence model then sees each policy "
@@ -211,7 +212,8 @@ def register(sub) -> None:
     p.add_argument("--from", dest="runs_from", metavar="DIR",
                    help="skip the live grid: calibrate on the finished runs under DIR (a "
                         "calibrate or compare folder)")
-    p.add_argument("--out", help="output folder (default runs/<time>-calibrate)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="output folder (default runs/<time>-calibrate)")
     p.add_argument("--run-timeout", type=flag.positive_seconds, default=600.0,
                    help="give up on one run after this many seconds (default 600)")
     p.set_defaults(func=_run)

@@ -171,6 +171,19 @@ def policy_sync_options(pairs) -> dict[str, dict]:
     return out
 
 
+def check_policy_options(options: dict[str, dict], policies: list[str],
+                         batch_size: int) -> None:
+    """Refuse, before any run starts, --sync-opt for a policy the comparison does not run and
+    options a policy does not take (ValueError naming them)."""
+    from paramserver.policies import make_policy
+    for policy, opts in options.items():
+        if policy not in policies:
+            raise ValueError(f"--sync-opt names {policy}, which this comparison does not run "
+                             f"(--sync {','.join(policies)}): add {policy} to --sync or drop "
+                             f"its option")
+        make_policy(policy, batch_size, **opts)
+
+
 def _variant(spec: str) -> tuple[str, str, dict]:
     """One `--compress-variant` ([LABEL=]NAME[:KEY=VALUE...]) into (label, name, options).
 
@@ -357,8 +370,10 @@ def _run(args) -> int:
         for name, opts in variants.values():
             # unknown names and options fail before any run (pruners or codecs: bf16, uniform8)
             WireSpec.parse(name, *variant_settings(opts, base.pull_compress, base.pull_refresh))
+        policy_options = policy_sync_options(args.sync_opt)
+        check_policy_options(policy_options, policies, base.batch_size)
         runs = plan_runs(base, policies, scenarios, args.repeats, out, single=not args.no_single,
-                         policy_options=policy_sync_options(args.sync_opt), variants=variants,
+                         policy_options=policy_options, variants=variants,
                          policy_optimizers=args.policy_optimizers)
         if variants:
             policies = list(dict.fromkeys(r.policy for r in runs if r.policy != SINGLE))
@@ -436,7 +451,7 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=flag.positive_int, default=2,
                    help="repeats per run, seeds seed..seed+k-1; the verdict calls policies "
                         "whose repeats' times overlap a tie (default 2)")
-    p.add_argument("--target", type=float,
+    p.add_argument("--target", type=flag.accuracy,
                    help="target test accuracy (default 0.95), or test AUC for a click model "
                         "such as dlrm (default 0.7)")
     p.add_argument("--compress-variant", action="append", metavar="[LABEL=]NAME[:KEY=VALUE...]",
@@ -456,7 +471,8 @@ def register(sub) -> None:
                         "work under every policy; default 33%%, a third of the way)")
     g = add_training_args(p, DEFAULTS, optimizer_default=f"{DEFAULTS.optimizer}, and "
                           f"{paired_text()}; a rule given applies to every policy")
-    g["run"].add_argument("--out", help="output folder (default runs/<time>-compare)")
+    g["run"].add_argument("--out", type=flag.out_folder,
+                          help="output folder (default runs/<time>-compare)")
     g["run"].add_argument("--quiet", action="store_true", help="no per-run progress bar")
     add_launcher_args(g["cluster"])
     g["run"].add_argument("--run-timeout", type=flag.positive_seconds, default=900.0,

@@ -20,9 +20,14 @@ def _run(args) -> int:
         return 2
     run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-demo-{args.sync}")
     # The demo task (constant gradients for `steps`) takes its step count as a task option.
-    job = JobSpec(num_keys=args.keys, servers=args.servers, workers=args.workers,
-                  batch_size=1, sync=SyncSpec(args.sync), optimizer=OptimizerSpec("sgd", 1.0),
-                  eval_interval=0.0, task=TaskSpec(name="demo", options={"steps": args.steps}))
+    try:
+        job = JobSpec(num_keys=args.keys, servers=args.servers, workers=args.workers,
+                      batch_size=1, sync=SyncSpec(args.sync),
+                      optimizer=OptimizerSpec("sgd", 1.0), eval_interval=0.0,
+                      task=TaskSpec(name="demo", options={"steps": args.steps}))
+    except ValueError as exc:  # e.g. fewer keys than shards
+        print(f"paramserver demo: {exc}", file=sys.stderr)
+        return 2
     cluster = LocalCluster(job, run_dir, job_timeout=args.timeout)
     t0 = time.perf_counter()
     try:
@@ -51,13 +56,18 @@ def register(sub) -> None:
                        description="Start a coordinator, S shards and N workers on 127.0.0.1; each "
                                    "worker pushes a constant gradient of (rank + 1) per step with "
                                    "SGD at lr 1 and reports its throughput.")
-    p.add_argument("--workers", type=int, default=4, help="number of workers (default 4)")
-    p.add_argument("--servers", type=int, default=2, help="number of shards (default 2)")
-    p.add_argument("--keys", type=int, default=1_000_000, help="parameter count (default 1e6)")
-    p.add_argument("--steps", type=int, default=50, help="steps per worker (default 50)")
+    p.add_argument("--workers", type=flag.positive_int, default=4,
+                   help="number of workers (default 4)")
+    p.add_argument("--servers", type=flag.positive_int, default=2,
+                   help="number of shards (default 2)")
+    p.add_argument("--keys", type=flag.positive_int, default=1_000_000,
+                   help="parameter count (default 1e6)")
+    p.add_argument("--steps", type=flag.positive_int, default=50,
+                   help="steps per worker (default 50)")
     p.add_argument("--sync", default="bsp",
                    help=f"sync policy ({catalog.listed(catalog.SYNC_POLICIES)})")
-    p.add_argument("--out", help="run folder (default runs/<time>-demo-<sync>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="run folder (default runs/<time>-demo-<sync>)")
     p.add_argument("--timeout", type=flag.positive_seconds, default=300.0,
                    help="give up after this many seconds")
     p.set_defaults(func=_run)

@@ -20,8 +20,11 @@ class DrainError(RuntimeError):
 def coordinator_address(target: str) -> tuple[str, str | None]:
     """(address, keys folder or None) of `target`: an address, or a run folder whose
     coordinator published its address in coordinator.addr (and whose keys are in keys/)."""
-    if target.startswith(("tcp://", "ipc://")):
+    if target.startswith("ipc://"):
         return target, None
+    if target.startswith("tcp://"):
+        from paramserver.core.endpoints import endpoint
+        return endpoint(target), None  # a malformed one named here, not by the socket
     run = Path(target)
     try:
         address = (run / "coordinator.addr").read_text().strip()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from paramserver.cli import args as flag
+
 SUMMARY = {"export": "write a run's trained parameters as a model file (safetensors or pt)"}
 
 
@@ -34,6 +36,6 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("safetensors", "pt"), default="safetensors",
                    help="safetensors (default; needs `pip install paramserver[safetensors]`) "
                         "or pt (a torch state dict, torch.load(..., weights_only=True))")
-    p.add_argument("--out", metavar="FILE",
+    p.add_argument("--out", metavar="FILE", type=flag.out_file,
                    help="the file to write (default: RUN_OR_CHECKPOINT/export.FORMAT)")
     p.set_defaults(func=_run)

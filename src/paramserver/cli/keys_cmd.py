@@ -6,6 +6,7 @@ import stat
 import sys
 from pathlib import Path
 
+from paramserver.cli import args as flag
 from paramserver.cli import catalog
 
 
@@ -86,7 +87,8 @@ def register(sub) -> None:
                                     f"DIR/private/NAME.key_secret (0600, folder 0700) for the "
                                     f"roles {', '.join(catalog.KEY_ROLES)}, or for the names given "
                                     f"with --name. Refuses to overwrite.")
-    g.add_argument("dir", metavar="DIR", help="key folder to create (or add to, with --name)")
+    g.add_argument("dir", metavar="DIR", type=flag.out_folder,
+                   help="key folder to create (or add to, with --name)")
     g.add_argument("--name", action="append", metavar="NAME",
                    help="write only this key pair, into a new or existing folder: a role, or "
                         "worker/observer, '-' and a suffix (worker-hostB: a worker key of its "

@@ -307,7 +307,8 @@ def register(sub) -> None:
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB (default: the "
                         "largest legitimate frame plus headroom, from the model size)")
-    p.add_argument("--out", help="run folder (default runs/<time>-launch-<sync>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="run folder (default runs/<time>-launch-<sync>)")
     p.add_argument("--timeout", type=flag.positive_seconds, default=3600.0,
                    help="give up after this many s")
     p.add_argument("--restart-coordinator", type=flag.count, default=0,

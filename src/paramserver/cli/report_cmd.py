@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from paramserver.cli import args as flag
+
 
 # The one-line help of each command here (cli.main lists them without building parsers).
 SUMMARY = {"report": "write report.html and figures from run folders"}
@@ -18,7 +20,7 @@ def register(subparsers) -> None:
                     "DIR/figures/*.png, DIR/results.csv (one row per run) and DIR/attribution.csv "
                     "(per worker of each run: the time the others lost waiting for it).")
     p.add_argument("dir", metavar="DIR", help="folder with the runs")
-    p.add_argument("--target", type=float, metavar="ACC",
+    p.add_argument("--target", type=flag.accuracy, metavar="ACC",
                    help="target test accuracy, e.g. 0.9, or test AUC for click models (default: "
                         "the plan's, else 0.95; AUC 0.7)")
     p.set_defaults(func=run)

@@ -99,7 +99,8 @@ def register(sub) -> None:
     p.add_argument("--start-timeout", type=flag.positive_seconds, default=600.0,
                    help="seconds the start barrier waits for all workers; with none by then "
                         "the job fails (default 600)")
-    p.add_argument("--out", help="run folder (default runs/<time>-serve)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="run folder (default runs/<time>-serve)")
     p.add_argument("--timeout", type=flag.positive_seconds,
                    help="give up after this many s (default: none)")
     p.set_defaults(func=_run)

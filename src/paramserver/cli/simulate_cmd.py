@@ -61,14 +61,14 @@ def add_sim_args(p) -> None:
                    help=f"sync policy: {catalog.listed(catalog.SYNC_POLICIES)} (default {d.sync})")
     p.add_argument("--sync-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="sync-policy option, e.g. staleness=3 (repeatable)")
-    p.add_argument("--workers", type=int, default=d.workers,
+    p.add_argument("--workers", type=flag.positive_int, default=d.workers,
                    help=f"virtual workers (default {d.workers}); with --membership the "
                         f"workers it starts with, more may join")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=flag.positive_int, default=None,
                    help=f"steps per worker (default {d.steps}, none with --max-samples)")
-    p.add_argument("--max-samples", type=int, default=None,
+    p.add_argument("--max-samples", type=flag.positive_int, default=None,
                    help="sample budget shared by all workers, as a live job's (default none)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
     p.add_argument("--compute", default=d.compute,
                    help=f"compute-time model (default {d.compute}; grammar below)")
@@ -84,7 +84,8 @@ def add_sim_args(p) -> None:
     p.add_argument("--comm-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="with --comm: residual=false drops the unrecorded step time, "
                         "start_waits=false the pre-barrier waits (repeatable)")
-    p.add_argument("--servers", type=int, default=d.servers, help=f"shards (default {d.servers})")
+    p.add_argument("--servers", type=flag.positive_int, default=d.servers,
+                   help=f"shards (default {d.servers})")
     p.add_argument("--model", default=d.model, help=f"model for the byte count and --train "
                                                     f"(default {d.model})")
     p.add_argument("--model-opt", action="append", metavar="KEY=VALUE", type=flag.option,
@@ -112,7 +113,8 @@ def add_train_args(p) -> None:
     d = SimConfig()
     p.add_argument("--train", action="store_true",
                    help="train --model for real on the simulated schedule (one process)")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument("--lr", type=flag.positive_number, default=d.lr,
+                   help=f"learning rate (default {d.lr})")
     p.add_argument("--optimizer", default=d.optimizer, help=f"server update rule (default "
                                                             f"{d.optimizer})")
     p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
@@ -244,7 +246,8 @@ def register(sub) -> None:
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sim_args(p)
     add_train_args(p)
-    p.add_argument("--out", help="run folder (default runs/<time>-sim-<sync>)")
+    p.add_argument("--out", type=flag.out_folder,
+                   help="run folder (default runs/<time>-sim-<sync>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--detail", choices=DETAILS, default="auto",
                    help="per-worker step records in metrics.jsonl: steps, summary (steps.npz "

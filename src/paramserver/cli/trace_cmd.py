@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from paramserver.cli import args as flag
+
 SUMMARY = {"trace": "write a run's worker phases and shard applies as a Chrome trace (Perfetto)"}
 
 
@@ -45,6 +47,7 @@ def _run(args) -> int:
         return 2
     out = Path(args.out) if args.out else run / "trace.json"
     tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "w") as f:
         json.dump(trace, f, separators=(",", ":"))
     tmp.replace(out)
@@ -71,7 +74,8 @@ def register(sub) -> None:
                     "(https://ui.perfetto.dev) or chrome://tracing. Works on a running job's "
                     "folder too (what is written so far). See docs/metrics.md.")
     p.add_argument("run", metavar="RUN", help="a run folder (train, launch)")
-    p.add_argument("-o", "--out", metavar="FILE", help="where to write (default: RUN/trace.json)")
+    p.add_argument("-o", "--out", metavar="FILE", type=flag.out_file,
+                   help="where to write (default: RUN/trace.json)")
     p.add_argument("--steps", metavar="A:B", type=_steps,
                    help="only steps A <= step < B (A: and :B leave a side open), and the "
                         "events within their time")

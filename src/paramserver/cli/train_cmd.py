@@ -377,7 +377,8 @@ def register(sub) -> None:
                            type=flag.option, help="sync-policy option, e.g. staleness=3 "
                                                   "(repeatable)")
     g = add_training_args(p, policy_flags=policy_flags)
-    g["run"].add_argument("--out", help="run folder (default runs/<time>-<sync>)")
+    g["run"].add_argument("--out", type=flag.out_folder,
+                          help="run folder (default runs/<time>-<sync>)")
     g["run"].add_argument("--resume", metavar="RUN_DIR",
                           help="continue the run in RUN_DIR from its newest usable checkpoint "
                                "(an unusable one is named and the previous kept one used; its "

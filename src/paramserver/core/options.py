@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import MISSING, field, fields
 from typing import Any, ClassVar
 
@@ -47,9 +48,12 @@ def check_int(name: str, value: Any, lo: int | None = None) -> None:
 
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
                 *, lo_open: bool = False) -> None:
-    """Raise ValueError unless lo <= value <= hi (lo < value if lo_open)."""
+    """Raise ValueError unless `value` is a number (not a bool) and lo <= value <= hi
+    (lo < value if lo_open); NaN is in no range."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a number; got {value!r}")
     too_low = lo is not None and (value <= lo if lo_open else value < lo)
-    if too_low or (hi is not None and value > hi):
+    if too_low or (hi is not None and value > hi) or value != value:
         lo_txt = "-inf" if lo is None else f"{lo}"
         hi_txt = "inf" if hi is None else f"{hi}"
         bracket = "(" if lo_open else "["

@@ -159,12 +159,13 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
         cfg = resolve_local_device(cfg)
     if cfg.checkpoint_dir:  # config.json must name it from any folder a resume starts in
         cfg = dataclasses.replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()))
+    spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
+    if cfg.checkpoint_dir:  # (made by the probe: only once the job's own checks have passed)
         from paramserver.runlog.checkpoint import folder_problem
         problem = folder_problem(Path(cfg.checkpoint_dir))
         if problem is not None:
             raise ValueError(f"the checkpoint folder cannot be written ({problem}); give "
                              f"--checkpoint-dir a folder this user can write")
-    spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
@@ -173,7 +174,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     label = f"{cfg.sync} x{cfg.workers}"
 
     def summary_json(**extra) -> dict:
-        summary = summarize(read_records(run_dir / "metrics.jsonl"),
+        metrics = run_dir / "metrics.jsonl"  # (none yet after a Ctrl-C during the start)
+        summary = summarize(read_records(metrics) if metrics.exists() else [],
                             {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
         summary.update(extra)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -203,9 +205,17 @@ def save_interrupted(cluster, job: dict, run_dir: Path, timeout: float = 10.0) -
     import torch
 
     from paramserver.client.kv import KVWorker
-    from paramserver.runlog.model_file import FINAL_MODEL, ExportError, model_keys, named
+    from paramserver.runlog.model_file import (FINAL_MODEL, LAYOUT_FILE, ExportError,
+                                               model_keys, named)
     from paramserver.runlog.model_file import write_model
     if RunJob.of(job).has_tables:  # rows live only on the servers: no model file
+        return
+    if not cluster.address:  # the coordinator was not listening yet: nothing was trained
+        print("interrupted before the job started: no model.pt", file=sys.stderr)
+        return
+    if RunJob.of(job).task.name == "external" and not (run_dir / LAYOUT_FILE).exists():
+        # a launch job's model is known once its first worker joins: none had
+        print("interrupted before a worker joined the job: no model.pt", file=sys.stderr)
         return
     print("interrupted: saving the parameters trained so far...", file=sys.stderr, flush=True)
     try:

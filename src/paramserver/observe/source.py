@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from paramserver.core.endpoints import endpoint
 from paramserver.observe.core.stats import round_mode_of
 
 # What one poll of a live file reads at most: a view that fell behind catches up over a few.
@@ -302,6 +303,8 @@ def open_source(target: str, replay: bool = False, speed: float = 1.0, keys=None
     if target.startswith(("tcp://", "ipc://")):
         if replay:
             raise SourceError("--replay needs a run folder, not an address")
+        if target.startswith("tcp://"):
+            target = endpoint(target)  # a malformed one named here, not by the socket
         return ObserverSource(target, keys=keys)
     run = Path(target)
     if not run.is_dir():

@@ -25,8 +25,9 @@ class MomentumSGD(UpdateRule):
 
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) \
+                or not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
         self.momentum = momentum
 
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:

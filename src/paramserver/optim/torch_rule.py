@@ -44,7 +44,7 @@ def _torch_options(cls: type) -> dict:
 
 def _plain(name: str, value: Any, default: Any) -> Any:
     """A JSON list, or a flag's "0.9,0.99", as the tuple torch takes where its default is one
-    (Adam's betas, Rprop's etas)."""
+    (Adam's betas, Rprop's etas); text where the default is a number is refused."""
     if isinstance(value, list):
         return tuple(value)
     if isinstance(default, tuple) and isinstance(value, str):
@@ -53,6 +53,12 @@ def _plain(name: str, value: Any, default: Any) -> Any:
         except ValueError:
             raise ValueError(f"option {name} takes numbers separated by commas, e.g. "
                              f"{','.join(map(str, default))}; got {value!r}") from None
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise ValueError(f"option {name} takes true or false (default "
+                         f"{str(default).lower()}); got {value!r}")
+    if isinstance(default, (int, float)) and not isinstance(default, bool) \
+            and isinstance(value, str):
+        raise ValueError(f"option {name} takes a number (default {default}); got {value!r}")
     return value
 
 

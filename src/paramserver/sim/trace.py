@@ -65,7 +65,7 @@ def load_trace(source: str | Path) -> list[list[tuple[float, int]]]:
     try:
         rows = _from_csv(path) if path.suffix.lower() == ".csv" else _from_metrics(path)
     except OSError as exc:
-        raise TraceError(f"cannot read trace {str(source)!r}: {exc.strerror or exc}") from None
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
     if not rows:
         raise TraceError(f"trace {str(source)!r} has no step records with compute_s")
     # Records arrive in clock order; the stable sort by step restores each worker's own order.
@@ -113,7 +113,7 @@ class CommReplay:
         try:
             rows = _step_records(path)
         except OSError as exc:
-            raise TraceError(f"cannot read trace {str(source)!r}: {exc.strerror or exc}") from None
+            raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
         if not rows:
             raise TraceError(f"trace {str(source)!r} has no step records")
         missing = [k for k in ("pull_s", "push_s", "wait_s", "compute_s", "t")

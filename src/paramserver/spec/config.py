@@ -82,14 +82,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Fail early, with the field named, on values no run could use."""
-        checks = [("epochs", self.epochs > 0),
-                  ("steps", self.steps is None or self.steps >= 1),
-                  ("restart_workers", self.restart_workers >= 0),
-                  ("restart_coordinator", self.restart_coordinator >= 0)]
-        bad = [name for name, ok in checks if not ok]
+        checks = [("epochs", self.epochs > 0, "a number > 0"),
+                  ("steps", self.steps is None or self.steps >= 1, "a whole number >= 1"),
+                  ("restart_workers", self.restart_workers >= 0, "a whole number >= 0"),
+                  ("restart_coordinator", self.restart_coordinator >= 0, "a whole number >= 0")]
+        bad = [(name, want) for name, ok, want in checks if not ok]
         if bad:
-            raise JobSpecError(f"invalid value for {', '.join(bad)}: "
-                               + ", ".join(f"{b}={getattr(self, b)!r}" for b in bad))
+            raise JobSpecError("invalid value for " + ", ".join(
+                f"{b}={getattr(self, b)!r} (expected {want})" for b, want in bad))
         self.job(0, 0)  # the job's own checks, each naming its field
 
     def max_samples(self, train_size: int) -> int:

@@ -372,13 +372,13 @@ class WorkerCount:
     def parse(cls, text: str) -> "WorkerCount":
         lo, colon, hi = str(text).strip().partition(":")
         try:
-            if not colon:
-                n = int(lo)
-                return cls(n, n)
-            return cls(int(lo), int(hi), True)
+            least, most = int(lo), int(hi if colon else lo)
         except ValueError:
+            least = most = 0
+        if least < 1 or most < 1:
             raise JobSpecError(f"workers {text!r}: expected N or MIN:MAX (whole numbers "
-                               f">= 1)") from None
+                               f">= 1)")
+        return cls(least, most, bool(colon))  # MIN > MAX: refused as such
 
     def text(self) -> str:
         return f"{self.min}:{self.max}" if self.elastic else str(self.max)
@@ -403,10 +403,13 @@ class ServerCount:
     def parse(cls, text: str) -> "ServerCount":
         lo, _, hi = str(text).strip().partition(":")
         try:
-            return cls(int(lo), int(hi))
+            least, most = int(lo), int(hi)
         except ValueError:
-            raise JobSpecError(f"servers {text!r}: expected N, auto or MIN:MAX (whole "
-                               f"numbers >= 1)") from None
+            least = most = 0
+        if least >= 1 and most >= 1:
+            return cls(least, most)  # MIN >= MAX: refused as such
+        raise JobSpecError(f"servers {text!r}: expected N, auto or MIN:MAX (whole "
+                           f"numbers >= 1)")
 
     def text(self) -> str:
         return f"{self.min}:{self.max}"
@@ -485,6 +488,9 @@ class JobSpec:
         if self.dtype not in DTYPES:
             _fail("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         _int("servers", self.servers, 1)
+        if 0 < self.num_keys < self.servers:
+            raise JobSpecError(f"{self.num_keys} keys cannot be spread over {self.servers} "
+                               f"servers (each holds one key at least): give fewer servers")
         _int("workers", self.workers, 1)
         _int("batch_size", self.batch_size, 1)
         if self.max_samples is not None:
@@ -497,8 +503,9 @@ class JobSpec:
         if self.replicas > 2:
             _fail("replicas", self.replicas, "1 or 2 (a primary and one backup)")
         if self.replicas > 1 and self.restart_servers:
-            raise JobSpecError("job fields 'replicas' and 'restart_servers' are exclusive: a "
-                               "replicated shard's backup takes over, no checkpoint restore")
+            raise JobSpecError("--replicas 2 and --restart-servers (job fields 'replicas' and "
+                               "'restart_servers') are exclusive: a replicated shard's backup "
+                               "takes over, no checkpoint restore; give one of them")
         for key, cls in (("sync", SyncSpec), ("optimizer", OptimizerSpec), ("task", TaskSpec),
                          ("limits", Limits), ("links", LinkTable)):
             if not isinstance(getattr(self, key), cls):
