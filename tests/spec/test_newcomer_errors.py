@@ -260,3 +260,17 @@ def test_ctrl_c_before_a_launched_worker_joins_says_so(tmp_path, monkeypatch, ca
     assert code == 130, err
     assert "interrupted before a worker joined the job: no model.pt" in err, err
     assert "older paramserver" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", ["train --steps 1", "compare --repeats 1 --sync bsp",
+                                     "advise --live"])
+def test_an_out_folder_that_cannot_be_made_is_one_line_naming_it(command, capsys):
+    """/proc takes no new folder, not even from root: mkdir's error is the command's one line,
+    with the path, and no traceback."""
+    code = main(command.split() + ["--out", "/proc/paramserver-no-such/run", "--quiet"])
+    err = capsys.readouterr().err
+    assert code in (1, 2), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"paramserver {command.split()[0]}: ")
+    assert "/proc/paramserver-no-such" in lines[0]
+    assert "Traceback" not in err

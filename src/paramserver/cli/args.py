@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -243,12 +244,17 @@ def _file_in_the_way(path: Path) -> Path | None:
 
 def _out_folder(text: str) -> str:
     """A folder a command writes into (--out): refused at the flag when a file stands where it
-    or a folder above it would be, which mkdir would refuse only once the command runs."""
-    block = _file_in_the_way(Path(text))
+    or a folder above it would be, or the nearest folder there is one this user cannot write
+    into, which mkdir would refuse only once the command runs."""
+    path = Path(text)
+    block = _file_in_the_way(path)
     if block is not None:
-        where = "" if block == Path(text) else f"{text}: "
+        where = "" if block == path else f"{text}: "
         raise ValueError(f"{where}{block} is a file, not a folder; give a new or existing "
                          f"folder")
+    there = next((p for p in (path, *path.parents) if p.exists()), None)
+    if there is not None and not os.access(there, os.W_OK | os.X_OK):
+        raise ValueError(f"{text}: this user cannot write into {there}; give a folder it can")
     return text
 
 

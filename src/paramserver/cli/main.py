@@ -89,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `paramserver ... | head`: the reader left, nothing to report
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A path the command could not use (a folder this user cannot write, a full disk, a
+        # file gone meanwhile): the path and the reason, not a traceback.
+        print(f"paramserver {argv[0]}: {exc.filename}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
