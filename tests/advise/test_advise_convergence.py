@@ -99,6 +99,10 @@ def test_json_round_trip_and_errors():
         ConvergenceModel.from_json(bad)
     with pytest.raises(ConvergenceError, match="unknown fields"):
         ConvergenceModel.from_json(dict(m.to_json(), extra=1))
+    for key in ("alpha", "policies", "modes"):  # a list where name: value pairs belong
+        with pytest.raises(ConvergenceError, match=f"'{key}' must be an object of name: value "
+                                                   f"pairs, got list"):
+            ConvergenceModel.from_json(dict(m.to_json(), **{key: []}))
 
 
 def test_default_ships_and_predicts():

@@ -232,6 +232,11 @@ class ConvergenceModel:
         unknown = set(d) - names
         if unknown:
             raise ConvergenceError(f"convergence model: unknown fields {sorted(unknown)}")
+        for key in ("alpha", "policies", "modes"):
+            if key in d and not isinstance(d[key], dict):
+                raise ConvergenceError(f"convergence model: {key!r} must be an object of "
+                                       f"name: value pairs, got {type(d[key]).__name__}; refit "
+                                       f"it with `paramserver calibrate`")
         try:
             policies = {str(p): Reference.from_json(r, f"policies[{p!r}]")
                         for p, r in d["policies"].items()}
