@@ -598,3 +598,31 @@ def test_a_script_that_cannot_start_is_refused_before_the_profiling_run(script, 
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_autos_arrival_stretches_converge_as_the_arrival_mode_runs_not_as_fixed_asp():
+    """auto scales its asp pushes to a round's step; fixed ASP's calibrated runs (full-size
+    stale pushes) diverge at this staleness, the arrival-mode runs as a whole do not. A fixed
+    ASP run is read by ASP's own runs, auto's ASP stretch by the mode's."""
+    from paramserver.advise.core.outcome import SimOutcome, _stretches
+    conv = ConvergenceModel(1, 0.9, 1e12, {"arrival": 0.0, "round": 0.0},
+                            {"asp": Reference("arrival", 6_000.0, 32.0, 3.0, 0.9, 1.1, runs=4,
+                                              reached=1, hazard=0.5)},
+                            {"arrival": Reference("arrival", 4_000.0, 32.0, 3.0, 0.9, 1.1,
+                                                  runs=9, reached=9, hazard=0.0),
+                             "round": Reference("round", 2_000.0, 128.0, 0.0, 0.8, 1.25,
+                                                runs=3, reached=3)})
+
+    def run(policy, stretches):
+        total = sum(x.samples for x in stretches)
+        return SimOutcome(policy, {}, "arrival", 4, int(total), 1, 10.0, total / 10.0, 0.0,
+                          32.0, 0.0, (10.0,), (total,), 1, tuple(stretches))
+
+    fixed = _stretches([["asp", 8_000.0, 250, 750]], "asp", "arrival", 32.0, 4)
+    assert fixed[0].reference == "asp"
+    assert predict(Candidate("asp"), run("asp", fixed), conv).time_s is None  # e^-1.5 < 0.5
+    auto = _stretches([["lbbsp", 1_000.0, 8, 0], ["asp", 7_000.0, 219, 657]], "auto",
+                      "arrival", 32.0, 4)
+    assert [x.reference for x in auto] == ["lbbsp", ""]
+    pred = predict(Candidate("auto"), run("auto", auto), conv)
+    assert pred.reach == 1.0 and pred.samples.mid < 6_000

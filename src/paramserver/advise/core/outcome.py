@@ -37,10 +37,20 @@ class Stretch:
     samples: float
     staleness: float  # mean over its steps
     update_batch: float  # samples per applied update
+    # The calibrated runs it converges as: the policy's own (None), or "" for its apply mode's
+    # (auto's ssp and asp, whose pushes auto scales to a round's step, as DynSGD does for the
+    # fixed arrival policies and fixed ASP does not: fixed ASP's divergence says little of them).
+    calibrated_as: str | None = None
+
+    @property
+    def reference(self) -> str:
+        """The policy name the convergence model reads for this stretch ("" for the mode's)."""
+        return self.policy if self.calibrated_as is None else self.calibrated_as
 
     def to_json(self) -> dict:
         return {"policy": self.policy, "apply_mode": self.apply_mode, "samples": self.samples,
-                "mean_staleness": self.staleness, "update_batch": self.update_batch}
+                "mean_staleness": self.staleness, "update_batch": self.update_batch,
+                "calibrated_as": self.reference or f"the {self.apply_mode}-mode runs"}
 
 
 @dataclass(frozen=True)
@@ -248,7 +258,8 @@ def _stretches(raw: list[list], policy: str, apply_mode: str, update_batch: floa
     update batch counted from the engine's rounds. A candidate in force under auto has the
     servers apply on arrival, a lockstep one scaling each push by its share of the round, so
     it converges as that policy's own apply mode does: a round of every worker's batch is one
-    update."""
+    update; an arrival one's pushes are scaled to a round's step, so it converges as the
+    arrival-mode runs of the calibration do (most of them DynSGD's), not as fixed ASP."""
     done = [r for r in raw if r[2] > 0]
     if len(done) == 1 and done[0][0] == policy:
         _, samples, steps, stale = done[0]
@@ -258,7 +269,8 @@ def _stretches(raw: list[list], policy: str, apply_mode: str, update_batch: floa
         mode = SYNC_POLICIES.get(policy).apply_mode
         per_step = samples / steps
         out.append(Stretch(policy, mode, samples, stale / steps,
-                           per_step * workers if mode == "round" else per_step))
+                           per_step * workers if mode == "round" else per_step,
+                           None if mode == "round" else ""))
     return tuple(out)
 
 

@@ -137,7 +137,7 @@ def predict(candidate: Candidate, outcome: SimOutcome,
     or under NEVER of its runs would. A run's share that reaches is each stretch's, weighted by
     the share of the way that stretch made."""
     stretches = outcome.stretches
-    needs = [model.samples_needed(x.policy, apply_mode=x.apply_mode,
+    needs = [model.samples_needed(x.reference, apply_mode=x.apply_mode,
                                   update_batch=x.update_batch, staleness=x.staleness)
              for x in stretches]
     if not needs or needs[-1] is None:
@@ -149,7 +149,8 @@ def predict(candidate: Candidate, outcome: SimOutcome,
     reach = 1.0
     for x, share in zip(stretches, walks["mid"][1]):
         if share > 0:
-            reach *= model.reach(x.policy, apply_mode=x.apply_mode, staleness=x.staleness) ** share
+            reach *= model.reach(x.reference, apply_mode=x.apply_mode,
+                                 staleness=x.staleness) ** share
     if reach < NEVER:
         return Prediction(candidate, outcome, samples, None, reach)
     t = Band(outcome.time_to(samples.lo), outcome.time_to(samples.mid),
