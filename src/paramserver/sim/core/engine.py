@@ -128,7 +128,11 @@ class Engine:
         self.status = [WAITING] * workers + [GONE] * (ranks - workers)
         self.done, self.step, self.batch = z[:], z[:], z[:]
         self.scale, self.pulled, self.min_version = [1.0] * ranks, z[:], z[:]
-        self.lockstep = z[:]  # pushes of its own lockstep round before each worker's (arrival)
+        # In arrival mode under a policy whose releases may name a round's size (auto's bsp and
+        # lbbsp): per worker, the pushes of its own lockstep round that are not staleness. None
+        # for every other policy, whose hot path then pays nothing for it.
+        self.lockstep = z[:] if not self.round_mode and (
+            type(policy).round_size is not SyncPolicy.round_size) else None
         self.wait_from = [-self.comm.start_wait(w) for w in range(workers)] + [0.0] * (
             ranks - workers)
         self.wait_s, self.pull_s = [0.0] * ranks, [0.0] * ranks
@@ -233,7 +237,9 @@ class Engine:
                     push(q, (comm_push(t, w, step_of[w]), next(seq), APPLIED, w))
                 elif kind == APPLIED:  # staleness as the server computes it, then the ack
                     v, p = self.version, pulled[w]
-                    s = v - p - lockstep[w]  # (a lockstep round's own pushes: not staleness)
+                    s = v - p
+                    if lockstep is not None:  # (a lockstep round's own pushes: not staleness)
+                        s -= lockstep[w]
                     stale[w] = s if s > 0 else 0
                     if tr is not None:
                         tr.push(w, self)
@@ -409,9 +415,9 @@ class Engine:
         self.status[w] = RELEASED
         self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
         self.min_version[w] = d.min_version
-        # In arrival mode, a release into a lockstep round (auto's bsp, lbbsp) names its size:
-        # the round's other pushes come from the same version and are not staleness.
-        self.lockstep[w] = d.round_size - 1 if d.round_size and not self.round_mode else 0
+        if self.lockstep is not None:  # a release into a lockstep round names its size: the
+            # round's other pushes come from the same version and are not staleness
+            self.lockstep[w] = d.round_size - 1 if d.round_size else 0
         if d.stop or self.done[w] >= self.steps or w in self.leaving:
             # the worker's goodbye comes back (a preempted one's step unrun)
             self.leave_reason[w] = "done" if w not in self.leaving else "preempted"
