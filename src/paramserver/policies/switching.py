@@ -99,7 +99,7 @@ class SwitchController:
         need = self.margin * sqrt(self.full / seen)
         top = looks[best].progress
 
-        def gain(c: str) -> float:
+        def gain_of(c: str) -> float:
             return looks[c].progress / here.progress - 1 if here.progress > 0 else float("inf")
 
         # Of the candidates that beat the one in force by the margin and come within it of the
@@ -108,11 +108,11 @@ class SwitchController:
         # where SSP at the same mean needed 0.9-1.2x), so a forecast that ties is no reason
         # to take more of it on.
         fit = [c for c in self.candidates if c != current and looks[c].progress > 0
-               and looks[c].progress * (1 + self.margin) >= top and gain(c) > need]
+               and looks[c].progress * (1 + self.margin) >= top and gain_of(c) > need]
         if not fit:
             return None
         best = min(fit, key=lambda c: (looks[c].staleness, -looks[c].progress))
-        there, gain = looks[best], gain(best)
+        there, gain = looks[best], gain_of(best)
         saved = self.horizon * (1 - here.progress / there.progress)
         if saved <= slowest:  # the drain waits about one slowest step
             return None

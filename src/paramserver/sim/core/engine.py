@@ -415,8 +415,9 @@ class Engine:
         self.status[w] = RELEASED
         self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
         self.min_version[w] = d.min_version
-        if self.lockstep is not None:  # a release into a lockstep round names its size: the
-            # round's other pushes come from the same version and are not staleness
+        if self.lockstep is not None:
+            # A release into a lockstep round names its size: the round's other pushes come
+            # from the same version and are not staleness.
             self.lockstep[w] = d.round_size - 1 if d.round_size else 0
         if d.stop or self.done[w] >= self.steps or w in self.leaving:
             # the worker's goodbye comes back (a preempted one's step unrun)
