@@ -3,7 +3,8 @@
 A Horovod script changes its import line and is launched with `paramserver launch -- python
 script.py` (run with plain python, it is a job of one worker, as under Horovod): `hvd.init()`, `hvd.rank()`/`size()`, `hvd.DistributedOptimizer(optimizer,
 named_parameters=...)`, `hvd.broadcast_parameters`, `hvd.broadcast_optimizer_state` and
-`hvd.allreduce` of metrics keep their names and signatures.
+`hvd.allreduce` of metrics keep their names and signatures, and so do the optimizer's
+`synchronize()` and `skip_synchronize()` (Horovod's mixed-precision loop).
 
 What differs, and why:
 - the gradients are not allreduced among the workers: each `step()` pushes them to the servers,
@@ -24,6 +25,7 @@ What differs, and why:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 
@@ -99,6 +101,23 @@ def cross_size() -> int:
     return 1
 
 
+class _DistributedOptimizer(api.DistributedOptimizer):
+    """What hvd.DistributedOptimizer returns: the job's optimizer with Horovod's own methods.
+
+    Horovod's mixed-precision loop (its pytorch_mnist.py) calls `synchronize()` to finish the
+    allreduces before `scaler.unscale_(optimizer)`, then `scaler.step(optimizer)` inside
+    `skip_synchronize()`. Here nothing is in flight before `step()`, which pushes this rank's
+    gradient as it finds it then (unscaled, clipped); so the first waits for nothing and the
+    second only marks the block."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: the gradients go to the servers with step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op=Average, gradient_predivide_factor: float = 1.0,
@@ -123,8 +142,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     # The parameters' storage before joining rebinds them: a state dict taken earlier (for
     # broadcast_parameters) still points there.
     before = {p.data_ptr() for g in optimizer.param_groups for p in g["params"]}
-    opt = api.DistributedOptimizer(optimizer, named_parameters=named_parameters,
-                                   compression=compression)
+    opt = _DistributedOptimizer(optimizer, named_parameters=named_parameters,
+                                compression=compression)
     deferred, _deferred[:] = list(_deferred), []
     names = {n for n, _ in opt.model.named_parameters()}
     for items, root in deferred:

@@ -86,6 +86,74 @@ def test_a_plain_python_script_that_ends_before_joining_takes_its_job_down_at_on
     assert not left, f"processes of the script's job outlived it: {left}"
 
 
+def _alone(tmp_path, script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`script` run with plain python, a job of one worker of its own (as hvd.init() without
+    horovodrun), in `tmp_path`; its run is bounded and reaped by subprocess.run."""
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PARAMSERVER_JOIN", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run([sys.executable, str(path), str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+AMP_LOOP = """
+import sys
+import torch
+import paramserver.horovod as hvd
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def batch(k):
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+
+def train(model, optimizer, horovod):
+    # Horovod's pytorch_mnist.py train_mixed_precision, step by step
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    for k in range(6):
+        x, y = batch(k)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        if horovod:
+            optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        if horovod:
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
+        scaler.update()
+
+if __name__ == "__main__":
+    hvd.init()
+    model, optimizer = build()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    train(model, optimizer, horovod=True)
+    torch.save(model.state_dict(), sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_horovods_mixed_precision_loop_synchronizes_and_steps_as_torch_does(tmp_path):
+    """Horovod's own example's mixed-precision loop calls optimizer.synchronize() before
+    unscaling and steps inside optimizer.skip_synchronize(): with one worker under BSP the
+    trained weights are those torch's SGD computes with the same GradScaler loop."""
+    proc = _alone(tmp_path, AMP_LOOP)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(AMP_LOOP, "amp_loop", "exec"), scope)  # build(), train(): the local twin
+    model, optimizer = scope["build"]()
+    scope["train"](model, optimizer, horovod=False)
+    trained = torch.load(tmp_path / "trained.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
+
+
 # ---- the coordinator's collectives part ---------------------------------------------------------
 
 def _ask(state, src, kind, name, values, t, root=0):
