@@ -125,12 +125,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          process_set=None) -> api.DistributedOptimizer:
     """Horovod's signature: the servers run `optimizer` (see this module's doc). Several
     backward passes per step accumulate in the gradient buffer until `step()`, as Horovod's
-    `backward_passes_per_step` does."""
+    `backward_passes_per_step` does; `gradient_predivide_factor` changes nothing (Average's
+    result is the same with it)."""
     if op != Average:
         raise ValueError(f"op={op}: the servers average the workers' gradients (Average); "
                          f"{op} has no counterpart on the parameter server")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError("gradient_predivide_factor has no meaning here: the servers average")
+    # Horovod splits Average's 1/size into 1/factor before the sum and factor/size after it,
+    # against fp16 overflow in the sum: the same average, which the servers take.
+    factor = gradient_predivide_factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
     if process_set is not None:
         raise ValueError("process sets have no meaning on the parameter server")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:

@@ -154,6 +154,49 @@ def test_horovods_mixed_precision_loop_synchronizes_and_steps_as_torch_does(tmp_
         torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
 
 
+PREDIVIDED = """
+import sys
+import torch
+import paramserver.horovod as hvd
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+
+def train(model, optimizer):
+    for k in range(4):
+        g = torch.Generator().manual_seed(k)
+        x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    hvd.init()
+    model, optimizer = build()
+    # pytorch_mnist.py's --gradient-predivide-factor
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         op=hvd.Average, gradient_predivide_factor=4.0)
+    train(model, optimizer)
+    torch.save(model.state_dict(), sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_a_gradient_predivide_factor_averages_as_horovods_does(tmp_path):
+    """Horovod divides by the factor before the sum and multiplies by factor/size after it,
+    so the update is Average's: with one worker, torch's own SGD steps."""
+    proc = _alone(tmp_path, PREDIVIDED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(PREDIVIDED, "predivided", "exec"), scope)
+    model, optimizer = scope["build"]()
+    scope["train"](model, optimizer)
+    trained = torch.load(tmp_path / "trained.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
+
+
 # ---- the coordinator's collectives part ---------------------------------------------------------
 
 def _ask(state, src, kind, name, values, t, root=0):
@@ -210,6 +253,8 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="Adasum has no counterpart"):
         hvd.DistributedOptimizer(opt, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="gradient_predivide_factor must be a number > 0"):
+        hvd.DistributedOptimizer(opt, gradient_predivide_factor=0.0)
     with pytest.raises(ValueError, match="compression must be"):
         hvd.DistributedOptimizer(opt, compression="zstd")
     with pytest.raises(TypeError, match="pickle"):
