@@ -15,9 +15,9 @@ What differs, and why:
   (buffers such as BatchNorm's statistics) from the root for real;
 - `broadcast_optimizer_state` has nothing to send: the optimizer's state lives on the servers,
   one copy for every rank;
-- `allreduce`, `allgather` and `broadcast` of tensors go through the coordinator and are meant
-  for metrics (at most 65,536 numbers each): every training rank must call each one, in the same
-  order, as under Horovod;
+- `allreduce`, `allgather` and `broadcast` of tensors, and `barrier`, go through the
+  coordinator and are meant for metrics (at most 65,536 numbers each): every training rank
+  must call each one, in the same order, as under Horovod;
 - `op=Adasum`, `Sum` on the optimizer, process sets and NCCL/MPI/Gloo queries have no meaning
   here: the first are refused with the reason, the queries answer False as Horovod's do when a
   feature is not built.
@@ -37,7 +37,7 @@ api = user_api()
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "Sum", "allgather",
-    "allreduce", "allreduce_", "broadcast", "broadcast_", "broadcast_object",
+    "allreduce", "allreduce_", "barrier", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
     "cross_size", "cuda_built",
     "ddl_built", "gloo_built", "gloo_enabled", "init", "is_initialized", "join", "local_rank",
@@ -219,6 +219,14 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set=None) -> torch.Tensor:
     tensor.copy_(broadcast(tensor, root_rank, name))
     return tensor
+
+
+def barrier(process_set=None) -> None:
+    """Returns once every training rank has called it (as Horovod's, and DDP's dist.barrier):
+    an empty collective through the coordinator, so it needs the optimizer to have joined."""
+    if process_set is not None:
+        raise ValueError("process sets have no meaning on the parameter server")
+    _collective("allreduce", torch.zeros(1), f"barrier.{next(_names)}")
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=None):

@@ -197,6 +197,39 @@ def test_a_gradient_predivide_factor_averages_as_horovods_does(tmp_path):
         torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
 
 
+BARRIER = """
+import os, sys, time
+import torch
+import paramserver.horovod as hvd
+
+hvd.init()
+model = torch.nn.Linear(2, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+if hvd.rank() == 1:  # e.g. rank 1 still writing what rank 0 reads after the barrier
+    time.sleep(1.0)
+    open(os.path.join(sys.argv[1], "written"), "w").close()
+hvd.barrier()
+print(f"rank {hvd.rank()} past the barrier; written:",
+      os.path.exists(os.path.join(sys.argv[1], "written")), flush=True)
+opt.zero_grad(); model(torch.ones(1, 2)).sum().backward(); opt.step()
+"""
+
+
+def test_a_barrier_returns_once_every_rank_has_reached_it(tmp_path):
+    """hvd.barrier() (DDP's dist.barrier()): rank 0 goes on only once the slower rank 1 is
+    there too."""
+    (tmp_path / "script.py").write_text(BARRIER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--quiet",
+         "--out", str(tmp_path / "run"), "--timeout", "60", "--", sys.executable,
+         str(tmp_path / "script.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "[rank 0] rank 0 past the barrier; written: True" in proc.stdout, proc.stdout
+    assert "[rank 1] rank 1 past the barrier; written: True" in proc.stdout
+
+
 # ---- the coordinator's collectives part ---------------------------------------------------------
 
 def _ask(state, src, kind, name, values, t, root=0):
