@@ -150,6 +150,38 @@ def test_batch_sampler_over_a_dataloader_in_a_launched_job(loader_and_crash):
     assert not torch.equal(init[0]["own"], fresh.weight)  # it trained
 
 
+LATE_LOAD_SCRIPT = """
+import torch
+import paramserver
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+snapshot = {k: torch.full_like(v, 7.0) for k, v in model.state_dict().items()}
+model.load_state_dict(snapshot)  # loaded before joining: rank 0's weights start the job
+opt = paramserver.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+opt.zero_grad()
+opt.step()  # a zero gradient: the weights stay the snapshot's
+assert model.weight.eq(7.0).all(), model.weight
+print("loaded before joining: kept", flush=True)
+model.load_state_dict({k: v - 1.0 for k, v in snapshot.items()})  # as Trainer._load_snapshot
+opt.zero_grad()
+opt.step()
+"""
+
+
+def test_weights_loaded_after_joining_are_refused_at_the_step_not_lost(tmp_path):
+    """A snapshot loaded into the model after DistributedOptimizer joined (multigpu_torchrun's
+    Trainer loads it after the optimizer is built) was overwritten by the first step's pull
+    without a word; the step now refuses it, naming where to load weights instead."""
+    proc, _ = launch(tmp_path, LATE_LOAD_SCRIPT, "--workers", "1", timeout=60)
+    assert "loaded before joining: kept" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode != 0
+    assert ("the model's parameters were written after DistributedOptimizer joined the job"
+            in proc.stdout + proc.stderr)
+    assert "before creating the DistributedOptimizer" in proc.stdout + proc.stderr
+
+
 def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     # (no job of its own for a script run with plain python: that is the refusal below)

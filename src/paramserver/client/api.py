@@ -273,6 +273,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.kv.pull(out=self.staging.host_params_np, min_version=self.release.min_version)
         self.staging.params_from_host()  # cuda: queued; the next forward waits on the device
         self._ready = time.perf_counter()
+        # (a pull writes the flat buffer, whose version counter is not the parameters')
+        self._written = self._param_writes()
+
+    def _param_writes(self) -> int:
+        """How often the script has written the model's parameters in place (torch counts
+        each in-place write of a tensor: load_state_dict, nn.init, copy_ under no_grad)."""
+        return sum(p._version for p in self.model.parameters())
+
+    def _check_unwritten(self) -> None:
+        """The parameters are the servers': one the script wrote since the last pull (a
+        snapshot loaded after joining, as DDP's tutorial does before its first step) would be
+        overwritten by the next pull without a word, so it is refused, naming the fix."""
+        if self._param_writes() != self._written:
+            raise RuntimeError(
+                f"rank {self.rank}: the model's parameters were written after "
+                f"DistributedOptimizer joined the job (model.load_state_dict, an nn.init or "
+                f"another in-place change): the servers hold the job's parameters, and the "
+                f"next pull would overwrite these. Load or set the weights before creating the "
+                f"DistributedOptimizer (rank 0's start the job), or resume a launched run with "
+                f"`paramserver launch --resume RUN`")
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
@@ -288,6 +308,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "with the job; another loop can stop on opt.should_stop)",
                             self.rank)
             return
+        self._check_unwritten()
         if not grads_are_bound(self.model, self.grads):
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()
@@ -392,8 +413,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.optimizer is None:
             raise ValueError("this DistributedOptimizer wraps a model, whose update rule the "
                              "servers choose (launch's --optimizer): load weights with "
-                             "model.load_state_dict before the first step, or resume a run "
-                             "with `paramserver launch --resume RUN`")
+                             "model.load_state_dict before creating the DistributedOptimizer, "
+                             "or resume a run with `paramserver launch --resume RUN`")
         from paramserver.client import optimizer_state
         optimizer_state.write(self.kv, self.model, self.keys, self.optimizer, state_dict)
 
