@@ -182,6 +182,49 @@ def test_weights_loaded_after_joining_are_refused_at_the_step_not_lost(tmp_path)
     assert "before creating the DistributedOptimizer" in proc.stdout + proc.stderr
 
 
+SCHEDULED_SCRIPT = """
+import warnings
+import torch
+import paramserver
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+optimizer = paramserver.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+lrs = []
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(4):
+        optimizer.zero_grad()
+        model(torch.ones(3, 4)).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+        lrs.append(scheduler.get_last_lr()[0])
+print("lrs", lrs, flush=True)
+for w in caught:
+    print("warned:", w.message, flush=True)
+"""
+
+
+def test_a_schedule_built_on_the_wrapped_optimizer_steps_without_torchs_order_warning(tmp_path):
+    """A scheduler built on the script's optimizer before wrapping it (optimizer.step(), then
+    scheduler.step(), as torch asks) follows torch's lr sequence, and torch does not warn
+    that the scheduler was stepped before the optimizer (which told a correct script to
+    reorder its loop, so as to skip the schedule's first value)."""
+    proc, _ = launch(tmp_path, SCHEDULED_SCRIPT, "--workers", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(reference, step_size=2, gamma=0.5)
+    expected = []
+    for _ in range(4):
+        reference.step()
+        scheduler.step()
+        expected.append(scheduler.get_last_lr()[0])
+    assert f"lrs {expected}" in proc.stdout, proc.stdout
+    assert "before `optimizer.step()`" not in proc.stdout + proc.stderr
+
+
 def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     # (no job of its own for a script run with plain python: that is the refusal below)

@@ -338,6 +338,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._steps += 1
             self._stopped()
             return
+        if self.optimizer is not None:
+            # The script's optimizer stepped, on the servers: a torch lr scheduler built on it
+            # (before it was wrapped, as DDP and Horovod scripts do) checks this flag, which
+            # its own step() would have set, and otherwise warns that the schedule is stepped
+            # before the optimizer, telling the script to reorder a correct loop.
+            self.optimizer._opt_called = True
         t1 = time.perf_counter()
         self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
                                      record=record)
