@@ -225,6 +225,68 @@ def test_a_schedule_built_on_the_wrapped_optimizer_steps_without_torchs_order_wa
     assert "before `optimizer.step()`" not in proc.stdout + proc.stderr
 
 
+ACCUMULATING = """
+import contextlib, sys
+import torch
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def train(ddp_model, optimizer, accumulate=3):
+    # DDP's gradient accumulation: no_sync() on all but every third backward
+    for i in range(9):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
+        last = (i + 1) % accumulate == 0
+        with contextlib.nullcontext() if last else ddp_model.no_sync():
+            (torch.nn.functional.mse_loss(ddp_model(x), y) / accumulate).backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+
+if __name__ == "__main__":
+    import paramserver
+    model, optimizer = build()
+    ddp_model = paramserver.DistributedDataParallel(model)  # DDP(model, device_ids=[rank])
+    optimizer = paramserver.DistributedOptimizer(optimizer,
+                                                 named_parameters=model.named_parameters())
+    train(ddp_model, optimizer)
+    torch.save({"module": ddp_model.module.state_dict(), "names": list(ddp_model.state_dict())},
+               sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_ddps_wrapper_accumulates_under_no_sync_and_saves_its_module_as_torch_does(tmp_path):
+    """A DDP script keeps its DDP(model) line (paramserver's): model.no_sync() gradient
+    accumulation steps as torch's SGD does with one worker, model.module.state_dict() is the
+    model's, and the wrapper's state_dict has DDP's `module.` names."""
+    proc, _ = launch(tmp_path, ACCUMULATING, "--workers", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(ACCUMULATING, "accumulating", "exec"), scope)
+    model, optimizer = scope["build"]()
+
+    class Local(nn.Module):  # what torch's DDP is with one process: no_sync() holds nothing
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+        def no_sync(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+    scope["train"](Local(model), optimizer)
+    saved = torch.load(tmp_path / "trained.pt")
+    assert saved["names"] == [f"module.{n}" for n in model.state_dict()]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(saved["module"][name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     # (no job of its own for a script run with plain python: that is the refusal below)
