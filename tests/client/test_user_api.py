@@ -287,6 +287,49 @@ def test_ddps_wrapper_accumulates_under_no_sync_and_saves_its_module_as_torch_do
         torch.testing.assert_close(saved["module"][name], value, rtol=1e-5, atol=1e-6)
 
 
+GRADS_SET_TO_NONE = """
+import sys
+import torch
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def train(model, optimizer):
+    model.zero_grad()  # once before the loop: torch sets the grads to None
+    for k in range(5):
+        g = torch.Generator().manual_seed(k)
+        x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    import paramserver
+    model, optimizer = build()
+    optimizer = paramserver.DistributedOptimizer(optimizer,
+                                                 named_parameters=model.named_parameters())
+    train(model, optimizer)
+    torch.save(model.state_dict(), sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_grads_a_script_set_to_none_are_zeroed_by_the_next_zero_grad(tmp_path):
+    """model.zero_grad() (set_to_none) before the loop left backward's own grads outside
+    the buffer, which opt.zero_grad() then never zeroed: every push carried the sum of all
+    the gradients so far. With one worker the steps are now torch's."""
+    proc, _ = launch(tmp_path, GRADS_SET_TO_NONE, "--workers", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(GRADS_SET_TO_NONE, "set_to_none", "exec"), scope)
+    model, optimizer = scope["build"]()
+    scope["train"](model, optimizer)
+    trained = torch.load(tmp_path / "trained.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     # (no job of its own for a script run with plain python: that is the refusal below)

@@ -42,7 +42,7 @@ from paramserver.core.endpoints import endpoint
 from paramserver.core.leaving import NO_STEP_REASON
 from paramserver.models.core.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
-from paramserver.models.flat_binding import bind_to_flat, grads_are_bound
+from paramserver.models.flat_binding import bind_to_flat, grads_are_bound, point_grads_at
 from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.policies.base import Release
@@ -265,6 +265,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Zero the gradient buffer (never None: backward accumulates into the bound buffer).
         The step's compute time is counted from here when it comes after the pull."""
         self.grads.zero_()
+        if not grads_are_bound(self.model, self.grads):
+            # The script set them to None (model.zero_grad(), as many loops call before
+            # training): backward made its own, which this zeroing would not reach, so the
+            # next steps would push them summed with every gradient since.
+            point_grads_at(self.model, self.keys, self.grads)
         self.staging.grads_zeroed()
         self._ready = time.perf_counter()
 
