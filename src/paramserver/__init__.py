@@ -10,6 +10,9 @@ def __getattr__(name):
     if name in ("BatchSampler", "DistributedSampler"):
         from paramserver.client import sampler
         return getattr(sampler, name)
+    if name == "DistributedDataParallel":
+        from paramserver.client import ddp
+        return ddp.DistributedDataParallel
     raise AttributeError(f"module 'paramserver' has no attribute {name!r}")
 
 

@@ -3,7 +3,8 @@
 A Horovod script changes its import line and is launched with `paramserver launch -- python
 script.py` (run with plain python, it is a job of one worker, as under Horovod): `hvd.init()`, `hvd.rank()`/`size()`, `hvd.DistributedOptimizer(optimizer,
 named_parameters=...)`, `hvd.broadcast_parameters`, `hvd.broadcast_optimizer_state` and
-`hvd.allreduce` of metrics keep their names and signatures.
+`hvd.allreduce` of metrics keep their names and signatures, and so do the optimizer's
+`synchronize()` and `skip_synchronize()` (Horovod's mixed-precision loop).
 
 What differs, and why:
 - the gradients are not allreduced among the workers: each `step()` pushes them to the servers,
@@ -14,9 +15,9 @@ What differs, and why:
   (buffers such as BatchNorm's statistics) from the root for real;
 - `broadcast_optimizer_state` has nothing to send: the optimizer's state lives on the servers,
   one copy for every rank;
-- `allreduce`, `allgather` and `broadcast` of tensors go through the coordinator and are meant
-  for metrics (at most 65,536 numbers each): every training rank must call each one, in the same
-  order, as under Horovod;
+- `allreduce`, `allgather` and `broadcast` of tensors, and `barrier`, go through the
+  coordinator and are meant for metrics (at most 65,536 numbers each): every training rank
+  must call each one, in the same order, as under Horovod;
 - `op=Adasum`, `Sum` on the optimizer, process sets and NCCL/MPI/Gloo queries have no meaning
   here: the first are refused with the reason, the queries answer False as Horovod's do when a
   feature is not built.
@@ -24,6 +25,7 @@ What differs, and why:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 
@@ -35,7 +37,7 @@ api = user_api()
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "Sum", "allgather",
-    "allreduce", "allreduce_", "broadcast", "broadcast_", "broadcast_object",
+    "allreduce", "allreduce_", "barrier", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
     "cross_size", "cuda_built",
     "ddl_built", "gloo_built", "gloo_enabled", "init", "is_initialized", "join", "local_rank",
@@ -99,6 +101,23 @@ def cross_size() -> int:
     return 1
 
 
+class _DistributedOptimizer(api.DistributedOptimizer):
+    """What hvd.DistributedOptimizer returns: the job's optimizer with Horovod's own methods.
+
+    Horovod's mixed-precision loop (its pytorch_mnist.py) calls `synchronize()` to finish the
+    allreduces before `scaler.unscale_(optimizer)`, then `scaler.step(optimizer)` inside
+    `skip_synchronize()`. Here nothing is in flight before `step()`, which pushes this rank's
+    gradient as it finds it then (unscaled, clipped); so the first waits for nothing and the
+    second only marks the block."""
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: the gradients go to the servers with step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op=Average, gradient_predivide_factor: float = 1.0,
@@ -106,12 +125,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          process_set=None) -> api.DistributedOptimizer:
     """Horovod's signature: the servers run `optimizer` (see this module's doc). Several
     backward passes per step accumulate in the gradient buffer until `step()`, as Horovod's
-    `backward_passes_per_step` does."""
+    `backward_passes_per_step` does; `gradient_predivide_factor` changes nothing (Average's
+    result is the same with it)."""
     if op != Average:
         raise ValueError(f"op={op}: the servers average the workers' gradients (Average); "
                          f"{op} has no counterpart on the parameter server")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError("gradient_predivide_factor has no meaning here: the servers average")
+    # Horovod splits Average's 1/size into 1/factor before the sum and factor/size after it,
+    # against fp16 overflow in the sum: the same average, which the servers take.
+    factor = gradient_predivide_factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
     if process_set is not None:
         raise ValueError("process sets have no meaning on the parameter server")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -123,8 +146,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     # The parameters' storage before joining rebinds them: a state dict taken earlier (for
     # broadcast_parameters) still points there.
     before = {p.data_ptr() for g in optimizer.param_groups for p in g["params"]}
-    opt = api.DistributedOptimizer(optimizer, named_parameters=named_parameters,
-                                   compression=compression)
+    opt = _DistributedOptimizer(optimizer, named_parameters=named_parameters,
+                                compression=compression)
     deferred, _deferred[:] = list(_deferred), []
     names = {n for n, _ in opt.model.named_parameters()}
     for items, root in deferred:
@@ -196,6 +219,14 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set=None) -> torch.Tensor:
     tensor.copy_(broadcast(tensor, root_rank, name))
     return tensor
+
+
+def barrier(process_set=None) -> None:
+    """Returns once every training rank has called it (as Horovod's, and DDP's dist.barrier):
+    an empty collective through the coordinator, so it needs the optimizer to have joined."""
+    if process_set is not None:
+        raise ValueError("process sets have no meaning on the parameter server")
+    _collective("allreduce", torch.zeros(1), f"barrier.{next(_names)}")
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=None):

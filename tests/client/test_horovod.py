@@ -86,6 +86,150 @@ def test_a_plain_python_script_that_ends_before_joining_takes_its_job_down_at_on
     assert not left, f"processes of the script's job outlived it: {left}"
 
 
+def _alone(tmp_path, script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`script` run with plain python, a job of one worker of its own (as hvd.init() without
+    horovodrun), in `tmp_path`; its run is bounded and reaped by subprocess.run."""
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PARAMSERVER_JOIN", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run([sys.executable, str(path), str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+AMP_LOOP = """
+import sys
+import torch
+import paramserver.horovod as hvd
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def batch(k):
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+
+def train(model, optimizer, horovod):
+    # Horovod's pytorch_mnist.py train_mixed_precision, step by step
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    for k in range(6):
+        x, y = batch(k)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        if horovod:
+            optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        if horovod:
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
+        scaler.update()
+
+if __name__ == "__main__":
+    hvd.init()
+    model, optimizer = build()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    train(model, optimizer, horovod=True)
+    torch.save(model.state_dict(), sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_horovods_mixed_precision_loop_synchronizes_and_steps_as_torch_does(tmp_path):
+    """Horovod's own example's mixed-precision loop calls optimizer.synchronize() before
+    unscaling and steps inside optimizer.skip_synchronize(): with one worker under BSP the
+    trained weights are those torch's SGD computes with the same GradScaler loop."""
+    proc = _alone(tmp_path, AMP_LOOP)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(AMP_LOOP, "amp_loop", "exec"), scope)  # build(), train(): the local twin
+    model, optimizer = scope["build"]()
+    scope["train"](model, optimizer, horovod=False)
+    trained = torch.load(tmp_path / "trained.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
+
+
+PREDIVIDED = """
+import sys
+import torch
+import paramserver.horovod as hvd
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+
+def train(model, optimizer):
+    for k in range(4):
+        g = torch.Generator().manual_seed(k)
+        x, y = torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    hvd.init()
+    model, optimizer = build()
+    # pytorch_mnist.py's --gradient-predivide-factor
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         op=hvd.Average, gradient_predivide_factor=4.0)
+    train(model, optimizer)
+    torch.save(model.state_dict(), sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_a_gradient_predivide_factor_averages_as_horovods_does(tmp_path):
+    """Horovod divides by the factor before the sum and multiplies by factor/size after it,
+    so the update is Average's: with one worker, torch's own SGD steps."""
+    proc = _alone(tmp_path, PREDIVIDED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(PREDIVIDED, "predivided", "exec"), scope)
+    model, optimizer = scope["build"]()
+    scope["train"](model, optimizer)
+    trained = torch.load(tmp_path / "trained.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
+
+
+BARRIER = """
+import os, sys, time
+import torch
+import paramserver.horovod as hvd
+
+hvd.init()
+model = torch.nn.Linear(2, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+if hvd.rank() == 1:  # e.g. rank 1 still writing what rank 0 reads after the barrier
+    time.sleep(1.0)
+    open(os.path.join(sys.argv[1], "written"), "w").close()
+hvd.barrier()
+print(f"rank {hvd.rank()} past the barrier; written:",
+      os.path.exists(os.path.join(sys.argv[1], "written")), flush=True)
+opt.zero_grad(); model(torch.ones(1, 2)).sum().backward(); opt.step()
+"""
+
+
+def test_a_barrier_returns_once_every_rank_has_reached_it(tmp_path):
+    """hvd.barrier() (DDP's dist.barrier()): rank 0 goes on only once the slower rank 1 is
+    there too."""
+    (tmp_path / "script.py").write_text(BARRIER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--quiet",
+         "--out", str(tmp_path / "run"), "--timeout", "60", "--", sys.executable,
+         str(tmp_path / "script.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "[rank 0] rank 0 past the barrier; written: True" in proc.stdout, proc.stdout
+    assert "[rank 1] rank 1 past the barrier; written: True" in proc.stdout
+
+
 # ---- the coordinator's collectives part ---------------------------------------------------------
 
 def _ask(state, src, kind, name, values, t, root=0):
@@ -142,6 +286,8 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="Adasum has no counterpart"):
         hvd.DistributedOptimizer(opt, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="gradient_predivide_factor must be a number > 0"):
+        hvd.DistributedOptimizer(opt, gradient_predivide_factor=0.0)
     with pytest.raises(ValueError, match="compression must be"):
         hvd.DistributedOptimizer(opt, compression="zstd")
     with pytest.raises(TypeError, match="pickle"):

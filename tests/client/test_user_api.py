@@ -150,6 +150,186 @@ def test_batch_sampler_over_a_dataloader_in_a_launched_job(loader_and_crash):
     assert not torch.equal(init[0]["own"], fresh.weight)  # it trained
 
 
+LATE_LOAD_SCRIPT = """
+import torch
+import paramserver
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+snapshot = {k: torch.full_like(v, 7.0) for k, v in model.state_dict().items()}
+model.load_state_dict(snapshot)  # loaded before joining: rank 0's weights start the job
+opt = paramserver.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+opt.zero_grad()
+opt.step()  # a zero gradient: the weights stay the snapshot's
+assert model.weight.eq(7.0).all(), model.weight
+print("loaded before joining: kept", flush=True)
+model.load_state_dict({k: v - 1.0 for k, v in snapshot.items()})  # as Trainer._load_snapshot
+opt.zero_grad()
+opt.step()
+"""
+
+
+def test_weights_loaded_after_joining_are_refused_at_the_step_not_lost(tmp_path):
+    """A snapshot loaded into the model after DistributedOptimizer joined (multigpu_torchrun's
+    Trainer loads it after the optimizer is built) was overwritten by the first step's pull
+    without a word; the step now refuses it, naming where to load weights instead."""
+    proc, _ = launch(tmp_path, LATE_LOAD_SCRIPT, "--workers", "1", timeout=60)
+    assert "loaded before joining: kept" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode != 0
+    assert ("the model's parameters were written after DistributedOptimizer joined the job"
+            in proc.stdout + proc.stderr)
+    assert "before creating the DistributedOptimizer" in proc.stdout + proc.stderr
+
+
+SCHEDULED_SCRIPT = """
+import warnings
+import torch
+import paramserver
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+optimizer = paramserver.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+lrs = []
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(4):
+        optimizer.zero_grad()
+        model(torch.ones(3, 4)).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+        lrs.append(scheduler.get_last_lr()[0])
+print("lrs", lrs, flush=True)
+for w in caught:
+    print("warned:", w.message, flush=True)
+"""
+
+
+def test_a_schedule_built_on_the_wrapped_optimizer_steps_without_torchs_order_warning(tmp_path):
+    """A scheduler built on the script's optimizer before wrapping it (optimizer.step(), then
+    scheduler.step(), as torch asks) follows torch's lr sequence, and torch does not warn
+    that the scheduler was stepped before the optimizer (which told a correct script to
+    reorder its loop, so as to skip the schedule's first value)."""
+    proc, _ = launch(tmp_path, SCHEDULED_SCRIPT, "--workers", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(reference, step_size=2, gamma=0.5)
+    expected = []
+    for _ in range(4):
+        reference.step()
+        scheduler.step()
+        expected.append(scheduler.get_last_lr()[0])
+    assert f"lrs {expected}" in proc.stdout, proc.stdout
+    assert "before `optimizer.step()`" not in proc.stdout + proc.stderr
+
+
+ACCUMULATING = """
+import contextlib, sys
+import torch
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def train(ddp_model, optimizer, accumulate=3):
+    # DDP's gradient accumulation: no_sync() on all but every third backward
+    for i in range(9):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
+        last = (i + 1) % accumulate == 0
+        with contextlib.nullcontext() if last else ddp_model.no_sync():
+            (torch.nn.functional.mse_loss(ddp_model(x), y) / accumulate).backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+
+if __name__ == "__main__":
+    import paramserver
+    model, optimizer = build()
+    ddp_model = paramserver.DistributedDataParallel(model)  # DDP(model, device_ids=[rank])
+    optimizer = paramserver.DistributedOptimizer(optimizer,
+                                                 named_parameters=model.named_parameters())
+    train(ddp_model, optimizer)
+    torch.save({"module": ddp_model.module.state_dict(), "names": list(ddp_model.state_dict())},
+               sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_ddps_wrapper_accumulates_under_no_sync_and_saves_its_module_as_torch_does(tmp_path):
+    """A DDP script keeps its DDP(model) line (paramserver's): model.no_sync() gradient
+    accumulation steps as torch's SGD does with one worker, model.module.state_dict() is the
+    model's, and the wrapper's state_dict has DDP's `module.` names."""
+    proc, _ = launch(tmp_path, ACCUMULATING, "--workers", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(ACCUMULATING, "accumulating", "exec"), scope)
+    model, optimizer = scope["build"]()
+
+    class Local(nn.Module):  # what torch's DDP is with one process: no_sync() holds nothing
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+        def no_sync(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+    scope["train"](Local(model), optimizer)
+    saved = torch.load(tmp_path / "trained.pt")
+    assert saved["names"] == [f"module.{n}" for n in model.state_dict()]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(saved["module"][name], value, rtol=1e-5, atol=1e-6)
+
+
+GRADS_SET_TO_NONE = """
+import sys
+import torch
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def train(model, optimizer):
+    model.zero_grad()  # once before the loop: torch sets the grads to None
+    for k in range(5):
+        g = torch.Generator().manual_seed(k)
+        x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    import paramserver
+    model, optimizer = build()
+    optimizer = paramserver.DistributedOptimizer(optimizer,
+                                                 named_parameters=model.named_parameters())
+    train(model, optimizer)
+    torch.save(model.state_dict(), sys.argv[1] + "/trained.pt")
+"""
+
+
+def test_grads_a_script_set_to_none_are_zeroed_by_the_next_zero_grad(tmp_path):
+    """model.zero_grad() (set_to_none) before the loop left backward's own grads outside
+    the buffer, which opt.zero_grad() then never zeroed: every push carried the sum of all
+    the gradients so far. With one worker the steps are now torch's."""
+    proc, _ = launch(tmp_path, GRADS_SET_TO_NONE, "--workers", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scope: dict = {}
+    exec(compile(GRADS_SET_TO_NONE, "set_to_none", "exec"), scope)
+    model, optimizer = scope["build"]()
+    scope["train"](model, optimizer)
+    trained = torch.load(tmp_path / "trained.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_a_torch_optimizer_the_servers_cannot_run_is_refused_before_joining(monkeypatch):
     monkeypatch.delenv("PARAMSERVER_JOIN", raising=False)
     # (no job of its own for a script run with plain python: that is the refusal below)

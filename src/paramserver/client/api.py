@@ -42,7 +42,7 @@ from paramserver.core.endpoints import endpoint
 from paramserver.core.leaving import NO_STEP_REASON
 from paramserver.models.core.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
-from paramserver.models.flat_binding import bind_to_flat, grads_are_bound
+from paramserver.models.flat_binding import bind_to_flat, grads_are_bound, point_grads_at
 from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.policies.base import Release
@@ -265,6 +265,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Zero the gradient buffer (never None: backward accumulates into the bound buffer).
         The step's compute time is counted from here when it comes after the pull."""
         self.grads.zero_()
+        if not grads_are_bound(self.model, self.grads):
+            # The script set them to None (model.zero_grad(), as many loops call before
+            # training): backward made its own, which this zeroing would not reach, so the
+            # next steps would push them summed with every gradient since.
+            point_grads_at(self.model, self.keys, self.grads)
         self.staging.grads_zeroed()
         self._ready = time.perf_counter()
 
@@ -273,6 +278,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.kv.pull(out=self.staging.host_params_np, min_version=self.release.min_version)
         self.staging.params_from_host()  # cuda: queued; the next forward waits on the device
         self._ready = time.perf_counter()
+        # (a pull writes the flat buffer, whose version counter is not the parameters')
+        self._written = self._param_writes()
+
+    def _param_writes(self) -> int:
+        """How often the script has written the model's parameters in place (torch counts
+        each in-place write of a tensor: load_state_dict, nn.init, copy_ under no_grad)."""
+        return sum(p._version for p in self.model.parameters())
+
+    def _check_unwritten(self) -> None:
+        """The parameters are the servers': one the script wrote since the last pull (a
+        snapshot loaded after joining, as DDP's tutorial does before its first step) would be
+        overwritten by the next pull without a word, so it is refused, naming the fix."""
+        if self._param_writes() != self._written:
+            raise RuntimeError(
+                f"rank {self.rank}: the model's parameters were written after "
+                f"DistributedOptimizer joined the job (model.load_state_dict, an nn.init or "
+                f"another in-place change): the servers hold the job's parameters, and the "
+                f"next pull would overwrite these. Load or set the weights before creating the "
+                f"DistributedOptimizer (rank 0's start the job), or resume a launched run with "
+                f"`paramserver launch --resume RUN`")
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
@@ -288,6 +313,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "with the job; another loop can stop on opt.should_stop)",
                             self.rank)
             return
+        self._check_unwritten()
         if not grads_are_bound(self.model, self.grads):
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()
@@ -317,6 +343,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._steps += 1
             self._stopped()
             return
+        if self.optimizer is not None:
+            # The script's optimizer stepped, on the servers: a torch lr scheduler built on it
+            # (before it was wrapped, as DDP and Horovod scripts do) checks this flag, which
+            # its own step() would have set, and otherwise warns that the schedule is stepped
+            # before the optimizer, telling the script to reorder a correct loop.
+            self.optimizer._opt_called = True
         t1 = time.perf_counter()
         self.release = self.kv.clock(self.release.step, batch, compute_time=compute,
                                      record=record)
@@ -392,8 +424,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.optimizer is None:
             raise ValueError("this DistributedOptimizer wraps a model, whose update rule the "
                              "servers choose (launch's --optimizer): load weights with "
-                             "model.load_state_dict before the first step, or resume a run "
-                             "with `paramserver launch --resume RUN`")
+                             "model.load_state_dict before creating the DistributedOptimizer, "
+                             "or resume a run with `paramserver launch --resume RUN`")
         from paramserver.client import optimizer_state
         optimizer_state.write(self.kv, self.model, self.keys, self.optimizer, state_dict)
 

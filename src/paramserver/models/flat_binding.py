@@ -32,6 +32,14 @@ def point_params_at(model: nn.Module, keys: ModelKeys, params: torch.Tensor) -> 
         p.data = params[slot.keys.lo:slot.keys.hi].view(slot.shape)
 
 
+@torch.no_grad()
+def point_grads_at(model: nn.Module, keys: ModelKeys, grads: torch.Tensor) -> None:
+    """Make the model's .grad views of `grads` again (a script set them to None, or autograd
+    replaced one): the next backward accumulates into `grads`."""
+    for slot, p in zip(keys.params, model.parameters()):
+        p.grad = grads[slot.keys.lo:slot.keys.hi].view(slot.shape)
+
+
 def grads_are_bound(model: nn.Module, grads: torch.Tensor) -> bool:
     """True if every .grad still lives inside `grads` (autograd may replace a grad it dislikes)."""
     lo = grads.data_ptr()
