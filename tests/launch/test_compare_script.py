@@ -60,6 +60,11 @@ def test_compare_runs_a_user_script_per_policy_and_reports_its_metric(tmp_path):
                         "--device-time", "1ms", "--target", "0.9")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert (out / "report.html").exists()
+    # The verdict ends the console's output too, before the page's path.
+    verdict = " ".join((out / "verdict.txt").read_text().split())
+    printed = " ".join(proc.stdout.split())  # (the console wraps it to its width)
+    assert verdict.startswith("On slow, ") and verdict in printed
+    assert printed.index(verdict) < printed.index("report: ")
     rows = results(out)
     assert set(rows) == {"bsp", "r2sp"}
     for policy, row in rows.items():

@@ -15,7 +15,7 @@ import pytest
 
 from paramserver.cli.main import main
 from paramserver.runlog.metrics import summarize
-from paramserver.report import build_report, collect, table_rows
+from paramserver.report import VERDICT_TXT, build_report, collect, table_rows
 from paramserver.report import figures, series
 from paramserver.report.figures import KINDS
 from paramserver.report.html import coverage_warnings, plan_section, render_report
@@ -431,3 +431,14 @@ def test_bytes_cells_say_what_a_format_saved_against_float32():
     assert fmt_bytes_saved(1_864_724, 1_864_724) == "1.86 MB (−50%)"
     assert fmt_bytes_saved(3_729_448, None) == "3.73 MB"  # a dense run says nothing
     assert fmt_bytes_saved(3_729_448, 0) == "3.73 MB" and fmt_bytes_saved(None, 5) == "–"
+
+
+def test_the_verdict_is_written_in_plain_words_beside_the_page(built):
+    """verdict.txt (what compare prints when it ends) holds the page's verdict paragraphs, in
+    the page's order, as text."""
+    root, page = built
+    html_paragraphs = [html.unescape(p) for p in
+                       re.findall(r"<p class='verdict'>(.*?)</p>", page.read_text(), re.S)]
+    text = (root / VERDICT_TXT).read_text(encoding="utf-8")
+    assert html_paragraphs and text.rstrip("\n").split("\n\n") == html_paragraphs
+    assert "asp is the soonest to reach 90% test accuracy" in text

@@ -411,6 +411,10 @@ def _run(args) -> int:
     except ReportError as exc:  # every run failed: their errors are printed above
         print(f"paramserver compare: no report: {exc}", file=sys.stderr)
         return code or 1
+    from paramserver.report import VERDICT_TXT
+    # The answer on the console too: the page's verdict, a paragraph per scenario.
+    console.print((out / VERDICT_TXT).read_text(encoding="utf-8").rstrip(), markup=False,
+                  highlight=False)
     console.print(f"report: {report}")
     from paramserver.report.html import ADVISE_LINE
     console.print(ADVISE_LINE)

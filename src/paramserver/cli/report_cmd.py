@@ -17,8 +17,9 @@ def register(subparsers) -> None:
         description="Read the run folders under DIR (a `paramserver compare` folder, a folder of "
                     "run folders, or one run folder) and write DIR/report.html, a self-contained "
                     "page with the verdict, the time-to-accuracy table and figures, plus "
-                    "DIR/figures/*.png, DIR/results.csv (one row per run) and DIR/attribution.csv "
-                    "(per worker of each run: the time the others lost waiting for it).")
+                    "DIR/figures/*.png, DIR/results.csv (one row per run), DIR/attribution.csv "
+                    "(per worker of each run: the time the others lost waiting for it) and "
+                    "DIR/verdict.txt (the page's verdict in plain words).")
     p.add_argument("dir", metavar="DIR", help="folder with the runs")
     p.add_argument("--target", type=flag.accuracy, metavar="ACC",
                    help="target test accuracy, e.g. 0.9, or test AUC for click models (default: "

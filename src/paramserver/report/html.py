@@ -300,6 +300,14 @@ ADVISE_LINE = ("For your own cluster: `paramserver advise --profile RUN_DIR` fit
                "scale.")
 
 
+def verdict_texts(c: Collection, rows: list[Row],
+                  why: dict[tuple[str, str], Diagnosis] | None = None) -> list[str]:
+    """The verdict in words, a paragraph per scenario: the page's opening, and what compare
+    prints when it ends."""
+    why = diagnoses(c, rows) if why is None else why
+    return [v.text for v in verdicts(rows, c.target, c.score, diverged_times(c), why)]
+
+
 def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile],
                     why: dict[tuple[str, str], Diagnosis] | None = None) -> str:
     """The answer first: a verdict paragraph per scenario, then its time-to-target figure."""
