@@ -281,7 +281,9 @@ def register(sub) -> None:
     flag.add_shard_args(p)
     add_policy_args(p)
     p.add_argument("--steps", type=int, help="steps per worker before should_stop turns true "
-                                             "(with --resume: counting the resumed run's)")
+                                             "(with --resume: counting the resumed run's); "
+                                             "the workers share steps x workers steps' "
+                                             "samples, MAX workers' worth in an elastic job")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="start from the newest checkpoint of launched run RUN_DIR: its "
                         "parameters and the servers' optimizer state (moments, step counts)")

@@ -88,7 +88,11 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="dataset option, e.g. samples=20000 for synthetic (repeatable)")
     g["job"].add_argument("--epochs", type=flag.positive_number, default=d.epochs, action=flag.Given,
                    help=f"passes over the training set, all workers together (default {d.epochs:g})")
-    g["job"].add_argument("--steps", type=flag.positive_int, help="steps per worker instead of --epochs")
+    g["job"].add_argument("--steps", type=flag.positive_int,
+                          help="steps per worker instead of --epochs: a budget of steps x "
+                               "--batch-size x workers samples, which the workers share (an "
+                               "elastic job's is MAX workers' worth: with fewer running, each "
+                               "takes more steps)")
     g["job"].add_argument("--max-seconds", type=flag.positive_seconds,
                    help="stop after this much training time")
     g["job"].add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
