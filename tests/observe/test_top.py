@@ -234,3 +234,16 @@ def test_an_unanswered_address_gives_an_empty_view(tmp_path):
         src.close()
     with pytest.raises(SourceError):
         open_source(str(tmp_path / "missing"))
+
+
+def test_without_a_terminal_the_view_ends_when_the_run_has(tmp_path):
+    """`top RUN | ...` or from a script: nobody can press q, so once the run is finished the
+    last frame is printed and top exits (it drew frames until killed)."""
+    import subprocess
+    import sys
+    run = write_run(tmp_path / "run", bsp_run(5, {}))
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "top", str(run), "--width",
+                           "150"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "finished" in proc.stdout and "steps 20" in proc.stdout

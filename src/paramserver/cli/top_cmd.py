@@ -19,7 +19,8 @@ def register(subparsers) -> None:
                     "lost waiting for each; per shard its apply time and queue. TARGET is a run "
                     "folder (followed as metrics.jsonl grows; --replay plays a finished one) or "
                     "the coordinator's join address tcp://HOST:PORT (asked as a read-only "
-                    "observer: it never registers, pushes or clocks). Quit with q or Ctrl-C.")
+                    "observer: it never registers, pushes or clocks). Quit with q or Ctrl-C; "
+                    "without a terminal on stdin it ends when the run does.")
     p.add_argument("target", metavar="RUN_DIR|ADDRESS",
                    help="a run folder, or a coordinator address tcp://HOST:PORT")
     p.add_argument("--replay", action="store_true",
@@ -143,6 +144,8 @@ def _live(source, stats, args) -> int:
                     stats.finish()
                     finished_shown = True
                 live.update(_frame(source, stats, source.finished))
+                if finished_shown and not keys.interactive:
+                    break  # nobody can press q (a pipe, a script): the run's end ends the view
                 if keys.wait_for_quit(period):
                     break
         except KeyboardInterrupt:
@@ -173,6 +176,11 @@ class KeyReader:
         except (OSError, ValueError, AttributeError):
             self.fd = self.saved = None
         return self
+
+    @property
+    def interactive(self) -> bool:
+        """Whether a key can quit the view (a terminal on stdin)."""
+        return self.fd is not None
 
     def __exit__(self, *exc) -> None:
         if self.saved is not None:
