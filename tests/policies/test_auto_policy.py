@@ -168,6 +168,36 @@ def test_free_running_pushes_are_scaled_to_one_workers_share(candidates):
                                       if r.decided > first_leave)
 
 
+@pytest.mark.parametrize("candidates", ["asp", "ssp"])
+def test_beside_a_staleness_aware_rule_free_running_pushes_go_as_they_come(candidates):
+    """discount=rule: the servers' rule (dynsgd) discounts each push by its staleness, as it
+    does for fixed SSP; auto scaling them too would discount them twice. The lockstep
+    candidates' shares stay (their pushes read staleness 0, so the rule leaves them whole)."""
+    trace = run(make_policy("auto", BATCH, candidates=candidates, discount="rule"),
+                [VirtualWorker(w, steps=20, cost=0.001 * (1 + w)) for w in range(4)])
+    assert trace.releases and {r.scale for r in trace.releases} == {1.0}
+    lockstep = run(make_policy("auto", BATCH, candidates="bsp", discount="rule"),
+                   [VirtualWorker(w, steps=10, cost=0.001) for w in range(4)])
+    first_leave = min(t for t, _, _ in lockstep.left)
+    assert {r.scale for r in lockstep.releases if 0 < r.decided < first_leave} == {0.25}
+
+
+def test_auto_beside_a_staleness_aware_rule_leaves_the_discount_to_it():
+    from paramserver.spec.config import TrainConfig
+    from paramserver.spec.job import JobSpec
+
+    def options(**kw):
+        return dict(JobSpec.from_config(TrainConfig(**kw), 100, 1000).sync.options)
+
+    assert options(sync="auto", optimizer="dynsgd") == {"discount": "rule"}
+    assert options(sync="auto", optimizer="sgd") == {}
+    assert options(sync="auto", optimizer="dynsgd", sync_options={"discount": "share"}) == {
+        "discount": "share"}  # said outright: kept
+    assert options(sync="ssp", optimizer="dynsgd") == {}
+    with pytest.raises(ValueError, match="discount must be one of share, rule"):
+        make_policy("auto", BATCH, discount="half")
+
+
 def test_resume_goes_on_with_the_candidate_in_force():
     policy = make_policy("auto", BATCH, interval=0.05, candidates="bsp,lbbsp")
     run(policy, [VirtualWorker(w, steps=100, cost=0.001) for w in range(3)]

@@ -15,11 +15,10 @@ import json
 from dataclasses import replace
 
 from paramserver.coordinator.events import AppendEvent, Registered
-from paramserver.spec.job import OptimizerSpec
-
-# Launch's --optimizer that composes with a script's torch optimizer: it scales every lr by
-# how stale a push is (optim/torch_rule.py); compare pairs SSP and ElasticBSP with dynsgd.
-STALENESS_RULES = ("dynsgd", "consgd", "staleness-aware")
+# Launch's --optimizer that composes with a script's torch optimizer (STALENESS_RULES): it
+# scales every lr by how stale a push is (optim/torch_rule.py); compare pairs SSP and
+# ElasticBSP with dynsgd.
+from paramserver.spec.job import STALENESS_RULES, OptimizerSpec
 
 
 def _text(spec: OptimizerSpec | None) -> str:

@@ -20,8 +20,9 @@ pushes are all applied, a linear update rule (sgd) then applies exactly the batc
 average that round mode applies. ssp and asp scale each push by batch / (N x the job's batch),
 so that N pushes move the parameters as far as a round does: the learning rate means the same
 under every candidate (fixed ssp and asp get that from DynSGD, which compare pairs them with;
-unscaled, auto's ssp diverged at compare's lr). A staleness-aware rule would discount the
-pushes again: auto pairs with plain sgd.
+unscaled, auto's ssp diverged at compare's lr). Beside a staleness-aware rule (dynsgd),
+`discount=rule` leaves ssp's and asp's pushes unscaled for the rule to discount, as it does
+for the fixed policies; the lockstep rounds' pushes read staleness 0 and stay whole.
 
 Each switch is a Note("sync_switch") with its reason, the predicted gain, the forecast of every
 candidate and how long the drain took; the event log, `top` and the report read them.
@@ -45,6 +46,9 @@ from paramserver.policies.switching import Proposal, SwitchController
 from paramserver.predict.convergence import ConvergenceModel
 
 
+DISCOUNTS = ("share", "rule")
+
+
 @dataclass(frozen=True)
 class AutoOptions:
     candidates: str = opt("lbbsp,bsp,ssp,asp",
@@ -56,6 +60,10 @@ class AutoOptions:
     horizon: float = opt(20.0, "seconds over which a switch's gain must repay its drain")
     window: int = opt(16, "recent steps of each worker the forecast reads")
     staleness: int = opt(3, "ssp's bound while ssp is in force")
+    discount: str = opt("share", "how ssp's and asp's pushes are weighted: share (batch / (N x "
+                                 "the job's batch), what plain sgd needs) or rule (as they "
+                                 "come, for a staleness-aware update rule such as dynsgd to "
+                                 "discount; the default beside one)")
 
     def __post_init__(self):
         names = self.names()
@@ -70,6 +78,9 @@ class AutoOptions:
         check_range("horizon", self.horizon, 0, lo_open=True)
         check_int("window", self.window, 1)
         check_int("staleness", self.staleness, 0)
+        if self.discount not in DISCOUNTS:
+            raise ValueError(f"discount must be one of {', '.join(DISCOUNTS)}; got "
+                             f"{self.discount!r}")
 
     def names(self) -> tuple[str, ...]:
         raw = self.candidates
@@ -90,11 +101,13 @@ class AutoSync(SyncPolicy, Configurable):
 
     def __init__(self, batch_size: int, *, candidates: str = "lbbsp,bsp,ssp,asp",
                  interval: float = 2.0, margin: float = 0.15, horizon: float = 20.0,
-                 window: int = 16, staleness: int = 3, model: ConvergenceModel | None = None):
+                 window: int = 16, staleness: int = 3, discount: str = "share",
+                 model: ConvergenceModel | None = None):
         """`model`: the samples-to-target model the forecasts use (default: the shipped
         calibration's apply-mode references)."""
         super().__init__(batch_size)
-        self.options = AutoOptions(candidates, interval, margin, horizon, window, staleness)
+        self.options = AutoOptions(candidates, interval, margin, horizon, window, staleness,
+                                   discount)
         names = self.options.names()
         # Steps each worker needs before a forecast: a chronic straggler shows in four (in two,
         # one worker's two spikes look chronic), and every look before the first switch is
@@ -248,12 +261,14 @@ class AutoSync(SyncPolicy, Configurable):
     def _round_samples(self) -> int:
         """What a push is scaled against: a lockstep round's samples; under ssp and asp the
         samples of one step of every worker, so that N pushes move the parameters as far as
-        one round does and no candidate runs at N times another's step size (fixed ssp and
-        asp are paired with DynSGD for that; auto's rule is the job's, plain sgd)."""
+        one round does and no candidate runs at N times another's step size (fixed ssp is
+        paired with DynSGD for that), or, beside such a rule (discount=rule), one step's."""
         inner = self.inner
         if isinstance(inner, BSP):
             members = inner.active - inner.joining
             return max(sum(inner.batch_for(w) for w in members), 1)
+        if self.options.discount == "rule":  # the servers' rule discounts them by staleness
+            return self.batch_size
         return max(self.batch_size * len(self.active), 1)
 
     # ---- checkpoints ----------------------------------------------------------------------------

@@ -93,6 +93,11 @@ class SyncSpec:
         _freeze(self, "sync", "options")
 
 
+# The update rules that discount a push by its staleness (optim/staleness.py; composed with a
+# script's torch optimizer by coordinator/script_optimizer.py).
+STALENESS_RULES = ("dynsgd", "consgd", "staleness-aware")
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """The servers' update rule (`--optimizer`, `--lr`, `--optimizer-opt`)."""
@@ -550,7 +555,7 @@ class JobSpec:
         c = config
         return cls(
             num_keys=num_keys, dtype=c.dtype, servers=c.servers, workers=c.workers,
-            batch_size=c.batch_size, sync=SyncSpec(c.sync, c.sync_options),
+            batch_size=c.batch_size, sync=SyncSpec(c.sync, _paired_sync_options(c)),
             optimizer=OptimizerSpec(c.optimizer, c.lr, c.optimizer_options),
             max_samples=c.max_samples(train_size), max_seconds=c.max_seconds,
             eval_interval=c.eval_interval, restart_servers=c.restart_servers,
@@ -683,3 +688,14 @@ def _part(cls, key: str, data: Any):
 def _plain(part) -> dict:
     return {f.name: (dict(v) if isinstance(v := getattr(part, f.name), Mapping) else v)
             for f in fields(part)}
+
+
+def _paired_sync_options(config) -> dict:
+    """The policy's options as given, but for auto beside a staleness-aware update rule: its
+    ssp and asp pushes then go as they come (`discount=rule`), for the rule to discount, where
+    with plain sgd auto scales them itself; both at once would discount them twice."""
+    options = dict(config.sync_options)
+    if config.sync == "auto" and config.optimizer in STALENESS_RULES:
+        options.setdefault("discount", "rule")
+    return options
+
