@@ -172,14 +172,24 @@ def test_a_worker_command_that_is_no_program_fails_the_launch_saying_so(tmp_path
     assert "Traceback" not in proc.stderr
 
 
-def test_a_bare_python_runs_as_this_interpreter():
+def test_a_bare_python_runs_as_this_interpreter(tmp_path, monkeypatch):
     """`launch -- python x.py` runs the workers with the interpreter running paramserver (as
     torchrun does), so an unactivated venv's workers still find torch."""
     from paramserver.cli.launch_cmd import worker_command
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("")
     assert worker_command(["python", "x.py"]) == [sys.executable, "x.py"]
     assert worker_command(["python3", "-u", "x.py"]) == [sys.executable, "-u", "x.py"]
     assert worker_command(["no_such_program_here", "x"], local=False) == [
         "no_such_program_here", "x"]  # under Ray: resolved on the worker's host
+    # A script that is not there is said before any process starts (every worker would
+    # fail with python's "can't open file"); under Ray it is looked for on the worker's host.
+    with pytest.raises(ValueError, match="no such file 'missing.py' .the script of the worker"):
+        worker_command(["python", "missing.py"])
+    assert worker_command(["python", "missing.py"], local=False) == [sys.executable,
+                                                                      "missing.py"]
+    assert worker_command(["python", "-m", "mypkg.train"]) == [sys.executable, "-m",
+                                                               "mypkg.train"]
 
 
 def test_ctrl_c_keeps_what_was_trained(tmp_path):
@@ -253,6 +263,8 @@ def test_ctrl_c_before_a_launched_worker_joins_says_so(tmp_path, monkeypatch, ca
         raise KeyboardInterrupt
 
     monkeypatch.setattr(LocalCluster, "start", interrupted_start)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("")
     run = tmp_path / "run"
     code = main(["launch", "--workers", "2", "--steps", "1", "--quiet", "--out", str(run), "--",
                  "python", "x.py"])

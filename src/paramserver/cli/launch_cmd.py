@@ -52,6 +52,11 @@ def worker_command(command: list[str], local: bool = True) -> list[str]:
                          "python train.py")
     prog, rest = command[0], list(command[1:])
     if prog in PYTHON_NAMES:
+        # `python SCRIPT ...` (no interpreter option before it): a script that is not there
+        # fails every worker at once; said now, before the servers start.
+        if local and rest and not rest[0].startswith("-") and not Path(rest[0]).is_file():
+            raise ValueError(f"no such file {rest[0]!r} (the script of the worker command "
+                             f"after --, from {os.getcwd()})")
         return [sys.executable, *rest]
     if not local:
         return [prog, *rest]  # resolved on the host each worker lands on
