@@ -234,12 +234,15 @@ def _accuracy(text: str) -> float:
 accuracy = _typed(_accuracy, "accuracy")
 
 
+def _nearest(path: Path) -> Path | None:
+    """The nearest of `path` and the folders above it that exists."""
+    return next((above for above in (path, *path.parents) if above.exists()), None)
+
+
 def _file_in_the_way(path: Path) -> Path | None:
     """The nearest of `path` and the folders above it that exists, when it is no folder."""
-    for above in (path, *path.parents):
-        if above.exists():
-            return None if above.is_dir() else above
-    return None
+    there = _nearest(path)
+    return None if there is None or there.is_dir() else there
 
 
 def _out_folder(text: str) -> str:
@@ -247,12 +250,11 @@ def _out_folder(text: str) -> str:
     or a folder above it would be, or the nearest folder there is one this user cannot write
     into, which mkdir would refuse only once the command runs."""
     path = Path(text)
-    block = _file_in_the_way(path)
-    if block is not None:
-        where = "" if block == path else f"{text}: "
-        raise ValueError(f"{where}{block} is a file, not a folder; give a new or existing "
+    there = _nearest(path)
+    if there is not None and not there.is_dir():
+        where = "" if there == path else f"{text}: "
+        raise ValueError(f"{where}{there} is a file, not a folder; give a new or existing "
                          f"folder")
-    there = next((p for p in (path, *path.parents) if p.exists()), None)
     if there is not None and not os.access(there, os.W_OK | os.X_OK):
         raise ValueError(f"{text}: this user cannot write into {there}; give a folder it can")
     return text

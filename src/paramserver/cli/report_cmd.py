@@ -30,9 +30,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     # Imported here so `paramserver --help` does not pay for matplotlib.
     from paramserver.report import ReportError, build_report
-    if args.target is not None and not 0 < args.target <= 1:
-        print(f"paramserver report: --target must be in (0, 1], got {args.target}", file=sys.stderr)
-        return 2
     try:
         page = build_report(args.dir, target=args.target)
     except ReportError as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 from paramserver.report.attribution import blames, write_attribution_csv
 from paramserver.report.collect import Collection, ReportError, Run, collect
 from paramserver.report.figures import draw_all
-from paramserver.report.html import chance_level, render_report, verdict_texts
+from paramserver.report.html import chance_level, diagnoses, render_report, verdict_texts
 from paramserver.report.results_csv import write_results_csv
 from paramserver.report.table import Row, table_rows
 
@@ -29,10 +29,11 @@ def build_report(directory: str | Path, target: float | None = None) -> Path:
     figures = draw_all(c, rows, directory / "figures")
     page = directory / "report.html"
     blamed = blames(c)
-    page.write_text(render_report(c, rows, figures, blamed), encoding="utf-8")
+    why = diagnoses(c, rows)  # the page's and verdict.txt's
+    page.write_text(render_report(c, rows, figures, blamed, why), encoding="utf-8")
     write_results_csv(c, directory / RESULTS_CSV, chance_level(c))
     write_attribution_csv(blamed, directory / ATTRIBUTION_CSV)
-    (directory / VERDICT_TXT).write_text("\n\n".join(verdict_texts(c, rows)) + "\n",
+    (directory / VERDICT_TXT).write_text("\n\n".join(verdict_texts(c, rows, why)) + "\n",
                                          encoding="utf-8")
     return page
 

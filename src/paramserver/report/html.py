@@ -320,10 +320,12 @@ def verdict_section(c: Collection, rows: list[Row], figures: list[FigureFile],
 
 
 def render_report(c: Collection, rows: list[Row], figures: list[FigureFile],
-                  blamed: list | None = None) -> str:
+                  blamed: list | None = None,
+                  why: dict[tuple[str, str], Diagnosis] | None = None) -> str:
     """The whole page as one string; `blamed`: the runs' straggler attribution
-    (report/attribution.py), worked out here when not given."""
-    why = diagnoses(c, rows)
+    (report/attribution.py), and `why`: the diagnoses of the policies that missed, each worked
+    out here when not given."""
+    why = diagnoses(c, rows) if why is None else why
     if blamed is None:
         blamed = blames(c)
     body = [f"<h1>Synchronization policies compared</h1><p class='sub'>{len(c.runs)} runs from "
