@@ -3,7 +3,7 @@
 The driver plays the coordinator and the servers around a PolicyHost: it tells the host of
 joins, pushes and departures in time order, calls advance() when next_wakeup() comes (held
 releases, the policy's timers), counts server versions (one per push in arrival mode, one per
-ApplyRound in round mode) and checks the protocol as it goes. A worker that stops after its
+ApplyRound for a round the servers sum) and checks the protocol as it goes. A worker that stops after its
 last step does what a real one does: it reports the step, waits for the release, then says
 goodbye. Nothing here reads a clock.
 """
@@ -57,6 +57,7 @@ class ReleaseRecord:
     not_before: float | None
     decided: float  # when the policy decided it (earlier than started if it was held)
     started: float | None = None  # when the worker got it (None: it died first)
+    round_id: int = 0  # the lockstep round the servers sum its push into (auto's)
 
 
 @dataclass
@@ -234,11 +235,11 @@ class Driver:
         if st.status != "computing":
             return  # it died mid-step: the push never happened
         rec, w = st.current, st.spec.worker
-        if self.policy.apply_mode == "arrival":
-            self.version += 1
+        own = self.policy.apply_mode == "arrival" and not rec.round_id  # applied now
+        self.version += own
         push = PushRecord(w, rec.step, self.now, rec.batch_size,
                           self.now - rec.started - st.spec.overhead,
-                          st.base_version, max(self.version - 1 - st.base_version, 0))
+                          st.base_version, max(self.version - own - st.base_version, 0))
         self.trace.pushes.append(push)
         if self.hooks[1]:
             self.hooks[1](w, push)
@@ -252,7 +253,7 @@ class Driver:
     def _decide(self, d: Decision) -> None:
         if isinstance(d, Release):
             self._release(d)
-        elif isinstance(d, ApplyRound):  # the host refuses one from an arrival-mode policy
+        elif isinstance(d, ApplyRound):  # (round mode, or a policy that sums_rounds)
             self.version += 1
             self.trace.rounds.append((self.now, d))
             if self.hooks[2]:
@@ -268,7 +269,7 @@ class Driver:
         if d.not_before is not None and d.not_before > self.now:
             raise DriverError(f"t={self.now}: the host let {d} go before its not_before")
         rec = ReleaseRecord(d.worker, d.step, d.batch_size, d.scale, d.not_before,
-                            self.decided_at.pop(d.worker, self.now))
+                            self.decided_at.pop(d.worker, self.now), round_id=d.round_id)
         st.scheduled = rec
         self.trace.releases.append(rec)
         self._at(self.now, "deliver", self.by_id[d.worker])

@@ -1,5 +1,5 @@
 """The auto policy (issue 39): the candidate in force follows the stragglers, switched at drained
-points; the forecast behind each switch; the lockstep candidates' shares of a round.
+points; the forecast behind each switch; the lockstep candidates' rounds, named for the servers.
 
 The policy runs through the deterministic driver (virtual time), which checks the protocol as
 the host sees it: every release names the step its worker is at, none goes to a worker still
@@ -132,25 +132,50 @@ def test_no_step_starts_during_the_drain_and_steps_go_on():
 
 
 @pytest.mark.parametrize("slow", [1.0, 3.0])
-def test_lockstep_shares_make_each_round_the_batch_weighted_average(slow):
-    """Under bsp or lbbsp every push is applied on arrival scaled by batch / the round's
-    samples: a round's scales add up to 1 and follow the batches, so sgd applies the round's
-    batch-weighted average, as round mode does."""
+def test_a_lockstep_round_is_named_for_the_servers_to_sum_it(slow):
+    """Under bsp or lbbsp a round's releases name one round id, new for each round; its
+    pushes go unscaled (the shards weight them by batch, as round mode does) and each round
+    closed comes out as an ApplyRound of that id, so a stateful rule takes one step a round."""
     policy = make_policy("auto", BATCH, interval=0.05, candidates="bsp,lbbsp")
     workers = [VirtualWorker(w, steps=120, cost=0.001) for w in range(3)]
     trace = run(policy, workers + [slow_worker(3, slow, steps=120)])
-    rounds: dict[float, list] = {}
+    rounds: dict[int, list] = {}
     for r in trace.releases:
-        rounds.setdefault(r.decided, []).append(r)
+        rounds.setdefault(r.round_id, []).append(r)
+    assert 0 not in rounds and len(rounds) > 100
+    assert sorted(rounds) == list(range(1, len(rounds) + 1))  # one id a round, in order
     full = [rs for rs in rounds.values() if len(rs) == 4]
     assert len(full) > 100  # (the driver joins the workers one by one: the first waits alone)
     for rs in full:
-        assert sum(r.scale for r in rs) == pytest.approx(1.0)
-        total = sum(r.batch_size for r in rs)
-        for r in rs:
-            assert r.scale == pytest.approx(r.batch_size / total)
+        assert {r.scale for r in rs} == {1.0}
+        assert len({r.decided for r in rs}) == 1  # released together
+    applied = [d.step for _, d in trace.rounds]
+    assert applied == sorted(set(applied)) and set(applied) >= {min(rounds), max(rounds) - 1}
     if slow > 1:
         assert any(len({r.batch_size for r in rs}) > 1 for rs in full)
+    # a round's pushes move no version (the servers sum them): no lockstep push is stale
+    assert {p.staleness for p in trace.pushes} == {0}
+
+
+def test_round_ids_go_on_across_switches_and_the_drained_round_is_applied():
+    """A switch away from lockstep applies the round it drained; a later lockstep stretch
+    numbers its rounds after every id used before, so no shard takes a new round's pushes
+    for an old one."""
+    policy = make_policy("auto", BATCH, interval=0.05, margin=0.0, candidates="bsp,asp")
+    workers = [VirtualWorker(w, steps=200, cost=0.001) for w in range(3)]
+    trace = run(policy, workers + [slow_worker(3, 5.0, until=0.6, steps=200)])
+    moves = [(t, why["from"], why["to"]) for t, why in switches(trace)][1:]
+    assert [m[1:] for m in moves[:2]] == [("bsp", "asp"), ("asp", "bsp")]
+    ids = [r.round_id for r in trace.releases if r.round_id]
+    assert ids == sorted(ids)  # never numbered again
+    to_asp = moves[0][0]
+    before = max(r.round_id for r in trace.releases if r.round_id and r.decided <= to_asp)
+    after = min(r.round_id for r in trace.releases if r.round_id and r.decided > to_asp)
+    assert after > before
+    # the round drained at the switch is applied then, before the asp releases go out
+    assert any(t == to_asp and d.step == before for t, d in trace.rounds)
+    assert not [r for r in trace.releases if r.round_id and moves[0][0] < r.decided
+                < moves[1][0]]
 
 
 @pytest.mark.parametrize("candidates", ["asp", "ssp"])
@@ -171,15 +196,10 @@ def test_free_running_pushes_are_scaled_to_one_workers_share(candidates):
 @pytest.mark.parametrize("candidates", ["asp", "ssp"])
 def test_beside_a_staleness_aware_rule_free_running_pushes_go_as_they_come(candidates):
     """discount=rule: the servers' rule (dynsgd) discounts each push by its staleness, as it
-    does for fixed SSP; auto scaling them too would discount them twice. The lockstep
-    candidates' shares stay (their pushes read staleness 0, so the rule leaves them whole)."""
+    does for fixed SSP; auto scaling them too would discount them twice."""
     trace = run(make_policy("auto", BATCH, candidates=candidates, discount="rule"),
                 [VirtualWorker(w, steps=20, cost=0.001 * (1 + w)) for w in range(4)])
     assert trace.releases and {r.scale for r in trace.releases} == {1.0}
-    lockstep = run(make_policy("auto", BATCH, candidates="bsp", discount="rule"),
-                   [VirtualWorker(w, steps=10, cost=0.001) for w in range(4)])
-    first_leave = min(t for t, _, _ in lockstep.left)
-    assert {r.scale for r in lockstep.releases if 0 < r.decided < first_leave} == {0.25}
 
 
 def test_auto_beside_a_staleness_aware_rule_leaves_the_discount_to_it():

@@ -30,20 +30,65 @@ def test_arrival_applies_each_push_and_counts_staleness():
     assert res.staleness == 1 and s.version == 2
 
 
-def test_a_lockstep_rounds_own_pushes_are_not_staleness_on_arrival():
-    """auto's bsp and lbbsp: the shard applies on arrival, each push naming its round's size
-    (3). The round's pushes all start from one version, so none of the other two counts; a
-    push from a version pulled a round earlier still counts the round it missed."""
-    s = store()
-    seen = [s.push_dense(w, 10, 20, np.ones(10), step=0, batch=1, base_version=0, scale=1.0,
-                         round_size=3).staleness for w in "abc"]
-    assert seen == [0, 0, 0] and s.version == 3
-    stale = s.push_dense("a", 10, 20, np.ones(10), step=1, batch=1, base_version=0, scale=1.0,
-                         round_size=3)
-    assert stale.staleness == 1  # 3 applied since its pull, 2 of them its own round's
-    assert s.push_dense("b", 10, 20, np.ones(10), **TAGS).staleness == 4  # no round: all count
+def _lockstep(s, rid, pushes, base=0, size=3):
+    """Pushes of one lockstep round of `size`: (worker, batch, grad value) each."""
+    return [s.push_dense(w, 10, 20, np.linspace(-1, 1, 10) * g, step=7 + rid, batch=b,
+                         base_version=base, scale=1.0, round_size=size, parts=1,
+                         round_id=rid).staleness for w, b, g in pushes]
 
 
+ROUNDS = [[("a", 1, 1.0), ("b", 3, -2.0), ("c", 2, 0.5)], [("a", 2, 0.25), ("b", 1, 3.0),
+                                                             ("c", 1, -1.0)]]
+
+
+@pytest.mark.parametrize("rule", UPDATE_RULES.names())
+def test_a_lockstep_round_on_arrival_is_summed_and_applied_once_as_round_mode_does(rule):
+    """auto's bsp and lbbsp: the shard stays in arrival mode, each push naming its round. The
+    round's pushes are summed and applied once, so every rule (adam, momentum: stateful)
+    ends bit for bit where round mode does, not where three applies a round would."""
+    arrival, rounds = store(rule=rule, lr=0.1), store("round", rule=rule, lr=0.1)
+    for rid, pushes in enumerate(ROUNDS, start=1):
+        assert _lockstep(arrival, rid, pushes, base=rid - 1) == [0, 0, 0]  # one version
+        for w, b, g in pushes:
+            rounds.push_dense(w, 10, 20, np.linspace(-1, 1, 10) * g, step=rid, batch=b,
+                              base_version=rid - 1, scale=1.0)
+        assert arrival.round_full and arrival.version == rid - 1  # nothing applied yet
+        assert arrival.apply_round(rid) and rounds.apply_round(rid)
+        assert not arrival.apply_round(rid)  # the coordinator's word after the full round
+        assert arrival.version == rounds.version == rid
+    torch.testing.assert_close(arrival.values, rounds.values, rtol=0, atol=0)
+    for k in rounds.state:
+        torch.testing.assert_close(arrival.state[k], rounds.state[k], rtol=0, atol=0)
+    if rule in ("adam", "momentum"):  # (the old way, each push applied, ends elsewhere)
+        each = store(rule=rule, lr=0.1)
+        for rid, pushes in enumerate(ROUNDS, start=1):
+            total = sum(b for _, b, _ in pushes)
+            for w, b, g in pushes:
+                each.push_dense(w, 10, 20, np.linspace(-1, 1, 10) * g, **{
+                    **TAGS, "scale": b / total})
+        assert not torch.allclose(each.values, rounds.values)
+
+
+def test_a_push_of_another_round_or_of_none_applies_the_open_round_first():
+    """A round closed without one of its pushes here (its worker left) is applied when the
+    next round's push comes, if the coordinator's word has not come first: as round mode's
+    average of what came. A push of no round (asp after a switch) does the same, then is
+    applied on arrival; a lower id (a restart) is taken too, never dropped."""
+    s, ref = store(rule="momentum"), store("round", rule="momentum")
+    _lockstep(s, 4, ROUNDS[0][:2])  # c never pushes here
+    for w, b, g in ROUNDS[0][:2]:
+        ref.push_dense(w, 10, 20, np.linspace(-1, 1, 10) * g, step=0, batch=b, base_version=0,
+                       scale=1.0)
+    ref.apply_round(0)
+    assert s.version == 0 and not s.round_full
+    stale = _lockstep(s, 5, ROUNDS[1][:1])  # pulled before round 4 was applied
+    assert stale == [1] and s.version == 1 and s.round_step == 5
+    torch.testing.assert_close(s.values, ref.values, rtol=0, atol=0)
+    res = s.push_dense("a", 10, 20, np.ones(10), **TAGS)  # asp: closes round 5, then applied
+    assert s.version == 3 and res.staleness == 2 and s.round_step is None
+    _lockstep(s, 2, ROUNDS[0][:1], base=3)  # ids started over: taken
+    assert s.round_step == 2 and s.late_pushes == 0
+    assert not s.apply_round(1) and s.version == 3  # not the open round: nothing happens
 def test_round_mode_applies_the_batch_weighted_average_once():
     s = store("round")
     s.push_dense("a", 10, 20, np.full(10, 1.0), step=0, batch=1, base_version=0, scale=1.0)

@@ -505,10 +505,11 @@ def _core(mode: str):
     return c
 
 
-def _push_rows(sender, rid, keys, grads, step=0, batch=1, round_size=0, parts=0, table="emb"):
+def _push_rows(sender, rid, keys, grads, step=0, batch=1, round_size=0, parts=0, table="emb",
+               round_id=0, version=0):
     from paramserver.server.events import PushRows
-    return PushRows((sender, rid), sender, rid, table, keys, grads.reshape(-1), step, batch, 0,
-                    1.0, round_size, parts)
+    return PushRows((sender, rid), sender, rid, table, keys, grads.reshape(-1), step, batch,
+                    version, 1.0, round_size, parts, round_id=round_id)
 
 
 def _rows(c, keys):
@@ -561,3 +562,35 @@ def test_in_round_mode_rows_wait_for_the_round_and_are_averaged_with_it():
     # A late push of round 0 is dropped, rows included.
     c.handle(_push_rows("a", 3, keys, np.ones((1, DIM), np.float32), round_size=2, parts=2))
     np.testing.assert_allclose(_rows(c, keys), start - LR * 4.0, atol=1e-6)
+
+
+def test_in_arrival_mode_a_lockstep_rounds_rows_are_summed_with_its_values():
+    """auto's lockstep round (round_id) on an arrival-mode shard: the rows wait for the round
+    and are averaged with it, as in round mode; a round left open (a worker gone) is applied,
+    rows and values, when the next round's push comes."""
+    from paramserver.server.events import ApplyRound, Push, Then
+    c = _core("arrival")
+    keys = np.array([5], dtype=np.int64)
+    start = _rows(c, keys)
+    for n, (w, batch) in enumerate((("a", 1), ("b", 3))):
+        c.handle(Push((w, 1), w, 1, 0, DENSE_KEYS, np.ones(DENSE_KEYS, np.float32), 3, batch,
+                      0, 1.0, 2, 2, round_id=1))
+        grads = np.full((1, DIM), 1.0 if w == "a" else 5.0, np.float32)
+        out = c.handle(_push_rows(w, 2, keys, grads, step=3, batch=batch, round_size=2,
+                                  parts=2, round_id=1))
+        if n == 0:
+            np.testing.assert_array_equal(_rows(c, keys), start)  # not applied yet
+            assert c.store.version == 0
+    assert isinstance(out[-1], Then) and out[-1].event == ApplyRound(None, 1)
+    c.handle(out[-1].event)
+    np.testing.assert_allclose(_rows(c, keys), start - LR * 4.0, atol=1e-6)
+    assert c.store.version == 1
+    # Round 2: only a's rows come here; then round 3's push applies them first.
+    c.handle(_push_rows("a", 3, keys, np.full((1, DIM), 2.0, np.float32), step=4, batch=2,
+                        round_size=2, parts=1, round_id=2, version=1))
+    np.testing.assert_allclose(_rows(c, keys), start - LR * 4.0, atol=1e-6)
+    (ack,) = [i for i in c.handle(_push_rows("b", 4, keys, np.zeros((1, DIM), np.float32),
+                                             step=5, batch=1, round_size=2, parts=1,
+                                             round_id=3, version=1)) if hasattr(i, "fields")]
+    np.testing.assert_allclose(_rows(c, keys), start - LR * 6.0, atol=1e-6)
+    assert c.store.version == 2 and ack.fields["staleness"] == 1

@@ -328,6 +328,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         t0 = time.perf_counter()
         staleness = self.kv.push(grads, step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size,
+                                 round_id=self.release.round_id,
                                  codec=self._codec, hyper=self._hyper())
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
@@ -433,7 +434,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """This worker has left (preempted): should_stop turns True, the loop ends."""
         r = self.release
         self.release = Release(r.worker, r.step, r.batch_size, None, r.scale, r.min_version,
-                               r.round_size, True)
+                               r.round_size, True, r.round_id)
 
     def _leave(self, reason: str) -> None:
         if self._notice is not None:

@@ -76,11 +76,14 @@ def _values_message(handle: Handle, fields: dict, values: np.ndarray,
     return Message("push", fields, frames if place is None else place(handle, frames))
 
 
-def push_fields(step: int, batch: int, scale: float, round_size: int) -> dict:
+def push_fields(step: int, batch: int, scale: float, round_size: int,
+                round_id: int = 0) -> dict:
     """The fields every push message of one step carries."""
     fields = {"step": step, "batch": batch, "scale": float(scale)}
     if round_size:
         fields["round_size"] = round_size
+    if round_id:
+        fields["round_id"] = round_id
     return fields
 
 
@@ -111,7 +114,7 @@ class DenseRequests:
         return Handle("init", parts=parts)
 
     def push(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
-             batch: int, scale: float = 1.0, round_size: int = 0,
+             batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
              codec: Codec | None = None, sent: np.ndarray | None = None,
              hyper: list | None = None) -> Handle:
         """A dense push of a key range, sent at once (the arguments: KVWorker.push_async)."""
@@ -127,7 +130,7 @@ class DenseRequests:
             raise ValueError(f"sent must be {len(arr)} float32 values held as the values "
                              f"are (numpy, or a tensor on their device), given with a codec")
         pieces = core.pieces(r)
-        fields = push_fields(step, batch, scale, round_size)
+        fields = push_fields(step, batch, scale, round_size, round_id)
         if hyper is not None:
             fields["hyper"] = hyper
         return self.send(Handle("push"), arr, pieces, core.stream(r, pieces), fields,
@@ -144,7 +147,8 @@ class DenseRequests:
 
         In arrival mode a shard applies each chunk as it comes and moves its version per chunk:
         chunk j says the version the worker pulled plus j, so the worker's own earlier chunks
-        do not count as staleness; the push's staleness is the largest any chunk saw."""
+        do not count as staleness; the push's staleness is the largest any chunk saw. (A
+        lockstep round's chunks, `round_id`, are summed and move no version.)"""
         versions = self.core.versions
         place = None
         if codec is not None:  # its payload into the arena, to go by reference
@@ -164,7 +168,7 @@ class DenseRequests:
                     handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl],
                     place)), sl))
             return handle
-        arrival, extra = self.arrival, beside or 0
+        arrival, extra = self.arrival and "round_id" not in fields, beside or 0
 
         def message(c: Chunk) -> Message:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
@@ -176,7 +180,7 @@ class DenseRequests:
         return self.chunked.start(handle, message)
 
     def push_sparse(self, keys, values, *, step: int, batch: int,
-                          scale: float = 1.0, round_size: int = 0,
+                          scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                           codec: Codec | None = None, sent: np.ndarray | None = None
                           ) -> Handle:
         """(keys, values) pairs, sent at once (the arguments: KVWorker.push_sparse_async)."""
@@ -201,10 +205,8 @@ class DenseRequests:
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
             # shard counts the worker's batch in the round's average.
-            fields = {"step": step, "version": self.core.versions[i], "batch": batch,
-                      "scale": float(scale)}
-            if round_size:
-                fields["round_size"] = round_size
+            fields = push_fields(step, batch, scale, round_size, round_id)
+            fields["version"] = self.core.versions[i]
             if codec is None:
                 msg = Message("push_sparse", fields, [k[a:b], v[a:b]])
                 handle.nbytes += k[a:b].nbytes + v[a:b].nbytes

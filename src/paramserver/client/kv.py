@@ -220,13 +220,14 @@ class KVWorker:
         return self.wait(self.dense.init(values, keys)) >= 0
 
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
-                   batch: int, scale: float = 1.0, round_size: int = 0,
+                   batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                    codec: Codec | None = None, sent: np.ndarray | None = None,
                    hyper: list | None = None) -> Handle:
         """Send a dense gradient for a key range (default: all keys); returns at once.
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
-        counts it only from a piece that covers the shard. `codec` (make_codec("bf16"), ...):
+        counts it only from a piece that covers the shard. `round_id` (the release's): the
+        lockstep round a shard applying on arrival sums this push into. `codec` (make_codec("bf16"), ...):
         each message's values go encoded and the shard adds what they decode to; the caller
         keeps any error feedback: `sent` (as many float32 as `values`), if given, receives
         what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
@@ -236,16 +237,19 @@ class KVWorker:
         settings by group ([[group, {name: value}], ...]) once its schedule changed them; every
         shard takes them before this push."""
         return self.dense.push(values, keys, step=step, batch=batch, scale=scale,
-                               round_size=round_size, codec=codec, sent=sent, hyper=hyper)
+                               round_size=round_size, round_id=round_id, codec=codec, sent=sent,
+                               hyper=hyper)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
-             round_size: int = 0, codec: Codec | None = None, hyper: list | None = None) -> int:
+             round_size: int = 0, round_id: int = 0, codec: Codec | None = None,
+             hyper: list | None = None) -> int:
         """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
         return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale,
-                                         round_size=round_size, codec=codec, hyper=hyper))
+                                         round_size=round_size, round_id=round_id, codec=codec,
+                                         hyper=hyper))
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
-                          scale: float = 1.0, round_size: int = 0,
+                          scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                           codec: Codec | None = None, sent: np.ndarray | None = None
                           ) -> Handle:
         """Send (keys, values) pairs; repeated keys add up on the server. With `codec` each
@@ -254,12 +258,14 @@ class KVWorker:
         `sent` (as many float32 as `values`), if given, receives what each value decodes to,
         i.e. what the shards add, in the caller's order."""
         return self.dense.push_sparse(keys, values, step=step, batch=batch, scale=scale,
-                                      round_size=round_size, codec=codec, sent=sent)
+                                      round_size=round_size, round_id=round_id, codec=codec,
+                                      sent=sent)
 
     def push_sparse(self, keys, values, *, step: int, batch: int, scale: float = 1.0,
-                    round_size: int = 0, codec: Codec | None = None) -> int:
+                    round_size: int = 0, round_id: int = 0, codec: Codec | None = None) -> int:
         return self.wait(self.push_sparse_async(keys, values, step=step, batch=batch, scale=scale,
-                                                round_size=round_size, codec=codec))
+                                                round_size=round_size, round_id=round_id,
+                                                codec=codec))
 
     def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
                    out: np.ndarray | None = None, min_version: int = 0, *,
@@ -284,7 +290,8 @@ class KVWorker:
         return self.wait(self.dense.pull_keys(keys, min_version))
 
     def push_step_async(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
-                        scale: float = 1.0, round_size: int = 0) -> Handle:
+                        scale: float = 1.0, round_size: int = 0,
+                        round_id: int = 0) -> Handle:
         """Everything one step pushes: the dense gradient (all keys, in chunks when a shard's
         piece is above the chunk size) and {table: (keys, grads)}; one handle for all of it.
         In round mode (`round_size`) every shard hears once per table and once per dense
@@ -294,7 +301,7 @@ class KVWorker:
         rows = rows or {}
         for name in rows:
             self.rows.spec(name)  # before anything is sent
-        fields = push_fields(step, batch, scale, round_size)
+        fields = push_fields(step, batch, scale, round_size, round_id)
         dense_msgs: dict[int, int] = {}  # dense messages by shard
         if dense is not None and self.num_keys > 0:
             arr = as_array(dense, self.dtype)
@@ -318,10 +325,10 @@ class KVWorker:
         return handle
 
     def push_step(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
-                  scale: float = 1.0, round_size: int = 0) -> int:
+                  scale: float = 1.0, round_size: int = 0, round_id: int = 0) -> int:
         """Blocking push_step_async; returns the largest staleness any shard saw."""
         return self.wait(self.push_step_async(dense, rows, step=step, batch=batch, scale=scale,
-                                              round_size=round_size))
+                                              round_size=round_size, round_id=round_id))
 
     def wait(self, handle: Handle):
         """Finish an async request: a push returns its max staleness, a pull its values.

@@ -140,20 +140,22 @@ class RowTables:
         return sent
 
     def push_async(self, table: str, keys, grads, *, step: int, batch: int,
-                        scale: float = 1.0, round_size: int = 0) -> Handle:
+                        scale: float = 1.0, round_size: int = 0,
+                        round_id: int = 0) -> Handle:
         """Send gradients (float32, (len(keys), dim)) for rows of `table`; returns at once.
         `round_size` (the release's): give it when these rows are all the step sends; a step
         that also pushes dense values or other tables' rows in round mode uses push_step, or
-        the round may be applied before all of it is in."""
+        the round may be applied before all of it is in. `round_id`: the release's."""
         self.map.before_request()
         handle = Handle("push")
         handle.parts = self.messages(
-            table, keys, grads, push_fields(step, batch, scale, round_size),
+            table, keys, grads, push_fields(step, batch, scale, round_size, round_id),
             every_shard=bool(round_size), parts=[1] * len(self.map.shards) if round_size else None)
         return handle
 
     def push(self, table: str, keys, grads, *, step: int, batch: int, scale: float = 1.0,
-                  round_size: int = 0) -> int:
+                  round_size: int = 0, round_id: int = 0) -> int:
         """Blocking push_async; returns the largest staleness any shard saw."""
         return self._wait(self.push_async(table, keys, grads, step=step, batch=batch,
-                                              scale=scale, round_size=round_size))
+                                              scale=scale, round_size=round_size,
+                                              round_id=round_id))

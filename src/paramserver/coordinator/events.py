@@ -240,6 +240,7 @@ class SendRelease:
     round_size: int = 0  # 0: not known, not sent
     stop: bool = False
     scale: float = 1.0
+    round_id: int = 0  # auto's lockstep round (0: none, not sent)
     # An elastic job: the positions of the epochs' permutations this step trains on,
     # [[epoch, lo, hi], ...] (coordinator/ledger.py); None otherwise.
     samples: list | None = None

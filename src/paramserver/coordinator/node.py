@@ -292,6 +292,8 @@ class CoordinatorNode:
         fields = {"step": i.step, "batch": i.batch, "min_version": i.min_version}
         if i.round_size:
             fields["round_size"] = i.round_size
+        if i.round_id:
+            fields["round_id"] = i.round_id
         if i.stop:
             fields["stop"] = True
         if i.scale != 1.0:

@@ -27,6 +27,8 @@ class Steps:
     def __init__(self, coord):
         self.coord = coord
         self.steps_applied = coord.host.steps_done  # steps in the rounds applied (round mode)
+        # Arrival mode: steps clocked into a lockstep round (auto's) the shards still sum
+        self.summing = 0
         # The parts a step passes through, each made once with the router: read on every
         # clock, so looked up once here.
         self._members, self._host, self._budget = coord.members, coord.host, coord.budget
@@ -38,8 +40,11 @@ class Steps:
     def at_rest(self) -> bool:
         """Whether the shards' values hold every step counted so far (so a checkpoint's
         counters match them): always in arrival mode, where a push is applied before its
-        clock; in round mode, only while no worker has clocked the round in progress."""
-        return not self.coord.round_mode or self.coord.host.steps_done == self.steps_applied
+        clock, but for a lockstep round it sums (auto's); in round mode, only while no worker
+        has clocked the round in progress."""
+        if not self.coord.round_mode:
+            return not self.summing
+        return self.coord.host.steps_done == self.steps_applied
 
     def counted_again(self, rank: int, batch: int) -> None:
         """A clock of a round applied before a coordinator restart, sent again: counted
@@ -51,7 +56,7 @@ class Steps:
 
     def rebuilt(self) -> None:
         """The policy was rebuilt by a take-back: every step it counts is applied."""
-        self.steps_applied = self.coord.host.steps_done
+        self.steps_applied, self.summing = self.coord.host.steps_done, 0
 
     def started(self) -> int:
         """Workers that are training (started), the count an elastic job keeps >= MIN."""
@@ -116,6 +121,8 @@ class Steps:
         decisions = self._host.pushed(Pushed(member.rank, e.step - member.offset, now,
                                              e.batch, e.compute_time, e.cpu_load, e.free_mem))
         budget.count(member.rank, e.batch)
+        if member.last_release is not None and member.last_release.round_id:
+            self.summing += 1  # (before the decisions: they may close the round)
         if self._elastic is not None:
             self._elastic.clocked(member.rank, now, out, e.step)
         self.apply(decisions, now, out)
@@ -152,7 +159,7 @@ class Steps:
             if kind is Release:
                 self.deliver(d, out)
             elif kind is ApplyRound:
-                self.steps_applied = self._host.steps_done
+                self.steps_applied, self.summing = self._host.steps_done, 0
                 contributors = list(d.contributors)
                 out.append(ToServers("apply_round", {"step": d.step, "contributors": contributors},
                                      self._members.server_links))
@@ -201,10 +208,10 @@ class Steps:
             host = self._host
             d = Release(d.worker, d.step, d.batch_size, d.not_before, d.scale,
                         host.version if self.coord.round_mode else 0, host.policy.round_size(),
-                        host.stopping)
+                        host.stopping, d.round_id)
         member.last_release = release = SendRelease(
             member.waiting, d.step + member.offset, d.batch_size, d.min_version, d.round_size,
-            d.stop, d.scale)
+            d.stop, d.scale, d.round_id)
         if elastic is not None and not d.stop:
             release.samples = elastic.lend(d.worker, d.batch_size, release.step)
         if member.epoch != reshard.epoch:  # the keys moved since it last heard

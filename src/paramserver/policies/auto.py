@@ -13,11 +13,14 @@ applied twice: each push was acknowledged by every shard before the policy heard
 the workers' step numbers go on where they were (each candidate counts its own steps from 0;
 AutoSync adds each worker's offset).
 
-Every candidate runs with the servers applying pushes on arrival, so a switch never changes
-what the servers do. The lockstep candidates (bsp, lbbsp) scale each push by its share of the
-round's samples (batch / the round's total): with every worker released only once the round's
-pushes are all applied, a linear update rule (sgd) then applies exactly the batch-weighted
-average that round mode applies. ssp and asp scale each push by batch / (N x the job's batch),
+Every candidate runs with the servers in arrival mode, so a switch never changes what the
+servers are. The lockstep candidates' (bsp, lbbsp) releases name their round (`round_id`,
+numbered from 1 over the whole job): the shards sum that round's pushes and apply their
+batch-weighted average once, as round mode does, so any update rule (momentum and adam
+included) takes one step a round, as under the fixed policy. The round is applied when its
+last push is in (every release names the round's size); a round closed without it (a worker
+left) is applied at the ApplyRound the candidate decides, which AutoSync passes on with the
+round's id, as it does for the round open at a switch. ssp and asp scale each push by batch / (N x the job's batch),
 so that N pushes move the parameters as far as a round does: the learning rate means the same
 under every candidate (fixed ssp and asp get that from DynSGD, which compare pairs them with;
 unscaled, auto's ssp diverged at compare's lr). Beside a staleness-aware rule (dynsgd),
@@ -93,6 +96,7 @@ class AutoSync(SyncPolicy, Configurable):
 
     name = "auto"
     apply_mode = "arrival"
+    sums_rounds = True
     Options = AutoOptions
     # advise reads each candidate's stretch of the simulated run against its own samples to
     # target (advise.core.recommend): auto ranks with its defaults.
@@ -123,6 +127,11 @@ class AutoSync(SyncPolicy, Configurable):
         self.next_step: dict[int, int] = {}  # the step each worker is at (last pushed + 1)
         self.running: set[int] = set()  # released, its push not in yet
         self.pending: tuple[Proposal, float] | None = None  # a switch draining, since when
+        # Lockstep rounds: the id of the candidate's round 0, the last id released, and the
+        # workers whose push of the open round came in.
+        self.round_base = 1
+        self.last_round_id = 0
+        self.in_round: set[int] = set()
         self.switches = 0
         self._started = False
         self._gathered: list[Decision] | None = None  # the candidate's, inside handle_all
@@ -130,7 +139,7 @@ class AutoSync(SyncPolicy, Configurable):
     # ---- events ---------------------------------------------------------------------------------
     def handle_all(self, joins: list[Joined]) -> list[Decision]:
         """The start: the candidate hears every join before a release goes out, so a lockstep
-        round's shares count every worker."""
+        round's size counts every worker."""
         self._gathered = []
         try:
             out = [d for e in joins for d in self.handle(e)]
@@ -150,8 +159,8 @@ class AutoSync(SyncPolicy, Configurable):
         self.offset[event.worker] = 0
         self.inner.global_batch = self.global_batch
         if self.running and isinstance(self.inner, BSP):
-            # A lockstep round in progress gave its shares out without this worker: it starts
-            # with the next round, or that round's shares would add up to more than 1.
+            # A lockstep round in progress told the shards its size without this worker: it
+            # starts with the next round (its push would come after the round was applied).
             event = Joined(event.worker, event.now, late=True)
         decisions = self.inner.handle(event)
         if self._gathered is not None:  # inside handle_all: translated with the others'
@@ -177,6 +186,8 @@ class AutoSync(SyncPolicy, Configurable):
     def on_pushed(self, event: Pushed) -> list[Decision]:
         w, now = event.worker, event.now
         self.running.discard(w)
+        if isinstance(self.inner, BSP):
+            self.in_round.add(w)
         self.pace.pushed(w, now, event.batch_size, event.compute_time)
         self.next_step[w] = event.step + 1
         if (self.pending is None and self.controller.due(now)
@@ -200,9 +211,8 @@ class AutoSync(SyncPolicy, Configurable):
         return None if self.pending is not None else self.inner.next_deadline()
 
     def round_size(self) -> int:
-        """Under a lockstep candidate, its round's size: each release says it, and the shards
-        (applying on arrival) then count none of the round's other pushes as staleness, since
-        all of them start from one version, as under the fixed policy; 0 under ssp and asp."""
+        """Under a lockstep candidate, its round's size: each release says it, so that the
+        shards apply the round they sum once that many pushed; 0 under ssp and asp."""
         inner = self.inner
         return inner.round_size() if isinstance(inner, BSP) else 0
 
@@ -211,6 +221,15 @@ class AutoSync(SyncPolicy, Configurable):
         proposal, asked = self.pending
         self.pending = None
         was = self.current
+        closing: list[Decision] = []
+        if isinstance(self.inner, BSP):
+            # The drained round (no push of it reached the candidate): applied now, if the
+            # shards have not applied it full already (they take the word once).
+            if self.in_round:
+                closing.append(ApplyRound(self.round_base + self.inner.round,
+                                          tuple(sorted(self.in_round))))
+                self.in_round = set()
+        self.round_base = self.last_round_id + 1
         self.current = proposal.to
         self.inner = self._build(proposal.to)
         self.inner.global_batch = self.global_batch
@@ -230,7 +249,7 @@ class AutoSync(SyncPolicy, Configurable):
         decisions: list[Decision] = []
         for w in sorted(self.active):
             decisions += self.inner.handle(Joined(w, now))
-        return [note] + self._out(decisions, now)
+        return closing + [note] + self._out(decisions, now)
 
     def _build(self, name: str) -> SyncPolicy:
         b = self.batch_size
@@ -238,35 +257,42 @@ class AutoSync(SyncPolicy, Configurable):
                 "ssp": lambda: SSP(b, staleness=self.options.staleness)}[name]()
 
     def _out(self, decisions: list[Decision], now: float) -> list[Decision]:
-        """The candidate's decisions as the host gets them: steps in the workers' numbering,
-        lockstep pushes scaled to their share of the round; its rounds are not the servers'
-        (they apply on arrival), so an ApplyRound stays here."""
+        """The candidate's decisions as the host gets them: steps in the workers' numbering;
+        a lockstep round's releases and ApplyRound named by the round's id, the other
+        candidates' pushes scaled (below)."""
         out: list[Decision] = []
+        lockstep = isinstance(self.inner, BSP)
         share = None
         for d in decisions:
             kind = type(d)
             if kind is Release:
                 w = d.worker
-                if share is None:
-                    share = self._round_samples()
-                scale = d.scale * d.batch_size / share
                 self.running.add(w)
                 self.pace.released(w, now if d.not_before is None else max(now, d.not_before))
-                out.append(Release(w, d.step + self.offset.get(w, 0), d.batch_size,
-                                   d.not_before, scale))
-            elif kind is not ApplyRound:
+                step = d.step + self.offset.get(w, 0)
+                if lockstep:
+                    rid = self.round_base + d.step
+                    if rid > self.last_round_id:
+                        self.last_round_id = rid
+                    out.append(Release(w, step, d.batch_size, d.not_before, d.scale,
+                                       round_id=rid))
+                    continue
+                if share is None:
+                    share = self._step_samples()
+                out.append(Release(w, step, d.batch_size, d.not_before,
+                                   d.scale * d.batch_size / share))
+            elif kind is ApplyRound:
+                self.in_round = set()
+                out.append(ApplyRound(self.round_base + d.step, d.contributors))
+            else:
                 out.append(d)
         return out
 
-    def _round_samples(self) -> int:
-        """What a push is scaled against: a lockstep round's samples; under ssp and asp the
-        samples of one step of every worker, so that N pushes move the parameters as far as
-        one round does and no candidate runs at N times another's step size (fixed ssp is
-        paired with DynSGD for that), or, beside such a rule (discount=rule), one step's."""
-        inner = self.inner
-        if isinstance(inner, BSP):
-            members = inner.active - inner.joining
-            return max(sum(inner.batch_for(w) for w in members), 1)
+    def _step_samples(self) -> int:
+        """What an ssp or asp push is scaled against: the samples of one step of every
+        worker, so that N pushes move the parameters as far as one round does and no
+        candidate runs at N times another's step size (fixed ssp is paired with DynSGD for
+        that), or, beside such a rule (discount=rule), one step's."""
         if self.options.discount == "rule":  # the servers' rule discounts them by staleness
             return self.batch_size
         return max(self.batch_size * len(self.active), 1)
@@ -274,7 +300,8 @@ class AutoSync(SyncPolicy, Configurable):
     # ---- checkpoints ----------------------------------------------------------------------------
     def resume_state(self) -> dict:
         return {"current": self.current, "inner": self.inner.resume_state(),
-                "switches": self.switches}
+                "switches": self.switches, "round_base": self.round_base,
+                "last_round_id": self.last_round_id}
 
     def resume(self, state: dict) -> None:
         current = state.get("current", self.current)
@@ -286,3 +313,5 @@ class AutoSync(SyncPolicy, Configurable):
         self.own_batches = self.inner.own_batches
         self.inner.resume(state.get("inner", {}))
         self.switches = int(state.get("switches", 0))
+        self.round_base = int(state.get("round_base", 1))
+        self.last_round_id = int(state.get("last_round_id", 0))

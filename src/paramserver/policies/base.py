@@ -80,6 +80,11 @@ class Release:
     what it knows then: `min_version` (rounds applied, in round mode: the version the worker
     must pull at least), `round_size` (the policy's round_size(), 0 if unknown) and `stop`
     (the budget is spent: the worker ends instead of running the step).
+
+    `round_id` (auto's lockstep candidates; 0: none): the lockstep round this step belongs to,
+    numbered from 1 across the whole job. Servers that apply on arrival sum a round's pushes
+    and apply them once, as round mode does, so a stateful update rule (momentum, adam) sees
+    one averaged gradient a round, not N pieces of it.
     """
 
     worker: int
@@ -90,6 +95,7 @@ class Release:
     min_version: int = 0
     round_size: int = 0
     stop: bool = False
+    round_id: int = 0
 
     # Written out because the generated __init__ of a frozen dataclass sets each field through
     # object.__setattr__, at twice the cost, and a simulation makes a Release per worker step.
@@ -97,7 +103,7 @@ class Release:
     # defaults.)
     def __init__(self, worker: int, step: int, batch_size: int, not_before: float | None = None,
                  scale: float = 1.0, min_version: int = 0, round_size: int = 0,
-                 stop: bool = False):
+                 stop: bool = False, round_id: int = 0):
         fields = self.__dict__
         fields["worker"] = worker
         fields["step"] = step
@@ -107,11 +113,13 @@ class Release:
         fields["min_version"] = min_version
         fields["round_size"] = round_size
         fields["stop"] = stop
+        fields["round_id"] = round_id
 
 
 @dataclass(frozen=True)
 class ApplyRound:
-    """Servers apply the batch-weighted average of the pushes of round `step` (round mode only)."""
+    """Servers apply the batch-weighted average of the pushes of round `step`: round mode's
+    rounds, or (from a policy that `sums_rounds`) the lockstep round whose `round_id` is `step`."""
 
     step: int
     contributors: tuple[int, ...] = ()
@@ -145,6 +153,9 @@ class SyncPolicy(ABC):
     # True for a policy that sizes each worker's batch itself (LB-BSP): under an elastic
     # job's batch rule it splits `global_batch`, and the host leaves its batches as they are.
     own_batches: ClassVar[bool] = False
+    # True for an arrival-mode policy whose releases may name a lockstep round (`round_id`,
+    # auto's): it also decides ApplyRound for those rounds, which the servers sum.
+    sums_rounds: ClassVar[bool] = False
     # What the tools ask of a policy (the registry is their one list of policies):
     # True where a worker may run a bounded number of steps ahead of the slowest (SSP, DSSP):
     # under a persistent straggler the bound binds every step.

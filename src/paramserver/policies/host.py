@@ -39,7 +39,8 @@ class PolicyHost:
 
     PolicyError, for what breaks the protocol as far as the host can see: a release for a
     worker that has not joined (or has left), a second release while one is held, a push from
-    a worker whose release is still held, an ApplyRound in arrival mode, an unknown decision.
+    a worker whose release is still held, an ApplyRound in arrival mode (but from a policy
+    that `sums_rounds`), an unknown decision.
     Whether a release names the step its worker is at is for the caller, who knows the worker.
     """
 
@@ -58,6 +59,7 @@ class PolicyHost:
         self.steps_done = 0
         self.stopping = False
         self._round_mode = policy.apply_mode == "round"
+        self._sums = self._round_mode or policy.sums_rounds  # who may decide an ApplyRound
         # Most policies leave next_deadline() and round_size() as SyncPolicy has them: no
         # timers, and (in arrival mode) releases that go out as made until a stop. The
         # simulator's hot loop then skips those calls and the copy.
@@ -235,10 +237,11 @@ class PolicyHost:
                     terms = _PLAIN if self._plain and not self.stopping else self._terms()
                 if terms is not _PLAIN or d.min_version or d.round_size or d.stop:
                     version, size, stop = terms  # _with_terms, without the call
-                    d = Release(w, d.step, d.batch_size, nb, d.scale, version, size, stop)
+                    d = Release(w, d.step, d.batch_size, nb, d.scale, version, size, stop,
+                                d.round_id)
                 out.append(d)
             elif kind is ApplyRound:
-                if not self._round_mode:
+                if not self._sums:
                     raise PolicyError(f"ApplyRound from the arrival-mode policy {self.name}: {d}")
                 self.rounds_applied += 1
                 terms = None
@@ -260,7 +263,7 @@ class PolicyHost:
         if batch == d.batch_size and scale == d.scale:
             return d
         return Release(d.worker, d.step, batch, d.not_before, scale, d.min_version,
-                       d.round_size, d.stop)
+                       d.round_size, d.stop, d.round_id)
 
     def _terms(self) -> tuple[int, int, bool]:
         """What a release going out now carries: (min_version, round_size, stop)."""
@@ -276,4 +279,5 @@ _PLAIN = (0, 0, False)  # the terms a Release has by default
 
 def _with_terms(d: Release, terms: tuple[int, int, bool]) -> Release:
     version, size, stop = terms
-    return Release(d.worker, d.step, d.batch_size, d.not_before, d.scale, version, size, stop)
+    return Release(d.worker, d.step, d.batch_size, d.not_before, d.scale, version, size, stop,
+                   d.round_id)

@@ -84,6 +84,8 @@ class ShardCore:
         self.store = ShardStore(KeyRange(settings.lo, settings.hi), settings.dtype, rule,
                                 settings.apply_mode, alloc=alloc)
         self.tables = ShardTables(settings.tables, settings.servers)
+        if self.tables:  # a round's rows go with its values, whatever applies the round
+            self.store.round_applied = self.tables.apply_round
         self.pulls = PendingPulls(settings.max_pending_pulls)
         self.refs = PullRefs(settings.lo, settings.hi - settings.lo)  # compressed pulls
 
@@ -136,7 +138,7 @@ class ShardCore:
             st.retune(ev.hyper)
         self.retries.admit(ev)
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
-                            ev.scale, ev.round_size, ev.parts)
+                            ev.scale, ev.round_size, ev.parts, ev.round_id)
         return self._pushed(ev, res)
 
     def _push_sparse(self, ev: PushSparse) -> list:
@@ -152,15 +154,16 @@ class ShardCore:
             return [self.moved(ev.to)]
         self.retries.admit(ev)
         res = st.push_sparse(ev.sender, ev.keys, ev.grad, ev.step, ev.batch, ev.version,
-                             ev.scale, ev.round_size, ev.parts)
+                             ev.scale, ev.round_size, ev.parts, ev.round_id)
         return self._pushed(ev, res)
 
     def _push_rows(self, ev: PushRows) -> list:
         """Rows share the shard's version, dedup table and round. In arrival mode they are
         applied now and leave the version alone: it counts the dense updates, which
         staleness-aware rules read, and a step's rows would count twice beside its dense
-        values. In round mode they join the store's round as one of the pusher's `parts` (a
-        push of no dense keys) and are applied with it, the round advancing the version."""
+        values. In round mode, or of a lockstep round (`round_id`), they join the store's round
+        as one of the pusher's `parts` (a push of no dense keys) and are applied with it, the
+        round advancing the version."""
         st = self.store
         table, grads = self.tables.checked(ev.table, ev.keys, ev.grads)  # refused: nothing done
         done = self.retries.applied_before(ev)
@@ -168,15 +171,16 @@ class ShardCore:
             return [Reply(ev.to, "ack", done)]
         if self._rows_elsewhere(ev.keys):
             return [self.moved(ev.to, rows=True)]
-        if st.apply_mode == "arrival":
+        arrival = st.apply_mode == "arrival"
+        if arrival and not ev.round_id:
+            st.close_superseded()
             self.tables.apply(table, ev.keys, grads, ev.scale)
-            return self._pushed(ev, PushResult(st.version, st.staleness(ev.version, ev.round_size,
-                                                                        ev.parts)))
-        late = st.last_round is not None and ev.step <= st.last_round
+            return self._pushed(ev, PushResult(st.version, st.staleness(ev.version)))
+        late = not arrival and st.last_round is not None and ev.step <= st.last_round
         # The store counts the part and the batch and refuses a push for another round's step,
         # before the rows are kept.
         res = st.push_sparse(ev.sender, _NO_KEYS, np.empty(0, st.dtype), ev.step, ev.batch,
-                             ev.version, ev.scale, ev.round_size, ev.parts)
+                             ev.version, ev.scale, ev.round_size, ev.parts, ev.round_id)
         if not late:
             self.tables.add_to_round(ev.table, ev.keys, grads, ev.batch * ev.scale)
         return self._pushed(ev, res)
@@ -231,10 +235,7 @@ class ShardCore:
     def _apply_round(self, ev: ApplyRound) -> list:
         # Idempotent by step: a round its last push applied already is not applied again.
         # No reply: the coordinator waits for none, and every message costs both ends CPU.
-        st = self.store
-        total = sum(st.round_batches.values())
-        if st.apply_round(ev.step) and self.tables:
-            self.tables.apply_round(total)
+        self.store.apply_round(ev.step)  # (a round's rows with it: ShardStore.round_applied)
         return self.serve([])
 
     # ---- reads ----------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ class Push:
     mark: int | None = None
     # A script's optimizer settings by group as its schedule left them (None: as they were)
     hyper: list | None = None
+    round_id: int = 0  # in arrival mode, the lockstep round the push is summed into (0: none)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,7 @@ class PushSparse:
     round_size: int = 0
     parts: int = 0
     mark: int | None = None
+    round_id: int = 0
 
 
 @dataclass(slots=True)
@@ -172,6 +174,7 @@ class PushRows:
     round_size: int = 0
     parts: int = 0
     mark: int | None = None
+    round_id: int = 0
 
 
 @dataclass(slots=True)

@@ -106,7 +106,7 @@ def _push(msg: Message, to) -> Push:
     grad = _arrays(msg, 1)[0] if "enc" not in f else payload.unpack(f, msg.arrays, hi - lo)
     return Push(to, msg.src, msg.rid, lo, hi, grad, f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                f.get("parts", 0), f.get("wm"), f.get("hyper"))
+                f.get("parts", 0), f.get("wm"), f.get("hyper"), f.get("round_id", 0))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:
@@ -120,7 +120,7 @@ def _push_sparse(msg: Message, to) -> PushSparse:
         keys, values = _arrays(msg, 2)
     return PushSparse(to, msg.src, msg.rid, keys, values, f["step"], f["batch"], f["version"],
                       float(f.get("scale", 1.0)), f.get("round_size", 0), f.get("parts", 0),
-                      f.get("wm"))
+                      f.get("wm"), f.get("round_id", 0))
 
 
 def _pull(msg: Message, to) -> Pull:
@@ -163,7 +163,7 @@ def _push_rows(msg: Message, to) -> PushRows:
     f = msg.fields
     return PushRows(to, msg.src, msg.rid, f["table"], keys, grads, f["step"], f["batch"],
                     f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                    f.get("parts", 0), f.get("wm"))
+                    f.get("parts", 0), f.get("wm"), f.get("round_id", 0))
 
 
 EVENTS = {

@@ -74,6 +74,9 @@ class ShardStore:
         self.round_complete = 0  # contributors whose every part is in
         self.last_round: int | None = None  # the last round applied, full or told
         self.late_pushes = 0  # pushes for a round applied already: dropped
+        # Called with a round's summed batches each time one is applied (the shard's sparse
+        # tables apply their rows of the round with it), whatever applied it.
+        self.round_applied = None
         # Replies still being sent from views of `values` (see read(shared=True) and lend()),
         # and older value buffers that replies in flight may still read.
         self._loans: list = []
@@ -167,36 +170,49 @@ class ShardStore:
 
     def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
              base_version: int, scale: float, round_size: int = 0,
-             parts: int = 0) -> PushResult:
+             parts: int = 0, round_id: int = 0) -> PushResult:
         """Apply (arrival mode) or add to the round (round mode). `round_size`: how many
         contributors the round has, when the pusher knows it; `parts`: how many pushes this
-        pusher sends the shard for the step (0: unknown, so its pushes never fill the round)."""
-        staleness = self.staleness(base_version, round_size, parts)
+        pusher sends the shard for the step (0: unknown, so its pushes never fill the round).
+
+        In arrival mode a push that names a `round_id` (auto's lockstep rounds) is added to
+        that round, as in round mode, and the round is applied once: when full, when told, or
+        when a push of another round, or of none, comes (the coordinator closed it: a worker
+        left before pushing here, and the next round's push came before the word to apply).
+        Nothing of such a round is dropped: round ids may start over after a restart."""
         if self.apply_mode == "arrival":
-            self._writable()
-            self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
-            self.version += 1
-            self.updates_applied += 1
-        elif self.last_round is not None and step <= self.last_round:
-            # A worker that joined while the round was closing: the round went without it.
-            self.late_pushes += 1
+            self.close_superseded(round_id)
+            staleness = self.staleness(base_version)
+            if not round_id:
+                self._writable()
+                self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
+                self.version += 1
+                self.updates_applied += 1
+                return PushResult(self.version, staleness)
+            step = round_id
         else:
-            self._accumulate(worker, index, grad, step, batch, scale)
-            if round_size and parts:
-                self.round_size = max(self.round_size, round_size)
-                self._count_part(worker, parts)
+            staleness = self.staleness(base_version)
+            if self.last_round is not None and step <= self.last_round:
+                # A worker that joined while the round was closing: the round went without it.
+                self.late_pushes += 1
+                return PushResult(self.version, staleness)
+        self._accumulate(worker, index, grad, step, batch, scale)
+        if round_size and parts:
+            self.round_size = max(self.round_size, round_size)
+            self._count_part(worker, parts)
         return PushResult(self.version, staleness)
 
-    def staleness(self, base_version: int, round_size: int = 0, parts: int = 0) -> int:
-        """Versions applied since `base_version`. In arrival mode a push that names its round's
-        size is one of a lockstep round's (auto's bsp and lbbsp, whose next release waits for
-        the whole round): the round's other pushes were made from the same version, as round
-        mode's sum is, so up to `round_size - 1` of them (each in `parts` messages) are not
-        staleness; a pull skipped before them still counts."""
+    def staleness(self, base_version: int) -> int:
+        """Versions applied since `base_version` (a round, summed, is one)."""
         stale = self.version - base_version
-        if round_size and self.apply_mode == "arrival":
-            stale -= (round_size - 1) * max(parts, 1)
         return stale if stale > 0 else 0
+
+    def close_superseded(self, round_id: int = 0) -> None:
+        """Arrival mode: apply the open round before a push naming another `round_id` (0: a
+        push of no round) is taken (see push)."""
+        if self.apply_mode == "arrival" and self.round_step is not None \
+                and round_id != self.round_step:
+            self.apply_round(self.round_step)
 
     def _count_part(self, worker: str, parts: int) -> None:
         got = self.round_got.get(worker, 0) + 1
@@ -214,23 +230,23 @@ class ShardStore:
     # (The tags are spelled out, not **tags: these run for every push.)
     def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, step: int, batch: int,
                    base_version: int, scale: float, round_size: int = 0,
-                   parts: int = 0) -> PushResult:
+                   parts: int = 0, round_id: int = 0) -> PushResult:
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
         if not parts and index.start == 0 and index.stop == self.range.size:
             parts = 1  # the whole shard in one push: the pusher's step is in
         return self.push(worker, index, self._tensor(array), step, batch, base_version, scale,
-                         round_size, parts)
+                         round_size, parts, round_id)
 
     def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, step: int,
                     batch: int, base_version: int, scale: float,
-                    round_size: int = 0, parts: int = 0) -> PushResult:
+                    round_size: int = 0, parts: int = 0, round_id: int = 0) -> PushResult:
         if keys.size != array.size:
             raise StoreError(f"sparse push has {keys.size} keys but {array.size} values")
         # A worker's sparse push reaches every shard, keys or not: one message unless it says.
         return self.push(worker, self.local_keys(keys), self._tensor(array), step, batch,
-                         base_version, scale, round_size, parts or 1)
+                         base_version, scale, round_size, parts or 1, round_id)
 
     def _accumulate(self, worker, index, grad, step, batch, scale) -> None:
         weight = batch * scale
@@ -254,8 +270,12 @@ class ShardStore:
 
     def apply_round(self, step: int) -> bool:
         """Apply the batch-weighted average of round `step`. False if nothing was pushed for it
-        or it was applied already (when its last push made it full)."""
-        if self.last_round is not None and step <= self.last_round:
+        or it was applied already (when its last push made it full). In arrival mode only the
+        open round is applied (an empty one moves no version: no pull waits for it)."""
+        if self.apply_mode == "arrival" and step != self.round_step:
+            return False
+        if self.last_round is not None and step <= self.last_round \
+                and self.apply_mode == "round":
             return False
         if self.round_step is None:
             self.version += 1  # an empty round still advances the clock that pulls wait on
@@ -273,9 +293,12 @@ class ShardStore:
         self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
         self.version += 1
         self.updates_applied += 1
+        batches = sum(self.round_batches.values())
         # (the sum is reset by the next round's first push)
         self.round_step, self.round_batches, self.round_size = None, {}, 0
         self.round_got, self.round_need, self.round_complete = {}, {}, 0
+        if self.round_applied is not None:
+            self.round_applied(batches)
         return True
 
     # ---- the update rule's state, as a script's optimizer reads and loads it ------------------

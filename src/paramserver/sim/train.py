@@ -104,7 +104,8 @@ class Trainer:
         if self.store.apply_mode == "arrival":
             self._before_change()
         result = self.store.push(str(w), slice(None), self.grads, step, batch, version,
-                                 engine.scale[w])
+                                 engine.scale[w], round_id=engine.round_of[w]
+                                 if engine.round_of is not None else 0)
         if result.staleness != engine.stale[w]:
             raise RuntimeError(f"store staleness {result.staleness} != engine "
                                f"{engine.stale[w]} for worker {w}")

@@ -335,6 +335,7 @@ class StepLoop:
             values = self.held.take(w)
             return self.kv.push(values, w, **tags), values.nbytes
         tags["round_size"] = release.round_size  # the whole step in one push per shard
+        tags["round_id"] = release.round_id
         if self.rows is not None:  # dense values and rows in one step, so a round waits for both
             staleness = self.kv.push_step(dense=self.grads_np, rows=self.rows.grads(), **tags)
             return staleness, self.nbytes + self.rows.nbytes()

@@ -45,11 +45,14 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
              "batch": _f(NONNEG), "scale": _f(FLOAT, False), "layer": _f(INT, False),
              "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
              "wm": _f(NONNEG, False),
+             # arrival mode: the lockstep round (auto's) the shard sums this push into
+             "round_id": _f(NONNEG, False),
              # a script's optimizer settings by group, once its schedule moved them
              "hyper": _f(LIST, False), **ENCODED},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
                     "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
-                    "parts": _f(NONNEG, False), "wm": _f(NONNEG, False), **ENCODED},
+                    "parts": _f(NONNEG, False), "wm": _f(NONNEG, False),
+                    "round_id": _f(NONNEG, False), **ENCODED},
     # delta: pull values minus what this worker holds, encoded by codec {"name", "opts"};
     # ref: a dense pull that also resets what the shard thinks this worker holds
     "pull": {"range": _f(RANGE), "min_version": _f(NONNEG, False), "delta": _f(DICT, False),
@@ -60,7 +63,7 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "push_rows": {"table": _f(STR), "step": _f(NONNEG), "version": _f(NONNEG),
                   "batch": _f(NONNEG), "scale": _f(FLOAT, False),
                   "round_size": _f(NONNEG, False), "parts": _f(NONNEG, False),
-                  "wm": _f(NONNEG, False)},
+                  "wm": _f(NONNEG, False), "round_id": _f(NONNEG, False)},
     # a script's optimizer state (client/optimizer_state.py): read, or written per state name
     # (one array each, in `names` order)
     "pull_state": {"range": _f(RANGE)},
@@ -105,6 +108,8 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "release": {"step": _f(NONNEG), "batch": _f(NONNEG), "min_version": _f(NONNEG),
                 "stop": _f(BOOL, False), "scale": _f(FLOAT, False),
                 "round_size": _f(NONNEG, False),
+                # auto's lockstep round: the pushes of this step name it (round_id)
+                "round_id": _f(NONNEG, False),
                 # an elastic job: [[epoch, lo, hi], ...] of the epochs' permutations to train on
                 "samples": _f(LIST, False),
                 # live resharding: a newer shard map, [[rank, addr, lo, hi], ...]

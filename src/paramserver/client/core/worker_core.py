@@ -427,7 +427,8 @@ class WorkerCore:
                                scale=float(fields.get("scale", 1.0)),
                                min_version=fields["min_version"],
                                round_size=int(fields.get("round_size", 0)),
-                               stop=bool(fields.get("stop", False)))
+                               stop=bool(fields.get("stop", False)),
+                               round_id=int(fields.get("round_id", 0)))
         # An elastic job's release names the samples to train on (coordinator/ledger.py).
         self.drawn = fields.get("samples")
         return self.release

@@ -128,11 +128,12 @@ class Engine:
         self.status = [WAITING] * workers + [GONE] * (ranks - workers)
         self.done, self.step, self.batch = z[:], z[:], z[:]
         self.scale, self.pulled, self.min_version = [1.0] * ranks, z[:], z[:]
-        # In arrival mode under a policy whose releases may name a round's size (auto's bsp and
-        # lbbsp): per worker, the pushes of its own lockstep round that are not staleness. None
-        # for every other policy, whose hot path then pays nothing for it.
-        self.lockstep = z[:] if not self.round_mode and (
-            type(policy).round_size is not SyncPolicy.round_size) else None
+        # In arrival mode under a policy whose releases may name a lockstep round (auto's bsp
+        # and lbbsp): per worker, the round its step belongs to (0: none), and the round the
+        # servers sum now, applied as the live store does (ShardStore.push). None for every
+        # other policy, whose hot path then pays nothing for it.
+        self.round_of = z[:] if not self.round_mode and policy.sums_rounds else None
+        self.open_round = 0
         self.wait_from = [-self.comm.start_wait(w) for w in range(workers)] + [0.0] * (
             ranks - workers)
         self.wait_s, self.pull_s = [0.0] * ranks, [0.0] * ranks
@@ -201,7 +202,7 @@ class Engine:
         step_of, batch_of, factor, compute_s = self.step, self.batch, self.factor, self.compute_s
         status, push_from, stale, pull_s, push_s = (self.status, self.push_from, self.stale,
                                                     self.pull_s, self.push_s)
-        lockstep = self.lockstep
+        round_of = self.round_of
         # (with a membership schedule a clock may be a leaver's last: _clock sees to it)
         plain_clock = tr is None and comm.real is None and not self.changes
         sink_step, host_pushed, take, done = self.sink.step, self.host.pushed, self._take, self.done
@@ -237,13 +238,19 @@ class Engine:
                     push(q, (comm_push(t, w, step_of[w]), next(seq), APPLIED, w))
                 elif kind == APPLIED:  # staleness as the server computes it, then the ack
                     v, p = self.version, pulled[w]
+                    rid = 0
+                    if round_of is not None:
+                        rid = round_of[w]
+                        if self.open_round and rid != self.open_round:
+                            v += 1  # a push of another round (or none) closes the open one
+                            self.version, self.open_round = v, 0
                     s = v - p
-                    if lockstep is not None:  # (a lockstep round's own pushes: not staleness)
-                        s -= lockstep[w]
                     stale[w] = s if s > 0 else 0
                     if tr is not None:
                         tr.push(w, self)
-                    if not round_mode:
+                    if rid:
+                        self.open_round = rid  # summed: applied once, by the round's close
+                    elif not round_mode:
                         self.version = v + 1
                     acked = t + ack_lag
                     push_s[w] = acked - push_from[w]
@@ -415,10 +422,8 @@ class Engine:
         self.status[w] = RELEASED
         self.step[w], self.batch[w], self.scale[w] = d.step, d.batch_size, d.scale
         self.min_version[w] = d.min_version
-        if self.lockstep is not None:
-            # A release into a lockstep round names its size: the round's other pushes come
-            # from the same version and are not staleness.
-            self.lockstep[w] = d.round_size - 1 if d.round_size else 0
+        if self.round_of is not None:
+            self.round_of[w] = d.round_id
         if d.stop or self.done[w] >= self.steps or w in self.leaving:
             # the worker's goodbye comes back (a preempted one's step unrun)
             self.leave_reason[w] = "done" if w not in self.leaving else "preempted"
@@ -427,7 +432,10 @@ class Engine:
             heappush(self.queue, (t + self.comm.to_read, next(self._seq), READ, w))
 
     def _apply_round(self, d: ApplyRound, t: float) -> None:
-        self.version += 1  # the host refuses an ApplyRound in arrival mode
+        if self.round_mode:
+            self.version += 1
+        elif d.step == self.open_round:  # (a round already closed by a push: nothing more)
+            self.version, self.open_round = self.version + 1, 0
         if self.trainer is not None:
             self.trainer.apply_round(d.step, self)
         self.sink.event(t, "apply_round", {"step": d.step, "contributors": list(d.contributors)})
