@@ -90,3 +90,21 @@ def test_cli_train(tmp_path, capsys):
     assert "final test accuracy" in capsys.readouterr().out
     job = json.loads((out / "job.json").read_text())
     assert job["optimizer"]["name"] == "sgd" and job["sim"]["train"]
+
+
+def test_auto_sums_its_lockstep_rounds_as_fixed_bsp_does(tmp_path):
+    """The simulator's store under auto stays in arrival mode and sums each lockstep round
+    (round_id): with bsp the only candidate the trained values are fixed BSP's; a run that
+    switches between lockstep and asp trains to its end, the store's staleness checked
+    against the engine's at every push (they disagreed under auto before)."""
+    fixed, _, _ = run(tmp_path / "bsp", sync="bsp")
+    auto, _, steps = run(tmp_path / "auto", sync="auto", sync_options={"candidates": "bsp"})
+    torch.testing.assert_close(auto.trainer.store.values, fixed.trainer.store.values,
+                               rtol=0, atol=1e-7)
+    assert {r["staleness"] for r in steps} == {0}
+    _, summary, steps = run(tmp_path / "switch", sync="auto", steps=60, workers=4,
+                            sync_options={"candidates": "bsp,asp", "interval": 0.02,
+                                          "margin": 0.0}, straggler="schedule:1:0.3-=4")
+    events = [json.loads(line) for line in (tmp_path / "switch" / "events.jsonl").open()]
+    assert [e["to"] for e in events if e.get("event") == "sync_switch"][:2] == ["bsp", "asp"]
+    assert len(steps) == 240 and max(r["staleness"] for r in steps) > 0
