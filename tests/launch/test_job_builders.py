@@ -90,3 +90,22 @@ def test_the_cluster_examples_write_their_job_with_a_command_that_parses():
         assert args.write_job
         if example.suffix == ".yaml":  # the manifest starts no evaluator
             assert args.eval_interval == 0
+
+
+def test_a_pruner_beside_a_torch_rule_is_refused_where_pushes_apply_as_they_come():
+    """top-k pushes lists of keys; torch's adam on the servers updates dense ranges only.
+    Under a round-mode policy the round's sum is dense and it runs; under an arrival-mode one
+    (auto too) every worker died at its first push and the job hung until declared dead: now
+    refused before anything starts, naming the ways out."""
+    import pytest
+    cfg = TrainConfig(workers=2, steps=4, compress="topk", optimizer="adam", lr=0.001)
+    prepare_spec(dataclasses.replace(cfg, sync="bsp"))  # a round's sum: dense
+    prepare_spec(dataclasses.replace(cfg, sync="asp", optimizer="momentum"))
+    for sync in ("asp", "ssp", "auto"):
+        with pytest.raises(ValueError, match=r"--compress topk pushes lists of keys, and "
+                                             r"--optimizer adam updates only dense ranges.*"
+                                             r"round-mode policy"):
+            prepare_spec(dataclasses.replace(cfg, sync=sync))
+    with pytest.raises(ValueError, match=r"--compress auto \(slow=topk\) pushes lists"):
+        prepare_spec(dataclasses.replace(cfg, sync="asp", compress="auto",
+                                         compress_options={"slow": "topk"}))

@@ -15,7 +15,7 @@ from paramserver.cli.args import parse_options
 from paramserver.cli.config_args import config_from_args
 from paramserver.cli.train_cmd import (
     EPILOG, add_launcher_args, add_training_args, launcher_from_args)
-from paramserver.launch.jobs import check_named_ranks, resolve_servers
+from paramserver.launch.jobs import check_named_ranks, check_pushes_fit_rule, resolve_servers
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, THIRD, JoinAt, parse_scenarios, plan_runs, variant_settings,
@@ -382,6 +382,9 @@ def _run(args) -> int:
                 check_named_ranks(r.config)
             except ValueError as exc:
                 raise ValueError(f"scenario {r.scenario}: {exc}") from None
+        for c in {(r.config.sync, r.config.optimizer, r.config.compress): r.config
+                  for r in runs if r.policy != SINGLE}.values():
+            check_pushes_fit_rule(c)  # every policy takes its pushes, before the first run
     except ValueError as exc:
         print(f"paramserver compare: {exc}", file=sys.stderr)
         return 2

@@ -18,19 +18,13 @@ from paramserver.spec.job import CheckpointSpec, JobSpec, ResumeSpec, TaskSpec
 def prepare_spec(cfg: TrainConfig) -> JobSpec:
     """Check every name and option here, before any process starts; returns the job."""
     from paramserver.compression.ranges import make_plan
-    from paramserver.compression.wire import WireSpec
     from paramserver.compression.schedule import check_order
     from paramserver.models import sparse_tables
-    from paramserver.optim import make_rule
-    from paramserver.policies import make_policy
     from paramserver.models.workload import build
     if cfg.servers == AUTO_SERVERS:
         cfg = resolve_servers(cfg)
     cfg.validate()
-    make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
-    make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
-    wire = WireSpec.parse(cfg.compress, cfg.compress_options, cfg.pull_compress,
-                          cfg.pull_refresh)
+    wire = check_pushes_fit_rule(cfg)
     if (wire.codec is not None or wire.pull_codec is not None or wire.auto is not None) \
             and cfg.dtype != "float32":
         raise ValueError("codecs (--compress NAME or auto, codec=, --pull-compress) take "
@@ -58,6 +52,31 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
                          f"{chosen[0]} yet")
     edges = tuple(layer.keys.lo for layer in keys.layers[1:])
     return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
+
+
+def check_pushes_fit_rule(cfg: TrainConfig):
+    """The policy, the update rule and the push format, each checked, and together: a pruner
+    (top-k, ...) pushes lists of keys, which torch's optimizers on the servers cannot update
+    as they come (ValueError); returns the WireSpec."""
+    from paramserver.compression.wire import WireSpec
+    from paramserver.optim import make_rule
+    from paramserver.policies import make_policy
+    policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
+    rule = make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
+    wire = WireSpec.parse(cfg.compress, cfg.compress_options, cfg.pull_compress,
+                          cfg.pull_refresh)
+    auto_topk = wire.auto is not None and wire.auto.slow == "topk"
+    if (wire.pruner != "none" or auto_topk) and not rule.sparse_keys \
+            and policy.apply_mode == "arrival":
+        # (under a round-mode policy the round's sum is dense: the rule takes it)
+        raise ValueError(
+            f"--compress {cfg.compress}{' (slow=topk)' if auto_topk else ''} pushes lists of "
+            f"keys, and --optimizer {cfg.optimizer} "
+            f"updates only dense ranges: under --sync {cfg.sync} pushes are applied as they "
+            f"come{' (auto: in its ssp and asp stretches)' if policy.sums_rounds else ''}. Use "
+            f"a round-mode policy (bsp, lbbsp), --optimizer sgd or momentum, or a dense codec "
+            f"(--compress bf16, uniform8, ...)")
+    return wire
 
 
 def check_named_ranks(cfg: TrainConfig) -> None:

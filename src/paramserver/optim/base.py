@@ -29,6 +29,9 @@ class UpdateRule(ABC):
     # True for a rule that shrinks a stale push's step (DynSGD, ConSGD, staleness-aware): the
     # report's diagnosis of an unstable asynchronous run asks it.
     staleness_aware: ClassVar[bool] = False
+    # False for a rule that updates only ranges of keys (torch's optimizers): a push of a
+    # key list (top-k and the other pruners) reaches it only summed into a dense round.
+    sparse_keys: ClassVar[bool] = True
 
     def __init__(self, lr: float):
         if not lr > 0:

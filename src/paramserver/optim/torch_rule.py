@@ -67,6 +67,7 @@ class TorchRule(UpdateRule):
 
     torch_class: ClassVar[type[torch.optim.Optimizer]]
     linear_in_grad = False
+    sparse_keys = False
 
     def __init__(self, lr: float, groups: list | None = None, staleness: str = "none",
                  global_rate: float = 1.0, **options):
