@@ -210,3 +210,18 @@ def test_the_arenas_of_clients_that_left_or_died_are_unmapped(tmp_path):
             assert _status(kv)["updates_applied"] >= 1  # and it still serves
         finally:
             kv.close()
+
+
+def test_a_max_message_bytes_below_a_shard_cuts_every_request_to_fit(tmp_path):
+    """--max-message-bytes at its least (128 KB), a shard of 1 MB: the init, the pushes and
+    the pulls go in chunks that pass the shard's bound with CURVE's wrapping (a chunk of
+    exactly the bound was dropped by ZeroMQ, and the worker waited for its ack forever)."""
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        [sys.executable, "-m", "paramserver", "train", "--workers", "2", "--steps", "6",
+         "--servers", "2", "--max-message-bytes", "131072", "--eval-interval", "0",
+         "--quiet", "--out", str(tmp_path / "run")], capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "12 steps" in proc.stdout

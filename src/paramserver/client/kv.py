@@ -81,11 +81,15 @@ class WorkerSettings:
     @classmethod
     def of(cls, welcome: WorkerJob) -> "WorkerSettings":
         job, limits = welcome.job, welcome.job.limits
+        # A chunk is one frame: under a max_message_bytes given smaller, chunks shrink to fit.
+        given = limits.max_message_bytes
+        cap = limits.chunk_bytes if given is None else given - security.CURVE_FRAME_BYTES
         return cls(job.num_keys, np.dtype(job.dtype),
                    tuple((s.rank, s.addr, s.lo, s.hi) for s in welcome.shards),
                    limits.retry_interval, limits.heartbeat_interval,
-                   limits.coordinator_timeout, job.links, limits.chunk_bytes,
-                   limits.chunks_in_flight, limits.tcp_chunk_bytes, limits.tcp_chunks_in_flight)
+                   limits.coordinator_timeout, job.links, min(limits.chunk_bytes, cap),
+                   limits.chunks_in_flight, min(limits.tcp_chunk_bytes, cap),
+                   limits.tcp_chunks_in_flight)
 
 
 
@@ -104,9 +108,10 @@ class WorkerSettings:
 
 
 def _frame_limit(job: JobSpec, keys: int) -> int:
-    """The largest frame a shard of `keys` keys takes (the server's bound, the same rule): in a
-    job whose keys move between servers, the whole key space's."""
-    return job.message_limit(None if job.elastic_servers else keys)
+    """The largest frame a shard of `keys` keys takes (the server's bound, the same rule, less
+    what CURVE wraps a frame in): in a job whose keys move between servers, the whole key
+    space's."""
+    return job.message_limit(None if job.elastic_servers else keys) - security.CURVE_FRAME_BYTES
 
 
 class KVWorker:

@@ -32,6 +32,10 @@ from paramserver.transport.curve_guard import guard_of
 
 log = logging.getLogger(__name__)
 
+# CURVE wraps each frame in a MESSAGE command (its name, a nonce, a 16-byte box and a flags
+# byte): a ROUTER's MAXMSGSIZE counts them, so a frame this much below the bound is the largest
+# that passes (measured: at 131,072, frames of 131,039 bytes pass and 131,040 disconnect).
+CURVE_FRAME_BYTES = 33
 ROLES = ("coordinator", "server", "worker", "observer")
 ROUTER_ROLES = ("coordinator", "server")  # roles that bind: their public keys are dialled
 ENV = "PARAMSERVER_KEYS"  # a key folder for processes started without --keys
