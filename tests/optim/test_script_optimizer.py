@@ -69,21 +69,25 @@ def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
     return {n: p.detach() for n, p in model.named_parameters()}, opt.param_groups[0]["lr"]
 
 
-@pytest.mark.parametrize("kind,workers,servers", [
+@pytest.mark.parametrize("kind,workers,servers,sync", [
     # (one shard: slow, its twin is the same rule split over two shards)
-    pytest.param("adamw", 1, 1, marks=pytest.mark.slow), ("adamw", 1, 2),
+    pytest.param("adamw", 1, 1, "bsp", marks=pytest.mark.slow), ("adamw", 1, 2, "bsp"),
     # three ranks' mean gradient is the global batch's up to float32 summation order: the
     # tolerance is that rounding (1e-6 relative per step) carried through 25 steps
-    ("sgd", 3, 2)])
+    ("sgd", 3, 2, "bsp"),
+    # auto's lockstep rounds, summed on shards that apply on arrival: one adamw step a round
+    # (before, each rank's push was an adamw step of its own)
+    ("adamw", 3, 2, "auto")])
 def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_does(
-        tmp_path, kind, workers, servers):
+        tmp_path, kind, workers, servers, sync):
     from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
     script, out = tmp_path / "train.py", tmp_path / "final.json"
     script.write_text(SCRIPT)
     # (launch's own --optimizer stays sgd: the script's optimizer replaces it)
-    cfg = TrainConfig(sync="bsp", workers=workers, steps=25, servers=servers)
+    cfg = TrainConfig(sync=sync, workers=workers, steps=25, servers=servers,
+                      sync_options={"candidates": "bsp"} if sync == "auto" else {})
     cluster = LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=180,
                            worker_cmd=[sys.executable, str(script), str(out), kind])
     cluster.run()
