@@ -55,6 +55,7 @@ class Watch:
         self.files = {"metrics": run_dir / "metrics.jsonl", "events": run_dir / "events.jsonl"}
         self.offsets = {k: 0 for k in self.files}
         self.steps = self.rounds = 0
+        self.summed = 0  # steps in the rounds applied
         self.taken_back = 0  # restarted coordinators that took the job back
 
     def update(self) -> None:
@@ -72,6 +73,7 @@ class Watch:
                     self.steps += 1
                 elif name == "events" and '"event": "apply_round"' in line:
                     self.rounds += 1
+                    self.summed += len(json.loads(line).get("contributors", ()))
                 elif name == "events" and '"event": "taken_back"' in line:
                     self.taken_back += 1
 
@@ -172,7 +174,8 @@ class Chaos:
                 return  # (tried again at the next tick)
             live = [victim]
         tag = latest(self.ckpt)  # read before the kill: a later commit is seen as such
-        progress = self.watch.rounds if self.round_mode else self.watch.steps
+        w = self.watch  # what the shards' versions count (auto: a lockstep round once)
+        progress = w.rounds if self.round_mode else w.steps - w.summed + w.rounds
         victim = self.rng.choice(live)
         os.kill(victim.proc.pid, signal.SIGKILL)
         self.order.append("server")

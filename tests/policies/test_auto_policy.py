@@ -13,7 +13,7 @@ import random
 import pytest
 
 from paramserver.advise.calibration_io import default_convergence
-from paramserver.policies import AutoSync, make_policy
+from paramserver.policies import AutoSync, PolicyHost, make_policy
 from paramserver.policies.forecast import SHIPPED, SamplesCurve, outlook
 from paramserver.policies.pace import Pace, PaceBook
 from policy_driver import VirtualWorker, run
@@ -348,3 +348,27 @@ def test_of_forecasts_within_the_margin_of_each_other_the_least_stale_is_taken()
     assert proposal.gain == pytest.approx(looks["ssp"].progress / looks["lbbsp"].progress - 1)
     only = AutoSync(BATCH, candidates="lbbsp,bsp,asp").controller
     assert only.decide(1.0, "lbbsp", paces(), BATCH).to == "asp"
+
+
+def test_the_versions_a_switching_run_makes_are_its_free_steps_and_its_rounds():
+    """What the coordinator counts as progress under auto (checkpoint tags, the version a
+    restored shard is lifted to) must be what the shards' versions count: a step of ssp or
+    asp once, a lockstep round once, whatever its size (summed_steps are the steps in such
+    rounds). The driver counts versions as the shards do."""
+    from policy_driver import Driver
+    policy = make_policy("auto", BATCH, interval=0.05, margin=0.0, candidates="bsp,asp")
+    workers = [VirtualWorker(w, steps=200, cost=0.001) for w in range(3)]
+    driver = Driver(policy, workers + [slow_worker(3, 5.0, until=0.6, steps=200)])
+    trace = driver.run()
+    assert {m["to"] for _, m in switches(trace)} == {"bsp", "asp"}
+    host = driver.host
+    lockstep = sum(1 for r in trace.releases if r.round_id)
+    free = host.steps_done - policy.summed_steps()
+    assert 0 < free < host.steps_done and policy.summed_steps() <= lockstep
+    assert free + host.rounds_applied == host.versions() == driver.version
+    # A take-back resumes the policy from a checkpoint older than the live shards: the
+    # rounds since are counted from the shards' version, so progress is theirs again.
+    again = PolicyHost(make_policy("auto", BATCH, candidates="bsp,asp"))
+    again.resume({**host.resume_state(), "rounds_applied": 3})
+    again.align_versions(driver.version)
+    assert again.versions() == driver.version

@@ -192,7 +192,8 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                         f"coordinator's death stops the job (default {d.restart_coordinator})")
     g["faults"].add_argument("--checkpoint-dir", help="save checkpoints here (default: none)")
     g["faults"].add_argument("--checkpoint-every", type=flag.positive_int,
-                   help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others)")
+                   help="checkpoint every N rounds (BSP, LB-BSP) or N worker steps (others; "
+                        "under auto a lockstep round counts one)")
     g["faults"].add_argument("--checkpoint-seconds", type=flag.positive_seconds,
                    help="checkpoint every N seconds")
     flag.add_observe_args(g["observe"])

@@ -152,6 +152,8 @@ class Rejoins:
             policy_state["round"] = plan.round  # the round-mode policies' (BSP's) counter
         host.resume({"rounds_applied": plan.round, "samples_done": plan.samples,
                      "steps_done": plan.steps, "policy": policy_state})
+        if tb.servers:  # (auto: its rounds since the checkpoint, from the live shards)
+            host.align_versions(max(b.version for b in tb.servers.values()))
         coord.steps.rebuilt()
         coord.budget.worker_samples = dict(plan.worker_samples)
         coord.schedule.restart_count(coord.progress, now)

@@ -236,8 +236,9 @@ class CoordinatorState:
 
     @property
     def progress(self) -> int:
-        """What versions count: rounds applied (round mode) or worker steps (arrival mode)."""
-        return self.host.rounds_applied if self.round_mode else self.host.steps_done
+        """What the shards' versions count: rounds applied (round mode) or worker steps
+        (arrival mode), of which a round the servers summed (auto's lockstep) counts once."""
+        return self.host.versions()
 
     @property
     def rounds_applied(self) -> int:

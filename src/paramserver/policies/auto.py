@@ -132,6 +132,7 @@ class AutoSync(SyncPolicy, Configurable):
         self.round_base = 1
         self.last_round_id = 0
         self.in_round: set[int] = set()
+        self.summed = 0  # pushes of lockstep rounds, all told
         self.switches = 0
         self._started = False
         self._gathered: list[Decision] | None = None  # the candidate's, inside handle_all
@@ -188,6 +189,7 @@ class AutoSync(SyncPolicy, Configurable):
         self.running.discard(w)
         if isinstance(self.inner, BSP):
             self.in_round.add(w)
+            self.summed += 1
         self.pace.pushed(w, now, event.batch_size, event.compute_time)
         self.next_step[w] = event.step + 1
         if (self.pending is None and self.controller.due(now)
@@ -209,6 +211,9 @@ class AutoSync(SyncPolicy, Configurable):
 
     def next_deadline(self) -> float | None:
         return None if self.pending is not None else self.inner.next_deadline()
+
+    def summed_steps(self) -> int:
+        return self.summed
 
     def round_size(self) -> int:
         """Under a lockstep candidate, its round's size: each release says it, so that the
@@ -301,7 +306,7 @@ class AutoSync(SyncPolicy, Configurable):
     def resume_state(self) -> dict:
         return {"current": self.current, "inner": self.inner.resume_state(),
                 "switches": self.switches, "round_base": self.round_base,
-                "last_round_id": self.last_round_id}
+                "last_round_id": self.last_round_id, "summed": self.summed}
 
     def resume(self, state: dict) -> None:
         current = state.get("current", self.current)
@@ -315,3 +320,4 @@ class AutoSync(SyncPolicy, Configurable):
         self.switches = int(state.get("switches", 0))
         self.round_base = int(state.get("round_base", 1))
         self.last_round_id = int(state.get("last_round_id", 0))
+        self.summed = int(state.get("summed", 0))

@@ -224,6 +224,12 @@ class SyncPolicy(ABC):
         """Earliest time at which a Tick could produce a decision; None if no timer is needed."""
         return None
 
+    def summed_steps(self) -> int:
+        """Of an arrival-mode policy's steps, those whose pushes the servers summed into a
+        round (auto's lockstep ones, `round_id`): the shards' version counts each such round
+        once, each other step once."""
+        return 0
+
     def resume_state(self) -> dict:
         """JSON-ready state a checkpoint keeps so a resumed job goes on where it stopped."""
         return {}

@@ -83,6 +83,23 @@ class PolicyHost:
         """What a worker released now must pull at least: the rounds applied (round mode)."""
         return self.rounds_applied
 
+    def versions(self) -> int:
+        """What the shards' versions count: the rounds applied (round mode), else the steps,
+        of which those the servers summed into a round (auto's lockstep) count once a round."""
+        if self._round_mode:
+            return self.rounds_applied
+        if self._sums:
+            return self.steps_done - self.policy.summed_steps() + self.rounds_applied
+        return self.steps_done
+
+    def align_versions(self, versions: int) -> None:
+        """After a take-back: the live shards hold `versions`, while the checkpoint the policy
+        resumed from predates some of its rounds; a policy that sums rounds counts the rounds
+        so that versions() is theirs."""
+        if self._sums and not self._round_mode:
+            self.rounds_applied = max(0, versions - (self.steps_done
+                                                     - self.policy.summed_steps()))
+
     # ---- events ---------------------------------------------------------------------------------
     def joined(self, worker: int, now: float, late: bool = False) -> list[Out]:
         """`late`: an elastic join into a running job (see Joined)."""
