@@ -3,9 +3,9 @@
 The driver plays the coordinator and the servers around a PolicyHost: it tells the host of
 joins, pushes and departures in time order, calls advance() when next_wakeup() comes (held
 releases, the policy's timers), counts server versions (one per push in arrival mode, one per
-ApplyRound for a round the servers sum) and checks the protocol as it goes. A worker that stops after its
-last step does what a real one does: it reports the step, waits for the release, then says
-goodbye. Nothing here reads a clock.
+ApplyRound for a round the servers sum) and checks the protocol as it goes. A worker that
+stops after its last step does what a real one does: it reports the step, waits for the
+release, then says goodbye. Nothing here reads a clock.
 """
 
 from __future__ import annotations

@@ -232,15 +232,15 @@ class KVWorker:
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
         counts it only from a piece that covers the shard. `round_id` (the release's): the
-        lockstep round a shard applying on arrival sums this push into. `codec` (make_codec("bf16"), ...):
-        each message's values go encoded and the shard adds what they decode to; the caller
-        keeps any error feedback: `sent` (as many float32 as `values`), if given, receives
-        what each message decodes to, i.e. what the shards add (the handle's `nbytes` says
-        what went on the wire). Like `values`, `sent` is written until the handle is waited.
-        With a codec, `values` (and `sent`) may be a torch tensor on a device: each message is
-        encoded there and only its payload is copied to the host. `hyper`: a script's optimizer
-        settings by group ([[group, {name: value}], ...]) once its schedule changed them; every
-        shard takes them before this push."""
+        lockstep round a shard applying on arrival sums this push into. `codec`
+        (make_codec("bf16"), ...): each message's values go encoded and the shard adds what they
+        decode to; the caller keeps any error feedback: `sent` (as many float32 as `values`), if
+        given, receives what each message decodes to, i.e. what the shards add (the handle's
+        `nbytes` says what went on the wire). Like `values`, `sent` is written until the handle
+        is waited. With a codec, `values` (and `sent`) may be a torch tensor on a device: each
+        message is encoded there and only its payload is copied to the host. `hyper`: a script's
+        optimizer settings by group ([[group, {name: value}], ...]) once its schedule changed
+        them; every shard takes them before this push."""
         return self.dense.push(values, keys, step=step, batch=batch, scale=scale,
                                round_size=round_size, round_id=round_id, codec=codec, sent=sent,
                                hyper=hyper)

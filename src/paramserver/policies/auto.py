@@ -16,16 +16,16 @@ AutoSync adds each worker's offset).
 Every candidate runs with the servers in arrival mode, so a switch never changes what the
 servers are. The lockstep candidates' (bsp, lbbsp) releases name their round (`round_id`,
 numbered from 1 over the whole job): the shards sum that round's pushes and apply their
-batch-weighted average once, as round mode does, so any update rule (momentum and adam
-included) takes one step a round, as under the fixed policy. The round is applied when its
-last push is in (every release names the round's size); a round closed without it (a worker
-left) is applied at the ApplyRound the candidate decides, which AutoSync passes on with the
-round's id, as it does for the round open at a switch. ssp and asp scale each push by batch / (N x the job's batch),
-so that N pushes move the parameters as far as a round does: the learning rate means the same
-under every candidate (fixed ssp and asp get that from DynSGD, which compare pairs them with;
+batch-weighted average once, as round mode does, so any update rule (momentum and adam included)
+takes one step a round, as under the fixed policy. The round is applied when its last push is in
+(every release names the round's size); a round closed without it (a worker left) is applied at
+the ApplyRound the candidate decides, which AutoSync passes on with the round's id, as it does
+for the round open at a switch. ssp and asp scale each push by batch / (N x the job's batch), so
+that N pushes move the parameters as far as a round does: the learning rate means the same under
+every candidate (fixed ssp and asp get that from DynSGD, which compare pairs them with;
 unscaled, auto's ssp diverged at compare's lr). Beside a staleness-aware rule (dynsgd),
-`discount=rule` leaves ssp's and asp's pushes unscaled for the rule to discount, as it does
-for the fixed policies; the lockstep rounds' pushes read staleness 0 and stay whole.
+`discount=rule` leaves ssp's and asp's pushes unscaled for the rule to discount, as it does for
+the fixed policies; the lockstep rounds' pushes read staleness 0 and stay whole.
 
 Each switch is a Note("sync_switch") with its reason, the predicted gain, the forecast of every
 candidate and how long the drain took; the event log, `top` and the report read them.
