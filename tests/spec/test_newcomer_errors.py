@@ -72,6 +72,16 @@ MISTAKES = [
      ""),
     ("launch --workers 2 -- my_train.py", "no program 'my_train.py'", "-- python my_train.py"),
     ("launch --workers 2", "give the worker command after --", ""),
+    # train's flags that launch does not take: where the script says the same (this raised
+    # a TypeError before: launch's own `command` shadowed the subcommand's name)
+    ("launch --workers 2 --compress bf16 -- python x.py", "unrecognized arguments: --compress",
+     'DistributedOptimizer(..., compression="bf16")'),
+    ("launch --checkpoint-every 5 -- python x.py", "unrecognized arguments: --checkpoint-every",
+     "the script saves its own checkpoints"),
+    ("launch --epochs 3 -- python x.py", "unrecognized arguments: --epochs",
+     "give --steps or --max-seconds"),
+    ("launch --workrs 2 -- python x.py", "unrecognized arguments: --workrs",
+     "did you mean --workers?"),
     ("drain /no/such/run --server 0", "neither an address", ""),
     ("drain tcp://nohost --server 0", "'tcp://nohost' is no address to join: give "
      "tcp://HOST:PORT", ""),

@@ -33,6 +33,24 @@ SCRIPT_UNUSED_CONFIG = (
     "checkpoint_seconds")
 
 
+# train's flags that launch does not take, and where a script says the same (the hint of the
+# refusal, instead of the nearest flag's name).
+_OWN_MODEL = "the script builds its model and loads its data itself"
+ELSEWHERE = {
+    "--compress": "the script picks its push codec: paramserver.DistributedOptimizer(..., "
+                  "compression=\"bf16\")",
+    "--pull-compress": "a launched script's pulls go dense",
+    "--checkpoint-every": "launch keeps the final parameters (RUN/model.pt); the script saves "
+                          "its own checkpoints (opt.state_dict())",
+    "--model": _OWN_MODEL, "--dataset": _OWN_MODEL, "--data-dir": _OWN_MODEL,
+    "--epochs": "the script runs its own epochs; give --steps or --max-seconds for a budget",
+    "--device": "the script puts its model on its device (model.cuda())",
+    "--amp": "the script runs its forward under torch.autocast itself",
+    "--eval-interval": "the script evaluates itself: opt.report(test_accuracy=...)",
+}
+ELSEWHERE["--checkpoint-seconds"] = ELSEWHERE["--checkpoint-dir"] = ELSEWHERE["--checkpoint-every"]
+
+
 def script_settings(cfg) -> dict:
     """cfg.as_dict() without SCRIPT_UNUSED_CONFIG."""
     return {k: v for k, v in cfg.as_dict().items() if k not in SCRIPT_UNUSED_CONFIG}
@@ -273,6 +291,7 @@ def register(sub) -> None:
                     "the final parameters go to RUN/model.pt under the script's parameter "
                     "names (see `paramserver export`). "
                     "Under Ray, LOCAL_RANK is 0 and LOCAL_WORLD_SIZE 1 (Ray places each worker).")
+    p.elsewhere = ELSEWHERE
     p.add_argument("--workers", type=flag.workers, default=flag.workers("2"),
                    metavar="N|MIN:MAX",
                    help="worker processes (default 2); MIN:MAX makes the job elastic: MIN "

@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # refused by the command's own parser, which knows its flags' names
         commands = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
-        target = commands.get(getattr(args, "command", None), parser)
+        # (by argv's first word: a command's own `command` option, launch's script, shadows
+        # the subparsers' dest in `args`)
+        target = commands.get(argv[0], parser)
         (target if isinstance(target, CommandParser) else parser).unrecognized(extra)
     if not getattr(args, "func", None):
         parser.print_help()

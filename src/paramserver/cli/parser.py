@@ -26,7 +26,10 @@ def nearest(word: str, candidates, cutoff: float = 0.6) -> str | None:
 
 class CommandParser(argparse.ArgumentParser):
     """argparse.ArgumentParser whose errors come first (see the module's text). Subcommands'
-    parsers are made of the same class."""
+    parsers are made of the same class. `elsewhere`: flags another command takes that this
+    one does not, each with where its setting lives here; said in place of the nearest flag."""
+
+    elsewhere: dict[str, str] = {}  # (a command sets its own; this one is never written)
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
         lines = [f"{self.prog}: {message}"]
@@ -39,6 +42,9 @@ class CommandParser(argparse.ArgumentParser):
         m = _UNRECOGNIZED.match(message)
         if m:
             for token in m.group(1).split():
+                if token.split("=", 1)[0] in self.elsewhere:
+                    name = token.split("=", 1)[0]
+                    return f"{name} is not {self.prog}'s: {self.elsewhere[name]}"
                 if token.startswith("-"):
                     near = nearest(token.split("=", 1)[0], self._option_string_actions)
                     if near:
