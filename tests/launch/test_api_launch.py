@@ -98,6 +98,25 @@ def test_a_rank_that_dies_before_the_job_starts_ends_the_launch_naming_it(tmp_pa
     assert took < 120, f"the launch waited {took:.0f} s for a worker that had died"
 
 
+def test_a_job_the_coordinator_fails_is_said_with_its_reason_not_as_a_death(tmp_path):
+    """An elastic launch whose script gives no data_len: the coordinator refuses every rank's
+    start and fails the job. The launch said "coordinator died with exit code 203 (lost a
+    peer it needs)" and suggested --restart-coordinator; it says the coordinator's reason, and
+    the refusal is in the output it quotes."""
+    (tmp_path / "elastic").mkdir()
+    script = tmp_path / "elastic" / "no_len.py"
+    script.write_text(CRASH.replace("if os.environ['RANK'] == '1':\n    sys.exit('rank 1: "
+                                    "cannot build the model (on purpose)')\n", ""))
+    proc = side_by_side({"elastic": _launch(
+        tmp_path, "elastic", ["--workers", "2:3", "--steps", "5", "--quiet"], [str(script)])},
+        timeout=300)["elastic"]
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "the job failed: every worker left the job and none finished it" in err, err
+    assert "the coordinator's last output" in err and "data_len=len(dataset)" in err, err
+    assert "--restart-coordinator" not in err and "died with" not in err, err
+
+
 @pytest.mark.slow  # 174 steps of a launch of its own; fast twins: the same script under launch
 # cut by a budget (below), and a job that ends when its scripts do (the Horovod example's,
 # tests/client/test_horovod.py::test_a_horovod_script_runs_its_epochs_and_averages_its_metrics)

@@ -386,8 +386,12 @@ class LocalCluster:
             else:
                 msg += (" (server recovery is off: --restart-servers N restarts dead servers "
                         "from the latest checkpoint)")
-        elif c.role == "coordinator" and not self.restart_coordinator:
-            msg += " (--restart-coordinator N restarts a dead coordinator)"
+        elif c.role == "coordinator":
+            reason = job_failed_reason(self.run_dir / "events.jsonl")
+            if reason is not None:  # it ended the job itself: no restart would mend that
+                return f"{reason}; the coordinator's last output:\n{c.tail()}"
+            if not self.restart_coordinator:
+                msg += " (--restart-coordinator N restarts a dead coordinator)"
         return f"{msg}:\n{c.tail()}"
 
     def wait(self, poll: float = 0.05, on_tick=None) -> None:
@@ -468,3 +472,21 @@ class LocalCluster:
         for path in sorted((self.run_dir / "results").glob("worker-*.json")):
             out.append(json.loads(path.read_text()))
         return sorted(out, key=lambda r: r.get("rank", 0))
+
+
+def job_failed_reason(events: Path, tail_bytes: int = 1 << 16) -> str | None:
+    """Why the coordinator failed the job (its last `job_failed` event), or None: it did not
+    (it died, or the file is not there)."""
+    try:
+        with open(events, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if '"job_failed"' in line:
+            try:
+                return str(json.loads(line)["reason"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
