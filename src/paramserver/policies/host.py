@@ -59,7 +59,7 @@ class PolicyHost:
         self.steps_done = 0
         self.stopping = False
         self._round_mode = policy.apply_mode == "round"
-        self._sums = self._round_mode or policy.sums_rounds  # who may decide an ApplyRound
+        self._summed = not self._round_mode and policy.sums_rounds  # auto's lockstep rounds
         # Most policies leave next_deadline() and round_size() as SyncPolicy has them: no
         # timers, and (in arrival mode) releases that go out as made until a stop. The
         # simulator's hot loop then skips those calls and the copy.
@@ -88,7 +88,7 @@ class PolicyHost:
         of which those the servers summed into a round (auto's lockstep) count once a round."""
         if self._round_mode:
             return self.rounds_applied
-        if self._sums:
+        if self._summed:
             return self.steps_done - self.policy.summed_steps() + self.rounds_applied
         return self.steps_done
 
@@ -96,7 +96,7 @@ class PolicyHost:
         """After a take-back: the live shards hold `versions`, while the checkpoint the policy
         resumed from predates some of its rounds; a policy that sums rounds counts the rounds
         so that versions() is theirs."""
-        if self._sums and not self._round_mode:
+        if self._summed:
             self.rounds_applied = max(0, versions - (self.steps_done
                                                      - self.policy.summed_steps()))
 
@@ -258,7 +258,7 @@ class PolicyHost:
                                 d.round_id)
                 out.append(d)
             elif kind is ApplyRound:
-                if not self._sums:
+                if not (self._round_mode or self._summed):
                     raise PolicyError(f"ApplyRound from the arrival-mode policy {self.name}: {d}")
                 self.rounds_applied += 1
                 terms = None

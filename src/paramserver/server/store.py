@@ -181,7 +181,8 @@ class ShardStore:
         left before pushing here, and the next round's push came before the word to apply).
         Nothing of such a round is dropped: round ids may start over after a restart."""
         if self.apply_mode == "arrival":
-            self.close_superseded(round_id)
+            if self.round_step is not None:  # (the common push opens no method call here)
+                self.close_superseded(round_id)
             staleness = self.staleness(base_version)
             if not round_id:
                 self._writable()
