@@ -227,9 +227,13 @@ def test_each_invalid_value_is_refused_naming_its_field(make, field):
 
 
 def test_train_config_validation_names_the_field():
-    for kwargs, field in (({"workers": 0}, "workers"), ({"lr": -1.0}, "optimizer.lr"),
-                          ({"epochs": 0}, "epochs"), ({"dtype": "int8"}, "dtype"),
-                          ({"restart_servers": 1}, "restart_servers")):
+    # named as the command line sets them: --lr, not the job file's 'optimizer.lr'
+    for kwargs, field in (({"workers": 0}, "--workers"), ({"lr": -1.0}, "--lr must"),
+                          ({"epochs": 0}, "epochs"), ({"dtype": "int8"}, "--dtype"),
+                          ({"restart_servers": 1}, "--restart-servers"),
+                          ({"schedule": "layer"}, "--schedule must"),
+                          ({"checkpoint_dir": "ck", "checkpoint_every": 0},
+                           "--checkpoint-every must")):
         with pytest.raises(ValueError, match=field):
             TrainConfig(**kwargs).validate()
 

@@ -101,6 +101,22 @@ MISTAKES = [
     ("compare --sync bsp --sync-opt ssp.staleness=2 --max-seconds 2 --repeats 1",
      "--sync-opt names ssp, which this comparison does not run (--sync bsp): add ssp to "
      "--sync or drop its option", ""),
+    ("compare --sync auto --sync-opt ssp.staleness=2 --max-seconds 2 --repeats 1",
+     "(auto runs ssp at its own bound: auto.staleness=N)", ""),
+    # the job's own checks, named by the flag that set the field, not by the job file's name
+    ("train --max-message-bytes 1000 --steps 1",
+     "--max-message-bytes must be an integer >= 131072; got 1000", ""),
+    ("train --restart-servers 1 --steps 1",
+     "--restart-servers needs checkpoints to restart from", ""),
+    ("train --batch-rule linear --steps 1", "--batch-rule applies to an elastic job", ""),
+    ("train --schedule layer --steps 1", "argument --schedule: invalid choice: 'layer'", ""),
+    ("train --lr 0 --steps 1", "argument --lr: expected a number > 0, got '0'", ""),
+    ("launch --lr -1 -- python x.py", "argument --lr: expected a number > 0", ""),
+    ("train --model-size 2M --steps 1",
+     "--model-size sizes a model built by its parameter count (wide); --model mlp is sized by "
+     "its own options", ""),
+    ("compare --model-size 2M --max-seconds 2 --repeats 1",
+     "--model-size sizes a model built by its parameter count", ""),
 ]
 
 

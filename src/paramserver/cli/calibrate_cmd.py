@@ -195,7 +195,7 @@ def register(sub) -> None:
     p.add_argument("--target", type=flag.accuracy, default=0.95,
                    help="target test accuracy (default 0.95)")
     p.add_argument("--epochs", type=float, help="sample budget in epochs (default compare's)")
-    p.add_argument("--lr", type=float, help="learning rate (default compare's)")
+    p.add_argument("--lr", type=flag.positive_number, help="learning rate (default compare's)")
     from paramserver.cli.compare_cmd import paired_text
     p.add_argument("--optimizer", help="update rule of every run (default compare's, with its "
                                        f"pairing: {paired_text()})")

@@ -15,7 +15,8 @@ from paramserver.cli.args import parse_options
 from paramserver.cli.config_args import config_from_args
 from paramserver.cli.train_cmd import (
     EPILOG, add_launcher_args, add_training_args, launcher_from_args)
-from paramserver.launch.jobs import check_named_ranks, check_pushes_fit_rule, resolve_servers
+from paramserver.launch.jobs import (check_model_size, check_named_ranks, check_pushes_fit_rule,
+                                     resolve_servers)
 from paramserver.emulation.trace_io import read_trace
 from paramserver.spec.compare_plan import (
     SCENARIOS, SINGLE, THIRD, JoinAt, parse_scenarios, plan_runs, variant_settings,
@@ -178,9 +179,12 @@ def check_policy_options(options: dict[str, dict], policies: list[str],
     from paramserver.policies import make_policy
     for policy, opts in options.items():
         if policy not in policies:
+            # auto runs its candidates with its own settings: say which of them is its
+            auto = (" (auto runs ssp at its own bound: auto.staleness=N)"
+                    if "auto" in policies and policy == "ssp" else "")
             raise ValueError(f"--sync-opt names {policy}, which this comparison does not run "
                              f"(--sync {','.join(policies)}): add {policy} to --sync or drop "
-                             f"its option")
+                             f"its option{auto}")
         make_policy(policy, batch_size, **opts)
 
 
@@ -365,6 +369,7 @@ def _run(args) -> int:
         if base.servers == flag.AUTO:  # one count for every run of the comparison
             base = resolve_servers(base)
         base.validate()
+        check_model_size(base)
         out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-compare")
         variants = parse_variants(args.compress_variant)
         for name, opts in variants.values():

@@ -267,7 +267,7 @@ def add_policy_args(p) -> None:
                         f"(default sgd)")
     p.add_argument("--optimizer-opt", action="append", metavar="KEY=VALUE", type=flag.option,
                    help="update-rule option, e.g. momentum=0.9")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--lr", type=flag.positive_number, default=0.1, help="learning rate (default 0.1)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="batch size the policy starts from (default 32)")
 

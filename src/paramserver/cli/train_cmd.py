@@ -17,7 +17,7 @@ from paramserver.emulation.links import HELP as LINK_HELP
 from paramserver.emulation.stragglers import STRAGGLER_HELP
 from paramserver.policies.batch_rule import HELP as BATCH_RULE_HELP
 from paramserver.spec.config import TrainConfig
-from paramserver.spec.job import AMP_MODES
+from paramserver.spec.job import AMP_MODES, SCHEDULES
 from paramserver.core.bounded import json_value
 from paramserver.spec.run_job import RunJob
 
@@ -97,7 +97,8 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    help="stop after this much training time")
     g["job"].add_argument("--batch-size", type=flag.positive_int, default=d.batch_size,
                    help=f"samples per worker step (default {d.batch_size})")
-    g["policy"].add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    g["policy"].add_argument("--lr", type=flag.positive_number, default=d.lr,
+                             help=f"learning rate (default {d.lr})")
     g["policy"].add_argument("--optimizer", default=d.optimizer if optimizer_default is None else None,
                    help=f"server update rule: {catalog.listed(catalog.UPDATE_RULES)} "
                         f"(default {optimizer_default or d.optimizer})")
@@ -124,7 +125,7 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                    metavar="N", help=f"with --pull-compress, every Nth pull is dense, which "
                                      f"ends the drift (default {d.pull_refresh})")
     g["network"].add_argument("--push-range", default=d.push_range, help=catalog.PUSH_RANGE_HELP)
-    g["network"].add_argument("--schedule", default=d.schedule,
+    g["network"].add_argument("--schedule", default=d.schedule, choices=SCHEDULES,
                    help="per-layer requests: push each layer's gradient as backward produces "
                         "it and pull layers in the order fifo, lifo or stalest (stalest layer "
                         f"first); off pushes and pulls the whole model (default {d.schedule})")

@@ -30,6 +30,7 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
         raise ValueError("codecs (--compress NAME or auto, codec=, --pull-compress) take "
                          "float32 values: use --dtype float32")
     check_named_ranks(cfg)
+    check_model_size(cfg)
     # Only the key space is needed here: a model of 10^9 parameters is not built for it.
     ds, model, keys = build(cfg.job(0, 0).task, cfg.dtype, shape_only=True)
     tables = sparse_tables(model)  # DLRM's embedding rows live in a table on the servers
@@ -52,6 +53,18 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
                          f"{chosen[0]} yet")
     edges = tuple(layer.keys.lo for layer in keys.layers[1:])
     return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
+
+
+def check_model_size(cfg: TrainConfig) -> None:
+    """--model-size picks the width of a model built by its parameter count: refused, naming
+    those that are, for a model that is sized by its own options."""
+    from paramserver.models import MODELS, model_options
+    if cfg.model_size is None or cfg.model not in MODELS or "size" in model_options(cfg.model):
+        return
+    sized = [m for m in MODELS if "size" in model_options(m)]
+    raise ValueError(f"--model-size sizes a model built by its parameter count "
+                     f"({', '.join(sized)}); --model {cfg.model} is sized by its own options "
+                     f"({', '.join(model_options(cfg.model)) or 'none'}: --model-opt KEY=VALUE)")
 
 
 def check_pushes_fit_rule(cfg: TrainConfig):

@@ -10,6 +10,7 @@ once, on construction.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from paramserver.emulation.device_time import DeviceTime, parse_device_time
@@ -90,7 +91,22 @@ class TrainConfig:
         if bad:
             raise JobSpecError("invalid value for " + ", ".join(
                 f"{b}={getattr(self, b)!r} (expected {want})" for b, want in bad))
-        self.job(0, 0)  # the job's own checks, each naming its field
+        try:
+            self.job(0, 0)  # the job's own checks, each naming its field
+        except JobSpecError as exc:
+            raise JobSpecError(self.as_flags(str(exc))) from None
+
+    @classmethod
+    def as_flags(cls, message: str) -> str:
+        """A job check's message with the job fields that a flag sets named by the flag: the
+        user gave --max-message-bytes, not job field 'max_message_bytes'."""
+        def flag(m: re.Match) -> str:
+            name = m.group(1).removeprefix("task.").replace("checkpoint.", "checkpoint_")
+            name = {"optimizer.lr": "lr", "optimizer.name": "optimizer"}.get(name, name)
+            if name in cls.__dataclass_fields__:
+                return "--" + name.replace("_", "-")
+            return m.group(0)
+        return re.sub(r"job field '([a-z_.]+)'", flag, message)
 
     def max_samples(self, train_size: int) -> int:
         """The sample budget all workers share: the same work under every sync policy."""
