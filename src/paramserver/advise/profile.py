@@ -13,6 +13,7 @@ from pathlib import Path
 from paramserver.advise.core.cluster import ClusterFitError, Profile, StepSample
 from paramserver.emulation.links import LinkTable
 from paramserver.spec.run_job import RunJob
+from paramserver.runlog.folders import runs_hint
 
 TRACE_COLUMNS = "worker,step,compute_s[,batch][,pull_s,push_s,bytes][,wait_s]"
 
@@ -67,7 +68,8 @@ def _worker_link(table: dict | list | None) -> tuple[float | None, float]:
 def load_run_folder(folder: Path) -> Profile:
     metrics = folder / "metrics.jsonl"
     if not metrics.exists():
-        raise ProfileError(f"{folder} is not a run folder: it has no metrics.jsonl")
+        raise ProfileError(f"{folder} is not a run folder: it has no metrics.jsonl"
+                           f"{runs_hint(folder)}")
     try:
         doc = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:

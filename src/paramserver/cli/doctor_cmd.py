@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from paramserver.runlog.folders import runs_hint
+
 SUMMARY = {"doctor": "print a run's latest stall report: who the job waited on, and where"}
 
 STACKS = "== stacks and flight recorders =="
@@ -29,8 +31,9 @@ def _run(args) -> int:
         return 2
     reports = stall_reports(run)
     if not reports and not any((run / f).is_file() for f in ("metrics.jsonl", "events.jsonl")):
-        print(f"paramserver doctor: {run} is no run folder (no metrics.jsonl or events.jsonl; "
-              f"give the folder a train, launch or serve wrote)", file=sys.stderr)
+        print(f"paramserver doctor: {run} is no run folder (no metrics.jsonl or events.jsonl)"
+              + (runs_hint(run) or "; give the folder a train, launch or serve wrote"),
+              file=sys.stderr)
         return 2
     if not reports:
         print(f"paramserver doctor: no stall reports in {run}: no step went missing for the "

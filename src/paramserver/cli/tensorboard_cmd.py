@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from paramserver.runlog.folders import runs_hint
+
 SUMMARY = {"tensorboard": "convert a run folder's metrics to TensorBoard event files"}
 
 
@@ -15,8 +17,8 @@ def _run(args) -> int:
     )
     metrics = Path(args.run) / "metrics.jsonl"
     if not metrics.is_file():
-        print(f"paramserver tensorboard: {args.run} is no run folder (no metrics.jsonl)",
-              file=sys.stderr)
+        print(f"paramserver tensorboard: {args.run} is no run folder (no metrics.jsonl)"
+              f"{runs_hint(Path(args.run))}", file=sys.stderr)
         return 2
     points = scalars(read_records(metrics))
     stats = Path(args.run) / "steps.npz"  # a simulated run's step bands

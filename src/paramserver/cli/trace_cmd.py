@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from paramserver.cli import args as flag
+from paramserver.runlog.folders import runs_hint
 
 SUMMARY = {"trace": "write a run's worker phases and shard applies as a Chrome trace (Perfetto)"}
 
@@ -32,7 +33,8 @@ def _run(args) -> int:
     run = Path(args.run)
     metrics = run / "metrics.jsonl"
     if not metrics.is_file():
-        print(f"paramserver trace: {run} is no run folder (no metrics.jsonl)", file=sys.stderr)
+        print(f"paramserver trace: {run} is no run folder (no metrics.jsonl){runs_hint(run)}",
+              file=sys.stderr)
         return 2
     try:
         trace = build_trace(_records(metrics), _records(run / "events.jsonl"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from paramserver.core.endpoints import endpoint
 from paramserver.observe.core.stats import round_mode_of
+from paramserver.runlog.folders import runs_hint
 
 # What one poll of a live file reads at most: a view that fell behind catches up over a few.
 READ_CHUNK = 4 << 20
@@ -141,8 +142,9 @@ class FolderSource:
 
     def __init__(self, run: Path):
         if not (run / "metrics.jsonl").exists() and not (run / "events.jsonl").exists():
-            raise SourceError(f"{run} is no run folder (no metrics.jsonl or events.jsonl); "
-                              f"give a run folder or a coordinator address tcp://HOST:PORT")
+            raise SourceError(f"{run} is no run folder (no metrics.jsonl or events.jsonl)"
+                              + (runs_hint(run) or "; give a run folder or a coordinator "
+                                                   "address tcp://HOST:PORT"))
         self.run = run
         self.tail = LineTail(run / "metrics.jsonl")
         self.policy = run_policy(run)
@@ -173,7 +175,7 @@ class ReplaySource:
 
     def __init__(self, run: Path, speed: float = 1.0):
         if not (run / "metrics.jsonl").exists():
-            raise SourceError(f"{run} has no metrics.jsonl to replay")
+            raise SourceError(f"{run} has no metrics.jsonl to replay{runs_hint(run)}")
         if speed < 0:
             raise SourceError("--speed must be >= 0")
         self.run, self.speed = run, speed

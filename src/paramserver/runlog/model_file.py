@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from paramserver.runlog.checkpoint import CheckpointError, latest, load_part
+from paramserver.runlog.folders import runs_hint
 from paramserver.core.bounded import json_value
 from paramserver.spec.run_job import RunJob
 
@@ -85,7 +86,8 @@ def _job_of(folder: Path) -> dict:
     try:
         doc = json_value(config.read_text())
     except FileNotFoundError:
-        raise ExportError(f"{folder} is no run folder (no config.json or job.json)") from None
+        raise ExportError(f"{folder} is no run folder (no config.json or job.json)"
+                          f"{runs_hint(folder)}") from None
     except (OSError, ValueError) as exc:
         raise ExportError(f"{config} is unreadable ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("job"), dict):
@@ -191,7 +193,7 @@ def locate(source: str | Path) -> tuple[dict, Path, str | None]:
         if (up / "config.json").exists() or (up / "job.json").exists():
             return _job_of(up), root, tag
     raise ExportError(f"no config.json next to {source}: the checkpoint's job (its model) is "
-                      f"unknown; give the run folder")
+                      f"unknown" + (runs_hint(source) or "; give the run folder"))
 
 
 def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
