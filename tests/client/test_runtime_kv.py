@@ -74,6 +74,36 @@ def test_client_side_errors_are_clear(kv):
         kv.push_sparse(np.array([100]), np.ones(1), step=0, batch=1)
 
 
+def test_keys_that_are_not_integers_are_refused_not_truncated(kv):
+    before = kv.pull()
+    with pytest.raises(ValueError, match="keys must be integers; got an array of float64"):
+        kv.push_sparse(np.array([1.5, 2.0]), np.ones(2), step=0, batch=1)
+    with pytest.raises(ValueError, match="keys must be integers"):
+        kv.pull_keys([0.5])
+    np.testing.assert_array_equal(kv.pull(), before)  # key 1 was not touched
+    np.testing.assert_array_equal(kv.pull_keys(np.array([3], dtype=np.uint32)), before[[3]])
+    assert kv.pull_keys([]).shape == (0,)
+
+
+def test_wait_on_something_else_than_a_handle_is_a_type_error(kv):
+    with pytest.raises(TypeError, match="wait takes the Handle a push_async or pull_async "
+                                        "returned; got int"):
+        kv.wait(12345)
+
+
+def test_a_closed_client_says_so(tmp_path):
+    with running_job(tmp_path, make_job(10, 1, 1, sync="asp", lr=1.0)) as cluster:
+        client = KVWorker(cluster.address)
+        client.init(np.zeros(10))
+        client.start()
+        client.close()
+        client.close()  # a second close does nothing
+        for call in (lambda: client.push(np.ones(10), step=1, batch=1), client.pull,
+                     lambda: client.clock(1, batch=1, compute_time=0.0)):
+            with pytest.raises(RuntimeError, match="this client is closed"):
+                call()
+
+
 def test_server_refuses_a_range_outside_its_shard(kv):
     from paramserver.wire import Message
     rid = kv.requests.send(0, Message("pull", {"range": [30, 40]}))

@@ -26,6 +26,17 @@ def as_array(values, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
+def key_array(keys) -> np.ndarray:
+    """Keys as a flat int64 array; keys of another kind are refused, not cast (1.5 would
+    have named key 1)."""
+    if hasattr(keys, "detach"):
+        keys = keys.detach().cpu().numpy()
+    k = np.asarray(keys)
+    if k.size and k.dtype.kind not in "iu":
+        raise ValueError(f"keys must be integers; got an array of {k.dtype}")
+    return k.astype(np.int64, copy=False).reshape(-1)
+
+
 def _push_values(values, dtype: np.dtype, codec: Codec | None):
     """A dense push's values: numpy, or with a codec a torch tensor kept where it is (a
     device's gradient is encoded there, and only the payload crosses to the host)."""
@@ -185,7 +196,7 @@ class DenseRequests:
                           ) -> Handle:
         """(keys, values) pairs, sent at once (the arguments: KVWorker.push_sparse_async)."""
         self.map.before_request()
-        k = np.ascontiguousarray(np.asarray(keys, dtype=np.int64).reshape(-1))
+        k = np.ascontiguousarray(key_array(keys))
         v = as_array(values, self.dtype)
         if k.size != v.size:
             raise ValueError(f"{k.size} keys but {v.size} values")
@@ -283,7 +294,7 @@ class DenseRequests:
 
     def pull_keys(self, keys, min_version: int = 0) -> Handle:
         """Values of arbitrary keys, in the order given."""
-        k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        k = key_array(keys)
         if k.size and (k.min() < 0 or k.max() >= self.num_keys):
             raise ValueError(f"keys must lie in [0, {self.num_keys})")
         return self._pull_keys(k, np.empty(k.size, dtype=self.dtype), min_version)
