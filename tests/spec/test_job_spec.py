@@ -187,6 +187,30 @@ def test_the_coordinator_reads_old_job_files_and_refuses_foreign_ones(tmp_path):
     assert run.returncode == 2 and "version 7 is not supported" in run.stderr
 
 
+@pytest.mark.parametrize("part, value, said", [
+    ("sync", {"name": "nosuch", "options": {}}, "unknown sync policy 'nosuch'"),
+    ("sync", {"name": "ssp", "options": {"stalenes": 2}}, "did you mean staleness?"),
+    ("optimizer", {"name": "nosuch", "lr": 0.1, "options": {}}, "unknown optimizer 'nosuch'"),
+    ("task", {"model": "nosuch"}, "unknown model 'nosuch'"),
+    ("task", {"model_options": {"hiden": 3}}, "model 'mlp' has no option(s) hiden"),
+    ("task", {"dataset": "nosuch"}, "unknown dataset 'nosuch'"),
+    ("task", {"compress": "nosuch"}, "unknown --compress 'nosuch'"),
+])
+def test_the_coordinator_refuses_a_job_file_naming_what_no_role_could_run(part, value, said,
+                                                                         tmp_path):
+    # the coordinator built its policy with a traceback, or waited two minutes at its start
+    # barrier for workers that could not build the model
+    job = JobSpec().to_dict()
+    job[part] = {**job[part], **value}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    run = subprocess.run([sys.executable, "-m", "paramserver", "coordinator", "--job",
+                          str(tmp_path / "job.json"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("paramserver coordinator: job file ") and said in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 @pytest.mark.parametrize("make, field", [
     (lambda: JobSpec(workers=0), "workers"),
     (lambda: JobSpec(servers=1.5), "servers"),

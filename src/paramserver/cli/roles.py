@@ -120,6 +120,12 @@ def _run_coordinator(args) -> int:
     except (OSError, json.JSONDecodeError, JobSpecError) as exc:
         print(f"paramserver coordinator: cannot read job file {args.job}: {exc}", file=sys.stderr)
         return Exit.REFUSED
+    from paramserver.launch.jobs import check_job_names
+    try:
+        check_job_names(job)
+    except ValueError as exc:
+        print(f"paramserver coordinator: job file {args.job}: {exc}", file=sys.stderr)
+        return Exit.REFUSED
     from paramserver.transport import security
     keys = _keys(args, "coordinator")
     security.check_bind(args.bind, "tcp", keys)

@@ -92,6 +92,29 @@ def check_pushes_fit_rule(cfg: TrainConfig):
     return wire
 
 
+def check_job_names(job: JobSpec) -> None:
+    """A job file's names and options, checked where a role reads it (ValueError naming the
+    one that is wrong): its sync policy, update rule and push format, and for the built-in
+    task its model and data set. Nothing is built; a name a worker would only meet at its
+    first step is met here, before anyone waits on it."""
+    from paramserver.compression.wire import WireSpec
+    from paramserver.core.options import check_known
+    from paramserver.data import DATASETS, dataset_options
+    from paramserver.models import MODELS, model_options
+    from paramserver.optim import make_rule
+    from paramserver.policies import make_policy
+    make_policy(job.sync.name, job.batch_size, **job.sync.options)
+    make_rule(job.optimizer.name, job.optimizer.lr, **job.optimizer.options)
+    task = job.task
+    WireSpec.parse(task.compress, task.compress_options, task.pull_compress, task.pull_refresh)
+    if task.name == "train":
+        MODELS.get(task.model)
+        check_known(f"model {task.model!r}", task.model_options, model_options(task.model))
+        DATASETS.get(task.dataset)
+        check_known(f"dataset {task.dataset!r}", task.dataset_options,
+                    dataset_options(task.dataset))
+
+
 def check_named_ranks(cfg: TrainConfig) -> None:
     """Fail if --straggler or --link names a worker or server the job does not have (the
     servers are not checked while their count is `auto`)."""
