@@ -67,3 +67,23 @@ def test_a_role_given_a_malformed_join_says_the_form_without_a_traceback():
                            "not-an-address"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "'not-an-address' is no address to join: give tcp://HOST:PORT" in done.stderr
+
+
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_role_joining_where_no_job_runs_says_so_within_seconds(role):
+    # the server waited its whole registration timeout (60 s) without a word
+    from ps_helpers import free_port, reap
+    proc = subprocess.Popen([sys.executable, "-m", "paramserver", role, "--join",
+                             f"tcp://127.0.0.1:{free_port()}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    import threading
+    guard = threading.Timer(30, proc.kill)  # the read below ends by then, said or not
+    guard.start()
+    try:
+        line = proc.stderr.readline()  # the role says it within SAY_WAITING (3 s)
+    finally:
+        guard.cancel()
+        reap(proc)
+        proc.stderr.close()
+    assert "no answer yet from a coordinator at tcp://127.0.0.1:" in line, line
+    assert "is a job running there?" in line
