@@ -175,6 +175,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The groups' settings the servers started with: a schedule that moves them sends
         # them with each push from then on (a restarted or new shard learns them too).
         self._settings = None if self.optimizer is None else settings_of(self.optimizer)
+        # Which parameters train: those that need no grad now are frozen on the servers.
+        self._trains = self._trainable()
         join = _join_address(join)
         join = endpoint(join)  # a malformed one named now, not as a socket error
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
@@ -286,6 +288,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
         each in-place write of a tensor: load_state_dict, nn.init, copy_ under no_grad)."""
         return sum(p._version for p in self.model.parameters())
 
+    def _trainable(self) -> tuple[bool, ...] | None:
+        if self.optimizer is None:
+            return None
+        return tuple(p.requires_grad for p in self.model.parameters())
+
+    def _check_frozen(self) -> None:
+        """The servers froze the parameters that needed no grad when the optimizer joined (as
+        torch skips them); one unfrozen or frozen since would silently keep the old course."""
+        if self._trains is None or self._trainable() == self._trains:
+            return
+        name, p = next((n, p) for (n, p), was in zip(self.model.named_parameters(),
+                                                       self._trains) if p.requires_grad != was)
+        now = "requires grad now" if p.requires_grad else "needs no grad now"
+        raise RuntimeError(
+            f"rank {self.rank}: parameter {name!r} {now}, not as when DistributedOptimizer "
+            f"joined: the servers freeze the parameters that need no grad at that point, "
+            f"for the whole job (as DDP fixes them when it wraps the model). Set requires_grad "
+            f"before creating the DistributedOptimizer; to hold a parameter back for a while, "
+            f"put it in its own parameter group and set that group's lr to 0")
+
     def _check_unwritten(self) -> None:
         """The parameters are the servers': one the script wrote since the last pull (a
         snapshot loaded after joining, as DDP's tutorial does before its first step) would be
@@ -314,6 +336,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             self.rank)
             return
         self._check_unwritten()
+        self._check_frozen()
         if not grads_are_bound(self.model, self.grads):
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()
