@@ -237,7 +237,9 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_s
 def broadcast_parameters(params, root_rank: int = 0, process_set=None) -> None:
     """Horovod's `broadcast_parameters(model.state_dict(), root_rank=0)`: the job's parameters
     are rank 0's already on every rank; the state dict's other tensors (buffers) are
-    broadcast from `root_rank` (once the optimizer has joined, when called before it)."""
+    broadcast from `root_rank` (once the optimizer has joined, when called before it). Called
+    after joining, parameters rank 0 wrote since (a checkpoint it restored) become the job's
+    and every rank's, as under Horovod."""
     items = list(params.items() if hasattr(params, "items") else params)
     for name, value in items:
         if not isinstance(value, torch.Tensor):
@@ -248,6 +250,22 @@ def broadcast_parameters(params, root_rank: int = 0, process_set=None) -> None:
     opt = api._joined[-1]
     _broadcast_state(items, root_rank, {p.data_ptr() for p in opt.model.parameters()},
                      {n for n, _ in opt.model.named_parameters()})
+    _broadcast_written(opt, root_rank)
+
+
+def _broadcast_written(opt: api.DistributedOptimizer, root_rank: int) -> None:
+    """Horovod's resume (its pytorch_imagenet_resnet50.py): rank 0 restores a checkpoint into
+    the model after wrapping the optimizer, then broadcasts the parameters. The root's
+    parameters written since its last pull become the job's (written to the servers), and
+    once every rank is here each rank that holds other values pulls them."""
+    published = opt.rank == root_rank and opt._wrote_params()
+    if published:
+        opt._publish_params()
+    # (every rank takes part, so none pulls before the root's values are on the servers)
+    summed, _ = _collective("allreduce", torch.tensor([float(published)]),
+                            f"broadcast_parameters.written.{next(_names)}")
+    if summed[0] or opt._wrote_params():
+        opt._pull()
 
 
 _deferred: list = []  # broadcast_parameters called before the optimizer joined

@@ -308,18 +308,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             f"before creating the DistributedOptimizer; to hold a parameter back for a while, "
             f"put it in its own parameter group and set that group's lr to 0")
 
+    def _wrote_params(self) -> bool:
+        """The script has written the model's parameters since the last pull."""
+        return self._param_writes() != self._written
+
+    def _publish_params(self) -> None:
+        """This rank's parameters as they are now (a checkpoint it restored after joining)
+        become the job's: written over the servers' values. The other ranks take them with
+        their next pull (horovod.broadcast_parameters makes every rank pull once it is in)."""
+        from paramserver.client import optimizer_state
+        from paramserver.core.keyspace import KeyRange
+        optimizer_state.load_state(self.kv, KeyRange(0, self.keys.num_keys),
+                                   {"values": self.staging.params_to_host()})
+
     def _check_unwritten(self) -> None:
         """The parameters are the servers': one the script wrote since the last pull (a
         snapshot loaded after joining, as DDP's tutorial does before its first step) would be
         overwritten by the next pull without a word, so it is refused, naming the fix."""
-        if self._param_writes() != self._written:
+        if self._wrote_params():
             raise RuntimeError(
                 f"rank {self.rank}: the model's parameters were written after "
                 f"DistributedOptimizer joined the job (model.load_state_dict, an nn.init or "
                 f"another in-place change): the servers hold the job's parameters, and the "
                 f"next pull would overwrite these. Load or set the weights before creating the "
-                f"DistributedOptimizer (rank 0's start the job), or resume a launched run with "
-                f"`paramserver launch --resume RUN`")
+                f"DistributedOptimizer (rank 0's start the job), restore on rank 0 and then "
+                f"call hvd.broadcast_parameters(model.state_dict(), root_rank=0) as Horovod's "
+                f"resume does, or resume a launched run with `paramserver launch --resume RUN`")
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
