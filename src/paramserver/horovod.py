@@ -156,17 +156,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     return opt
 
 
-def _joined() -> api.DistributedOptimizer:
+def _joined(what: str = "this call") -> api.DistributedOptimizer:
     if not api._joined:
-        raise RuntimeError("no DistributedOptimizer has joined the job yet: create it first "
-                           "(hvd.DistributedOptimizer(optimizer, named_parameters=...))")
+        raise RuntimeError(f"hvd.{what} before hvd.DistributedOptimizer: collectives go "
+                           f"through the job's coordinator, which a rank joins with its "
+                           f"optimizer; call it after hvd.DistributedOptimizer(optimizer, "
+                           f"named_parameters=...) (e.g. Horovod's ImageNet example's broadcast "
+                           f"of resume_from_epoch: move it below the optimizer's wrapping)")
     return api._joined[-1]
 
 
 def _collective(kind: str, tensor: torch.Tensor, name: str | None, root: int = 0):
+    what = "barrier()" if name and name.startswith("barrier.") else f"{kind}()"
+    opt = _joined(what)
     name = name or f"{kind}.{next(_names)}"
     values = tensor.detach().reshape(-1).to("cpu", torch.float64).tolist()
-    return _joined().kv.session.collective(kind, name, values, root)
+    return opt.kv.session.collective(kind, name, values, root)
 
 
 def _like(values, tensor: torch.Tensor) -> torch.Tensor:

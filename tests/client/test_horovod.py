@@ -359,7 +359,7 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
         hvd.DistributedOptimizer(opt, compression="zstd")
     with pytest.raises(TypeError, match="pickle"):
         hvd.broadcast_object({"a": 1})
-    with pytest.raises(RuntimeError, match="create it first"):
+    with pytest.raises(RuntimeError, match="call it after hvd.DistributedOptimizer"):
         hvd.allreduce(torch.tensor(1.0))
     assert not hvd.mpi_built() and not hvd.gloo_enabled() and hvd.nccl_built() == 0
     monkeypatch.setattr(hvd.api, "own_job", None)  # no job of its own: refused, naming launch
@@ -367,3 +367,17 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
         hvd.init()
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert hvd.local_rank() == 3 and hvd.cross_size() == 1
+
+
+def test_a_collective_before_the_optimizer_joined_says_which_and_where_to_move_it():
+    """Horovod's ImageNet example broadcasts resume_from_epoch right after hvd.init(): here a
+    collective needs the joined optimizer, so the error names the call and the fix."""
+    from paramserver.client import api
+    assert not api._joined
+    with pytest.raises(RuntimeError, match=r"hvd\.broadcast\(\) before hvd\.Distributed"
+                                           r"Optimizer.*call it after"):
+        hvd.broadcast(torch.tensor(0), root_rank=0, name="resume_from_epoch")
+    with pytest.raises(RuntimeError, match=r"hvd\.barrier\(\) before"):
+        hvd.barrier()
+    with pytest.raises(RuntimeError, match=r"hvd\.allreduce\(\) before"):
+        hvd.allreduce(torch.tensor(1.0))
