@@ -77,7 +77,9 @@ def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
     ("sgd", 3, 2, "bsp"),
     # auto's lockstep rounds, summed on shards that apply on arrival: one adamw step a round
     # (before, each rank's push was an adamw step of its own)
-    ("adamw", 3, 2, "auto")])
+    ("adamw", 3, 2, "auto"),
+    # a warmup that ends at the lr the job began with (the servers kept the last warmup lr)
+    ("warmup", 2, 1, "bsp")])
 def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_does(
         tmp_path, kind, workers, servers, sync):
     from paramserver.launch.jobs import script_job

@@ -150,6 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     _follows_batch = False
     _batch_said = False
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
+    _moved = False  # a schedule has moved the groups' settings: each push carries them
     staging: DeviceStaging | None = None
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter] | torch.optim.Optimizer,
@@ -418,11 +419,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _hyper(self) -> list | None:
         """The groups' settings, once a schedule has moved any from those the job began
-        with; None until then."""
+        with (from then on at every push, even back at those); None until then."""
         if self.optimizer is None:
             return None
         now = settings_of(self.optimizer)
-        return None if now == self._settings else [[i, g] for i, g in enumerate(now)]
+        if now == self._settings and not self._moved:
+            return None
+        # From the first move on, every push carries them: a schedule that comes back to the
+        # settings the job began with (a warmup ending at the base lr) must reach the servers
+        # too, which hold the last ones sent.
+        self._moved = True
+        return [[i, g] for i, g in enumerate(now)]
 
     def report(self, test_accuracy: float, test_loss: float | None = None, **extra: float) -> None:
         """Report the script's own test evaluation: it becomes the run's evaluation record
