@@ -310,6 +310,17 @@ def shutdown() -> None:
         opt.close()
 
 
+def __getattr__(name: str):
+    if name == "elastic":  # Horovod Elastic: hvd.elastic.run, TorchState, ElasticSampler
+        raise AttributeError(
+            "hvd.elastic (Horovod Elastic: elastic.run, TorchState, commit, ElasticSampler) "
+            "has no counterpart here: call the train function directly, and for workers that "
+            "come and go use `paramserver launch --workers MIN:MAX` with "
+            "paramserver.BatchSampler(len(data), opt) and DistributedOptimizer(..., "
+            "data_len=len(data))")
+    raise AttributeError(f"module 'paramserver.horovod' has no attribute {name!r}")
+
+
 def _not_built() -> bool:
     """What Horovod answers for a feature it was built without: none of these exist here."""
     return False

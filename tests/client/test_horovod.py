@@ -381,3 +381,13 @@ def test_a_collective_before_the_optimizer_joined_says_which_and_where_to_move_i
         hvd.barrier()
     with pytest.raises(RuntimeError, match=r"hvd\.allreduce\(\) before"):
         hvd.allreduce(torch.tensor(1.0))
+
+
+def test_horovod_elastic_is_refused_naming_what_to_use_instead():
+    """Horovod's elastic examples (`@hvd.elastic.run`, `hvd.elastic.TorchState`) failed with
+    a bare "no attribute 'elastic'"; the error names the feature and paramserver's way."""
+    with pytest.raises(AttributeError, match=r"hvd\.elastic \(Horovod Elastic.*--workers "
+                                             r"MIN:MAX"):
+        hvd.elastic.TorchState
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        hvd.nope
