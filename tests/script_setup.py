@@ -35,6 +35,11 @@ SETUP = textwrap.dedent("""
             opt = cls([{"params": weights}, {"params": biases, "lr": 0.005}], lr=0.01,
                       **extra)
             return model, opt, lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.98)
+        if kind == "warmup":  # back at the base lr after 5 steps: the servers must see it
+            opt = torch.optim.SGD([{"params": weights, "weight_decay": 1e-3},
+                                   {"params": biases}], lr=0.1, momentum=0.9)
+            return model, opt, lambda o: torch.optim.lr_scheduler.LambdaLR(
+                o, lambda s: min(1.0, (s + 1) / 5))
         opt = torch.optim.SGD([{"params": weights, "weight_decay": 1e-3},
                                {"params": biases, "lr": 0.05}],
                               lr=0.1, momentum=0.9, nesterov=True)

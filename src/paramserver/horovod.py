@@ -156,17 +156,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     return opt
 
 
-def _joined() -> api.DistributedOptimizer:
+def _joined(what: str = "this call") -> api.DistributedOptimizer:
     if not api._joined:
-        raise RuntimeError("no DistributedOptimizer has joined the job yet: create it first "
-                           "(hvd.DistributedOptimizer(optimizer, named_parameters=...))")
+        raise RuntimeError(f"hvd.{what} before hvd.DistributedOptimizer: collectives go "
+                           f"through the job's coordinator, which a rank joins with its "
+                           f"optimizer; call it after hvd.DistributedOptimizer(optimizer, "
+                           f"named_parameters=...) (e.g. Horovod's ImageNet example's broadcast "
+                           f"of resume_from_epoch: move it below the optimizer's wrapping)")
     return api._joined[-1]
 
 
 def _collective(kind: str, tensor: torch.Tensor, name: str | None, root: int = 0):
+    what = "barrier()" if name and name.startswith("barrier.") else f"{kind}()"
+    opt = _joined(what)
     name = name or f"{kind}.{next(_names)}"
     values = tensor.detach().reshape(-1).to("cpu", torch.float64).tolist()
-    return _joined().kv.session.collective(kind, name, values, root)
+    return opt.kv.session.collective(kind, name, values, root)
 
 
 def _like(values, tensor: torch.Tensor) -> torch.Tensor:
@@ -237,7 +242,9 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_s
 def broadcast_parameters(params, root_rank: int = 0, process_set=None) -> None:
     """Horovod's `broadcast_parameters(model.state_dict(), root_rank=0)`: the job's parameters
     are rank 0's already on every rank; the state dict's other tensors (buffers) are
-    broadcast from `root_rank` (once the optimizer has joined, when called before it)."""
+    broadcast from `root_rank` (once the optimizer has joined, when called before it). Called
+    after joining, parameters rank 0 wrote since (a checkpoint it restored) become the job's
+    and every rank's, as under Horovod."""
     items = list(params.items() if hasattr(params, "items") else params)
     for name, value in items:
         if not isinstance(value, torch.Tensor):
@@ -248,6 +255,22 @@ def broadcast_parameters(params, root_rank: int = 0, process_set=None) -> None:
     opt = api._joined[-1]
     _broadcast_state(items, root_rank, {p.data_ptr() for p in opt.model.parameters()},
                      {n for n, _ in opt.model.named_parameters()})
+    _broadcast_written(opt, root_rank)
+
+
+def _broadcast_written(opt: api.DistributedOptimizer, root_rank: int) -> None:
+    """Horovod's resume (its pytorch_imagenet_resnet50.py): rank 0 restores a checkpoint into
+    the model after wrapping the optimizer, then broadcasts the parameters. The root's
+    parameters written since its last pull become the job's (written to the servers), and
+    once every rank is here each rank that holds other values pulls them."""
+    published = opt.rank == root_rank and opt._wrote_params()
+    if published:
+        opt._publish_params()
+    # (every rank takes part, so none pulls before the root's values are on the servers)
+    summed, _ = _collective("allreduce", torch.tensor([float(published)]),
+                            f"broadcast_parameters.written.{next(_names)}")
+    if summed[0] or opt._wrote_params():
+        opt._pull()
 
 
 _deferred: list = []  # broadcast_parameters called before the optimizer joined
@@ -285,6 +308,17 @@ def join(device: int = -1) -> int:
 def shutdown() -> None:
     for opt in list(api._joined):
         opt.close()
+
+
+def __getattr__(name: str):
+    if name == "elastic":  # Horovod Elastic: hvd.elastic.run, TorchState, ElasticSampler
+        raise AttributeError(
+            "hvd.elastic (Horovod Elastic: elastic.run, TorchState, commit, ElasticSampler) "
+            "has no counterpart here: call the train function directly, and for workers that "
+            "come and go use `paramserver launch --workers MIN:MAX` with "
+            "paramserver.BatchSampler(len(data), opt) and DistributedOptimizer(..., "
+            "data_len=len(data))")
+    raise AttributeError(f"module 'paramserver.horovod' has no attribute {name!r}")
 
 
 def _not_built() -> bool:

@@ -197,6 +197,73 @@ def test_a_gradient_predivide_factor_averages_as_horovods_does(tmp_path):
         torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)
 
 
+RESUMED = """
+import os, sys
+import torch
+import paramserver.horovod as hvd
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def batch(k):  # the global batch: rank r of W trains on rows r::W
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(16, 5, generator=g), torch.randn(16, 2, generator=g)
+
+def epoch_of(model, optimizer, epoch, rank=0, workers=1):
+    for k in range(3 * epoch, 3 * epoch + 3):
+        x, y = batch(k)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[rank::workers]), y[rank::workers]).backward()
+        optimizer.step()
+
+if __name__ == "__main__":  # as Horovod's pytorch_imagenet_resnet50.py resumes
+    hvd.init()
+    ckpt = os.path.join(sys.argv[1], "checkpoint.pt")
+    resume_from_epoch = 1 if os.path.exists(ckpt) else 0
+    model, optimizer = build()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    # Horovod: restore on the first worker which will broadcast weights to other workers.
+    if resume_from_epoch > 0 and hvd.rank() == 0:
+        checkpoint = torch.load(ckpt)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for epoch in range(resume_from_epoch, int(sys.argv[2])):
+        epoch_of(model, optimizer, epoch, hvd.rank(), hvd.size())
+    if hvd.rank() == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, ckpt)
+"""
+
+
+@pytest.mark.slow  # two launches, ~17 s; the fast twin: the store's load of "values"
+# (tests/server/test_shard_store.py::test_load_state_writes_the_values_themselves_...)
+def test_horovods_resume_restores_on_rank_0_and_broadcasts_the_parameters(tmp_path):
+    """Horovod's ImageNet example restores its checkpoint on rank 0 after wrapping the
+    optimizer and then calls broadcast_parameters: rank 0's restored weights become the job's
+    (every rank's), the momentum goes on from optimizer.load_state_dict, so one epoch, then a
+    resumed second, ends where torch's two epochs on the global batch do (before, rank 0's
+    first step refused the weights written after joining)."""
+    path = tmp_path / "resnet_resume.py"
+    path.write_text(RESUMED)
+    for epochs in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "paramserver", "launch", "--workers", "2", "--quiet",
+             "--out", str(tmp_path / f"run{epochs}"), "--", sys.executable, str(path),
+             str(tmp_path), epochs], capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    scope: dict = {}
+    exec(compile(RESUMED, "resumed", "exec"), scope)
+    model, optimizer = scope["build"]()
+    for epoch in range(2):
+        scope["epoch_of"](model, optimizer, epoch, 0, 1)
+    trained = torch.load(tmp_path / "checkpoint.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained["model"][name], value, rtol=1e-5, atol=1e-6)
+
+
 BARRIER = """
 import os, sys, time
 import torch
@@ -292,7 +359,7 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
         hvd.DistributedOptimizer(opt, compression="zstd")
     with pytest.raises(TypeError, match="pickle"):
         hvd.broadcast_object({"a": 1})
-    with pytest.raises(RuntimeError, match="create it first"):
+    with pytest.raises(RuntimeError, match="call it after hvd.DistributedOptimizer"):
         hvd.allreduce(torch.tensor(1.0))
     assert not hvd.mpi_built() and not hvd.gloo_enabled() and hvd.nccl_built() == 0
     monkeypatch.setattr(hvd.api, "own_job", None)  # no job of its own: refused, naming launch
@@ -300,3 +367,27 @@ def test_what_has_no_meaning_here_is_refused_or_answered_as_not_built(monkeypatc
         hvd.init()
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert hvd.local_rank() == 3 and hvd.cross_size() == 1
+
+
+def test_a_collective_before_the_optimizer_joined_says_which_and_where_to_move_it():
+    """Horovod's ImageNet example broadcasts resume_from_epoch right after hvd.init(): here a
+    collective needs the joined optimizer, so the error names the call and the fix."""
+    from paramserver.client import api
+    assert not api._joined
+    with pytest.raises(RuntimeError, match=r"hvd\.broadcast\(\) before hvd\.Distributed"
+                                           r"Optimizer.*call it after"):
+        hvd.broadcast(torch.tensor(0), root_rank=0, name="resume_from_epoch")
+    with pytest.raises(RuntimeError, match=r"hvd\.barrier\(\) before"):
+        hvd.barrier()
+    with pytest.raises(RuntimeError, match=r"hvd\.allreduce\(\) before"):
+        hvd.allreduce(torch.tensor(1.0))
+
+
+def test_horovod_elastic_is_refused_naming_what_to_use_instead():
+    """Horovod's elastic examples (`@hvd.elastic.run`, `hvd.elastic.TorchState`) failed with
+    a bare "no attribute 'elastic'"; the error names the feature and paramserver's way."""
+    with pytest.raises(AttributeError, match=r"hvd\.elastic \(Horovod Elastic.*--workers "
+                                             r"MIN:MAX"):
+        hvd.elastic.TorchState
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        hvd.nope

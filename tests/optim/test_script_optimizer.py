@@ -77,7 +77,9 @@ def _local(kind: str, steps: int, workers: int) -> tuple[dict, float]:
     ("sgd", 3, 2, "bsp"),
     # auto's lockstep rounds, summed on shards that apply on arrival: one adamw step a round
     # (before, each rank's push was an adamw step of its own)
-    ("adamw", 3, 2, "auto")])
+    ("adamw", 3, 2, "auto"),
+    # a warmup that ends at the lr the job began with (the servers kept the last warmup lr)
+    ("warmup", 2, 1, "bsp")])
 def test_a_scripts_optimizer_groups_and_schedule_train_on_the_servers_as_torch_does(
         tmp_path, kind, workers, servers, sync):
     from paramserver.launch.jobs import script_job
@@ -260,3 +262,83 @@ def test_a_job_whose_servers_started_with_their_rule_refuses_a_scripts_optimizer
     out = state.handle(_worker("w0", 0.1, ADAM, 0))
     assert match(out[-1], Reply, to="r-w0", op="error", code="refused")
     assert "pass the model instead" in out[-1].fields["msg"]
+
+
+FROZEN = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import paramserver
+
+    def build():  # a fine-tuning script: the backbone frozen, every parameter in the groups
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 2))
+        for p in model[0].parameters():
+            p.requires_grad = False
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.5)
+
+    def batch(step, workers):
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(8 * workers, 5, generator=g), torch.randn(8 * workers, 2,
+                                                                      generator=g)
+
+    if __name__ == "__main__":
+        workers, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        model, opt = build()
+        opt = paramserver.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        steps, refused = 0, None
+        while not opt.should_stop:
+            x, y = batch(steps, workers)
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x[rank::workers]), y[rank::workers]).backward()
+            if steps == 3:  # unfrozen after joining: refused, the step not taken
+                model[0].bias.requires_grad = True
+                try:
+                    opt.step()
+                except RuntimeError as exc:
+                    refused = str(exc)
+                model[0].bias.requires_grad = False
+            opt.step()
+            steps += 1
+        if rank == 0:
+            with open(sys.argv[1], "w") as f:
+                json.dump({"steps": steps, "refused": refused,
+                           "state": sorted(opt.state_dict()["state"]),
+                           "params": {n: p.detach().tolist()
+                                      for n, p in model.named_parameters()}}, f)
+        opt.close()
+""")
+
+
+def test_parameters_that_need_no_grad_stay_as_torch_leaves_them_and_unfreezing_is_refused(
+        tmp_path):
+    """A fine-tuning script puts its frozen backbone (requires_grad=False) in an AdamW group
+    with weight decay: torch skips those parameters (their grad is None), so the servers must
+    not decay them (they did: every gradient here is a zeroed buffer). Two ranks under BSP end
+    on torch's parameters on the global batch, the backbone untouched and without optimizer
+    state; a parameter unfrozen after joining is refused at step() in one sentence saying
+    what to do, not trained on the old course."""
+    from paramserver.launch.jobs import script_job
+    from paramserver.launch.local import LocalCluster
+    from paramserver.spec.config import TrainConfig
+    script, out = tmp_path / "finetune.py", tmp_path / "final.json"
+    script.write_text(FROZEN)
+    cfg = TrainConfig(sync="bsp", workers=2, steps=8, servers=1)
+    LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=180,
+                 worker_cmd=[sys.executable, str(script), str(out)]).run()
+    got = json.loads(out.read_text())
+    assert got["steps"] == 8
+    assert "parameter '0.bias' requires grad now" in got["refused"]
+    assert "Set requires_grad before creating the DistributedOptimizer" in got["refused"]
+    env: dict = {}
+    exec(FROZEN, env)
+    model, opt = env["build"]()
+    for step in range(8):
+        x, y = env["batch"](step, 2)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert got["state"] == [2, 3]  # torch's: no state for the frozen 0.weight, 0.bias
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(torch.tensor(got["params"][name]), p.detach(),
+                                   rtol=1e-5, atol=1e-6, msg=name)

@@ -141,6 +141,20 @@ def test_init_only_once():
     np.testing.assert_array_equal(s.read(10, 20).numpy(), np.arange(10, 20))
 
 
+def test_load_state_writes_the_values_themselves_and_refuses_without_writing_any():
+    """A script's rank 0 that restored a checkpoint after joining sends its parameters as the
+    state named "values" (horovod.broadcast_parameters); a load naming an unknown state
+    beside them writes neither."""
+    s = store(rule="momentum", momentum=0.9)
+    with pytest.raises(StoreError, match="keeps no per-key state nope"):
+        s.load_state(12, 14, ["values", "nope"], [np.full(2, 7.0), np.zeros(2)])
+    np.testing.assert_array_equal(s.read(10, 20).numpy(), np.arange(10, 20))
+    s.load_state(12, 14, ["values"], [np.full(2, 7.0)])
+    expected = np.arange(10, 20, dtype=np.float64)
+    expected[2:4] = 7.0
+    np.testing.assert_array_equal(s.read(10, 20).numpy(), expected)
+
+
 def test_momentum_dense_and_sparse_agree_with_a_reference():
     dense, sparse = store(rule="momentum", lr=0.1, momentum=0.5), store(rule="momentum", lr=0.1,
                                                                           momentum=0.5)

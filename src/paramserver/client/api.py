@@ -150,6 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     _follows_batch = False
     _batch_said = False
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
+    _moved = False  # a schedule has moved the groups' settings: each push carries them
     staging: DeviceStaging | None = None
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter] | torch.optim.Optimizer,
@@ -175,6 +176,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The groups' settings the servers started with: a schedule that moves them sends
         # them with each push from then on (a restarted or new shard learns them too).
         self._settings = None if self.optimizer is None else settings_of(self.optimizer)
+        # Which parameters train: those that need no grad now are frozen on the servers.
+        self._trains = self._trainable()
         join = _join_address(join)
         join = endpoint(join)  # a malformed one named now, not as a socket error
         self.kv = KVWorker(join, timeout=timeout, num_keys=self.keys.num_keys,
@@ -286,18 +289,52 @@ class DistributedOptimizer(torch.optim.Optimizer):
         each in-place write of a tensor: load_state_dict, nn.init, copy_ under no_grad)."""
         return sum(p._version for p in self.model.parameters())
 
+    def _trainable(self) -> tuple[bool, ...] | None:
+        if self.optimizer is None:
+            return None
+        return tuple(p.requires_grad for p in self.model.parameters())
+
+    def _check_frozen(self) -> None:
+        """The servers froze the parameters that needed no grad when the optimizer joined (as
+        torch skips them); one unfrozen or frozen since would silently keep the old course."""
+        if self._trains is None or self._trainable() == self._trains:
+            return
+        name, p = next((n, p) for (n, p), was in zip(self.model.named_parameters(),
+                                                       self._trains) if p.requires_grad != was)
+        now = "requires grad now" if p.requires_grad else "needs no grad now"
+        raise RuntimeError(
+            f"rank {self.rank}: parameter {name!r} {now}, not as when DistributedOptimizer "
+            f"joined: the servers freeze the parameters that need no grad at that point, "
+            f"for the whole job (as DDP fixes them when it wraps the model). Set requires_grad "
+            f"before creating the DistributedOptimizer; to hold a parameter back for a while, "
+            f"put it in its own parameter group and set that group's lr to 0")
+
+    def _wrote_params(self) -> bool:
+        """The script has written the model's parameters since the last pull."""
+        return self._param_writes() != self._written
+
+    def _publish_params(self) -> None:
+        """This rank's parameters as they are now (a checkpoint it restored after joining)
+        become the job's: written over the servers' values. The other ranks take them with
+        their next pull (horovod.broadcast_parameters makes every rank pull once it is in)."""
+        from paramserver.client import optimizer_state
+        from paramserver.core.keyspace import KeyRange
+        optimizer_state.load_state(self.kv, KeyRange(0, self.keys.num_keys),
+                                   {"values": self.staging.params_to_host()})
+
     def _check_unwritten(self) -> None:
         """The parameters are the servers': one the script wrote since the last pull (a
         snapshot loaded after joining, as DDP's tutorial does before its first step) would be
         overwritten by the next pull without a word, so it is refused, naming the fix."""
-        if self._param_writes() != self._written:
+        if self._wrote_params():
             raise RuntimeError(
                 f"rank {self.rank}: the model's parameters were written after "
                 f"DistributedOptimizer joined the job (model.load_state_dict, an nn.init or "
                 f"another in-place change): the servers hold the job's parameters, and the "
                 f"next pull would overwrite these. Load or set the weights before creating the "
-                f"DistributedOptimizer (rank 0's start the job), or resume a launched run with "
-                f"`paramserver launch --resume RUN`")
+                f"DistributedOptimizer (rank 0's start the job), restore on rank 0 and then "
+                f"call hvd.broadcast_parameters(model.state_dict(), root_rank=0) as Horovod's "
+                f"resume does, or resume a launched run with `paramserver launch --resume RUN`")
 
     def step(self, loss: torch.Tensor | float | None = None, batch: int | None = None) -> None:
         """Push this step's gradients, wait for the policy's release, pull fresh parameters."""
@@ -314,6 +351,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             self.rank)
             return
         self._check_unwritten()
+        self._check_frozen()
         if not grads_are_bound(self.model, self.grads):
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()
@@ -381,11 +419,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _hyper(self) -> list | None:
         """The groups' settings, once a schedule has moved any from those the job began
-        with; None until then."""
+        with (from then on at every push, even back at those); None until then."""
         if self.optimizer is None:
             return None
         now = settings_of(self.optimizer)
-        return None if now == self._settings else [[i, g] for i, g in enumerate(now)]
+        if now == self._settings and not self._moved:
+            return None
+        # From the first move on, every push carries them: a schedule that comes back to the
+        # settings the job began with (a warmup ending at the base lr) must reach the servers
+        # too, which hold the last ones sent.
+        self._moved = True
+        return [[i, g] for i, g in enumerate(now)]
 
     def report(self, test_accuracy: float, test_loss: float | None = None, **extra: float) -> None:
         """Report the script's own test evaluation: it becomes the run's evaluation record

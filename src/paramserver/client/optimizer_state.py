@@ -75,7 +75,8 @@ def read(kv, model: nn.Module, keys: ModelKeys, optimizer: torch.optim.Optimizer
     state: dict[int, dict] = {}
     for _, i, p, r in _params(model, keys, optimizer):
         n = None if steps is None else float(steps[r.lo])
-        if n == 0.0 or (n is None and not arrays):
+        # (frozen on the servers, as it needs no grad: torch keeps no state for it)
+        if n == 0.0 or (n is None and not arrays) or not p.requires_grad:
             continue
         entry = {k: torch.from_numpy(a[r.lo:r.hi].copy()).view_as(p).to(p.device)
                  for k, a in arrays.items()}

@@ -6,7 +6,10 @@ built. What the servers need of it travels with the worker's registration as an 
 (`optim/torch_rule.py`), the settings of its constructor (`optimizer.defaults`, less what is
 not the optimizer's math: foreach, fused, capturable, differentiable), and each parameter
 group's key ranges with the settings in which it differs. Keys of parameters no group holds
-are frozen, as torch leaves them (a group of lr 0). Nothing is pickled: names, numbers, lists.
+are frozen, as torch leaves them (a group of lr 0), and so are parameters that do not require
+grad when the optimizer joins (a frozen backbone in a group with weight decay: torch skips a
+parameter whose grad is None; here every gradient is a zeroed buffer, which a decay or a moment
+would still move). Nothing is pickled: names, numbers, lists.
 
 Only classes the servers run are taken; another is refused at once, before joining, with the
 list; so is an option the servers' rule would refuse (the rule is built here to check).
@@ -90,6 +93,8 @@ def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys
                 raise ValueError(f"parameter group {i} holds a tensor of shape "
                                  f"{tuple(p.shape)} that is not among the model's parameters "
                                  f"(named_parameters): the servers hold only the model's")
+            if not p.requires_grad:
+                continue  # frozen: torch never steps it (its grad stays None)
             covered.add(name)
             r = keys.param_range(name)
             ranges.append((r.lo, r.hi))
@@ -100,7 +105,7 @@ def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys
         groups.append({"ranges": _runs(ranges), **settings})
     frozen = [(keys.param_range(n).lo, keys.param_range(n).hi)
               for n, _ in model.named_parameters() if n not in covered]
-    if frozen:  # torch never steps a parameter it was not given
+    if frozen:  # torch never steps a parameter it was not given, nor one that needs no grad
         groups.append({"ranges": _runs(frozen), "lr": 0.0})
     options = dict(defaults)
     if groups:

@@ -313,14 +313,16 @@ class ShardStore:
         return [self.state[k][index].numpy().copy() for k in self.keyed_state()]
 
     def load_state(self, lo: int, hi: int, names: list, arrays: list) -> None:
-        """Per-key state `names[i]` over keys [lo, hi) from `arrays[i]`: all checked before
-        any is written, so a refused load changes nothing."""
+        """Per-key state `names[i]` over keys [lo, hi) from `arrays[i]`, or the parameters
+        themselves under the name "values" (a script's rank 0 restoring a checkpoint after its
+        optimizer joined, then broadcasting its parameters as Horovod's resume does): all
+        checked before any is written, so a refused load changes nothing."""
         index = self.local(lo, hi)
         keyed = self.keyed_state()
         if len(names) != len(arrays):
             raise StoreError(f"load_state names {len(names)} states but carries "
                              f"{len(arrays)} arrays")
-        unknown = sorted(set(map(str, names)) - set(keyed))
+        unknown = sorted(set(map(str, names)) - set(keyed) - {"values"})
         if unknown:
             raise StoreError(f"update rule {self.rule.name} keeps no per-key state "
                              f"{', '.join(unknown)}; it keeps {', '.join(keyed) or 'none'}")
@@ -328,8 +330,10 @@ class ShardStore:
             if array.size != hi - lo:
                 raise StoreError(f"state {name} for keys [{lo}, {hi}) carries {array.size} "
                                  f"values")
+        if "values" in names:
+            self._writable()  # (a reply in flight may still read the values)
         for name, array in zip(names, arrays):
-            target = self.state[name][index]
+            target = self.values[index] if name == "values" else self.state[name][index]
             target.copy_(torch.from_numpy(np.ascontiguousarray(array)).to(target.dtype))
         self.rule.state_loaded()
 
