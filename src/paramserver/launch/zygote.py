@@ -79,6 +79,14 @@ def _zygote():
 def _role_main(argv: list[str], env: dict, cwd: str, log_path: str, prepare) -> None:
     """The forked child: become the role's own process, then run `paramserver ROLE ...`."""
     prepare()  # dies with its parent, leaves the terminal's process group (launch/local.py)
+    # multiprocessing hands every child the write end of the zygote's "alive" pipe, and the
+    # zygote ends only once every holder of it has: a role holding it kept the zygote of a
+    # SIGKILLed launcher up, and so itself (it dies with the zygote), the job training on.
+    from multiprocessing import forkserver
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
