@@ -140,3 +140,38 @@ def test_calibrate_refuses_a_bad_grid_setting_before_making_anything(flags, says
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def _run_folder(path, interrupted: bool = False):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"config": {}, "job": None}))
+    (path / "metrics.jsonl").write_text(json.dumps(
+        {"t": 1.0, "kind": "eval", "samples": 32, "accuracy": 0.5}) + "\n")
+    (path / "summary.json").write_text(json.dumps(
+        {"steps": 1, **({"interrupted": True} if interrupted else {})}))
+
+
+def test_a_run_a_ctrl_c_cut_short_is_not_a_finished_run(tmp_path):
+    """A Ctrl-C during a grid run writes its summary.json, marked interrupted: --from took it
+    for a finished run, its few steps fitted as the policy's whole run."""
+    _run_folder(tmp_path / "runs/one-slow/bsp/rep-0")
+    _run_folder(tmp_path / "runs/one-slow/asp/rep-0", interrupted=True)
+    assert [(r.policy, r.repeat) for r in find_runs(tmp_path)] == [("bsp", 0)]
+
+
+def test_a_ctrl_c_during_the_grid_says_where_the_finished_runs_are(tmp_path, monkeypatch,
+                                                                   capsys):
+    """It said only 'interrupted': now the folder of the finished runs and the command that
+    calibrates on them, exit 130, no traceback."""
+    from paramserver.cli.main import main
+    from paramserver.launch import jobs
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(jobs, "run_training", interrupted)
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--sync", "bsp", "--scenario", "one-slow", "--repeats", "1",
+                 "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"the finished runs are kept in {out / 'grid'}" in err, err
+    assert f"paramserver calibrate --from {out / 'grid'}" in err and "Traceback" not in err

@@ -119,3 +119,22 @@ def test_every_codec_is_a_variant_pushed_and_pulled(codec):
     ((label, (name, opts)),) = parse_variants([f"{codec}:pull={codec}"]).items()
     spec = WireSpec.parse(name, *variant_settings(opts, "none", 20))
     assert (spec.label(), spec.pull_codec) == (codec, codec)
+
+
+def test_a_ctrl_c_while_the_report_is_drawn_says_how_to_draw_it(tmp_path, monkeypatch, capsys):
+    """The runs are done and kept; a Ctrl-C while the figures are drawn said only
+    'interrupted': now where the runs are and the command that draws the report, exit 130."""
+    from paramserver import report
+    from paramserver.cli import compare_cmd
+    from paramserver.cli.main import main
+
+    def drawing(out):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(compare_cmd, "_run_all", lambda *args, **kwargs: [])
+    monkeypatch.setattr(report, "build_report", drawing)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--sync", "bsp", "--repeats", "1", "--no-single", "--quiet",
+                 "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted while drawing the report; the runs are kept in {out}" in err, err
+    assert f"paramserver report {out} draws it" in err and "Traceback" not in err

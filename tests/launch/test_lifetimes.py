@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from paramserver.core.exits import Exit
@@ -315,18 +316,11 @@ def test_a_curve_context_closed_right_after_binding_terminates(tmp_path):
     assert out.stdout.strip() == "terminated", out.stderr
 
 
-def _processes_naming(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline and int(entry.name) != os.getpid():
-            found.append(int(entry.name))
-    return found
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def test_a_sigkilled_launcher_leaves_its_keys_in_its_run_folder_only(tmp_path):
@@ -335,17 +329,26 @@ def test_a_sigkilled_launcher_leaves_its_keys_in_its_run_folder_only(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "TMPDIR": str(tmp)}
     launcher = subprocess.Popen(
-        PY + ["train", "--workers", "1", "--servers", "1", "--sync", "asp", "--max-seconds",
-              "600", "--eval-interval", "0", "--out", str(run_dir)],
+        PY + ["train", "--workers", "2", "--servers", "1", "--device-time", "2ms",
+              "--max-seconds", "600", "--eval-interval", "0", "--out", str(run_dir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
     try:
         _wait_for("the coordinator's address", (run_dir / "coordinator.addr").exists)
+        _wait_for("the worker's first step",
+                  lambda: '"kind": "step"' in _text(run_dir / "metrics.jsonl"), timeout=60)
+        # (forked roles name no run folder on their command line: the tree, taken first)
+        job = psutil.Process(launcher.pid).children(recursive=True)
     finally:
         launcher.kill()
         launcher.wait(10)
-    # Its children die with it (PR_SET_PDEATHSIG): wait until none is left.
-    _wait_for("the launcher's children to die", lambda: not _processes_naming(str(run_dir)),
-              timeout=20)
+    # Its children die with it (PR_SET_PDEATHSIG, the roles with the zygote, which ends with
+    # the launcher), within seconds: the job's roles, each holding the zygote up, trained on.
+    assert len(job) >= 5  # the zygote, the coordinator, the server, the workers at least
+    left = psutil.wait_procs(job, timeout=8)[1]
+    for proc in left:  # (reaped here so that a failure leaves no job behind)
+        proc.kill()
+    psutil.wait_procs(left, timeout=10)
+    assert not left, f"left running after the launcher's death: {left}"
     # Only multiprocessing's folder of the role zygote's socket (launch/zygote.py), which the
     # killed launcher could not remove: no file of the job's, no key.
     left = [p for p in tmp.rglob("*") if not (p.is_dir() and p.name.startswith("pymp-"))

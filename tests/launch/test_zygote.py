@@ -54,3 +54,45 @@ def test_a_launcher_run_from_python_c_starts_its_roles(tmp_path):
                           timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_ctrl_c_or_sigterm_to_the_terminals_group_leaves_the_zygote_alive_and_quiet(tmp_path):
+    """The zygote shares the launcher's process group: a Ctrl-C (or a SIGTERM to the group)
+    while it preloads torch killed it with a KeyboardInterrupt traceback on the terminal, and
+    with it every role it would fork, before the launcher could save what they trained."""
+    import signal
+    code = (
+        "import os, signal, time\n"
+        "from multiprocessing import forkserver\n"
+        "from paramserver.launch import zygote\n"
+        "zygote.warm()\n"
+        "pid = forkserver._forkserver._forkserver_pid\n"
+        "got = []\n"
+        "for s in (signal.SIGINT, signal.SIGTERM):\n"
+        "    signal.signal(s, lambda n, f: got.append(n))\n"
+        "print(pid, flush=True)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while len(got) < 2 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "p = zygote._zygote().Process(target=os.getpid)\n"
+        "p.start()\n"
+        "p.join(60)\n"
+        "print(p.exitcode, forkserver._forkserver._forkserver_pid == pid, flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        zygote_pid = int(proc.stdout.readline())
+        assert psutil.pid_exists(zygote_pid)
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal does, during the zygote's preload
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err[-2000:]
+    assert out.split() == ["0", "True"], (out, err[-2000:])  # the same zygote forked the role
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]

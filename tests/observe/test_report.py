@@ -191,6 +191,20 @@ def test_a_corrupt_run_is_skipped_with_a_warning_in_the_report(tmp_path):
     assert "LaunchError: worker 2 exited" in page
 
 
+def test_a_run_a_ctrl_c_cut_short_is_not_compared(tmp_path):
+    """compare's Ctrl-C draws the report from the finished runs: the one it interrupted (its
+    summary marked so) was judged beside them, as a policy that never reached the target."""
+    root = make_compare(tmp_path / "cmp", {"bsp": [2.0], "asp": [None]})
+    cut = root / "runs/one-slow/asp/rep-0"
+    summary = json.loads((cut / "summary.json").read_text())
+    (cut / "summary.json").write_text(json.dumps({**summary, "interrupted": True}))
+    c = collect(root)
+    assert [r.policy for r in c.runs] == ["bsp"]
+    assert any(f"skipped {cut}: interrupted" in w for w in c.warnings), c.warnings
+    page = render_report(c, table_rows(c), [])
+    assert f"skipped {cut}: interrupted" in html.unescape(page)
+
+
 def test_every_figure_is_written_and_not_empty(built):
     root, _ = built
     for kind in KINDS:

@@ -218,17 +218,22 @@ def test_a_bare_python_runs_as_this_interpreter(tmp_path, monkeypatch):
                                                                "mypkg.train"]
 
 
-def test_ctrl_c_keeps_what_was_trained(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_keeps_what_was_trained(tmp_path, sig):
     """A Ctrl-C in the middle of `train`: the run folder keeps model.pt (the servers'
     parameters at that moment, under the model's names) and summary.json of the steps done,
-    marked interrupted; exit 130; every process of the job is gone."""
+    marked interrupted; exit 130; every process of the job is gone, and its temporary files.
+    A SIGTERM (kill, a `timeout`) does the same: it ended the launcher at once, silent, with
+    no summary, and left the zygote's socket folder behind."""
     import json
     import signal
     import time
 
     import psutil
     import torch
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
         [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     run = tmp_path / "run"
     proc = subprocess.Popen(
@@ -245,7 +250,7 @@ def test_ctrl_c_keeps_what_was_trained(tmp_path):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
         children = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, sig))
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -259,6 +264,7 @@ def test_ctrl_c_keeps_what_was_trained(tmp_path):
     assert "1.weight" in state and torch.isfinite(state["1.weight"]).all()
     gone = psutil.wait_procs(children, timeout=10)[1]
     assert not gone, f"left running: {gone}"
+    assert not list(tmp.iterdir()), list(tmp.iterdir())
 
 
 def test_ctrl_c_before_the_coordinator_listens_says_so(tmp_path, monkeypatch, capsys):

@@ -80,6 +80,16 @@ def read_run(folder: Path) -> RunFolder:
 
 
 def find_runs(root: Path) -> list[RunFolder]:
-    """Every finished run (one with summary.json) under `root`, in path order."""
+    """Every finished run (one with summary.json) under `root`, in path order; a run a Ctrl-C
+    cut short (its summary.json marked interrupted) did not finish: its steps would be fitted
+    as the policy's whole run."""
     return [read_run(p.parent) for p in sorted(Path(root).rglob("rep-*/summary.json"))
-            if (p.parent / "config.json").exists() and (p.parent / "metrics.jsonl").exists()]
+            if (p.parent / "config.json").exists() and (p.parent / "metrics.jsonl").exists()
+            and not _interrupted(p)]
+
+
+def _interrupted(summary: Path) -> bool:
+    try:
+        return json.loads(summary.read_text(encoding="utf-8")).get("interrupted") is True
+    except (OSError, ValueError, AttributeError):
+        return False  # (read_run says what is wrong with it)

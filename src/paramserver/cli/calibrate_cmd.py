@@ -142,7 +142,13 @@ def _run(args) -> int:
         if not args.runs_from:
             plan_grid(args, out)  # its policies, scenarios, links and settings refused
             out.mkdir(parents=True, exist_ok=True)  # before the run folder is made
-            failed = run_grid(args, out, console)
+            try:
+                failed = run_grid(args, out, console)
+            except KeyboardInterrupt:
+                print(f"paramserver calibrate: interrupted; the finished runs are kept in "
+                      f"{source} (paramserver calibrate --from {source} calibrates on them)",
+                      file=sys.stderr)
+                return 130
         if not args.runs_from:
             load["after"] = _load_average()
         result = calibrate(source, out, target=args.target, console=console,

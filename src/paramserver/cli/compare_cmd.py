@@ -419,6 +419,10 @@ def _run(args) -> int:
     except ReportError as exc:  # every run failed: their errors are printed above
         print(f"paramserver compare: no report: {exc}", file=sys.stderr)
         return code or 1
+    except KeyboardInterrupt:  # the runs are whole: only the page is missing
+        print(f"paramserver compare: interrupted while drawing the report; the runs are kept "
+              f"in {out} (paramserver report {out} draws it)", file=sys.stderr)
+        return 130
     from paramserver.report import VERDICT_TXT
     # The answer on the console too: the page's verdict, a paragraph per scenario.
     console.print((out / VERDICT_TXT).read_text(encoding="utf-8").rstrip(), markup=False,

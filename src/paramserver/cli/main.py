@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from paramserver.cli.parser import CommandParser
 
@@ -83,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # A command that runs a job (train, launch, compare, serve, ...) ends on SIGTERM (kill, a
+    # `timeout`, a scheduler's cancel) as on a Ctrl-C: what was trained and written is kept,
+    # every process of the job is stopped and reaped, its temporary files go. The default
+    # action ended it at once, silent, with no summary, and left its zygote's socket folder.
+    # A role keeps its own meaning of SIGTERM (a drain, a preemption), as `task` (a role).
+    own_term = (argv[0] in ROLE_COMMANDS or argv[0] == "task"
+                or threading.current_thread() is not threading.main_thread())
+    before = None if own_term else signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -99,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paramserver {argv[0]}: {exc.filename}: "
               f"{exc.strerror or exc}", file=sys.stderr)
         return 1
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

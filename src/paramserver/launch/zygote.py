@@ -22,6 +22,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -44,8 +45,26 @@ def warm() -> None:
     sizing the model); the first role forked waits for them to end."""
     if enabled():
         _zygote()
-        from multiprocessing import forkserver
+        _ensure_running()
+
+
+def _ensure_running() -> None:
+    """Start the zygote if it is not running, deaf to SIGINT and SIGTERM from birth (ignored
+    dispositions survive its exec), as multiprocessing's resource tracker is: it shares the
+    launcher's process group, so a Ctrl-C at the terminal reaches it too, and during its
+    preload (seconds of importing torch) it would die of a KeyboardInterrupt printed as a
+    traceback, or of a SIGTERM, taking the forked roles with it before the launcher has saved
+    what they trained. It ends when the launcher does (its pipe from the launcher closes)."""
+    from multiprocessing import forkserver
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()  # (only the main thread may change a disposition)
+        return
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
         forkserver.ensure_running()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _zygote():
@@ -60,6 +79,14 @@ def _zygote():
 def _role_main(argv: list[str], env: dict, cwd: str, log_path: str, prepare) -> None:
     """The forked child: become the role's own process, then run `paramserver ROLE ...`."""
     prepare()  # dies with its parent, leaves the terminal's process group (launch/local.py)
+    # multiprocessing hands every child the write end of the zygote's "alive" pipe, and the
+    # zygote ends only once every holder of it has: a role holding it kept the zygote of a
+    # SIGKILLed launcher up, and so itself (it dies with the zygote), the job training on.
+    from multiprocessing import forkserver
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -70,7 +97,8 @@ def _role_main(argv: list[str], env: dict, cwd: str, log_path: str, prepare) -> 
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (the zygote ignores both)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     code = 1
     try:
         # What `python -m paramserver ROLE ...` runs, run as that program (not imported from
@@ -114,6 +142,8 @@ class ForkedRole:
     stdout = None
 
     def __init__(self, argv: list[str], env: dict, log_path: Path, prepare):
+        _zygote()
+        _ensure_running()
         self._proc = _zygote().Process(
             target=_role_main, args=(list(argv), dict(env), os.getcwd(), str(log_path),
                                      prepare),

@@ -229,6 +229,12 @@ def _compare_runs(root: Path, warnings: list[str]) -> list[tuple]:
         if not (rep / "metrics.jsonl").exists():
             warnings.append(f"skipped {rep}: no metrics.jsonl (the run did not start?)")
             continue
+        if (_read_json(rep / "summary.json") or {}).get("interrupted") is True:
+            # A Ctrl-C cut it short: set beside whole runs it would be judged as a policy's
+            # outcome ("fell to chance" after ten steps). Its folder keeps what it did.
+            warnings.append(f"skipped {rep}: interrupted before its end (its folder keeps "
+                            "the steps done)")
+            continue
         found.append((rep, rep.parent.parent.name, rep.parent.name, int(match.group(1))))
     return found
 
