@@ -600,6 +600,40 @@ def test_a_script_that_cannot_start_is_refused_before_the_profiling_run(script, 
     assert not out.exists()
 
 
+def test_the_profiling_run_takes_the_data_dir_and_runs_a_bare_python_as_launch_does(
+        tmp_path, monkeypatch, capsys):
+    """A bare `python` in --script ran whatever python PATH found first (one without torch
+    unless the venv was activated), where launch runs this interpreter; --data-dir was not
+    taken, so a live profile of --dataset mnist could not find its files."""
+    import sys
+
+    from paramserver.advise import profile
+    seen = []
+
+    def stop_here(spec, quiet=True):
+        seen.append(spec)
+        raise profile.ProfileError("stopped by the test")
+    monkeypatch.setattr(profile, "profile_live", stop_here)
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert main(["advise", "--script", f"python {script} --epochs 1", "--out",
+                 str(tmp_path / "a"), "--quiet"]) == 2
+    assert seen[-1].command == (sys.executable, str(script), "--epochs", "1")
+    assert main(["advise", "--live", "--dataset", "mnist", "--data-dir", str(tmp_path),
+                 "--out", str(tmp_path / "b"), "--quiet"]) == 2
+    assert seen[-1].data_dir == str(tmp_path) and seen[-1].dataset == "mnist"
+    assert "stopped by the test" in capsys.readouterr().err
+
+
+def test_a_live_profile_of_mnist_without_its_files_says_which_are_missing(tmp_path, capsys):
+    assert main(["advise", "--live", "--dataset", "mnist", "--data-dir",
+                 str(tmp_path / "nowhere"), "--profile-seconds", "1", "--out",
+                 str(tmp_path / "a"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paramserver advise: MNIST files missing from") and "Traceback" \
+        not in err, err
+
+
 def test_autos_arrival_stretches_converge_as_the_arrival_mode_runs_not_as_fixed_asp():
     """auto scales its asp pushes to a round's step; fixed ASP's calibrated runs (full-size
     stale pushes) diverge at this staleness, the arrival-mode runs as a whole do not. A fixed

@@ -215,6 +215,7 @@ class LiveProfileSpec:
     sync: str = "asp"  # arrival mode: no worker waits for another, so each one's pace shows
     model: str = "mlp"
     dataset: str = "digits"
+    data_dir: str | None = None  # the MNIST files (--dataset mnist)
     batch_size: int = 32
     straggler: str = "none"
     device_time: str = "off"
@@ -231,7 +232,8 @@ def profile_live(spec: LiveProfileSpec, quiet: bool = True) -> Profile:
         from paramserver.launch.jobs import run_training
         from paramserver.spec.config import TrainConfig
         cfg = TrainConfig(sync=spec.sync, workers=spec.workers, servers=spec.servers,
-                          model=spec.model, dataset=spec.dataset, batch_size=spec.batch_size,
+                          model=spec.model, dataset=spec.dataset, data_dir=spec.data_dir,
+                          batch_size=spec.batch_size,
                           straggler=spec.straggler, device_time=spec.device_time,
                           links=list(spec.links), max_seconds=spec.seconds, epochs=1000.0,
                           eval_interval=0.0)

@@ -91,6 +91,7 @@ def register(sub) -> None:
                                                   f"(default mlp)")
     g.add_argument("--dataset", default="digits",
                    help=f"{catalog.listed(catalog.DATASETS)} (default digits)")
+    g.add_argument("--data-dir", help="folder with the MNIST IDX files (for --dataset mnist)")
     g.add_argument("--straggler", default="none", help="slowness injected in the profiling run")
     g.add_argument("--device-time", default="off",
                    help="emulated device time per sample of the profiling run, e.g. 0.5ms")
@@ -145,6 +146,7 @@ def _profile(args):
     from paramserver.advise.profile import LiveProfileSpec, load_profile, profile_live
     if args.profile:
         return load_profile(args.profile, batch_size=args.trace_batch, link=args.trace_link)
+    command: tuple = ()
     if args.script is not None:  # a command that cannot start is refused before the run
         from paramserver.cli.launch_cmd import worker_command
         try:
@@ -152,15 +154,17 @@ def _profile(args):
             if not words:
                 raise ValueError("no command: give the worker command, e.g. --script 'python "
                                  "train.py'")
-            worker_command(words)
+            # as launch runs it: a bare `python` is this interpreter, with torch and paramserver
+            command = tuple(worker_command(words))
         except ValueError as exc:  # (shlex's too: an unclosed quote)
             raise ValueError(f"--script {args.script!r}: {exc}") from None
     out = _out(args) / "profile"
     spec = LiveProfileSpec(out=out, seconds=args.profile_seconds, workers=args.profile_workers,
-                           model=args.model, dataset=args.dataset, straggler=args.straggler,
+                           model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+                           straggler=args.straggler,
                            device_time=args.device_time,
                            links=tuple(flag.links(args.profile_link).args()),
-                           command=tuple(shlex.split(args.script)) if args.script else ())
+                           command=command)
     what = args.script or f"{args.model} on {args.dataset}"
     _say(args, f"profiling {what}: {args.profile_workers} workers for "
                f"{args.profile_seconds:g} s in {out} ...")
@@ -283,7 +287,8 @@ def _run(args) -> int:
     from paramserver.launch.local import LaunchError
     try:
         doc = advise(args)
-    except (ProfileError, ClusterFitError, ConvergenceError, ValueError) as exc:
+    except (ProfileError, ClusterFitError, ConvergenceError, ValueError,
+            FileNotFoundError) as exc:  # (a data set's missing files, as train says them)
         print(f"paramserver advise: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
