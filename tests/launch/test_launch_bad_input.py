@@ -78,6 +78,26 @@ def test_a_rank_whose_model_differs_ends_the_launch_naming_it_and_the_parameter(
     assert '"1.weight"' in layout and '"2.weight"' not in layout
 
 
+def test_a_job_every_rank_refuses_is_said_with_a_ranks_own_error(tmp_path):
+    """Every rank's model is float32 in a float64 job: each refuses to join and the
+    coordinator fails the job, counting them. The launch quoted the coordinator's log, which
+    held only the count; the cause is the ranks' output."""
+    script = """
+        import torch, paramserver
+        model = torch.nn.Linear(4, 1)
+        with paramserver.DistributedOptimizer(model) as opt:
+            pass
+    """
+    proc, _, took = launch(tmp_path, script, "--steps", "5", "--dtype", "float64", workers=2)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = proc.stderr[proc.stderr.index("paramserver launch: the job failed"):]
+    assert "every worker left the job and none finished it" in said, said
+    assert "worker 0's last output:" in said and "the coordinator's last output" not in said
+    assert ("the job holds float64 parameters, the model is torch.float32: launch the job "
+            "with --dtype float32 or convert the model (model.to(torch.float64))") in said
+    assert took < 60, f"the launch took {took:.0f} s"
+
+
 NO_OPTIMIZER = """
     import os, torch, paramserver
     if os.environ["RANK"] == "2":

@@ -226,7 +226,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"must build the same model")
         if self.kv.dtype != torch.empty(0, dtype=dtype).numpy().dtype:
             raise ValueError(f"rank {self.kv.rank}: the job holds {self.kv.dtype} parameters, "
-                             f"the model is {dtype}")
+                             f"the model is {dtype}: launch the job with --dtype "
+                             f"{str(dtype).removeprefix('torch.')} or convert the model "
+                             f"(model.to(torch.{self.kv.dtype})) before DistributedOptimizer")
 
     @property
     def rank(self) -> int:

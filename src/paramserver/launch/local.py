@@ -389,10 +389,26 @@ class LocalCluster:
         elif c.role == "coordinator":
             reason = job_failed_reason(self.run_dir / "events.jsonl")
             if reason is not None:  # it ended the job itself: no restart would mend that
+                # Workers that failed (their script refused the job, say) hold the cause;
+                # the coordinator only counted them.
+                failed = self._failed_worker()
+                if failed is not None:
+                    return f"{reason}; {failed.name}'s last output:\n{failed.tail()}"
                 return f"{reason}; the coordinator's last output:\n{c.tail()}"
             if not self.restart_coordinator:
                 msg += " (--restart-coordinator N restarts a dead coordinator)"
         return f"{msg}:\n{c.tail()}"
+
+    def _failed_worker(self, settle: float = 2.0) -> Child | None:
+        """The lowest-ranked worker that exited failing and printed something, once the
+        workers still running have had `settle` seconds to exit (a worker's bye reaches the
+        coordinator before its process is gone)."""
+        workers = sorted((w for w in self.children if w.role == "worker"), key=lambda w: w.index)
+        until = time.monotonic() + settle
+        while time.monotonic() < until and any(w.proc.poll() is None for w in workers):
+            time.sleep(0.05)
+        return next((w for w in workers if w.proc.poll() not in (None, exits.Exit.FINISHED)
+                     and w.tail().strip()), None)
 
     def wait(self, poll: float = 0.05, on_tick=None) -> None:
         deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
