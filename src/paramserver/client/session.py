@@ -18,6 +18,7 @@ from typing import Callable
 
 import zmq
 
+from paramserver.core.endpoints import NO_ANSWER_YET, SAY_WAITING
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
 from paramserver.net.rpc import RemoteError
@@ -33,7 +34,6 @@ PEER_CHECK = 0.25
 # A first registration unanswered this long is sent again: a coordinator that died with it
 # never answers, and its replacement knows nothing of it (a repeat is answered as the first).
 REGISTER_AGAIN = 2.0
-SAY_WAITING = 3.0  # seconds without an answer to a join before it says so
 # While start() waits for the start barrier, how often it asks the coordinator whom for (and
 # says so): a job that never starts tells its user which peers it misses.
 STATUS_EVERY = 5.0
@@ -244,10 +244,8 @@ class CoordinatorSession:
                 if msg.op == "register":
                     if not said and time.monotonic() - since >= SAY_WAITING:
                         said = True
-                        log.warning("no answer yet from a coordinator at %s (%.0f s): is a job "
-                                    "running there? (paramserver serve or launch starts one); "
-                                    "giving up after %.0f s", self.join,
-                                    time.monotonic() - since, timeout)
+                        log.warning(NO_ANSWER_YET, self.join, time.monotonic() - since,
+                                    timeout)
                     if time.monotonic() - sent > REGISTER_AGAIN:
                         sent = self._send_again(msg)
                     continue

@@ -5,6 +5,14 @@ socket library error. Pure."""
 from __future__ import annotations
 
 
+# A role joining an address where no coordinator answers says so after SAY_WAITING seconds
+# (a wrong address or a job not started yet), then waits out its own timeout: the log line,
+# with the address, the seconds waited and the timeout.
+SAY_WAITING = 3.0
+NO_ANSWER_YET = ("no answer yet from a coordinator at %s (%.0f s): is a job running there? "
+                 "(paramserver serve or launch starts one); giving up after %.0f s")
+
+
 class EndpointError(ValueError):
     """Not an address to join; says the form."""
 

@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from paramserver.compression import payload
-from paramserver.client.session import SAY_WAITING
+from paramserver.core.endpoints import NO_ANSWER_YET, SAY_WAITING
 from paramserver.core.exits import Exit, PeerLost, Refused
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
@@ -274,9 +274,7 @@ class ServerNode:
         rpc.send(self.coord, Message("register", fields, src=self.src))
         early = min(SAY_WAITING, self.register_timeout)
         if not self.coord.poll(int(early * 1000)):  # a wrong address says so early, as a worker's
-            log.warning("no answer yet from a coordinator at %s (%.0f s): is a job running "
-                        "there? (paramserver serve or launch starts one); giving up after "
-                        "%.0f s", self.join, early, self.register_timeout)
+            log.warning(NO_ANSWER_YET, self.join, early, self.register_timeout)
         if not self.coord.poll(int((self.register_timeout - early) * 1000)):
             raise TimeoutError(f"coordinator at {self.join} did not answer registration within "
                                f"{self.register_timeout:.0f} s")
