@@ -130,3 +130,53 @@ def test_an_out_that_is_a_folder_or_under_a_file_is_refused_at_the_flag(run, tmp
         err = capsys.readouterr().err
         assert refused.value.code == 2 and says in err.splitlines()[0], err
         assert "Traceback" not in err
+
+
+def test_a_model_with_a_sparse_table_exports_its_rows_beside_the_dense_names(tmp_path):
+    """DLRM's rows live in the servers' tables, not in its parameters: the export carried
+    the dense part only, and a run without checkpoints said nothing of why it had no model."""
+    from paramserver.models import sparse_tables
+    from paramserver.server.tables import ShardTables
+    task = {"model": "dlrm", "dataset": "clicks", "seed": 1}
+    _, model, keys = build(task, "float32")
+    specs = sparse_tables(model)
+    job = {"task": task, "dtype": "float32", "servers": 2,
+           "tables": [{"name": s.name, "dim": s.dim} for s in specs]}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"config": {}, "job": job}))
+    with pytest.raises(ExportError, match="keeps its rows on the servers, so the run writes "
+                                          "no model.pt: train it with --checkpoint-every N"):
+        export(folder, tmp_path / "none.pt", "pt")
+    flat = keys.flatten_params(model).numpy()
+    cut = keys.num_keys // 2
+    rng = np.random.default_rng(0)
+    expected = {}
+    for rank, (lo, hi) in enumerate(((0, cut), (cut, flat.size))):
+        tables = ShardTables(specs, servers=2, seed=rank)
+        for spec in specs:
+            # each shard holds its own keys, pushed unsorted, some twice
+            mine = rng.choice(10**9, 300, replace=False).astype(np.int64) * 2 + rank
+            table = tables.tables[spec.name]
+            table.push(mine, rng.standard_normal((mine.size, spec.dim), dtype=np.float32), 1.0)
+            table.push(mine[:50], rng.standard_normal((50, spec.dim), dtype=np.float32), 1.0)
+            expected.update({(spec.name, int(k)): row for k, row in zip(mine, table.pull(mine))})
+        write_shard(str(folder / "checkpoints"), "000000005", rank,
+                    {"values": flat[lo:hi].copy(), **tables.snapshot()},
+                    {"version": 5, "range": [lo, hi], "dtype": "float32",
+                     "updates_applied": 5})
+    save_coordinator_state(folder / "checkpoints", "000000005",
+                           {"rounds_applied": 5, "samples_done": 0, "steps_done": 0,
+                            "num_keys": int(flat.size), "worker_samples": {}, "elapsed_s": 0.0})
+    tensors = read_model(export(folder, tmp_path / "m.pt", "pt")[0])
+    _, fresh, _ = build({**task, "seed": 99}, "float32")
+    loaded = fresh.load_state_dict(tensors, strict=False)
+    assert not loaded.missing_keys  # the dense part, whole
+    for spec in specs:
+        got_keys, got_rows = tensors[f"{spec.name}.keys"], tensors[f"{spec.name}.rows"]
+        assert got_keys.dtype == torch.int64 and tuple(got_rows.shape) == (600, spec.dim)
+        assert torch.all(got_keys[1:] > got_keys[:-1])  # one row per key, in key order
+        for k, row in zip(got_keys.tolist(), got_rows.numpy()):
+            np.testing.assert_array_equal(row, expected[(spec.name, k)])
+    assert sorted(loaded.unexpected_keys) == sorted(
+        f"{s.name}.{part}" for s in specs for part in ("keys", "rows"))

@@ -31,7 +31,11 @@ def register(sub) -> None:
                     "`launch` (its final model.pt when the job ended, else its newest usable "
                     "checkpoint), a checkpoint folder (newest usable one) or one ckpt-TAG "
                     "folder of a run. A launch run's parameter names are those of the "
-                    "script's model, from the model_layout.json its coordinator wrote.")
+                    "script's model, from the model_layout.json its coordinator wrote. A "
+                    "model with a sparse table (dlrm) keeps its rows on the servers: they come "
+                    "from a checkpoint, as TABLE.keys (int64, in key order) and TABLE.rows "
+                    "beside the dense names (load_state_dict(..., strict=False) takes the "
+                    "dense part).")
     p.add_argument("source", metavar="RUN_OR_CHECKPOINT")
     p.add_argument("--format", choices=("safetensors", "pt"), default="safetensors",
                    help="safetensors (default; needs `pip install paramserver[safetensors]`) "

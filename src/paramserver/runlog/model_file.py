@@ -213,7 +213,11 @@ def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
     servers, dtype = run.servers or 1, run.dtype
     if tag is None:
         if latest(root) is None:
-            raise ExportError(f"{source}: no model.pt and no committed checkpoint in {root}")
+            rows = (" (a model with a sparse table keeps its rows on the servers, so the run "
+                    "writes no model.pt: train it with --checkpoint-every N and export the "
+                    "checkpoint)" if run.has_tables else "")
+            raise ExportError(f"{source}: no model.pt and no committed checkpoint in "
+                              f"{root}{rows}")
         tag, warnings = usable_checkpoint(root, servers, dtype)
         if tag is None:
             raise ExportError(f"{source}: no usable checkpoint in {root}: "
@@ -225,5 +229,36 @@ def export(source: str | Path, out: str | Path, fmt: str) -> tuple[Path, str]:
     if flat.size != keys.num_keys:
         raise ExportError(f"checkpoint {tag} holds {flat.size} keys, the job's model "
                           f"{keys.num_keys}")
-    return write_model(out, _named(keys, torch.from_numpy(flat)), fmt), \
-        f"checkpoint {tag} in {root}"
+    tensors = _named(keys, torch.from_numpy(flat))
+    if run.has_tables:
+        try:
+            tensors.update(checkpoint_rows(root, tag, servers))
+        except CheckpointError as exc:
+            raise ExportError(f"checkpoint {tag}: {exc}") from None
+    return write_model(out, tensors, fmt), f"checkpoint {tag} in {root}"
+
+
+def checkpoint_rows(root: Path, tag: str, servers: int) -> dict[str, torch.Tensor]:
+    """Each sparse table's rows in checkpoint `tag`, gathered from every shard and ordered by
+    key: TABLE.keys (int64) and TABLE.rows (one row per key). They sit beside the model's
+    own names, so `load_state_dict(..., strict=False)` takes the dense part and leaves them."""
+    from paramserver.sparse.table import SNAPSHOT_PREFIX
+    found: dict[str, tuple[list, list]] = {}
+    for rank in range(servers):
+        arrays, _ = load_part(root, tag, f"server-{rank}")
+        for key, value in arrays.items():
+            if key.startswith(SNAPSHOT_PREFIX) and key.endswith(".keys"):
+                name = key[len(SNAPSHOT_PREFIX):-len(".keys")]
+                rows = arrays.get(f"{SNAPSHOT_PREFIX}{name}.rows")
+                if rows is None or len(rows) != len(value):
+                    raise CheckpointError(f"server-{rank}: table {name!r} has {len(value)} keys "
+                                          f"and no rows for them")
+                found.setdefault(name, ([], []))[0].append(value)
+                found[name][1].append(rows)
+    out = {}
+    for name, (key_parts, row_parts) in sorted(found.items()):
+        keys, rows = np.concatenate(key_parts), np.concatenate(row_parts)
+        order = np.argsort(keys, kind="stable")
+        out[f"{name}.keys"] = torch.from_numpy(np.ascontiguousarray(keys[order]))
+        out[f"{name}.rows"] = torch.from_numpy(np.ascontiguousarray(rows[order]))
+    return out

@@ -20,10 +20,11 @@ from paramserver.server.store import StoreError
 from paramserver.sparse import moves
 from paramserver.sparse.moves import RowBundle
 from paramserver.sparse.placement import shard_of
-from paramserver.sparse.table import MAX_KEYS_PER_REQUEST, SparseTable, TableError
+from paramserver.sparse.table import (MAX_KEYS_PER_REQUEST, SNAPSHOT_PREFIX, SparseTable,
+                                      TableError)
 
 # The arrays of table `name` in a shard's checkpoint are named PREFIX + name + "." + array.
-PREFIX = "table."
+PREFIX = SNAPSHOT_PREFIX
 # The open round's rows in a backup's state sync: ROUND_PREFIX + table + ".keys" / ".grads".
 ROUND_PREFIX = "round_rows."
 # Counters summed over tables for the heartbeat (a metrics record holds at most 64 fields; the

@@ -41,6 +41,9 @@ from paramserver.sparse.groups import KeyGroup, put_rows, rows_of, sum_duplicate
 from paramserver.sparse.keymap import KeyIndex
 
 MAX_KEYS_PER_REQUEST = 1 << 22
+# A shard's checkpoint part holds the arrays of its table `name` (snapshot()'s) as
+# SNAPSHOT_PREFIX + name + "." + array; an export reads a table's keys and rows back by it.
+SNAPSHOT_PREFIX = "table."
 MAX_CAPACITY = (1 << 31) - 1
 OPTIMIZERS = ("adagrad", "sgd")
 EVICTIONS = ("lru", "lfu")
