@@ -112,7 +112,9 @@ def test_sigkilled_worker_is_dropped_and_bsp_goes_on(tmp_path):
 
 
 def test_push_flood_is_held_back_not_buffered_without_limit(tmp_path):
+    from paramserver.transport.zmq_sockets import DEFAULT_HWM
     num_keys = 1_000_000  # 8 MB per push in float64
+    pushes = 300  # 2.4 GB offered without waiting
     with running_job(tmp_path, make_job(num_keys, 1, 1, sync="asp")) as cluster:
         server = psutil.Process(next(c for c in cluster.children if c.role == "server").proc.pid)
         kv = KVWorker(cluster.address)
@@ -121,15 +123,19 @@ def test_push_flood_is_held_back_not_buffered_without_limit(tmp_path):
         base = server.memory_info().rss
         grad = np.full(num_keys, 1e-3)
         handles, peak = [], 0
-        for i in range(150):  # 1.2 GB offered without waiting
+        for i in range(pushes):
             handles.append(kv.push_async(grad, step=0, batch=1))
             if i % 10 == 0:
                 peak = max(peak, server.memory_info().rss)
         for h in handles:
             kv.wait(h)
         peak = max(peak, server.memory_info().rss)
-        assert kv.pull()[0] == -150e-3 or abs(kv.pull()[0] + 0.15) < 1e-9
+        assert abs(kv.pull()[0] + pushes * 1e-3) < 1e-9
         kv.close()
-    # Queues hold a bounded number of messages: far less than the 1.2 GB offered.
-    print(f"flood: server RSS grew by {(peak - base) / 1e6:.0f} MB for 1200 MB offered")
-    assert peak - base < 400e6, f"server grew by {(peak - base) / 1e6:.0f} MB"
+    # The server's receive queue holds at most its high-water mark of messages (a slow
+    # server, on a busy machine, fills it: 443 MB was seen at 64 x 8 MB), the client's send
+    # queue the rest of what is held back: far less than what was offered.
+    bound = (DEFAULT_HWM + 16) * 8e6
+    print(f"flood: server RSS grew by {(peak - base) / 1e6:.0f} MB for "
+          f"{pushes * 8} MB offered (bound {bound / 1e6:.0f} MB)")
+    assert peak - base < bound < pushes * 8e6 / 3, f"server grew by {(peak - base) / 1e6:.0f} MB"
