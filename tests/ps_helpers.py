@@ -202,13 +202,19 @@ def start_together(kvs, timeout: float = 60.0) -> None:
         t.join(timeout)
 
 
-def server_listening_at(cluster, addr: str):
+def server_listening_at(cluster, addr: str, timeout: float = 15.0):
     """The live server process of `cluster` listening at `addr` (LocalCluster's lookup, as
-    a test failure when there is none)."""
-    try:
-        return cluster.server_listening_at(addr)
-    except LookupError as exc:
-        raise AssertionError(str(exc)) from None
+    a test failure when there is none within `timeout`: a server says its address when it
+    registers and listens only once its welcome came, so a test that read the address from
+    the join event may ask before it listens)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return cluster.server_listening_at(addr)
+        except LookupError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(str(exc)) from None
+            time.sleep(0.05)
 
 
 def bsp_run(steps: int, slow: dict, workers: int = 4, base: float = 0.5, jitter: float = 0.05,

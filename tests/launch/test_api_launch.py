@@ -102,7 +102,7 @@ def test_a_job_the_coordinator_fails_is_said_with_its_reason_not_as_a_death(tmp_
     """An elastic launch whose script gives no data_len: the coordinator refuses every rank's
     start and fails the job. The launch said "coordinator died with exit code 203 (lost a
     peer it needs)" and suggested --restart-coordinator; it says the coordinator's reason, and
-    the refusal is in the output it quotes."""
+    the refusal is in the output it quotes: a rank's, whose start was refused."""
     (tmp_path / "elastic").mkdir()
     script = tmp_path / "elastic" / "no_len.py"
     script.write_text(CRASH.replace("if os.environ['RANK'] == '1':\n    sys.exit('rank 1: "
@@ -113,7 +113,7 @@ def test_a_job_the_coordinator_fails_is_said_with_its_reason_not_as_a_death(tmp_
     assert proc.returncode != 0
     err = proc.stderr
     assert "the job failed: every worker left the job and none finished it" in err, err
-    assert "the coordinator's last output" in err and "data_len=len(dataset)" in err, err
+    assert "worker 0's last output" in err and "data_len=len(dataset)" in err, err
     assert "--restart-coordinator" not in err and "died with" not in err, err
 
 
