@@ -108,6 +108,40 @@ def test_folder_source_is_finished_once_the_summary_is_there_and_all_is_read(tmp
     assert src.poll(1.0) == [] and src.finished
 
 
+def test_a_finished_folder_read_in_one_poll_is_finished_and_one_read_in_chunks_is_not(
+        tmp_path, capsys):
+    """`top --once` on a finished run polls once: it read every record and said 'running'."""
+    run = write_run(tmp_path / "run", bsp_run(2, {}))
+    src = FolderSource(run)
+    assert len(src.poll(0.0)) == 8 and src.finished
+    assert main(["top", str(run), "--once", "--width", "150"]) == 0
+    assert "finished" in capsys.readouterr().out
+    tail = LineTail(run / "metrics.jsonl")  # a big file: read a chunk a poll
+    got, reads = [], 0
+    while True:
+        got += tail.read(limit=200)
+        reads += 1
+        if tail.at_end:
+            break
+        assert reads < 100
+    assert len(got) == 8 and reads > 2
+
+
+@pytest.mark.parametrize("width", [80, 110, 170])
+def test_the_workers_table_sheds_columns_to_fit_the_terminal(tmp_path, capsys, width):
+    """At 80 columns every one of the 17 columns was squeezed to an ellipsis."""
+    run = write_run(tmp_path / "run", bsp_run(30, {1: lambda k: 3.0}))
+    assert main(["top", str(run), "--once", "--replay", "--width", str(width)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("worker "):out.index("split: ")]
+    assert all(len(line) <= width for line in out.splitlines())
+    assert "…" not in table, table
+    header = table.splitlines()[0].split()
+    assert header[:3] == ["worker", "step", "samples/s"] and "split" in header
+    assert ("compute" in header) == (width >= 140) and ("batch" in header) == (width >= 100)
+    assert "chronic" in worker_line(out, 1)
+
+
 def test_replay_paces_records_by_the_speed_factor(tmp_path):
     records = [{"t": float(t), "kind": "step", "worker": 0, "step": t} for t in range(10)]
     run = write_run(tmp_path / "run", records[::-1])  # out of order in the file: sorted

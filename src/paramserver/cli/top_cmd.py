@@ -89,7 +89,7 @@ def _keys(args):
     return security.load(directory, "observer") if directory else None
 
 
-def _frame(source, stats, finished: bool):
+def _frame(source, stats, finished: bool, width: int | None = None):
     from paramserver.observe.view import Header, render
 
     note = ""
@@ -98,7 +98,7 @@ def _frame(source, stats, finished: bool):
                 f"keys (--keys DIR)?")
     head = Header(source.describe, source.label, finished, source.members, source.preflight(),
                   note)
-    return render(stats.snapshot(), head, MAX_WORKERS)
+    return render(stats.snapshot(), head, MAX_WORKERS, width)
 
 
 def _feed(source, stats, now: float) -> None:
@@ -120,7 +120,8 @@ def _once(source, stats, args) -> int:
     _feed(source, stats, 0.0)
     if source.finished:
         stats.finish()
-    _console(args).print(_frame(source, stats, source.finished))
+    console = _console(args)
+    console.print(_frame(source, stats, source.finished, console.width))
     return 0
 
 
@@ -134,7 +135,7 @@ def _live(source, stats, args) -> int:
     t0 = time.monotonic()
     finished_shown = False
     with KeyReader(sys.stdin) as keys, Live(
-            _frame(source, stats, False), console=console, screen=True, transient=False,
+            _frame(source, stats, False, console.width), console=console, screen=True, transient=False,
             auto_refresh=True, refresh_per_second=args.refresh, redirect_stdout=False,
             redirect_stderr=False) as live:
         try:
@@ -143,7 +144,7 @@ def _live(source, stats, args) -> int:
                 if source.finished and not finished_shown:
                     stats.finish()
                     finished_shown = True
-                live.update(_frame(source, stats, source.finished))
+                live.update(_frame(source, stats, source.finished, console.width))
                 if finished_shown and not keys.interactive:
                     break  # nobody can press q (a pipe, a script): the run's end ends the view
                 if keys.wait_for_quit(period):
@@ -151,7 +152,7 @@ def _live(source, stats, args) -> int:
         except KeyboardInterrupt:
             pass
     # The last frame stays on the normal screen once the full-screen view is gone.
-    console.print(_frame(source, stats, source.finished))
+    console.print(_frame(source, stats, source.finished, console.width))
     return 0
 
 

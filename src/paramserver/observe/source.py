@@ -85,6 +85,7 @@ class LineTail:
         self.path = path
         self.offset = 0
         self.partial = b""
+        self.at_end = False  # the last read reached the end of the file as it was then
 
     def read(self, limit: int = READ_CHUNK) -> list[dict]:
         try:
@@ -94,7 +95,9 @@ class LineTail:
                 f.seek(self.offset)
                 data = f.read(limit)
         except OSError:
+            self.at_end = False
             return []
+        self.at_end = len(data) < limit
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
@@ -162,7 +165,8 @@ class FolderSource:
         self.in_force.read()
         self.label = self.in_force.label(self.policy)
         records = self.tail.read()
-        self.finished = done and not self.tail.partial and len(records) == 0
+        # (a read that stopped at its chunk's limit leaves the rest for the next poll)
+        self.finished = done and not self.tail.partial and self.tail.at_end
         return records
 
     def preflight(self) -> list[Link] | None:

@@ -71,35 +71,55 @@ def _order(rows: list[WorkerRow], limit: int) -> tuple[list[WorkerRow], int]:
     return sorted(chosen, key=lambda r: r.worker), len(rows) - limit
 
 
-def workers_table(snap: Snapshot, limit: int = 32) -> Table:
+# Console widths below which the workers table sheds columns rather than squeeze every one
+# into an ellipsis: first the phases' own columns (the split bar still shows them), then the
+# batch and x-med columns, with a shorter bar (an 80-column terminal).
+PHASE_COLUMNS_FROM = 140
+ALL_BUT_PHASES_FROM = 100
+NARROW_BAR = 10
+
+
+def workers_table(snap: Snapshot, limit: int = 32, width: int | None = None) -> Table:
+    """The per-worker table; `width` (the console's) picks the columns that fit it."""
+    phases = width is None or width >= PHASE_COLUMNS_FROM
+    extras = width is None or width >= ALL_BUT_PHASES_FROM
+    bar = BAR if extras else NARROW_BAR
     table = Table(title="workers (means over each one's last steps; times in ms)",
                   title_justify="left", expand=False, pad_edge=False, box=box.SIMPLE_HEAD,
                   header_style="bold", show_edge=False)
-    for name, justify in (("worker", "right"), ("step", "right"), ("samples/s", "right"),
-                          ("batch", "right"), ("stale", "right"), ("step ms", "right"),
-                          *((p, "right") for p in PHASES), ("split", "left"),
-                          ("x med", "right"), ("state", "left"), ("lost s", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
+    columns = [("worker", "right", True), ("step", "right", True),
+               ("samples/s", "right", True), ("batch", "right", extras),
+               ("stale", "right", True), ("step ms", "right", True),
+               *((p, "right", phases) for p in PHASES), ("split", "left", True),
+               ("x med", "right", extras), ("state", "left", True), ("lost s", "right", True)]
+    shown = [on for _, _, on in columns]
+    for name, justify, on in columns:
+        if on:
+            table.add_column(name, justify=justify, no_wrap=True)
+
+    def add(*cells, style=None) -> None:
+        table.add_row(*(c for c, on in zip(cells, shown) if on), style=style)
+
     rows, hidden = _order(snap.workers, limit)
     for r in rows:
         state = Text(r.state if not r.left else f"{r.state}, left",
                      style=STATE_STYLE.get(r.state, ""))
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-        table.add_row(str(r.worker), str(r.step), f"{r.samples_per_s:.1f}", str(r.batch),
-                      f"{r.staleness:.1f}", _ms(r.step_s), *(_ms(r.phases[p]) for p in PHASES),
-                      split_bar(r.phases), ratio, state, f"{r.lost_s:.1f}",
-                      style="dim" if r.left else None)
+        add(str(r.worker), str(r.step), f"{r.samples_per_s:.1f}", str(r.batch),
+            f"{r.staleness:.1f}", _ms(r.step_s), *(_ms(r.phases[p]) for p in PHASES),
+            split_bar(r.phases, bar), ratio, state, f"{r.lost_s:.1f}",
+            style="dim" if r.left else None)
     if hidden:
-        table.add_row("", f"+{hidden} more", *[""] * 14)
+        add("", f"+{hidden} more", *[""] * (len(columns) - 2))
     table.add_section()
     spreads = snap.spreads
     for label, pick in (("min", "low"), ("median", "median"), ("max", "high")):
         def cell(col: str, fmt) -> str:
             s = spreads.get(col)
             return "" if s is None else fmt(getattr(s, pick))
-        table.add_row(Text(label, style="italic"), "", cell("samples_per_s", "{:.1f}".format),
-                      "", cell("staleness", "{:.1f}".format), cell("step_s", _ms),
-                      *(cell(p, _ms) for p in PHASES), "", "", "", "", style="italic")
+        add(Text(label, style="italic"), "", cell("samples_per_s", "{:.1f}".format),
+            "", cell("staleness", "{:.1f}".format), cell("step_s", _ms),
+            *(cell(p, _ms) for p in PHASES), "", "", "", "", style="italic")
     return table
 
 
@@ -160,14 +180,16 @@ def header_text(snap: Snapshot, head: Header) -> Text:
     return t
 
 
-def render(snap: Snapshot, head: Header, max_workers: int = 32) -> RenderableType:
+def render(snap: Snapshot, head: Header, max_workers: int = 32,
+           width: int | None = None) -> RenderableType:
+    """The whole screen; `width` (the console's) trims the workers table to fit."""
     parts: list[RenderableType] = [header_text(snap, head)]
     if head.note:
         parts.append(Text(head.note, style="bold yellow"))
     if not snap.workers:
         parts.append(Text("waiting for the first step records...", style="dim"))
     else:
-        parts.append(workers_table(snap, max_workers))
+        parts.append(workers_table(snap, max_workers, width))
         parts.append(_legend())
         parts.append(flags_text(snap))
     if snap.shards:
