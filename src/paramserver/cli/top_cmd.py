@@ -135,9 +135,9 @@ def _live(source, stats, args) -> int:
     t0 = time.monotonic()
     finished_shown = False
     with KeyReader(sys.stdin) as keys, Live(
-            _frame(source, stats, False, console.width), console=console, screen=True, transient=False,
-            auto_refresh=True, refresh_per_second=args.refresh, redirect_stdout=False,
-            redirect_stderr=False) as live:
+            _frame(source, stats, False, console.width), console=console, screen=True,
+            transient=False, auto_refresh=True, refresh_per_second=args.refresh,
+            redirect_stdout=False, redirect_stderr=False) as live:
         try:
             while True:
                 _feed(source, stats, time.monotonic() - t0)
