@@ -396,3 +396,20 @@ def test_tcp_chunks_of_a_3_73_mb_push_and_pull_equal_one_message(tmp_path, sync)
                     near.close()
     for chunked, whole in zip(results[1 << 20], results[1 << 30]):
         np.testing.assert_array_equal(chunked, whole)
+
+
+def test_a_job_whose_parameters_cannot_fit_this_machine_is_refused_counting_each_copy():
+    from paramserver.launch.jobs import check_local_memory
+    from paramserver.spec.job import JobSpec
+    gb = 1 << 30
+    job = JobSpec(num_keys=gb // 4, workers=4, servers=2)  # 1 GB of float32 parameters
+    check_local_memory(job, 10 * gb)  # 4 x 2 for the workers, 1 for the shards, 1 evaluator
+    with pytest.raises(ValueError, match=r"need at least 10.0 GB on this machine \(8 copies "
+                                         r"for 4 workers' parameters and gradients, 1 for the "
+                                         r"shards, 1 for the evaluator\); 9.0 GB is available"):
+        check_local_memory(job, 9 * gb)
+    replicated = JobSpec(num_keys=gb // 8, workers=2, servers=1, replicas=2, eval_interval=0,
+                         dtype="float64")  # 1 GB of float64, a backup, no evaluator
+    check_local_memory(replicated, 6 * gb)
+    with pytest.raises(ValueError, match=r"6.0 GB .*2 for the shards\); 5.9 GB"):
+        check_local_memory(replicated, int(5.9 * gb))

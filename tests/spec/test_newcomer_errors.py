@@ -117,6 +117,10 @@ MISTAKES = [
      "its own options", ""),
     ("compare --model-size 2M --max-seconds 2 --repeats 1",
      "--model-size sizes a model built by its parameter count", ""),
+    # no machine holds 40 copies of 3.7 TB: refused before any process starts (a job of a
+    # model too big for its machine left its shards silent, then failed naming them)
+    ("train --model wide --model-size 1T --steps 1",
+     "the model's 999,998,850,926 parameters (3725.3 GB in float32) need at least", ""),
 ]
 
 

@@ -55,6 +55,29 @@ def prepare_spec(cfg: TrainConfig) -> JobSpec:
     return dataclasses.replace(cfg.job(keys.num_keys, len(ds.train), tables), layer_edges=edges)
 
 
+def check_local_memory(spec: JobSpec, available: int) -> None:
+    """Refuse a job whose parameters alone cannot fit in this machine's `available` memory
+    when every process runs here: each worker holds the parameters and their gradient, each
+    shard (and backup) its slice, the evaluator a copy. A lower bound (a rule's state, a
+    round's sum and the processes themselves come on top): a job refused here would have
+    been killed or left its shards silent minutes in, with a message that said neither."""
+    itemsize = 8 if spec.dtype == "float64" else 4
+    param = spec.num_keys * itemsize
+    copies = 2 * spec.workers + spec.replicas + (1 if spec.eval_interval > 0 else 0)
+    need = copies * param
+    if need <= available:
+        return
+    gb = 1 << 30
+    raise ValueError(
+        f"the model's {spec.num_keys:,} parameters ({param / gb:.1f} GB in {spec.dtype}) need "
+        f"at least {need / gb:.1f} GB on this machine ({2 * spec.workers} copies for "
+        f"{spec.workers} workers' parameters and gradients, {spec.replicas} for the shards"
+        f"{', 1 for the evaluator' if spec.eval_interval > 0 else ''}); {available / gb:.1f} "
+        f"GB is available. Give fewer --workers, --eval-interval 0, a smaller --model-size, "
+        f"or run the roles across machines (--launcher ray, or `paramserver worker` on "
+        f"other hosts)")
+
+
 def check_model_size(cfg: TrainConfig) -> None:
     """--model-size picks the width of a model built by its parameter count: refused, naming
     those that are, for a model that is sized by its own options."""
@@ -215,6 +238,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     if cfg.checkpoint_dir:  # config.json must name it from any folder a resume starts in
         cfg = dataclasses.replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()))
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
+    if not launcher or launcher.get("name", "local") == "local":
+        import psutil
+        check_local_memory(spec, psutil.virtual_memory().available)
     if cfg.checkpoint_dir:  # (made by the probe: only once the job's own checks have passed)
         from paramserver.runlog.checkpoint import folder_problem
         problem = folder_problem(Path(cfg.checkpoint_dir))
