@@ -477,5 +477,12 @@ def test_keys_list_shows_roles_and_problems(tmp_path):
     bad = paramserver("keys", "list", str(root))
     assert bad.returncode == 1 and "same key as observer-dup" in bad.stdout
     assert "readable by others (mode 644)" in bad.stdout
+    assert "two files hold one key" in bad.stderr and "chmod 600" in bad.stderr
+    # A readable private key alone is explained as that, not as a key filed twice.
+    (root / "public" / "observer-dup.key").unlink()
+    readable = paramserver("keys", "list", str(root))
+    assert readable.returncode == 1
+    assert readable.stderr.strip() == ("1 key(s) with a problem: a process refuses a private "
+                                       "key others can read (chmod 600 it)")
     missing = paramserver("keys", "list", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no key folder" in missing.stderr
