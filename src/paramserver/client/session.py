@@ -33,7 +33,7 @@ PEER_CHECK = 0.25
 # A first registration unanswered this long is sent again: a coordinator that died with it
 # never answers, and its replacement knows nothing of it (a repeat is answered as the first).
 REGISTER_AGAIN = 2.0
-SAY_WAITING = 3.0  # seconds without an answer to a join before it says so
+SAY_WAITING = rpc.SAY_WAITING  # seconds without an answer to a join before it says so
 # While start() waits for the start barrier, how often it asks the coordinator whom for (and
 # says so): a job that never starts tells its user which peers it misses.
 STATUS_EVERY = 5.0

@@ -10,6 +10,9 @@ from paramserver.transport import recv_message, send_frames
 from paramserver.transport.shm_frames import ShmFrameError
 from paramserver.wire import Message, WireError, decode, encode, reply_error
 
+# Seconds a member joining a coordinator (a worker, a server) waits for an answer before it
+# says that none came (a wrong address, no job running there).
+SAY_WAITING = 3.0
 _NOBLOCK = int(zmq.NOBLOCK)
 # Plain ints: a getsockopt by enum costs 3-4 times as much, and this runs once per message.
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)

@@ -14,7 +14,6 @@ import torch
 import zmq
 
 from paramserver.compression import payload
-from paramserver.client.session import SAY_WAITING
 from paramserver.core.exits import Exit, PeerLost, Refused
 from paramserver.core.ratelimit import RefusalLog
 from paramserver.net import rpc
@@ -272,7 +271,7 @@ class ServerNode:
         if self.backup:
             fields["backup"] = True
         rpc.send(self.coord, Message("register", fields, src=self.src))
-        early = min(SAY_WAITING, self.register_timeout)
+        early = min(rpc.SAY_WAITING, self.register_timeout)
         if not self.coord.poll(int(early * 1000)):  # a wrong address says so early, as a worker's
             log.warning("no answer yet from a coordinator at %s (%.0f s): is a job running "
                         "there? (paramserver serve or launch starts one); giving up after "
