@@ -425,7 +425,8 @@ class RayCluster:
                 # (A replicated job's dead server is Ray's to restart as a new backup, and the
                 # coordinator's to judge: whether its shard still has a copy.)
                 if role == "server" and self.spec.replicas < 2 and \
-                        self._poll(ray, actor) not in (None, 0):
+                        (ended := self._poll(ray, actor)) is not None and \
+                        not exits.server_left(ended):
                     raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
                 if role == "worker" and not barrier_open:
                     exited = self._poll(ray, actor)  # None too while Ray restarts it
