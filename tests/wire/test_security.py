@@ -69,8 +69,13 @@ def test_exposed_or_missing_keys_are_clear_errors(tmp_path):
     os.chmod(secret, 0o644)
     with pytest.raises(security.SecurityError, match="readable by other users"):
         security.load(tmp_path / "k", "worker")
-    with pytest.raises(security.SecurityError, match="no key folder"):
+    with pytest.raises(security.SecurityError, match="no key folder") as missing:
         security.load(tmp_path / "nothing", "worker")
+    # A finished local job's RUN/keys is gone: joining it late says that may be why.
+    assert "exists only while the job runs" in str(missing.value)
+    with pytest.raises(security.SecurityError, match="no key folder") as empty:
+        security.load(tmp_path, "worker")  # a folder, not a key folder: no such guess
+    assert "while the job runs" not in str(empty.value)
     (tmp_path / "k" / "private" / "server.key_secret").unlink()
     with pytest.raises(security.SecurityError, match="server.key_secret"):
         security.load(tmp_path / "k", "server")
