@@ -123,6 +123,12 @@ def test_a_copied_run_resumes_from_its_own_checkpoints_and_leaves_the_original_a
     assert not (original / "checkpoints" / "ckpt-000000010").exists()
     saved = json.loads((copy / "config.json").read_text())["config"]
     assert saved["checkpoint_dir"] == str((copy / "checkpoints").resolve())
+    # A budget the checkpoint has spent already is refused; it printed the old summary.
+    proc = _train("--resume", str(copy), "--steps", "4", "--quiet", cwd="/")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "nothing left to train: checkpoint 000000010 has 320 samples done and the " \
+           "budget is 128" in proc.stderr
+    assert latest(copy / "checkpoints") == "000000010"
 
 
 def test_a_newest_checkpoint_of_another_model_is_passed_over_for_the_good_one(tmp_path):

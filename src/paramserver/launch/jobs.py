@@ -193,6 +193,17 @@ def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: 
                       restart_workers=cfg.restart_workers)
 
 
+def _check_budget_left(max_samples: int, resume: dict) -> None:
+    """ValueError when the checkpoint a resume starts from has spent the sample budget
+    already: the job would end at once and print the old run's summary as if it had trained."""
+    from paramserver.runlog.checkpoint_set import load_coordinator_state
+    done = load_coordinator_state(resume["dir"], resume["tag"])["samples_done"]
+    if done >= max_samples:
+        raise ValueError(f"nothing left to train: checkpoint {resume['tag']} has {done} "
+                         f"samples done and the budget is {max_samples}; give a larger "
+                         f"--steps or --epochs")
+
+
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
                  timeout: float | None = None, resume: dict | None = None,
                  launcher: dict | None = None, watch=None) -> dict:
@@ -215,6 +226,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     if cfg.checkpoint_dir:  # config.json must name it from any folder a resume starts in
         cfg = dataclasses.replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()))
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
+    if resume and spec.max_samples is not None:
+        _check_budget_left(spec.max_samples, resume)
     if cfg.checkpoint_dir:  # (made by the probe: only once the job's own checks have passed)
         from paramserver.runlog.checkpoint import folder_problem
         problem = folder_problem(Path(cfg.checkpoint_dir))
