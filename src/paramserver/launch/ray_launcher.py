@@ -296,8 +296,14 @@ class RayCluster:
                 demand(self.spec, self.resources)[0]))
             # "local", not None: Ray would join whatever cluster its address file on this
             # machine names (a stale one included) instead of starting the instance asked for.
-            ray.init(address=self.address or "local", num_cpus=cpus, include_dashboard=False,
-                     log_to_driver=False)
+            try:
+                ray.init(address=self.address or "local", num_cpus=cpus,
+                         include_dashboard=False, log_to_driver=False)
+            except ConnectionError as exc:  # no cluster there: the user's to fix, in one line
+                raise LaunchError(
+                    f"no Ray cluster at --address {self.address}: {str(exc).split('. ')[0]} "
+                    f"(start one with `ray start --head`, or leave --address out for a local "
+                    f"Ray instance)") from None
         self.timings["ray_init_s"] = time.monotonic() - t0
         self.gang = Gang(bundles(self.spec, self.resources))
         try:
