@@ -191,7 +191,12 @@ def _run(args) -> int:
         job = build_job(args, run_dir)
         if args.resume:
             spec = JobSpec.from_dict(job)
-            job = spec.with_resume(resume_point(Path(args.resume), spec)).to_dict()
+            resume = resume_point(Path(args.resume), spec)
+            if spec.max_samples is not None:
+                from paramserver.launch.jobs import check_budget_left
+                check_budget_left(spec.max_samples, {"dir": resume.dir, "tag": resume.tag},
+                                  "--steps (it counts the resumed run's)")
+            job = spec.with_resume(resume).to_dict()
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2

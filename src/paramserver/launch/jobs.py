@@ -193,7 +193,8 @@ def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: 
                       restart_workers=cfg.restart_workers)
 
 
-def _check_budget_left(max_samples: int, resume: dict) -> None:
+def check_budget_left(max_samples: int, resume: dict,
+                      flags: str = "--steps or --epochs") -> None:
     """ValueError when the checkpoint a resume starts from has spent the sample budget
     already: the job would end at once and print the old run's summary as if it had trained."""
     from paramserver.runlog.checkpoint_set import load_coordinator_state
@@ -201,7 +202,7 @@ def _check_budget_left(max_samples: int, resume: dict) -> None:
     if done >= max_samples:
         raise ValueError(f"nothing left to train: checkpoint {resume['tag']} has {done} "
                          f"samples done and the budget is {max_samples}; give a larger "
-                         f"--steps or --epochs")
+                         f"{flags}")
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
@@ -227,7 +228,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
         cfg = dataclasses.replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir).resolve()))
     spec = prepare_spec(cfg).with_resume(ResumeSpec(**resume) if resume else None)
     if resume and spec.max_samples is not None:
-        _check_budget_left(spec.max_samples, resume)
+        check_budget_left(spec.max_samples, resume)
     if cfg.checkpoint_dir:  # (made by the probe: only once the job's own checks have passed)
         from paramserver.runlog.checkpoint import folder_problem
         problem = folder_problem(Path(cfg.checkpoint_dir))
