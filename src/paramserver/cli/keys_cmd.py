@@ -81,7 +81,7 @@ def _list(args) -> int:
 
 
 # The one-line help of each command here (cli.main lists them without building parsers).
-SUMMARY = {"keys": "create the keys of an authenticated job"}
+SUMMARY = {"keys": "create and list the keys of an authenticated job"}
 
 
 def register(sub) -> None:
