@@ -50,6 +50,8 @@ def test_layers_are_pushed_during_backward_and_pulled_in_schedule_order(tmp_path
             want = forward if order == "lifo" else forward[::-1]
             assert [layers.index(type(layers[0])(*k)) for k in pulls] == want
             assert record["suspend_s"] >= 0 and "staleness_layer_0" in record
+            # Its bytes' formats, as every step record names them (layers go dense).
+            assert (record["push_codec"], record["pull_codec"]) == ("none", "none")
             total += loop.grads_np
             release = kv.clock(release.step, release.batch_size, compute)
         kv.pull_async = real_pull

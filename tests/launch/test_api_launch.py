@@ -1,5 +1,6 @@
 """A user's own script through `paramserver launch` and DistributedOptimizer, as the README shows."""
 
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,12 @@ def test_readme_example_trains_through_launch(launched):
     assert len(steps) == 240 and all("loss" in r for r in steps)
     # The example's two layers, float32, dense both ways: the report's bytes per step.
     assert {(r["push_bytes"], r["pull_bytes"]) for r in steps} == {(9610 * 4, 9610 * 4)}
+    # Its folder is a run folder as train's (advise --profile and report read these).
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["steps"], summary["workers"], summary["dataset"]) == (
+        240, 2, "the script's own")
+    config = json.loads((out / "config.json").read_text())
+    assert config["command"][-1] == str(EXAMPLE) and config["config"]["steps"] == 120
 
 
 def test_launch_without_a_command_is_a_clear_error(tmp_path):

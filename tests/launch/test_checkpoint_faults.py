@@ -105,6 +105,32 @@ def test_a_run_resumes_from_any_working_directory_and_after_its_folder_moved(
     assert latest(moved / "checkpoints") == "000000010"
 
 
+def test_a_copied_run_resumes_from_its_own_checkpoints_and_leaves_the_original_alone(
+        tmp_path):
+    """A run folder copied (the original still in place) and resumed goes on from the copy's
+    checkpoints/ and writes there: it took the original's recorded folder, so it resumed from
+    whatever the original held and wrote its checkpoints into it."""
+    proc = _train(*QUICK, "--steps", "6", "--checkpoint-every", "2", "--out", "runs/a",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original = tmp_path / "runs" / "a"
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    proc = _train("--resume", str(copy), "--steps", "10", "--quiet", cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert latest(copy / "checkpoints") == "000000010"
+    assert latest(original / "checkpoints") == "000000006"  # the original is untouched
+    assert not (original / "checkpoints" / "ckpt-000000010").exists()
+    saved = json.loads((copy / "config.json").read_text())["config"]
+    assert saved["checkpoint_dir"] == str((copy / "checkpoints").resolve())
+    # A budget the checkpoint has spent already is refused; it printed the old summary.
+    proc = _train("--resume", str(copy), "--steps", "4", "--quiet", cwd="/")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "nothing left to train: checkpoint 000000010 has 320 samples done and the " \
+           "budget is 128" in proc.stderr
+    assert latest(copy / "checkpoints") == "000000010"
+
+
 def test_a_newest_checkpoint_of_another_model_is_passed_over_for_the_good_one(tmp_path):
     """What a resume (and a restarted coordinator) picks: the newest checkpoint that fits the
     job, its size included, as the shards would check it."""

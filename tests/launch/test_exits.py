@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from paramserver.core.exits import MEANING, Exit, describe, own, retryable
+from paramserver.core.exits import MEANING, Exit, describe, own, retryable, server_left
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "multihost.md"
 
@@ -22,6 +22,14 @@ def test_a_code_of_the_table_is_the_process_own_word_and_a_signal_is_not():
     # No code of the table reads as a death by signal (128 + a Linux signal number, 1..64),
     # but the one that means exactly that: SIGTERM's, taken as a drain.
     assert [c for c in Exit if 129 <= c <= 128 + 64] == [Exit.INTERRUPTED, Exit.PREEMPTED]
+
+
+def test_a_server_drained_on_sigterm_left_as_a_finished_one_did():
+    """A server drained on SIGTERM exits PREEMPTED: no launcher restarts it or ends the job
+    for it (local.py, netlab_run.py, ray_launcher.py read server_left)."""
+    assert server_left(Exit.FINISHED) and server_left(Exit.PREEMPTED)
+    assert not any(server_left(c) for c in (Exit.FAILED, Exit.REFUSED, Exit.PEER_LOST,
+                                            Exit.INTERRUPTED, -9, 137, None))
 
 
 def test_describe_names_each_code():

@@ -144,3 +144,22 @@ def test_more_than_the_cluster_has_is_a_clear_error():
     with pytest.raises(LaunchError, match="2 GPUs"):
         check_resources(job, Resources(0.25, 0.5, 1.0), {"CPU": 2.0})
     check_resources(job, Resources(0.25, 0.5, 1.0), {"CPU": 2.0, "GPU": 2.0})  # fits
+
+
+def test_an_address_with_no_ray_cluster_is_a_clear_error(tmp_path, monkeypatch):
+    """`--launcher ray --address auto` where no Ray cluster runs: one line naming the address
+    and what to do, not Ray's ConnectionError as a traceback."""
+    import types
+
+    def init(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the "
+                              "one to connect to by setting `--address` flag or `RAY_ADDRESS` "
+                              "environment variable.")
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setattr("paramserver.launch.ray_launcher.import_ray", lambda: fake)
+    cluster = RayCluster(prepare_job(TrainConfig(workers=2, steps=2)), tmp_path, address="auto")
+    with pytest.raises(LaunchError) as failed:
+        cluster.run()
+    assert str(failed.value) == (
+        "no Ray cluster at --address auto: Could not find any running Ray instance (start "
+        "one with `ray start --head`, or leave --address out for a local Ray instance)")

@@ -98,3 +98,19 @@ def test_the_table_names_a_paired_rule_and_puts_the_diagnosis_under_its_row():
     assert lines[at + 1] == ("<tr class='why'><td colspan='13'>↳ ssp fell to chance: because; "
                              "fix</td></tr>")
     assert text.count("class='why'") == 1
+
+
+def test_a_plateau_names_the_flag_that_set_the_budget():
+    """A run budgeted by --steps (a user script's compare refuses --epochs) is told to raise
+    that flag, not --epochs."""
+    from paramserver.report.core.diagnose import budget_flag
+    assert budget_flag({"epochs": 30.0, "steps": None, "max_seconds": None}) == "--epochs"
+    assert budget_flag({"epochs": 30.0, "steps": 50}) == "--steps"
+    assert budget_flag({"steps": 50, "max_seconds": None}) == "--steps"  # a script's run
+    assert budget_flag({"steps": None, "max_seconds": 60.0}) == "--max-seconds"
+    assert budget_flag({}) == "--epochs"
+    d = diagnose(Setting("bsp", lr=0.3, budget="--steps"), [out(final=0.88, best=0.89)], CHANCE)
+    assert d.fix == "use more --steps, or a larger --lr"
+    d = diagnose(Setting("asp", lr=0.3, staleness=3.0, budget="--max-seconds"),
+                 [out(final=0.93, best=0.94)], CHANCE)
+    assert d.fix == "use more --max-seconds"

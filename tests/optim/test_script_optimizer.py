@@ -173,6 +173,29 @@ def test_resuming_a_run_without_a_checkpoint_says_so(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_resuming_a_run_whose_checkpoint_spent_the_budget_says_so(tmp_path, capsys):
+    """`launch --resume RUN --steps N` where RUN's checkpoint has done N steps' samples
+    already: refused before anything starts (it ran a job of 0 steps and exited 0)."""
+    import numpy as np
+    from paramserver.cli.main import main
+    from paramserver.runlog.checkpoint import write_part
+    from paramserver.runlog.checkpoint_set import save_coordinator_state
+    root = tmp_path / "a" / "checkpoints"
+    write_part(root, "000000040", "server-0", {"values": np.zeros(10, np.float32)},
+               {"version": 40, "range": [0, 10], "dtype": "float32", "updates_applied": 40,
+                "applied": []})
+    save_coordinator_state(root, "000000040", {
+        "rounds_applied": 40, "samples_done": 1280, "steps_done": 40, "num_keys": 10,
+        "worker_samples": {"0": 1280}})
+    code = main(["launch", "--resume", str(tmp_path / "a"), "--workers", "1", "--steps", "30",
+                 "--out", str(tmp_path / "b"), "--", sys.executable, "-c", "pass"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert ("nothing left to train: checkpoint 000000040 has 1280 samples done and the "
+            "budget is 960; give a larger --steps (it counts the resumed run's)") in err, err
+    assert not (tmp_path / "b").exists()
+
+
 # ---- what the client sends ----------------------------------------------------------------------
 
 def _model():

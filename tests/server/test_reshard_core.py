@@ -270,6 +270,32 @@ def test_a_drain_moves_keys_to_the_others_then_stops_the_server():
     state.check_invariants()
 
 
+def test_a_drained_server_beating_in_its_grace_is_answered_not_told_to_register_again():
+    """After the commit a drained server still beats until its shutdown; answered `unknown`,
+    it took the coordinator for a restarted one, asked to be taken back, was refused and
+    exited 2 (refused input) instead of 0 at the shutdown."""
+    state = started_job()
+    join(state)
+    move_after_round_0(state)
+    state.handle(DrainAsked("ops", 2.0, 2, to="d"))  # the last rank: its name leaves the roster
+    state.handle(Clocked("w0", 1, 32, 0.1, 2.1, to="c0"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 2.2, to="c1"))
+    state.handle(TimePassed(2.3))
+    drained = next(m for m in state.members.roster.servers.values() if m.rank == 2)
+    for link in ("L0", "L1", "LN"):
+        out = state.handle(Resharded("x", 2.4, 2, 2, link=link))
+    assert kinds(out, AppendEvent)[0].kind == "server_drained"
+    assert "s2" not in state.members.roster.servers
+    out = state.handle(Heartbeat("s2", 2.5, to="hb-drained", link=drained.link))
+    assert [(r.to, r.op) for r in kinds(out, Reply)] == [("hb-drained", "ok")]
+    out = state.handle(TimePassed(2.4 + 2 * state.job.limits.heartbeat_interval + 0.01))
+    assert [i.links for i in kinds(out, ToServers) if i.op == "shutdown"] == [(drained.link,)]
+    # Once told to stop, a beat from that connection is a stranger's again.
+    out = state.handle(Heartbeat("s2", 5.0, to="hb-late", link=drained.link))
+    assert [r.fields.get("code") for r in kinds(out, Reply)] == ["unknown"]
+    state.check_invariants()
+
+
 def test_arrival_mode_fences_every_worker_before_moving():
     state = started_job("asp")
     join(state)

@@ -69,8 +69,13 @@ def test_exposed_or_missing_keys_are_clear_errors(tmp_path):
     os.chmod(secret, 0o644)
     with pytest.raises(security.SecurityError, match="readable by other users"):
         security.load(tmp_path / "k", "worker")
-    with pytest.raises(security.SecurityError, match="no key folder"):
+    with pytest.raises(security.SecurityError, match="no key folder") as missing:
         security.load(tmp_path / "nothing", "worker")
+    # A finished local job's RUN/keys is gone: joining it late says that may be why.
+    assert "exists only while the job runs" in str(missing.value)
+    with pytest.raises(security.SecurityError, match="no key folder") as empty:
+        security.load(tmp_path, "worker")  # a folder, not a key folder: no such guess
+    assert "while the job runs" not in str(empty.value)
     (tmp_path / "k" / "private" / "server.key_secret").unlink()
     with pytest.raises(security.SecurityError, match="server.key_secret"):
         security.load(tmp_path / "k", "server")
@@ -477,5 +482,12 @@ def test_keys_list_shows_roles_and_problems(tmp_path):
     bad = paramserver("keys", "list", str(root))
     assert bad.returncode == 1 and "same key as observer-dup" in bad.stdout
     assert "readable by others (mode 644)" in bad.stdout
+    assert "two files hold one key" in bad.stderr and "chmod 600" in bad.stderr
+    # A readable private key alone is explained as that, not as a key filed twice.
+    (root / "public" / "observer-dup.key").unlink()
+    readable = paramserver("keys", "list", str(root))
+    assert readable.returncode == 1
+    assert readable.stderr.strip() == ("1 key(s) with a problem: a process refuses a private "
+                                       "key others can read (chmod 600 it)")
     missing = paramserver("keys", "list", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no key folder" in missing.stderr

@@ -65,15 +65,23 @@ def _list(args) -> int:
     print(f"{'name':24s} {'acts as':12s} {'private key':12s} problem")
     for name, role, secret, problem in rows:
         print(f"{name:24s} {role:12s} {secret:12s} {problem}".rstrip())
-    bad = sum(1 for row in rows if row[3])
-    if bad:
-        print(f"{bad} key(s) with a problem: processes loading this folder refuse it while "
-              f"two files hold one key, and a bad name acts in no role", file=sys.stderr)
-    return 1 if bad else 0
+    problems = [row[3] for row in rows if row[3]]
+    if problems:
+        # What each kind of problem found does to a process that loads the folder.
+        effects = [effect for kind, effect in (
+            ("same key as", "processes loading this folder refuse it while two files hold "
+                            "one key"),
+            ("bad key name", "a bad name acts in no role"),
+            ("readable by others", "a process refuses a private key others can read "
+                                   "(chmod 600 it)"))
+            if any(kind in p for p in problems)]
+        print(f"{len(problems)} key(s) with a problem" + (": " + "; ".join(effects)
+                                                          if effects else ""), file=sys.stderr)
+    return 1 if problems else 0
 
 
 # The one-line help of each command here (cli.main lists them without building parsers).
-SUMMARY = {"keys": "create the keys of an authenticated job"}
+SUMMARY = {"keys": "create and list the keys of an authenticated job"}
 
 
 def register(sub) -> None:

@@ -101,18 +101,13 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
     `watch(cluster)`, if given, is called at every poll while the job runs (as run_training's);
     `launcher` ({"name": "ray", ...}, as run_training's) places the processes on a Ray
     cluster instead of this machine."""
-    import json
-
     from paramserver.launch.local import LaunchError, LocalCluster
     from paramserver.launch.core.verdict import rank_records, worker_failures
-    from paramserver.policies import SYNC_POLICIES
-    from paramserver.runlog.metrics import read_records, summarize
+    from paramserver.runlog.metrics import read_records
     from paramserver.runlog.progress import JobProgress
     spec = script_job(cfg)
     job = spec.to_dict()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(
-        {"config": script_settings(cfg), "job": job, "command": command}, indent=2))
+    write_config(run_dir, cfg, job, command)
     ray = bool(launcher) and launcher.get("name", "local") == "ray"
     if ray:
         from paramserver.launch.ray_launcher import RayCluster, Resources
@@ -131,10 +126,30 @@ def run_script(cfg, run_dir: Path, command: list[str], quiet: bool = False,
     if failures:
         raise LaunchError("\n".join(f"{what}:\n{tails.get(rank, '')}"
                                      for rank, what in failures))
-    summary = summarize(records,
-                        {**job, "apply_mode": SYNC_POLICIES.get(cfg.sync).apply_mode})
+    return write_summary(run_dir, records, job, command)
+
+
+def write_config(run_dir: Path, cfg, job: dict, command: list[str]) -> None:
+    """A script run's config.json: its settings, its job and the command its workers ran
+    (what advise --profile and report read)."""
+    import json
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(
+        {"config": script_settings(cfg), "job": job, "command": command}, indent=2))
+
+
+def write_summary(run_dir: Path, records: list, job: dict, command: list[str],
+                  **extra) -> dict:
+    """A script run's summary.json from its records (`extra`: interrupted=True)."""
+    import json
+
+    from paramserver.policies import SYNC_POLICIES
+    from paramserver.runlog.metrics import summarize
+    from paramserver.spec.run_job import RunJob
+    mode = SYNC_POLICIES.get(RunJob.of(job).sync).apply_mode
+    summary = summarize(records, {**job, "apply_mode": mode})
     # The job's task names no model or data set: the script is the model.
-    summary.update(model=" ".join(command), dataset="the script's own")
+    summary.update(model=" ".join(command), dataset="the script's own", **extra)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -188,10 +203,17 @@ def _run(args) -> int:
         from paramserver.launch import zygote
         zygote.warm()  # the coordinator's and the servers' imports, beside the checks below
     try:
-        job = build_job(args, run_dir)
+        from paramserver.cli.config_args import config_from_args
+        cfg = config_from_args(args)
+        job = script_job(cfg, run_dir).to_dict()
         if args.resume:
             spec = JobSpec.from_dict(job)
-            job = spec.with_resume(resume_point(Path(args.resume), spec)).to_dict()
+            resume = resume_point(Path(args.resume), spec)
+            if spec.max_samples is not None:
+                from paramserver.launch.jobs import check_budget_left
+                check_budget_left(spec.max_samples, {"dir": resume.dir, "tag": resume.tag},
+                                  "--steps (it counts the resumed run's)")
+            job = spec.with_resume(resume).to_dict()
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
@@ -216,8 +238,9 @@ def _run(args) -> int:
     else:
         cluster = LocalCluster(job, run_dir, job_timeout=args.timeout, worker_cmd=command,
                                restart_coordinator=args.restart_coordinator, stream=sys.stdout)
-    progress = None if args.quiet else ProgressLine(run_dir / "metrics.jsonl", sys.stdout,
-                                                    cluster.console)
+    write_config(run_dir, cfg, job, command)
+    metrics = run_dir / "metrics.jsonl"
+    progress = None if args.quiet else ProgressLine(metrics, sys.stdout, cluster.console)
     cluster.progress = progress
     try:
         if isinstance(cluster, LocalCluster):  # a Ctrl-C keeps what was trained
@@ -230,13 +253,17 @@ def _run(args) -> int:
         print(f"paramserver launch: the job failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"paramserver launch: interrupted; {run_dir} keeps its logs, metrics and "
-              f"model.pt when the servers answered", file=sys.stderr)
+        write_summary(run_dir, list(read_records(metrics)) if metrics.exists() else [], job,
+                      command, interrupted=True)
+        print(f"paramserver launch: interrupted; {run_dir} keeps its logs, metrics, "
+              f"summary.json of the steps done and model.pt when the servers answered",
+              file=sys.stderr)
         return 130
     finally:
         if progress is not None:
             progress.close()
-    records = list(read_records(run_dir / "metrics.jsonl"))
+    records = list(read_records(metrics)) if metrics.exists() else []
+    write_summary(run_dir, records, job, command)
     exits, tails = _worker_exits(cluster, args.launcher)
     failures = worker_failures(exits, rank_records(records))
     steps = sum(1 for r in records if r.get("kind") == "step")

@@ -160,8 +160,8 @@ def register(sub) -> None:
                    help="the job file (paramserver train ... --write-job FILE)")
     p.add_argument("--dir", required=True,
                    help="a folder every task's host sees (a shared file system): the "
-                        "coordinator's address, metrics.jsonl, events.jsonl, results/ and "
-                        "model.pt go there")
+                        "coordinator's address, metrics.jsonl, events.jsonl and results/ go "
+                        "there, and model.pt when the job evaluates (eval_interval > 0)")
     p.add_argument("--index", type=flag.count, help="this task's number (default: from the "
                                                     "scheduler's variables)")
     p.add_argument("--count", type=int, help="the step's task count (with --index)")

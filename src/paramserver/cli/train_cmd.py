@@ -245,13 +245,14 @@ BUDGET_OPTIONS = ("epochs", "steps", "max_seconds")
 
 
 def checkpoints_of(cfg: TrainConfig, run_dir: Path) -> Path | None:
-    """The checkpoint folder of a run, wherever the resume is started from: the one its
-    config names (absolute since runs record it so; an older run's relative path is tried
-    from here), else the run folder's own checkpoints/ (the default place, which moves with
-    the folder); None when neither holds a committed checkpoint."""
+    """The checkpoint folder of a run, wherever the resume is started from: the run folder's
+    own checkpoints/ (the default place, which moves and is copied with the folder: a copy
+    resumed goes on from its own, not from the original's), else the one its config names
+    (absolute since runs record it so; an older run's relative path is tried from here);
+    None when neither holds a committed checkpoint."""
     from paramserver.runlog.checkpoint import latest
-    for root in ([Path(cfg.checkpoint_dir)] if cfg.checkpoint_dir else []) + \
-            [run_dir / "checkpoints"]:
+    for root in [run_dir / "checkpoints"] + \
+            ([Path(cfg.checkpoint_dir)] if cfg.checkpoint_dir else []):
         if latest(root) is not None:
             return root.resolve()
     return None

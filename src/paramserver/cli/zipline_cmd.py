@@ -19,7 +19,8 @@ with --predictor (default last_interval: t_last + r*(t_last - t_prev), r = 0..R-
 With --predicted, rows already are predicted times; --lookahead R then keeps the first R.
 
 output (--json): spread, barrier, low, sync_index (per worker, in worker order: the index of
-its last predicted push at or before the barrier), workers (ids), seconds (search time only).
+its last predicted push at or before the barrier), workers (ids), n_workers, variant, seconds
+(search time only), lookahead, predicted, predictor (the settings it ran with).
 exit codes: 0 ok, 2 bad input.
 """
 

@@ -58,6 +58,10 @@ class Resharding:
     def enabled(self) -> bool:
         return self.plan.enabled
 
+    def draining_link(self, link) -> bool:
+        """Whether `link` is a drained server's in its grace (answered until its shutdown)."""
+        return link is not None and any(held == link for held, _ in self.draining)
+
     def busy(self, rank: int, seconds: float) -> None:
         """A shard's heartbeat: its apply time, where the next reshard's cuts weigh."""
         self.shard_busy[rank] = self.shard_busy.get(rank, 0.0) + seconds

@@ -268,6 +268,11 @@ class CoordinatorState:
                 if backup:
                     out.append(Reply(e.to, "ok", _OK))
                 return
+        if self.resharding.draining_link(e.link):
+            # Drained, it beats until its shutdown: told `unknown` it would take this for a
+            # restarted coordinator, ask to be taken back, and exit refused.
+            out.append(Reply(e.to, "ok", _OK))
+            return
         role, member = self.members.find(e.src)
         run = self.reshard.running
         if run is not None and run.moving_since is not None and (

@@ -49,6 +49,12 @@ def retryable(code: int | None) -> bool:
     return code is not None and (code < 0 or 128 <= code <= 255)
 
 
+def server_left(code: int | None) -> bool:
+    """Whether a server process ended as a finished or drained one (drained on SIGTERM:
+    PREEMPTED), not as a dead one a launcher must restart or end the job for."""
+    return code in (Exit.FINISHED, Exit.PREEMPTED)
+
+
 def own(code: int | None) -> bool:
     """Whether the process ended on its own terms, with a code of this table (one a signal
     killed did not)."""

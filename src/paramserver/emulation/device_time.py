@@ -12,7 +12,7 @@ from paramserver.emulation.stragglers import StragglerSpecError
 
 DEVICE_TIME_HELP = """\
 emulated device time per sample: each step lasts batch * COST * straggler factor (a sleep that
-tops up the real compute); 'off' (default) scales the real compute time by the factor instead.
+tops up the real compute); 'off' scales the real compute time by the factor instead.
 Examples: off, 2ms, 0.5ms, 250us, 0.002s (a trailing /sample is accepted)"""
 
 

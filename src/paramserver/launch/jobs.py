@@ -216,6 +216,18 @@ def make_cluster(job: JobSpec | dict, run_dir: Path, cfg: TrainConfig, timeout: 
                       restart_workers=cfg.restart_workers)
 
 
+def check_budget_left(max_samples: int, resume: dict,
+                      flags: str = "--steps or --epochs") -> None:
+    """ValueError when the checkpoint a resume starts from has spent the sample budget
+    already: the job would end at once and print the old run's summary as if it had trained."""
+    from paramserver.runlog.checkpoint_set import load_coordinator_state
+    done = load_coordinator_state(resume["dir"], resume["tag"])["samples_done"]
+    if done >= max_samples:
+        raise ValueError(f"nothing left to train: checkpoint {resume['tag']} has {done} "
+                         f"samples done and the budget is {max_samples}; give a larger "
+                         f"{flags}")
+
+
 def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
                  timeout: float | None = None, resume: dict | None = None,
                  launcher: dict | None = None, watch=None) -> dict:
@@ -241,6 +253,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
     if not launcher or launcher.get("name", "local") == "local":
         import psutil
         check_local_memory(spec, psutil.virtual_memory().available)
+    if resume and spec.max_samples is not None:
+        check_budget_left(spec.max_samples, resume)
     if cfg.checkpoint_dir:  # (made by the probe: only once the job's own checks have passed)
         from paramserver.runlog.checkpoint import folder_problem
         problem = folder_problem(Path(cfg.checkpoint_dir))

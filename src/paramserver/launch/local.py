@@ -344,7 +344,8 @@ class LocalCluster:
                                          self.restarts < self.restart_workers):
                     return c
                 continue
-            if code == 0 or c.role not in ("coordinator", "server"):
+            if code == 0 or c.role not in ("coordinator", "server") or (
+                    c.role == "server" and exits.server_left(code)):
                 continue
             if c.role == "coordinator" and self._restart_coordinator(c):
                 continue
@@ -424,7 +425,8 @@ class LocalCluster:
             time.sleep(poll)
         if coord.proc.returncode != 0:
             for c in self.children:  # a server's death, seen by the coordinator first
-                if c.role == "server" and not c.replaced and c.proc.poll() not in (None, 0):
+                if c.role == "server" and not c.replaced and c.proc.poll() is not None \
+                        and not exits.server_left(c.proc.poll()):
                     raise LaunchError(self._failure_message(c))
             raise LaunchError(self._failure_message(coord))
 

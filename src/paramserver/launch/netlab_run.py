@@ -113,7 +113,8 @@ def run_job(lab: NetLab, job: JobSpec | dict, run_dir: Path, timeout: float = 30
                                          "--result-dir", str(run_dir / "results" / f"host-{k}")])
         while coord.poll() is None:
             for name, proc, _ in started:
-                if name.startswith("server") and proc.poll() not in (None, 0):
+                if name.startswith("server") and proc.poll() is not None \
+                        and not exits.server_left(proc.poll()):
                     raise failure(f"{name} died")
             if time.monotonic() > deadline:
                 raise failure(f"the job did not finish within {timeout:g} s")

@@ -296,8 +296,14 @@ class RayCluster:
                 demand(self.spec, self.resources)[0]))
             # "local", not None: Ray would join whatever cluster its address file on this
             # machine names (a stale one included) instead of starting the instance asked for.
-            ray.init(address=self.address or "local", num_cpus=cpus, include_dashboard=False,
-                     log_to_driver=False)
+            try:
+                ray.init(address=self.address or "local", num_cpus=cpus,
+                         include_dashboard=False, log_to_driver=False)
+            except ConnectionError as exc:  # no cluster there: the user's to fix, in one line
+                raise LaunchError(
+                    f"no Ray cluster at --address {self.address}: {str(exc).split('. ')[0]} "
+                    f"(start one with `ray start --head`, or leave --address out for a local "
+                    f"Ray instance)") from None
         self.timings["ray_init_s"] = time.monotonic() - t0
         self.gang = Gang(bundles(self.spec, self.resources))
         try:
@@ -425,7 +431,8 @@ class RayCluster:
                 # (A replicated job's dead server is Ray's to restart as a new backup, and the
                 # coordinator's to judge: whether its shard still has a copy.)
                 if role == "server" and self.spec.replicas < 2 and \
-                        self._poll(ray, actor) not in (None, 0):
+                        (ended := self._poll(ray, actor)) is not None and \
+                        not exits.server_left(ended):
                     raise LaunchError(f"{name} died:\n{ray.get(actor.tail.remote())}")
                 if role == "worker" and not barrier_open:
                     exited = self._poll(ray, actor)  # None too while Ray restarts it

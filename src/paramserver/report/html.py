@@ -10,7 +10,8 @@ from statistics import median
 
 from paramserver.report.attribution import attribution_section, blames
 from paramserver.report.collect import SINGLE, Collection, Run, fmt_target
-from paramserver.report.core.diagnose import Diagnosis, RunOutcome, Setting, diagnose
+from paramserver.report.core.diagnose import (Diagnosis, RunOutcome, Setting, budget_flag,
+                                               diagnose)
 from paramserver.report.figures import FigureFile
 from paramserver.report.table import Row, fmt_pct, fmt_score, render_table
 from paramserver.report.verdict import verdicts
@@ -257,13 +258,21 @@ def chance_level(c: Collection) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
+def _config(run: Run) -> dict:
+    """The run's settings (config.json's `config`); {} where unreadable."""
+    try:
+        config = json.loads((run.path / "config.json").read_text()).get("config") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def _chance(run: Run) -> float | None:
     dataset = run.summary.get("dataset")
     if dataset == "synthetic":
         try:
-            config = json.loads((run.path / "config.json").read_text()).get("config") or {}
-            return 1 / int((config.get("dataset_options") or {}).get("classes", 10))
-        except (OSError, ValueError, AttributeError, TypeError, ZeroDivisionError):
+            return 1 / int((_config(run).get("dataset_options") or {}).get("classes", 10))
+        except (ValueError, AttributeError, TypeError, ZeroDivisionError):
             return None
     return CHANCE.get(dataset)
 
@@ -280,7 +289,7 @@ def diagnoses(c: Collection, rows: list[Row]) -> dict[tuple[str, str], Diagnosis
                           optimizer=str(first.get("optimizer") or "sgd"),
                           lr=first.get("lr"), workers=first.get("workers"),
                           straggler=str(first.get("straggler") or "none"),
-                          staleness=row.staleness)
+                          staleness=row.staleness, budget=budget_flag(_config(runs[0])))
         outcomes = [RunOutcome(reached=r.time_to(c.target) is not None,
                                final=r.summary.get(f"final_test_{c.score}"),
                                best=r.summary.get(f"best_test_{c.score}"),

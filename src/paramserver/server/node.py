@@ -375,7 +375,9 @@ class ServerNode:
                      st.range.hi, addr)
             self._on_sigterm()
             self._loop()
-            return 0
+            # Drained because SIGTERM asked it (a preemption notice): PREEMPTED, as an elastic
+            # worker's; drained by `paramserver drain`, or the job done: FINISHED.
+            return Exit.PREEMPTED if self.drain_asked and self.core.resharding.drained else 0
         finally:
             if self.replica is not None:
                 self.replica.close()

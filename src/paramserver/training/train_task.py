@@ -251,7 +251,8 @@ class StepLoop:
                   "suspend_s": round(self.layered.suspend, 6), "data_s": round(self.data_s, 6),
                   "pull_bytes": self.nbytes, "push_bytes": self.nbytes,
                   "staleness": max(stale.values(), default=0), "factor": round(factor, 4),
-                  "epoch": round(self.sampler.epoch, 4), **self.device_fields(self.nbytes)}
+                  "epoch": round(self.sampler.epoch, 4), **self.codec.fields,  # (dense)
+                  **self.device_fields(self.nbytes)}
         record.update({f"staleness_layer_{i}": s for i, s in sorted(stale.items())})
         return record, compute
 

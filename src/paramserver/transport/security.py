@@ -160,8 +160,11 @@ def load(directory: str | os.PathLike, role: str, name: str | None = None) -> Ke
                             + ("" if role in ROUTER_ROLES else f" or {role}-SUFFIX"))
     root = Path(directory)
     if not (root / "public").is_dir():
-        raise SecurityError(f"{root} is no key folder (no public/ inside); create one with "
-                            f"`paramserver keys generate {root}`")
+        # A local job's RUN/keys is removed when the job ends: joining it late lands here.
+        gone = "" if root.exists() else (" (a local job's RUN/keys exists only while the job "
+                                         "runs: has it ended?)")
+        raise SecurityError(f"{root} is no key folder (no public/ inside){gone}; create one "
+                            f"with `paramserver keys generate {root}`")
     public, secret = _load_secret(root / "private" / f"{name}.key_secret")
     peers = {r: load_public(root / "public" / f"{r}.key") for r in ROUTER_ROLES}
     allowed: dict[bytes, str] = {}

@@ -62,6 +62,7 @@ class Setting:
     workers: int | None = None
     straggler: str = "none"
     staleness: float = 0.0  # mean over the repeats' steps
+    budget: str = "--epochs"  # the flag that set the runs' budget (budget_flag)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,17 @@ def classify(run: RunOutcome, chance: float | None) -> str | None:
     return None if run.reached else "plateaued"
 
 
+def budget_flag(config: dict) -> str:
+    """The flag that set a run's budget, from its config.json's `config`: `--steps` when
+    given, else `--epochs` for the built-in task (a user script's run has no epochs: `compare`
+    refuses the flag for it), else `--max-seconds`."""
+    if config.get("steps"):
+        return "--steps"
+    if "epochs" in config or not config.get("max_seconds"):
+        return "--epochs"  # the built-in task, or a run folder without its settings
+    return "--max-seconds"
+
+
 def _persistent(straggler: str) -> bool:
     """A fixed slow worker (`1:3`, `1:3,2:2`), not random or scheduled slowness."""
     text = straggler.strip().lower()
@@ -138,12 +150,12 @@ def _plateau(s: Setting, best: float | None, score: str) -> tuple[str, str]:
     if _arrival(s.policy) and s.staleness >= 1 and _aware(s.optimizer):
         return (f"the sample budget ran out first (best {shown}); {s.optimizer} shrinks the "
                 f"steps of stale pushes (mean staleness {s.staleness:.1f})",
-                "use more --epochs, or a larger --lr")
+                f"use more {s.budget}, or a larger --lr")
     if _arrival(s.policy) and s.staleness >= 1:
         return (f"the sample budget ran out first (best {shown}); stale pushes (mean staleness "
-                f"{s.staleness:.1f}) learn less per sample", "use more --epochs")
+                f"{s.staleness:.1f}) learn less per sample", f"use more {s.budget}")
     return (f"the sample budget ran out first (best {shown})",
-            "use more --epochs, or a larger --lr")
+            f"use more {s.budget}, or a larger --lr")
 
 
 def diagnose(setting: Setting, runs: list[RunOutcome], chance: float | None,
