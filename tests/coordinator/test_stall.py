@@ -34,13 +34,30 @@ def _stepping(d: StallDetector, t0: float, t1: float, dt: float, workers=W) -> f
 # ---- the detector -------------------------------------------------------------------------------
 def test_the_timeout_is_derived_from_the_median_step_time_with_a_floor():
     d = StallDetector(StallSettings(factor=10, floor=3.0), 0.0)
-    assert d.timeout() == 3.0  # no step yet: the floor
+    assert d.timeout() == 30.0  # no step yet: a first step may take long (a big model's)
     _stepping(d, 0.0, 5.0, 0.1)
     assert d.median_step() == pytest.approx(0.1)
     assert d.timeout() == 3.0  # 10 x 0.1 s is under the floor
     _stepping(d, 5.0, 200.0, 1.0)
     assert d.timeout() == pytest.approx(10.0)
     assert StallDetector(StallSettings(timeout=2.5), 0.0).timeout() == 2.5
+
+
+def test_a_long_first_step_is_no_hang_and_sets_the_timeout_once_it_ends():
+    """A job whose steps outlast the floor (a 10^8-parameter model, a long device time) got
+    a hang report during its first step, while every worker was inside it."""
+    d = StallDetector(StallSettings(factor=10, floor=3.0), 0.0)
+    d.released(1.0)  # the barrier opens: every worker starts step 0
+    assert d.check(1.2, W) is None  # the first look: each worker awaited from here
+    assert d.check(25.0, W) is None  # 24 s into the first step: not yet
+    d.clocked("w0", 26.0)  # its first step took about 25 s
+    assert d.median_step() == pytest.approx(24.8) and d.timeout() == pytest.approx(248.0)
+    assert d.check(60.0, W) is None
+    stuck = StallDetector(StallSettings(factor=10, floor=3.0), 0.0)
+    stuck.released(1.0)
+    assert stuck.check(1.2, W) is None
+    stall = stuck.check(31.5, W)  # no step within 10 x the floor: a hang all the same
+    assert stall.kind == HANG and stall.timeout_s == pytest.approx(30.0)
 
 
 def test_no_step_for_the_timeout_is_a_hang_told_once_until_steps_complete_again():

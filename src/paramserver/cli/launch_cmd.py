@@ -356,7 +356,7 @@ def register(sub) -> None:
                    help="seconds without a completed step after which the coordinator writes "
                         "RUN/stall-N.txt (see `paramserver doctor`) (default: 10 x the median "
                         "step time, at least 3 s or half the heartbeat timeout, whichever is "
-                        "less)")
+                        "less; 10 x that floor until the first step ends)")
     p.add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB (default: the "
                         "largest legitimate frame plus headroom, from the model size)")

@@ -165,7 +165,7 @@ def add_training_args(p, d: TrainConfig | None = None, optimizer_default: str | 
                         "RUN/stall-N.txt (who is missing, what each member waits for, every "
                         "member's stack; `paramserver doctor RUN` prints it) (default: 10 x "
                         "the median step time, at least 3 s or half the heartbeat timeout, "
-                        "whichever is less)")
+                        "whichever is less; 10 x that floor until the first step ends)")
     g["network"].add_argument("--max-message-bytes", type=flag.size, metavar="SIZE",
                    help="the largest frame a shard server accepts, e.g. 64MB; a larger one "
                         "disconnects its sender before it is read (default: the job's largest "

@@ -25,7 +25,8 @@ FLIGHT_LINES = 64  # of one member's flight recorder lines, the most a report pr
 @dataclass(frozen=True)
 class StallSettings:
     """`timeout` in seconds, None: max(factor x median step time, floor) over the last
-    `window` step times (the floor alone before any step)."""
+    `window` step times; before any step time is known, factor x floor (a first step may
+    take long: a big model's, a slow device's, while every worker is inside it)."""
 
     timeout: float | None = None
     factor: float = 10.0
@@ -71,6 +72,7 @@ class StallDetector:
         last = self._last_clock.get(worker)
         if last is not None:
             self._steps.append(now - last)
+
         self._last_clock[worker] = now
         if self._missing_told:
             self._missing_told.discard(worker)
@@ -110,7 +112,7 @@ class StallDetector:
         if s.timeout is not None:
             return s.timeout
         m = self.median_step()
-        return s.floor if m is None else max(s.factor * m, s.floor)
+        return s.factor * s.floor if m is None else max(s.factor * m, s.floor)
 
     def check(self, now: float, workers: Iterable[str]) -> Stall | None:
         """A new stall, or None. `workers`: the started workers now in the job (one seen for
