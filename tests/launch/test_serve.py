@@ -34,3 +34,32 @@ def test_serve_refuses_a_bad_key_count(tmp_path):
                            "--out", str(tmp_path / "x")], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "--num-keys must be at least 1" in proc.stderr
+
+
+def _two_snippet_workers(tmp_path, *sync: str) -> list[float]:
+    """The README's KV example as two workers of a `serve --sync ...` job of 20 steps each;
+    each one's final value of key 0."""
+    proc, port, first = serve_bare_job(tmp_path, "--servers", "2", "--steps", "20",
+                                       "--workers", "2", "--sync", *sync)
+    try:
+        code = (kv_snippet().replace(README_ADDRESS, f"tcp://127.0.0.1:{port}")
+                .replace("kv.bye()", "print('final', float(kv.pull()[0])); kv.bye()"))
+        users = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outs = [u.communicate(timeout=120) for u in users]
+        assert all(u.returncode == 0 for u in users), [e[-2000:] for _, e in outs]
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()[-3000:]
+    finally:
+        reap(proc)
+    return [float(out.split("final")[1]) for out, _ in outs]
+
+
+def test_the_kv_example_under_auto_takes_bsp_rounds_as_fixed_bsp_does(tmp_path):
+    """auto's lockstep rounds are summed on the shards by the round the release names; the
+    README's client names none, so each of its pushes was applied whole on arrival: two
+    workers moved the parameters twice as far as under fixed BSP (-4 against -2)."""
+    bsp = _two_snippet_workers(tmp_path / "bsp", "bsp")
+    # (its lockstep candidates only: a switch to ssp or asp would change the sum)
+    auto = _two_snippet_workers(tmp_path / "auto", "auto", "--sync-opt", "candidates=lbbsp,bsp")
+    assert bsp == [bsp[0]] * 2 and abs(bsp[0] + 2.0) < 1e-5  # 20 rounds of the mean, lr 0.1
+    assert auto == bsp

@@ -87,17 +87,6 @@ def _values_message(handle: Handle, fields: dict, values: np.ndarray,
     return Message("push", fields, frames if place is None else place(handle, frames))
 
 
-def push_fields(step: int, batch: int, scale: float, round_size: int,
-                round_id: int = 0) -> dict:
-    """The fields every push message of one step carries."""
-    fields = {"step": step, "batch": batch, "scale": float(scale)}
-    if round_size:
-        fields["round_size"] = round_size
-    if round_id:
-        fields["round_id"] = round_id
-    return fields
-
-
 class DenseRequests:
     """Builds the dense and key-list requests over the client's parts (its bookkeeping, shard
     sockets, chunk driver and shard map); holds nothing that changes but what those own."""
@@ -141,7 +130,7 @@ class DenseRequests:
             raise ValueError(f"sent must be {len(arr)} float32 values held as the values "
                              f"are (numpy, or a tensor on their device), given with a codec")
         pieces = core.pieces(r)
-        fields = push_fields(step, batch, scale, round_size, round_id)
+        fields = self.core.push_fields(step, batch, scale, round_size, round_id)
         if hyper is not None:
             fields["hyper"] = hyper
         return self.send(Handle("push"), arr, pieces, core.stream(r, pieces), fields,
@@ -152,7 +141,7 @@ class DenseRequests:
                     codec: Codec | None = None, sent: np.ndarray | None = None) -> Handle:
         """The one place dense push messages are made: one per piece into `handle.parts`, or,
         with a `stream`, its chunks (the first now, the rest from wait()). `fields`: the step's
-        (see push_fields), handed over; `beside`: the step's other messages to each shard
+        (see WorkerCore.push_fields), handed over; `beside`: the step's other messages to each shard
         (its tables' rows, in round mode), so each message says in `parts` all the shard gets.
         A chunk always says its count (with nothing beside, one message needs no word).
 
@@ -216,7 +205,7 @@ class DenseRequests:
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
             # shard counts the worker's batch in the round's average.
-            fields = push_fields(step, batch, scale, round_size, round_id)
+            fields = self.core.push_fields(step, batch, scale, round_size, round_id)
             fields["version"] = self.core.versions[i]
             if codec is None:
                 msg = Message("push_sparse", fields, [k[a:b], v[a:b]])

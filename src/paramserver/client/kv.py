@@ -35,7 +35,7 @@ import numpy as np
 
 from paramserver.client.completion import Completion
 from paramserver.client.core.worker_core import Handle, WorkerCore
-from paramserver.client.dense import DenseRequests, as_array, push_fields
+from paramserver.client.dense import DenseRequests, as_array
 from paramserver.client.links import ShardLinks
 from paramserver.client.preflight import preflight
 from paramserver.client.requests import ShardRequests
@@ -326,7 +326,7 @@ class KVWorker:
         rows = rows or {}
         for name in rows:
             self.rows.spec(name)  # before anything is sent
-        fields = push_fields(step, batch, scale, round_size, round_id)
+        fields = self.core.push_fields(step, batch, scale, round_size, round_id)
         dense_msgs: dict[int, int] = {}  # dense messages by shard
         if dense is not None and self.num_keys > 0:
             arr = as_array(dense, self.dtype)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from paramserver.client.core.worker_core import Handle, WorkerCore
-from paramserver.client.dense import push_fields
 from paramserver.client.requests import ShardRequests
 from paramserver.client.shard_map import ShardMap
 from paramserver.sparse.groups import KeyGroup, sum_duplicates
@@ -149,7 +148,7 @@ class RowTables:
         self.map.before_request()
         handle = Handle("push")
         handle.parts = self.messages(
-            table, keys, grads, push_fields(step, batch, scale, round_size, round_id),
+            table, keys, grads, self.core.push_fields(step, batch, scale, round_size, round_id),
             every_shard=bool(round_size), parts=[1] * len(self.map.shards) if round_size else None)
         return handle
 

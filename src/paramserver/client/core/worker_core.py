@@ -157,6 +157,8 @@ class WorkerCore:
         self.chunk = 1 << 62  # the smallest of `chunks`: most requests are checked in one compare
         self.all_fit = True  # every piece of all_pieces fits its shard's chunk
         self.release: Release | None = None  # sent by the coordinator, not yet taken
+        # (step, round id, round size) of the last release that named a lockstep round
+        self.lockstep: tuple[int, int, int] | None = None
         self.drawn: list | None = None  # the samples the last release names (elastic jobs)
         # By shard, the rids of pushes sent and maybe not answered, oldest first (an answered
         # one leaves when it reaches the front): the shard's watermark is the first.
@@ -431,7 +433,25 @@ class WorkerCore:
                                round_id=int(fields.get("round_id", 0)))
         # An elastic job's release names the samples to train on (coordinator/ledger.py).
         self.drawn = fields.get("samples")
+        r = self.release
+        self.lockstep = (r.step, r.round_id, r.round_size) if r.round_id else None
         return self.release
+
+    def push_fields(self, step: int, batch: int, scale: float, round_size: int = 0,
+                    round_id: int = 0) -> dict:
+        """The fields every push message of one step carries. A push of the step a lockstep
+        release named (auto's bsp and lbbsp) that names no round itself is that round's: a
+        client written against the plain KV API (push(..., step=release.step)) is summed
+        with the round's other pushes, as under fixed BSP, not applied whole on arrival."""
+        lockstep = self.lockstep
+        if not round_id and lockstep is not None and lockstep[0] == step:
+            round_id, round_size = lockstep[1], round_size or lockstep[2]
+        fields = {"step": step, "batch": batch, "scale": float(scale)}
+        if round_size:
+            fields["round_size"] = round_size
+        if round_id:
+            fields["round_id"] = round_id
+        return fields
 
     def take_release(self) -> Release:
         """The pending release, once: a second take without a new release is an error."""
