@@ -165,11 +165,26 @@ def test_key_ranges_are_checked_and_sparse_keys_cut_per_shard():
 
 def test_a_release_is_recorded_and_consumed_once():
     core = three_shards()
+    releases = core.releases
     with pytest.raises(LookupError):
-        core.take_release()
-    core.released(Reply(step=3, batch=32, min_version=2, round_size=4))
-    assert core.take_release() == Release(5, 3, 32, min_version=2, round_size=4)
+        releases.take()
+    releases.released(core.rank, Reply(step=3, batch=32, min_version=2, round_size=4))
+    assert releases.take() == Release(5, 3, 32, min_version=2, round_size=4)
     with pytest.raises(LookupError, match="no release is pending"):
-        core.take_release()
-    core.released(Reply(step=4, batch=32, min_version=3, stop=True, scale=0.5))
-    assert core.take_release() == Release(5, 4, 32, scale=0.5, min_version=3, stop=True)
+        releases.take()
+    releases.released(core.rank, Reply(step=4, batch=32, min_version=3, stop=True, scale=0.5))
+    assert releases.take() == Release(5, 4, 32, scale=0.5, min_version=3, stop=True)
+
+
+def test_a_push_of_a_lockstep_steps_release_takes_its_round_unless_it_names_one():
+    """auto's lockstep releases name their round; a plain KV client's push names none, and
+    without it each push was applied whole on arrival instead of summed with its round."""
+    releases = three_shards().releases
+    assert releases.push_fields(0, 32, 1.0) == {"step": 0, "batch": 32, "scale": 1.0}
+    releases.released(5, Reply(step=7, batch=32, min_version=0, round_size=4, round_id=12))
+    assert releases.push_fields(7, 32, 1.0) == {"step": 7, "batch": 32, "scale": 1.0,
+                                                "round_size": 4, "round_id": 12}
+    assert releases.push_fields(7, 32, 1.0, round_size=3, round_id=9)["round_id"] == 9
+    assert "round_id" not in releases.push_fields(6, 32, 1.0)  # another step's push
+    releases.released(5, Reply(step=8, batch=32, min_version=0, scale=0.25))  # asp: no round
+    assert releases.push_fields(8, 32, 0.25) == {"step": 8, "batch": 32, "scale": 0.25}

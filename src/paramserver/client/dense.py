@@ -130,7 +130,7 @@ class DenseRequests:
             raise ValueError(f"sent must be {len(arr)} float32 values held as the values "
                              f"are (numpy, or a tensor on their device), given with a codec")
         pieces = core.pieces(r)
-        fields = self.core.push_fields(step, batch, scale, round_size, round_id)
+        fields = self.core.releases.push_fields(step, batch, scale, round_size, round_id)
         if hyper is not None:
             fields["hyper"] = hyper
         return self.send(Handle("push"), arr, pieces, core.stream(r, pieces), fields,
@@ -141,7 +141,7 @@ class DenseRequests:
                     codec: Codec | None = None, sent: np.ndarray | None = None) -> Handle:
         """The one place dense push messages are made: one per piece into `handle.parts`, or,
         with a `stream`, its chunks (the first now, the rest from wait()). `fields`: the step's
-        (see WorkerCore.push_fields), handed over; `beside`: the step's other messages to each shard
+        (see Releases.push_fields), handed over; `beside`: the step's other messages to each shard
         (its tables' rows, in round mode), so each message says in `parts` all the shard gets.
         A chunk always says its count (with nothing beside, one message needs no word).
 
@@ -205,7 +205,7 @@ class DenseRequests:
         for i, (a, b) in enumerate(self.core.sparse_cuts(k)):
             # Every shard hears from the worker, even with no keys for it: in round mode the
             # shard counts the worker's batch in the round's average.
-            fields = self.core.push_fields(step, batch, scale, round_size, round_id)
+            fields = self.core.releases.push_fields(step, batch, scale, round_size, round_id)
             fields["version"] = self.core.versions[i]
             if codec is None:
                 msg = Message("push_sparse", fields, [k[a:b], v[a:b]])

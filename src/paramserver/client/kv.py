@@ -326,7 +326,7 @@ class KVWorker:
         rows = rows or {}
         for name in rows:
             self.rows.spec(name)  # before anything is sent
-        fields = self.core.push_fields(step, batch, scale, round_size, round_id)
+        fields = self.core.releases.push_fields(step, batch, scale, round_size, round_id)
         dense_msgs: dict[int, int] = {}  # dense messages by shard
         if dense is not None and self.num_keys > 0:
             arr = as_array(dense, self.dtype)
@@ -419,10 +419,10 @@ class KVWorker:
         """A release taken: a newer shard map it names (live resharding: the coordinator
         switched maps while every worker waited for its release) is switched to now, or,
         with a pull sent ahead still in flight, before the next request."""
-        self.core.released(release)
+        self.core.releases.released(self.core.rank, release)
         if "layout" in release.fields:
             self.map.released(release.get("epoch"), release["layout"])
-        return self.core.take_release()
+        return self.core.releases.take()
 
     @_open
     def leave(self, step: int, batch: int, compute_time: float, record: dict | None = None,
@@ -438,7 +438,7 @@ class KVWorker:
     @property
     def drawn(self) -> list | None:
         """The samples the last release names ([[epoch, lo, hi], ...]; elastic jobs), or None."""
-        return self.core.drawn
+        return self.core.releases.drawn
 
     @_open
     def report(self, record: dict) -> None:

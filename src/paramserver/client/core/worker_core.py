@@ -4,9 +4,10 @@ to its KVWorker.
 `WorkerCore` hands out request ids, keeps each request until its reply is in, matches replies to
 requests (a duplicate or stray one is refused, so the caller drops it), splits a key range into
 per-shard pieces, assembles a pull's pieces into the right slices, tracks the version each shard
-last answered with, holds the zero-copy frames lent by a server until they are given back, and
-keeps the release the coordinator sent until it is taken. Requests, replies and frames are
-opaque here: the node (client/requests.py) sends, receives and releases them.
+last answered with and holds the zero-copy frames lent by a server until they are given back;
+its `releases` (core/releases.py) keep the release the coordinator sent until it is taken.
+Requests, replies and frames are opaque here: the node (client/requests.py) sends, receives and
+releases them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from paramserver.client.core.releases import Releases
 from paramserver.core.keyspace import KeyRange
-from paramserver.policies.base import Release
 
 
 @dataclass
@@ -156,10 +157,7 @@ class WorkerCore:
         self.windows: list[int] = []
         self.chunk = 1 << 62  # the smallest of `chunks`: most requests are checked in one compare
         self.all_fit = True  # every piece of all_pieces fits its shard's chunk
-        self.release: Release | None = None  # sent by the coordinator, not yet taken
-        # (step, round id, round size) of the last release that named a lockstep round
-        self.lockstep: tuple[int, int, int] | None = None
-        self.drawn: list | None = None  # the samples the last release names (elastic jobs)
+        self.releases = Releases()  # the coordinator's, as this worker takes them
         # By shard, the rids of pushes sent and maybe not answered, oldest first (an answered
         # one leaves when it reaches the front): the shard's watermark is the first.
         self.pushes: list[deque[int]] = []
@@ -421,42 +419,3 @@ class WorkerCore:
         """The smallest version any shard answered this worker's pulls with."""
         return min(self.versions)
 
-    # ---- releases -------------------------------------------------------------------------------
-    def released(self, fields: Mapping[str, Any]) -> Release:
-        """The coordinator's release (the fields of its answer to start or clock), kept until
-        taken. A release not taken yet is replaced: only the newest one counts."""
-        self.release = Release(self.rank, fields["step"], fields["batch"],
-                               scale=float(fields.get("scale", 1.0)),
-                               min_version=fields["min_version"],
-                               round_size=int(fields.get("round_size", 0)),
-                               stop=bool(fields.get("stop", False)),
-                               round_id=int(fields.get("round_id", 0)))
-        # An elastic job's release names the samples to train on (coordinator/ledger.py).
-        self.drawn = fields.get("samples")
-        r = self.release
-        self.lockstep = (r.step, r.round_id, r.round_size) if r.round_id else None
-        return self.release
-
-    def push_fields(self, step: int, batch: int, scale: float, round_size: int = 0,
-                    round_id: int = 0) -> dict:
-        """The fields every push message of one step carries. A push of the step a lockstep
-        release named (auto's bsp and lbbsp) that names no round itself is that round's: a
-        client written against the plain KV API (push(..., step=release.step)) is summed
-        with the round's other pushes, as under fixed BSP, not applied whole on arrival."""
-        lockstep = self.lockstep
-        if not round_id and lockstep is not None and lockstep[0] == step:
-            round_id, round_size = lockstep[1], round_size or lockstep[2]
-        fields = {"step": step, "batch": batch, "scale": float(scale)}
-        if round_size:
-            fields["round_size"] = round_size
-        if round_id:
-            fields["round_id"] = round_id
-        return fields
-
-    def take_release(self) -> Release:
-        """The pending release, once: a second take without a new release is an error."""
-        release, self.release = self.release, None
-        if release is None:
-            raise LookupError("no release is pending: the coordinator has sent none since the "
-                              "last one was taken")
-        return release
