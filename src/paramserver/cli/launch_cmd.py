@@ -192,6 +192,8 @@ def _run(args) -> int:
         if args.resume:
             spec = JobSpec.from_dict(job)
             job = spec.with_resume(resume_point(Path(args.resume), spec)).to_dict()
+            from paramserver.launch.jobs import forget_unsaved
+            forget_unsaved(run_dir, job["resume"])
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2

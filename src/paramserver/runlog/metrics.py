@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +27,37 @@ def read_records(path: str | Path) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+def drop_after(path: str | Path, t: float) -> int:
+    """Rewrite metrics file `path` without its records timed after `t` s of training (and
+    torn lines); returns how many were dropped. A resume continues from a checkpoint taken at
+    `t`: the records after it are of work the checkpoint does not hold (a job killed later
+    than its last checkpoint), which the resumed job trains again and records anew; kept,
+    they would be counted twice (steps, samples, evaluations, each worker's steps)."""
+    path = Path(path)
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        at = record.get("t") if isinstance(record, dict) else None
+        # (a record's t is rounded to the microsecond: one of the checkpoint's own moment
+        # may read up to half of one later)
+        if isinstance(at, (int, float)) and not isinstance(at, bool) and at > t + 1e-6:
+            continue
+        kept.append(line if line.endswith(b"\n") else line + b"\n")
+    dropped = len(lines) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 # A user script's own test metric sent with `kv.report({...})` (no `kind`) counts as an
