@@ -248,3 +248,35 @@ def test_asp_a_worker_back_after_the_rebuild_keeps_its_steps(restarted):
     worker_back(state, 1, step=17, clocked=True, samples=17 * 32, t=HB + 0.1)
     out = state.handle(Clocked("w1", 17, 32, 0.1, HB + 0.2, to="c1"))
     assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c1", 18)]
+
+
+def test_a_resharded_job_is_taken_back_on_the_shard_map_its_log_committed_last():
+    """--servers MIN:MAX: a server joined (keys moved) before the coordinator died. The
+    restarted one takes the servers back on the dead one's last committed shard map, read
+    from its events.jsonl, waits for all of them, and numbers shard maps on from its epoch;
+    the job's first map would refuse every server ("not this job's server")."""
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    layout = [[0, "tcp://h:1", 0, 4], [1, "tcp://h:2", 4, 10]]
+    log = [{"event": "start"},
+           {"event": "server_joined", "addr": "tcp://h:2", "epoch": 1, "servers": 2,
+            "layout": [[0, "tcp://h:1", 0, 6], [1, "tcp://h:2", 6, 10]]},
+           {"event": "server_joined", "addr": "tcp://h:2", "epoch": 2, "servers": 2,
+            "layout": layout},
+           {"event": "reshard_refused", "addr": "tcp://h:3"}]
+    state = CoordinatorState(job_of(servers=1, max_servers=3), None, None,
+                             take_back=dict(SAVED), elapsed=9.0,
+                             replica_history=ReplicaHistory.of(log))
+    out = server_back(state, version=5, rank=0, lo=0, hi=4)
+    assert match(out[0], Reply, to="rs0", op="welcome", rank=0)
+    assert out[0].fields["job"]["shard_range"] == [0, 4]
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert not [i for i in out if match(i, AppendEvent, kind="taken_back")]  # s1 not back
+    out = server_back(state, version=5, rank=1, lo=4, hi=10, t=0.4)
+    assert match(out[0], Reply, to="rs1", op="welcome", rank=1)
+    assert out[0].fields["job"]["shard_range"] == [4, 10]
+    taken = [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    assert taken and taken[0].data["servers"] == 2
+    out = state.handle(Heartbeat("w0", 0.5, to="hb"))
+    assert out == [Reply("hb", "ok", {"epoch": 2, "layout": layout})]
+    state.check_invariants()

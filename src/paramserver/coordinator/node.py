@@ -380,7 +380,8 @@ def _replica_history(events_path: str | None) -> ReplicaHistory | None:
     def records(lines):
         for line in lines:
             if '"event": "backup_' in line or '"replica_promoted"' in line or \
-                    '"event": "start"' in line:
+                    '"event": "start"' in line or '"event": "server_joined"' in line or \
+                    '"event": "server_drained"' in line:
                 try:
                     yield json_value(line)
                 except ValueError:

@@ -28,8 +28,9 @@ class Rejoins:
         self.pending: TakeBack | None = None
         self.fails_at = float("inf")
         if saved is not None:
-            self.pending = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
-                                    saved, job.batch_size)
+            self.pending = TakeBack(now + limits.heartbeat_timeout,
+                                    coord.members.servers_expected, job.workers, saved,
+                                    job.batch_size)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
 
@@ -138,7 +139,8 @@ class Rejoins:
         tb, coord = self.pending, self.coord
         if not tb.ready(now):
             if now >= self.fails_at:
-                missing = sorted(set(range(coord.job.servers)) - set(tb.servers))
+                missing = sorted(set(range(coord.members.servers_expected)) -
+                                 set(tb.servers))
                 self.pending = None
                 coord.fail(f"server(s) {missing} did not come back to the restarted "
                            f"coordinator within {coord.job.limits.server_timeout:.0f} s", now,
