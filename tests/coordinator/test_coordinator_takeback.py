@@ -280,3 +280,25 @@ def test_a_resharded_job_is_taken_back_on_the_shard_map_its_log_committed_last()
     out = state.handle(Heartbeat("w0", 0.5, to="hb"))
     assert out == [Reply("hb", "ok", {"epoch": 2, "layout": layout})]
     state.check_invariants()
+
+
+def test_a_move_the_dead_coordinator_never_committed_is_given_up_on_the_servers_back():
+    """--servers MIN:MAX: the coordinator died while keys moved (its servers told `reshard`,
+    no commit). Each server kept its old core but stays moving (refusing requests `busy`)
+    until told otherwise: a server back saying so is told `reshard_abort` of that move, and
+    shard maps number on past its epoch."""
+    state = CoordinatorState(job_of(servers=1, max_servers=2), None, None,
+                             take_back=dict(SAVED), elapsed=9.0)
+    out = state.handle(Registered("s0", "server", 0.1, to="rs0", link="L0",
+                                  addr="tcp://h:1", rejoin={"rank": 0, "lo": 0, "hi": 10,
+                                                            "version": 5, "moving": 1}))
+    assert match(out[0], Reply, to="rs0", op="welcome", rank=0)
+    assert [i for i in out if isinstance(i, ToServers)] == [
+        ToServers("reshard_abort", {"epoch": 1}, ("L0",))]
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    assert state.reshard.epoch == 1  # the next move is epoch 2: the servers' last was 1
+    out = server_back(state, version=5, t=0.4)  # a live server that never moved: no abort
+    assert not [i for i in out if isinstance(i, ToServers)]
+    state.check_invariants()

@@ -11,7 +11,9 @@ that completed before the old coordinator died is still unanswered).
 
 from __future__ import annotations
 
-from paramserver.coordinator.events import AppendEvent, Clocked, Registered, Reply, Started
+from paramserver.coordinator.events import (
+    AppendEvent, Clocked, Registered, Reply, Started, ToServers,
+)
 from paramserver.coordinator.membership import Member
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.policies import Release
@@ -71,6 +73,16 @@ class Rejoins:
             "rank": member.rank, "job": coord.registration.server_job(member.rank).to_dict()}))
         out.append(AppendEvent(now, "server_taken_back", {"rank": member.rank, "addr": e.addr,
                                                          "version": back.version}))
+        if back.moving and coord.reshard.enabled:
+            # Keys were moving when the old coordinator died: the server kept its old core
+            # (it rejoined with that range) and holds or refuses requests until the move ends.
+            # Nobody will commit it: it is given up, as an overdue move is (its epoch spent).
+            if back.moving > coord.reshard.epoch:  # (said once, by its first server back)
+                coord.reshard.epoch = back.moving
+                out.append(AppendEvent(now, "reshard_refused", {
+                    "kind": "move", "addr": e.addr, "epoch": back.moving,
+                    "reason": "the coordinator that started it died before its commit"}))
+            out.append(ToServers("reshard_abort", {"epoch": back.moving}, (member.link,)))
         if self.pending is not None:
             self.pending.server_back(back)
         if coord.replicas.enabled:  # the backup it forwards to, when that one is back too
