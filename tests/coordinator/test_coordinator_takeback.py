@@ -302,3 +302,24 @@ def test_a_move_the_dead_coordinator_never_committed_is_given_up_on_the_servers_
     out = server_back(state, version=5, t=0.4)  # a live server that never moved: no abort
     assert not [i for i in out if isinstance(i, ToServers)]
     state.check_invariants()
+
+
+@pytest.mark.parametrize("max_servers", [0, 2])
+def test_a_new_server_registering_during_the_take_back_is_let_in_after_it(max_servers):
+    """A server registering anew while the take-back waits (`paramserver server --join`, not
+    one restarted in a dead one's place: every rank is back) is handled after the rebuild as
+    at any time: a join asked (--servers MIN:MAX) or refused; it used to crash the rebuild
+    ("all 1 server ranks are taken")."""
+    state = CoordinatorState(job_of(servers=1, max_servers=max_servers), None, None,
+                             take_back=dict(SAVED), elapsed=9.0)
+    server_back(state, version=5)
+    assert state.handle(Registered("sJ", "server", 0.15, to="rJ", link="LJ",
+                                   addr="tcp://h:9")) == []  # waits for the rebuild
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    if max_servers:
+        assert [i for i in out if match(i, AppendEvent, kind="server_join_asked")]
+    else:
+        assert [i for i in out if match(i, Reply, to="rJ", op="error", code="refused")]
+    state.check_invariants()

@@ -80,6 +80,10 @@ class Registration:
         """A worker's registration that waited (for the servers, a take-back, a free rank)."""
         self._admit(self.worker, e, now, out)
 
+    def admit_server(self, e: Registered, now: float, out: list) -> None:
+        """A server's registration that waited (for a take-back), handled as a new one."""
+        self._admit(self._server, e, now, out)
+
     def admit_waiting_workers(self, now: float, out: list) -> None:
         """Once every server is in, the workers that waited for them."""
         members = self.coord.members

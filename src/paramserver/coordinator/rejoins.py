@@ -186,6 +186,9 @@ class Rejoins:
             if host.stopping:
                 coord.budget.closed = True
         for e in tb.fresh_servers:  # a restarted server: its shard from the checkpoint
+            if coord.members.servers_complete:  # every rank is back: a joiner, or one too many
+                coord.registration.admit_server(e, now, out)
+                continue
             member = coord.members.add_server(e, now)
             failure = coord.recovery.back(e, member, coord.schedule, coord.progress,
                                           coord.registration.server_job(member.rank), out)
