@@ -129,7 +129,9 @@ class Registration:
     # ---- inside -----------------------------------------------------------------------------
     def _admit(self, register, e: Registered, now: float, out: list) -> None:
         """A registration that waited: refused on its own if it is wrong, not with the event
-        that let it in."""
+        that let it in. It is taken at `now`: a member's silence counts from its welcome (a
+        backup that waited for the key space was otherwise found silent for that wait)."""
+        e.now = now
         try:
             register(e, now, out)
         except ValueError as exc:
