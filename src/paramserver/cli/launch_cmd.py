@@ -191,9 +191,10 @@ def _run(args) -> int:
         job = build_job(args, run_dir)
         if args.resume:
             spec = JobSpec.from_dict(job)
-            job = spec.with_resume(resume_point(Path(args.resume), spec)).to_dict()
+            point = resume_point(Path(args.resume), spec)
+            job = spec.with_resume(point).to_dict()
             from paramserver.launch.jobs import forget_unsaved
-            forget_unsaved(run_dir, job["resume"])
+            forget_unsaved(run_dir, {"dir": point.dir, "tag": point.tag})
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2
