@@ -323,3 +323,22 @@ def test_a_new_server_registering_during_the_take_back_is_let_in_after_it(max_se
     else:
         assert [i for i in out if match(i, Reply, to="rJ", op="error", code="refused")]
     state.check_invariants()
+
+
+def test_the_take_back_is_a_metrics_record_the_summary_counts(restarted):
+    """summary.json says the coordinator was restarted (coordinator_restarts), as it says the
+    servers restarted from a checkpoint; before, only events.jsonl did."""
+    from paramserver.coordinator.events import AppendMetric
+    from paramserver.runlog.metrics import summarize
+    state = restarted()
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.4)
+    (record,) = [i for i in out if isinstance(i, AppendMetric)
+                 and i.record.get("kind") == "takeback"]
+    assert record.t == pytest.approx(9.0) and record.record["workers"] == 2
+    job = {"sync": {"name": "bsp"}, "workers": 2, "servers": 1, "batch_size": 32,
+           "optimizer": {"name": "sgd", "lr": 0.1}, "task": {"model": "mlp"},
+           "apply_mode": "round"}
+    assert summarize([{"t": record.t, **record.record}], job)["coordinator_restarts"] == 1
+

@@ -185,6 +185,10 @@ class Rejoins:
                 self._join([m for m, _ in back], [b for _, b in back], now, out)
             if host.stopping:
                 coord.budget.closed = True
+        # (summary.json counts it, beside the servers restarted: coordinator_restarts)
+        coord.add_metric(now, {"kind": "takeback", "role": "coordinator", "round": plan.round,
+                               "samples": plan.samples, "servers": len(roster.servers),
+                               "workers": len(tb.workers)}, out)
         for e in tb.fresh_servers:  # a restarted server: its shard from the checkpoint
             if coord.members.servers_complete:  # every rank is back: a joiner, or one too many
                 coord.registration.admit_server(e, now, out)

@@ -202,7 +202,9 @@ def _restarts(records: list[dict]) -> dict:
     return {"server_restarts": len(restarts),
             "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts),
             # replicated shards: backups that took over (no checkpoint restore, nothing lost)
-            "replica_promotions": sum(1 for r in records if r.get("kind") == "promotion")}
+            "replica_promotions": sum(1 for r in records if r.get("kind") == "promotion"),
+            # coordinators restarted in place of a dead one (--restart-coordinator)
+            "coordinator_restarts": sum(1 for r in records if r.get("kind") == "takeback")}
 
 
 def shard_load(records: list[dict], servers: int, wall: float) -> dict:
