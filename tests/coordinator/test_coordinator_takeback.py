@@ -342,3 +342,24 @@ def test_the_take_back_is_a_metrics_record_the_summary_counts(restarted):
            "apply_mode": "round"}
     assert summarize([{"t": record.t, **record.record}], job)["coordinator_restarts"] == 1
 
+
+def test_a_re_sent_clock_the_dead_coordinator_recorded_is_not_recorded_twice(tmp_path):
+    """The dead coordinator wrote worker 0's step 83 and died before its release went out;
+    the worker sends that clock again to the new one, whose step record would be the same
+    line again (summary.json: 602 steps of a 600-step job). The node skips it, once."""
+    import json
+    from paramserver.coordinator.events import AppendMetric
+    from paramserver.coordinator.node import CoordinatorNode
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"t": 1.0 + s, "kind": "step", "worker": w, "step": s,
+                                        "batch": 32}) + "\n"
+                            for s in (82, 83) for w in (0, 1) if (w, s) != (1, 83)))
+    node = CoordinatorNode(job_of(), metrics_path=str(path), take_back=True)
+    try:
+        for w, s in [(0, 83), (1, 83), (0, 84), (1, 84), (0, 83)]:
+            node._append_metric(AppendMetric(9.0, {"kind": "step", "worker": w, "step": s,
+                                                   "batch": 32}))
+    finally:
+        node.metrics.close()
+    steps = [(r["worker"], r["step"]) for r in map(json.loads, path.read_text().splitlines())]
+    assert steps == [(0, 82), (1, 82), (0, 83), (1, 83), (0, 84), (1, 84), (0, 83)]

@@ -60,6 +60,29 @@ def drop_after(path: str | Path, t: float) -> int:
     return dropped
 
 
+def last_steps(path: str | Path, tail: int = 1 << 16) -> dict[int, int]:
+    """Each worker's newest step record in the last `tail` bytes of metrics file `path`:
+    {worker: step}. A coordinator restarted in place of a dead one gets the clock a worker
+    held unanswered again; when the dead one had written its record already, that record is
+    this one and is not written twice."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # (the first line, cut by the seek, or a torn last one)
+        if isinstance(r, dict) and r.get("kind") == "step" and isinstance(r.get("worker"), int) \
+                and isinstance(r.get("step"), int):
+            out[r["worker"]] = max(r["step"], out.get(r["worker"], r["step"]))
+    return out
+
+
 # A user script's own test metric sent with `kv.report({...})` (no `kind`) counts as an
 # evaluation under these names; DistributedOptimizer.report() sends the `kind: eval` form.
 REPORTED_TEST_KEYS = ("test_accuracy", "test_acc")
