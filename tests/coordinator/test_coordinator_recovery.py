@@ -2,6 +2,7 @@
 live servers and workers, whose processes go on (same PIDs), and the job ends with every update
 applied exactly once."""
 
+import json
 import os
 import signal
 import threading
@@ -111,6 +112,12 @@ def test_a_killed_coordinator_takes_back_the_job_and_nothing_is_lost_or_applied_
     for rank in range(WORKERS):
         final = np.load(tmp_path / f"final-{rank}.npy")
         np.testing.assert_allclose(final, _expected(sync), rtol=0, atol=1e-9)
+    # Each step recorded once: a clock re-sent to the new coordinator that the dead one had
+    # recorded is not written again (summary.json counted it twice).
+    records = [json.loads(line)
+               for line in (cluster.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["worker"], r["step"]) for r in records if r.get("kind") == "step"]
+    assert len(steps) == len(set(steps)) == WORKERS * STEPS
 
 
 def test_without_restarts_a_killed_coordinator_ends_the_job_naming_the_flag(tmp_path):

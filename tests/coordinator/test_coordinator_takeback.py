@@ -248,3 +248,118 @@ def test_asp_a_worker_back_after_the_rebuild_keeps_its_steps(restarted):
     worker_back(state, 1, step=17, clocked=True, samples=17 * 32, t=HB + 0.1)
     out = state.handle(Clocked("w1", 17, 32, 0.1, HB + 0.2, to="c1"))
     assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c1", 18)]
+
+
+def test_a_resharded_job_is_taken_back_on_the_shard_map_its_log_committed_last():
+    """--servers MIN:MAX: a server joined (keys moved) before the coordinator died. The
+    restarted one takes the servers back on the dead one's last committed shard map, read
+    from its events.jsonl, waits for all of them, and numbers shard maps on from its epoch;
+    the job's first map would refuse every server ("not this job's server")."""
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    layout = [[0, "tcp://h:1", 0, 4], [1, "tcp://h:2", 4, 10]]
+    log = [{"event": "start"},
+           {"event": "server_joined", "addr": "tcp://h:2", "epoch": 1, "servers": 2,
+            "layout": [[0, "tcp://h:1", 0, 6], [1, "tcp://h:2", 6, 10]]},
+           {"event": "server_joined", "addr": "tcp://h:2", "epoch": 2, "servers": 2,
+            "layout": layout},
+           {"event": "reshard_refused", "addr": "tcp://h:3"}]
+    state = CoordinatorState(job_of(servers=1, max_servers=3), None, None,
+                             take_back=dict(SAVED), elapsed=9.0,
+                             replica_history=ReplicaHistory.of(log))
+    out = server_back(state, version=5, rank=0, lo=0, hi=4)
+    assert match(out[0], Reply, to="rs0", op="welcome", rank=0)
+    assert out[0].fields["job"]["shard_range"] == [0, 4]
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert not [i for i in out if match(i, AppendEvent, kind="taken_back")]  # s1 not back
+    out = server_back(state, version=5, rank=1, lo=4, hi=10, t=0.4)
+    assert match(out[0], Reply, to="rs1", op="welcome", rank=1)
+    assert out[0].fields["job"]["shard_range"] == [4, 10]
+    taken = [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    assert taken and taken[0].data["servers"] == 2
+    out = state.handle(Heartbeat("w0", 0.5, to="hb"))
+    assert out == [Reply("hb", "ok", {"epoch": 2, "layout": layout})]
+    state.check_invariants()
+
+
+def test_a_move_the_dead_coordinator_never_committed_is_given_up_on_the_servers_back():
+    """--servers MIN:MAX: the coordinator died while keys moved (its servers told `reshard`,
+    no commit). Each server kept its old core but stays moving (refusing requests `busy`)
+    until told otherwise: a server back saying so is told `reshard_abort` of that move, and
+    shard maps number on past its epoch."""
+    state = CoordinatorState(job_of(servers=1, max_servers=2), None, None,
+                             take_back=dict(SAVED), elapsed=9.0)
+    out = state.handle(Registered("s0", "server", 0.1, to="rs0", link="L0",
+                                  addr="tcp://h:1", rejoin={"rank": 0, "lo": 0, "hi": 10,
+                                                            "version": 5, "moving": 1}))
+    assert match(out[0], Reply, to="rs0", op="welcome", rank=0)
+    assert [i for i in out if isinstance(i, ToServers)] == [
+        ToServers("reshard_abort", {"epoch": 1}, ("L0",))]
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    assert state.reshard.epoch == 1  # the next move is epoch 2: the servers' last was 1
+    out = server_back(state, version=5, t=0.4)  # a live server that never moved: no abort
+    assert not [i for i in out if isinstance(i, ToServers)]
+    state.check_invariants()
+
+
+@pytest.mark.parametrize("max_servers", [0, 2])
+def test_a_new_server_registering_during_the_take_back_is_let_in_after_it(max_servers):
+    """A server registering anew while the take-back waits (`paramserver server --join`, not
+    one restarted in a dead one's place: every rank is back) is handled after the rebuild as
+    at any time: a join asked (--servers MIN:MAX) or refused; it used to crash the rebuild
+    ("all 1 server ranks are taken")."""
+    state = CoordinatorState(job_of(servers=1, max_servers=max_servers), None, None,
+                             take_back=dict(SAVED), elapsed=9.0)
+    server_back(state, version=5)
+    assert state.handle(Registered("sJ", "server", 0.15, to="rJ", link="LJ",
+                                   addr="tcp://h:9")) == []  # waits for the rebuild
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    if max_servers:
+        assert [i for i in out if match(i, AppendEvent, kind="server_join_asked")]
+    else:
+        assert [i for i in out if match(i, Reply, to="rJ", op="error", code="refused")]
+    state.check_invariants()
+
+
+def test_the_take_back_is_a_metrics_record_the_summary_counts(restarted):
+    """summary.json says the coordinator was restarted (coordinator_restarts), as it says the
+    servers restarted from a checkpoint; before, only events.jsonl did."""
+    from paramserver.coordinator.events import AppendMetric
+    from paramserver.runlog.metrics import summarize
+    state = restarted()
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.4)
+    (record,) = [i for i in out if isinstance(i, AppendMetric)
+                 and i.record.get("kind") == "takeback"]
+    assert record.t == pytest.approx(9.0) and record.record["workers"] == 2
+    job = {"sync": {"name": "bsp"}, "workers": 2, "servers": 1, "batch_size": 32,
+           "optimizer": {"name": "sgd", "lr": 0.1}, "task": {"model": "mlp"},
+           "apply_mode": "round"}
+    assert summarize([{"t": record.t, **record.record}], job)["coordinator_restarts"] == 1
+
+
+def test_a_re_sent_clock_the_dead_coordinator_recorded_is_not_recorded_twice(tmp_path):
+    """The dead coordinator wrote worker 0's step 83 and died before its release went out;
+    the worker sends that clock again to the new one, whose step record would be the same
+    line again (summary.json: 602 steps of a 600-step job). The node skips it, once."""
+    import json
+    from paramserver.coordinator.events import AppendMetric
+    from paramserver.coordinator.node import CoordinatorNode
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"t": 1.0 + s, "kind": "step", "worker": w, "step": s,
+                                        "batch": 32}) + "\n"
+                            for s in (82, 83) for w in (0, 1) if (w, s) != (1, 83)))
+    node = CoordinatorNode(job_of(), metrics_path=str(path), take_back=True)
+    try:
+        for w, s in [(0, 83), (1, 83), (0, 84), (1, 84), (0, 83)]:
+            node._append_metric(AppendMetric(9.0, {"kind": "step", "worker": w, "step": s,
+                                                   "batch": 32}))
+    finally:
+        node.metrics.close()
+    steps = [(r["worker"], r["step"]) for r in map(json.loads, path.read_text().splitlines())]
+    assert steps == [(0, 82), (1, 82), (0, 83), (1, 83), (0, 84), (1, 84), (0, 83)]

@@ -177,3 +177,24 @@ def test_a_synced_backup_is_still_promoted_as_it_is(make):
     [promote] = promotes(out)
     assert promote.fields == {"rank": 0, "epoch": 1}  # no restore: it holds everything
     assert [i.op for i in only(out, ToServers)] == ["promote"]  # and no shutdown added
+
+
+def test_a_backup_that_waited_for_the_key_space_is_not_lost_for_that_wait(make):
+    """A launched job learns its key space from its first worker (num_keys 0): servers and
+    backups that register before it wait. A backup's silence counts from its welcome, not
+    from its registration: it used to be declared lost ("silent for 5.6 s") the moment it was
+    welcomed after a worker's slow start, and the start barrier then waited for a backup that
+    never came (the launcher replaces only a dead server) until the job failed."""
+    state = make(num_keys=0)
+    server(state, "b0", "tcp://h:2", 0.0, backup=True)
+    server(state, "s0", "tcp://h:1", 0.1)
+    out = state.handle(Registered("w0", "worker", 5.0, to="rw0", num_keys=10))  # 5 s later
+    assert attach_of(out).fields["addr"] == "tcp://h:2"
+    out = state.handle(TimePassed(5.5))
+    assert "backup_lost" not in kinds(out)
+    out = synced(state, "Ltcp://h:1", attach_of_epoch(state), 5.6)
+    assert "backup_synced" in kinds(out) and "backup_lost" not in kinds(out)
+
+
+def attach_of_epoch(state) -> int:
+    return state.replicas.backups[0].epoch

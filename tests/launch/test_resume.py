@@ -79,3 +79,23 @@ def test_a_resume_whose_latest_checkpoint_is_corrupt_falls_back_to_the_previous_
     tag_b, b = final_values(ckpt)
     assert tag_a == tag_b == f"{40:09d}"
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-9)  # rounds 20..39 done again, as before
+
+
+def test_a_resume_from_a_checkpoint_before_the_stop_counts_the_steps_after_it_once(tmp_path):
+    """A job stopped (killed) after its last checkpoint: the resume trains the rounds after it
+    again, so the first part's records of those rounds go; summary.json counts each round's
+    steps once and every worker's step numbers run on without repeating."""
+    run = tmp_path / "run"
+    train("--steps", "25", "--checkpoint-every", "10", "--out", str(run))
+    ckpt = run / "checkpoints"
+    # As if killed at round 25 with round 20's checkpoint the newest committed.
+    import shutil
+    shutil.rmtree(ckpt / f"ckpt-{25:09d}")
+    (ckpt / "LATEST").write_text(f"{20:09d}")
+    train("--resume", str(run), "--steps", "40")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 80 and summary["samples"] == 80 * 16  # 2 workers x 40 rounds
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for worker in (0, 1):
+        numbers = [r["step"] for r in steps if r.get("kind") == "step" and r["worker"] == worker]
+        assert numbers == list(range(40))

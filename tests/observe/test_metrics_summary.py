@@ -118,3 +118,23 @@ def test_shard_load_is_each_shards_busy_share_and_the_imbalance():
     # Runs that measured nothing (the simulator's, older ones) say so.
     assert summarize(RECORDS, JOB)["shard_imbalance"] is None
     assert summarize(RECORDS, JOB)["per_shard"] == {}
+
+
+def test_drop_after_keeps_the_records_up_to_a_resumed_checkpoint(tmp_path):
+    from paramserver.runlog.metrics import drop_after
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS) + '{"t": 9.0, "kind": "st')
+    assert drop_after(path, 2.0) == 3  # two records after t=2 and the torn last line
+    kept = read_records(path)
+    assert kept == RECORDS[:5]
+    assert summarize(kept, JOB)["steps"] == 4
+    assert drop_after(path, 2.0) == 0 and read_records(path) == RECORDS[:5]
+    assert drop_after(tmp_path / "none.jsonl", 1.0) == 0  # a resume into a new folder
+
+
+def test_last_steps_names_each_workers_newest_step_record(tmp_path):
+    from paramserver.runlog.metrics import last_steps
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS) + '{"t": 9.0, "kind": "st')
+    assert last_steps(path) == {0: 1, 1: 1}
+    assert last_steps(tmp_path / "none.jsonl") == {}

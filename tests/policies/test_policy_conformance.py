@@ -150,8 +150,12 @@ class R2SPMonitor(Monitor):
         self.last_permit: float | None = None
         self.since: dict[tuple, set] = {}
         self.gaps: list[tuple[float, float]] = []
+        self.changes = 0  # joins and leaves seen: an interval spanning one is not measured
 
     def on_push(self, worker, rec):
+        changes = len(self.driver.trace.joined) + len(self.driver.trace.left)
+        if changes != self.changes:
+            self.changes, self.last_push = changes, {}
         key = (worker, self.driver.incarnation(worker))
         if key in self.last_push:
             a, interval = self.kw.get("ema", 0.2), rec.time - self.last_push[key]

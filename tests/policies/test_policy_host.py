@@ -359,3 +359,27 @@ def test_the_engine_and_the_replay_of_its_records_make_the_same_decisions(
     assert log.rounds == rounds and (rounds or sim.policy.apply_mode == "arrival")
     if sync == "r2sp":  # held releases are compared too
         assert any(r["delayed"] for r in releases.values())
+
+
+def test_r2sp_a_dead_workers_silence_is_not_measured_as_an_iteration():
+    """A worker dies holding the rotation's turn: the others wait for it until it is declared
+    dead (a heartbeat timeout, seconds). Their next push comes seconds after their last one;
+    measured as an iteration it inflated T, and the gap r*T/N with it, so the job crawled
+    for many rotations after the death (a 3-worker job took 2.6x as long after two deaths).
+    The intervals that span a membership change are not measured."""
+    policy = make_policy("r2sp", B, warmup=1, gap_ratio=0.5, ema=0.5)
+    host = PolicyHost(policy)
+    host.joined_all(range(3), 0.0)
+    for w, step, t in [(1, 0, 1.0), (0, 0, 1.1), (2, 0, 1.2), (1, 1, 2.05), (0, 1, 2.1),
+                       (2, 1, 2.2)]:
+        host.pushed(push(w, step, t))
+    assert host.advance(3.0)  # 2 and 0 go on; the turn is worker 1's, which dies
+    assert host.pushed(push(2, 2, 3.1)) == [] and host.pushed(push(0, 2, 3.2)) == []
+    t_before = policy.iter_time
+    assert t_before == pytest.approx(1.0, abs=0.1) and policy.rotation.turn == 1
+    released = host.left(1, 8.2, "dead") + host.advance(9.0)  # declared dead 5 s on
+    assert sorted(r.worker for r in released) == [0, 2]
+    host.pushed(push(2, 3, 9.1))
+    host.pushed(push(0, 3, 9.2))
+    assert policy.iter_time == pytest.approx(t_before)  # the 5 s wait measured nothing
+    assert policy.gap() == pytest.approx(0.5 * t_before / 2)

@@ -456,3 +456,25 @@ def test_a_server_the_pending_map_drops_is_not_judged_gone_and_kept_monitors_car
         links.close()
         live.close(0)
         terminate(ctx, [s.sock for s in first])
+
+
+def test_a_release_naming_the_map_already_followed_changes_nothing():
+    """A release may name the map the worker follows already: a coordinator restarted in
+    place of a dead one (taken-back workers' releases say the map once more). It used to
+    switch to no map at all (AttributeError: 'NoneType' object has no attribute 'shards'),
+    killing every worker."""
+    fake = FakeJob(3, apply_mode="round")
+    a, b, c = fake.addrs
+    try:
+        with KVWorker(fake.coord_addr, heartbeat=False, keys=None) as kv:
+            fake.values[:] = np.arange(NUM_KEYS)
+            fake.release_layout = (1, new := [[0, c, 0, 25], [1, a, 25, 100]])
+            fake.moved_to(*fake.release_layout)
+            kv.start()
+            assert kv.map.epoch == 1 and [s.addr for s in kv.shards] == [c, a]
+            kv.clock(0, batch=1, compute_time=0.0)  # its release says map 1 again
+            assert kv.map.epoch == 1 and [s.addr for s in kv.shards] == [c, a]
+            np.testing.assert_array_equal(kv.pull(), np.arange(NUM_KEYS))
+            assert fake.refused == []
+    finally:
+        fake.close()

@@ -214,6 +214,8 @@ def _run(args) -> int:
                 check_budget_left(spec.max_samples, {"dir": resume.dir, "tag": resume.tag},
                                   "--steps (it counts the resumed run's)")
             job = spec.with_resume(resume).to_dict()
+            from paramserver.launch.jobs import forget_unsaved
+            forget_unsaved(run_dir, {"dir": resume.dir, "tag": resume.tag})
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2

@@ -219,6 +219,9 @@ def print_summary(s: dict, run_dir: Path) -> None:
     if s.get("server_restarts"):
         print(f"  servers restarted from a checkpoint: {s['server_restarts']}, "
               f"updates lost: {s['lost_updates']}")
+    if s.get("coordinator_restarts"):
+        print(f"  coordinator restarted, live servers and workers taken back: "
+              f"{s['coordinator_restarts']}")
     if s.get("late_pushes"):
         print(f"  pushes dropped as late (workers joining a closing round): {s['late_pushes']}")
     line = unbalanced_line(s)

@@ -136,9 +136,10 @@ class ShardMap:
     def released(self, epoch, layout) -> None:
         """A release names a newer shard map (the coordinator switched maps while every
         worker waited for its release): switched to now, or, with a pull sent ahead still
-        in flight, before the next request."""
+        in flight, before the next request. The map followed already (said again: a
+        restarted coordinator's first release) changes nothing."""
         self.heard(epoch, layout, "the coordinator's release")
-        if self.quiet():
+        if self.layouts.behind and self.quiet():
             self.switch()
 
     def quiet(self) -> bool:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from paramserver.core.keyspace import split_by_bytes
+from paramserver.core.keyspace import KeyRange, split_by_bytes
 from paramserver.core.layout import ModelLayout, first_difference
 from paramserver.coordinator.events import Registered
 from paramserver.policies import Release
@@ -154,6 +154,13 @@ class Membership:
         self.ranges = split_by_bytes(num_keys, self.servers_expected, self.layer_edges)
         pending, self.pending_servers = self.pending_servers, []
         return pending
+
+    def adopt_shard_map(self, layout: list) -> None:
+        """A restarted coordinator's: the shard map the dead one committed last (live
+        resharding), [[rank, addr, lo, hi], ...]: its servers serve these ranges."""
+        self.ranges = [KeyRange(lo, hi) for _, _, lo, hi in layout]
+        self.servers_expected = len(layout)
+        self.num_keys = self.num_keys or layout[-1][3]
 
     def add_server(self, event: Registered, now: float) -> Member:
         """The server of `event`, welcomed at `now`: its silence is counted from then. A

@@ -36,6 +36,7 @@ from paramserver.observe.flight import FlightRecorder
 from paramserver.coordinator.stall_doctor import StallDoctor
 from paramserver.observe.core.stall import StallSettings
 from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, latest
+from paramserver.runlog.metrics import last_steps
 from paramserver.spec.job import JobSpec
 from paramserver.transport import advertised_host, bind_router, new_context, security, terminate
 from paramserver.wire import Message, WireError
@@ -119,6 +120,9 @@ class CoordinatorNode:
         # The run folder's model_layout.json sits beside events.jsonl.
         self.layout_path = (Path(events_path).with_name(LAYOUT_FILE) if events_path
                             else None)
+        # A take-back: each worker's newest step record on disk, which its clock re-sent to
+        # this coordinator would write again (runlog/metrics.last_steps).
+        self.written_steps = last_steps(metrics_path) if take_back and metrics_path else {}
         self.metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
         self.t0 = time.monotonic()
         root = job.checkpoint.dir if job.checkpoint is not None else None
@@ -347,6 +351,9 @@ class CoordinatorNode:
             self.exporter.on_event(i.kind, i.data)
 
     def _append_metric(self, i: AppendMetric) -> None:
+        if self.written_steps and i.record.get("kind") == "step" and \
+                self.written_steps.pop(i.record.get("worker"), None) == i.record.get("step"):
+            return  # (a worker's first record here: the dead coordinator wrote it already)
         if self.metrics:
             self.metrics.write(json.dumps({"t": round(i.t, 6), **i.record}) + "\n")
         if self.exporter is not None:
@@ -380,7 +387,8 @@ def _replica_history(events_path: str | None) -> ReplicaHistory | None:
     def records(lines):
         for line in lines:
             if '"event": "backup_' in line or '"replica_promoted"' in line or \
-                    '"event": "start"' in line:
+                    '"event": "start"' in line or '"event": "server_joined"' in line or \
+                    '"event": "server_drained"' in line:
                 try:
                     yield json_value(line)
                 except ValueError:

@@ -80,6 +80,10 @@ class Registration:
         """A worker's registration that waited (for the servers, a take-back, a free rank)."""
         self._admit(self.worker, e, now, out)
 
+    def admit_server(self, e: Registered, now: float, out: list) -> None:
+        """A server's registration that waited (for a take-back), handled as a new one."""
+        self._admit(self._server, e, now, out)
+
     def admit_waiting_workers(self, now: float, out: list) -> None:
         """Once every server is in, the workers that waited for them."""
         members = self.coord.members
@@ -125,7 +129,9 @@ class Registration:
     # ---- inside -----------------------------------------------------------------------------
     def _admit(self, register, e: Registered, now: float, out: list) -> None:
         """A registration that waited: refused on its own if it is wrong, not with the event
-        that let it in."""
+        that let it in. It is taken at `now`: a member's silence counts from its welcome (a
+        backup that waited for the key space was otherwise found silent for that wait)."""
+        e.now = now
         try:
             register(e, now, out)
         except ValueError as exc:

@@ -11,7 +11,9 @@ that completed before the old coordinator died is still unanswered).
 
 from __future__ import annotations
 
-from paramserver.coordinator.events import AppendEvent, Clocked, Registered, Reply, Started
+from paramserver.coordinator.events import (
+    AppendEvent, Clocked, Registered, Reply, Started, ToServers,
+)
 from paramserver.coordinator.membership import Member
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.policies import Release
@@ -28,8 +30,9 @@ class Rejoins:
         self.pending: TakeBack | None = None
         self.fails_at = float("inf")
         if saved is not None:
-            self.pending = TakeBack(now + limits.heartbeat_timeout, job.servers, job.workers,
-                                    saved, job.batch_size)
+            self.pending = TakeBack(now + limits.heartbeat_timeout,
+                                    coord.members.servers_expected, job.workers, saved,
+                                    job.batch_size)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
 
@@ -70,6 +73,16 @@ class Rejoins:
             "rank": member.rank, "job": coord.registration.server_job(member.rank).to_dict()}))
         out.append(AppendEvent(now, "server_taken_back", {"rank": member.rank, "addr": e.addr,
                                                          "version": back.version}))
+        if back.moving and coord.reshard.enabled:
+            # Keys were moving when the old coordinator died: the server kept its old core
+            # (it rejoined with that range) and holds or refuses requests until the move ends.
+            # Nobody will commit it: it is given up, as an overdue move is (its epoch spent).
+            if back.moving > coord.reshard.epoch:  # (said once, by its first server back)
+                coord.reshard.epoch = back.moving
+                out.append(AppendEvent(now, "reshard_refused", {
+                    "kind": "move", "addr": e.addr, "epoch": back.moving,
+                    "reason": "the coordinator that started it died before its commit"}))
+            out.append(ToServers("reshard_abort", {"epoch": back.moving}, (member.link,)))
         if self.pending is not None:
             self.pending.server_back(back)
         if coord.replicas.enabled:  # the backup it forwards to, when that one is back too
@@ -138,7 +151,8 @@ class Rejoins:
         tb, coord = self.pending, self.coord
         if not tb.ready(now):
             if now >= self.fails_at:
-                missing = sorted(set(range(coord.job.servers)) - set(tb.servers))
+                missing = sorted(set(range(coord.members.servers_expected)) -
+                                 set(tb.servers))
                 self.pending = None
                 coord.fail(f"server(s) {missing} did not come back to the restarted "
                            f"coordinator within {coord.job.limits.server_timeout:.0f} s", now,
@@ -171,7 +185,14 @@ class Rejoins:
                 self._join([m for m, _ in back], [b for _, b in back], now, out)
             if host.stopping:
                 coord.budget.closed = True
+        # (summary.json counts it, beside the servers restarted: coordinator_restarts)
+        coord.add_metric(now, {"kind": "takeback", "role": "coordinator", "round": plan.round,
+                               "samples": plan.samples, "servers": len(roster.servers),
+                               "workers": len(tb.workers)}, out)
         for e in tb.fresh_servers:  # a restarted server: its shard from the checkpoint
+            if coord.members.servers_complete:  # every rank is back: a joiner, or one too many
+                coord.registration.admit_server(e, now, out)
+                continue
             member = coord.members.add_server(e, now)
             failure = coord.recovery.back(e, member, coord.schedule, coord.progress,
                                           coord.registration.server_job(member.rank), out)

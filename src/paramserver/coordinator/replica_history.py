@@ -1,6 +1,7 @@
 """What a coordinator that died said of its shards' backups, read back by the one restarted in
-its place: which backup of each shard held every acknowledged update when it died. Pure: the
-node reads events.jsonl and hands the records over.
+its place: which backup of each shard held every acknowledged update when it died, and the
+shard map the last reshard committed (live resharding: the servers serve its ranges, not the
+job's first split). Pure: the node reads events.jsonl and hands the records over.
 
 A primary acknowledges an update only once the backup it forwards to holds it, and stops
 waiting for that backup only when the coordinator says `backup_dropped`, which the
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 # The events that say where a shard's trusted copy is; the rest of the log is skipped.
 KINDS = frozenset({"start", "backup_synced", "backup_rebuilt", "backup_taken_back",
-                   "backup_lost", "replica_promoted"})
+                   "backup_lost", "replica_promoted", "server_joined", "server_drained"})
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,14 @@ class Link:
 
 class ReplicaHistory:
     """Per shard rank, the synced backup link no later event undid; the highest attach and
-    shard-map epochs written (a restarted coordinator numbers on from them)."""
+    shard-map epochs written (a restarted coordinator numbers on from them); the shard map
+    of the last committed reshard, (epoch, [[rank, addr, lo, hi], ...]), None without one."""
 
     def __init__(self):
         self.trusted: dict[int, Link] = {}
         self.attaches = 0
         self.map_epoch = 0
+        self.layout: tuple[int, list] | None = None
 
     @classmethod
     def of(cls, records) -> "ReplicaHistory":
@@ -48,6 +51,13 @@ class ReplicaHistory:
         kind, rank = r["event"], r.get("rank")
         if kind == "start":  # a new job in this run folder (a resume): its links start over
             self.trusted.clear()
+            self.layout = None
+            return
+        if kind in ("server_joined", "server_drained"):  # a reshard committed
+            epoch, layout = r.get("epoch"), _shard_map(r.get("layout"))
+            if _count(epoch) and layout is not None:
+                self.layout = (epoch, layout)
+                self.map_epoch = max(self.map_epoch, epoch)
             return
         if not isinstance(rank, int) or isinstance(rank, bool):
             return
@@ -85,3 +95,20 @@ class ReplicaHistory:
 
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _shard_map(v) -> list | None:
+    """A logged layout's [[rank, addr, lo, hi], ...] when well formed: ranks 0.. in order,
+    ranges tiling from 0; else None (not trusted)."""
+    if not isinstance(v, list) or not v:
+        return None
+    out, edge = [], 0
+    for rank, entry in enumerate(v):
+        if not (isinstance(entry, list) and len(entry) == 4 and entry[0] == rank
+                and isinstance(entry[1], str) and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in entry[2:])
+                and entry[2] == edge and entry[3] > edge):
+            return None
+        out.append(list(entry))
+        edge = entry[3]
+    return out

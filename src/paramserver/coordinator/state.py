@@ -100,6 +100,13 @@ class CoordinatorState:
         self.script_optimizer = ScriptOptimizer(job.optimizer, learns=not job.num_keys)
         self.observations = Observations(self)
         # A coordinator restarted in place of one that died takes the job back (rejoins.py).
+        if take_back is not None and replica_history is not None and \
+                replica_history.layout is not None and self.reshard.enabled:
+            # Keys moved under the dead coordinator: its servers serve its last shard map.
+            epoch, layout = replica_history.layout
+            self.members.adopt_shard_map(layout)
+            self.reshard.epoch = epoch
+            self.replicas.servers = len(layout)
         self.rejoins = Rejoins(self, take_back, now)
         if take_back is not None:
             self.replicas.take_back(now + limits.heartbeat_timeout,  # and their backups

@@ -263,6 +263,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
                              f"--checkpoint-dir a folder this user can write")
     job = spec.to_dict()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        forget_unsaved(run_dir, resume)
     (run_dir / "config.json").write_text(json.dumps({"config": cfg.as_dict(), "job": job},
                                                     indent=2))
     cluster = make_cluster(spec, run_dir, cfg, timeout, launcher)
@@ -288,6 +290,15 @@ def run_training(cfg: TrainConfig, run_dir: Path, quiet: bool = False,
         summary_json(interrupted=True)
         raise
     return summary_json()
+
+
+def forget_unsaved(run_dir: Path, resume: dict) -> None:
+    """Before a resume into `run_dir`: its metrics records timed after the checkpoint resumed
+    from go (the resumed job trains those steps again; see runlog/metrics.drop_after)."""
+    from paramserver.runlog.checkpoint_set import load_coordinator_state
+    from paramserver.runlog.metrics import drop_after
+    elapsed = load_coordinator_state(resume["dir"], resume["tag"]).get("elapsed_s", 0.0)
+    drop_after(run_dir / "metrics.jsonl", float(elapsed))
 
 
 def save_interrupted(cluster, job: dict, run_dir: Path, timeout: float = 10.0) -> None:

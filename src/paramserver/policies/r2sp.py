@@ -120,6 +120,7 @@ class R2SP(SyncPolicy, Configurable):
     def on_joined(self, event: Joined) -> list[Decision]:
         w = event.worker
         self.rotation.add(w)
+        self.last_push.clear()  # (see on_left)
         self.next_step[w], self.batch[w] = 0, self._clamp(self.base)
         if not self.throttling:
             self.reading_since[w] = event.now
@@ -130,9 +131,13 @@ class R2SP(SyncPolicy, Configurable):
     def on_left(self, event: Left) -> list[Decision]:
         w = event.worker
         self.rotation.remove(w)  # passes the turn on if it was w's: nobody waits for the dead
-        for table in (self.waiting, self.next_step, self.last_push, self.batch, self.speed,
+        for table in (self.waiting, self.next_step, self.batch, self.speed,
                       self.reading_since):
             table.pop(w, None)
+        # A membership change is no iteration: the others' next intervals span it (a dead
+        # worker's turn held them a heartbeat timeout), and measured they would inflate T,
+        # and the gap with it, for many rotations. Each worker's next push starts anew.
+        self.last_push.clear()
         return self._grant(event.now)
 
     def on_pushed(self, event: Pushed) -> list[Decision]:

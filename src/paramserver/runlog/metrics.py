@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +27,60 @@ def read_records(path: str | Path) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+def drop_after(path: str | Path, t: float) -> int:
+    """Rewrite metrics file `path` without its records timed after `t` s of training (and
+    torn lines); returns how many were dropped. A resume continues from a checkpoint taken at
+    `t`: the records after it are of work the checkpoint does not hold (a job killed later
+    than its last checkpoint), which the resumed job trains again and records anew; kept,
+    they would be counted twice (steps, samples, evaluations, each worker's steps)."""
+    path = Path(path)
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        at = record.get("t") if isinstance(record, dict) else None
+        # (a record's t is rounded to the microsecond: one of the checkpoint's own moment
+        # may read up to half of one later)
+        if isinstance(at, (int, float)) and not isinstance(at, bool) and at > t + 1e-6:
+            continue
+        kept.append(line if line.endswith(b"\n") else line + b"\n")
+    dropped = len(lines) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def last_steps(path: str | Path, tail: int = 1 << 16) -> dict[int, int]:
+    """Each worker's newest step record in the last `tail` bytes of metrics file `path`:
+    {worker: step}. A coordinator restarted in place of a dead one gets the clock a worker
+    held unanswered again; when the dead one had written its record already, that record is
+    this one and is not written twice."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # (the first line, cut by the seek, or a torn last one)
+        if isinstance(r, dict) and r.get("kind") == "step" and isinstance(r.get("worker"), int) \
+                and isinstance(r.get("step"), int):
+            out[r["worker"]] = max(r["step"], out.get(r["worker"], r["step"]))
+    return out
 
 
 # A user script's own test metric sent with `kv.report({...})` (no `kind`) counts as an
@@ -170,7 +225,9 @@ def _restarts(records: list[dict]) -> dict:
     return {"server_restarts": len(restarts),
             "lost_updates": sum(int(r.get("lost_updates", 0)) for r in restarts),
             # replicated shards: backups that took over (no checkpoint restore, nothing lost)
-            "replica_promotions": sum(1 for r in records if r.get("kind") == "promotion")}
+            "replica_promotions": sum(1 for r in records if r.get("kind") == "promotion"),
+            # coordinators restarted in place of a dead one (--restart-coordinator)
+            "coordinator_restarts": sum(1 for r in records if r.get("kind") == "takeback")}
 
 
 def shard_load(records: list[dict], servers: int, wall: float) -> dict:

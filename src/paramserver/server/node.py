@@ -638,6 +638,9 @@ class ServerNode:
         fields = {"role": "server", "addr": self.addr}
         rejoin = fields["rejoin"] = {"rank": self.settings.rank, "lo": st.range.lo,
                                      "hi": st.range.hi, "version": st.version}
+        moves = self.core.resharding
+        if moves.moving:  # a move its coordinator never committed: the new one gives it up
+            rejoin["moving"] = moves.epoch
         replica = self.replica
         if replica.backup:  # the attach it took the sync of (coordinator/replicas.py)
             fields["backup"] = True
