@@ -413,3 +413,8 @@ def test_a_job_whose_parameters_cannot_fit_this_machine_is_refused_counting_each
     check_local_memory(replicated, 6 * gb)
     with pytest.raises(ValueError, match=r"6.0 GB .*2 for the shards\); 5.9 GB"):
         check_local_memory(replicated, int(5.9 * gb))
+    # an elastic job starts MIN workers here; the others may join from other hosts
+    elastic = JobSpec(num_keys=gb // 4, workers=8, min_workers=2, servers=1, eval_interval=0)
+    check_local_memory(elastic, 5 * gb)
+    with pytest.raises(ValueError, match=r"4 copies for 2 workers'"):
+        check_local_memory(elastic, 4 * gb)

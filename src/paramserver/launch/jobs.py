@@ -63,15 +63,17 @@ def check_local_memory(spec: JobSpec, available: int) -> None:
     been killed or left its shards silent minutes in, with a message that said neither."""
     itemsize = 8 if spec.dtype == "float64" else 4
     param = spec.num_keys * itemsize
-    copies = 2 * spec.workers + spec.replicas + (1 if spec.eval_interval > 0 else 0)
+    # An elastic job starts MIN workers here; the others may join from other hosts.
+    workers = spec.min_workers or spec.workers
+    copies = 2 * workers + spec.replicas + (1 if spec.eval_interval > 0 else 0)
     need = copies * param
     if need <= available:
         return
     gb = 1 << 30
     raise ValueError(
         f"the model's {spec.num_keys:,} parameters ({param / gb:.1f} GB in {spec.dtype}) need "
-        f"at least {need / gb:.1f} GB on this machine ({2 * spec.workers} copies for "
-        f"{spec.workers} workers' parameters and gradients, {spec.replicas} for the shards"
+        f"at least {need / gb:.1f} GB on this machine ({2 * workers} copies for "
+        f"{workers} workers' parameters and gradients, {spec.replicas} for the shards"
         f"{', 1 for the evaluator' if spec.eval_interval > 0 else ''}); {available / gb:.1f} "
         f"GB is available. Give fewer --workers, --eval-interval 0, a smaller --model-size, "
         f"or run the roles across machines (--launcher ray, or `paramserver worker` on "
