@@ -138,3 +138,18 @@ def test_last_steps_names_each_workers_newest_step_record(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS) + '{"t": 9.0, "kind": "st')
     assert last_steps(path) == {0: 1, 1: 1}
     assert last_steps(tmp_path / "none.jsonl") == {}
+
+
+def test_workers_that_died_are_counted_and_train_says_so(capsys):
+    """A worker SIGKILLed under BSP: the job went on and ended 0, and only events.jsonl said
+    the worker had died."""
+    from pathlib import Path
+
+    from paramserver.cli.train_cmd import print_summary
+    left = [{"t": 1.5, "kind": "left", "worker": 1, "reason": "dead"},
+            {"t": 2.5, "kind": "left", "worker": 0, "reason": "done"}]
+    s = summarize(RECORDS + left, JOB)
+    assert s["workers_died"] == 1 and summarize(RECORDS, JOB)["workers_died"] == 0
+    print_summary(s, Path("RUN"))
+    assert "workers that died during the job: 1 (the others went on; --restart-workers N " \
+        "replaces dead workers)" in capsys.readouterr().out

@@ -219,6 +219,9 @@ def print_summary(s: dict, run_dir: Path) -> None:
     if s.get("server_restarts"):
         print(f"  servers restarted from a checkpoint: {s['server_restarts']}, "
               f"updates lost: {s['lost_updates']}")
+    if s.get("workers_died"):  # the job went on without them: say so, not only in the logs
+        print(f"  workers that died during the job: {s['workers_died']} (the others went on; "
+              f"--restart-workers N replaces dead workers)")
     if s.get("coordinator_restarts"):
         print(f"  coordinator restarted, live servers and workers taken back: "
               f"{s['coordinator_restarts']}")

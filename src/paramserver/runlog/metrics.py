@@ -227,7 +227,11 @@ def _restarts(records: list[dict]) -> dict:
             # replicated shards: backups that took over (no checkpoint restore, nothing lost)
             "replica_promotions": sum(1 for r in records if r.get("kind") == "promotion"),
             # coordinators restarted in place of a dead one (--restart-coordinator)
-            "coordinator_restarts": sum(1 for r in records if r.get("kind") == "takeback")}
+            "coordinator_restarts": sum(1 for r in records if r.get("kind") == "takeback"),
+            # workers declared dead (silent past the heartbeat timeout, or their process
+            # gone); a replacement (--restart-workers) is a new member, not counted here
+            "workers_died": sum(1 for r in records
+                                if r.get("kind") == "left" and r.get("reason") == "dead")}
 
 
 def shard_load(records: list[dict], servers: int, wall: float) -> dict:
