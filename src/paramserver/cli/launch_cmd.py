@@ -208,14 +208,14 @@ def _run(args) -> int:
         job = script_job(cfg, run_dir).to_dict()
         if args.resume:
             spec = JobSpec.from_dict(job)
+            from paramserver.launch.jobs import check_budget_left, forget_unsaved
             resume = resume_point(Path(args.resume), spec)
+            point = {"dir": resume.dir, "tag": resume.tag}
             if spec.max_samples is not None:
-                from paramserver.launch.jobs import check_budget_left
-                check_budget_left(spec.max_samples, {"dir": resume.dir, "tag": resume.tag},
+                check_budget_left(spec.max_samples, point,
                                   "--steps (it counts the resumed run's)")
             job = spec.with_resume(resume).to_dict()
-            from paramserver.launch.jobs import forget_unsaved
-            forget_unsaved(run_dir, {"dir": resume.dir, "tag": resume.tag})
+            forget_unsaved(run_dir, point)
     except ValueError as exc:
         print(f"paramserver launch: {exc}", file=sys.stderr)
         return 2

@@ -114,22 +114,23 @@ def _frame_limit(job: JobSpec, keys: int) -> int:
     return job.message_limit(None if job.elastic_servers else keys) - security.CURVE_FRAME_BYTES
 
 
-def _open(method):
-    """A call on a closed client says so, instead of ZeroMQ's 'Socket operation on
-    non-socket' from deep in a send."""
-    @functools.wraps(method)
-    def guarded(self, *args, **kwargs):
-        if self.closed:
-            raise RuntimeError(f"KVWorker.{method.__name__}: this client is closed (close() "
-                               f"was called); join again with a new KVWorker(address)")
-        return method(self, *args, **kwargs)
-    return guarded
+class _Closed:
+    """What a closed client's request parts become: any use says the client is closed,
+    instead of ZeroMQ's 'Socket operation on non-socket' from deep in a send (and costs the
+    open client's calls nothing)."""
+
+    def __getattr__(self, name: str):
+        raise RuntimeError("this client is closed (close() was called); join again with a new "
+                           "KVWorker(address)")
+
+
+_CLOSED = _Closed()
 
 
 class KVWorker:
     """Client of one job: the KV API and the step protocol over its composed parts."""
 
-    closed = False  # set by close(); before __init__ ends, nothing is open to call
+    closed = False  # set by close(), which puts _CLOSED in its request parts' places
 
     def __init__(self, join: str, *, timeout: float = 120.0,
                  release_timeout: float = Limits.release_timeout,
@@ -234,12 +235,10 @@ class KVWorker:
         self.session.timeout = self.requests.timeout = seconds
 
     # ---- the KV API -----------------------------------------------------------------------------
-    @_open
     def init(self, values, keys: KeyRange | tuple[int, int] | None = None) -> bool:
         """Offer initial values; the first offer per shard wins. True if ours was taken."""
         return self.wait(self.dense.init(values, keys)) >= 0
 
-    @_open
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
                    batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                    codec: Codec | None = None, sent: np.ndarray | None = None,
@@ -269,7 +268,6 @@ class KVWorker:
                                          round_size=round_size, round_id=round_id, codec=codec,
                                          hyper=hyper))
 
-    @_open
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
                           scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                           codec: Codec | None = None, sent: np.ndarray | None = None
@@ -289,7 +287,6 @@ class KVWorker:
                                                 round_size=round_size, round_id=round_id,
                                                 codec=codec))
 
-    @_open
     def pull_async(self, keys: KeyRange | tuple[int, int] | None = None,
                    out: np.ndarray | None = None, min_version: int = 0, *,
                    delta: Codec | None = None, ref: bool = False) -> Handle:
@@ -308,12 +305,10 @@ class KVWorker:
         shard's reply that came through the socket is returned as it came, uncopied)."""
         return self.wait(self.pull_async(keys, out, min_version, delta=delta, ref=ref))
 
-    @_open
     def pull_keys(self, keys, min_version: int = 0) -> np.ndarray:
         """Values of arbitrary keys, in the order given."""
         return self.wait(self.dense.pull_keys(keys, min_version))
 
-    @_open
     def push_step_async(self, dense=None, rows: dict | None = None, *, step: int, batch: int,
                         scale: float = 1.0, round_size: int = 0,
                         round_id: int = 0) -> Handle:
@@ -355,7 +350,6 @@ class KVWorker:
         return self.wait(self.push_step_async(dense, rows, step=step, batch=batch, scale=scale,
                                               round_size=round_size, round_id=round_id))
 
-    @_open
     def wait(self, handle: Handle):
         """Finish an async request: a push returns its max staleness, a pull its values.
 
@@ -381,7 +375,6 @@ class KVWorker:
 
 
     # ---- the step protocol ----------------------------------------------------------------------
-    @_open
     def start(self, data_len: int | None = None) -> Release | None:
         """Tell the coordinator this worker is ready; blocks until the policy releases step 0.
 
@@ -394,7 +387,6 @@ class KVWorker:
             return None
         return self._take(reply)
 
-    @_open
     def clock(self, step: int, batch: int, compute_time: float, cpu_load: float | None = None,
               free_mem: float | None = None, record: dict | None = None,
               while_waiting=None) -> Release:
@@ -424,7 +416,6 @@ class KVWorker:
             self.map.released(release.get("epoch"), release["layout"])
         return self.core.releases.take()
 
-    @_open
     def leave(self, step: int, batch: int, compute_time: float, record: dict | None = None,
               reason: str = "preempted") -> None:
         """Report step `step` done and leave the job in one message (a preempted worker: its
@@ -440,12 +431,10 @@ class KVWorker:
         """The samples the last release names ([[epoch, lo, hi], ...]; elastic jobs), or None."""
         return self.core.releases.drawn
 
-    @_open
     def report(self, record: dict) -> None:
         """Send one metrics record (a flat dict) to the coordinator's metrics log."""
         self.session.report(record)
 
-    @_open
     def bye(self, reason: str = "done") -> None:
         self.session.bye(reason)
         self.left = reason
@@ -461,6 +450,7 @@ class KVWorker:
             self.arena.close()
         if self._shaped:
             unshape()
+        self.session = self.requests = self.dense = self.rows = self.completion = _CLOSED
 
     def __enter__(self) -> "KVWorker":
         return self

@@ -148,7 +148,8 @@ class RowTables:
         self.map.before_request()
         handle = Handle("push")
         handle.parts = self.messages(
-            table, keys, grads, self.core.releases.push_fields(step, batch, scale, round_size, round_id),
+            table, keys, grads,
+            self.core.releases.push_fields(step, batch, scale, round_size, round_id),
             every_shard=bool(round_size), parts=[1] * len(self.map.shards) if round_size else None)
         return handle
 

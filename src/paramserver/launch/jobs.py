@@ -93,24 +93,33 @@ def check_model_size(cfg: TrainConfig) -> None:
 
 
 def check_pushes_fit_rule(cfg: TrainConfig):
-    """The policy, the update rule and the push format, each checked, and together: a pruner
-    (top-k, ...) pushes lists of keys, which torch's optimizers on the servers cannot update
-    as they come (ValueError); returns the WireSpec."""
+    """The policy, the update rule and the push format, each checked, and together (see
+    _pushes_fit_rule); returns the WireSpec."""
+    return _pushes_fit_rule(cfg.sync, cfg.sync_options, cfg.batch_size, cfg.optimizer, cfg.lr,
+                            cfg.optimizer_options, cfg.compress, cfg.compress_options,
+                            cfg.pull_compress, cfg.pull_refresh)
+
+
+def _pushes_fit_rule(sync: str, sync_options, batch_size: int, optimizer: str, lr: float,
+                     optimizer_options, compress: str, compress_options, pull_compress: str,
+                     pull_refresh: int):
+    """Each built once to check its name and options (ValueError naming the wrong one), and
+    together: a pruner (top-k, ...) pushes lists of keys, which torch's optimizers on the
+    servers cannot update as they come; returns the WireSpec."""
     from paramserver.compression.wire import WireSpec
     from paramserver.optim import make_rule
     from paramserver.policies import make_policy
-    policy = make_policy(cfg.sync, cfg.batch_size, **cfg.sync_options)
-    rule = make_rule(cfg.optimizer, cfg.lr, **cfg.optimizer_options)
-    wire = WireSpec.parse(cfg.compress, cfg.compress_options, cfg.pull_compress,
-                          cfg.pull_refresh)
+    policy = make_policy(sync, batch_size, **sync_options)
+    rule = make_rule(optimizer, lr, **optimizer_options)
+    wire = WireSpec.parse(compress, compress_options, pull_compress, pull_refresh)
     auto_topk = wire.auto is not None and wire.auto.slow == "topk"
     if (wire.pruner != "none" or auto_topk) and not rule.sparse_keys \
             and policy.apply_mode == "arrival":
         # (under a round-mode policy the round's sum is dense: the rule takes it)
         raise ValueError(
-            f"--compress {cfg.compress}{' (slow=topk)' if auto_topk else ''} pushes lists of "
-            f"keys, and --optimizer {cfg.optimizer} "
-            f"updates only dense ranges: under --sync {cfg.sync} pushes are applied as they "
+            f"--compress {compress}{' (slow=topk)' if auto_topk else ''} pushes lists of "
+            f"keys, and --optimizer {optimizer} "
+            f"updates only dense ranges: under --sync {sync} pushes are applied as they "
             f"come{' (auto: in its ssp and asp stretches)' if policy.sums_rounds else ''}. Use "
             f"a round-mode policy (bsp, lbbsp), --optimizer sgd or momentum, or a dense codec "
             f"(--compress bf16, uniform8, ...)")
@@ -119,19 +128,16 @@ def check_pushes_fit_rule(cfg: TrainConfig):
 
 def check_job_names(job: JobSpec) -> None:
     """A job file's names and options, checked where a role reads it (ValueError naming the
-    one that is wrong): its sync policy, update rule and push format, and for the built-in
-    task its model and data set. Nothing is built; a name a worker would only meet at its
-    first step is met here, before anyone waits on it."""
-    from paramserver.compression.wire import WireSpec
+    one that is wrong): its sync policy, update rule and push format as train checks them,
+    and for the built-in task its model and data set. Nothing is built; a name a worker would
+    only meet at its first step is met here, before anyone waits on it."""
     from paramserver.core.options import check_known
     from paramserver.data import DATASETS, dataset_options
     from paramserver.models import MODELS, model_options
-    from paramserver.optim import make_rule
-    from paramserver.policies import make_policy
-    make_policy(job.sync.name, job.batch_size, **job.sync.options)
-    make_rule(job.optimizer.name, job.optimizer.lr, **job.optimizer.options)
-    task = job.task
-    WireSpec.parse(task.compress, task.compress_options, task.pull_compress, task.pull_refresh)
+    task, rule = job.task, job.optimizer
+    _pushes_fit_rule(job.sync.name, job.sync.options, job.batch_size, rule.name, rule.lr,
+                     rule.options, task.compress, task.compress_options, task.pull_compress,
+                     task.pull_refresh)
     if task.name == "train":
         MODELS.get(task.model)
         check_known(f"model {task.model!r}", task.model_options, model_options(task.model))

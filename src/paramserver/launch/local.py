@@ -495,16 +495,7 @@ class LocalCluster:
 def job_failed_reason(events: Path, tail_bytes: int = 1 << 16) -> str | None:
     """Why the coordinator failed the job (its last `job_failed` event), or None: it did not
     (it died, or the file is not there)."""
-    try:
-        with open(events, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if '"job_failed"' in line:
-            try:
-                return str(json.loads(line)["reason"])
-            except (ValueError, KeyError, TypeError):
-                return None
-    return None
+    from paramserver.runlog.metrics import tail_records
+    failed = [r for r in tail_records(events, tail_bytes) if r.get("event") == "job_failed"]
+    reason = failed[-1].get("reason") if failed else None
+    return None if reason is None else str(reason)

@@ -60,24 +60,34 @@ def drop_after(path: str | Path, t: float) -> int:
     return dropped
 
 
-def last_steps(path: str | Path, tail: int = 1 << 16) -> dict[int, int]:
-    """Each worker's newest step record in the last `tail` bytes of metrics file `path`:
-    {worker: step}. A coordinator restarted in place of a dead one gets the clock a worker
-    held unanswered again; when the dead one had written its record already, that record is
-    this one and is not written twice."""
+def tail_records(path: str | Path, tail: int = 1 << 16) -> list[dict]:
+    """The whole JSON-object lines in the last `tail` bytes of a JSON-lines file (the first,
+    cut by the seek, and a torn last one are skipped); [] when it cannot be read."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
             lines = f.read().splitlines()
     except OSError:
-        return {}
-    out: dict[int, int] = {}
+        return []
+    out = []
     for line in lines:
         try:
             r = json.loads(line)
         except ValueError:
-            continue  # (the first line, cut by the seek, or a torn last one)
-        if isinstance(r, dict) and r.get("kind") == "step" and isinstance(r.get("worker"), int) \
+            continue
+        if isinstance(r, dict):
+            out.append(r)
+    return out
+
+
+def last_steps(path: str | Path, tail: int = 1 << 16) -> dict[int, int]:
+    """Each worker's newest step record in the last `tail` bytes of metrics file `path`:
+    {worker: step}. A coordinator restarted in place of a dead one gets the clock a worker
+    held unanswered again; when the dead one had written its record already, that record is
+    this one and is not written twice."""
+    out: dict[int, int] = {}
+    for r in tail_records(path, tail):
+        if r.get("kind") == "step" and isinstance(r.get("worker"), int) \
                 and isinstance(r.get("step"), int):
             out[r["worker"]] = max(r["step"], out.get(r["worker"], r["step"]))
     return out
