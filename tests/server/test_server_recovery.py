@@ -72,6 +72,29 @@ def test_killed_server_restarts_from_the_checkpoint_and_loses_exactly_the_rounds
     assert (summary["server_restarts"], summary["lost_updates"]) == (1, 1)
 
 
+def test_what_a_dead_server_had_taken_goes_to_its_restarted_process_at_once(tmp_path):
+    """The requests the killed process had taken died with it: they are sent again as soon as
+    the restarted server's connection is up, not after the retry interval, which here is
+    longer than the worker waits for any reply (so waiting it out fails the steps)."""
+    job = _job(tmp_path)
+    job["retry_interval"] = 600.0
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, restart_servers=1)
+    with _recovering_job(cluster) as kv:
+        kv.timeout = 20.0
+        kv.init(np.zeros(KEYS))
+        release = _steps(kv, kv.start(), 5)
+        wait_for(lambda: latest(tmp_path / "ckpt") == f"{4:09d}", "checkpoint 4", timeout=30.0)
+        os.kill(shard_process(cluster, 1).proc.pid, signal.SIGKILL)  # round 4 lost on shard 1
+        release = _steps(kv, release, 5)
+        final = kv.pull(min_version=release.min_version)
+        kv.bye()
+    grads = [known_gradient(0, s, KEYS, np.float64) for s in range(10)]
+    expected = -sum(grads)
+    expected[5:] += grads[4][5:]
+    np.testing.assert_array_equal(final, expected)
+    assert cluster.server_restarts == 1
+
+
 def test_without_recovery_a_dead_server_stops_the_job_naming_it(tmp_path):
     job = _job(tmp_path, server_timeout=1.0)
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120)

@@ -192,7 +192,7 @@ class KVWorker:
         self.requests = ShardRequests(
             list(shards), self.src, core, timeout, settings.retry_interval,
             limits.max_unacked_pushes, [frame_limit(s.range.size) for s in shards],
-            check_peers=self.session.check_alive)
+            check_peers=self.session.check_alive, came_back=self.links.came_back)
         self.map.bind(self.requests, self.links)
         self.chunked = ChunkedRequests(core, self.requests)
         if replicated:  # every wait's look at the shards follows a moved one first

@@ -5,6 +5,11 @@ DEALER's reconnects; a worker waiting for its replies would otherwise wait out t
 `timeout` (minutes) for a process that no longer exists. A server unreachable for longer than
 the job allows (a heartbeat timeout, or the restart timeout when dead servers are restarted at
 the same address) is judged gone, and the wait fails naming it.
+
+A server that comes back at the same address (`--restart-servers`) takes the DEALER's
+reconnect: the requests its dead process had taken died with it, and waiting out the retry
+interval for them would stall every worker that long, so the shards whose connection came back
+are handed to the caller, which sends their unanswered requests again at once.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class ShardLinks:
         # Addresses a newer shard map no longer names (a drained server, which shuts down
         # after the switch): not judged gone while this client has not switched yet.
         self.leaving: frozenset[str] = frozenset()
+        # Shards whose connection came back after it was down, not yet taken (`came_back`).
+        self.back: set[int] = set()
         try:
             for s in shards:
                 m = s.sock.get_monitor_socket(_EVENTS)
@@ -47,6 +54,8 @@ class ShardLinks:
             while m.poll(0):
                 event = monitor.recv_monitor_message(m)["event"]
                 if event == zmq.EVENT_CONNECTED:
+                    if self.down_since[i] is not None:
+                        self.back.add(i)
                     self.down_since[i] = None
                 elif event in _DOWN and self.down_since[i] is None:
                     self.down_since[i] = now
@@ -65,6 +74,12 @@ class ShardLinks:
                 raise TimeoutError(f"server {s.rank} at {s.addr} has been unreachable for "
                                    f"{now - since:.1f} s (limit {self.limit:g} s): it is gone")
 
+    def came_back(self) -> list[int]:
+        """The shards whose connection came back since the last call (read at the last
+        check): whatever their server had been sent and not answered is lost."""
+        back, self.back = sorted(self.back), set()
+        return back
+
     def swap(self, i: int, sock) -> None:
         """Shard `i` is reached through a new socket (its shard moved to its backup)."""
         m = sock.get_monitor_socket(_EVENTS)
@@ -72,6 +87,7 @@ class ShardLinks:
         self.monitors[i].close(0)
         self.monitors[i] = m
         self.down_since[i] = None
+        self.back.discard(i)
 
     def reshard(self, shards: list, old: list) -> None:
         """A new shard map: `shards`, and `old` those watched until now.
@@ -91,6 +107,7 @@ class ShardLinks:
             m.close(0)
         self.monitors, self.down_since = monitors, down
         self.leaving = frozenset()
+        self.back = set()  # (indices of the old list; the new map's sends are its own)
 
     def close(self) -> None:
         for m in self.monitors:

@@ -4,7 +4,8 @@ which frames are lent) is the WorkerCore's (client/core/worker_core.py).
 
 Every request is kept until answered and sent again, with its own id, every `retry_interval`
 seconds while it is waited on: one may have died with a server that was restarted at the same
-address, and servers apply a push only once per (sender, id).
+address, and servers apply a push only once per (sender, id). When the connection to a shard is
+seen to come back (its server restarted), its unanswered requests go again at once.
 """
 
 from __future__ import annotations
@@ -61,10 +62,13 @@ class ShardRequests:
     def __init__(self, shards: list, src: str, core: WorkerCore, timeout: float,
                  retry_interval: float, max_unacked: int = 1 << 30,
                  max_message: list[int] | None = None,
-                 check_peers: Callable[[float], None] | None = None):
+                 check_peers: Callable[[float], None] | None = None,
+                 came_back: Callable[[], list[int]] | None = None):
         self.shards, self.src, self.core = shards, src, core
         # Raises when a peer this wait depends on is judged gone (given when the wait began).
         self.check_peers = check_peers
+        # The shards whose connection came back since last asked (read by check_peers).
+        self.came_back = came_back
         self.timeout, self.retry_interval = timeout, retry_interval
         self.max_unacked = max_unacked
         self.max_message = max_message or [1 << 62] * len(shards)
@@ -202,6 +206,9 @@ class ShardRequests:
                 except TimeoutError:
                     self.forget(want)
                     raise
+            if self.came_back is not None:
+                for shard in self.came_back():
+                    self.resend(shard)
             if now >= deadline:
                 missing = sorted({want[r] for r in want if r not in inbox})
                 names = ", ".join(f"server {s} at {self.shards[s].addr}" for s in missing)
