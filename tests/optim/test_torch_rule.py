@@ -223,3 +223,26 @@ def test_a_staleness_rule_scales_the_torch_optimizers_lr_per_push(rule, factor):
         make_rule("adam", 0.1, staleness="ssp")
     with pytest.raises(ValueError, match="global_rate is consgd's"):
         make_rule("adam", 0.1, global_rate=0.5)
+
+
+@pytest.mark.parametrize("name", ["adam", "torch-sgd"])
+def test_a_pushs_scale_is_its_lr_as_torch_steps_it(name):
+    """A push scaled to a share of a round (auto's asp and ssp stretches, R2SP's batch
+    weights) is torch's step at lr times that share: Adam's step of a scaled gradient would
+    be as long as the whole one's, so N such pushes would move N times a round's step."""
+    torch.manual_seed(1)
+    opts = {"momentum": 0.9, "weight_decay": 0.01} if name == "torch-sgd" else {}
+    r = make_rule(name, 0.1, **opts)
+    r.bind(0, 6)
+    values = torch.randn(6)
+    state = r.init_state(values)
+    p = torch.nn.Parameter(values.clone())
+    cls = torch.optim.SGD if name == "torch-sgd" else torch.optim.Adam
+    ref = cls([p], lr=0.1, **opts)
+    for scale in (0.25, 1.0, 0.5, 0.25):
+        g = torch.randn(6)
+        r.apply(values, slice(0, 6), g.clone(), state, 0, scale)
+        ref.param_groups[0]["lr"] = 0.1 * scale
+        p.grad = g.clone()
+        ref.step()
+        torch.testing.assert_close(values, p.detach())

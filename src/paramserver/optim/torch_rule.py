@@ -288,8 +288,6 @@ class TorchRule(UpdateRule):
             raise ValueError(f"--optimizer {self.name} updates dense and range pushes; sparse "
                              f"keys go to a table (its own optimizer) or to --optimizer sgd")
         start, stop, _ = index.indices(len(params))
-        if scale != 1.0:
-            grad = grad * scale
         steps = state["step"]
         groups: dict[int, list] = {}
         bound: list[tuple] = []  # (view, a, b, group, times stepped)
@@ -299,7 +297,11 @@ class TorchRule(UpdateRule):
                 view.grad = grad[ra - start:rb - start]
                 groups.setdefault(g, []).append(view)
                 bound.append((view, ra, rb, g, n))
-        factor = self._factor(staleness)
+        # A push's weight (auto's arrival stretches: a round's share; R2SP's batch) scales
+        # its lr, as a staleness rule's factor does: torch's steps are not linear in the
+        # gradient (Adam's normalises a scaled one back), so a scaled gradient would step as
+        # far as a whole one.
+        factor = self._factor(staleness) * scale
         opt = self._optimizer([self._group(views, g, factor) for g, views in groups.items()],
                               factor)
         for view, a, b, g, n in bound:
