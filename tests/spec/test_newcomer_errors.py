@@ -60,8 +60,9 @@ MISTAKES = [
     ("export RUN --format safetensor", "invalid choice: 'safetensor'",
      "did you mean safetensors?"),
     ("demo --workers 0", "argument --workers: expected a whole number >= 1", ""),
+    ("demo --num-keys 0 --timeout 5", "argument --num-keys: expected a whole number >= 1", ""),
     ("demo --keys 0 --timeout 5", "argument --keys: expected a whole number >= 1", ""),
-    ("demo --keys 1 --servers 2 --timeout 30",
+    ("demo --num-keys 1 --servers 2 --timeout 30",
      "1 keys cannot be spread over 2 servers (each holds one key at least): give fewer "
      "servers", ""),
     ("serve --num-keys 1 --servers 2 --timeout 30", "1 keys cannot be spread over 2 servers",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -60,8 +61,10 @@ def register(sub) -> None:
                    help="number of workers (default 4)")
     p.add_argument("--servers", type=flag.positive_int, default=2,
                    help="number of shards (default 2)")
-    p.add_argument("--keys", type=flag.positive_int, default=1_000_000,
-                   help="parameter count (default 1e6)")
+    p.add_argument("--num-keys", dest="keys", type=flag.positive_int, default=1_000_000,
+                   metavar="COUNT", help="parameter count (default 1e6), as serve's --num-keys")
+    # (its first name: every other command's --keys is a folder of CURVE keys)
+    p.add_argument("--keys", dest="keys", type=flag.positive_int, help=argparse.SUPPRESS)
     p.add_argument("--steps", type=flag.positive_int, default=50,
                    help="steps per worker (default 50)")
     p.add_argument("--sync", default="bsp",
