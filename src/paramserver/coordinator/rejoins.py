@@ -21,18 +21,25 @@ from paramserver.policies import Release
 
 class Rejoins:
     """The take-back part of `coord` (a CoordinatorState). `saved` is the coordinator's part
-    of the job's latest checkpoint, None when this coordinator did not replace one."""
+    of the job's latest checkpoint, None when this coordinator did not replace one. `live`:
+    the worker ranks the old coordinator's log names members at its death (None: its log
+    was not read); an elastic job waits for those, a fixed one for all its ranks."""
 
-    def __init__(self, coord, saved: dict | None, now: float):
+    def __init__(self, coord, saved: dict | None, now: float,
+                 live: frozenset[int] | None = None):
         self.coord = coord
         job, limits = coord.job, coord.job.limits
         # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
         self.pending: TakeBack | None = None
         self.fails_at = float("inf")
         if saved is not None:
+            if not job.elastic or live is None:
+                live = None
+            else:  # (a rank past MAX cannot come back: it would be refused)
+                live = frozenset(r for r in live if r < job.workers)
             self.pending = TakeBack(now + limits.heartbeat_timeout,
                                     coord.members.servers_expected, job.workers, saved,
-                                    job.batch_size)
+                                    job.batch_size, live)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
 
@@ -172,10 +179,16 @@ class Rejoins:
         coord.budget.worker_samples = dict(plan.worker_samples)
         coord.schedule.restart_count(coord.progress, now)
         roster = coord.members.roster
+        # What it waited for and whether all of it came (`by`: "members", else "deadline"):
+        # the members this coordinator rebuilt on are the ones the next one waits for.
         out.append(AppendEvent(now, "taken_back", {
             "servers": len(roster.servers), "workers": len(tb.workers), "round": plan.round,
             "samples": plan.samples, "versions": {str(r): b.version
-                                                  for r, b in sorted(tb.servers.items())}}))
+                                                  for r, b in sorted(tb.servers.items())},
+            "ranks": sorted(m.rank for m in roster.workers.values()),
+            "expected": sorted(tb.live) if tb.live is not None else list(
+                range(tb.workers_expected)),
+            "missing": tb.missing(), "by": "members" if tb.all_back() else "deadline"}))
         if plan.open_barrier:
             coord.barrier.reopen(now)
             back = sorted(((roster.workers[src], b) for src, b in tb.workers.items()
