@@ -90,9 +90,11 @@ def one_job(heartbeat_timeout: float) -> dict:
             def steps() -> int:
                 return sum(r.get("kind") == "step" for r in _lines(metrics))
             _wait(lambda: steps() >= 50 * WORKERS, "steps", limit=120)
-            before = steps()
-            os.kill(cluster.coordinator.proc.pid, signal.SIGKILL)
+            first = cluster.coordinator
+            os.kill(first.proc.pid, signal.SIGKILL)
             killed = time.monotonic()
+            first.proc.wait(30)
+            before = steps()  # (every line of the dead one is in: it wrote line by line)
             _wait(lambda: steps() > before, "a step after the kill", limit=120)
             gap = time.monotonic() - killed
             log = _lines(events)
