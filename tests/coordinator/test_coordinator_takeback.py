@@ -503,3 +503,88 @@ def test_the_restarted_node_reads_the_members_from_the_dead_one_s_events(tmp_pat
         assert node.state.rejoins.pending.live == {1}
     finally:
         node.events.close()
+
+
+# ---- a drain asked of a coordinator that died before it was done -----------------------------
+
+THREE = [[0, "tcp://h:1", 0, 3], [1, "tcp://h:2", 3, 6], [2, "tcp://h:3", 6, 10]]
+
+
+def test_the_log_names_the_drains_asked_and_neither_done_nor_refused():
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    log = [{"event": "start"},
+           {"event": "server_drain_asked", "rank": 1, "addr": "tcp://h:2", "by": "cli"},
+           {"event": "server_drain_asked", "rank": 2, "addr": "tcp://h:3", "by": "s2"},
+           {"event": "server_drain_asked", "rank": 0, "addr": "tcp://h:1", "by": "s0"},
+           {"event": "reshard_refused", "kind": "move", "addr": "tcp://h:3", "reason": "-"},
+           {"event": "reshard_refused", "kind": "drain", "addr": "tcp://h:1", "reason": "-"},
+           {"event": "server_drain_asked", "addr": ["not", "an", "address"]}]
+    assert ReplicaHistory.of(log).drains == {"tcp://h:2": "cli", "tcp://h:3": "s2"}
+    log.append({"event": "server_drained", "addr": "tcp://h:2", "epoch": 2, "layout": THREE})
+    assert ReplicaHistory.of(log).drains == {"tcp://h:3": "s2"}
+    assert ReplicaHistory.of(log + [{"event": "start"}]).drains == {}
+
+
+def resharded_restarted(log):
+    """A `--servers 2:3` job on three servers (a join committed), its coordinator restarted."""
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    log = [{"event": "start"},
+           {"event": "server_joined", "addr": "tcp://h:3", "epoch": 1, "layout": THREE}] + log
+    return CoordinatorState(job_of(servers=2, max_servers=3), None, None,
+                            take_back=dict(SAVED), elapsed=9.0,
+                            replica_history=ReplicaHistory.of(log))
+
+
+def take_back_three(state, draining=None):
+    out = []
+    for rank, addr, lo, hi in THREE:
+        rejoin = {"rank": rank, "lo": lo, "hi": hi, "version": 5}
+        if addr == draining:
+            rejoin["draining"] = True
+        out += state.handle(Registered(f"s{rank}", "server", 0.1, to=f"rs{rank}",
+                                       link=f"L{rank}", addr=addr, rejoin=rejoin))
+    out += worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    return out + worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+
+
+def test_a_drain_the_dead_coordinator_queued_is_asked_again_once_the_job_is_taken_back():
+    """`paramserver drain` was answered once queued; the coordinator died before the fence:
+    the restarted one reads the ask in its predecessor's log and drains the server."""
+    state = resharded_restarted([{"event": "server_drain_asked", "rank": 1,
+                                  "addr": "tcp://h:2", "by": "cli"}])
+    out = take_back_three(state)
+    kinds = [i.kind for i in out if isinstance(i, AppendEvent)]
+    assert kinds.index("taken_back") < kinds.index("server_drain_asked")
+    (asked,) = [i for i in out if match(i, AppendEvent, kind="server_drain_asked")]
+    assert asked.data == {"rank": 1, "addr": "tcp://h:2", "by": "cli", "again": True}
+    assert not [i for i in out if isinstance(i, Reply) and i.op == "error"]
+    out = state.handle(TimePassed(0.4))  # the fence begins at the next look
+    assert [i.data for i in out if match(i, AppendEvent, kind="reshard_fence")] == [
+        {"kind": "drain", "addr": "tcp://h:2"}]
+    state.check_invariants()
+
+
+def test_a_server_whose_sigterm_asked_a_drain_says_so_when_taken_back_and_is_drained():
+    """Its `drain` died with the coordinator (queued there, or never read): the server's
+    rejoin says it is still to be drained."""
+    state = resharded_restarted([])
+    out = take_back_three(state, draining="tcp://h:3")
+    (asked,) = [i for i in out if match(i, AppendEvent, kind="server_drain_asked")]
+    assert asked.data == {"rank": 2, "addr": "tcp://h:3", "by": "s2", "again": True}
+    # Named by both the log and the server: asked once.
+    state = resharded_restarted([{"event": "server_drain_asked", "rank": 2,
+                                  "addr": "tcp://h:3", "by": "s2"}])
+    out = take_back_three(state, draining="tcp://h:3")
+    assert len([i for i in out if match(i, AppendEvent, kind="server_drain_asked")]) == 1
+
+
+def test_a_drain_asked_again_that_would_leave_too_few_servers_is_written_down_as_refused():
+    state = resharded_restarted([
+        {"event": "server_drain_asked", "rank": 1, "addr": "tcp://h:2", "by": "cli"},
+        {"event": "server_drain_asked", "rank": 2, "addr": "tcp://h:3", "by": "s2"}])
+    out = take_back_three(state)
+    assert [i.data["addr"] for i in out if match(i, AppendEvent, kind="server_drain_asked")] \
+        == ["tcp://h:2"]
+    (refused,) = [i for i in out if match(i, AppendEvent, kind="reshard_refused")]
+    assert refused.data["kind"] == "drain" and refused.data["addr"] == "tcp://h:3"
+    assert "fewer than the job's 2 servers" in refused.data["reason"]

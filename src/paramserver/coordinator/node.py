@@ -386,6 +386,7 @@ class CoordinatorNode:
 # unparsed.
 _HISTORY_LINES = ('"event": "backup_', '"replica_promoted"', '"event": "start"',
                   '"event": "server_joined"', '"event": "server_drained"',
+                  '"event": "server_drain_asked"', '"event": "reshard_refused"',
                   '"event": "worker_', '"event": "taken_back"')
 
 

@@ -26,12 +26,16 @@ class Rejoins:
     was not read); an elastic job waits for those, a fixed one for all its ranks."""
 
     def __init__(self, coord, saved: dict | None, now: float,
-                 live: frozenset[int] | None = None):
+                 live: frozenset[int] | None = None, drains: dict[str, str] | None = None):
         self.coord = coord
         job, limits = coord.job, coord.job.limits
         # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
         self.pending: TakeBack | None = None
         self.fails_at = float("inf")
+        # Live resharding: drains the old coordinator was asked for and did not do, {server
+        # address: who asked}, from its log, then from servers back whose SIGTERM asked one;
+        # asked again of this one once the job is rebuilt.
+        self.drains: dict[str, str] = dict(drains or {})
         if saved is not None:
             if not job.elastic or live is None:
                 live = None
@@ -90,6 +94,10 @@ class Rejoins:
                     "kind": "move", "addr": e.addr, "epoch": back.moving,
                     "reason": "the coordinator that started it died before its commit"}))
             out.append(ToServers("reshard_abort", {"epoch": back.moving}, (member.link,)))
+        if back.draining and coord.reshard.enabled:  # its SIGTERM's drain, lost with the old
+            self.drains.setdefault(e.addr, e.src)
+            if self.pending is None:
+                self._drain_again(now, out)
         if self.pending is not None:
             self.pending.server_back(back)
         if coord.replicas.enabled:  # the backup it forwards to, when that one is back too
@@ -122,6 +130,14 @@ class Rejoins:
             m.started, m.joining, m.waiting, m.ready = True, back, None, None
         coord = self.coord
         coord.steps.apply(coord.host.joined_all([m.rank for m in members], now), now, out)
+
+    def _drain_again(self, now: float, out: list) -> None:
+        """The drains lost with the old coordinator, asked of this one in the order asked."""
+        coord = self.coord
+        drains, self.drains = self.drains, {}
+        if coord.reshard.enabled:
+            for addr, by in drains.items():
+                coord.resharding.drain_again(addr, by, now, coord.members, out)
 
     # ---- the marks the rebuild leaves on a worker ------------------------------------------
     def caught_up(self, member: Member, e: Clocked, out: list) -> bool:
@@ -212,6 +228,7 @@ class Rejoins:
             if failure is not None:
                 coord.fail(failure, now, out)
                 return
+        self._drain_again(now, out)
         for e in tb.deferred:
             coord.dispatch(e, out)
         for e in tb.fresh:

@@ -82,12 +82,14 @@ class ServerBack:
     backup: ForwardsTo | None = None
     map_epoch: int = 0
     moving: int = 0  # live resharding: the epoch of a move it was told and never committed
+    draining: bool = False  # live resharding: its SIGTERM asked for a drain not done yet
 
     @classmethod
     def of(cls, record: dict) -> "ServerBack":
         return cls(_nonneg(record, "rank"), _nonneg(record, "lo"), _nonneg(record, "hi"),
                    _nonneg(record, "version", 0), ForwardsTo.of(record),
-                   _nonneg(record, "map_epoch", 0), _nonneg(record, "moving", 0))
+                   _nonneg(record, "map_epoch", 0), _nonneg(record, "moving", 0),
+                   bool(record.get("draining", False)))
 
 
 @dataclass(frozen=True)
