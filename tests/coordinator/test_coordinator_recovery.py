@@ -165,8 +165,10 @@ def test_an_elastic_job_s_take_back_ends_when_its_running_workers_are_back(tmp_p
     """`--workers 2:4` with three running: the coordinator, SIGKILLed mid-run, is restarted and
     takes the three back. It used to wait for MAX (four, one never there) and rebuild only at
     its deadline; its `taken_back` event says whom it expected and that they all came."""
+    # (a deadline well past the members' rejoins, a beat or two of 0.2 s: on a loaded
+    # machine a slow one must not pass for the deadline's doing)
     job = make_job(KEYS, 1, 4, sync="bsp", retry_interval=0.3, min_workers=2,
-                   max_samples=ELASTIC_BUDGET)
+                   max_samples=ELASTIC_BUDGET, heartbeat_timeout=5.0)
     cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
                            restart_coordinator=1)
     procs, errors = [], []
