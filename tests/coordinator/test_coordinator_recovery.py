@@ -13,7 +13,9 @@ import pytest
 
 from paramserver.launch.local import LaunchError, LocalCluster
 from paramserver.client.kv import KVWorker
-from ps_helpers import join_all, known_gradient, make_job, start_workers, wait_for, run_events
+from ps_helpers import (
+    CTX, join_all, known_gradient, make_job, run_events, start_workers, wait_for,
+)
 
 KEYS, WORKERS, STEPS = 10, 2, 150
 
@@ -130,3 +132,84 @@ def test_without_restarts_a_killed_coordinator_ends_the_job_naming_the_flag(tmp_
             cluster.wait()
     finally:
         cluster.stop()
+
+
+# ---- an elastic job: the take-back waits for the workers that were running, not MAX --------
+
+ELASTIC_BUDGET = 3 * 120  # samples (batch 1): about 120 rounds of the three workers
+DATA_LEN = 10_000
+
+
+def elastic_worker(addr: str, initialized) -> None:
+    """Worker body of an elastic job: steps until a release says stop (the sample budget),
+    then bye. Rank 0 initializes the keys; the others start once it has."""
+    kv = KVWorker(addr)
+    try:
+        if kv.rank == 0:
+            kv.init(np.zeros(KEYS))
+            initialized.set()
+        elif not initialized.wait(60):
+            raise TimeoutError("rank 0 did not initialize the keys within 60 s")
+        release = kv.start(data_len=DATA_LEN)
+        while not release.stop:
+            kv.pull(min_version=release.min_version)
+            time.sleep(0.01)
+            kv.push(np.full(KEYS, 1e-3), step=release.step, batch=1)
+            release = kv.clock(release.step, batch=1, compute_time=0.01, record={"loss": 0.0})
+        kv.bye()
+    finally:
+        kv.close()
+
+
+def test_an_elastic_job_s_take_back_ends_when_its_running_workers_are_back(tmp_path):
+    """`--workers 2:4` with three running: the coordinator, SIGKILLed mid-run, is restarted and
+    takes the three back. It used to wait for MAX (four, one never there) and rebuild only at
+    its deadline; its `taken_back` event says whom it expected and that they all came."""
+    # (a deadline well past the members' rejoins, a beat or two of 0.2 s: on a loaded
+    # machine a slow one must not pass for the deadline's doing)
+    job = make_job(KEYS, 1, 4, sync="bsp", retry_interval=0.3, min_workers=2,
+                   max_samples=ELASTIC_BUDGET, heartbeat_timeout=5.0)
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
+                           restart_coordinator=1)
+    procs, errors = [], []
+    supervisor = None
+    try:
+        cluster.start(spawn_workers=False)
+
+        def supervise():
+            try:
+                cluster.wait()
+            except LaunchError as exc:
+                errors.append(exc)
+
+        supervisor = threading.Thread(target=supervise, daemon=True)
+        supervisor.start()
+        initialized = CTX.Event()
+        procs = start_workers(elastic_worker, 3, cluster.address, initialized)
+        first = cluster.coordinator
+
+        def all_stepping():  # each of the three has clocked a few steps
+            path = cluster.run_dir / "metrics.jsonl"
+            records = [json.loads(line) for line in path.read_text().splitlines()] \
+                if path.exists() else []
+            steps = [r["worker"] for r in records if r.get("kind") == "step"]
+            return len(set(steps)) == 3 and len(steps) >= ELASTIC_BUDGET // 4
+
+        wait_for(all_stepping, "three workers stepping", timeout=60)
+        os.kill(first.proc.pid, signal.SIGKILL)
+        codes = join_all(procs, timeout=90)
+        supervisor.join(60)
+        assert not supervisor.is_alive() and not errors, errors
+    finally:
+        join_all(procs, timeout=5)  # (a failure above: none is left running)
+        cluster.stop()
+    assert codes == [0, 0, 0]
+    assert first.proc.returncode == -signal.SIGKILL
+    assert cluster.coordinator_restarts == 1 and cluster.coordinator.proc.returncode == 0
+    events = run_events(cluster.run_dir)
+    (taken,) = [e for e in events if e["event"] == "taken_back"]
+    assert taken["expected"] == [0, 1, 2] and taken["ranks"] == [0, 1, 2]
+    assert taken["missing"] == [] and taken["by"] == "members", taken
+    restart = next(e for e in events if e["event"] == "restart")
+    print(f"\ntake-back: {taken['t'] - restart['t']:.2f} s from the restarted coordinator's "
+          f"start to its rebuild")

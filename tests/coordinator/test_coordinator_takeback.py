@@ -363,3 +363,228 @@ def test_a_re_sent_clock_the_dead_coordinator_recorded_is_not_recorded_twice(tmp
         node.metrics.close()
     steps = [(r["worker"], r["step"]) for r in map(json.loads, path.read_text().splitlines())]
     assert steps == [(0, 82), (1, 82), (0, 83), (1, 83), (0, 84), (1, 84), (0, 83)]
+
+
+# ---- an elastic job's take-back waits for the members the dead coordinator's log names -------
+
+ELASTIC_SAVED = {"rounds_applied": 2, "samples_done": 128, "steps_done": 4, "policy": {"round": 2},
+                 "worker_samples": {"0": 64, "2": 64}, "sync": "bsp", "num_keys": 10}
+
+
+def elastic_restarted(live, **options):
+    """A `--workers 2:4` job's coordinator restarted; `live`: the worker ranks its predecessor's
+    log named members (worker_history.py)."""
+    return CoordinatorState(job_of(workers=4, min_workers=2, **options), None, None,
+                            take_back=dict(ELASTIC_SAVED), elapsed=9.0,
+                            live_workers=None if live is None else frozenset(live))
+
+
+def taken_back(out):
+    events = [i for i in out if match(i, AppendEvent, kind="taken_back")]
+    return events[0].data if events else None
+
+
+def test_the_log_of_a_running_elastic_job_names_its_members_at_the_end():
+    """The roster at the coordinator's death, from its own lines: ranks given, ranks gone
+    (preempted, done, dead), a take-back's rebuild; a new job (`start`) begins again."""
+    from paramserver.coordinator.worker_history import WorkerHistory
+    log = [{"event": "start"},
+           {"event": "worker_registered", "rank": 0, "src": "a"},
+           {"event": "worker_registered", "rank": 1, "src": "b"},
+           {"event": "observer_registered", "rank": 0, "src": "eval"},
+           {"event": "barrier_open", "workers": 2},
+           {"event": "worker_registered", "rank": 2, "src": "c"},
+           {"event": "worker_joined", "worker": 2, "workers": 3},
+           {"event": "worker_left", "worker": 1, "reason": "preempted", "workers": 2},
+           {"event": "worker_registered", "rank": 3, "src": "d"},
+           {"event": "worker_left", "worker": 3, "reason": "dead", "workers": 2},
+           "not a record", {"event": "worker_left", "worker": "x"}]
+    assert WorkerHistory.of(log).ranks == {0, 2}
+    # A take-back rebuilt on those back (rank 2 never came); later ranks count on from it.
+    log += [{"event": "restart"}, {"event": "worker_taken_back", "rank": 0, "src": "a"},
+            {"event": "taken_back", "ranks": [0], "workers": 1},
+            {"event": "worker_registered", "rank": 1, "src": "e"}]
+    assert WorkerHistory.of(log).ranks == {0, 1}
+    assert WorkerHistory.of(log + [{"event": "start"}]).ranks == set()  # a resumed job
+    assert WorkerHistory.of([{"event": "worker_registered", "rank": 0}]).ranks is None
+
+
+def test_an_elastic_take_back_ends_when_the_live_members_are_back_not_at_its_deadline():
+    """MIN 2, MAX 4, three running when the coordinator died (one of four left before): it
+    used to wait for MAX and rebuild only at its deadline (heartbeat_timeout), every time."""
+    from paramserver.coordinator.worker_history import WorkerHistory
+    # The log a running coordinator writes (the node adds `start`): four joined, rank 1 was
+    # preempted.
+    live = CoordinatorState(job_of(workers=4, min_workers=2))
+    events = [Registered("srv", "server", 0.0, to="r-srv", link="L", addr="tcp://h:1")]
+    events += [Registered(f"w{w}", "worker", 0.1, to=f"r-w{w}") for w in range(4)]
+    events += [Started(f"w{w}", 0.5, to=f"s{w}", data_len=100) for w in range(4)]
+    events += [Clocked("w1", 0, 32, 0.1, 1.0, to="c1", leave="preempted")]
+    lines = [{"event": "start"}] + [{"event": i.kind, **i.data} for e in events
+                                    for i in live.handle(e) if isinstance(i, AppendEvent)]
+    assert WorkerHistory.of(lines).ranks == {0, 2, 3}
+
+    state = elastic_restarted({0, 2, 3})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 2, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert taken_back(out) is None  # rank 3 is live: waited for
+    out = worker_back(state, 3, step=5, clocked=False, samples=5 * 32, t=0.4)
+    assert taken_back(out) == {**taken_back(out), "ranks": [0, 2, 3], "expected": [0, 2, 3],
+                               "missing": [], "by": "members", "workers": 3}
+    assert state.barrier.open
+
+
+def test_an_elastic_member_that_died_with_the_coordinator_is_waited_for_until_the_deadline(
+        ):
+    state = elastic_restarted({0, 1, 2})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 2, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert taken_back(out) is None
+    assert state.next_wakeup() == pytest.approx(HB)
+    assert taken_back(state.handle(TimePassed(HB - 0.01))) is None
+    done = taken_back(state.handle(TimePassed(HB + 0.01)))
+    assert done["by"] == "deadline" and done["missing"] == [1] and done["ranks"] == [0, 2]
+    # Back late, it joins the running job under its rank, as after any take-back.
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=HB + 0.1)
+    assert match(out[0], Reply, op="welcome", rank=1)
+
+
+def test_an_elastic_joiner_during_the_take_back_ends_no_wait_and_takes_a_free_rank():
+    """A new worker is no replacement in an elastic job: counted as one it would end the wait
+    before a live member is back and take that member's rank (the lowest free)."""
+    state = elastic_restarted({0, 1})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    assert state.handle(Registered("new", "worker", 0.3, to="r-new")) == []
+    out = worker_back(state, 1, step=5, clocked=True, samples=5 * 32, t=0.4)
+    assert taken_back(out)["by"] == "members"
+    welcomes = [i for i in out if match(i, Reply, to="r-new", op="welcome")]
+    assert len(welcomes) == 1 and welcomes[0].fields["rank"] == 2
+
+
+def test_an_elastic_member_that_leaves_during_the_take_back_is_not_waited_for():
+    state = elastic_restarted({0, 1})
+    server_back(state, version=5)
+    worker_back(state, 1, step=5, clocked=False, samples=5 * 32)
+    out = state.handle(Bye("w1", 0.3, to="b1", reason="preempted"))
+    assert taken_back(out) is None  # rank 0 still to come
+    out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32, t=0.4)
+    assert taken_back(out)["by"] == "members" and taken_back(out)["ranks"] == [0]
+    # None live (all left before the death): the servers are all it waits for.
+    state = elastic_restarted(set())
+    assert taken_back(server_back(state, version=5))["by"] == "members"
+
+
+def test_without_its_log_an_elastic_take_back_and_a_fixed_job_s_wait_for_every_rank():
+    for state in (elastic_restarted(None), CoordinatorState(
+            job_of(), None, None, take_back=dict(SAVED), elapsed=9.0,
+            live_workers=frozenset({0}))):
+        server_back(state, version=5)
+        out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+        assert taken_back(out) is None
+        assert taken_back(state.handle(TimePassed(HB + 0.01)))["by"] == "deadline"
+
+
+def test_the_restarted_node_reads_the_members_from_the_dead_one_s_events(tmp_path):
+    import json
+    from paramserver.coordinator.node import CoordinatorNode
+    path = tmp_path / "events.jsonl"
+    lines = [{"t": 0.0, "event": "start", "address": "tcp://h:1", "policy": "bsp"},
+             {"t": 0.1, "event": "worker_registered", "rank": 0, "src": "a"},
+             {"t": 0.1, "event": "worker_registered", "rank": 1, "src": "b"},
+             {"t": 0.2, "event": "barrier_open", "workers": 2},
+             {"t": 3.0, "event": "worker_left", "worker": 0, "reason": "preempted"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"torn": \n')
+    node = CoordinatorNode(job_of(workers=4, min_workers=2), events_path=str(path),
+                           take_back=True)
+    try:
+        assert node.state.rejoins.pending.live == {1}
+    finally:
+        node.events.close()
+
+
+# ---- a drain asked of a coordinator that died before it was done -----------------------------
+
+THREE = [[0, "tcp://h:1", 0, 3], [1, "tcp://h:2", 3, 6], [2, "tcp://h:3", 6, 10]]
+
+
+def test_the_log_names_the_drains_asked_and_neither_done_nor_refused():
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    log = [{"event": "start"},
+           {"event": "server_drain_asked", "rank": 1, "addr": "tcp://h:2", "by": "cli"},
+           {"event": "server_drain_asked", "rank": 2, "addr": "tcp://h:3", "by": "s2"},
+           {"event": "server_drain_asked", "rank": 0, "addr": "tcp://h:1", "by": "s0"},
+           {"event": "reshard_refused", "kind": "move", "addr": "tcp://h:3", "reason": "-"},
+           {"event": "reshard_refused", "kind": "drain", "addr": "tcp://h:1", "reason": "-"},
+           {"event": "server_drain_asked", "addr": ["not", "an", "address"]}]
+    assert ReplicaHistory.of(log).drains == {"tcp://h:2": "cli", "tcp://h:3": "s2"}
+    log.append({"event": "server_drained", "addr": "tcp://h:2", "epoch": 2, "layout": THREE})
+    assert ReplicaHistory.of(log).drains == {"tcp://h:3": "s2"}
+    assert ReplicaHistory.of(log + [{"event": "start"}]).drains == {}
+
+
+def resharded_restarted(log):
+    """A `--servers 2:3` job on three servers (a join committed), its coordinator restarted."""
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    log = [{"event": "start"},
+           {"event": "server_joined", "addr": "tcp://h:3", "epoch": 1, "layout": THREE}] + log
+    return CoordinatorState(job_of(servers=2, max_servers=3), None, None,
+                            take_back=dict(SAVED), elapsed=9.0,
+                            replica_history=ReplicaHistory.of(log))
+
+
+def take_back_three(state, draining=None):
+    out = []
+    for rank, addr, lo, hi in THREE:
+        rejoin = {"rank": rank, "lo": lo, "hi": hi, "version": 5}
+        if addr == draining:
+            rejoin["draining"] = True
+        out += state.handle(Registered(f"s{rank}", "server", 0.1, to=f"rs{rank}",
+                                       link=f"L{rank}", addr=addr, rejoin=rejoin))
+    out += worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    return out + worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=0.3)
+
+
+def test_a_drain_the_dead_coordinator_queued_is_asked_again_once_the_job_is_taken_back():
+    """`paramserver drain` was answered once queued; the coordinator died before the fence:
+    the restarted one reads the ask in its predecessor's log and drains the server."""
+    state = resharded_restarted([{"event": "server_drain_asked", "rank": 1,
+                                  "addr": "tcp://h:2", "by": "cli"}])
+    out = take_back_three(state)
+    kinds = [i.kind for i in out if isinstance(i, AppendEvent)]
+    assert kinds.index("taken_back") < kinds.index("server_drain_asked")
+    (asked,) = [i for i in out if match(i, AppendEvent, kind="server_drain_asked")]
+    assert asked.data == {"rank": 1, "addr": "tcp://h:2", "by": "cli", "again": True}
+    assert not [i for i in out if isinstance(i, Reply) and i.op == "error"]
+    out = state.handle(TimePassed(0.4))  # the fence begins at the next look
+    assert [i.data for i in out if match(i, AppendEvent, kind="reshard_fence")] == [
+        {"kind": "drain", "addr": "tcp://h:2"}]
+    state.check_invariants()
+
+
+def test_a_server_whose_sigterm_asked_a_drain_says_so_when_taken_back_and_is_drained():
+    """Its `drain` died with the coordinator (queued there, or never read): the server's
+    rejoin says it is still to be drained."""
+    state = resharded_restarted([])
+    out = take_back_three(state, draining="tcp://h:3")
+    (asked,) = [i for i in out if match(i, AppendEvent, kind="server_drain_asked")]
+    assert asked.data == {"rank": 2, "addr": "tcp://h:3", "by": "s2", "again": True}
+    # Named by both the log and the server: asked once.
+    state = resharded_restarted([{"event": "server_drain_asked", "rank": 2,
+                                  "addr": "tcp://h:3", "by": "s2"}])
+    out = take_back_three(state, draining="tcp://h:3")
+    assert len([i for i in out if match(i, AppendEvent, kind="server_drain_asked")]) == 1
+
+
+def test_a_drain_asked_again_that_would_leave_too_few_servers_is_written_down_as_refused():
+    state = resharded_restarted([
+        {"event": "server_drain_asked", "rank": 1, "addr": "tcp://h:2", "by": "cli"},
+        {"event": "server_drain_asked", "rank": 2, "addr": "tcp://h:3", "by": "s2"}])
+    out = take_back_three(state)
+    assert [i.data["addr"] for i in out if match(i, AppendEvent, kind="server_drain_asked")] \
+        == ["tcp://h:2"]
+    (refused,) = [i for i in out if match(i, AppendEvent, kind="reshard_refused")]
+    assert refused.data["kind"] == "drain" and refused.data["addr"] == "tcp://h:3"
+    assert "fewer than the job's 2 servers" in refused.data["reason"]

@@ -559,3 +559,61 @@ def test_a_server_killed_after_keys_moved_restarts_from_a_checkpoint(tmp_path):
     assert any(e["event"] == "server_restored" for e in events)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_test_accuracy"] >= 0.9, summary
+
+
+def test_a_sigterm_drain_lost_with_the_coordinator_is_done_by_the_restarted_one(tmp_path):
+    """--servers 2:3 --restart-coordinator 1: a server joins; the coordinator is stopped, the
+    joined server is sent SIGTERM (it asks to be drained: the `drain` lies unread in the
+    stopped coordinator's socket) and the coordinator is SIGKILLed. The restarted one takes the
+    job back; the server's rejoin says its drain is still to do, so it is drained and exits
+    PREEMPTED. Before, the ask died with the coordinator and the server served on."""
+    from paramserver.core.exits import Exit
+    from paramserver.launch.local import LocalCluster
+    job = make_job(KEYS, 2, 2, sync="asp", max_servers=3, retry_interval=0.5)
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=120, keys=None,
+                           restart_coordinator=1)
+    stop = threading.Event()
+    kvs, threads, errors, joiner = [], [], [], None
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor = threading.Thread(target=cluster.wait, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(2)]
+        kvs[0].init(np.zeros(KEYS))
+        acked = [[] for _ in kvs]
+        threads = [threading.Thread(target=_worker, args=(kv, stop, a, errors))
+                   for kv, a in zip(kvs, acked)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: sum(map(len, acked)) >= 30, "30 acknowledged pushes")
+        log = tmp_path / "joiner.log"
+        joiner = _server_process(cluster.address, log)
+        joined = wait_for(lambda: _reshards(cluster.run_dir, "server_joined"), "the join")[0]
+        first = cluster.coordinator
+        os.kill(first.proc.pid, signal.SIGSTOP)
+        try:
+            joiner.send_signal(signal.SIGTERM)
+            wait_for(lambda: "asking the coordinator to drain it" in log.read_text(),
+                     "the joined server's drain ask", timeout=20)
+            time.sleep(0.2)  # (its `drain` written to the stopped coordinator's socket)
+        finally:
+            os.kill(first.proc.pid, signal.SIGKILL)
+            os.kill(first.proc.pid, signal.SIGCONT)
+        drained = wait_for(lambda: _reshards(cluster.run_dir, "server_drained"),
+                           "the drain, by the restarted coordinator", timeout=60)[0]
+        assert drained["addr"] == joined["addr"] and drained["servers"] == 2
+        assert joiner.wait(30) == Exit.PREEMPTED
+        before = sum(map(len, acked))
+        wait_for(lambda: sum(map(len, acked)) >= before + 20, "pushes after the drain")
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+    finally:
+        _end(stop, kvs, joiner)
+        cluster.stop()
+    assert cluster.coordinator_restarts == 1
+    events = run_events(cluster.run_dir)
+    asked = [e for e in events if e["event"] == "server_drain_asked"]
+    assert [(e["addr"], e.get("again")) for e in asked] == [(joined["addr"], True)]
+    assert [e["event"] for e in events].count("taken_back") == 1

@@ -25,6 +25,7 @@ from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.events import CollectiveAsked, ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
 from paramserver.coordinator.replica_history import ReplicaHistory
+from paramserver.coordinator.worker_history import WorkerHistory
 from paramserver.coordinator.state import CoordinatorState
 from paramserver.core.bounded import json_value
 from paramserver.core.exits import Exit, Refused
@@ -137,8 +138,11 @@ class CoordinatorNode:
             elapsed = _elapsed_so_far(metrics_path, saved)
             log.info("taking back the job from checkpoint %s, %.1f s into training", last,
                      elapsed)
+            replicas, workers = _histories(events_path)
             self.state = CoordinatorState(job, None, last, take_back=saved, elapsed=elapsed,
-                                          replica_history=_replica_history(events_path))
+                                          replica_history=replicas,
+                                          live_workers=None if workers is None or
+                                          workers.ranks is None else frozenset(workers.ranks))
         else:
             resume = None
             if job.resume is not None:
@@ -378,27 +382,34 @@ class CoordinatorNode:
         self.finished = True
 
 
-def _replica_history(events_path: str | None) -> ReplicaHistory | None:
-    """What the dead coordinator wrote of its backups in events.jsonl (None: no log to read;
-    a line that does not parse is skipped)."""
-    if not events_path:
-        return None
+# The lines of events.jsonl a take-back reads (the histories' kinds); the rest is skipped
+# unparsed.
+_HISTORY_LINES = ('"event": "backup_', '"replica_promoted"', '"event": "start"',
+                  '"event": "server_joined"', '"event": "server_drained"',
+                  '"event": "server_drain_asked"', '"event": "reshard_refused"',
+                  '"event": "worker_', '"event": "taken_back"')
 
-    def records(lines):
-        for line in lines:
-            if '"event": "backup_' in line or '"replica_promoted"' in line or \
-                    '"event": "start"' in line or '"event": "server_joined"' in line or \
-                    '"event": "server_drained"' in line:
-                try:
-                    yield json_value(line)
-                except ValueError:
-                    continue
+
+def _histories(events_path: str | None) -> tuple[ReplicaHistory | None,
+                                                  WorkerHistory | None]:
+    """What the dead coordinator wrote in events.jsonl of its backups and of its workers, in
+    one pass (None, None: no log to read; a line that does not parse is skipped)."""
+    if not events_path:
+        return None, None
+    records = []
     try:
         with open(events_path, encoding="utf-8", errors="replace") as f:
-            return ReplicaHistory.of(records(f))
+            for line in f:
+                if any(kind in line for kind in _HISTORY_LINES):
+                    try:
+                        records.append(json_value(line))
+                    except ValueError:
+                        continue
     except OSError as exc:
-        log.warning("could not read %s for the backups' history: %s", events_path, exc)
-        return None
+        log.warning("could not read %s for the backups' and workers' history: %s",
+                    events_path, exc)
+        return None, None
+    return ReplicaHistory.of(records), WorkerHistory.of(records)
 
 
 def _saved_state(root: str | None, tag: str | None) -> dict:

@@ -21,18 +21,29 @@ from paramserver.policies import Release
 
 class Rejoins:
     """The take-back part of `coord` (a CoordinatorState). `saved` is the coordinator's part
-    of the job's latest checkpoint, None when this coordinator did not replace one."""
+    of the job's latest checkpoint, None when this coordinator did not replace one. `live`:
+    the worker ranks the old coordinator's log names members at its death (None: its log
+    was not read); an elastic job waits for those, a fixed one for all its ranks."""
 
-    def __init__(self, coord, saved: dict | None, now: float):
+    def __init__(self, coord, saved: dict | None, now: float,
+                 live: frozenset[int] | None = None, drains: dict[str, str] | None = None):
         self.coord = coord
         job, limits = coord.job, coord.job.limits
         # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
         self.pending: TakeBack | None = None
         self.fails_at = float("inf")
+        # Live resharding: drains the old coordinator was asked for and did not do, {server
+        # address: who asked}, from its log, then from servers back whose SIGTERM asked one;
+        # asked again of this one once the job is rebuilt.
+        self.drains: dict[str, str] = dict(drains or {})
         if saved is not None:
+            if not job.elastic or live is None:
+                live = None
+            else:  # (a rank past MAX cannot come back: it would be refused)
+                live = frozenset(r for r in live if r < job.workers)
             self.pending = TakeBack(now + limits.heartbeat_timeout,
                                     coord.members.servers_expected, job.workers, saved,
-                                    job.batch_size)
+                                    job.batch_size, live)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
 
@@ -83,6 +94,10 @@ class Rejoins:
                     "kind": "move", "addr": e.addr, "epoch": back.moving,
                     "reason": "the coordinator that started it died before its commit"}))
             out.append(ToServers("reshard_abort", {"epoch": back.moving}, (member.link,)))
+        if back.draining and coord.reshard.enabled:  # its SIGTERM's drain, lost with the old
+            self.drains.setdefault(e.addr, e.src)
+            if self.pending is None:
+                self._drain_again(now, out)
         if self.pending is not None:
             self.pending.server_back(back)
         if coord.replicas.enabled:  # the backup it forwards to, when that one is back too
@@ -115,6 +130,14 @@ class Rejoins:
             m.started, m.joining, m.waiting, m.ready = True, back, None, None
         coord = self.coord
         coord.steps.apply(coord.host.joined_all([m.rank for m in members], now), now, out)
+
+    def _drain_again(self, now: float, out: list) -> None:
+        """The drains lost with the old coordinator, asked of this one in the order asked."""
+        coord = self.coord
+        drains, self.drains = self.drains, {}
+        if coord.reshard.enabled:
+            for addr, by in drains.items():
+                coord.resharding.drain_again(addr, by, now, coord.members, out)
 
     # ---- the marks the rebuild leaves on a worker ------------------------------------------
     def caught_up(self, member: Member, e: Clocked, out: list) -> bool:
@@ -172,10 +195,16 @@ class Rejoins:
         coord.budget.worker_samples = dict(plan.worker_samples)
         coord.schedule.restart_count(coord.progress, now)
         roster = coord.members.roster
+        # What it waited for and whether all of it came (`by`: "members", else "deadline"):
+        # the members this coordinator rebuilt on are the ones the next one waits for.
         out.append(AppendEvent(now, "taken_back", {
             "servers": len(roster.servers), "workers": len(tb.workers), "round": plan.round,
             "samples": plan.samples, "versions": {str(r): b.version
-                                                  for r, b in sorted(tb.servers.items())}}))
+                                                  for r, b in sorted(tb.servers.items())},
+            "ranks": sorted(m.rank for m in roster.workers.values()),
+            "expected": sorted(tb.live) if tb.live is not None else list(
+                range(tb.workers_expected)),
+            "missing": tb.missing(), "by": "members" if tb.all_back() else "deadline"}))
         if plan.open_barrier:
             coord.barrier.reopen(now)
             back = sorted(((roster.workers[src], b) for src, b in tb.workers.items()
@@ -199,6 +228,7 @@ class Rejoins:
             if failure is not None:
                 coord.fail(failure, now, out)
                 return
+        self._drain_again(now, out)
         for e in tb.deferred:
             coord.dispatch(e, out)
         for e in tb.fresh:

@@ -1,7 +1,9 @@
 """What a coordinator that died said of its shards' backups, read back by the one restarted in
-its place: which backup of each shard held every acknowledged update when it died, and the
+its place: which backup of each shard held every acknowledged update when it died, the
 shard map the last reshard committed (live resharding: the servers serve its ranges, not the
-job's first split). Pure: the node reads events.jsonl and hands the records over.
+job's first split) and the drains it was asked for and neither did nor refused (a `drain`
+is answered once queued: nobody else remembers it). Pure: the node reads events.jsonl and
+hands the records over.
 
 A primary acknowledges an update only once the backup it forwards to holds it, and stops
 waiting for that backup only when the coordinator says `backup_dropped`, which the
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 
 # The events that say where a shard's trusted copy is; the rest of the log is skipped.
 KINDS = frozenset({"start", "backup_synced", "backup_rebuilt", "backup_taken_back",
-                   "backup_lost", "replica_promoted", "server_joined", "server_drained"})
+                   "backup_lost", "replica_promoted", "server_joined", "server_drained",
+                   "server_drain_asked", "reshard_refused"})
 
 
 @dataclass(frozen=True)
@@ -30,13 +33,15 @@ class Link:
 class ReplicaHistory:
     """Per shard rank, the synced backup link no later event undid; the highest attach and
     shard-map epochs written (a restarted coordinator numbers on from them); the shard map
-    of the last committed reshard, (epoch, [[rank, addr, lo, hi], ...]), None without one."""
+    of the last committed reshard, (epoch, [[rank, addr, lo, hi], ...]), None without one;
+    the drains still to do, {server address: who asked}, in the order asked."""
 
     def __init__(self):
         self.trusted: dict[int, Link] = {}
         self.attaches = 0
         self.map_epoch = 0
         self.layout: tuple[int, list] | None = None
+        self.drains: dict[str, str] = {}
 
     @classmethod
     def of(cls, records) -> "ReplicaHistory":
@@ -52,8 +57,20 @@ class ReplicaHistory:
         if kind == "start":  # a new job in this run folder (a resume): its links start over
             self.trusted.clear()
             self.layout = None
+            self.drains.clear()
+            return
+        if kind == "server_drain_asked" or kind == "reshard_refused":
+            addr = r.get("addr")
+            if not isinstance(addr, str):
+                return
+            if kind == "server_drain_asked":
+                self.drains.setdefault(addr, str(r.get("by", "")))
+            elif r.get("kind") == "drain":  # (a move refused is no answer to a drain)
+                self.drains.pop(addr, None)
             return
         if kind in ("server_joined", "server_drained"):  # a reshard committed
+            if kind == "server_drained" and isinstance(r.get("addr"), str):
+                self.drains.pop(r["addr"], None)
             epoch, layout = r.get("epoch"), _shard_map(r.get("layout"))
             if _count(epoch) and layout is not None:
                 self.layout = (epoch, layout)

@@ -117,6 +117,10 @@ class Resharder:
                                f"servers (--servers {self.min}:{self.max})")
         self.asks.append(Ask("drain", addr, now, why=why))
 
+    def asked(self, addr: str) -> bool:
+        """Whether the server at `addr` asked to join or leave and is not done yet."""
+        return self._pending(addr)
+
     def _pending(self, addr: str) -> bool:
         running = [self.running.ask] if self.running else []
         return any(a.addr == addr for a in running + list(self.asks))

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from paramserver.coordinator.events import AppendEvent, Reply, ToServers, Warn
 from paramserver.coordinator.membership import Member, Membership
-from paramserver.coordinator.reshard import Resharder
+from paramserver.coordinator.reshard import Ask, Resharder
 from paramserver.core.keyspace import KeyRange
 
 _OK: dict = {}
@@ -76,6 +76,22 @@ class Resharding:
         out.append(Reply(to, "ok", _OK))
         out.append(AppendEvent(now, "server_drain_asked", {"rank": rank, "addr": member.addr,
                                                            "by": by}))
+
+    def drain_again(self, addr: str, by: str, now: float, members: Membership,
+                    out: list) -> None:
+        """A drain asked of a coordinator that died before it was done (its log, or the
+        server's SIGTERM in its `rejoin`), asked again of this one, which took the job back:
+        nobody waits for an answer, so a refusal is only written down."""
+        member = members.server_at(addr)
+        if member is None or self.plan.asked(addr):
+            return  # (no longer one of the job's servers; asked of this one already)
+        try:
+            self.plan.ask_drain(addr, members.servers_expected, now, by)
+        except ValueError as exc:  # (a ReshardError: too few servers would be left)
+            self._refuse(Ask("drain", addr, now, why=by), str(exc), now, out)
+            return
+        out.append(AppendEvent(now, "server_drain_asked", {"rank": member.rank, "addr": addr,
+                                                           "by": by, "again": True}))
 
     def join(self, e, members: Membership, now: float, out: list) -> None:
         """A server beyond the ranks taken: it joins the running job at the next reshard,

@@ -11,9 +11,13 @@ state wins over the checkpoint: the counters are re-derived from what comes back
 checkpoint gives only what no live process holds (the policy's own saved state, the samples of
 ranks that are gone).
 
-`TakeBack` collects the re-registrations until every server and every worker rank is back, or
-`deadline` passes (a live member re-registers within a few heartbeat intervals), then says how
-to rebuild: `plan()`. Pure: times come from the caller.
+`TakeBack` collects the re-registrations until every server and every expected worker is
+back, or `deadline` passes (a live member re-registers within a few heartbeat intervals), then
+says how to rebuild: `plan()`. The workers expected are every rank of a fixed job; an elastic
+job (`--workers MIN:MAX`) runs with any number of them, so it expects the ranks that were
+members when the old coordinator died, as that one's log says (worker_history.py): waiting for
+MAX would cost every take-back with fewer its whole deadline. Pure: times come from the
+caller.
 """
 
 from __future__ import annotations
@@ -78,12 +82,14 @@ class ServerBack:
     backup: ForwardsTo | None = None
     map_epoch: int = 0
     moving: int = 0  # live resharding: the epoch of a move it was told and never committed
+    draining: bool = False  # live resharding: its SIGTERM asked for a drain not done yet
 
     @classmethod
     def of(cls, record: dict) -> "ServerBack":
         return cls(_nonneg(record, "rank"), _nonneg(record, "lo"), _nonneg(record, "hi"),
                    _nonneg(record, "version", 0), ForwardsTo.of(record),
-                   _nonneg(record, "map_epoch", 0), _nonneg(record, "moving", 0))
+                   _nonneg(record, "map_epoch", 0), _nonneg(record, "moving", 0),
+                   bool(record.get("draining", False)))
 
 
 @dataclass(frozen=True)
@@ -127,12 +133,16 @@ class Plan:
 
 class TakeBack:
     """The re-registrations of one take-back. `saved` is the coordinator's part of the latest
-    checkpoint ({} without one)."""
+    checkpoint ({} without one). `live`: the worker ranks that were members when the old
+    coordinator died (an elastic job's, from its log); None: `workers` of them, any ranks (a
+    fixed job's count)."""
 
     def __init__(self, deadline: float, servers: int, workers: int, saved: dict,
-                 batch_size: int):
+                 batch_size: int, live: frozenset[int] | None = None):
         self.deadline = deadline
         self.servers_expected, self.workers_expected = servers, workers
+        self.live = live
+        self.left: set[int] = set()  # expected ranks that said bye before the rebuild
         self.saved = saved
         self.batch_size = batch_size
         self.workers: dict[str, WorkerBack] = {}
@@ -153,17 +163,33 @@ class TakeBack:
         self.deferred.append(event)
 
     def forget(self, src: str) -> None:
-        """A worker that said bye before the rebuild."""
-        self.workers.pop(src, None)
+        """A worker that said bye before the rebuild (an expected rank is not waited for)."""
+        back = self.workers.pop(src, None)
+        if back is not None:
+            self.left.add(back.rank)
         self.deferred = [e for e in self.deferred if e.src != src]
 
     def ready(self, now: float) -> bool:
-        """Every server is back, and every worker rank or the deadline has come."""
+        """Every server is back, and every worker expected or the deadline has come."""
         if len(self.servers) + len(self.fresh_servers) < self.servers_expected:
             return False
-        # A replacement worker (fresh) takes a dead one's rank: it is not waited for either.
-        fresh = sum(e.role == "worker" for e in self.fresh)
-        return len(self.workers) + fresh >= self.workers_expected or now >= self.deadline
+        return self.all_back() or now >= self.deadline
+
+    def all_back(self) -> bool:
+        """Every worker expected is back (or said bye since). In a fixed job a new worker
+        (fresh) can only be a dead one's replacement, which takes its rank: that rank is not
+        waited for either. In an elastic job a new worker is as likely a joiner: it ends no
+        wait (it would take the lowest free rank, a live member's not back yet)."""
+        if self.live is None:
+            fresh = sum(e.role == "worker" for e in self.fresh)
+            return len(self.workers) + fresh >= self.workers_expected
+        return not self.missing()
+
+    def missing(self) -> list[int]:
+        """The expected worker ranks not back (a fixed job's: those of its count not back)."""
+        back = {w.rank for w in self.workers.values()}
+        expected = self.live if self.live is not None else range(self.workers_expected)
+        return sorted(set(expected) - back - self.left)
 
     def plan(self, round_mode: bool) -> Plan:
         back = list(self.workers.values())

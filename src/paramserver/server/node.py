@@ -615,7 +615,8 @@ class ServerNode:
     def _from_coordinator(self, msg: Message) -> None:
         """A restarted coordinator does not know this server (`unknown`): register again with
         the shard's rank, range and version (with replicas: a primary the backup it forwards
-        to, a backup the attach it mirrors), and go on serving meanwhile. A refusal of that
+        to, a backup the attach it mirrors; resharding: a move under way, a drain its SIGTERM
+        asked for and not done), and go on serving meanwhile. A refusal of that
         ends the server: the job it serves is not the coordinator's (or, for a backup, it is
         not taken back; the launcher starts a new one)."""
         if msg.op == "welcome":
@@ -641,6 +642,8 @@ class ServerNode:
         moves = self.core.resharding
         if moves.moving:  # a move its coordinator never committed: the new one gives it up
             rejoin["moving"] = moves.epoch
+        if self.drain_asked and not moves.drained:  # its SIGTERM's drain, not done yet
+            rejoin["draining"] = True
         replica = self.replica
         if replica.backup:  # the attach it took the sync of (coordinator/replicas.py)
             fields["backup"] = True

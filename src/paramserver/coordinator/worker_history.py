@@ -1,0 +1,59 @@
+"""Which workers an elastic job had when its coordinator died, read back by the one restarted
+in its place: a take-back waits for them, not for the job's MAX workers (`--workers MIN:MAX`
+runs with any number between, and a rank nobody holds never re-registers: waiting for it would
+cost every take-back its whole deadline). Pure: the node reads events.jsonl and hands the
+records over, as it does for ReplicaHistory.
+
+The coordinator writes a line for every change of its roster (events.jsonl is line-buffered:
+a written line survives the process): `worker_registered` (a rank given), `worker_left` (a
+rank gone: done, preempted, dead), `worker_taken_back` (a rank back to a restarted
+coordinator) and `taken_back` (a take-back's rebuild, with the ranks it rebuilt on: those that
+did not come back are no members any more). `start` begins a new job in the run folder.
+"""
+
+from __future__ import annotations
+
+# The events that change the roster's worker ranks; the rest of the log is skipped.
+KINDS = frozenset({"start", "worker_registered", "worker_taken_back", "worker_left",
+                   "taken_back"})
+
+
+class WorkerHistory:
+    """The worker ranks that were members when the log ends (`ranks`); None when the log holds
+    no `start` (nothing to go by: the caller expects every rank)."""
+
+    def __init__(self):
+        self.ranks: set[int] | None = None
+
+    @classmethod
+    def of(cls, records) -> "WorkerHistory":
+        """From the records of events.jsonl, in order (dicts; others are skipped)."""
+        h = cls()
+        for r in records:
+            if isinstance(r, dict) and r.get("event") in KINDS:
+                h._take(r)
+        return h
+
+    def _take(self, r: dict) -> None:
+        kind = r["event"]
+        if kind == "start":  # a new job in this run folder (a resume): its roster starts empty
+            self.ranks = set()
+            return
+        if self.ranks is None:
+            return
+        if kind == "taken_back":
+            ranks = r.get("ranks")
+            if isinstance(ranks, list) and all(_rank(x) for x in ranks):
+                self.ranks = set(ranks)  # (without it: those back were added as they came)
+            return
+        rank = r.get("worker" if kind == "worker_left" else "rank")
+        if not _rank(rank):
+            return
+        if kind == "worker_left":
+            self.ranks.discard(rank)
+        else:
+            self.ranks.add(rank)
+
+
+def _rank(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
