@@ -113,9 +113,11 @@ def test_a_launched_scripts_elastic_job(tmp_path):
 
     from paramserver.launch.jobs import script_job
     example = Path(__file__).resolve().parents[2] / "examples" / "train_my_model.py"
-    # Long enough for the third copy (a fresh interpreter importing torch) to join before
-    # the budget is spent on an idle machine; it is asked for early.
-    cfg = TrainConfig(sync="bsp", workers=3, min_workers=2, steps=600, heartbeat_timeout=5.0)
+    # Long enough for the third copy (a fresh interpreter importing torch, seconds on a busy
+    # machine) to join before the budget is spent: it is asked for at the first step, and
+    # each step takes at least its device time (0.3 ms a sample: about 10 ms a batch of 32).
+    cfg = TrainConfig(sync="bsp", workers=3, min_workers=2, steps=600, heartbeat_timeout=5.0,
+                      device_time="0.3ms")
     cluster = LocalCluster(script_job(cfg, tmp_path), tmp_path, job_timeout=300,
                            worker_cmd=[sys.executable, str(example)])
     metrics, events = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl"
@@ -123,7 +125,7 @@ def test_a_launched_scripts_elastic_job(tmp_path):
 
     def on_tick():
         n = metrics.read_text().count('"kind": "step"') if metrics.exists() else 0
-        if not state["joined"] and n >= 10:
+        if not state["joined"] and n >= 1:
             cluster.add_worker(2)
             state["joined"] = True
         elif (state["victim"] is None and state["joined"]
