@@ -217,8 +217,9 @@ def _push_message(rid, idle, lo=0, hi=16, **extra):
 
 
 def _received(msg):
-    """The push as the shard's node makes an event of it (through the wire, both ways)."""
-    return EVENTS["push"](decode([bytes(f) for f in encode(msg)]), (msg.src, msg.rid))
+    """The push as the shard's node makes an event of it, through the wire both ways (into
+    writable frames: torch warns once when it wraps a read-only one)."""
+    return EVENTS["push"](decode([bytearray(f) for f in encode(msg)]), (msg.src, msg.rid))
 
 
 def _run(core, ev):
