@@ -40,7 +40,8 @@ from paramserver.transport.shm_frames import (
 )
 from paramserver.wire import Message, WireError, decode, encode
 from paramserver.wire.protocol import (
-    BOOL, DICT, FLOAT, INT, LIST, NONNEG, PROTOCOL_VERSION, RANGE, RECORD, SCHEMAS, STR,
+    BOOL, DICT, FLOAT, INT, LIST, NONNEG, PROTOCOL_VERSION, RANGE, RECORD, RUNS, SCHEMAS,
+    STR,
 )
 
 F32, I64 = np.float32, np.int64
@@ -62,6 +63,8 @@ STRINGS = {"role": "worker", "table": "emb", "tag": "ckpt-1", "dir": "/tmp/x", "
 def _valid(name: str, kind):
     if kind == RANGE:
         return [0, 8]
+    if kind == RUNS:
+        return [[1, 3], [5, 6]]
     if kind == NONNEG:
         return 1
     if kind == RECORD:
@@ -91,7 +94,8 @@ def protocol_seeds() -> list[Message]:
 SEEDS = protocol_seeds()
 JUNK_VALUES = [None, True, -1, 2 ** 64 - 1, -(2 ** 63), 2 ** 62, 1.5, float("inf"),
                float("-inf"), float("nan"), 1e308, "x" * 300, "../../etc/passwd", "", b"\x00",
-               [], [1, -2], [0, 2 ** 63], [2 ** 62, 2 ** 62], {"a": {"b": 1}}, {"loss": 1e999}]
+               [], [1, -2], [0, 2 ** 63], [2 ** 62, 2 ** 62], {"a": {"b": 1}}, {"loss": 1e999},
+               [[3, 1]], [[0, 4], [2, 6]], [[0, 2 ** 62]], [[0, 1]] * 3000]
 JSON_JUNK = [None, True, -1, 0, 2 ** 64, -(2 ** 70), 1.5, float("inf"), float("nan"), 1e308,
              "1", "x" * 5000, "/proc/self/mem", [], [1, 2, 3], {"a": 1}]
 

@@ -43,6 +43,7 @@ from paramserver.core.leaving import NO_STEP_REASON
 from paramserver.models.core.keyspace import ModelKeys
 from paramserver.client.device_staging import DeviceStaging, model_device
 from paramserver.models.flat_binding import bind_to_flat, grads_are_bound, point_grads_at
+from paramserver.client.idle_params import IdleParams
 from paramserver.client.kv import KVWorker
 from paramserver.client.preemption import Preemption
 from paramserver.policies.base import Release
@@ -152,6 +153,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     _notice: Preemption | None = None  # an elastic job's SIGTERM watch (set once it joined)
     _moved = False  # a schedule has moved the groups' settings: each push carries them
     staging: DeviceStaging | None = None
+    # The script's optimizer's parameters that got no gradient in a step (None: the servers'
+    # own rule, which steps every key)
+    idle: IdleParams | None = None
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter] | torch.optim.Optimizer,
                  join: str | None = None, timeout: float = 120.0, data_len: int | None = None,
@@ -200,6 +204,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.params, self.grads = self.staging.params, self.staging.grads
             bind_to_flat(self.model, self.keys, self.params, self.grads)
             self.staging.watch(self.model)
+            if self.optimizer is not None:
+                self.idle = IdleParams(self.model, self.keys, self._trains)
             if self.kv.rank == 0:
                 self.kv.init(self.staging.params_to_host())
             task = self.kv.spec.job.task
@@ -276,6 +282,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # next steps would push them summed with every gradient since.
             point_grads_at(self.model, self.keys, self.grads)
         self.staging.grads_zeroed()
+        if self.idle is not None:
+            self.idle.zeroed()
         self._ready = time.perf_counter()
 
     def _pull(self) -> None:
@@ -354,7 +362,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         self._check_unwritten()
         self._check_frozen()
-        if not grads_are_bound(self.model, self.grads):
+        bound = grads_are_bound(self.model, self.grads)
+        idle = None if self.idle is None else self.idle.runs(bound, self.grads)
+        if not bound:
             self.keys.flatten_grads(self.model, self.grads)
             self.staging.grads_replaced()
         # cuda: waits for backward's last copies, so the device's compute is counted too.
@@ -369,7 +379,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         staleness = self.kv.push(grads, step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size,
                                  round_id=self.release.round_id,
-                                 codec=self._codec, hyper=self._hyper())
+                                 codec=self._codec, hyper=self._hyper(), idle=idle)
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
                   "staleness": int(staleness), "factor": round(factor, 4),

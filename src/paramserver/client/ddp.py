@@ -10,6 +10,9 @@ in backward: the gradients accumulate in the optimizer's buffer and go to the se
 the accumulated gradient is pushed at the step, as DDP's is reduced at the last backward.
 The parameters start from rank 0's when the optimizer joins (as DDP broadcasts them); buffers
 (BatchNorm's statistics) stay each rank's own, as with `broadcast_buffers=False`.
+`find_unused_parameters` needs nothing: with the script's optimizer on the servers, a parameter
+no rank's backward reached in a step is left out of it, as DDP leaves its grad None, and one
+some rank used gets the averaged gradient (client/idle_params.py).
 """
 
 from __future__ import annotations

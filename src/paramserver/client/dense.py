@@ -14,8 +14,9 @@ from paramserver.client.streams import ChunkedRequests
 from paramserver.client.transport import PayloadArea
 from paramserver.compression import payload
 from paramserver.compression.codec import Codec
-from paramserver.core.keyspace import KeyRange
+from paramserver.core.keyspace import KeyRange, clip_runs
 from paramserver.wire import Message
+from paramserver.wire.protocol import MAX_RUNS
 
 def as_array(values, dtype: np.dtype) -> np.ndarray:
     if hasattr(values, "detach"):  # torch tensor, without importing torch here
@@ -68,6 +69,30 @@ def _part(codec: Codec | None, sl: slice) -> Codec | None:
     return None if codec is None else codec.part(sl.start, sl.stop)
 
 
+def checked_idle(idle, r: KeyRange) -> list[tuple[int, int]]:
+    """A push's idle key runs: sorted, disjoint [lo, hi) with lo < hi, inside the push's keys
+    `r` (what a shard refuses otherwise)."""
+    runs, end = [], r.lo
+    for item in idle:
+        lo, hi = (int(x) for x in item)
+        if not end <= lo < hi <= r.hi:
+            raise ValueError(f"idle keys must be sorted, disjoint [lo, hi) ranges with lo < hi "
+                             f"inside the pushed keys [{r.lo}, {r.hi}); got {list(idle)[:4]}")
+        runs.append((lo, hi))
+        end = hi
+    return runs
+
+
+def _idle_field(fields: dict, idle: list, lo: int, hi: int) -> None:
+    """One message of keys [lo, hi): the part of the push's idle runs inside them, if any."""
+    part = clip_runs(idle, lo, hi)
+    if len(part) > MAX_RUNS:
+        raise ValueError(f"{len(part)} separate runs of keys [{lo}, {hi}) got no gradient this "
+                         f"step; a push names at most {MAX_RUNS} to a shard")
+    if part:
+        fields["idle"] = part
+
+
 def _values_message(handle: Handle, fields: dict, values: np.ndarray,
                     codec: Codec | None, sent: np.ndarray | None = None,
                     place=None) -> Message:
@@ -116,7 +141,7 @@ class DenseRequests:
     def push(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
              batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
              codec: Codec | None = None, sent: np.ndarray | None = None,
-             hyper: list | None = None) -> Handle:
+             hyper: list | None = None, idle: list | None = None) -> Handle:
         """A dense push of a key range, sent at once (the arguments: KVWorker.push_async)."""
         self.map.before_request()
         core = self.core
@@ -133,17 +158,21 @@ class DenseRequests:
         fields = self.core.releases.push_fields(step, batch, scale, round_size, round_id)
         if hyper is not None:
             fields["hyper"] = hyper
+        if idle is not None:
+            idle = checked_idle(idle, r)
         return self.send(Handle("push"), arr, pieces, core.stream(r, pieces), fields,
-                                codec=check_codec(codec, arr), sent=sent)
+                         codec=check_codec(codec, arr), sent=sent, idle=idle)
 
     def send(self, handle: Handle, arr: np.ndarray, pieces, stream: Stream | None,
-                    fields: dict, beside: int | None = None,
-                    codec: Codec | None = None, sent: np.ndarray | None = None) -> Handle:
+             fields: dict, beside: int | None = None, codec: Codec | None = None,
+             sent: np.ndarray | None = None, idle: list | None = None) -> Handle:
         """The one place dense push messages are made: one per piece into `handle.parts`, or,
         with a `stream`, its chunks (the first now, the rest from wait()). `fields`: the step's
         (see Releases.push_fields), handed over; `beside`: the step's other messages to each shard
         (its tables' rows, in round mode), so each message says in `parts` all the shard gets.
         A chunk always says its count (with nothing beside, one message needs no word).
+        `idle`: the push's key runs that got no gradient; each message carries those inside its
+        own keys, and none when there are none.
 
         In arrival mode a shard applies each chunk as it comes and moves its version per chunk:
         chunk j says the version the worker pulled plus j, so the worker's own earlier chunks
@@ -164,6 +193,8 @@ class DenseRequests:
                 f["range"], f["version"] = [p.lo, p.hi], versions[i]
                 if beside is not None:
                     f["parts"] = 1 + beside
+                if idle is not None:
+                    _idle_field(f, idle, p.lo, p.hi)
                 handle.parts.append((i, send(i, _values_message(
                     handle, f, arr[sl], _part(codec, sl), None if sent is None else sent[sl],
                     place)), sl))
@@ -174,6 +205,8 @@ class DenseRequests:
             f = {**fields, "range": [c.keys.lo, c.keys.hi],
                  "version": versions[c.shard] + (c.index if arrival else 0),
                  "parts": c.count + extra}
+            if idle is not None:
+                _idle_field(f, idle, c.keys.lo, c.keys.hi)
             return _values_message(handle, f, arr[c.out], _part(codec, c.out),
                                    None if sent is None else sent[c.out], place)
         handle.stream = stream

@@ -242,7 +242,7 @@ class KVWorker:
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
                    batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                    codec: Codec | None = None, sent: np.ndarray | None = None,
-                   hyper: list | None = None) -> Handle:
+                   hyper: list | None = None, idle: list | None = None) -> Handle:
         """Send a dense gradient for a key range (default: all keys); returns at once.
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
@@ -255,18 +255,20 @@ class KVWorker:
         is waited. With a codec, `values` (and `sent`) may be a torch tensor on a device: each
         message is encoded there and only its payload is copied to the host. `hyper`: a script's
         optimizer settings by group ([[group, {name: value}], ...]) once its schedule changed
-        them; every shard takes them before this push."""
+        them; every shard takes them before this push. `idle`: sorted, disjoint key ranges
+        [[lo, hi], ...] of `keys` that got no gradient this step (a script's parameters no
+        backward reached): a torch rule on the servers leaves them out of its step."""
         return self.dense.push(values, keys, step=step, batch=batch, scale=scale,
                                round_size=round_size, round_id=round_id, codec=codec, sent=sent,
-                               hyper=hyper)
+                               hyper=hyper, idle=idle)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
              round_size: int = 0, round_id: int = 0, codec: Codec | None = None,
-             hyper: list | None = None) -> int:
+             hyper: list | None = None, idle: list | None = None) -> int:
         """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
         return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale,
                                          round_size=round_size, round_id=round_id, codec=codec,
-                                         hyper=hyper))
+                                         hyper=hyper, idle=idle))
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
                           scale: float = 1.0, round_size: int = 0, round_id: int = 0,

@@ -9,7 +9,11 @@ group's key ranges with the settings in which it differs. Keys of parameters no 
 are frozen, as torch leaves them (a group of lr 0), and so are parameters that do not require
 grad when the optimizer joins (a frozen backbone in a group with weight decay: torch skips a
 parameter whose grad is None; here every gradient is a zeroed buffer, which a decay or a moment
-would still move). Nothing is pickled: names, numbers, lists.
+would still move). A trainable parameter that gets no gradient in a step (an unused branch, an
+auxiliary head of some steps) is skipped per step instead: each push names the keys of those
+no backward reached since zero_grad() (`idle`, client/idle_params.py) and the servers' rule
+leaves them out of that step, in a round those no worker used (server/idle_keys.py). Nothing
+is pickled: names, numbers, lists.
 
 Only classes the servers run are taken; another is refused at once, before joining, with the
 list; so is an option the servers' rule would refuse (the rule is built here to check).

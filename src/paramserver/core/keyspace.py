@@ -97,3 +97,43 @@ def auto_servers(param_bytes: int, workers: int, cores: int, free_bytes: int) ->
     spare = free_bytes - (2 * workers + 1) * param_bytes
     by_memory = max(1, spare // SHARD_OVERHEAD_BYTES)
     return int(min(by_size, by_cores, by_memory, MAX_AUTO_SERVERS))
+
+
+# ---- runs: sorted, disjoint [lo, hi) pairs of keys, touching ones joined ----------------------
+Runs = list  # [(lo, hi), ...] (lists [lo, hi] as the wire carries them read the same)
+
+
+def union_runs(a: Runs, b: Runs) -> list[tuple[int, int]]:
+    """The keys in `a` or `b`, as runs."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted([*map(tuple, a), *map(tuple, b)]):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def subtract_runs(a: Runs, b: Runs) -> list[tuple[int, int]]:
+    """The keys in `a` and not in `b`, as runs (both sorted and disjoint)."""
+    out: list[tuple[int, int]] = []
+    j, n = 0, len(b)
+    for lo, hi in a:
+        while j < n and b[j][1] <= lo:
+            j += 1
+        k = j
+        while lo < hi and k < n and b[k][0] < hi:
+            if b[k][0] > lo:
+                out.append((lo, b[k][0]))
+            lo = max(lo, b[k][1])
+            k += 1
+        if lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def clip_runs(runs: Runs, lo: int, hi: int, base: int = 0) -> list[tuple[int, int]]:
+    """The parts of sorted, disjoint `runs` inside [lo, hi), less `base` (to a shard's local
+    keys, say)."""
+    return [(max(a, lo) - base, min(b, hi) - base) for a, b in runs if a < hi and lo < b]

@@ -32,6 +32,10 @@ class UpdateRule(ABC):
     # False for a rule that updates only ranges of keys (torch's optimizers): a push of a
     # key list (top-k and the other pruners) reaches it only summed into a dense round.
     sparse_keys: ClassVar[bool] = True
+    # True for a rule that, as torch's optimizers, leaves out the keys of parameters that got
+    # no gradient (their grad None in torch): the store then passes a push's (or a round's)
+    # such keys as apply(..., idle=[(a, b), ...]), local runs inside the index, never empty.
+    skips_idle: ClassVar[bool] = False
 
     def __init__(self, lr: float):
         if not lr > 0:

@@ -8,7 +8,9 @@ with their gradients, and binds the optimizer's per-element state (Adam's `exp_a
 and state in place. Those tensors live in the store's `state` like any rule's, so checkpoints,
 replicas and resharding carry them key by key. torch keeps one step count per parameter; the
 shard keeps one per key (`state["step"]`), and pieces whose keys have stepped a different number
-of times (a range push of one layer) are stepped as separate parameters, as torch would.
+of times (a range push of one layer) are stepped as separate parameters, as torch would. Keys
+a push or round says got no gradient (`idle`, server/idle_keys.py) are left out of the step,
+as torch leaves out a parameter whose grad is None: their values, state and counts stay.
 
 A piece that has never stepped is left to the optimizer's own first-step initialisation (SGD's
 momentum buffer is the first gradient, Adagrad's sum its initial value), then copied into the
@@ -25,6 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from paramserver.core.keyspace import subtract_runs
 from paramserver.core.words import did_you_mean
 from paramserver.optim.base import Index, UpdateRule
 
@@ -68,6 +71,7 @@ class TorchRule(UpdateRule):
     torch_class: ClassVar[type[torch.optim.Optimizer]]
     linear_in_grad = False
     sparse_keys = False
+    skips_idle = True
 
     def __init__(self, lr: float, groups: list | None = None, staleness: str = "none",
                  global_rate: float = 1.0, **options):
@@ -283,20 +287,26 @@ class TorchRule(UpdateRule):
 
     def apply(self, params: torch.Tensor, index: Index, grad: torch.Tensor,
               state: dict[str, torch.Tensor], staleness: int, scale: float = 1.0,
-              worker: str = "") -> None:
+              worker: str = "", idle: list | None = None) -> None:
         if not isinstance(index, slice):
             raise ValueError(f"--optimizer {self.name} updates dense and range pushes; sparse "
                              f"keys go to a table (its own optimizer) or to --optimizer sgd")
         start, stop, _ = index.indices(len(params))
+        # Keys that got no gradient are not given to the optimizer at all, as torch skips a
+        # parameter whose grad is None: their values, state and step counts stay.
+        spans = [(start, stop)] if not idle else subtract_runs([(start, stop)], idle)
         steps = state["step"]
         groups: dict[int, list] = {}
         bound: list[tuple] = []  # (view, a, b, group, times stepped)
-        for a, b, g in self._pieces(start, stop):
-            for ra, rb, n in self._step_runs(steps, a, b):
-                view = params[ra:rb]
-                view.grad = grad[ra - start:rb - start]
-                groups.setdefault(g, []).append(view)
-                bound.append((view, ra, rb, g, n))
+        for lo, hi in spans:
+            for a, b, g in self._pieces(lo, hi):
+                for ra, rb, n in self._step_runs(steps, a, b):
+                    view = params[ra:rb]
+                    view.grad = grad[ra - start:rb - start]
+                    groups.setdefault(g, []).append(view)
+                    bound.append((view, ra, rb, g, n))
+        if not bound:
+            return
         # A push's weight (auto's arrival stretches: a round's share; R2SP's batch) scales
         # its lr, as a staleness rule's factor does: torch's steps are not linear in the
         # gradient (Adam's normalises a scaled one back), so a scaled gradient would step as
@@ -321,8 +331,9 @@ class TorchRule(UpdateRule):
                 if st[k].data_ptr() != whole.data_ptr():
                     whole.copy_(st[k])
             view.grad = None
-        steps[start:stop] += 1
-        self._stepped(start, stop)
+        for lo, hi in spans:
+            steps[lo:hi] += 1
+            self._stepped(lo, hi)
 
 
 def torch_rule(name: str, cls: type[torch.optim.Optimizer]) -> type[TorchRule]:

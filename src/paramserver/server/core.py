@@ -138,7 +138,7 @@ class ShardCore:
             st.retune(ev.hyper)
         self.retries.admit(ev)
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
-                            ev.scale, ev.round_size, ev.parts, ev.round_id)
+                            ev.scale, ev.round_size, ev.parts, ev.round_id, ev.idle)
         return self._pushed(ev, res)
 
     def _push_sparse(self, ev: PushSparse) -> list:

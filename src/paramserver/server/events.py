@@ -110,6 +110,8 @@ class Push:
     # A script's optimizer settings by group as its schedule left them (None: as they were)
     hyper: list | None = None
     round_id: int = 0  # in arrival mode, the lockstep round the push is summed into (0: none)
+    # Key runs of [lo, hi) that got no gradient (a script's torch optimizer skips them)
+    idle: list | None = None
 
 
 @dataclass(slots=True)

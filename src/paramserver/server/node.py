@@ -107,7 +107,8 @@ def _push(msg: Message, to) -> Push:
     grad = _arrays(msg, 1)[0] if "enc" not in f else payload.unpack(f, msg.arrays, hi - lo)
     return Push(to, msg.src, msg.rid, lo, hi, grad, f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
-                f.get("parts", 0), f.get("wm"), f.get("hyper"), f.get("round_id", 0))
+                f.get("parts", 0), f.get("wm"), f.get("hyper"), f.get("round_id", 0),
+                f.get("idle"))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:

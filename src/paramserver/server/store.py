@@ -10,6 +10,7 @@ import torch
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import UpdateRule, add_at
+from paramserver.server.idle_keys import RoundIdle, local_idle
 
 # Frames from the wire are read-only buffers. torch warns when it wraps one because it cannot
 # promise not to write; the store only ever reads through these views.
@@ -74,6 +75,8 @@ class ShardStore:
         self.round_complete = 0  # contributors whose every part is in
         self.last_round: int | None = None  # the last round applied, full or told
         self.late_pushes = 0  # pushes for a round applied already: dropped
+        # The round's keys no push used, for a rule that leaves out what got no gradient.
+        self.round_idle = RoundIdle() if rule.skips_idle else None
         # Called with a round's summed batches each time one is applied (the shard's sparse
         # tables apply their rows of the round with it), whatever applied it.
         self.round_applied = None
@@ -170,10 +173,12 @@ class ShardStore:
 
     def push(self, worker: str, index, grad: torch.Tensor, step: int, batch: int,
              base_version: int, scale: float, round_size: int = 0,
-             parts: int = 0, round_id: int = 0) -> PushResult:
+             parts: int = 0, round_id: int = 0, idle: list | None = None) -> PushResult:
         """Apply (arrival mode) or add to the round (round mode). `round_size`: how many
         contributors the round has, when the pusher knows it; `parts`: how many pushes this
         pusher sends the shard for the step (0: unknown, so its pushes never fill the round).
+        `idle`: local key runs of `index` (a slice) that got no gradient (server/idle_keys.py),
+        given only to a rule that skips them.
 
         In arrival mode a push that names a `round_id` (auto's lockstep rounds) is added to
         that round, as in round mode, and the round is applied once: when full, when told, or
@@ -186,7 +191,12 @@ class ShardStore:
             staleness = self.staleness(base_version)
             if not round_id:
                 self._writable()
-                self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
+                if idle:
+                    self.rule.apply(self.values, index, grad, self.state, staleness, scale,
+                                    worker, idle=idle)
+                else:
+                    self.rule.apply(self.values, index, grad, self.state, staleness, scale,
+                                    worker)
                 self.version += 1
                 self.updates_applied += 1
                 return PushResult(self.version, staleness)
@@ -198,6 +208,8 @@ class ShardStore:
                 self.late_pushes += 1
                 return PushResult(self.version, staleness)
         self._accumulate(worker, index, grad, step, batch, scale)
+        if self.round_idle is not None:
+            self.round_idle.add(index, idle)
         if round_size and parts:
             self.round_size = max(self.round_size, round_size)
             self._count_part(worker, parts)
@@ -231,14 +243,19 @@ class ShardStore:
     # (The tags are spelled out, not **tags: these run for every push.)
     def push_dense(self, worker: str, lo: int, hi: int, array: np.ndarray, step: int, batch: int,
                    base_version: int, scale: float, round_size: int = 0,
-                   parts: int = 0, round_id: int = 0) -> PushResult:
+                   parts: int = 0, round_id: int = 0, idle: list | None = None) -> PushResult:
+        """`idle`: the push's key runs that got no gradient, global keys inside [lo, hi)."""
         index = self.local(lo, hi)
         if array.size != hi - lo:
             raise StoreError(f"push of [{lo}, {hi}) carries {array.size} values")
         if not parts and index.start == 0 and index.stop == self.range.size:
             parts = 1  # the whole shard in one push: the pusher's step is in
+        if idle is not None:  # (checked whatever the rule: a bad one is refused alike)
+            idle = local_idle(idle, lo, hi, self.range.lo)
+            if self.round_idle is None:
+                idle = None  # a rule of the servers' own steps every key
         return self.push(worker, index, self._tensor(array), step, batch, base_version, scale,
-                         round_size, parts, round_id)
+                         round_size, parts, round_id, idle)
 
     def push_sparse(self, worker: str, keys: np.ndarray, array: np.ndarray, step: int,
                     batch: int, base_version: int, scale: float,
@@ -291,7 +308,12 @@ class ShardStore:
             self.round_sum.div_(total)
             scale = 1.0
         self._writable()
-        self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
+        idle = None if self.round_idle is None else self.round_idle.take()
+        if idle:
+            self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale,
+                            idle=idle)
+        else:
+            self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
         self.version += 1
         self.updates_applied += 1
         batches = sum(self.round_batches.values())
@@ -375,6 +397,8 @@ class ShardStore:
                 "round_need": self.round_need, "round_complete": self.round_complete,
                 "last_round": self.last_round, "late_pushes": self.late_pushes,
                 "init_runs": self._init_runs, "version": self.version}
+        if self.round_idle is not None:
+            meta["idle"] = self.round_idle.state()
         arrays = {}
         if self.round_step is not None and self.round_sum is not None:
             arrays["round_sum"] = self.round_sum.numpy()
@@ -393,6 +417,8 @@ class ShardStore:
         self.version = int(meta["version"])
         if not self.initialized:
             self._init_runs = [tuple(r) for r in meta["init_runs"]]
+        if self.round_idle is not None:
+            self.round_idle.load(meta.get("idle"))
         if "round_sum" in arrays:
             self.round_sum = torch.from_numpy(np.array(arrays["round_sum"]))
 

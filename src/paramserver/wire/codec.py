@@ -11,8 +11,8 @@ import numpy as np
 from paramserver.core.bounded import nests_past
 from paramserver.core.words import shown
 from paramserver.wire.protocol import (
-    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, NONNEG, OPS,
-    PROTOCOL_VERSION, RANGE, RECORD, SCHEMAS, STR,
+    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, MAX_RUNS, NONNEG, OPS,
+    PROTOCOL_VERSION, RANGE, RECORD, RUNS, SCHEMAS, STR,
 )
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -120,6 +120,12 @@ def _check_value(name: str, kind, value) -> None:
             raise WireError(f"field {name!r} must be [lo, hi] with 0 <= lo <= hi, "
                             f"got {shown(value)}")
         return
+    if kind == RUNS:
+        if not _are_runs(value):
+            raise WireError(f"field {name!r} must be at most {MAX_RUNS} key ranges [[lo, hi], "
+                            f"...] with 0 <= lo < hi, sorted and not overlapping, got "
+                            f"{shown(value)}")
+        return
     if kind == RECORD:
         ok = (isinstance(value, dict) and len(value) <= MAX_RECORD_FIELDS
               and all(isinstance(k, str) and len(k) <= 64 for k in value)
@@ -145,6 +151,18 @@ def _check_value(name: str, kind, value) -> None:
                         f"{'NaN' if value != value else value}")
     if _is_int(value) and not -_INT_END < value < _INT_END:
         raise WireError(f"field {name!r} is {shown(value)}: integers must lie within +-2^62")
+
+
+def _are_runs(value) -> bool:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_RUNS:
+        return False
+    end = 0
+    for r in value:
+        if not (isinstance(r, (list, tuple)) and len(r) == 2 and _is_int(r[0])
+                and _is_int(r[1]) and end <= r[0] < r[1] < _RANGE_END):
+            return False
+        end = r[1]
+    return True
 
 
 _MISSING = object()

@@ -17,6 +17,11 @@ CONTROL_MESSAGE_BYTES = 1 << 20
 
 INT, FLOAT, STR, BOOL, LIST, DICT = int, (int, float), str, bool, (list, tuple), dict
 RANGE = "range"  # [lo, hi) of non-negative ints
+# [[lo, hi], ...]: key ranges with lo < hi, sorted, none overlapping, at most MAX_RUNS of them
+RUNS = "runs"
+# At most 2048 runs, about 38 KB of msgpack at the largest keys: a push's header stays well
+# under the codec's 64 KB bound with its other fields (the groups' settings among them).
+MAX_RUNS = 2048
 NONNEG = "nonneg"  # non-negative int
 RECORD = "record"  # flat map of str -> number/str/bool/None, for metrics lines
 MAX_RECORD_FIELDS = 64
@@ -48,7 +53,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
              # arrival mode: the lockstep round (auto's) the shard sums this push into
              "round_id": _f(NONNEG, False),
              # a script's optimizer settings by group, once its schedule moved them
-             "hyper": _f(LIST, False), **ENCODED},
+             "hyper": _f(LIST, False),
+             # the push's keys of parameters that got no gradient this step (a script's
+             # torch optimizer skips them, as torch does a parameter whose grad is None)
+             "idle": _f(RUNS, False), **ENCODED},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
                     "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
                     "parts": _f(NONNEG, False), "wm": _f(NONNEG, False),
