@@ -382,12 +382,10 @@ class CoordinatorNode:
         self.finished = True
 
 
-# The lines of events.jsonl a take-back reads (the histories' kinds); the rest is skipped
-# unparsed.
-_HISTORY_LINES = ('"event": "backup_', '"replica_promoted"', '"event": "start"',
-                  '"event": "server_joined"', '"event": "server_drained"',
-                  '"event": "server_drain_asked"', '"event": "reshard_refused"',
-                  '"event": "worker_', '"event": "taken_back"')
+# The lines of events.jsonl a take-back reads (the histories' kinds, as the coordinator's
+# event writer spells them); the rest is skipped unparsed.
+_HISTORY_LINES = tuple(f'"event": "{kind}"'
+                       for kind in sorted(ReplicaHistory.kinds | WorkerHistory.kinds))
 
 
 def _histories(events_path: str | None) -> tuple[ReplicaHistory | None,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paramserver.coordinator.log_fold import LogFold
+
 # The events that say where a shard's trusted copy is; the rest of the log is skipped.
 KINDS = frozenset({"start", "backup_synced", "backup_rebuilt", "backup_taken_back",
                    "backup_lost", "replica_promoted", "server_joined", "server_drained",
@@ -30,11 +32,13 @@ class Link:
     epoch: int
 
 
-class ReplicaHistory:
+class ReplicaHistory(LogFold):
     """Per shard rank, the synced backup link no later event undid; the highest attach and
     shard-map epochs written (a restarted coordinator numbers on from them); the shard map
     of the last committed reshard, (epoch, [[rank, addr, lo, hi], ...]), None without one;
     the drains still to do, {server address: who asked}, in the order asked."""
+
+    kinds = KINDS
 
     def __init__(self):
         self.trusted: dict[int, Link] = {}
@@ -42,15 +46,6 @@ class ReplicaHistory:
         self.map_epoch = 0
         self.layout: tuple[int, list] | None = None
         self.drains: dict[str, str] = {}
-
-    @classmethod
-    def of(cls, records) -> "ReplicaHistory":
-        """From the records of events.jsonl, in order (dicts; others are skipped)."""
-        h = cls()
-        for r in records:
-            if isinstance(r, dict) and r.get("event") in KINDS:
-                h._take(r)
-        return h
 
     def _take(self, r: dict) -> None:
         kind, rank = r["event"], r.get("rank")

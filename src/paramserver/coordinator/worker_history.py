@@ -13,26 +13,21 @@ did not come back are no members any more). `start` begins a new job in the run 
 
 from __future__ import annotations
 
+from paramserver.coordinator.log_fold import LogFold
+
 # The events that change the roster's worker ranks; the rest of the log is skipped.
 KINDS = frozenset({"start", "worker_registered", "worker_taken_back", "worker_left",
                    "taken_back"})
 
 
-class WorkerHistory:
+class WorkerHistory(LogFold):
     """The worker ranks that were members when the log ends (`ranks`); None when the log holds
     no `start` (nothing to go by: the caller expects every rank)."""
 
+    kinds = KINDS
+
     def __init__(self):
         self.ranks: set[int] | None = None
-
-    @classmethod
-    def of(cls, records) -> "WorkerHistory":
-        """From the records of events.jsonl, in order (dicts; others are skipped)."""
-        h = cls()
-        for r in records:
-            if isinstance(r, dict) and r.get("event") in KINDS:
-                h._take(r)
-        return h
 
     def _take(self, r: dict) -> None:
         kind = r["event"]
