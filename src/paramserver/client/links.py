@@ -77,6 +77,8 @@ class ShardLinks:
     def came_back(self) -> list[int]:
         """The shards whose connection came back since the last call (read at the last
         check): whatever their server had been sent and not answered is lost."""
+        if not self.back:  # (asked at every turn of every wait)
+            return []
         back, self.back = sorted(self.back), set()
         return back
 
