@@ -12,7 +12,7 @@ import torch
 from paramserver.core.keyspace import KeyRange, clip_runs, subtract_runs, union_runs
 from paramserver.optim import make_rule
 from paramserver.server.core import ShardCore
-from paramserver.server.events import Init, LoadSync, Push, Reply, ShardSettings, Then
+from paramserver.server.events import Init, LoadSync, Reply, ShardSettings, Then
 from paramserver.server.idle_keys import RoundIdle, local_idle
 from paramserver.server.node import EVENTS
 from paramserver.server.replication import sync_payload
