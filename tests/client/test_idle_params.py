@@ -4,6 +4,7 @@ model, on cpu and staged as on cuda (DeviceStaging's own hooks beside these), an
 script set to None (then a .grad of None is what says unused). The servers' side and the live
 checks against torch: tests/server/test_idle_keys.py, tests/optim/test_unused_params.py."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -94,5 +95,20 @@ def test_grads_a_script_set_to_none_say_unused_by_being_none():
 def test_a_push_checks_its_idle_runs_against_its_keys():
     assert checked_idle([[2, 4], [6, 8]], KeyRange(0, 10)) == [(2, 4), (6, 8)]
     for bad in ([[4, 2]], [[2, 6], [4, 8]], [[6, 8], [2, 4]], [[8, 12]], [[2, 2]]):
-        with pytest.raises(ValueError, match="idle keys must be sorted"):
+        with pytest.raises(ValueError, match="idle keys must be a list of sorted"):
             checked_idle(bad, KeyRange(0, 10))
+
+
+@pytest.mark.parametrize("bad,says", [
+    ("abc", "got 'abc'"), (5, "got 5"), ([1, 2], "got the item 1"),
+    ([[1.5, 3]], "got the item [1.5, 3]"), ([["a", 2]], "got the item ['a', 2]"),
+    ([[True, 3]], "got the item [True, 3]"), ([[3, 1]], "got [[3, 1]]"),
+    ([[0, 20]], "got [[0, 20]]"), ([[2, 4], [3, 5]], "got [[2, 4], [3, 5]]")])
+def test_a_kv_push_names_what_is_wrong_with_its_idle_keys(bad, says):
+    """The KV API's `idle` is checked before anything is sent: a list of sorted, disjoint
+    [lo, hi] pairs of whole numbers inside the pushed keys, else one clear ValueError (not
+    int()'s message, nor a float taken as its floor)."""
+    with pytest.raises(ValueError, match="idle keys must be a list of sorted, disjoint") as err:
+        checked_idle(bad, KeyRange(0, 10))
+    assert says in str(err.value)
+    assert checked_idle([[0, 2], (np.int64(4), 10)], KeyRange(0, 10)) == [(0, 2), (4, 10)]

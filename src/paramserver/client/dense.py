@@ -73,11 +73,21 @@ def checked_idle(idle, r: KeyRange) -> list[tuple[int, int]]:
     """A push's idle key runs: sorted, disjoint [lo, hi) with lo < hi, inside the push's keys
     `r` (what a shard refuses otherwise)."""
     runs, end = [], r.lo
+    shape = (f"idle keys must be a list of sorted, disjoint [lo, hi] pairs of whole numbers "
+             f"with lo < hi inside the pushed keys [{r.lo}, {r.hi})")
+    if isinstance(idle, (str, bytes)) or not hasattr(idle, "__iter__"):
+        raise ValueError(f"{shape}; got {idle!r}")
     for item in idle:
-        lo, hi = (int(x) for x in item)
+        try:
+            lo, hi = item
+        except (TypeError, ValueError):
+            raise ValueError(f"{shape}; got the item {item!r}") from None
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                   for x in (lo, hi)):
+            raise ValueError(f"{shape}; got the item {item!r}")
+        lo, hi = int(lo), int(hi)
         if not end <= lo < hi <= r.hi:
-            raise ValueError(f"idle keys must be sorted, disjoint [lo, hi) ranges with lo < hi "
-                             f"inside the pushed keys [{r.lo}, {r.hi}); got {list(idle)[:4]}")
+            raise ValueError(f"{shape}; got {list(idle)[:4]}")
         runs.append((lo, hi))
         end = hi
     return runs
