@@ -75,21 +75,23 @@ def _torch(kind: str, workers: int, max_norm: float, norm_type: float):
     return model
 
 
-@pytest.mark.parametrize("kind,workers,sync,max_norm,norm_type", [
-    ("sgd", 2, "bsp", 0.05, 2.0),
-    ("adam", 2, "bsp", 0.05, 2.0),
-    ("sgd", 2, "bsp", 0.01, math.inf),
-    ("adam", 1, "bsp", 0.05, 2.0),  # one rank: torch's local clip
-    ("sgd", 1, "asp", 0.05, 2.0),  # applied on arrival: the worker clips its push
+@pytest.mark.parametrize("kind,workers,sync,max_norm,norm_type,replicas", [
+    ("sgd", 2, "bsp", 0.05, 2.0, 1),
+    ("adam", 2, "bsp", 0.05, 2.0, 1),
+    ("sgd", 2, "bsp", 0.01, math.inf, 1),
+    ("adam", 1, "bsp", 0.05, 2.0, 1),  # one rank: torch's local clip
+    ("sgd", 1, "asp", 0.05, 2.0, 1),  # applied on arrival: the worker clips its push
+    # each shard's backup holds the round too and takes the factor its primary forwards
+    ("adam", 2, "bsp", 0.05, 2.0, 2),
 ])
 def test_clip_grad_norm_clips_the_average_as_ddp_does(tmp_path, kind, workers, sync,
-                                                      max_norm, norm_type):
+                                                      max_norm, norm_type, replicas):
     from paramserver.launch.jobs import script_job
     from paramserver.launch.local import LocalCluster
     from paramserver.spec.config import TrainConfig
     script, out = tmp_path / "train.py", tmp_path / "final.json"
     script.write_text(SCRIPT)
-    cfg = TrainConfig(sync=sync, workers=workers, steps=STEPS, servers=2)
+    cfg = TrainConfig(sync=sync, workers=workers, steps=STEPS, servers=2, replicas=replicas)
     LocalCluster(script_job(cfg, tmp_path), tmp_path / "run", job_timeout=180,
                  worker_cmd=[sys.executable, str(script), str(out), kind, str(max_norm),
                              str(norm_type)]).run()

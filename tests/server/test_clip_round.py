@@ -160,3 +160,27 @@ def test_clipping_helpers_are_torchs_formula():
         np.testing.assert_allclose((g * clipping.factor(total, 0.7)).numpy(), ref.grad.numpy(),
                                    rtol=1e-6)
     assert clipping.factor(0.1, 1.0) == 1.0
+
+
+def test_a_backup_applies_the_factor_its_primary_forwards():
+    """--replicas 2: the backup holds the same round (the pushes are forwarded to it) and
+    takes the coordinator's clip_factor as the primary forwards it, so both copies apply the
+    same clipped average (its own partial goes to a coordinator that ignores a backup's)."""
+    from paramserver.server.node import EVENTS
+    from paramserver.server.replica_link import FORWARDED
+    from paramserver.wire import Message
+    from paramserver.wire.codec import decode, encode
+    primary, backup = core(), core()
+    for c in (primary, backup):
+        run(c, push("w0", G0, clip=[1.0, 2.0]))
+        run(c, push("w1", G1, clip=[1.0, 2.0]))
+        assert c.store.version == 0
+    word = decode(list(encode(Message("clip_factor", {"step": 0, "factor": 0.125},
+                                      src="coord"))))
+    assert word.op in FORWARDED
+    for c in (primary, backup):
+        run(c, EVENTS[word.op](word, ("fwd", 1)))
+    assert backup.store.version == primary.store.version == 1
+    np.testing.assert_array_equal(backup.store.values.numpy(), primary.store.values.numpy())
+    np.testing.assert_allclose(primary.store.values.numpy(),
+                               -LR * 0.125 * np.add(G0, G1) / 2, rtol=1e-6)
