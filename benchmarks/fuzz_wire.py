@@ -40,7 +40,7 @@ from paramserver.transport.shm_frames import (
 )
 from paramserver.wire import Message, WireError, decode, encode
 from paramserver.wire.protocol import (
-    BOOL, DICT, FLOAT, INT, LIST, NONNEG, PROTOCOL_VERSION, RANGE, RECORD, RUNS, SCHEMAS,
+    BOOL, CLIP, DICT, FLOAT, INT, LIST, NONNEG, PROTOCOL_VERSION, RANGE, RECORD, RUNS, SCHEMAS,
     STR,
 )
 
@@ -81,6 +81,8 @@ def _valid(name: str, kind):
         return 0
     if kind == FLOAT:
         return 0.5
+    if kind == CLIP:
+        return [1.0, "inf"]
     raise ValueError(f"no valid value for {kind!r}")
 
 

@@ -304,7 +304,7 @@ def test_status_tells_the_shards_counters():
     assert reply.fields["state"] == {
         "rank": 3, "range": [0, N], "version": 0, "initialized": True, "updates_applied": 0,
         "lost_updates": 0, "duplicates": 0, "refused_retries": 0, "refused_pushes": 0,
-        "refused_pulls": 0, "late_pushes": 0, "copies_on_write": 0,
+        "refused_pulls": 0, "late_pushes": 0, "copies_on_write": 0, "unclipped_rounds": 0,
         "pending_pulls": 1}
 
 

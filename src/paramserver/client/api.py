@@ -37,6 +37,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from paramserver.core import clipping
 from paramserver.core.layout import ModelLayout
 from paramserver.core.endpoints import endpoint
 from paramserver.core.leaving import NO_STEP_REASON
@@ -156,6 +157,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # The script's optimizer's parameters that got no gradient in a step (None: the servers'
     # own rule, which steps every key)
     idle: IdleParams | None = None
+    # clip_grad_norm_'s setting for the next push (round mode: the servers clip the round's
+    # average), in its wire form; None: not asked this step
+    _clip: list | None = None
 
     def __init__(self, params: nn.Module | Iterable[nn.Parameter] | torch.optim.Optimizer,
                  join: str | None = None, timeout: float = 120.0, data_len: int | None = None,
@@ -284,7 +288,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.staging.grads_zeroed()
         if self.idle is not None:
             self.idle.zeroed()
+        self._clip = None  # (asked of the gradient it clipped, not of the next one)
         self._ready = time.perf_counter()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float | str = 2.0) -> torch.Tensor:
+        """Clip the gradient this step applies by its norm, as DDP's script clips the averaged
+        gradient with `torch.nn.utils.clip_grad_norm_` (FSDP's method of the same name): call
+        it between backward and `step()`.
+
+        Under a policy that averages each round on the servers (bsp, lbbsp) the gradient
+        applied is the round's batch-weighted average over the ranks: this asks the servers to
+        scale it by min(1, max_norm / (norm + 1e-6)), its norm taken over every shard, before
+        the update rule sees it; every rank must ask the same (a rank that differs is refused
+        at `step()`, naming both). Under a policy that applies each push on arrival (asp, ssp,
+        dssp, ebsp, r2sp, auto) each push is an update of its own, so this rank's gradient is
+        clipped here, as torch clips it. `norm_type`: a number > 0 or inf.
+
+        Returns this rank's own gradient norm (before clipping), as torch's does for the
+        gradient it is given; the norm of the average is put together on the servers."""
+        norm_type = clipping.norm_type_of(norm_type)
+        clipping.setting([max_norm, norm_type])  # (a bad max_norm named now)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.kv.spec.apply_mode == "arrival":
+            self.staging.grads_replaced()  # (changed in place after backward's copies)
+            return torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.grad is not None], max_norm,
+                norm_type)
+        self._clip = clipping.wire(max_norm, norm_type)
+        if not grads:
+            return torch.tensor(0.0)
+        return torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g.detach(), norm_type) for g in grads]),
+            norm_type)
 
     def _pull(self) -> None:
         self.staging.before_host_write()
@@ -379,7 +414,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         staleness = self.kv.push(grads, step=self.release.step, batch=batch,
                                  scale=self.release.scale, round_size=self.release.round_size,
                                  round_id=self.release.round_id,
-                                 codec=self._codec, hyper=self._hyper(), idle=idle)
+                                 codec=self._codec, hyper=self._hyper(), idle=idle,
+                                 clip=self._clip)
+        self._clip = None
         record = {"compute_s": round(compute, 6), "real_compute_s": round(real, 6),
                   "wait_s": round(self._wait, 6), "push_s": round(time.perf_counter() - t0, 6),
                   "staleness": int(staleness), "factor": round(factor, 4),

@@ -151,7 +151,8 @@ class DenseRequests:
     def push(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
              batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
              codec: Codec | None = None, sent: np.ndarray | None = None,
-             hyper: list | None = None, idle: list | None = None) -> Handle:
+             hyper: list | None = None, idle: list | None = None,
+             clip: list | None = None) -> Handle:
         """A dense push of a key range, sent at once (the arguments: KVWorker.push_async)."""
         self.map.before_request()
         core = self.core
@@ -168,6 +169,8 @@ class DenseRequests:
         fields = self.core.releases.push_fields(step, batch, scale, round_size, round_id)
         if hyper is not None:
             fields["hyper"] = hyper
+        if clip is not None:
+            fields["clip"] = clip
         if idle is not None:
             idle = checked_idle(idle, r)
         return self.send(Handle("push"), arr, pieces, core.stream(r, pieces), fields,

@@ -242,7 +242,8 @@ class KVWorker:
     def push_async(self, values, keys: KeyRange | tuple[int, int] | None = None, *, step: int,
                    batch: int, scale: float = 1.0, round_size: int = 0, round_id: int = 0,
                    codec: Codec | None = None, sent: np.ndarray | None = None,
-                   hyper: list | None = None, idle: list | None = None) -> Handle:
+                   hyper: list | None = None, idle: list | None = None,
+                   clip: list | None = None) -> Handle:
         """Send a dense gradient for a key range (default: all keys); returns at once.
 
         `round_size` (the release's): give it when this push is all the step sends; a shard
@@ -257,18 +258,21 @@ class KVWorker:
         optimizer settings by group ([[group, {name: value}], ...]) once its schedule changed
         them; every shard takes them before this push. `idle`: sorted, disjoint key ranges
         [[lo, hi], ...] of `keys` that got no gradient this step (a script's parameters no
-        backward reached): a torch rule on the servers leaves them out of its step."""
+        backward reached): a torch rule on the servers leaves them out of its step. `clip`
+        (round mode): [max_norm, norm_type] (core/clipping.py's wire form), the round's
+        average clipped by its norm over every shard; every contributor must ask the same."""
         return self.dense.push(values, keys, step=step, batch=batch, scale=scale,
                                round_size=round_size, round_id=round_id, codec=codec, sent=sent,
-                               hyper=hyper, idle=idle)
+                               hyper=hyper, idle=idle, clip=clip)
 
     def push(self, values, keys=None, *, step: int, batch: int, scale: float = 1.0,
              round_size: int = 0, round_id: int = 0, codec: Codec | None = None,
-             hyper: list | None = None, idle: list | None = None) -> int:
+             hyper: list | None = None, idle: list | None = None,
+             clip: list | None = None) -> int:
         """Dense push; blocks until every shard acknowledged. Returns the largest staleness seen."""
         return self.wait(self.push_async(values, keys, step=step, batch=batch, scale=scale,
                                          round_size=round_size, round_id=round_id, codec=codec,
-                                         hyper=hyper, idle=idle))
+                                         hyper=hyper, idle=idle, clip=clip))
 
     def push_sparse_async(self, keys, values, *, step: int, batch: int,
                           scale: float = 1.0, round_size: int = 0, round_id: int = 0,

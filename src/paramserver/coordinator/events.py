@@ -179,6 +179,22 @@ class ShardSaved:
 
 
 @dataclass(slots=True)
+class ClipPartial:
+    """A shard holding clipped round `step` for its factor: its part of the round's norm
+    (`partial`: sum of |g|^p over its keys, the largest |g| for inf, -1 when not finite) and
+    the round's setting (`clip`, [max_norm, norm_type] as the wire has it)."""
+
+    op: ClassVar[str] = "clip_partial"
+    src: str
+    step: int
+    partial: float
+    clip: list
+    now: float
+    to: Any = None
+    link: Any = None
+
+
+@dataclass(slots=True)
 class CheckpointUnwritten:
     """The coordinator's own part of checkpoint `tag` could not be written or committed."""
 
@@ -252,7 +268,7 @@ class SendRelease:
 
 @dataclass(slots=True)
 class ToServers:
-    """Send `op` (apply_round, checkpoint, shutdown) to the servers of `links`."""
+    """Send `op` (apply_round, clip_factor, checkpoint, shutdown) to the servers of `links`."""
 
     op: str
     fields: dict

@@ -20,7 +20,7 @@ from paramserver.coordinator.events import (
     Report, SaveCoordinatorState, SaveLayout, SendRelease, ShardRestored, ShardSaved, Started,
     StatusAsked, TimePassed, ToServers, Warn,
 )
-from paramserver.coordinator.events import CheckpointUnwritten, ReplicaReport
+from paramserver.coordinator.events import CheckpointUnwritten, ClipPartial, ReplicaReport
 from paramserver.coordinator.events import DrainAsked, Resharded
 from paramserver.coordinator.events import CollectiveAsked, ObserveAsked
 from paramserver.coordinator.events import PreflightReported, SavePreflight
@@ -99,6 +99,10 @@ EVENTS = {
                                                              dict(msg.fields)),
     "preflight": lambda msg, now, to, link: PreflightReported(msg.src, msg["links"], now, to),
     "drain": lambda msg, now, to, link: DrainAsked(msg.src, now, msg["rank"], to),
+    # a shard holding a clipped round for its factor (coordinator/clip_rounds.py)
+    "clip_partial": lambda msg, now, to, link: ClipPartial(msg.src, msg["step"],
+                                                           float(msg["partial"]), msg["clip"],
+                                                           now, to, link),
     "resharded": lambda msg, now, to, link: Resharded(msg.src, now, msg["epoch"],
                                                       msg.get("version", 0), to, link),
 }

@@ -19,6 +19,7 @@ from pathlib import PurePath
 
 from paramserver.coordinator.checkpoint_schedule import CheckpointSchedule
 from paramserver.coordinator.checkpoints import Checkpoints
+from paramserver.coordinator.clip_rounds import ClipRounds
 from paramserver.coordinator.collectives import Collectives
 from paramserver.coordinator.elastic import Elastic
 from paramserver.coordinator.events import (
@@ -138,6 +139,9 @@ class CoordinatorState:
         self.checkpoints = Checkpoints(self, self.schedule)
         # Horovod's allreduce/allgather/broadcast of metrics among the workers.
         self.collectives = Collectives(self, max(limits.start_timeout, 300.0))
+        # Rounds clipped by their norm over every shard (DistributedOptimizer.clip_grad_norm_):
+        # a shard silent this long is declared dead anyway.
+        self.clips = ClipRounds(self, limits.server_timeout)
         self._members_due_fresh = False
         self._handlers = {
             TimePassed: self._on_time, Heartbeat: self._on_heartbeat,
@@ -145,7 +149,7 @@ class CoordinatorState:
             DrainAsked: self._on_drain, Resharded: self._on_resharded,
             **self.steps.handlers(), **self.registration.handlers(),
             **self.checkpoints.handlers(), **self.observations.handlers(),
-            **self.collectives.handlers(),
+            **self.collectives.handlers(), **self.clips.handlers(),
         }
 
     # ---- the envelope ---------------------------------------------------------------------------
@@ -229,6 +233,10 @@ class CoordinatorState:
                 due = t
         if self.collectives.open:
             t = self.collectives.next_deadline()
+            if due is None or t < due:
+                due = t
+        if self.clips.open:
+            t = self.clips.next_deadline()
             if due is None or t < due:
                 due = t
         if self.reshard.enabled:
@@ -402,6 +410,8 @@ class CoordinatorState:
             self._check_reshard(now, out)
         if self.collectives.open:
             self.collectives.check(now, out)
+        if self.clips.open:
+            self.clips.check(now, out)
         failure = self.recovery.check(now, members.roster.servers, out)
         if failure is None and self.elastic is not None:
             failure = self.elastic.check(now, out)

@@ -18,6 +18,7 @@ import numpy as np
 
 from paramserver.core.keyspace import KeyRange
 from paramserver.optim import make_rule
+from paramserver.server.clip_round import RoundClip
 from paramserver.server.resharding import Resharding
 from paramserver.server.retries import RetryGuard
 from paramserver.server.rule_state import RuleState
@@ -58,6 +59,7 @@ class ShardCore:
         # meanwhile), what it waits for and whether it was drained.
         self.resharding = Resharding(self)
         self._handlers.update(self.resharding.handlers())
+        self._handlers.update(self.clip.handlers())
 
     def fresh(self, settings: ShardSettings, alloc=None) -> None:
         """Every part new, for the shard `settings` describe (a new core, or a backup that
@@ -75,6 +77,7 @@ class ShardCore:
         self.stopped = False
         self.initial_saved = False  # checkpoint 0 on disk (saved at init, or restored from)
         self.beats = ShardBeats(self)
+        self.clip = RoundClip(self)  # a round clipped by its norm over every shard
 
     def on_range(self, settings: ShardSettings, alloc=None) -> None:
         """The parts bound to the shard's rank and key range, new and empty."""
@@ -107,7 +110,7 @@ class ShardCore:
     def next_wakeup(self) -> float:
         """The event time by which the core wants a TimePassed: the next heartbeat, or the
         earliest deadline of a waiting pull."""
-        return min(self.beats.due, self.pulls.next_deadline)
+        return min(self.beats.due, self.pulls.next_deadline, self.clip.due)
 
     # ---- writes ---------------------------------------------------------------------------------
     def _init(self, ev: Init) -> list:
@@ -136,6 +139,8 @@ class ShardCore:
             return [self.moved(ev.to)]
         if ev.hyper is not None:  # the script's schedule moved: this push's settings
             st.retune(ev.hyper)
+        if ev.clip is not None or self.clip.step is not None:
+            self.clip.admit(ev.step, ev.sender, ev.clip)  # (refused: nothing admitted)
         self.retries.admit(ev)
         res = st.push_dense(ev.sender, ev.lo, ev.hi, ev.grad, ev.step, ev.batch, ev.version,
                             ev.scale, ev.round_size, ev.parts, ev.round_id, ev.idle)
@@ -235,6 +240,10 @@ class ShardCore:
     def _apply_round(self, ev: ApplyRound) -> list:
         # Idempotent by step: a round its last push applied already is not applied again.
         # No reply: the coordinator waits for none, and every message costs both ends CPU.
+        if self.clip.step is not None:
+            held = self.clip.holds(ev.step)
+            if held is not None:  # clipped: applied when the coordinator's factor comes
+                return held
         self.store.apply_round(ev.step)  # (a round's rows with it: ShardStore.round_applied)
         return self.serve([])
 
@@ -325,6 +334,7 @@ class ShardCore:
             "updates_applied": st.updates_applied, "lost_updates": self.lost_updates,
             **self.retries.counters(), "refused_pulls": self.refused_pulls,
             "late_pushes": st.late_pushes, "copies_on_write": st.copies_on_write,
+            "unclipped_rounds": self.clip.unclipped,
             "pending_pulls": len(self.pulls)}
         if self.tables:
             state["tables"] = self.tables.counters()
@@ -333,10 +343,11 @@ class ShardCore:
     # ---- checkpoints, time, the end -------------------------------------------------------------
     def _time_passed(self, ev: TimePassed) -> list | tuple:
         now = ev.now
+        clip = self.clip.tick(ev) if self.clip.held is not None else _NOTHING
         beat = self.beats.tick(now, ev.busy)
         if beat is None and now < self.pulls.next_deadline:
-            return _NOTHING
-        out = []
+            return clip
+        out = list(clip)
         st = self.store
         for pull in self.pulls.expire(now):
             what = ("initial values" if not st.initialized

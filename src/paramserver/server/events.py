@@ -112,6 +112,9 @@ class Push:
     round_id: int = 0  # in arrival mode, the lockstep round the push is summed into (0: none)
     # Key runs of [lo, hi) that got no gradient (a script's torch optimizer skips them)
     idle: list | None = None
+    # [max_norm, norm_type]: the round's average is clipped by its norm over every shard
+    # (server/clip_round.py), as the wire had it (checked there)
+    clip: Any = None
 
 
 @dataclass(slots=True)
@@ -184,6 +187,14 @@ class ApplyRound:
     """The coordinator's word that round `step` is closed."""
     to: Any
     step: int
+
+
+@dataclass(slots=True)
+class ClipFactor:
+    """The coordinator's factor for clipped round `step` (server/clip_round.py)."""
+    to: Any
+    step: int
+    factor: float
 
 
 @dataclass(slots=True)

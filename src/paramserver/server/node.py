@@ -27,7 +27,7 @@ from paramserver.server.replica_link import ReplicaLink
 from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink
 from paramserver.server.events import (
-    ApplyRound, Checkpoint, CloseHandoffs, HandoffPiece, Heartbeat, Init, JoinMove, LayoutKnown,
+    ApplyRound, Checkpoint, ClipFactor, CloseHandoffs, HandoffPiece, Heartbeat, Init, JoinMove, LayoutKnown,
     LoadState, Log, Pull, PullRows, PullState, Push, PushRows, PushSparse, ReleaseHeld, Reply,
     ReshardAbort, ReshardCommit, ReshardStart, Restore, RestoreFrom, SaveShard, SendHandoffs,
     ShardSettings, Shutdown, Status, Stop, Then, TimePassed, ToCoordinator,
@@ -108,7 +108,7 @@ def _push(msg: Message, to) -> Push:
     return Push(to, msg.src, msg.rid, lo, hi, grad, f["step"], f["batch"],
                 f["version"], float(f.get("scale", 1.0)), f.get("round_size", 0),
                 f.get("parts", 0), f.get("wm"), f.get("hyper"), f.get("round_id", 0),
-                f.get("idle"))
+                f.get("idle"), f.get("clip"))
 
 
 def _push_sparse(msg: Message, to) -> PushSparse:
@@ -175,6 +175,8 @@ EVENTS = {
     "pull_state": lambda msg, to: PullState(to, *_range(msg)),
     "load_state": _load_state,
     "apply_round": lambda msg, to: ApplyRound(to, msg["step"]),
+    # the coordinator's factor for a clipped round (server/clip_round.py)
+    "clip_factor": lambda msg, to: ClipFactor(to, msg["step"], float(msg["factor"])),
     "checkpoint": lambda msg, to: Checkpoint(to, msg["tag"], msg["dir"]),
     "shutdown": lambda msg, to: Shutdown(to),
     "ok": lambda msg, to: None,  # the coordinator's answer to a heartbeat

@@ -50,7 +50,9 @@ from paramserver.wire.protocol import CONTROL_MESSAGE_BYTES
 log = logging.getLogger(__name__)
 
 # Requests that change a shard: forwarded to its backup before the primary applies them.
-FORWARDED = frozenset(("init", "push", "push_sparse", "push_rows", "apply_round", "load_state"))
+# (A clipped round's factor too: the backup, which holds the same round, applies the same one.)
+FORWARDED = frozenset(("init", "push", "push_sparse", "push_rows", "apply_round", "clip_factor",
+                       "load_state"))
 FROM_COORDINATOR = frozenset(("attach_backup", "backup_dropped", "promote"))
 # What a backup's DEALER to its primary watches: the connection up (its handshake done), then
 # dropping; or, not up yet, its connect refused (no process listens there any more). A

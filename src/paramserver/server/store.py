@@ -286,10 +286,23 @@ class ShardStore:
         # A worker's batch counts once per round even when it pushes in several pieces.
         self.round_batches.setdefault(worker, batch)
 
-    def apply_round(self, step: int) -> bool:
-        """Apply the batch-weighted average of round `step`. False if nothing was pushed for it
-        or it was applied already (when its last push made it full). In arrival mode only the
-        open round is applied (an empty one moves no version: no pull waits for it)."""
+    def round_partial(self, norm_type: float) -> float:
+        """This shard's part of the norm of round's batch-weighted average (the gradient the
+        rule will see): the sum of |g|^p over its keys, or for the inf norm their largest |g|
+        (server/clip_round.py). 0 when no round is open."""
+        if self.round_step is None:
+            return 0.0
+        total = max(sum(self.round_batches.values()), 1)
+        # (the norm of the sum over the batches, not a pass that divides the sum first)
+        norm = float(torch.linalg.vector_norm(self.round_sum, norm_type)) / total
+        return norm if norm_type == float("inf") else norm ** norm_type
+
+    def apply_round(self, step: int, grad_factor: float = 1.0) -> bool:
+        """Apply the batch-weighted average of round `step`, times `grad_factor` (a clipped
+        round's: on the gradient, so a rule that is not linear in it sees the clipped average).
+        False if nothing was pushed for it or it was applied already (when its last push made
+        it full). In arrival mode only the open round is applied (an empty one moves no
+        version: no pull waits for it)."""
         if self.apply_mode == "arrival" and step != self.round_step:
             return False
         if self.last_round is not None and step <= self.last_round \
@@ -304,8 +317,13 @@ class ShardStore:
         self.last_round = step
         total = max(sum(self.round_batches.values()), 1)
         scale = 1.0 / total
+        if grad_factor != 1.0:
+            scale = grad_factor / total  # (linear rules: factor on the gradient = on the scale)
         if not self.rule.linear_in_grad:  # the rule must see the average itself
-            self.round_sum.div_(total)
+            if grad_factor == 1.0:
+                self.round_sum.div_(total)
+            else:
+                self.round_sum.mul_(scale)
             scale = 1.0
         self._writable()
         idle = None if self.round_idle is None else self.round_idle.take()

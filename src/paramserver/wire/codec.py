@@ -8,10 +8,11 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
+from paramserver.core import clipping
 from paramserver.core.bounded import nests_past
 from paramserver.core.words import shown
 from paramserver.wire.protocol import (
-    DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, MAX_RUNS, NONNEG, OPS,
+    CLIP, DTYPES, FLOAT, INT, MAX_ELEMENTS, MAX_NESTING, MAX_RECORD_FIELDS, MAX_RUNS, NONNEG, OPS,
     PROTOCOL_VERSION, RANGE, RECORD, RUNS, SCHEMAS, STR,
 )
 
@@ -134,6 +135,12 @@ def _check_value(name: str, kind, value) -> None:
         if not ok:
             raise WireError(f"field {name!r} must be a flat map of at most {MAX_RECORD_FIELDS} "
                             f"str -> number/str/None entries")
+        return
+    if kind == CLIP:
+        try:
+            clipping.setting(value)
+        except ValueError as exc:
+            raise WireError(f"field {name!r}: {exc}") from None
         return
     if kind == NONNEG:
         if not _is_int(value) or not 0 <= value < _INT_END:

@@ -23,6 +23,8 @@ RUNS = "runs"
 # under the codec's 64 KB bound with its other fields (the groups' settings among them).
 MAX_RUNS = 2048
 NONNEG = "nonneg"  # non-negative int
+# [max_norm, norm_type]: a finite number >= 0, and a number > 0 or "inf" (core/clipping.py)
+CLIP = "clip"
 RECORD = "record"  # flat map of str -> number/str/bool/None, for metrics lines
 MAX_RECORD_FIELDS = 64
 # How deep a list or map field may nest. The deepest real one (a job inside `welcome`) is about
@@ -56,7 +58,10 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
              "hyper": _f(LIST, False),
              # the push's keys of parameters that got no gradient this step (a script's
              # torch optimizer skips them, as torch does a parameter whose grad is None)
-             "idle": _f(RUNS, False), **ENCODED},
+             "idle": _f(RUNS, False),
+             # round mode: the round's average is clipped by its norm over every shard
+             # (DistributedOptimizer.clip_grad_norm_, server/clip_round.py)
+             "clip": _f(CLIP, False), **ENCODED},
     "push_sparse": {"step": _f(NONNEG), "version": _f(NONNEG), "batch": _f(NONNEG),
                     "scale": _f(FLOAT, False), "round_size": _f(NONNEG, False),
                     "parts": _f(NONNEG, False), "wm": _f(NONNEG, False),
@@ -123,12 +128,16 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
                 # live resharding: a newer shard map, [[rank, addr, lo, hi], ...]
                 "epoch": _f(NONNEG, False), "layout": _f(LIST, False)},
     "apply_round": {"step": _f(NONNEG), "contributors": _f(LIST, False)},
+    # a clipped round's factor, once every shard's partial is in (coordinator/clip_rounds.py)
+    "clip_factor": {"step": _f(NONNEG), "factor": _f(FLOAT)},
     "shutdown": {"reason": _f(STR, False)},
     "checkpoint": {"tag": _f(STR), "dir": _f(STR)},
     # server -> coordinator
     # failed: the shard could not write its part (a full disk): the checkpoint is given up
     "saved": {"tag": _f(STR), "version": _f(NONNEG, False), "failed": _f(STR, False)},
     "restored": {"tag": _f(STR), "lost_updates": _f(NONNEG), "version": _f(NONNEG)},
+    # a clipped round held for its factor: this shard's part of the norm (server/clip_round.py)
+    "clip_partial": {"step": _f(NONNEG), "partial": _f(FLOAT), "clip": _f(CLIP)},
     "state": {"state": _f(DICT)},
     # replicated shards (--replicas 2, server/replication.py, coordinator/replicas.py):
     # coordinator -> primary / backup
