@@ -16,17 +16,18 @@ from paramserver.coordinator.events import (
 )
 from paramserver.coordinator.membership import Member
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
+from paramserver.coordinator.worker_history import WorkerHistory
 from paramserver.policies import Release
 
 
 class Rejoins:
     """The take-back part of `coord` (a CoordinatorState). `saved` is the coordinator's part
-    of the job's latest checkpoint, None when this coordinator did not replace one. `live`:
-    the worker ranks the old coordinator's log names members at its death (None: its log
-    was not read); an elastic job waits for those, a fixed one for all its ranks."""
+    of the job's latest checkpoint, None when this coordinator did not replace one.
+    `workers`: what the old coordinator's log says of its workers (None: its log was not
+    read); the take-back waits for the ranks it names (`expected`)."""
 
     def __init__(self, coord, saved: dict | None, now: float,
-                 live: frozenset[int] | None = None, drains: dict[str, str] | None = None):
+                 workers: WorkerHistory | None = None, drains: dict[str, str] | None = None):
         self.coord = coord
         job, limits = coord.job, coord.job.limits
         # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
@@ -37,15 +38,27 @@ class Rejoins:
         # asked again of this one once the job is rebuilt.
         self.drains: dict[str, str] = dict(drains or {})
         if saved is not None:
-            if not job.elastic or live is None:
-                live = None
-            else:  # (a rank past MAX cannot come back: it would be refused)
-                live = frozenset(r for r in live if r < job.workers)
+            expected, replacements = self.expected(job, workers)
             self.pending = TakeBack(now + limits.heartbeat_timeout,
-                                    coord.members.servers_expected, job.workers, saved,
-                                    job.batch_size, live)
+                                    coord.members.servers_expected, expected, saved,
+                                    job.batch_size, replacements)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
+
+    @staticmethod
+    def expected(job, workers: WorkerHistory | None) -> tuple[frozenset[int], bool]:
+        """The worker ranks a take-back waits for, and whether a new worker stands for one
+        not back. Without the log: every rank, any newcomer a replacement. An elastic job:
+        the members at the death (a rank past MAX cannot come back: it would be refused),
+        a newcomer as likely a joiner. A fixed job: every rank but those that left on their
+        own word (done, preempted: nobody replaces them), a newcomer a dead one's
+        replacement."""
+        every = frozenset(range(job.workers))
+        if workers is None or workers.ranks is None:
+            return every, True
+        if job.elastic:
+            return every & frozenset(workers.ranks), False
+        return every - frozenset(workers.left), True
 
     def next_deadline(self) -> float | None:
         if self.pending is None:
@@ -202,8 +215,7 @@ class Rejoins:
             "samples": plan.samples, "versions": {str(r): b.version
                                                   for r, b in sorted(tb.servers.items())},
             "ranks": sorted(m.rank for m in roster.workers.values()),
-            "expected": sorted(tb.live) if tb.live is not None else list(
-                range(tb.workers_expected)),
+            "expected": sorted(tb.expected),
             "missing": tb.missing(), "by": "members" if tb.all_back() else "deadline"}))
         if plan.open_barrier:
             coord.barrier.reopen(now)
