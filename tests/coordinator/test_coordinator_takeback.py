@@ -481,6 +481,57 @@ def test_an_elastic_member_that_leaves_during_the_take_back_is_not_waited_for():
     assert taken_back(server_back(state, version=5))["by"] == "members"
 
 
+def test_an_elastic_job_below_min_at_the_death_waits_again_after_the_take_back():
+    """MIN 2: one member left when the coordinator died (it was holding every release until
+    a join). The rebuilt job used to train on below MIN; it waits again, and a joiner ends
+    the wait with the releases held meanwhile."""
+    state = elastic_restarted({0})
+    server_back(state, version=5)
+    out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    assert taken_back(out)["by"] == "members"
+    waiting = [i for i in out if match(i, AppendEvent, kind="waiting_for_workers")]
+    assert waiting and waiting[0].data == {"workers": 1, "min_workers": 2}
+    assert state.elastic.paused
+    out = state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5"))
+    assert match(only(out, ToServers)[0], ToServers, op="apply_round", step=5)
+    assert not only(out, SendRelease)  # held: one worker is fewer than MIN
+    out = state.handle(Registered("new", "worker", 0.4, to="r-new", num_keys=10))
+    assert match(out[0], Reply, to="r-new", op="welcome", rank=1)
+    out = state.handle(Started("new", 0.5, to="s-new", data_len=100))
+    assert [i for i in out if match(i, AppendEvent, kind="workers_back")]
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-5", 6)]
+    assert not state.elastic.paused
+    out = state.handle(Clocked("w0", 6, 32, 0.1, 0.6, to="c0-6"))  # the joiner's round next
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-6", 7), ("s-new", 7)]
+
+
+def test_an_elastic_take_back_short_of_min_by_its_deadline_waits_until_a_member_is_back():
+    """Rank 1 died with the coordinator, or is slow: rebuilt at the deadline on rank 0 alone,
+    the job waits; rank 1 back late (under its rank, into the running policy) ends it."""
+    state = elastic_restarted({0, 1})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=True, samples=5 * 32)
+    state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5"))
+    out = state.handle(TimePassed(HB + 0.01))
+    assert taken_back(out)["by"] == "deadline"
+    assert [i for i in out if match(i, AppendEvent, kind="waiting_for_workers")]
+    assert not only(out, SendRelease)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=HB + 0.1)
+    assert [i for i in out if match(i, AppendEvent, kind="workers_back")]
+    assert [r.to for r in only(out, SendRelease)] == ["c0-5"]
+    assert not state.elastic.paused
+
+
+def test_an_elastic_take_back_at_min_does_not_wait():
+    state = elastic_restarted({0, 2})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 2, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert taken_back(out)["by"] == "members"
+    assert not [i for i in out if match(i, AppendEvent, kind="waiting_for_workers")]
+    assert not state.elastic.paused
+
+
 def test_without_its_log_an_elastic_take_back_and_a_fixed_job_s_wait_for_every_rank():
     """A fixed job's take-back waits for a rank the log names no member at the death (it
     died: its replacement takes the rank, maybe during the take-back)."""

@@ -143,6 +143,7 @@ class Rejoins:
             m.started, m.joining, m.waiting, m.ready = True, back, None, None
         coord = self.coord
         coord.steps.apply(coord.host.joined_all([m.rank for m in members], now), now, out)
+        coord.steps.resume_if_enough(now, out)  # (one back late may bring an elastic job to MIN)
 
     def _drain_again(self, now: float, out: list) -> None:
         """The drains lost with the old coordinator, asked of this one in the order asked."""
@@ -219,6 +220,9 @@ class Rejoins:
             "missing": tb.missing(), "by": "members" if tb.all_back() else "deadline"}))
         if plan.open_barrier:
             coord.barrier.reopen(now)
+            # Fewer than MIN back (the old coordinator was waiting for joins, or members died
+            # with it): the rebuilt job waits as after a leave, before any release is made.
+            coord.steps.wait_if_below_min(now, out)
             back = sorted(((roster.workers[src], b) for src, b in tb.workers.items()
                            if src in roster.workers and b.step >= 0),
                           key=lambda mb: mb[0].rank)
