@@ -15,6 +15,7 @@ from paramserver.coordinator.events import (
     AppendEvent, Clocked, Registered, Reply, Started, ToServers,
 )
 from paramserver.coordinator.membership import Member
+from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
 from paramserver.coordinator.worker_history import WorkerHistory
 from paramserver.policies import Release
@@ -23,11 +24,12 @@ from paramserver.policies import Release
 class Rejoins:
     """The take-back part of `coord` (a CoordinatorState). `saved` is the coordinator's part
     of the job's latest checkpoint, None when this coordinator did not replace one.
-    `workers`: what the old coordinator's log says of its workers (None: its log was not
-    read); the take-back waits for the ranks it names (`expected`)."""
+    `workers`, `servers`: what the old coordinator's log says of its workers (the take-back
+    waits for the ranks it names, `expected`) and of its servers (the drains it did not do,
+    where its servers were); None: its log was not read."""
 
     def __init__(self, coord, saved: dict | None, now: float,
-                 workers: WorkerHistory | None = None, drains: dict[str, str] | None = None):
+                 workers: WorkerHistory | None = None, servers: ReplicaHistory | None = None):
         self.coord = coord
         job, limits = coord.job, coord.job.limits
         # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
@@ -36,12 +38,15 @@ class Rejoins:
         # Live resharding: drains the old coordinator was asked for and did not do, {server
         # address: who asked}, from its log, then from servers back whose SIGTERM asked one;
         # asked again of this one once the job is rebuilt.
-        self.drains: dict[str, str] = dict(drains or {})
+        self.drains: dict[str, str] = {} if servers is None else dict(servers.drains)
         if saved is not None:
             expected, replacements = self.expected(job, workers)
+            addrs = None  # (a server new to a job whose servers cannot join: one restarted)
+            if coord.reshard.enabled and servers is not None and servers.servers:
+                addrs = frozenset(servers.servers.values())
             self.pending = TakeBack(now + limits.heartbeat_timeout,
                                     coord.members.servers_expected, expected, saved,
-                                    job.batch_size, replacements)
+                                    job.batch_size, replacements, addrs)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
 
@@ -244,6 +249,8 @@ class Rejoins:
             if failure is not None:
                 coord.fail(failure, now, out)
                 return
+        for e in tb.joiners:  # (after every server: the job's servers are all in)
+            coord.registration.admit_server(e, now, out)
         self._drain_again(now, out)
         for e in tb.deferred:
             coord.dispatch(e, out)

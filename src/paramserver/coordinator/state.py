@@ -111,8 +111,7 @@ class CoordinatorState:
             self.members.adopt_shard_map(layout)
             self.reshard.epoch = epoch
             self.replicas.servers = len(layout)
-        self.rejoins = Rejoins(self, take_back, now, worker_history,
-                               None if replica_history is None else replica_history.drains)
+        self.rejoins = Rejoins(self, take_back, now, worker_history, replica_history)
         if take_back is not None:
             self.replicas.take_back(now + limits.heartbeat_timeout,  # and their backups
                                     replica_history)

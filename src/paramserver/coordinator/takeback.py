@@ -140,7 +140,8 @@ class TakeBack:
     yet)."""
 
     def __init__(self, deadline: float, servers: int, expected: frozenset[int], saved: dict,
-                 batch_size: int, replacements: bool = True):
+                 batch_size: int, replacements: bool = True,
+                 server_addrs: frozenset[str] | None = None):
         self.deadline = deadline
         self.servers_expected = servers
         self.expected, self.replacements = frozenset(expected), replacements
@@ -154,12 +155,26 @@ class TakeBack:
         # Servers started afresh (one that died with the coordinator, restarted): restored
         # from the checkpoint once the rest is taken back.
         self.fresh_servers: list[Registered] = []
+        # Live resharding: where the old coordinator's servers were (None: not known, or
+        # no server may join), and the servers new to the job, asked to join after it.
+        self.server_addrs = server_addrs
+        self.joiners: list[Registered] = []
 
     def worker_back(self, src: str, back: WorkerBack) -> None:
         self.workers[src] = back
 
     def server_back(self, back: ServerBack) -> None:
         self.servers[back.rank] = back
+
+    def server_queue(self, addr: str) -> list[Registered]:
+        """Where a server registering afresh waits. At an address of the old coordinator's
+        servers, or when those are not known, it is one of them restarted: it stands for a
+        server not back. Elsewhere it is a joiner (its registration sent again when its
+        connection came back to this coordinator): taken for a server not back, it would be
+        restored from the checkpoint in a live one's place."""
+        if self.server_addrs is None or addr in self.server_addrs:
+            return self.fresh_servers
+        return self.joiners
 
     def defer(self, event: Clocked | Started) -> None:
         self.deferred.append(event)
