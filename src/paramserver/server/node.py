@@ -257,6 +257,9 @@ class ServerNode:
         self.sigterms = 0
         self.drain_asked = False
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
+        # ... and of the last registration sent again before the welcome: a re-registration's
+        # rid is past it, so a late answer to one of those is never taken for its refusal
+        self._register_rid = 0
         self._rejoin_at = -1e9
         self.dropped = 0  # messages to the coordinator dropped on its full queue
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
@@ -279,8 +282,8 @@ class ServerNode:
         fields = {"role": "server", "addr": addr}
         if self.backup:
             fields["backup"] = True
-        rpc.send(self.coord, Message("register", fields, src=self.src))
         watch = ComeBack(self.coord)
+        rpc.send(self.coord, Message("register", fields, src=self.src))
         try:
             poller = zmq.Poller()
             poller.register(self.coord, zmq.POLLIN)
@@ -299,10 +302,10 @@ class ServerNode:
                 wait = left if said else min(left, since + early - now)
                 ready = dict(poller.poll(1000 * wait))
                 if watch.monitor in ready and watch.came_back():
-                    self._rejoin_rid += 1
+                    self._register_rid += 1
                     log.warning("server at %s: the connection to the coordinator at %s came "
                                 "back; registering again", addr, self.join)
-                    rpc.send(self.coord, Message("register", fields, rid=self._rejoin_rid,
+                    rpc.send(self.coord, Message("register", fields, rid=self._register_rid,
                                                  src=self.src))
                     since = time.monotonic()
                 if self.coord in ready:
@@ -665,7 +668,8 @@ class ServerNode:
         now = time.monotonic()
         if now - self._rejoin_at < self.settings.heartbeat_interval:
             return  # one re-registration in flight per beat
-        self._rejoin_at, self._rejoin_rid = now, self._rejoin_rid + 1
+        self._rejoin_at = now
+        self._rejoin_rid = max(self._rejoin_rid, self._register_rid) + 1
         st = self.core.store
         fields = {"role": "server", "addr": self.addr}
         rejoin = fields["rejoin"] = {"rank": self.settings.rank, "lo": st.range.lo,
