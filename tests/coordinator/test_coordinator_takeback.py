@@ -166,8 +166,11 @@ def test_a_fresh_worker_waits_for_the_take_back_and_a_leaver_is_let_go(restarted
     server_back(state, version=5)
     worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
     state.handle(Bye("w0", 0.25, to="b"))  # done before the rebuild: not in the policy
-    assert state.handle(Registered("new", "worker", 0.3, to="r-new")) == []
-    out = state.handle(TimePassed(HB + 0.01))
+    # Rank 0 left, the newcomer stands for rank 1 (a fixed job's replacement): the rebuild
+    # is now, and the newcomer is welcomed after it, to the lowest free rank.
+    out = state.handle(Registered("new", "worker", 0.3, to="r-new"))
+    kinds = [i.kind if isinstance(i, AppendEvent) else getattr(i, "to", None) for i in out]
+    assert kinds.index("taken_back") < kinds.index("r-new")
     assert [match(i, Reply, to="r-new", op="welcome", rank=0) for i in out].count(True) == 1
     # The newcomer joins the running round through its start.
     out = state.handle(Started("new", HB + 0.1, to="s-new"))
@@ -374,9 +377,10 @@ ELASTIC_SAVED = {"rounds_applied": 2, "samples_done": 128, "steps_done": 4, "pol
 def elastic_restarted(live, **options):
     """A `--workers 2:4` job's coordinator restarted; `live`: the worker ranks its predecessor's
     log named members (worker_history.py)."""
+    from paramserver.coordinator.worker_history import WorkerHistory
     return CoordinatorState(job_of(workers=4, min_workers=2, **options), None, None,
                             take_back=dict(ELASTIC_SAVED), elapsed=9.0,
-                            live_workers=None if live is None else frozenset(live))
+                            worker_history=None if live is None else WorkerHistory(live))
 
 
 def taken_back(out):
@@ -477,10 +481,64 @@ def test_an_elastic_member_that_leaves_during_the_take_back_is_not_waited_for():
     assert taken_back(server_back(state, version=5))["by"] == "members"
 
 
+def test_an_elastic_job_below_min_at_the_death_waits_again_after_the_take_back():
+    """MIN 2: one member left when the coordinator died (it was holding every release until
+    a join). The rebuilt job used to train on below MIN; it waits again, and a joiner ends
+    the wait with the releases held meanwhile."""
+    state = elastic_restarted({0})
+    server_back(state, version=5)
+    out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    assert taken_back(out)["by"] == "members"
+    waiting = [i for i in out if match(i, AppendEvent, kind="waiting_for_workers")]
+    assert waiting and waiting[0].data == {"workers": 1, "min_workers": 2}
+    assert state.elastic.paused
+    out = state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5"))
+    assert match(only(out, ToServers)[0], ToServers, op="apply_round", step=5)
+    assert not only(out, SendRelease)  # held: one worker is fewer than MIN
+    out = state.handle(Registered("new", "worker", 0.4, to="r-new", num_keys=10))
+    assert match(out[0], Reply, to="r-new", op="welcome", rank=1)
+    out = state.handle(Started("new", 0.5, to="s-new", data_len=100))
+    assert [i for i in out if match(i, AppendEvent, kind="workers_back")]
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-5", 6)]
+    assert not state.elastic.paused
+    out = state.handle(Clocked("w0", 6, 32, 0.1, 0.6, to="c0-6"))  # the joiner's round next
+    assert [(r.to, r.step) for r in only(out, SendRelease)] == [("c0-6", 7), ("s-new", 7)]
+
+
+def test_an_elastic_take_back_short_of_min_by_its_deadline_waits_until_a_member_is_back():
+    """Rank 1 died with the coordinator, or is slow: rebuilt at the deadline on rank 0 alone,
+    the job waits; rank 1 back late (under its rank, into the running policy) ends it."""
+    state = elastic_restarted({0, 1})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=True, samples=5 * 32)
+    state.handle(Clocked("w0", 5, 32, 0.1, 0.3, to="c0-5"))
+    out = state.handle(TimePassed(HB + 0.01))
+    assert taken_back(out)["by"] == "deadline"
+    assert [i for i in out if match(i, AppendEvent, kind="waiting_for_workers")]
+    assert not only(out, SendRelease)
+    out = worker_back(state, 1, step=5, clocked=False, samples=5 * 32, t=HB + 0.1)
+    assert [i for i in out if match(i, AppendEvent, kind="workers_back")]
+    assert [r.to for r in only(out, SendRelease)] == ["c0-5"]
+    assert not state.elastic.paused
+
+
+def test_an_elastic_take_back_at_min_does_not_wait():
+    state = elastic_restarted({0, 2})
+    server_back(state, version=5)
+    worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    out = worker_back(state, 2, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert taken_back(out)["by"] == "members"
+    assert not [i for i in out if match(i, AppendEvent, kind="waiting_for_workers")]
+    assert not state.elastic.paused
+
+
 def test_without_its_log_an_elastic_take_back_and_a_fixed_job_s_wait_for_every_rank():
+    """A fixed job's take-back waits for a rank the log names no member at the death (it
+    died: its replacement takes the rank, maybe during the take-back)."""
+    from paramserver.coordinator.worker_history import WorkerHistory
     for state in (elastic_restarted(None), CoordinatorState(
             job_of(), None, None, take_back=dict(SAVED), elapsed=9.0,
-            live_workers=frozenset({0}))):
+            worker_history=WorkerHistory({0}))):
         server_back(state, version=5)
         out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
         assert taken_back(out) is None
@@ -500,9 +558,78 @@ def test_the_restarted_node_reads_the_members_from_the_dead_one_s_events(tmp_pat
     node = CoordinatorNode(job_of(workers=4, min_workers=2), events_path=str(path),
                            take_back=True)
     try:
-        assert node.state.rejoins.pending.live == {1}
+        assert node.state.rejoins.pending.expected == {1}
     finally:
         node.events.close()
+    node = CoordinatorNode(job_of(workers=3), events_path=str(path), take_back=True)
+    try:  # a fixed job: every rank but the one that left (preempted) on its own word
+        assert node.state.rejoins.pending.expected == {1, 2}
+    finally:
+        node.events.close()
+
+
+# ---- a fixed job's take-back does not wait for the ranks that left on their own word ---------
+
+FIXED_SAVED = {"rounds_applied": 2, "samples_done": 192, "steps_done": 6, "policy": {"round": 2},
+               "worker_samples": {"0": 64, "1": 64, "2": 64}, "sync": "bsp", "num_keys": 10}
+
+
+def fixed_log() -> list[dict]:
+    """The log a running fixed job of three workers writes (the node adds `start`): rank 1
+    finished (its bye said "done"), rank 2 was declared dead."""
+    live = CoordinatorState(job_of(workers=3))
+    events = [Registered("srv", "server", 0.0, to="r-srv", link="L", addr="tcp://h:1")]
+    events += [Registered(f"w{w}", "worker", 0.1, to=f"r-w{w}", num_keys=10) for w in range(3)]
+    events += [Started(f"w{w}", 0.5, to=f"s{w}") for w in range(3)]
+    events += [Heartbeat("w0", 0.5 + HB, to="h0"), Heartbeat("w1", 0.5 + HB, to="h1"),
+               Bye("w1", 0.6 + HB, to="b1"), TimePassed(1.0 + HB)]
+    return [{"event": "start"}] + [{"event": i.kind, **i.data} for e in events
+                                   for i in live.handle(e) if isinstance(i, AppendEvent)]
+
+
+def test_the_log_names_the_ranks_that_left_on_their_own_word():
+    from paramserver.coordinator.worker_history import WorkerHistory
+    log = fixed_log()
+    assert [(r["worker"], r["reason"]) for r in log if r["event"] == "worker_left"] == [
+        (1, "done"), (2, "dead")]
+    h = WorkerHistory.of(log)
+    assert h.ranks == {0} and h.left == {1}  # (the dead rank's replacement may come)
+    # A rank taken again is a member once more; a take-back's rebuild keeps who left.
+    assert WorkerHistory.of(log + [{"event": "worker_registered", "rank": 1}]).left == set()
+    assert WorkerHistory.of(log + [{"event": "taken_back", "ranks": [0]}]).left == {1}
+    assert WorkerHistory.of(log + [{"event": "start"}]).left == set()
+
+
+def test_a_fixed_take_back_ends_without_the_ranks_that_finished_before_the_death():
+    """Rank 1 said bye before the coordinator died: it never comes back, and the take-back
+    used to wait its whole deadline (heartbeat_timeout) for it. Rank 2 died: its
+    replacement may come, so it is waited for, and a newcomer stands for it."""
+    from paramserver.coordinator.worker_history import WorkerHistory
+    state = CoordinatorState(job_of(workers=3), None, None, take_back=dict(FIXED_SAVED),
+                             elapsed=9.0, worker_history=WorkerHistory.of(fixed_log()))
+    server_back(state, version=5)
+    out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32)
+    assert taken_back(out) is None  # rank 2 is waited for
+    out = state.handle(Registered("new", "worker", 0.3, to="r-new", num_keys=10))
+    assert taken_back(out) == {**taken_back(out), "expected": [0, 2], "missing": [2],
+                               "by": "members", "ranks": [0]}
+    assert [match(i, Reply, to="r-new", op="welcome", rank=1) for i in out].count(True) == 1
+    state.check_invariants()
+
+
+def test_a_fixed_take_back_with_every_other_rank_finished_needs_only_the_one_back():
+    from paramserver.coordinator.worker_history import WorkerHistory
+    log = [{"event": "start"}] + [{"event": "worker_registered", "rank": r} for r in range(3)]
+    log += [{"event": "worker_left", "worker": 1, "reason": "done"},
+            {"event": "worker_left", "worker": 2, "reason": "preempted"}]
+    state = CoordinatorState(job_of(workers=3), None, None, take_back=dict(FIXED_SAVED),
+                             elapsed=9.0, worker_history=WorkerHistory.of(log))
+    server_back(state, version=5)
+    out = worker_back(state, 0, step=5, clocked=False, samples=5 * 32, t=0.3)
+    assert taken_back(out) == {**taken_back(out), "expected": [0], "missing": [],
+                               "by": "members", "ranks": [0]}
+    assert state.barrier.open
+    state.check_invariants()
 
 
 # ---- a drain asked of a coordinator that died before it was done -----------------------------

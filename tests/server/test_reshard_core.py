@@ -698,3 +698,172 @@ def test_a_server_restarted_after_keys_moved_is_welcomed_with_the_map_and_restor
     job = welcome.fields["job"]
     assert job["shard_range"] == layout[0][2:4] and job["restore"]["tag"] == "000000005"
     assert any(i.kind == "server_rejoined" for i in kinds(out, AppendEvent))
+
+
+# ---- a joiner's registration sent again (its connection came back) ----------------------------
+
+def test_a_joiner_asking_again_while_queued_or_fencing_is_welcomed_on_its_newest_connection():
+    """A joiner not welcomed yet sends its registration again when its connection to the
+    coordinator comes back (a blip, or a restarted coordinator at the same address): the old
+    reply token and connection are dead, so the welcome and the move go to the new ones. It
+    used to be refused ("already asked") and the joiner exited."""
+    state = started_job()
+    join(state)  # queued: the fence begins at the next look
+    out = state.handle(Registered("new", "server", 1.05, to="reg-new-2", link="LN2",
+                                  addr="tcp://h:9"))
+    assert not kinds(out, Reply)
+    assert [i.data for i in kinds(out, AppendEvent)] == [{"addr": "tcp://h:9", "again": True}]
+    state.handle(TimePassed(1.06))
+    assert state.reshard.running is not None and state.reshard.running.moving_since is None
+    out = state.handle(Registered("new", "server", 1.07, to="reg-new-3", link="LN3",
+                                  addr="tcp://h:9"))  # fencing
+    assert not kinds(out, Reply)
+    state.handle(Clocked("w0", 0, 32, 0.1, 1.1, to="c0"))
+    state.handle(Clocked("w1", 0, 32, 0.1, 1.2, to="c1"))
+    out = state.handle(TimePassed(1.3))
+    assert [r.to for r in kinds(out, Reply)] == ["reg-new-3"]
+    assert {link for i in kinds(out, ToServers) if i.op == "reshard" for link in i.links} == {
+        "L0", "L1", "LN3"}
+    # Once keys move it was welcomed: a repeat is refused, the move goes on.
+    out = state.handle(Registered("new", "server", 1.35, to="reg-new-4", link="LN4",
+                                  addr="tcp://h:9"))
+    assert [(r.to, r.op) for r in kinds(out, Reply)] == [("reg-new-4", "error")]
+    for link in ("L0", "L1", "LN3"):
+        out = state.handle(Resharded("x", 1.4, 1, 1, link=link))
+    assert [i.kind for i in kinds(out, AppendEvent)] == ["server_joined"]
+    assert state.members.server_at("tcp://h:9").link == "LN3"
+    state.check_invariants()
+
+
+def test_a_server_asking_to_join_while_its_drain_waits_is_refused():
+    state = started_job()
+    join(state)
+    move_after_round_0(state)
+    state.handle(DrainAsked("ops", 2.0, 0, to="d"))
+    out = state.handle(Registered("again", "server", 2.1, to="reg-x", link="LX",
+                                  addr=state.members.roster.servers["s0"].addr))
+    assert [(r.to, r.op) for r in kinds(out, Reply)] == [("reg-x", "error")]
+
+
+# ---- ... to a coordinator restarted while its ask waited ---------------------------------------
+
+TAKEN = {"rounds_applied": 1, "samples_done": 64, "steps_done": 2, "policy": {"round": 1},
+         "worker_samples": {"0": 32, "1": 32}, "sync": "bsp", "num_keys": 100}
+FIRST = [{"event": "start"},
+         {"event": "server_joined", "rank": 0, "addr": "tcp://h:1"},
+         {"event": "server_joined", "rank": 1, "addr": "tcp://h:2"},
+         {"event": "server_join_asked", "addr": "tcp://h:9"},
+         {"event": "reshard_fence", "kind": "join", "addr": "tcp://h:9"}]
+
+
+def restarted(log=FIRST, **fields):
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    return CoordinatorState(job_of(**fields), None, None, take_back=dict(TAKEN), elapsed=9.0,
+                            replica_history=ReplicaHistory.of(log))
+
+
+def server_back(state, rank, t, moving=0):
+    rejoin = {"rank": rank, "lo": 50 * rank, "hi": 50 * rank + 50, "version": 1}
+    if moving:
+        rejoin["moving"] = moving
+    return state.handle(Registered(f"s{rank}", "server", t, to=f"rb{rank}", link=f"L{rank}",
+                                   addr=f"tcp://h:{rank + 1}", rejoin=rejoin))
+
+
+def worker_back(state, w, t):
+    return state.handle(Registered(f"w{w}", "worker", t, to=f"rw{w}",
+                                   rejoin={"rank": w, "step": 1, "clocked": False,
+                                           "samples": 32}))
+
+
+def test_the_log_says_where_the_servers_were():
+    from paramserver.coordinator.replica_history import ReplicaHistory
+    assert ReplicaHistory.of(FIRST).servers == {0: "tcp://h:1", 1: "tcp://h:2"}
+    moved = FIRST + [{"event": "server_joined", "addr": "tcp://h:9", "rank": 1, "epoch": 1,
+                      "layout": [[0, "tcp://h:1", 0, 40], [1, "tcp://h:9", 40, 70],
+                                 [2, "tcp://h:2", 70, 100]]},
+                     {"event": "replica_promoted", "rank": 0, "addr": "tcp://h:5", "epoch": 2}]
+    assert ReplicaHistory.of(moved).servers == {0: "tcp://h:5", 1: "tcp://h:9",
+                                                2: "tcp://h:2"}
+    assert ReplicaHistory.of(moved + [{"event": "start"}]).servers == {}
+
+
+def test_a_joiner_asking_again_of_a_restarted_coordinator_is_fenced_afresh_after_the_take_back():
+    """The coordinator died while it fenced for a joiner (no key had moved). The joiner's
+    registration, sent again as its connection came back, is no server restarted in a dead
+    one's place: it used to count as one, so with s0 back the take-back rebuilt without s1
+    and made the joiner shard 1 from a checkpoint (none here: the job failed). It waits for
+    the rebuild and is then asked, fenced and moved afresh."""
+    state = restarted()
+    out = state.handle(Registered("server", "server", 0.05, to="reg-new", link="LN",
+                                  addr="tcp://h:9"))
+    assert out == []
+    server_back(state, 0, 0.1)
+    worker_back(state, 0, 0.2)
+    out = worker_back(state, 1, 0.3)
+    assert not [i for i in kinds(out, AppendEvent) if i.kind == "taken_back"]  # s1 awaited
+    out = server_back(state, 1, 0.4)
+    events = [i.kind for i in kinds(out, AppendEvent)]
+    assert events.index("taken_back") < events.index("server_join_asked")
+    assert not [i for i in kinds(out, Reply) if i.to == "reg-new"]
+    state.handle(TimePassed(0.5))
+    assert state.reshard.running.ask.link == "LN"  # fenced afresh
+    state.handle(Clocked("w0", 1, 32, 0.1, 0.6, to="c0"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 0.7, to="c1"))
+    out = state.handle(TimePassed(0.8))
+    welcome = [i for i in kinds(out, Reply) if i.to == "reg-new"]
+    assert welcome and welcome[0].fields["epoch"] == 1 and welcome[0].fields["handoff"]
+    for link in ("L0", "L1", "LN"):
+        out = state.handle(Resharded("x", 0.9, 1, 2, link=link))
+    joined = [i.data for i in kinds(out, AppendEvent) if i.kind == "server_joined"]
+    assert joined and joined[0]["servers"] == 3 and joined[0]["addr"] == "tcp://h:9"
+    assert sorted(r.to for r in kinds(out, SendRelease)) == ["c0", "c1"]
+    state.check_invariants()
+
+
+def test_after_a_move_the_dead_coordinator_never_committed_a_joiner_is_fenced_afresh():
+    """The dead coordinator was moving keys for a drain, a join queued behind it. The
+    servers back are told `reshard_abort` of that move (its epoch spent); the joiner, asked
+    again, is fenced and moved under the next epoch from the servers' old ranges."""
+    log = FIRST[:3] + [{"event": "server_drain_asked", "rank": 1, "addr": "tcp://h:2",
+                        "by": "ops"},
+                       {"event": "server_join_asked", "addr": "tcp://h:9"}]
+    state = restarted(log)
+    out = server_back(state, 0, 0.1, moving=1)
+    assert [i.fields for i in kinds(out, ToServers)] == [{"epoch": 1}]
+    state.handle(Registered("server", "server", 0.15, to="reg-new", link="LN",
+                            addr="tcp://h:9"))
+    server_back(state, 1, 0.2, moving=1)
+    worker_back(state, 0, 0.3)
+    out = worker_back(state, 1, 0.4)
+    assert [i.kind for i in kinds(out, AppendEvent)
+            if i.kind in ("taken_back", "server_join_asked")] == ["taken_back",
+                                                                  "server_join_asked"]
+    state.handle(TimePassed(0.5))
+    state.handle(Clocked("w0", 1, 32, 0.1, 0.6, to="c0"))
+    state.handle(Clocked("w1", 1, 32, 0.1, 0.7, to="c1"))
+    out = state.handle(TimePassed(0.8))
+    moved = next(i for i in kinds(out, ToServers) if i.op == "reshard").fields
+    assert moved["epoch"] == 2 and moved["old"] == [[0, "tcp://h:1", 0, 50],
+                                                     [1, "tcp://h:2", 50, 100]]
+    for link in ("L0", "L1", "LN"):
+        out = state.handle(Resharded("x", 0.9, 2, 2, link=link))
+    assert [i.data["epoch"] for i in kinds(out, AppendEvent) if i.kind == "server_joined"] == [2]
+    # The drain the dead coordinator was asked for is asked again, after the join.
+    assert "tcp://h:2" in {a.addr for a in state.reshard.asks}
+    state.check_invariants()
+
+
+def test_a_server_restarted_at_its_address_during_the_take_back_still_stands_in(tmp_path):
+    """--servers 2:3 --restart-servers: s1 died with the coordinator and the launcher
+    restarted it at its address: it stands for shard 1 and is restored, as before."""
+    state = restarted(restart_servers=1, checkpoint=CheckpointSpec(dir=str(tmp_path), every=1000))
+    state.schedule.latest = "000000001"
+    server_back(state, 0, 0.1)
+    worker_back(state, 0, 0.2)
+    worker_back(state, 1, 0.3)
+    out = state.handle(Registered("server", "server", 0.4, to="reg-s1", link="L1b",
+                                  addr="tcp://h:2"))
+    assert [i.kind for i in kinds(out, AppendEvent)][:1] == ["taken_back"]
+    welcome = [i for i in kinds(out, Reply) if i.to == "reg-s1"]
+    assert welcome and welcome[0].fields["rank"] == 1 and welcome[0].fields["job"]["restore"]

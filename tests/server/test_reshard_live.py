@@ -617,3 +617,99 @@ def test_a_sigterm_drain_lost_with_the_coordinator_is_done_by_the_restarted_one(
     asked = [e for e in events if e["event"] == "server_drain_asked"]
     assert [(e["addr"], e.get("again")) for e in asked] == [(joined["addr"], True)]
     assert [e["event"] for e in events].count("taken_back") == 1
+
+
+def _gated_worker(kv: KVWorker, stop: threading.Event, gate: threading.Event,
+                  at_gate: threading.Event, acked: list, errors: list) -> None:
+    """_worker's steps, each clock waiting for `gate` (`at_gate` set while it waits): a
+    worker that holds its release without clocking keeps a reshard's fence open."""
+    try:
+        release = kv.start()
+        while not stop.is_set() and not release.stop:
+            kv.pull(min_version=release.min_version)
+            grad = 12 * known_gradient(kv.rank, release.step, KEYS, kv.dtype)
+            kv.push(grad, step=release.step, batch=1)
+            acked.append((release.step, grad))
+            while not gate.is_set() and not stop.is_set():  # (stop bounds it)
+                at_gate.set()
+                gate.wait(0.05)
+            at_gate.clear()
+            release = kv.clock(release.step, batch=1, compute_time=0.0)
+        kv.bye()
+    except Exception as exc:  # noqa: BLE001 (reported by the test)
+        errors.append(exc)
+
+
+def test_a_joiner_whose_fence_the_coordinator_died_in_joins_under_the_restarted_one(tmp_path):
+    """--servers 2:3 --restart-coordinator 1: a server asks to join while a KV worker holds
+    its release (it does not clock, so the fence cannot close) and the coordinator is
+    SIGKILLed during the fence. The joiner's connection comes back to the restarted
+    coordinator and it registers again; after the take-back the job is fenced afresh, the
+    worker clocks, keys move, and every acknowledged push is in the final values. Before,
+    the restarted coordinator never heard of the joiner, which gave up after its
+    register_timeout (60 s) and exited; the job went on without it."""
+    from paramserver.launch.local import LocalCluster
+    job = make_job(KEYS, 2, 2, sync="asp", max_servers=3, retry_interval=0.5)
+    cluster = LocalCluster(job, tmp_path / "run", job_timeout=180, keys=None,
+                           restart_coordinator=1)
+    stop, gate, at_gate = threading.Event(), threading.Event(), threading.Event()
+    gate.set()
+    kvs, threads, errors, joiner, watcher = [], [], [], None, None
+    try:
+        cluster.start(spawn_workers=False)
+        supervisor = threading.Thread(target=cluster.wait, daemon=True)
+        supervisor.start()
+        kvs = [KVWorker(cluster.address) for _ in range(2)]
+        init = np.arange(KEYS, dtype=np.float64)
+        kvs[0].init(init)
+        acked = [[] for _ in kvs]
+        threads = [threading.Thread(target=_worker, args=(kvs[0], stop, acked[0], errors)),
+                   threading.Thread(target=_gated_worker,
+                                    args=(kvs[1], stop, gate, at_gate, acked[1], errors))]
+        for t in threads:
+            t.start()
+        wait_for(lambda: sum(map(len, acked)) >= 30, "30 acknowledged pushes")
+        gate.clear()
+        wait_for(at_gate.is_set, "the worker holding its release")
+        joiner = _server_process(cluster.address, tmp_path / "joiner.log")
+        wait_for(lambda: any(e["event"] == "reshard_fence" for e in run_events(
+            cluster.run_dir)), "the fence for the join")
+        assert at_gate.is_set() and not _reshards(cluster.run_dir, "server_joined")
+        os.kill(cluster.coordinator.proc.pid, signal.SIGKILL)
+        wait_for(lambda: any(e["event"] == "taken_back" for e in run_events(cluster.run_dir)),
+                 "the take-back", timeout=60)
+        fenced = wait_for(lambda: [e for e in run_events(cluster.run_dir)[_restart(cluster):]
+                                   if e["event"] == "reshard_fence"],
+                          "the restarted coordinator's fence", timeout=60)
+        assert fenced[0]["kind"] == "join"
+        gate.set()
+        joined = wait_for(lambda: _reshards(cluster.run_dir, "server_joined"),
+                          "the join, by the restarted coordinator", timeout=60)[0]
+        assert joined["servers"] == 3 and joined["moved_keys"] > 0
+        assert joined["addr"] == fenced[0]["addr"] and joiner.poll() is None
+        watcher = KVWorker(cluster.address, role="observer")  # (reads once the workers left)
+        before = sum(map(len, acked))
+        wait_for(lambda: sum(map(len, acked)) >= before + 20, "pushes on three servers")
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert all(not t.is_alive() for t in threads)
+        expected, _ = _expected("asp", init, acked)
+        np.testing.assert_array_equal(watcher.pull(), expected)
+        watcher.bye()
+    finally:
+        _end(stop, [*kvs, *([watcher] if watcher is not None else [])], joiner)
+        cluster.stop()
+    assert cluster.coordinator_restarts == 1
+    events = run_events(cluster.run_dir)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("taken_back") == 1 and kinds.count("server_joined") >= 1
+    assert kinds.index("restart") < kinds.index("server_joined", kinds.index("restart"))
+    assert "job_failed" not in kinds and "reshard_refused" not in kinds
+
+
+def _restart(cluster) -> int:
+    """The index in events.jsonl of the restarted coordinator's first line."""
+    kinds = [e["event"] for e in run_events(cluster.run_dir)]
+    return kinds.index("restart") if "restart" in kinds else len(kinds)

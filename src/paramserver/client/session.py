@@ -74,6 +74,10 @@ class CoordinatorSession:
         self.me = Identity()
         self._rejoin_lock = threading.Lock()
         self.rejoined_at = 0.0  # monotonic time of the last re-registration
+        # Said bye (or left with its last clock): a restarted coordinator would take it back
+        # as a live member, its rank in the policy again with no step to come (a round
+        # waits for it), so it never re-registers, and its beats end.
+        self.gone = False
         self.rejoins = 0
         # The shard servers' liveness (client/links.ShardLinks), judged during calls as well.
         self.servers = None
@@ -172,6 +176,8 @@ class CoordinatorSession:
         if me.rank is None:
             return False  # never welcomed: nothing to come back as
         with self._rejoin_lock:
+            if self.gone:
+                return False
             if self.rejoined_at > asked_at:
                 return True
             fields = {"role": me.role, "rejoin": me.rejoin()}
@@ -362,9 +368,16 @@ class CoordinatorSession:
         with self._rejoin_lock:
             me.clocked = False
             me.samples += me.pending_batch
+        self._left()
 
     def bye(self, reason: str) -> None:
         self.call(Message("bye", {"reason": reason}), self.timeout)
+        self._left()
+
+    def _left(self) -> None:
+        with self._rejoin_lock:
+            self.gone = True
+        self._stop_beat.set()
 
     def close(self) -> None:
         self._stop_beat.set()

@@ -144,9 +144,7 @@ class CoordinatorNode:
                      elapsed)
             replicas, workers = _histories(events_path)
             self.state = CoordinatorState(job, None, last, take_back=saved, elapsed=elapsed,
-                                          replica_history=replicas,
-                                          live_workers=None if workers is None or
-                                          workers.ranks is None else frozenset(workers.ranks))
+                                          replica_history=replicas, worker_history=workers)
         else:
             resume = None
             if job.resume is not None:

@@ -156,8 +156,8 @@ class Registration:
         if e.rejoin is not None:
             coord.rejoins.server_back(e, now, out)
             return
-        if coord.rejoins.pending is not None:
-            wait(coord.rejoins.pending.fresh_servers, e, out)
+        if coord.rejoins.pending is not None:  # a server restarted, or a joiner
+            wait(coord.rejoins.pending.server_queue(e.addr), e, out)
             return
         back = members.server_at(e.addr)
         if back is not None:  # only one process can listen there: the old one is dead

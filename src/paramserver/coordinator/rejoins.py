@@ -15,18 +15,21 @@ from paramserver.coordinator.events import (
     AppendEvent, Clocked, Registered, Reply, Started, ToServers,
 )
 from paramserver.coordinator.membership import Member
+from paramserver.coordinator.replica_history import ReplicaHistory
 from paramserver.coordinator.takeback import ServerBack, TakeBack, WorkerBack
+from paramserver.coordinator.worker_history import WorkerHistory
 from paramserver.policies import Release
 
 
 class Rejoins:
     """The take-back part of `coord` (a CoordinatorState). `saved` is the coordinator's part
-    of the job's latest checkpoint, None when this coordinator did not replace one. `live`:
-    the worker ranks the old coordinator's log names members at its death (None: its log
-    was not read); an elastic job waits for those, a fixed one for all its ranks."""
+    of the job's latest checkpoint, None when this coordinator did not replace one.
+    `workers`, `servers`: what the old coordinator's log says of its workers (the take-back
+    waits for the ranks it names, `expected`) and of its servers (the drains it did not do,
+    where its servers were); None: its log was not read."""
 
     def __init__(self, coord, saved: dict | None, now: float,
-                 live: frozenset[int] | None = None, drains: dict[str, str] | None = None):
+                 workers: WorkerHistory | None = None, servers: ReplicaHistory | None = None):
         self.coord = coord
         job, limits = coord.job, coord.job.limits
         # The re-registrations while the rebuild waits for them; None once rebuilt (or never).
@@ -35,17 +38,32 @@ class Rejoins:
         # Live resharding: drains the old coordinator was asked for and did not do, {server
         # address: who asked}, from its log, then from servers back whose SIGTERM asked one;
         # asked again of this one once the job is rebuilt.
-        self.drains: dict[str, str] = dict(drains or {})
+        self.drains: dict[str, str] = {} if servers is None else dict(servers.drains)
         if saved is not None:
-            if not job.elastic or live is None:
-                live = None
-            else:  # (a rank past MAX cannot come back: it would be refused)
-                live = frozenset(r for r in live if r < job.workers)
+            expected, replacements = self.expected(job, workers)
+            addrs = None  # (a server new to a job whose servers cannot join: one restarted)
+            if coord.reshard.enabled and servers is not None and servers.servers:
+                addrs = frozenset(servers.servers.values())
             self.pending = TakeBack(now + limits.heartbeat_timeout,
-                                    coord.members.servers_expected, job.workers, saved,
-                                    job.batch_size, live)
+                                    coord.members.servers_expected, expected, saved,
+                                    job.batch_size, replacements, addrs)
             # Servers hold the parameters: without all of them back there is no job.
             self.fails_at = now + limits.server_timeout
+
+    @staticmethod
+    def expected(job, workers: WorkerHistory | None) -> tuple[frozenset[int], bool]:
+        """The worker ranks a take-back waits for, and whether a new worker stands for one
+        not back. Without the log: every rank, any newcomer a replacement. An elastic job:
+        the members at the death (a rank past MAX cannot come back: it would be refused),
+        a newcomer as likely a joiner. A fixed job: every rank but those that left on their
+        own word (done, preempted: nobody replaces them), a newcomer a dead one's
+        replacement."""
+        every = frozenset(range(job.workers))
+        if workers is None or workers.ranks is None:
+            return every, True
+        if job.elastic:
+            return every & frozenset(workers.ranks), False
+        return every - frozenset(workers.left), True
 
     def next_deadline(self) -> float | None:
         if self.pending is None:
@@ -130,6 +148,7 @@ class Rejoins:
             m.started, m.joining, m.waiting, m.ready = True, back, None, None
         coord = self.coord
         coord.steps.apply(coord.host.joined_all([m.rank for m in members], now), now, out)
+        coord.steps.resume_if_enough(now, out)  # (one back late may bring an elastic job to MIN)
 
     def _drain_again(self, now: float, out: list) -> None:
         """The drains lost with the old coordinator, asked of this one in the order asked."""
@@ -202,11 +221,13 @@ class Rejoins:
             "samples": plan.samples, "versions": {str(r): b.version
                                                   for r, b in sorted(tb.servers.items())},
             "ranks": sorted(m.rank for m in roster.workers.values()),
-            "expected": sorted(tb.live) if tb.live is not None else list(
-                range(tb.workers_expected)),
+            "expected": sorted(tb.expected),
             "missing": tb.missing(), "by": "members" if tb.all_back() else "deadline"}))
         if plan.open_barrier:
             coord.barrier.reopen(now)
+            # Fewer than MIN back (the old coordinator was waiting for joins, or members died
+            # with it): the rebuilt job waits as after a leave, before any release is made.
+            coord.steps.wait_if_below_min(now, out)
             back = sorted(((roster.workers[src], b) for src, b in tb.workers.items()
                            if src in roster.workers and b.step >= 0),
                           key=lambda mb: mb[0].rank)
@@ -228,6 +249,8 @@ class Rejoins:
             if failure is not None:
                 coord.fail(failure, now, out)
                 return
+        for e in tb.joiners:  # (after every server: the job's servers are all in)
+            coord.registration.admit_server(e, now, out)
         self._drain_again(now, out)
         for e in tb.deferred:
             coord.dispatch(e, out)

@@ -12,6 +12,10 @@ a written line survives the process). So a backup whose attach is the last one w
 for its shard, with no loss or promotion of that shard after it, holds every update its
 primary acknowledged. Such a backup may take over a primary that did not come back to the
 restarted coordinator; any other is refused as before.
+
+It also says where the shards' servers were (first registrations, committed layouts,
+promotions): with live resharding a server new to the restarted coordinator is a dead one
+restarted at its address, or else a joiner.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class ReplicaHistory(LogFold):
     """Per shard rank, the synced backup link no later event undid; the highest attach and
     shard-map epochs written (a restarted coordinator numbers on from them); the shard map
     of the last committed reshard, (epoch, [[rank, addr, lo, hi], ...]), None without one;
-    the drains still to do, {server address: who asked}, in the order asked."""
+    the drains still to do, {server address: who asked}, in the order asked; each shard's
+    server's address, {rank: addr}."""
 
     kinds = KINDS
 
@@ -46,6 +51,7 @@ class ReplicaHistory(LogFold):
         self.map_epoch = 0
         self.layout: tuple[int, list] | None = None
         self.drains: dict[str, str] = {}
+        self.servers: dict[int, str] = {}
 
     def _take(self, r: dict) -> None:
         kind, rank = r["event"], r.get("rank")
@@ -53,6 +59,7 @@ class ReplicaHistory(LogFold):
             self.trusted.clear()
             self.layout = None
             self.drains.clear()
+            self.servers.clear()
             return
         if kind == "server_drain_asked" or kind == "reshard_refused":
             addr = r.get("addr")
@@ -70,12 +77,17 @@ class ReplicaHistory(LogFold):
             if _count(epoch) and layout is not None:
                 self.layout = (epoch, layout)
                 self.map_epoch = max(self.map_epoch, epoch)
+                self.servers = {rank: addr for rank, addr, _, _ in layout}
+            elif kind == "server_joined" and _rank(rank) and isinstance(r.get("addr"), str):
+                self.servers[rank] = r["addr"]  # (a first registration: no reshard)
             return
         if not isinstance(rank, int) or isinstance(rank, bool):
             return
         addr, epoch = r.get("addr"), r.get("epoch")
         if kind == "replica_promoted":  # the backup became the primary: no backup now
             self.trusted.pop(rank, None)
+            if isinstance(addr, str):
+                self.servers[rank] = addr
             if _count(epoch):
                 self.map_epoch = max(self.map_epoch, epoch)
             return
@@ -107,6 +119,10 @@ class ReplicaHistory(LogFold):
 
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _rank(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _shard_map(v) -> list | None:

@@ -95,16 +95,27 @@ class Resharder:
         return n
 
     def ask_join(self, addr: str, servers: int, now: float, to=None, link=None,
-                 src: str = "") -> None:
+                 src: str = "") -> bool:
+        """A server at `addr` asks to join; True when the ask is new. A joiner not welcomed
+        yet (its ask queued or fencing) sends its registration again when its connection
+        comes back: the welcome goes to that one (False), the old reply token and
+        connection being dead. Once keys move it was welcomed: a repeat is refused."""
         if not self.enabled:
             raise ReshardError(f"this job has a fixed {servers} servers (start it with "
                                f"--servers MIN:MAX to let servers join)")
-        if self._pending(addr):
-            raise ReshardError(f"a server at {addr} already asked to join or leave")
+        ask = self._ask_of(addr)
+        if ask is not None:
+            run = self.running
+            if ask.kind != "join" or (run is not None and run.ask is ask
+                                      and run.moving_since is not None):
+                raise ReshardError(f"a server at {addr} already asked to join or leave")
+            ask.to, ask.link, ask.src = to, link, src
+            return False
         if self._count_after(servers) + 1 > self.max:
             raise ReshardError(f"the job has its most servers ({self.max}, --servers "
                                f"{self.min}:{self.max}) once the changes asked are done")
         self.asks.append(Ask("join", addr, now, to, link, src))
+        return True
 
     def ask_drain(self, addr: str, servers: int, now: float, why: str = "") -> None:
         if not self.enabled:
@@ -122,8 +133,11 @@ class Resharder:
         return self._pending(addr)
 
     def _pending(self, addr: str) -> bool:
+        return self._ask_of(addr) is not None
+
+    def _ask_of(self, addr: str) -> Ask | None:
         running = [self.running.ask] if self.running else []
-        return any(a.addr == addr for a in running + list(self.asks))
+        return next((a for a in running + list(self.asks) if a.addr == addr), None)
 
     def forget(self, addr: str) -> Ask | None:
         """A queued ask of a server that is gone before its turn: dropped and returned."""

@@ -95,9 +95,12 @@ class Resharding:
 
     def join(self, e, members: Membership, now: float, out: list) -> None:
         """A server beyond the ranks taken: it joins the running job at the next reshard,
-        welcomed then with the range it gets."""
-        self.plan.ask_join(e.addr, len(members.roster.servers), now, e.to, e.link, e.src)
-        out.append(AppendEvent(now, "server_join_asked", {"addr": e.addr}))
+        welcomed then with the range it gets (`again`: its registration sent again, on a
+        connection that came back)."""
+        if self.plan.ask_join(e.addr, len(members.roster.servers), now, e.to, e.link, e.src):
+            out.append(AppendEvent(now, "server_join_asked", {"addr": e.addr}))
+        else:
+            out.append(AppendEvent(now, "server_join_asked", {"addr": e.addr, "again": True}))
 
     def resharded(self, e, members: Membership, out: list) -> Outcome:
         plan, run = self.plan, self.plan.running

@@ -40,6 +40,7 @@ from paramserver.coordinator.resharding import Outcome, Resharding, Situation
 from paramserver.coordinator.script_optimizer import ScriptOptimizer
 from paramserver.coordinator.server_recovery import ServerRecovery
 from paramserver.coordinator.steps import Steps
+from paramserver.coordinator.worker_history import WorkerHistory
 from paramserver.policies import (
     PolicyError, PolicyHost, make_policy,
 )
@@ -60,15 +61,15 @@ class CoordinatorState:
     the job's latest checkpoint ({} without one) and `elapsed` the job's seconds of training
     so far. It takes back the live servers and workers (see takeback.py);
     `replica_history`, what the dead coordinator's log says of the backups, lets a backup
-    take over a primary lost with it (replica_history.py); `live_workers`, the worker ranks
-    that log names members at its death (worker_history.py), are those an elastic job's
-    take-back waits for (None: not read; it waits for MAX)."""
+    take over a primary lost with it (replica_history.py); `worker_history`, what it says of
+    the workers (worker_history.py), which ranks the take-back waits for (None: not read; it
+    waits for every rank)."""
 
     def __init__(self, job: JobSpec, resume: dict | None = None,
                  latest_checkpoint: str | None = None, now: float = 0.0,
                  take_back: dict | None = None, elapsed: float = 0.0,
                  replica_history: ReplicaHistory | None = None,
-                 live_workers: frozenset[int] | None = None):
+                 worker_history: WorkerHistory | None = None):
         self.job = job
         limits, ckpt = job.limits, job.checkpoint
         policy = make_policy(job.sync.name, job.batch_size, **job.sync.options)
@@ -111,8 +112,7 @@ class CoordinatorState:
             self.members.adopt_shard_map(layout)
             self.reshard.epoch = epoch
             self.replicas.servers = len(layout)
-        self.rejoins = Rejoins(self, take_back, now, live_workers,
-                               None if replica_history is None else replica_history.drains)
+        self.rejoins = Rejoins(self, take_back, now, worker_history, replica_history)
         if take_back is not None:
             self.replicas.take_back(now + limits.heartbeat_timeout,  # and their backups
                                     replica_history)

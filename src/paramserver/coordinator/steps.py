@@ -90,7 +90,7 @@ class Steps:
             if elastic is not None:
                 coord.add_metric(now, {"kind": "membership", "change": "joined",
                                        "worker": member.rank, "workers": self.started()}, out)
-                self._resume_if_enough(now, out)
+                self.resume_if_enough(now, out)
             self.apply(host.joined(member.rank, now, late=elastic is not None), now, out)
 
     def on_clocked(self, e: Clocked, out: list) -> None:
@@ -240,16 +240,24 @@ class Steps:
             barrier.lost_before_start += 1
         if members.rank_waiters:
             coord.registration.admit_worker(members.rank_waiters.pop(0)[0], now, out)
-        if elastic is not None and barrier.open and not coord.host.stopping:
-            if elastic.below_min(self.started(), now, out):
-                coord.add_metric(now, {"kind": "membership", "change": "waiting",
-                                       "workers": self.started(),
-                                       "min_workers": elastic.min_workers}, out)
+        self.wait_if_below_min(now, out)
 
-    def _resume_if_enough(self, now: float, out: list) -> None:
+    def wait_if_below_min(self, now: float, out: list) -> None:
+        """An elastic job with fewer than MIN workers training (after a leave, or a take-back
+        that got fewer back) holds every release until enough join."""
+        coord = self.coord
+        elastic = coord.elastic
+        if elastic is None or not coord.barrier.open or coord.host.stopping:
+            return
+        if elastic.below_min(self.started(), now, out):
+            coord.add_metric(now, {"kind": "membership", "change": "waiting",
+                                   "workers": self.started(),
+                                   "min_workers": elastic.min_workers}, out)
+
+    def resume_if_enough(self, now: float, out: list) -> None:
         """Enough workers again: the releases held while below MIN go out."""
         elastic = self.coord.elastic
-        if not elastic.paused:
+        if elastic is None or not elastic.paused:
             return
         for d in elastic.enough(self.started(), now, out):
             self.deliver(d, out)

@@ -13,11 +13,11 @@ ranks that are gone).
 
 `TakeBack` collects the re-registrations until every server and every expected worker is
 back, or `deadline` passes (a live member re-registers within a few heartbeat intervals), then
-says how to rebuild: `plan()`. The workers expected are every rank of a fixed job; an elastic
-job (`--workers MIN:MAX`) runs with any number of them, so it expects the ranks that were
-members when the old coordinator died, as that one's log says (worker_history.py): waiting for
-MAX would cost every take-back with fewer its whole deadline. Pure: times come from the
-caller.
+says how to rebuild: `plan()`. The workers expected are the ranks the caller names, from the
+old coordinator's log (worker_history.py): an elastic job's (`--workers MIN:MAX`) the members
+at its death, as it runs with any number of them (waiting for MAX would cost every take-back
+with fewer its whole deadline); a fixed job's every rank but those that left on their own word.
+Pure: times come from the caller.
 """
 
 from __future__ import annotations
@@ -133,15 +133,18 @@ class Plan:
 
 class TakeBack:
     """The re-registrations of one take-back. `saved` is the coordinator's part of the latest
-    checkpoint ({} without one). `live`: the worker ranks that were members when the old
-    coordinator died (an elastic job's, from its log); None: `workers` of them, any ranks (a
-    fixed job's count)."""
+    checkpoint ({} without one). `expected`: the worker ranks waited for. `replacements`: a
+    new worker stands for an expected rank not back (a fixed job's: it can only be a dead
+    one's replacement, which takes its rank); else (an elastic job's) it is as likely a
+    joiner and ends no wait (it would take the lowest free rank, a live member's not back
+    yet)."""
 
-    def __init__(self, deadline: float, servers: int, workers: int, saved: dict,
-                 batch_size: int, live: frozenset[int] | None = None):
+    def __init__(self, deadline: float, servers: int, expected: frozenset[int], saved: dict,
+                 batch_size: int, replacements: bool = True,
+                 server_addrs: frozenset[str] | None = None):
         self.deadline = deadline
-        self.servers_expected, self.workers_expected = servers, workers
-        self.live = live
+        self.servers_expected = servers
+        self.expected, self.replacements = frozenset(expected), replacements
         self.left: set[int] = set()  # expected ranks that said bye before the rebuild
         self.saved = saved
         self.batch_size = batch_size
@@ -152,12 +155,26 @@ class TakeBack:
         # Servers started afresh (one that died with the coordinator, restarted): restored
         # from the checkpoint once the rest is taken back.
         self.fresh_servers: list[Registered] = []
+        # Live resharding: where the old coordinator's servers were (None: not known, or
+        # no server may join), and the servers new to the job, asked to join after it.
+        self.server_addrs = server_addrs
+        self.joiners: list[Registered] = []
 
     def worker_back(self, src: str, back: WorkerBack) -> None:
         self.workers[src] = back
 
     def server_back(self, back: ServerBack) -> None:
         self.servers[back.rank] = back
+
+    def server_queue(self, addr: str) -> list[Registered]:
+        """Where a server registering afresh waits. At an address of the old coordinator's
+        servers, or when those are not known, it is one of them restarted: it stands for a
+        server not back. Elsewhere it is a joiner (its registration sent again when its
+        connection came back to this coordinator): taken for a server not back, it would be
+        restored from the checkpoint in a live one's place."""
+        if self.server_addrs is None or addr in self.server_addrs:
+            return self.fresh_servers
+        return self.joiners
 
     def defer(self, event: Clocked | Started) -> None:
         self.deferred.append(event)
@@ -176,20 +193,14 @@ class TakeBack:
         return self.all_back() or now >= self.deadline
 
     def all_back(self) -> bool:
-        """Every worker expected is back (or said bye since). In a fixed job a new worker
-        (fresh) can only be a dead one's replacement, which takes its rank: that rank is not
-        waited for either. In an elastic job a new worker is as likely a joiner: it ends no
-        wait (it would take the lowest free rank, a live member's not back yet)."""
-        if self.live is None:
-            fresh = sum(e.role == "worker" for e in self.fresh)
-            return len(self.workers) + fresh >= self.workers_expected
-        return not self.missing()
+        """Every worker expected is back (or said bye since), or stood for by a replacement."""
+        stand_ins = sum(e.role == "worker" for e in self.fresh) if self.replacements else 0
+        return len(self.missing()) <= stand_ins
 
     def missing(self) -> list[int]:
-        """The expected worker ranks not back (a fixed job's: those of its count not back)."""
+        """The expected worker ranks not back."""
         back = {w.rank for w in self.workers.values()}
-        expected = self.live if self.live is not None else range(self.workers_expected)
-        return sorted(set(expected) - back - self.left)
+        return sorted(self.expected - back - self.left)
 
     def plan(self, round_mode: bool) -> Plan:
         back = list(self.workers.values())

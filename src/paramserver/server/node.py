@@ -38,6 +38,7 @@ from paramserver.transport import (
     PortHold, advertised_host, bind_router, connect_dealer, keep_freed_memory, new_context,
     return_freed_memory, security, shm, terminate,
 )
+from paramserver.transport.comeback import ComeBack
 from paramserver.transport.shm_arena import drop_departed
 from paramserver.transport.zmq_sockets import router_address
 from paramserver.wire import Message, WireError
@@ -258,6 +259,9 @@ class ServerNode:
         self.sigterms = 0
         self.drain_asked = False
         self._rejoin_rid = 0  # of the last re-registration sent to a restarted coordinator
+        # ... and of the last registration sent again before the welcome: a re-registration's
+        # rid is past it, so a late answer to one of those is never taken for its refusal
+        self._register_rid = 0
         self._rejoin_at = -1e9
         self.dropped = 0  # messages to the coordinator dropped on its full queue
         self.big_frame = False  # a frame above TRIM_ABOVE came since the last tidy
@@ -271,16 +275,45 @@ class ServerNode:
 
     # ---- setup ----------------------------------------------------------------------------------
     def _register(self, addr: str) -> Message:
+        """Register and wait for the welcome. A joiner of a running job (--servers MIN:MAX)
+        waits through the fence, and the coordinator may die meanwhile: when the connection
+        comes back (a coordinator restarted at its address, or a blip) whatever it had been
+        sent is lost, so the registration goes again under a new rid and the wait starts
+        over. (Without it the restarted coordinator never heard of the joiner, which gave up
+        after register_timeout.)"""
         fields = {"role": "server", "addr": addr}
         if self.backup:
             fields["backup"] = True
+        watch = ComeBack(self.coord)
         rpc.send(self.coord, Message("register", fields, src=self.src))
-        early = min(SAY_WAITING, self.register_timeout)
-        if not self.coord.poll(int(early * 1000)):  # a wrong address says so early, as a worker's
-            log.warning(NO_ANSWER_YET, self.join, early, self.register_timeout)
-        if not self.coord.poll(int((self.register_timeout - early) * 1000)):
-            raise TimeoutError(f"coordinator at {self.join} did not answer registration within "
-                               f"{self.register_timeout:.0f} s")
+        try:
+            poller = zmq.Poller()
+            poller.register(self.coord, zmq.POLLIN)
+            poller.register(watch.monitor, zmq.POLLIN)
+            early = min(SAY_WAITING, self.register_timeout)
+            since, said = time.monotonic(), False
+            while True:
+                now = time.monotonic()
+                if not said and now - since >= early:  # a wrong address says so early
+                    log.warning(NO_ANSWER_YET, self.join, early, self.register_timeout)
+                    said = True
+                left = since + self.register_timeout - now
+                if left <= 0:
+                    raise TimeoutError(f"coordinator at {self.join} did not answer "
+                                       f"registration within {self.register_timeout:.0f} s")
+                wait = left if said else min(left, since + early - now)
+                ready = dict(poller.poll(1000 * wait))
+                if watch.monitor in ready and watch.came_back():
+                    self._register_rid += 1
+                    log.warning("server at %s: the connection to the coordinator at %s came "
+                                "back; registering again", addr, self.join)
+                    rpc.send(self.coord, Message("register", fields, rid=self._register_rid,
+                                                 src=self.src))
+                    since = time.monotonic()
+                if self.coord in ready:
+                    break
+        finally:
+            watch.close()
         _, msg, _ = rpc.recv(self.coord, routed=False)
         if msg is None or isinstance(msg, WireError) or msg.op != "welcome":
             why = msg.get("msg") if isinstance(msg, Message) else msg
@@ -637,7 +670,8 @@ class ServerNode:
         now = time.monotonic()
         if now - self._rejoin_at < self.settings.heartbeat_interval:
             return  # one re-registration in flight per beat
-        self._rejoin_at, self._rejoin_rid = now, self._rejoin_rid + 1
+        self._rejoin_at = now
+        self._rejoin_rid = max(self._rejoin_rid, self._register_rid) + 1
         st = self.core.store
         fields = {"role": "server", "addr": self.addr}
         rejoin = fields["rejoin"] = {"rank": self.settings.rank, "lo": st.range.lo,
