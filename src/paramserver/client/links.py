@@ -38,7 +38,10 @@ class ShardLinks:
         # Addresses a newer shard map no longer names (a drained server, which shuts down
         # after the switch): not judged gone while this client has not switched yet.
         self.leaving: frozenset[str] = frozenset()
-        # Shards whose connection came back after it was down, not yet taken (`came_back`).
+        # Shards whose connection was up and dropped (a connect retried before the server
+        # listened is no drop: what was sent then is still queued, and reaches it), and those
+        # whose connection came back after such a drop, not yet taken (`came_back`).
+        self.dropped: set[int] = set()
         self.back: set[int] = set()
         try:
             for s in shards:
@@ -54,10 +57,14 @@ class ShardLinks:
             while m.poll(0):
                 event = monitor.recv_monitor_message(m)["event"]
                 if event == zmq.EVENT_CONNECTED:
-                    if self.down_since[i] is not None:
+                    if i in self.dropped:
+                        self.dropped.discard(i)
                         self.back.add(i)
                     self.down_since[i] = None
-                elif event in _DOWN and self.down_since[i] is None:
+                    continue
+                if event == zmq.EVENT_DISCONNECTED:
+                    self.dropped.add(i)
+                if event in _DOWN and self.down_since[i] is None:
                     self.down_since[i] = now
 
     def check(self) -> None:
@@ -89,6 +96,7 @@ class ShardLinks:
         self.monitors[i].close(0)
         self.monitors[i] = m
         self.down_since[i] = None
+        self.dropped.discard(i)
         self.back.discard(i)
 
     def reshard(self, shards: list, old: list) -> None:
@@ -109,7 +117,8 @@ class ShardLinks:
             m.close(0)
         self.monitors, self.down_since = monitors, down
         self.leaving = frozenset()
-        self.back = set()  # (indices of the old list; the new map's sends are its own)
+        # (indices of the old list; the new map's sends are its own)
+        self.dropped, self.back = set(), set()
 
     def close(self) -> None:
         for m in self.monitors:
