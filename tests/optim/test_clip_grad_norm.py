@@ -75,14 +75,18 @@ def _torch(kind: str, workers: int, max_norm: float, norm_type: float):
     return model
 
 
+# The default suite keeps two ranks with Adam and the inf norm with SGD; the rest are its slow
+# set (the cores' side: tests/server/test_clip_round.py, tests/coordinator/test_clip_rounds.py).
 @pytest.mark.parametrize("kind,workers,sync,max_norm,norm_type,replicas", [
-    ("sgd", 2, "bsp", 0.05, 2.0, 1),
+    pytest.param("sgd", 2, "bsp", 0.05, 2.0, 1, marks=pytest.mark.slow),
     ("adam", 2, "bsp", 0.05, 2.0, 1),
     ("sgd", 2, "bsp", 0.01, math.inf, 1),
-    ("adam", 1, "bsp", 0.05, 2.0, 1),  # one rank: torch's local clip
-    ("sgd", 1, "asp", 0.05, 2.0, 1),  # applied on arrival: the worker clips its push
+    # one rank: torch's local clip
+    pytest.param("adam", 1, "bsp", 0.05, 2.0, 1, marks=pytest.mark.slow),
+    # applied on arrival: the worker clips its push
+    pytest.param("sgd", 1, "asp", 0.05, 2.0, 1, marks=pytest.mark.slow),
     # each shard's backup holds the round too and takes the factor its primary forwards
-    ("adam", 2, "bsp", 0.05, 2.0, 2),
+    pytest.param("adam", 2, "bsp", 0.05, 2.0, 2, marks=pytest.mark.slow),
 ])
 def test_clip_grad_norm_clips_the_average_as_ddp_does(tmp_path, kind, workers, sync,
                                                       max_norm, norm_type, replicas):

@@ -114,13 +114,17 @@ def _check(got: dict, model, state: dict, tol: dict) -> None:
         i: n for i, n in state.items() if n is not None}
 
 
+# The default suite keeps two ranks over two shards (a round's idle keys, the head's keys cut)
+# and auto's lockstep rounds; the rest are its slow set (the pure side of each case:
+# tests/server/test_idle_keys.py, tests/client/test_idle_params.py).
 @pytest.mark.parametrize("kind,workers,servers,sync,zero", [
-    ("adam", 1, 1, "bsp", "opt"),
+    pytest.param("adam", 1, 1, "bsp", "opt", marks=pytest.mark.slow),
     # two shards cut the auxiliary head's keys; the script sets grads to None itself
-    ("sgd", 1, 2, "bsp", "model"),
-    ("adamw", 1, 1, "asp", "opt"),  # each push applied on arrival
+    pytest.param("sgd", 1, 2, "bsp", "model", marks=pytest.mark.slow),
+    # each push applied on arrival
+    pytest.param("adamw", 1, 1, "asp", "opt", marks=pytest.mark.slow),
     ("adam", 2, 2, "bsp", "opt"),
-    ("sgd", 2, 1, "bsp", "opt"),
+    pytest.param("sgd", 2, 1, "bsp", "opt", marks=pytest.mark.slow),
     # auto's lockstep rounds, summed on shards that apply on arrival
     ("adamw", 2, 2, "auto", "opt")])
 def test_a_parameter_without_a_gradient_is_left_as_torch_leaves_it(
@@ -195,6 +199,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # fast twin: the two-rank and auto cases above
 def test_horovods_mixed_precision_loop_leaves_an_unused_head_as_torch_does(tmp_path):
     """The Horovod shim, run with plain python (a job of one worker): GradScaler's unscale and
     clipping see the unused head's zeroed gradient, and the servers still leave it out."""
