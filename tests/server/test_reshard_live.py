@@ -36,7 +36,10 @@ def _reshards(run_dir, kind: str) -> list[dict]:
     return [e for e in run_events(run_dir) if e["event"] == kind and "epoch" in e]
 
 
-def _worker(kv: KVWorker, stop: threading.Event, acked: list, errors: list) -> None:
+def _worker(kv: KVWorker, stop: threading.Event, acked: list, errors: list,
+            gate: threading.Event | None = None, at_gate: threading.Event | None = None) -> None:
+    """Steps until `stop`; with a `gate`, each clock waits for it (`at_gate` set while it
+    waits): a worker that holds its release without clocking keeps a reshard's fence open."""
     try:
         release = kv.start()
         while not stop.is_set() and not release.stop:
@@ -45,6 +48,11 @@ def _worker(kv: KVWorker, stop: threading.Event, acked: list, errors: list) -> N
             grad = 12 * known_gradient(kv.rank, release.step, KEYS, kv.dtype)
             kv.push(grad, step=release.step, batch=1)
             acked.append((release.step, grad))
+            while gate is not None and not gate.is_set() and not stop.is_set():  # (stop bounds it)
+                at_gate.set()
+                gate.wait(0.05)
+            if at_gate is not None:
+                at_gate.clear()
             release = kv.clock(release.step, batch=1, compute_time=0.0)
         kv.bye()
     except Exception as exc:  # noqa: BLE001 (reported by the test)
@@ -619,27 +627,6 @@ def test_a_sigterm_drain_lost_with_the_coordinator_is_done_by_the_restarted_one(
     assert [e["event"] for e in events].count("taken_back") == 1
 
 
-def _gated_worker(kv: KVWorker, stop: threading.Event, gate: threading.Event,
-                  at_gate: threading.Event, acked: list, errors: list) -> None:
-    """_worker's steps, each clock waiting for `gate` (`at_gate` set while it waits): a
-    worker that holds its release without clocking keeps a reshard's fence open."""
-    try:
-        release = kv.start()
-        while not stop.is_set() and not release.stop:
-            kv.pull(min_version=release.min_version)
-            grad = 12 * known_gradient(kv.rank, release.step, KEYS, kv.dtype)
-            kv.push(grad, step=release.step, batch=1)
-            acked.append((release.step, grad))
-            while not gate.is_set() and not stop.is_set():  # (stop bounds it)
-                at_gate.set()
-                gate.wait(0.05)
-            at_gate.clear()
-            release = kv.clock(release.step, batch=1, compute_time=0.0)
-        kv.bye()
-    except Exception as exc:  # noqa: BLE001 (reported by the test)
-        errors.append(exc)
-
-
 def test_a_joiner_whose_fence_the_coordinator_died_in_joins_under_the_restarted_one(tmp_path):
     """--servers 2:3 --restart-coordinator 1: a server asks to join while a KV worker holds
     its release (it does not clock, so the fence cannot close) and the coordinator is
@@ -664,8 +651,8 @@ def test_a_joiner_whose_fence_the_coordinator_died_in_joins_under_the_restarted_
         kvs[0].init(init)
         acked = [[] for _ in kvs]
         threads = [threading.Thread(target=_worker, args=(kvs[0], stop, acked[0], errors)),
-                   threading.Thread(target=_gated_worker,
-                                    args=(kvs[1], stop, gate, at_gate, acked[1], errors))]
+                   threading.Thread(target=_worker,
+                                    args=(kvs[1], stop, acked[1], errors, gate, at_gate))]
         for t in threads:
             t.start()
         wait_for(lambda: sum(map(len, acked)) >= 30, "30 acknowledged pushes")
