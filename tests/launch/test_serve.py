@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ps_helpers import README_ADDRESS, kv_snippet, reap, serve_bare_job
 
 
@@ -54,6 +56,7 @@ def _two_snippet_workers(tmp_path, *sync: str) -> list[float]:
     return [float(out.split("final")[1]) for out, _ in outs]
 
 
+@pytest.mark.slow  # ~12 s; fast twin: test_worker_core's push_fields of a lockstep release
 def test_the_kv_example_under_auto_takes_bsp_rounds_as_fixed_bsp_does(tmp_path):
     """auto's lockstep rounds are summed on the shards by the round the release names; the
     README's client names none, so each of its pushes was applied whole on arrival: two

@@ -40,7 +40,9 @@ def test_train_auto_follows_a_chronic_straggler(tmp_path):
     assert lockstep and {s["staleness"] for s in lockstep} == {0}
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+# (adam in the slow set, ~13 s here: momentum is the default suite's stateful rule)
+@pytest.mark.parametrize("optimizer", [pytest.param("adam", marks=pytest.mark.slow),
+                                       "momentum"])
 def test_auto_in_lockstep_ends_where_fixed_bsp_does_with_a_stateful_rule(tmp_path, optimizer):
     """auto's bsp keeps the servers in arrival mode, but each round's pushes are summed and
     applied once: with adam (or momentum) on the servers, two workers, twelve rounds, the
