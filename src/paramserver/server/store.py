@@ -191,12 +191,7 @@ class ShardStore:
             staleness = self.staleness(base_version)
             if not round_id:
                 self._writable()
-                if idle:
-                    self.rule.apply(self.values, index, grad, self.state, staleness, scale,
-                                    worker, idle=idle)
-                else:
-                    self.rule.apply(self.values, index, grad, self.state, staleness, scale,
-                                    worker)
+                self._step(index, grad, staleness, scale, worker, idle)
                 self.version += 1
                 self.updates_applied += 1
                 return PushResult(self.version, staleness)
@@ -214,6 +209,17 @@ class ShardStore:
             self.round_size = max(self.round_size, round_size)
             self._count_part(worker, parts)
         return PushResult(self.version, staleness)
+
+    def _step(self, index, grad: torch.Tensor, staleness: int, scale: float, worker: str,
+              idle: list | None) -> None:
+        """The rule's update; key runs that got no gradient go only to a rule that skips them
+        (server/idle_keys.py: the store keeps none for the others), and only when there are
+        some."""
+        if idle:
+            self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker,
+                            idle=idle)
+        else:
+            self.rule.apply(self.values, index, grad, self.state, staleness, scale, worker)
 
     def staleness(self, base_version: int) -> int:
         """Versions applied since `base_version` (a round, summed, is one)."""
@@ -326,12 +332,8 @@ class ShardStore:
                 self.round_sum.mul_(scale)
             scale = 1.0
         self._writable()
-        idle = None if self.round_idle is None else self.round_idle.take()
-        if idle:
-            self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale,
-                            idle=idle)
-        else:
-            self.rule.apply(self.values, slice(None), self.round_sum, self.state, 0, scale)
+        self._step(slice(None), self.round_sum, 0, scale, "",
+                   None if self.round_idle is None else self.round_idle.take())
         self.version += 1
         self.updates_applied += 1
         batches = sum(self.round_batches.values())
