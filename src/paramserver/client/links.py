@@ -19,6 +19,8 @@ import time
 import zmq
 from zmq.utils import monitor
 
+from paramserver.transport.comeback import Reconnect
+
 _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 _DOWN = (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED)
 
@@ -38,10 +40,10 @@ class ShardLinks:
         # Addresses a newer shard map no longer names (a drained server, which shuts down
         # after the switch): not judged gone while this client has not switched yet.
         self.leaving: frozenset[str] = frozenset()
-        # Shards whose connection was up and dropped (a connect retried before the server
-        # listened is no drop: what was sent then is still queued, and reaches it), and those
-        # whose connection came back after such a drop, not yet taken (`came_back`).
-        self.dropped: set[int] = set()
+        # Each shard's drop and return (a connect retried before the server listened is no
+        # drop: what was sent then is still queued, and reaches it), and the shards whose
+        # connection came back after a drop, not yet taken (`came_back`).
+        self.reconnects = [Reconnect(zmq.EVENT_CONNECTED) for _ in shards]
         self.back: set[int] = set()
         try:
             for s in shards:
@@ -56,15 +58,11 @@ class ShardLinks:
         for i, m in enumerate(self.monitors):
             while m.poll(0):
                 event = monitor.recv_monitor_message(m)["event"]
+                if self.reconnects[i].seen(event):
+                    self.back.add(i)
                 if event == zmq.EVENT_CONNECTED:
-                    if i in self.dropped:
-                        self.dropped.discard(i)
-                        self.back.add(i)
                     self.down_since[i] = None
-                    continue
-                if event == zmq.EVENT_DISCONNECTED:
-                    self.dropped.add(i)
-                if event in _DOWN and self.down_since[i] is None:
+                elif event in _DOWN and self.down_since[i] is None:
                     self.down_since[i] = now
 
     def check(self) -> None:
@@ -96,7 +94,7 @@ class ShardLinks:
         self.monitors[i].close(0)
         self.monitors[i] = m
         self.down_since[i] = None
-        self.dropped.discard(i)
+        self.reconnects[i] = Reconnect(zmq.EVENT_CONNECTED)
         self.back.discard(i)
 
     def reshard(self, shards: list, old: list) -> None:
@@ -118,7 +116,8 @@ class ShardLinks:
         self.monitors, self.down_since = monitors, down
         self.leaving = frozenset()
         # (indices of the old list; the new map's sends are its own)
-        self.dropped, self.back = set(), set()
+        self.reconnects = [Reconnect(zmq.EVENT_CONNECTED) for _ in shards]
+        self.back = set()
 
     def close(self) -> None:
         for m in self.monitors:

@@ -18,6 +18,25 @@ from zmq.utils import monitor
 _EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
+class Reconnect:
+    """One connection's drop and return, from its monitor's events (pure): `up` is the event
+    that says it is up (the handshake, or the TCP connect where the caller watches that)."""
+
+    __slots__ = ("up", "dropped")
+
+    def __init__(self, up: int = zmq.EVENT_HANDSHAKE_SUCCEEDED):
+        self.up, self.dropped = up, False
+
+    def seen(self, event: int) -> bool:
+        """One monitor event; True when it is the connection back after a drop."""
+        if event == zmq.EVENT_DISCONNECTED:
+            self.dropped = True
+        elif event == self.up and self.dropped:
+            self.dropped = False
+            return True
+        return False
+
+
 class ComeBack:
     """The monitor of `sock` (poll `monitor` for readability, then ask `came_back`); owns it
     until `close`."""
@@ -28,16 +47,11 @@ class ComeBack:
         # a drop seen here can lead to a come-back.
         self.monitor = sock.get_monitor_socket(_EVENTS)
         self.monitor.linger = 0
-        self.dropped = False
+        self.reconnect = Reconnect()
 
     def seen(self, event: int) -> bool:
         """One monitor event; True when it is the connection back after a drop."""
-        if event == zmq.EVENT_DISCONNECTED:
-            self.dropped = True
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.dropped:
-            self.dropped = False
-            return True
-        return False
+        return self.reconnect.seen(event)
 
     def came_back(self) -> bool:
         """Whether the connection came back (at least once) since the last call."""
