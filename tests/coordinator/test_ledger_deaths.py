@@ -207,6 +207,24 @@ def test_every_sample_is_seen_once_whoever_dies(sync, lo, actions):
     check(fleet)
 
 
+def test_a_clock_repeated_after_the_job_failed_hears_the_failure():
+    """A worker clocks, its server falls silent and the job fails while the worker waits for
+    the round; the failure it was answered is lost and it clocks again. Before, the repeat was
+    answered with the release it had already trained on (its samples lent a second time)."""
+    state = CoordinatorState(job("bsp", 2, 4))
+    state.handle(Registered("srv", "server", 0.0, to="r-srv", link="L", addr="tcp://h:1"))
+    fleet = Fleet(state)
+    fleet.join()
+    fleet.join()
+    fleet.clock("w0")
+    while state.failure is None:  # the server never beats: declared dead, the job fails
+        fleet.time_passes()
+    out = fleet.handle(Clocked("w0", 0, 5, 0.01, fleet.tick(), to=("c2", "w0")))
+    assert [(type(i), i.op, i.fields["code"]) for i in out] == [(Reply, "error", "failed")]
+    assert "silent" in out[0].fields["msg"]
+    check(fleet)
+
+
 # ---- the ledger alone: a clock consumes only the pieces lent for its step ------------------
 
 STEP_OPS = st.lists(st.tuples(st.sampled_from(["lend", "clock", "stale_clock", "die"]),

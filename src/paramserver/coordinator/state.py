@@ -23,9 +23,8 @@ from paramserver.coordinator.clip_rounds import ClipRounds
 from paramserver.coordinator.collectives import Collectives
 from paramserver.coordinator.elastic import Elastic
 from paramserver.coordinator.events import (
-    AppendEvent, AppendMetric, DrainAsked, Finish, Heartbeat, ReplicaReport, Reply, Resharded,
-    ShardRestored,
-    TimePassed, ToServers, Warn,
+    AppendEvent, AppendMetric, Clocked, DrainAsked, Finish, Heartbeat, ReplicaReport, Reply,
+    Resharded, ShardRestored, Started, TimePassed, ToServers, Warn,
 )
 from paramserver.coordinator.membership import Membership, UnknownMember
 from paramserver.coordinator.observations import Observations
@@ -47,6 +46,7 @@ from paramserver.policies import (
 from paramserver.spec.job import JobSpec
 
 _OK: dict = {}  # the empty fields of an "ok" reply; never changed
+_STEP_REQUESTS = (Clocked, Started)  # a worker's asks for its next release
 
 
 
@@ -181,6 +181,11 @@ class CoordinatorState:
         return out
 
     def dispatch(self, event, out: list) -> None:
+        if self.failure is not None and type(event) in _STEP_REQUESTS:
+            # A failed job releases nothing more. A worker whose answer (the failure) was lost
+            # asks again: it hears the failure, not the release it already trained on.
+            out.append(Reply(event.to, "error", {"msg": self.failure, "code": "failed"}))
+            return
         try:
             self._handlers[type(event)](event, out)
         except UnknownMember as exc:  # after a coordinator restart: it re-registers
