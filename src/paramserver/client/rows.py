@@ -22,6 +22,7 @@ from paramserver.wire import Message
 from paramserver.wire.protocol import MAX_KEYS_PER_REQUEST
 
 GROUPED_KEYS = 1 << 16  # the most keys of a pull whose grouping the next push may reuse
+MASKED_SPLIT = 16  # up to this many shards a request's keys are split by one mask per shard
 
 
 def as_keys(keys) -> np.ndarray:
@@ -61,9 +62,10 @@ class RowTables:
         self.specs: dict[str, TableSpec] = {t.name: t for t in tables}
         self.core, self.requests, self.map = core, requests, shard_map
         self._wait = wait  # the client's: follows a request refused `moved`
-        # The last pull's keys (a copy) and their grouping: a push of the same keys (a batch
-        # pulled, then its gradients pushed) groups them once.
-        self._grouped: tuple[np.ndarray, KeyGroup] | None = None
+        # The last pull's keys (a copy), their grouping and the split of its keys by shard
+        # ((shard count, split), once made): a push of the same keys (a batch pulled, then
+        # its gradients pushed) groups and splits them once.
+        self._grouped: tuple[np.ndarray, KeyGroup, tuple | None] | None = None
 
     def _group(self, keys: np.ndarray) -> KeyGroup:
         last = self._grouped
@@ -71,8 +73,19 @@ class RowTables:
             return last[1]
         group = KeyGroup(keys)
         # (kept for a batch's size, not a 4M-key request's: its grouping is ~25 bytes a key)
-        self._grouped = (keys.copy(), group) if keys.size <= GROUPED_KEYS else None
+        self._grouped = (keys.copy(), group, None) if keys.size <= GROUPED_KEYS else None
         return group
+
+    def _split(self, keys: np.ndarray, group: KeyGroup | None) -> list[tuple[int, np.ndarray]]:
+        """_by_shard of the keys a request sends: those of `group` (its distinct keys, or
+        the keys themselves when all are distinct), split once per grouping kept."""
+        last = self._grouped
+        if group is None or last is None or last[1] is not group:
+            return self._by_shard(keys)
+        n = len(self.map.shards)
+        if last[2] is None or last[2][0] != n:  # (a reshard between pull and push: again)
+            self._grouped = (last[0], group, (n, self._by_shard(keys)))
+        return self._grouped[2][1]
 
     def spec(self, name: str) -> TableSpec:
         spec = self.specs.get(name)
@@ -83,9 +96,12 @@ class RowTables:
 
     def _by_shard(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(shard, positions in `keys`) for every shard, in shard order (maybe empty)."""
-        owner = shard_of(keys, len(self.map.shards))
+        n = len(self.map.shards)
+        owner = shard_of(keys, n)
+        if n <= MASKED_SPLIT:  # a pass per shard beats a stable sort of a batch
+            return [(i, np.flatnonzero(owner == i)) for i in range(n)]
         order = np.argsort(owner, kind="stable")
-        cuts = np.searchsorted(owner[order], np.arange(1, len(self.map.shards))).tolist()
+        cuts = np.searchsorted(owner[order], np.arange(1, n)).tolist()
         return list(enumerate(np.split(order, cuts)))
 
     def pull_async(self, table: str, keys, min_version: int = 0) -> Handle:
@@ -93,14 +109,14 @@ class RowTables:
         self.map.before_request()
         spec = self.spec(table)
         k = as_keys(keys)
-        expand = None
+        expand = group = None
         if k.size > 1:
             group = self._group(k)
             if group.uniq.size < k.size:
                 k, expand = group.uniq, group.inverse()
         handle = Handle("pull_rows", out=np.empty((k.size, spec.dim), dtype=np.float32),
                         expand=expand)
-        for i, idx in self._by_shard(k):
+        for i, idx in self._split(k, group):
             if idx.size:
                 msg = Message("pull_rows", {"table": table, "min_version": min_version},
                               [k[idx]])
@@ -123,12 +139,13 @@ class RowTables:
         spec = self.spec(table)
         k = as_keys(keys)
         g = _as_grads(grads, k.size, spec.dim)
+        group = None
         if k.size > 1:
             group = self._group(k)
             if group.uniq.size < k.size:
                 k, g = group.uniq, sum_duplicates(group, g)
         sent = []
-        for i, idx in self._by_shard(k):
+        for i, idx in self._split(k, group):
             if not (idx.size or every_shard):
                 continue
             f = {**fields, "table": table, "version": self.core.versions[i]}
