@@ -184,3 +184,33 @@ def test_a_backup_applies_the_factor_its_primary_forwards():
     np.testing.assert_array_equal(backup.store.values.numpy(), primary.store.values.numpy())
     np.testing.assert_allclose(primary.store.values.numpy(),
                                -LR * 0.125 * np.add(G0, G1) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("when,clip", [("mid-round", [1.0, 2.0]), ("held", [1.0, 2.0]),
+                                       ("mid-round", [1.0, "inf"])])
+def test_a_backup_synced_during_a_clipped_round_applies_it_as_its_primary(when, clip):
+    """A backup attached while a clipped round is open takes the round from its primary's
+    state sync, the clip setting with it: the round's next forwarded push asks the same
+    setting (before, the backup took it for a disagreement and refused it, which loses the
+    backup), and a round synced while held for its factor is applied when the factor comes
+    (before, the factor was ignored and the backup's copy kept the round open)."""
+    from paramserver.server.events import LoadSync
+    from paramserver.server.replication import sync_payload
+    primary, backup = core(), core()
+    run(primary, push("w0", G0, clip=clip))
+    if when == "held":
+        run(primary, push("w1", G1, clip=clip))
+    backup.handle(LoadSync([np.array(a) for a in sync_payload(primary)[1]]))
+    if when == "mid-round":
+        last = push("w1", G1, clip=clip)
+        for c in (primary, backup):
+            out = run(c, last)
+            assert [r.op for r in sent(out, Reply)] == ["ack"], out
+            assert c.store.version == 0  # held for the factor
+    for c in (primary, backup):
+        run(c, ClipFactor(None, 0, 0.125))
+        assert c.store.version == 1
+    np.testing.assert_array_equal(backup.store.values.numpy(), primary.store.values.numpy())
+    np.testing.assert_allclose(primary.store.values.numpy(),
+                               -LR * 0.125 * np.add(G0, G1) / 2, rtol=1e-6)
+    assert not sent(run(backup, TimePassed(1e6)), Log)  # nothing left held to give up on

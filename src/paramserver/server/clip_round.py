@@ -59,6 +59,27 @@ class RoundClip:
     def handlers(self) -> dict:
         return {ClipFactor: self.on_factor}
 
+    # ---- a new backup's state sync ----------------------------------------------------------
+    def state(self) -> dict:
+        """The open round's setting and a round held for its factor, as JSON: a backup synced
+        mid-round asks the round's next pushes the same setting, and applies a held round when
+        the forwarded factor comes."""
+        h = self.held
+        return {"step": self.step, "setting": None if self.setting is None else
+                clipping.wire(*self.setting), "first": self.first,
+                "held": None if h is None else [h.step, h.partial]}
+
+    def load(self, state: dict | None) -> None:
+        """The inverse of state() (None: a sync from a primary that sends none)."""
+        if not state:
+            return
+        self.step = None if state["step"] is None else int(state["step"])
+        self.setting = clip_setting(state["setting"])
+        self.first = str(state["first"])
+        held = state["held"]
+        # (its resend and give-up times start at this backup's first TimePassed)
+        self.held = None if held is None else _Held(int(held[0]), float(held[1]))
+
     # ---- pushes ---------------------------------------------------------------------------------
     def admit(self, step: int, sender: str, clip) -> None:
         """A dense push of round `step` asking `clip` (a wire value, or None): the round's

@@ -205,6 +205,7 @@ def sync_payload(core) -> tuple[dict, list]:
     st = core.settings
     blob = {"meta": meta, "round": round_meta, "arrays": names,
             "applied": core.retries.dump(), "initialized": core.store.initialized,
+            "clip": core.clip.state(),
             "initial_saved": core.initial_saved,
             # which shard this is: a backup re-attached after a reshard takes its new one
             "shard": {"rank": st.rank, "lo": st.lo, "hi": st.hi, "servers": st.servers,

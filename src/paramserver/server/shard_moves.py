@@ -69,6 +69,7 @@ class ShardMoves:
         else:  # an init in chunks, part way: the values it set so far
             st.values.copy_(torch.from_numpy(np.array(got["values"])))
         st.load_round_state(blob["round"], got)
+        core.clip.load(blob.get("clip"))
         core.tables.restore(got)
         core.tables.load_round(got)
         core.retries.load(blob["applied"])
