@@ -220,7 +220,7 @@ def test_the_spec_names_the_rule_the_settings_and_each_groups_key_ranges():
                              [r["1.weight"].lo, r["1.weight"].hi]], "weight_decay": 1e-4}
     assert g1 == {"ranges": [[r["0.bias"].lo, r["0.bias"].hi]], "lr": 0.5}
     # 1.bias is in no group: torch never steps it, nor do the servers
-    assert frozen == {"ranges": [[r["1.bias"].lo, r["1.bias"].hi]], "lr": 0.0}
+    assert frozen == {"ranges": [[r["1.bias"].lo, r["1.bias"].hi]], "frozen": True}
     OptimizerSpec.from_wire(json.loads(json.dumps(spec)))  # what the wire carries parses
 
 

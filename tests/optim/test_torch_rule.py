@@ -246,3 +246,43 @@ def test_a_pushs_scale_is_its_lr_as_torch_steps_it(name):
         p.grad = g.clone()
         ref.step()
         torch.testing.assert_close(values, p.detach())
+
+
+@pytest.mark.parametrize("name,options", [("adam", {}), ("torch-sgd", {"momentum": 0.9,
+                                                                      "weight_decay": 0.1})])
+def test_keys_of_the_frozen_group_are_never_stepped_as_torch_never_steps_them(name, options):
+    """Keys in no group of the script's optimizer (or whose parameter needs no grad) come as
+    a last group marked `frozen`: left out of every step, their values, moments and step
+    counts as torch leaves a parameter it was not given. Before, they were a group of lr 0,
+    stepped: Adam's counts and moments, SGD's momentum (with weight decay) moved. A shard
+    that holds part of a frozen run, and a bad frozen group, too."""
+    torch.manual_seed(1)
+    rule = make_rule(name, 0.1, groups=[{"ranges": [[0, 3]]},
+                                        {"ranges": [[3, 5], [8, 10]], "frozen": True}],
+                     **options)
+    assert rule.options()["groups"][-1] == {"ranges": [[3, 5], [8, 10]], "frozen": True}
+    rule.bind(2, 10)  # this shard: keys [2, 10)
+    values = torch.randn(8)
+    state = rule.init_state(values)
+    start = values.clone()
+    cls = torch.optim.Adam if name == "adam" else torch.optim.SGD
+    a, b = torch.nn.Parameter(start[:1].clone()), torch.nn.Parameter(start[3:6].clone())
+    ref = cls([{"params": [a]}, {"params": [b]}], lr=0.1, **options)  # 3-5, 8-10: not given
+    for _ in range(3):
+        g = torch.randn(8)
+        rule.apply(values, slice(0, 8), g.clone(), state, 0)
+        a.grad, b.grad = g[:1].clone(), g[3:6].clone()
+        ref.step()
+    torch.testing.assert_close(values[:1], a.detach())
+    torch.testing.assert_close(values[3:6], b.detach())
+    for frozen in (slice(1, 3), slice(6, 8)):
+        assert torch.equal(values[frozen], start[frozen])
+        assert torch.equal(state["step"][frozen], torch.zeros(2))
+        for k, v in state.items():
+            if k != "step":
+                assert torch.equal(v[frozen], torch.zeros(2)), k
+    assert state["step"][0] == 3
+    with pytest.raises(ValueError, match="a frozen group is the last one"):
+        make_rule(name, 0.1, groups=[{"ranges": [[3, 5]], "frozen": True}, {"ranges": [[0, 3]]}])
+    with pytest.raises(ValueError, match="a frozen group is the last one"):
+        make_rule(name, 0.1, groups=[{"ranges": [[3, 5]], "frozen": True, "lr": 0.0}])

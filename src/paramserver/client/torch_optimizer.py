@@ -6,7 +6,8 @@ built. What the servers need of it travels with the worker's registration as an 
 (`optim/torch_rule.py`), the settings of its constructor (`optimizer.defaults`, less what is
 not the optimizer's math: foreach, fused, capturable, differentiable), and each parameter
 group's key ranges with the settings in which it differs. Keys of parameters no group holds
-are frozen, as torch leaves them (a group of lr 0), and so are parameters that do not require
+are frozen, as torch leaves them (a last group marked `frozen`, never given to the optimizer on
+the servers: values, state and step counts stay), and so are parameters that do not require
 grad when the optimizer joins (a frozen backbone in a group with weight decay: torch skips a
 parameter whose grad is None; here every gradient is a zeroed buffer, which a decay or a moment
 would still move). A trainable parameter that gets no gradient in a step (an unused branch, an
@@ -110,7 +111,7 @@ def describe(optimizer: torch.optim.Optimizer, model: nn.Module, keys: ModelKeys
     frozen = [(keys.param_range(n).lo, keys.param_range(n).hi)
               for n, _ in model.named_parameters() if n not in covered]
     if frozen:  # torch never steps a parameter it was not given, nor one that needs no grad
-        groups.append({"ranges": _runs(frozen), "lr": 0.0})
+        groups.append({"ranges": _runs(frozen), "frozen": True})
     options = dict(defaults)
     if groups:
         options["groups"] = groups

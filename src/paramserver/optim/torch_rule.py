@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from paramserver.core.keyspace import subtract_runs
+from paramserver.core.keyspace import clip_runs, subtract_runs, union_runs
 from paramserver.core.words import did_you_mean
 from paramserver.optim.base import Index, UpdateRule
 
@@ -88,7 +88,12 @@ class TorchRule(UpdateRule):
         self._check(options, f"--optimizer {self.name}")
         self.options_given = self._plain(options)
         self.groups: list[tuple[list[tuple[int, int]], dict]] = []
-        for i, g in enumerate(groups or []):
+        # Keys no group of the script's optimizer holds, or whose parameter needs no grad:
+        # never given to the optimizer, as torch never steps them (values, state and step
+        # counts stay). The last group, marked `frozen`, names them.
+        self.frozen: list[tuple[int, int]] = []
+        groups = list(groups or [])
+        for i, g in enumerate(groups):
             if not isinstance(g, dict) or not isinstance(g.get("ranges"), list):
                 raise ValueError(f"{self.name} group {i} must be a dict with 'ranges' "
                                  f"[[lo, hi], ...]; got {g!r}")
@@ -100,11 +105,18 @@ class TorchRule(UpdateRule):
                     raise ValueError(f"{self.name} group {i}: a key range is [lo, hi) with "
                                      f"0 <= lo < hi; got {r!r}")
                 ranges.append((r[0], r[1]))
+            if "frozen" in g:
+                if g != {"ranges": g["ranges"], "frozen": True} or i != len(groups) - 1:
+                    raise ValueError(f"{self.name} group {i}: a frozen group is the last one "
+                                     f"and holds only its ranges and 'frozen': true; got {g!r}")
+                self.frozen = union_runs(ranges, [])
+                continue
             settings = {k: v for k, v in g.items() if k != "ranges"}
             self._check(settings, f"{self.name} group {i}", allow_lr=True)
             settings = self._plain(settings)
             self.groups.append((ranges, settings))
         self._lo, self._hi = 0, None
+        self._frozen_here: list[tuple[int, int]] = []  # frozen, as local keys (bind)
         self._runs: list | None = None  # (a, b, times stepped) over the shard's keys
         # What each group's optimizer keeps per element, found by stepping it once on a
         # two-element probe (the options decide: momentum 0 keeps no buffer).
@@ -215,14 +227,17 @@ class TorchRule(UpdateRule):
             out["staleness"] = self.staleness
             if self.staleness == "consgd":
                 out["global_rate"] = self.global_rate
-        if self.groups:
+        if self.groups or self.frozen:
             out["groups"] = [{"ranges": [list(r) for r in ranges], **s}
                              for ranges, s in self.groups]
+            if self.frozen:
+                out["groups"].append({"ranges": [list(r) for r in self.frozen], "frozen": True})
         return out
 
     # ---- the shard ------------------------------------------------------------------------------
     def bind(self, lo: int, hi: int) -> None:
         self._lo, self._hi = lo, hi
+        self._frozen_here = clip_runs(self.frozen, lo, hi, lo)
 
     def init_state(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         state = {k: torch.zeros_like(params) for k in self._per_element}
@@ -295,6 +310,8 @@ class TorchRule(UpdateRule):
         # Keys that got no gradient are not given to the optimizer at all, as torch skips a
         # parameter whose grad is None: their values, state and step counts stay.
         spans = [(start, stop)] if not idle else subtract_runs([(start, stop)], idle)
+        if self._frozen_here:
+            spans = subtract_runs(spans, self._frozen_here)
         steps = state["step"]
         groups: dict[int, list] = {}
         bound: list[tuple] = []  # (view, a, b, group, times stepped)
