@@ -40,7 +40,7 @@ class Pair:
     queued either way (as each node's loop would) until `until()` holds (bounded)."""
 
     def __init__(self, ctx):
-        self.notes, self.pushes = [], []
+        self.notes, self.pushes, self.inits = [], [], []
         self.primary_core, self.backup_core = _core(), _core()
         self.primary = ReplicaLink(ctx, None, False, 5.0, self.primary_core, self._run_p,
                                    lambda op, f: self.notes.append(op))
@@ -49,11 +49,17 @@ class Pair:
         self.router, self.addr = bind_router(ctx)
         events = dict(EVENTS)
         events["push"] = self._seen_push
+        events["init"] = self._seen_init
         self.events = events
 
     def _seen_push(self, msg, to):
         event = EVENTS["push"](msg, to)
         self.pushes.append(event.grad)  # what the backup's core applies (and keeps no longer)
+        return event
+
+    def _seen_init(self, msg, to):
+        event = EVENTS["init"](msg, to)
+        self.inits.append(event.values)
         return event
 
     def _run_p(self, instructions):
@@ -115,7 +121,11 @@ def _attach(pair) -> None:
     _forward(pair, "init", 1, np.zeros(KEYS, np.float32))
 
 
-def test_a_forward_goes_through_the_arena_and_the_backup_keeps_its_own_copy(pair):
+def test_a_forward_goes_through_the_arena_and_the_backup_is_done_with_it_at_the_ack(pair):
+    """A dense push is applied from the primary's arena, then acknowledged (no copy); any
+    other forward's arrays are copied out first, as a core may keep them. Either way, once
+    the ack is in, the primary may write the region again (its next forward, or garbage as
+    it dies) and the backup's values do not change."""
     _attach(pair)
     pair.pump(lambda: shm.shared_with(pair.primary.sock), "shared-memory handshake")
     pair.primary.shared_bytes = 0
@@ -123,10 +133,12 @@ def test_a_forward_goes_through_the_arena_and_the_backup_keeps_its_own_copy(pair
     _forward(pair, "push", 2, grad)
     assert pair.primary.shared_bytes == grad.nbytes  # it went by reference ...
     assert any(type(f) is shm.SharedFrame for f in pair.received)
-    # ... and the primary may now write that region again (its next forward, or garbage as it
-    # dies): what the backup applied from is its own.
-    pair.primary._ring_bytes[:] = 0xFF
-    np.testing.assert_array_equal(pair.pushes[-1], grad)
+    again = np.full(KEYS, 7.0, np.float32)
+    _forward(pair, "init", 3, again)  # (ignored once initialized; its array still copied)
+    assert pair.primary.shared_bytes == grad.nbytes + again.nbytes
+    pair.primary._ring_bytes[:] = 0xFF  # ... and the primary writes those regions again
+    assert not np.array_equal(pair.pushes[-1], grad)  # the push was read in place
+    np.testing.assert_array_equal(pair.inits[-1], again)  # the init's array is its own
     np.testing.assert_array_equal(pair.backup_core.store.values.numpy(), -grad)
     np.testing.assert_array_equal(pair.primary_core.store.values.numpy(), -grad)
 

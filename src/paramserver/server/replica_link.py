@@ -73,6 +73,11 @@ RING_MIN, RING_MAX, RING_SHARDS = 4 << 20, 64 << 20, 4
 HELD_READ_BYTES, HELD_READ_SHARDS = 64 << 20, 4
 # Where a backup posts its acks in its arena's header, as epoch << ACK_BITS | seq.
 ACK_SLOT, ACK_BITS = 0, 40
+# Forwards whose arrays the backup's core is done with once it has handled them (a dense push
+# is applied, or added into the round's sum, at once): read from the primary's arena in place,
+# then acknowledged, instead of copied out first. Any other op's arrays may be kept (a round's
+# rows wait for the round) and are copied out.
+APPLIED_IN_PLACE = frozenset(("push",))
 
 
 class ReplicaLink:
@@ -341,7 +346,9 @@ class ReplicaLink:
         forward is acknowledged before it is applied so that its apply overlaps the primary's
         ack to the worker instead of delaying it. `frames`: as received; arrays read from the
         primary's arena are copied out first (the primary reuses that memory after the ack,
-        and this copy must not depend on the primary's process)."""
+        and this copy must not depend on the primary's process), except a dense push's: it is
+        applied from the arena, then acknowledged (the copy and the add each take one pass over
+        the push, so the ack comes about as soon, and the backup saves the copy)."""
         seq, epoch = msg["seq"], msg["epoch"]
         refused, inner = None, None
         if not self.backup:
@@ -365,7 +372,11 @@ class ReplicaLink:
         else:
             refused, inner = self._parse(msg)
             if inner is not None and any(type(f) is shm.SharedFrame for f in frames):
-                inner.arrays = [np.array(a) for a in inner.arrays]
+                if inner.op in APPLIED_IN_PLACE:
+                    self._apply(inner, seq, events)
+                    inner = None
+                else:
+                    inner.arrays = [np.array(a) for a in inner.arrays]
         fields = {"seq": seq, "epoch": epoch}
         if refused:
             fields["refused"] = refused[:200]
