@@ -8,7 +8,9 @@ space (duplicates within a batch, as in click logs), dim 16, batches of 4,096 ke
              to 2 shard server processes (ASP: rows applied on arrival), 1 worker
   stack ovl  the same with the next batch's pull_rows sent before this batch's push is
              waited on (what a training loop with pull-ahead does)
-  table      paramserver.sparse.table.SparseTable in this process: pull, then push
+  table      paramserver.sparse.table.SparseTable in this process: pull, then push (with
+             numpy's huge-page advice off in this process, as a shard server turns it off:
+             server/hugepages.py)
   torch      nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad in this process: forward,
              backward and step over one bag per key (ids folded into the bag's rows, which
              torch must allocate up front: it cannot hold a 10^12 key space)
@@ -30,6 +32,7 @@ import numpy as np
 
 from paramserver.client.kv import KVWorker
 from paramserver.launch.local import LocalCluster
+from paramserver.server.hugepages import no_hugepage_advice
 from paramserver.sparse.table import SparseTable
 
 DIM, BATCH, KEY_SPACE = 16, 4096, 10**12
@@ -118,6 +121,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50, help="batches per turn")
     ap.add_argument("--quick", action="store_true", help="3 turns of 10 batches")
     args = ap.parse_args()
+    no_hugepage_advice()  # the table here runs as a shard server runs it
     repeats, steps = (3, 10) if args.quick else (args.repeats, args.steps)
     batches = zipf_batches(steps * (repeats + 1))
     grads = grads_for(batches)
