@@ -10,7 +10,7 @@ space (duplicates within a batch, as in click logs), dim 16, batches of 4,096 ke
              waited on (what a training loop with pull-ahead does)
   table      paramserver.sparse.table.SparseTable in this process: pull, then push (with
              numpy's huge-page advice off in this process, as a shard server turns it off:
-             server/hugepages.py)
+             transport/hugepages.py)
   torch      nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad in this process: forward,
              backward and step over one bag per key (ids folded into the bag's rows, which
              torch must allocate up front: it cannot hold a 10^12 key space)
@@ -32,7 +32,7 @@ import numpy as np
 
 from paramserver.client.kv import KVWorker
 from paramserver.launch.local import LocalCluster
-from paramserver.server.hugepages import no_hugepage_advice
+from paramserver.transport.hugepages import no_hugepage_advice
 from paramserver.sparse.table import SparseTable
 
 DIM, BATCH, KEY_SPACE = 16, 4096, 10**12

@@ -1,5 +1,5 @@
 """A shard server's process turns numpy's huge-page advice off, unless the operator's
-NUMPY_MADVISE_HUGEPAGE says otherwise (server/hugepages.py). Each case runs in a fresh
+NUMPY_MADVISE_HUGEPAGE says otherwise (transport/hugepages.py). Each case runs in a fresh
 interpreter: the setting is process-wide."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 PROBE = """
 from numpy._core.multiarray import _set_madvise_hugepage
-from paramserver.server.hugepages import no_hugepage_advice
+from paramserver.transport.hugepages import no_hugepage_advice
 said = no_hugepage_advice()
 now = _set_madvise_hugepage(False)  # returns the setting it replaces
 print(said, now)

@@ -23,7 +23,7 @@ from paramserver.observe.core.preflight import served_bytes
 from paramserver.runlog.checkpoint import CheckpointError, CheckpointWriteError, part_folder
 from paramserver.server.checkpoint import part_name, restore_shard, write_shard
 from paramserver.server.core import ShardCore
-from paramserver.server.hugepages import no_hugepage_advice
+from paramserver.transport.hugepages import no_hugepage_advice
 from paramserver.server.replica_link import ReplicaLink
 from paramserver.server.replication import LIVE, LOST
 from paramserver.server.reshard_link import ReshardLink

@@ -1,4 +1,5 @@
-"""numpy's huge-page advice, turned off in a shard server's process.
+"""numpy's huge-page advice, turned off in a shard server's process (beside keep_freed_memory:
+the process's memory settings, made before it serves).
 
 On Linux numpy advises the kernel to back every array of 4 MB or more with transparent huge
 pages (madvise MADV_HUGEPAGE). Where the kernel's THP `defrag` setting is `madvise` (Debian's
