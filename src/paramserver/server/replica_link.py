@@ -12,9 +12,10 @@ differ, and the primary reports the backup lost.
 A backup on the same host (loopback addresses, shared memory not turned off) maps the primary's
 forward arena (transport.shm): the primary copies each forward's large arrays into it (one
 memcpy, a fraction of a second TCP transfer's CPU on loopback) and only a descriptor crosses
-the socket. The backup copies them out into its own memory before it acknowledges, so an
-acknowledged update never lives only in the primary's memory; the primary writes a region
-again only after the ack of the forward that used it (replication.ForwardRing). The backup
+the socket. Before it acknowledges, the backup applies a dense push from the arena and copies
+any other forward's arrays out into its own memory, so an acknowledged update never lives only
+in the primary's memory; the primary writes a region again only after the ack of the forward
+that used it (replication.ForwardRing). The backup
 also posts each ack in its own arena (transport.shm.publish: attach epoch and seq in one word),
 where the primary reads it as soon as it has applied its own copy: on two busy cores the ack
 message waits for both processes' I/O threads, often longer than the backup took to copy.
