@@ -2,7 +2,9 @@
 
 Runs the job of `bsp_rounds.py`'s paramserver row (its `paramserver_job`) twice, with R1 and R2 rounds, samples
 each child's CPU time (psutil) until it exits, and reports the difference per extra round, so
-start-up (imports, model build) cancels out. 4 workers, 1 shard, digits MLP, batch 32.
+start-up (imports, model build) cancels out. 4 workers, 1 shard, digits MLP, batch 32. Each
+role starts as its own interpreter (PARAMSERVER_FORK=0): a role forked from the launcher's
+zygote has the zygote's command line, which does not name it.
 
 Usage: python benchmarks/bsp_cpu.py [--short 400] [--long 1600]
 """
@@ -10,6 +12,7 @@ Usage: python benchmarks/bsp_cpu.py [--short 400] [--long 1600]
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -52,6 +55,7 @@ def cpu_by_role(rounds: int) -> tuple[float, dict[str, list[float]]]:
 
 
 def main() -> int:
+    os.environ["PARAMSERVER_FORK"] = "0"  # roles by their command lines (see the docstring)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", type=int, default=400, help="rounds of the short run")
     parser.add_argument("--long", type=int, default=1600, help="rounds of the long run")
