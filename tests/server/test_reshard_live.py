@@ -32,6 +32,15 @@ KEYS = 3000
 WORKERS = 3
 
 
+def _stop_workers(stop, threads, errors, timeout: float = 60) -> None:
+    """Tell the worker threads to stop, wait for each (bounded), and fail with what any
+    of them raised."""
+    stop.set()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+
+
 def _reshards(run_dir, kind: str) -> list[dict]:
     return [e for e in run_events(run_dir) if e["event"] == kind and "epoch" in e]
 
@@ -167,10 +176,7 @@ def test_a_server_joins_and_one_drains_with_every_update_kept_exactly(tmp_path, 
             assert drained["servers"] == 2 and drained["epoch"] == 2
             before = sum(map(len, acked))
             wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes after the drain")
-            stop.set()
-            for t in threads:
-                t.join(60)
-            assert not errors, errors
+            _stop_workers(stop, threads, errors)
             assert all(not t.is_alive() for t in threads)
             expected, rounds = _expected(sync, init, acked)
             final = watcher.pull(min_version=rounds)
@@ -256,10 +262,7 @@ def test_sparse_rows_move_with_a_join_and_a_drain_and_every_push_is_kept_exactly
             assert _reshards(cluster.run_dir, "server_drained")[0]["servers"] == 2
             before = sum(map(len, acked))
             wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes after the drain")
-            stop.set()
-            for t in threads:
-                t.join(60)
-            assert not errors, errors
+            _stop_workers(stop, threads, errors)
             expected = np.zeros((len(ROW_KEYS), 2), np.float64)
             where = {int(k): i for i, k in enumerate(ROW_KEYS)}
             for keys, grads in (x for a in acked for x in a):
@@ -395,10 +398,7 @@ def test_replicated_shards_follow_a_join_and_a_drain_and_survive_a_killed_primar
             assert drained[0]["servers"] == 2
             before = sum(map(len, acked))
             wait_for(lambda: sum(map(len, acked)) >= before + 30, "pushes after the drain")
-            stop.set()
-            for t in threads:
-                t.join(60)
-            assert not errors, errors
+            _stop_workers(stop, threads, errors)
             dense = init - sum(g for a in acked for g, _, _ in a)
             np.testing.assert_array_equal(watcher.pull(), dense)
             expected = np.zeros((len(ROW_KEYS), 2), np.float64)
@@ -477,10 +477,7 @@ def test_a_primary_killed_while_keys_move_is_replaced_and_the_move_goes_again(tm
             before = sum(map(len, acked))
             wait_for(lambda: sum(map(len, acked)) >= before + 6, "pushes after the join",
                      timeout=120)
-            stop.set()
-            for t in threads:
-                t.join(120)
-            assert not errors, errors
+            _stop_workers(stop, threads, errors, timeout=120)
             np.testing.assert_array_equal(watcher.pull(), init - sum(g for a in acked for g in a))
             watcher.bye()
         finally:
@@ -530,10 +527,7 @@ def test_a_joiner_killed_while_keys_move_is_given_up_and_the_job_goes_on(tmp_pat
                      timeout=60)
             before = sum(map(len, acked))
             wait_for(lambda: sum(map(len, acked)) >= before + 6, "pushes after the abort")
-            stop.set()
-            for t in threads:
-                t.join(120)
-            assert not errors, errors
+            _stop_workers(stop, threads, errors, timeout=120)
             np.testing.assert_array_equal(watcher.pull(), -sum(g for a in acked for g in a))
             watcher.bye()
         finally:
@@ -613,10 +607,7 @@ def test_a_sigterm_drain_lost_with_the_coordinator_is_done_by_the_restarted_one(
         assert joiner.wait(30) == Exit.PREEMPTED
         before = sum(map(len, acked))
         wait_for(lambda: sum(map(len, acked)) >= before + 20, "pushes after the drain")
-        stop.set()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        _stop_workers(stop, threads, errors)
     finally:
         _end(stop, kvs, joiner)
         cluster.stop()
@@ -677,10 +668,7 @@ def test_a_joiner_whose_fence_the_coordinator_died_in_joins_under_the_restarted_
         watcher = KVWorker(cluster.address, role="observer")  # (reads once the workers left)
         before = sum(map(len, acked))
         wait_for(lambda: sum(map(len, acked)) >= before + 20, "pushes on three servers")
-        stop.set()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        _stop_workers(stop, threads, errors)
         assert all(not t.is_alive() for t in threads)
         expected, _ = _expected("asp", init, acked)
         np.testing.assert_array_equal(watcher.pull(), expected)
